@@ -1,0 +1,69 @@
+"""`reflex` command line.
+
+Only the module of the command being run is imported: the table below is all
+the start-up pays for the others. Each command module defines
+`add_arguments(parser)` and `run(args) -> int`.
+"""
+
+import sys
+
+# name: (module under reflex_ipc.commands, one-line help)
+COMMANDS = {
+    "stdio": ("serve", "serve JSON lines on stdin/stdout"),
+    "uds": ("serve", "serve JSON lines on a Unix domain socket"),
+    "generate": ("generate", "generate a continuation of a prompt"),
+    "system1": ("system1", "score candidate continuations in one forward pass"),
+    "embed": ("embed", "pooled hidden-state embeddings"),
+    "tokenize": ("tokenize", "tokenize text with the model's tokenizer"),
+    "inspect": ("inspect", "show a GGUF file's architecture, hyperparameters and tensors"),
+    "smoke": ("smoke", "load the CUDA kernels, launch one, report timings"),
+    "doctor": ("doctor", "report GPU, driver, pycuda, kernel images, NVML"),
+    "bench": ("bench", "cold-start, warm and decode benchmarks"),
+}
+
+
+def _usage(out):
+    out.write("usage: reflex COMMAND [options]\n\ncommands:\n")
+    for name, (_, text) in COMMANDS.items():
+        out.write(f"  {name:<10} {text}\n")
+    out.write("\n'reflex COMMAND --help' for a command's options.\n")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        _usage(sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(__version__)
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        sys.stderr.write(f"reflex: unknown command {name!r}\n")
+        _usage(sys.stderr)
+        return 2
+    import argparse
+    import importlib
+
+    mod = importlib.import_module(f"reflex_ipc.commands.{COMMANDS[name][0]}")
+    parser = argparse.ArgumentParser(prog=f"reflex {name}", description=COMMANDS[name][1])
+    if getattr(mod, "MULTI", False):
+        mod.add_arguments(parser, name)
+    else:
+        mod.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    args.command = name
+    from .errors import ReflexError
+    from .gguffile import GGUFError
+
+    try:
+        return mod.run(args) or 0
+    except (ReflexError, GGUFError) as e:
+        kind = getattr(e, "kind", "internal")
+        msg = getattr(e, "message", None) or str(e)
+        sys.stderr.write(f"reflex {name}: {kind}: {msg}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130

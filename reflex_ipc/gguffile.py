@@ -1,0 +1,426 @@
+"""A lazy, bounds-checked GGUF reader over mmap.
+
+Opening a file parses the header, every metadata key/value and the tensor
+directory, and nothing else: tensor data stays in the mapping until asked for.
+Every length, count and offset is checked against the file before it is used,
+so a truncated, corrupt or hostile file raises one GGUFError naming the field
+and byte offset, never an IndexError, a hang or a huge allocation.
+
+String arrays (a vocabulary, a merge list) are the slow part of GGUF: each
+element carries its own length, so finding where the array ends means walking
+it. The walk is done with numpy when it can be proved right (see
+_walk_strings_fast) and falls back to a plain loop otherwise; the elements are
+decoded only when asked for.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+from .ggml_types import BY_ID, type_name
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+
+# metadata value types
+T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL = range(8)
+T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = 8, 9, 10, 11, 12
+
+_SCALAR = {
+    T_UINT8: struct.Struct("<B"),
+    T_INT8: struct.Struct("<b"),
+    T_UINT16: struct.Struct("<H"),
+    T_INT16: struct.Struct("<h"),
+    T_UINT32: struct.Struct("<I"),
+    T_INT32: struct.Struct("<i"),
+    T_FLOAT32: struct.Struct("<f"),
+    T_BOOL: struct.Struct("<?"),
+    T_UINT64: struct.Struct("<Q"),
+    T_INT64: struct.Struct("<q"),
+    T_FLOAT64: struct.Struct("<d"),
+}
+_NP_DTYPE = {
+    T_UINT8: "<u1", T_INT8: "<i1", T_UINT16: "<u2", T_INT16: "<i2", T_UINT32: "<u4",
+    T_INT32: "<i4", T_FLOAT32: "<f4", T_BOOL: "<u1", T_UINT64: "<u8", T_INT64: "<i8",
+    T_FLOAT64: "<f8",
+}
+VALUE_TYPE_NAMES = {
+    T_UINT8: "uint8", T_INT8: "int8", T_UINT16: "uint16", T_INT16: "int16",
+    T_UINT32: "uint32", T_INT32: "int32", T_FLOAT32: "float32", T_BOOL: "bool",
+    T_STRING: "string", T_ARRAY: "array", T_UINT64: "uint64", T_INT64: "int64",
+    T_FLOAT64: "float64",
+}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_FAST_WALK_MIN = 2048  # string arrays shorter than this are walked in Python
+
+
+class GGUFError(Exception):
+    """A GGUF file that cannot be read. `field` and `offset` say where."""
+
+    kind = "gguf_error"
+
+    def __init__(self, message: str, field: str | None = None, offset: int | None = None,
+                 path: str | None = None):
+        self.field = field
+        self.offset = offset
+        self.path = path
+        where = []
+        if field is not None:
+            where.append(f"field {field!r}")
+        if offset is not None:
+            where.append(f"byte offset {offset}")
+        text = message + (f" ({', '.join(where)})" if where else "")
+        if path:
+            text = f"{path}: {text}"
+        super().__init__(text)
+
+
+class ArrayValue:
+    """A metadata array, decoded on demand.
+
+    `elem_type` is the GGUF value type of the elements, `count` their number,
+    `offset` the byte offset of the first element. For string arrays `starts`
+    and `lengths` locate each element's bytes in the file.
+    """
+
+    __slots__ = ("_f", "elem_type", "count", "offset", "nbytes", "starts", "lengths", "_items")
+
+    def __init__(self, f, elem_type, count, offset, nbytes, starts=None, lengths=None, items=None):
+        self._f = f
+        self.elem_type = elem_type
+        self.count = count
+        self.offset = offset
+        self.nbytes = nbytes
+        self.starts = starts
+        self.lengths = lengths
+        self._items = items  # nested arrays: list of ArrayValue, parsed eagerly
+
+    def __len__(self):
+        return self.count
+
+    def numpy(self):
+        """Numeric arrays as a read-only numpy view of the file (no copy)."""
+        import numpy as np
+
+        if self.elem_type not in _NP_DTYPE:
+            raise TypeError(f"array of {VALUE_TYPE_NAMES.get(self.elem_type)} has no numpy form")
+        arr = np.frombuffer(self._f._mm, dtype=_NP_DTYPE[self.elem_type], count=self.count,
+                            offset=self.offset)
+        return arr.astype(bool) if self.elem_type == T_BOOL else arr
+
+    def raw_strings(self) -> list[bytes]:
+        """String arrays as a list of bytes objects."""
+        if self.elem_type != T_STRING:
+            raise TypeError("not a string array")
+        mm = self._f._mm
+        starts = self.starts.tolist() if hasattr(self.starts, "tolist") else self.starts
+        lengths = self.lengths.tolist() if hasattr(self.lengths, "tolist") else self.lengths
+        return [mm[a:a + n] for a, n in zip(starts, lengths)]
+
+    def strings(self, errors: str = "replace") -> list[str]:
+        return [b.decode("utf-8", errors) for b in self.raw_strings()]
+
+    def tolist(self):
+        if self.elem_type == T_STRING:
+            return self.strings()
+        if self.elem_type == T_ARRAY:
+            return [a.tolist() for a in self._items]
+        st = _SCALAR[self.elem_type]
+        return [v[0] for v in st.iter_unpack(self._f._mm[self.offset:self.offset + self.nbytes])]
+
+    def __repr__(self):
+        return f"<ArrayValue {VALUE_TYPE_NAMES.get(self.elem_type)}[{self.count}] @ {self.offset}>"
+
+
+class TensorInfo:
+    __slots__ = ("name", "shape", "ggml_type", "offset", "nbytes", "n_elements")
+
+    def __init__(self, name, shape, ggml_type, offset, nbytes, n_elements):
+        self.name = name
+        self.shape = shape  # ggml order: shape[0] is the contiguous (row) dimension
+        self.ggml_type = ggml_type
+        self.offset = offset  # absolute byte offset in the file
+        self.nbytes = nbytes
+        self.n_elements = n_elements
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.ggml_type)
+
+    def __repr__(self):
+        return f"<Tensor {self.name} {self.type_name} {list(self.shape)} @ {self.offset}>"
+
+
+class GGUFFile:
+    """An open GGUF file. Use as a context manager, or call close()."""
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise GGUFError(f"cannot open: {e.strerror}", path=self.path) from None
+        try:
+            self.size = os.fstat(fd).st_size
+            if self.size < 24:
+                raise GGUFError(f"file is {self.size} bytes, too short for a GGUF header",
+                                field="header", offset=0, path=self.path)
+            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        try:
+            self._parse()
+        except GGUFError as e:
+            if e.path is None:
+                e.path = self.path
+                e.args = (f"{self.path}: {e.args[0]}",)
+            self.close()
+            raise
+        except Exception:
+            self.close()
+            raise
+
+    # -- bounds-checked primitives -------------------------------------------------
+    def _need(self, off, n, field):
+        if n < 0 or off + n > self.size:
+            raise GGUFError(f"needs {n} bytes but the file ends at {self.size}", field, off)
+
+    def _u32(self, off, field):
+        self._need(off, 4, field)
+        return _U32.unpack_from(self._mm, off)[0]
+
+    def _u64(self, off, field):
+        self._need(off, 8, field)
+        return _U64.unpack_from(self._mm, off)[0]
+
+    def _string(self, off, field):
+        n = self._u64(off, field)
+        self._need(off + 8, n, field)
+        raw = self._mm[off + 8:off + 8 + n]
+        try:
+            return raw.decode("utf-8"), off + 8 + n
+        except UnicodeDecodeError:
+            raise GGUFError("string is not valid UTF-8", field, off) from None
+
+    # -- parsing -----------------------------------------------------------------
+    def _parse(self):
+        mm = self._mm
+        if mm[:4] != GGUF_MAGIC:
+            raise GGUFError(f"bad magic {bytes(mm[:4])!r}, not a GGUF file", "magic", 0)
+        version = _U32.unpack_from(mm, 4)[0]
+        if version not in (2, 3):
+            if version & 0xFFFF == 0 and version != 0:
+                raise GGUFError("big-endian GGUF files are not supported", "version", 4)
+            raise GGUFError(f"unsupported GGUF version {version} (2 and 3 are)", "version", 4)
+        self.version = version
+        n_tensors = self._u64(8, "tensor_count")
+        n_kv = self._u64(16, "kv_count")
+        off = 24
+        # each key/value needs at least 8 (key length) + 4 (type) + 1 bytes; each tensor 24
+        if n_kv * 13 > self.size - off:
+            raise GGUFError(f"kv_count {n_kv} cannot fit in the file", "kv_count", 16)
+        if n_tensors * 24 > self.size - off:
+            raise GGUFError(f"tensor_count {n_tensors} cannot fit in the file", "tensor_count", 8)
+
+        meta: dict = {}
+        self.value_types: dict = {}
+        for i in range(n_kv):
+            key, off2 = self._string(off, f"kv[{i}].key")
+            if key in meta:
+                raise GGUFError(f"duplicate metadata key {key!r}", key, off)
+            vtype = self._u32(off2, key)
+            value, off = self._value(vtype, off2 + 4, key, depth=0)
+            meta[key] = value
+            self.value_types[key] = vtype
+        self.metadata = meta
+
+        align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+            raise GGUFError(f"alignment {align!r} is not a positive power of two", "general.alignment")
+        self.alignment = align
+
+        infos = []
+        names = set()
+        for i in range(n_tensors):
+            field = f"tensor[{i}]"
+            name, off = self._string(off, field + ".name")
+            if name in names:
+                raise GGUFError(f"duplicate tensor name {name!r}", field, off)
+            names.add(name)
+            n_dims = self._u32(off, name + ".n_dims")
+            if n_dims > MAX_DIMS:
+                raise GGUFError(f"{n_dims} dimensions (at most {MAX_DIMS})", name + ".n_dims", off)
+            off += 4
+            self._need(off, 8 * n_dims + 12, name)
+            dims = struct.unpack_from(f"<{n_dims}Q", self._mm, off)
+            off += 8 * n_dims
+            ttype = _U32.unpack_from(self._mm, off)[0]
+            rel = _U64.unpack_from(self._mm, off + 4)[0]
+            off += 12
+            n_el = 1
+            for d in dims:
+                n_el *= d
+            if n_el > self.size * 8 + 1:  # no tensor type packs more than 8 elements a byte
+                raise GGUFError(f"shape {list(dims)} is larger than the file", name + ".shape", off)
+            entry = BY_ID.get(ttype)
+            if entry is None:
+                raise GGUFError(f"unknown tensor type {ttype}", name + ".type", off - 12)
+            _, blk, bsize = entry
+            if dims and dims[0] % blk:
+                raise GGUFError(f"row of {dims[0]} elements is not a multiple of the "
+                                f"{type_name(ttype)} block of {blk}", name + ".shape", off)
+            if rel % align:
+                raise GGUFError(f"data offset {rel} is not aligned to {align}", name + ".offset", off - 8)
+            infos.append((name, tuple(dims), ttype, rel, n_el // blk * bsize, n_el))
+        self.tensor_info_end = off
+        self.data_offset = (off + align - 1) // align * align
+        tensors = {}
+        for name, dims, ttype, rel, nbytes, n_el in infos:
+            start = self.data_offset + rel
+            if start + nbytes > self.size:
+                raise GGUFError(f"data [{start}, {start + nbytes}) runs past the end of the file "
+                                f"({self.size} bytes): truncated?", name + ".data", start)
+            tensors[name] = TensorInfo(name, dims, ttype, start, nbytes, n_el)
+        self.tensors = tensors
+
+    def _value(self, vtype, off, field, depth):
+        st = _SCALAR.get(vtype)
+        if st is not None:
+            self._need(off, st.size, field)
+            return st.unpack_from(self._mm, off)[0], off + st.size
+        if vtype == T_STRING:
+            return self._string(off, field)
+        if vtype == T_ARRAY:
+            return self._array(off, field, depth)
+        raise GGUFError(f"unknown metadata value type {vtype}", field, off - 4)
+
+    def _array(self, off, field, depth):
+        if depth > 8:
+            raise GGUFError("arrays nested more than 8 deep", field, off)
+        etype = self._u32(off, field + ".type")
+        count = self._u64(off + 4, field + ".count")
+        start = off + 12
+        st = _SCALAR.get(etype)
+        if st is not None:
+            nbytes = count * st.size
+            self._need(start, nbytes, field)
+            return ArrayValue(self, etype, count, start, nbytes), start + nbytes
+        if etype == T_STRING:
+            if count * 8 > self.size - start:
+                raise GGUFError(f"{count} strings cannot fit in the file", field + ".count", off + 4)
+            starts, lengths, end = self._walk_strings(start, count, field)
+            return ArrayValue(self, etype, count, start, end - start, starts, lengths), end
+        if etype == T_ARRAY:
+            if count * 12 > self.size - start:
+                raise GGUFError(f"{count} arrays cannot fit in the file", field + ".count", off + 4)
+            items = []
+            pos = start
+            for i in range(count):
+                item, pos = self._array(pos, f"{field}[{i}]", depth + 1)
+                items.append(item)
+            return ArrayValue(self, etype, count, start, pos - start, items=items), pos
+        raise GGUFError(f"unknown array element type {etype}", field + ".type", off)
+
+    def _walk_strings(self, start, count, field):
+        if count >= _FAST_WALK_MIN:
+            got = _walk_strings_fast(self._mm, start, count, self.size)
+            if got is not None:
+                return got
+        up = _U64.unpack_from
+        mm, size = self._mm, self.size
+        starts = [0] * count
+        lengths = [0] * count
+        o = start
+        for i in range(count):
+            if o + 8 > size:
+                raise GGUFError(f"string {i} of {count}: length runs past the end of the file",
+                                field, o)
+            n = up(mm, o)[0]
+            o += 8
+            if n > size - o:
+                raise GGUFError(f"string {i} of {count}: length {n} runs past the end of the file",
+                                field, o - 8)
+            starts[i] = o
+            lengths[i] = n
+            o += n
+        return starts, lengths, o
+
+    # -- access ------------------------------------------------------------------
+    @property
+    def architecture(self) -> str | None:
+        return self.metadata.get("general.architecture")
+
+    def get(self, key, default=None):
+        """A metadata value; arrays come back as Python lists."""
+        v = self.metadata.get(key, default)
+        return v.tolist() if isinstance(v, ArrayValue) else v
+
+    def arch_get(self, suffix, default=None):
+        """`{architecture}.{suffix}`, e.g. arch_get('block_count')."""
+        return self.get(f"{self.architecture}.{suffix}", default)
+
+    def tensor_data(self, name_or_info):
+        """The tensor's raw bytes as a read-only numpy uint8 view of the mapping."""
+        import numpy as np
+
+        t = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensors[name_or_info]
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def close(self):
+        mm = getattr(self, "_mm", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views still reference it; the mapping goes with them
+            self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _walk_strings_fast(mm, start, count, size):
+    """Locate `count` length-prefixed strings with numpy, or return None.
+
+    Speculates that every length is 1..255, so that a length field is a byte
+    1..255 followed by seven zero bytes. The candidates are the positions that
+    look like that. If the first candidate is `start` and each candidate's
+    string ends exactly at the next candidate, the candidates *are* the walk
+    (by induction: each length read is the true one, so each next position is
+    the true one), and the result is returned. Anything else (a longer or empty
+    string, zero bytes inside a string) returns None and the caller walks.
+    """
+    import numpy as np
+
+    window = min(size - start, count * 24 + 4096)
+    while True:
+        n = window - 7
+        if n < count:
+            return None
+        b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=start)
+        # u64 read at every byte offset: an overlapping unaligned view, no copy
+        v64 = np.ndarray(shape=(n,), dtype="<u8", buffer=b, offset=0, strides=(1,))
+        cand = np.flatnonzero((v64 - 1) < 255)
+        if len(cand) >= count or window == size - start:
+            break
+        window = min(size - start, window * 2)
+    if len(cand) < count:
+        return None
+    cand = cand[:count]
+    if cand[0] != 0:
+        return None
+    lengths = b[cand].astype(np.int64)
+    ends = cand + 8 + lengths
+    if count > 1 and not np.array_equal(ends[:-1], cand[1:]):
+        return None
+    end = start + int(ends[-1])
+    if end > size:
+        return None
+    return cand + (start + 8), lengths, end

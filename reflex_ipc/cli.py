@@ -30,6 +30,8 @@ def _usage(out):
 
 
 def main(argv=None) -> int:
+    from . import phases  # noqa: F401  (starts the clock: import it first)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         _usage(sys.stdout if argv else sys.stderr)
@@ -55,6 +57,7 @@ def main(argv=None) -> int:
         mod.add_arguments(parser)
     args = parser.parse_args(argv[1:])
     args.command = name
+    phases.mark("main_args_parsed")
     from .errors import ReflexError
     from .gguffile import GGUFError
 

@@ -1,0 +1,378 @@
+"""reflex bench: cold-start, warm and decode benchmarks.
+
+    reflex bench cold   [--runs N] [--op generate|system1] [--vs CMD] ...
+    reflex bench warm   [--runs N] ...
+    reflex bench decode [--tokens N] ...
+    reflex bench all    ...            (cold generate, cold system1, warm, decode)
+
+Cold runs are fresh processes of `reflex generate --max-tokens 1 --json` (or
+`reflex system1 --json`), timed by the wall clock from just before spawn to
+exit; each child gets $REFLEX_T_LAUNCH so its own phase marks are relative to
+the same launch. `--vs CMD` alternates a peer's command (a shell command line,
+e.g. llama.cpp's `llama-simple -m M -n 1 -ngl 99 "prompt"`) with ours, run by
+run, and reports the ratio pair by pair. On a GPU, NVML gives energy per cold
+start (idle power subtracted) and VRAM in use. Results: one JSON file, plus a
+PNG chart when matplotlib is importable.
+"""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_CANDIDATES = (" Paris", " London", " Berlin")
+
+
+def add_arguments(p):
+    p.add_argument("mode", choices=["cold", "warm", "decode", "all"])
+    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
+    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--runs", type=int, default=10, help="cold processes / warm requests (default 10)")
+    p.add_argument("--op", default="generate", choices=["generate", "system1"], help="cold: which op")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--candidate", action="append", help="system1 candidates (default: 3 cities)")
+    p.add_argument("--tokens", type=int, default=128, help="decode: tokens to generate")
+    p.add_argument("--vs", help="cold: a peer's shell command, alternated with ours")
+    p.add_argument("--vs-name", default="peer")
+    p.add_argument("--label", default="", help="a free-form label stored in the results")
+    p.add_argument("--out", help="write the results JSON here")
+    p.add_argument("--chart", help="write a PNG chart here (needs matplotlib)")
+
+
+# -- statistics -------------------------------------------------------------------
+def stats(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+
+    def pct(p):
+        k = (len(xs) - 1) * p
+        lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+    return {"n": len(xs), "p50": round(pct(0.5), 3), "p95": round(pct(0.95), 3),
+            "min": round(xs[0], 3), "max": round(xs[-1], 3)}
+
+
+# -- NVML (optional) ---------------------------------------------------------------
+class GPU:
+    """NVML handle for energy, power and memory; every method is a no-op without it."""
+
+    def __init__(self):
+        self.nv = None
+        try:
+            import pynvml as nv
+
+            nv.nvmlInit()
+            self.h = nv.nvmlDeviceGetHandleByIndex(0)
+            self.nv = nv
+        except Exception:
+            pass
+
+    def info(self):
+        if not self.nv:
+            return None
+        nv = self.nv
+
+        def s(x):
+            return x.decode() if isinstance(x, bytes) else x
+
+        return {"name": s(nv.nvmlDeviceGetName(self.h)),
+                "driver": s(nv.nvmlSystemGetDriverVersion()),
+                "memory_total_mib": nv.nvmlDeviceGetMemoryInfo(self.h).total // 2**20}
+
+    def energy_mj(self):
+        try:
+            return self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h) if self.nv else None
+        except Exception:
+            return None
+
+    def idle_power_w(self, seconds=1.0):
+        if not self.nv:
+            return None
+        samples = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            samples.append(self.nv.nvmlDeviceGetPowerUsage(self.h) / 1000.0)
+            time.sleep(0.05)
+        samples.sort()
+        return samples[len(samples) // 2]
+
+    def process_mib(self, pid):
+        if not self.nv:
+            return None
+        try:
+            for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h):
+                if p.pid == pid and p.usedGpuMemory is not None:
+                    return p.usedGpuMemory / 2**20
+        except Exception:
+            pass
+        return None
+
+    def used_mib(self):
+        return self.nv.nvmlDeviceGetMemoryInfo(self.h).used / 2**20 if self.nv else None
+
+
+# -- runs ----------------------------------------------------------------------------
+def reflex_cmd():
+    exe = shutil.which("reflex")
+    return [exe] if exe else [sys.executable, "-m", "reflex_ipc"]
+
+
+def cold_argv(args):
+    base = reflex_cmd()
+    model = ["--model", args.model] if args.model else []
+    if args.op == "system1":
+        cands = [c for c in (args.candidate or DEFAULT_CANDIDATES) for c in ("--candidate", c)]
+        return base + ["system1", "--json", "--device", args.device, *model, args.prompt, *cands]
+    return base + ["generate", "--json", "--max-tokens", "1", "--device", args.device, *model,
+                   args.prompt]
+
+
+def timed_process(argv, shell=False, gpu=None, idle_w=None):
+    env = dict(os.environ)
+    e0 = gpu.energy_mj() if gpu else None
+    t_ns = time.time_ns()
+    env["REFLEX_T_LAUNCH"] = str(t_ns)
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, shell=shell, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wall = (time.perf_counter() - t0) * 1e3
+    e1 = gpu.energy_mj() if gpu else None
+    out = {"wall_ms": round(wall, 3), "rc": proc.returncode}
+    if e0 is not None and e1 is not None:
+        joules = (e1 - e0) / 1000.0
+        out["energy_j"] = round(joules, 4)
+        if idle_w is not None:
+            out["energy_net_j"] = round(joules - idle_w * wall / 1e3, 4)
+    if proc.returncode != 0:
+        out["stderr_tail"] = proc.stderr.decode(errors="replace")[-2000:]
+    return out, proc.stdout
+
+
+def run_cold(args, gpu):
+    idle_w = gpu.idle_power_w() if gpu.nv else None
+    argv = cold_argv(args)
+    ours, peer, ratios = [], [], []
+    for i in range(args.runs):
+        r, stdout = timed_process(argv, gpu=gpu, idle_w=idle_w)
+        try:
+            res = json.loads(stdout.decode().strip().splitlines()[-1])
+            r["timings"] = res.get("timings")
+            if args.op == "generate":
+                r["text"] = res.get("text")
+        except (ValueError, IndexError):
+            r["timings"] = None
+        ours.append(r)
+        if args.vs:
+            p, _ = timed_process(args.vs, shell=True, gpu=gpu, idle_w=idle_w)
+            peer.append(p)
+            if r["rc"] == 0 and p["rc"] == 0:
+                ratios.append(p["wall_ms"] / r["wall_ms"])
+    phase_names = []
+    for r in ours:
+        for k in ((r.get("timings") or {}).get("phases") or {}):
+            if k not in phase_names:
+                phase_names.append(k)
+    result = {
+        "mode": "cold", "op": args.op, "runs": args.runs, "argv": argv,
+        "idle_power_w": idle_w,
+        "wall_ms": stats([r["wall_ms"] for r in ours if r["rc"] == 0]),
+        "failures": sum(r["rc"] != 0 for r in ours),
+        "phases_ms": {k: stats([((r.get("timings") or {}).get("phases") or {}).get(k)
+                                for r in ours]) for k in phase_names},
+        "energy_net_j": stats([r.get("energy_net_j") for r in ours]),
+        "per_run": ours,
+    }
+    if args.vs:
+        result["vs"] = {"name": args.vs_name, "command": args.vs,
+                        "wall_ms": stats([p["wall_ms"] for p in peer if p["rc"] == 0]),
+                        "failures": sum(p["rc"] != 0 for p in peer),
+                        "energy_net_j": stats([p.get("energy_net_j") for p in peer]),
+                        "speedup_pairwise": stats(ratios), "per_run": peer}
+    return result
+
+
+class Server:
+    """A `reflex stdio` child for warm and decode runs."""
+
+    def __init__(self, args):
+        argv = reflex_cmd() + ["stdio", "--device", args.device]
+        if args.model:
+            argv += ["--model", args.model]
+        env = dict(os.environ, REFLEX_T_LAUNCH=str(time.time_ns()))
+        t0 = time.perf_counter()
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.ready = json.loads(self.p.stdout.readline())
+        self.ready_ms = (time.perf_counter() - t0) * 1e3
+        self.n = 0
+
+    def request(self, op, **params):
+        self.n += 1
+        line = json.dumps({"id": self.n, "op": op, **params}).encode() + b"\n"
+        t0 = time.perf_counter()
+        self.p.stdin.write(line)
+        self.p.stdin.flush()
+        while True:
+            msg = json.loads(self.p.stdout.readline())
+            if msg.get("event") == "result":
+                msg["_client_ms"] = (time.perf_counter() - t0) * 1e3
+                if not msg.get("ok"):
+                    raise RuntimeError(f"{op} failed: {msg.get('error')}")
+                return msg
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=60)
+
+
+def run_warm(args, gpu):
+    s = Server(args)
+    try:
+        cands = list(args.candidate or DEFAULT_CANDIDATES)
+        first = s.request("generate", prompt=args.prompt, max_tokens=1)
+        gen = [s.request("generate", prompt=args.prompt, max_tokens=1)["_client_ms"]
+               for _ in range(args.runs)]
+        sys1 = [s.request("system1", prompt=args.prompt, candidates=cands)["_client_ms"]
+                for _ in range(args.runs)]
+        vram = gpu.process_mib(s.p.pid)
+    finally:
+        s.close()
+    return {"mode": "warm", "ready_ms": round(s.ready_ms, 3), "ready": s.ready,
+            "first_request_ms": round(first["_client_ms"], 3),
+            "first_request_timings": first.get("timings"),
+            "generate_1_token_ms": stats(gen), "system1_3_candidates_ms": stats(sys1),
+            "vram_process_mib": vram}
+
+
+def run_decode(args, gpu):
+    s = Server(args)
+    try:
+        s.request("generate", prompt=args.prompt, max_tokens=4)  # warm-up
+        best = None
+        for _ in range(3):
+            r = s.request("generate", prompt=args.prompt, max_tokens=args.tokens,
+                          stop=[], temperature=0)
+            t = r.get("timings") or {}
+            n = r.get("completion_tokens") or len(r.get("token_ids") or [])
+            dec = t.get("decode")
+            tps = (n - 1) / (dec / 1e3) if dec and n > 1 else None
+            if tps and (best is None or tps > best["tokens_per_s"]):
+                best = {"tokens_per_s": round(tps, 2), "tokens": n, "decode_ms": dec,
+                        "prompt_eval_ms": t.get("prompt_eval")}
+        vram = gpu.process_mib(s.p.pid)
+    finally:
+        s.close()
+    return {"mode": "decode", "best_of_3": best, "vram_process_mib": vram}
+
+
+def machine_info(gpu):
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    commit = os.environ.get("REFLEX_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        except OSError:
+            commit = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "gpu": gpu.info(), "commit": commit or None,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def chart(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.stderr.write("bench: matplotlib not importable; no chart\n")
+        return False
+    bars = []
+    for r in results["runs"]:
+        if r["mode"] == "cold" and r.get("wall_ms"):
+            bars.append((f"reflex cold {r['op']}", r["wall_ms"]["p50"]))
+            if r.get("vs") and r["vs"].get("wall_ms"):
+                bars.append((f"{r['vs']['name']} cold", r["vs"]["wall_ms"]["p50"]))
+        if r["mode"] == "warm":
+            for k in ("generate_1_token_ms", "system1_3_candidates_ms"):
+                if r.get(k):
+                    bars.append((f"warm {k.split('_ms')[0]}", r[k]["p50"]))
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(bars)))
+    ax.barh([b[0] for b in bars], [b[1] for b in bars], color="#3b7dd8")
+    for i, (_, v) in enumerate(bars):
+        ax.text(v, i, f" {v:.1f} ms", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("p50 ms (lower is better)")
+    gpu = (results["machine"].get("gpu") or {}).get("name", "CPU")
+    ax.set_title(f"reflex-ipc on {gpu}: {os.path.basename(results['model'] or '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def run(args):
+    from ..modelpath import resolve_model
+
+    if args.model:
+        args.model = resolve_model(args.model)
+    gpu = GPU()
+    out = {"machine": machine_info(gpu), "model": args.model or resolve_model(None),
+           "device": args.device, "label": args.label, "runs": []}
+    modes = ["cold", "warm", "decode"] if args.mode == "all" else [args.mode]
+    for mode in modes:
+        if mode == "cold":
+            ops = ["generate", "system1"] if args.mode == "all" else [args.op]
+            for op in ops:
+                args.op = op
+                out["runs"].append(run_cold(args, gpu))
+        elif mode == "warm":
+            out["runs"].append(run_warm(args, gpu))
+        else:
+            out["runs"].append(run_decode(args, gpu))
+    text = json.dumps(out, indent=1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    if args.chart:
+        chart(out, args.chart)
+    print(summary_table(out))
+    return 0
+
+
+def summary_table(out):
+    rows = []
+    for r in out["runs"]:
+        if r["mode"] == "cold":
+            w = r.get("wall_ms") or {}
+            line = f"cold {r['op']:<9} p50 {w.get('p50')} ms  p95 {w.get('p95')} ms  fails {r['failures']}"
+            if r.get("energy_net_j"):
+                line += f"  net {r['energy_net_j']['p50']} J"
+            if r.get("vs"):
+                v = r["vs"]
+                line += (f"\n  vs {v['name']}: p50 {(v.get('wall_ms') or {}).get('p50')} ms, "
+                         f"speedup p50 {(v.get('speedup_pairwise') or {}).get('p50')}x")
+            rows.append(line)
+            for k, st in r["phases_ms"].items():
+                if st:
+                    rows.append(f"    {k:<34} p50 {st['p50']:>9} ms")
+        elif r["mode"] == "warm":
+            g, s = r.get("generate_1_token_ms") or {}, r.get("system1_3_candidates_ms") or {}
+            rows.append(f"warm ready {r['ready_ms']:.1f} ms, first request {r['first_request_ms']:.1f} ms, "
+                        f"gen1 p50 {g.get('p50')} ms, system1x3 p50 {s.get('p50')} ms, "
+                        f"VRAM {r.get('vram_process_mib')} MiB")
+        else:
+            rows.append(f"decode {r.get('best_of_3')}  VRAM {r.get('vram_process_mib')} MiB")
+    return "\n".join(rows)

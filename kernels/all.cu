@@ -1,0 +1,8 @@
+// The one translation unit that build.py compiles: every reflex kernel, extern "C" so the
+// CUDA backend finds them by name in the fatbin.
+#include "common.cuh"
+#include "quants.cuh"
+#include "matmul.cuh"
+#include "elementwise.cuh"
+#include "attention.cuh"
+#include "sampling.cuh"

@@ -1,0 +1,108 @@
+// Element-wise and row-wise kernels over float32 activations.
+#pragma once
+#include "common.cuh"
+
+// y = a + b
+RX_EXTERN void add_f32(const float* a, const float* b, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+// y = a * b
+RX_EXTERN void mul_f32(const float* a, const float* b, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = a[i] * b[i];
+}
+// y = a * s
+RX_EXTERN void scale_f32(const float* a, float s, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = a[i] * s;
+}
+// y[r, c] = a[r, c] + v[c]  (bias), v of length ncol
+RX_EXTERN void add_row_f32(const float* a, const float* v, float* y, long long n, int ncol) {
+    GRID_STRIDE(i, n) y[i] = a[i] + v[i % ncol];
+}
+// y[r, c] = a[r, c] * v[c]
+RX_EXTERN void mul_row_f32(const float* a, const float* v, float* y, long long n, int ncol) {
+    GRID_STRIDE(i, n) y[i] = a[i] * v[i % ncol];
+}
+// y = c * tanh(a / c)
+RX_EXTERN void softcap_f32(const float* a, float c, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = c * tanhf(a[i] / c);
+}
+RX_EXTERN void silu_f32(const float* a, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = silu(a[i]);
+}
+RX_EXTERN void gelu_f32(const float* a, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = gelu_tanh(a[i]);
+}
+// Fused gated units over g, u of shape [rows, ncol]: y = act(g) * u.
+// gs/us: row strides of g and u (so g and u may be the two halves of one [rows, 2*ncol] buffer).
+RX_EXTERN void swiglu_f32(const float* g, const float* u, float* y, long long n, int ncol, int gs, int us) {
+    GRID_STRIDE(i, n) {
+        const long long r = i / ncol, c = i % ncol;
+        y[i] = silu(g[r * gs + c]) * u[r * us + c];
+    }
+}
+RX_EXTERN void geglu_f32(const float* g, const float* u, float* y, long long n, int ncol, int gs, int us) {
+    GRID_STRIDE(i, n) {
+        const long long r = i / ncol, c = i % ncol;
+        y[i] = gelu_tanh(g[r * gs + c]) * u[r * us + c];
+    }
+}
+RX_EXTERN void copy_f32(const float* a, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = a[i];
+}
+RX_EXTERN void f16_to_f32(const __half* a, float* y, long long n) {
+    GRID_STRIDE(i, n) y[i] = __half2float(a[i]);
+}
+
+// RMSNorm over rows of length `dim`: y = x / sqrt(mean(x^2) + eps) * w  (w may be null).
+// One block per row.
+RX_EXTERN void rmsnorm_f32(const float* x, const float* w, float* y, int dim, float eps) {
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float* yr = y + (long long)blockIdx.x * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    const float r = rsqrtf(ss / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * r * (w ? w[i] : 1.f);
+}
+
+// LayerNorm over rows: y = (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
+RX_EXTERN void layernorm_f32(const float* x, const float* w, const float* b, float* y, int dim, float eps) {
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float* yr = y + (long long)blockIdx.x * dim;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s) / dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float d = xr[i] - mean;
+        ss += d * d;
+    }
+    const float r = rsqrtf(block_sum(ss) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = (xr[i] - mean) * r * (w ? w[i] : 1.f) + (b ? b[i] : 0.f);
+}
+
+// Rotary embedding in place on x[N, H, hd]: the first n_rot dims of each head rotate by
+// angle pos[n] * freq_scale * base^(-2i/n_rot) / ff[i] (ff may be null); neox pairs
+// (i, i + n_rot/2), otherwise (2i, 2i+1). mscale multiplies both outputs (YaRN attention factor).
+// The angle is reduced in double precision so that long positions keep float accuracy.
+RX_EXTERN void rope_f32(float* x, const int* pos, int N, int H, int hd, int n_rot, float base,
+                        float freq_scale, const float* ff, int neox, float mscale) {
+    const int half_rot = n_rot >> 1;
+    const long long total = (long long)N * H * half_rot;
+    GRID_STRIDE(t, total) {
+        const int i = t % half_rot;
+        const long long nh = t / half_rot;
+        const int n = nh / H;
+        double inv = pow((double)base, -2.0 * i / n_rot) * freq_scale;
+        if (ff) inv /= ff[i];
+        const double ang = fmod((double)pos[n] * inv, 6.283185307179586);
+        float s, c;
+        sincosf((float)ang, &s, &c);
+        float* v = x + nh * hd;
+        const int a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = (x0 * c - x1 * s) * mscale;
+        v[b] = (x0 * s + x1 * c) * mscale;
+    }
+}

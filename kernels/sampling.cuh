@@ -1,0 +1,126 @@
+// Picking tokens on the GPU: argmax, top-k candidates, and a draw among them.
+#pragma once
+#include "common.cuh"
+
+// (value, index) order: larger value first, then smaller index. NaN counts as -inf.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+}
+
+__device__ __forceinline__ void block_best(float& v, int& i) {
+    __shared__ float pv[32];
+    __shared__ int pi[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    warp_best(v, i);
+    __syncthreads();
+    if (lane == 0) { pv[warp] = v; pi[warp] = i; }
+    __syncthreads();
+    v = lane < nw ? pv[lane] : -INFINITY;
+    i = lane < nw ? pi[lane] : 0x7fffffff;
+    warp_best(v, i);
+}
+
+// out[r] = argmax of row r of x[rows, n] (first index among equal maxima). One block per row.
+RX_EXTERN void argmax_f32(const float* x, int n, int* out) {
+    const float* xr = x + (long long)blockIdx.x * n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float v = xr[j];
+        if (v != v) v = -INFINITY;
+        if (better(v, j, bv, bi)) { bv = v; bi = j; }
+    }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+}
+
+// Top-k by repeated selection: round t picks the best element strictly after round t-1's
+// pick in (value desc, index asc) order, so no element is picked twice.
+// Stage 1: block b takes x[b*slice, (b+1)*slice) (at most TOPK_SLICE) and writes its k best
+// to cand_v/cand_i[b*k ...]. Stage 2 (one block) does the same over all candidates
+// (x = cand_v, idx = cand_i) and writes the final k in order.
+#define TOPK_SLICE 4096
+RX_EXTERN void topk_f32(const float* x, const int* idx, int n, int k, int slice,
+                        float* out_v, int* out_i) {
+    __shared__ float sv[TOPK_SLICE];
+    __shared__ int si[TOPK_SLICE];
+    const long long base = (long long)blockIdx.x * slice;
+    const int cnt = (int)min((long long)slice, n - base);
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+        float v = x[base + j];
+        sv[j] = v != v ? -INFINITY : v;
+        si[j] = idx ? idx[base + j] : (int)(base + j);
+    }
+    __syncthreads();
+    float lv = INFINITY;
+    int li = -1;
+    for (int t = 0; t < k; t++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+            const float v = sv[j];
+            const int i = si[j];
+            if (better(lv, li, v, i) && better(v, i, bv, bi)) { bv = v; bi = i; }
+        }
+        block_best(bv, bi);
+        if (threadIdx.x == 0) {
+            out_v[(long long)blockIdx.x * k + t] = bv;
+            out_i[(long long)blockIdx.x * k + t] = bi;
+        }
+        lv = bv;
+        li = bi;
+    }
+}
+
+// Draw one of k candidates (sorted best first) with probabilities softmax(v / temp),
+// truncated by top_p (smallest prefix whose mass reaches top_p) and min_p (p >= min_p * p_max),
+// using the uniform number u in [0, 1). One thread.
+RX_EXTERN void sample_topk(const float* v, const int* idx, int k, float temp, float top_p,
+                           float min_p, float u, int* out) {
+    if (threadIdx.x != 0) return;
+    const float m = v[0];
+    float total = 0.f;
+    int kk = 0;
+    for (; kk < k; kk++) {
+        if (idx[kk] == 0x7fffffff || v[kk] == -INFINITY) break;
+        total += expf((v[kk] - m) / temp);
+    }
+    if (kk == 0) { *out = idx[0] == 0x7fffffff ? 0 : idx[0]; return; }
+    // truncate
+    float mass = 0.f;
+    int keep = 0;
+    for (; keep < kk; keep++) {
+        const float pr = expf((v[keep] - m) / temp) / total;
+        if (keep > 0 && pr < min_p) break;  // p_max / total == 1/total * 1; min_p compares to p_max
+        mass += pr;
+        if (mass >= top_p) { keep++; break; }
+    }
+    if (keep == 0) keep = 1;
+    float z = 0.f;
+    for (int j = 0; j < keep; j++) z += expf((v[j] - m) / temp);
+    float target = u * z, run = 0.f;
+    int pick = idx[keep - 1];
+    for (int j = 0; j < keep; j++) {
+        run += expf((v[j] - m) / temp);
+        if (target < run) { pick = idx[j]; break; }
+    }
+    *out = pick;
+}
+
+// logits[ids[j]] penalized for repetition: positive values divided by `penalty`, negative
+// multiplied (each distinct id once: the caller passes unique ids).
+RX_EXTERN void repeat_penalty_f32(float* logits, const int* ids, int n, float penalty) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    float* p = logits + ids[j];
+    *p = *p > 0.f ? *p / penalty : *p * penalty;
+}

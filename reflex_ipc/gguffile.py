@@ -8,8 +8,8 @@ and byte offset, never an IndexError, a hang or a huge allocation.
 
 String arrays (a vocabulary, a merge list) are the slow part of GGUF: each
 element carries its own length, so finding where the array ends means walking
-it. The walk is done with numpy when it can be proved right (see
-_walk_strings_fast) and falls back to a plain loop otherwise; the elements are
+it. Long arrays are walked with numpy wherever the walk can be proved right
+(see _walk_strings_fast) and string by string elsewhere; the elements are
 decoded only when asked for.
 """
 
@@ -270,9 +270,9 @@ class GGUFFile:
             if entry is None:
                 raise GGUFError(f"unknown tensor type {ttype}", name + ".type", off - 12)
             _, blk, bsize = entry
-            if dims and dims[0] % blk:
-                raise GGUFError(f"row of {dims[0]} elements is not a multiple of the "
-                                f"{type_name(ttype)} block of {blk}", name + ".shape", off)
+            if (dims[0] if dims else n_el) % blk:
+                raise GGUFError(f"row of {dims[0] if dims else n_el} elements is not a multiple "
+                                f"of the {type_name(ttype)} block of {blk}", name + ".shape", off)
             if rel % align:
                 raise GGUFError(f"data offset {rel} is not aligned to {align}", name + ".offset", off - 8)
             infos.append((name, tuple(dims), ttype, rel, n_el // blk * bsize, n_el))
@@ -326,28 +326,13 @@ class GGUFFile:
         raise GGUFError(f"unknown array element type {etype}", field + ".type", off)
 
     def _walk_strings(self, start, count, field):
+        """Offsets and lengths of `count` length-prefixed strings from `start`, and the end."""
         if count >= _FAST_WALK_MIN:
-            got = _walk_strings_fast(self._mm, start, count, self.size)
-            if got is not None:
-                return got
-        up = _U64.unpack_from
-        mm, size = self._mm, self.size
+            return _walk_strings_fast(self._mm, start, count, self.size, field)
         starts = [0] * count
         lengths = [0] * count
-        o = start
-        for i in range(count):
-            if o + 8 > size:
-                raise GGUFError(f"string {i} of {count}: length runs past the end of the file",
-                                field, o)
-            n = up(mm, o)[0]
-            o += 8
-            if n > size - o:
-                raise GGUFError(f"string {i} of {count}: length {n} runs past the end of the file",
-                                field, o - 8)
-            starts[i] = o
-            lengths[i] = n
-            o += n
-        return starts, lengths, o
+        end = _walk_strings_slow(self._mm, start, 0, count, count, self.size, field, starts, lengths)
+        return starts, lengths, end
 
     # -- access ------------------------------------------------------------------
     @property
@@ -386,41 +371,71 @@ class GGUFFile:
         self.close()
 
 
-def _walk_strings_fast(mm, start, count, size):
-    """Locate `count` length-prefixed strings with numpy, or return None.
+def _walk_strings_slow(mm, pos, i, stop, count, size, field, starts, lengths):
+    """Walk strings i..stop-1 one by one from pos, filling starts/lengths; returns the end."""
+    up = _U64.unpack_from
+    for i in range(i, stop):
+        if pos + 8 > size:
+            raise GGUFError(f"string {i} of {count}: length runs past the end of the file",
+                            field, pos)
+        n = up(mm, pos)[0]
+        if n > size - pos - 8:
+            raise GGUFError(f"string {i} of {count}: length {n} runs past the end of the file",
+                            field, pos)
+        starts[i] = pos + 8
+        lengths[i] = n
+        pos += 8 + n
+    return pos
 
-    Speculates that every length is 1..255, so that a length field is a byte
-    1..255 followed by seven zero bytes. The candidates are the positions that
-    look like that. If the first candidate is `start` and each candidate's
-    string ends exactly at the next candidate, the candidates *are* the walk
-    (by induction: each length read is the true one, so each next position is
-    the true one), and the result is returned. Anything else (a longer or empty
-    string, zero bytes inside a string) returns None and the caller walks.
+
+_WALK_WINDOW = 1 << 18  # bytes looked at per numpy step
+_WALK_BURST_MAX = 1 << 12
+
+
+def _walk_strings_fast(mm, start, count, size, field):
+    """The walk of _walk_strings, mostly in numpy; returns (starts, lengths, end) arrays.
+
+    In a window of the file, the candidate length fields are the positions
+    where a little-endian u64 reads 1..255 (a byte 1..255, then seven zero
+    bytes). Starting from a position known to be a length field, if it is the
+    first candidate and each candidate's string ends exactly at the next
+    candidate, those candidates are length fields too (by induction: each
+    length read is the true one, so each next position is the true one), and
+    they are taken in one step. Where the chain breaks (an empty string, one
+    of 256 bytes or more, zero bytes inside a string) the walk goes on string
+    by string from the last proven position, in bursts that grow while the
+    numpy steps keep failing, so no input costs much more than the plain loop.
+    Memory stays bounded by the window whatever the counts say.
     """
     import numpy as np
 
-    window = min(size - start, count * 24 + 4096)
-    while True:
-        n = window - 7
-        if n < count:
-            return None
-        b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=start)
-        # u64 read at every byte offset: an overlapping unaligned view, no copy
-        v64 = np.ndarray(shape=(n,), dtype="<u8", buffer=b, offset=0, strides=(1,))
-        cand = np.flatnonzero((v64 - 1) < 255)
-        if len(cand) >= count or window == size - start:
-            break
-        window = min(size - start, window * 2)
-    if len(cand) < count:
-        return None
-    cand = cand[:count]
-    if cand[0] != 0:
-        return None
-    lengths = b[cand].astype(np.int64)
-    ends = cand + 8 + lengths
-    if count > 1 and not np.array_equal(ends[:-1], cand[1:]):
-        return None
-    end = start + int(ends[-1])
-    if end > size:
-        return None
-    return cand + (start + 8), lengths, end
+    starts = np.empty(count, np.int64)
+    lengths = np.empty(count, np.int64)
+    pos, i, burst = start, 0, 16
+    while i < count:
+        window = min(size - pos, _WALK_WINDOW, (count - i) * 64 + 64)
+        k = 0
+        if window >= 9:
+            b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=pos)
+            # a u64 read at every byte offset: an overlapping unaligned view, no copy
+            v64 = np.ndarray(shape=(window - 7,), dtype="<u8", buffer=b, strides=(1,))
+            cand = np.flatnonzero((v64 - 1) < 255)
+            if len(cand) and cand[0] == 0:
+                ends = cand + 8 + b[cand]
+                brk = np.flatnonzero(ends[:-1] != cand[1:])
+                k = min(int(brk[0]) + 1 if len(brk) else len(cand), count - i)
+                end = pos + int(ends[k - 1])
+                if end > size:  # only the last string can reach past the window
+                    raise GGUFError(f"string {i + k - 1} of {count}: length {int(b[cand[k - 1]])} "
+                                    f"runs past the end of the file", field, pos + int(cand[k - 1]))
+                starts[i:i + k] = cand[:k] + (pos + 8)
+                lengths[i:i + k] = b[cand[:k]]
+                pos, i = end, i + k
+        if i < count and k < 64:
+            stop = min(count, i + burst)
+            pos = _walk_strings_slow(mm, pos, i, stop, count, size, field, starts, lengths)
+            i = stop
+            burst = min(2 * burst, _WALK_BURST_MAX)
+        elif k >= 64:
+            burst = 16
+    return starts, lengths, pos

@@ -1,0 +1,92 @@
+"""Exact string lookup in a GGUF string array without decoding the array.
+
+A vocabulary of 150k tokens costs tens of milliseconds to turn into a Python
+dict on a slow machine, and the cold path cannot afford it. `StrIndex` instead
+hashes every string where it lies in the file mapping, with a handful of
+vectorized numpy operations (the first 8 and last 8 bytes and the length), and
+sorts the hashes once. A lookup hashes the query the same way, binary-searches
+the sorted hashes, and compares the candidates' bytes with the query; results
+are memoized, so the cost is paid once per distinct string asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_M64 = (1 << 64) - 1
+_P_LAST = 0x9E3779B97F4A7C15
+_P_LEN = 0xC2B2AE3D27D4EB4F
+
+
+def _key(b: bytes) -> int:
+    n = len(b)
+    k = int.from_bytes(b[:8], "little")
+    if n > 8:
+        k ^= (int.from_bytes(b[-8:], "little") * _P_LAST) & _M64
+    return k ^ ((n * _P_LEN) & _M64)
+
+
+class StrIndex:
+    """Lookup of byte strings in one GGUF string array (an `ArrayValue`).
+
+    `first=True` answers the lowest index among equal strings, else the highest
+    (llama.cpp keeps the first of duplicate merges and the last of duplicate
+    tokens).
+    """
+
+    def __init__(self, mm, arr, first: bool):
+        self._mm = mm
+        self._first = first
+        starts = np.asarray(arr.starts, dtype=np.int64)
+        lengths = np.asarray(arr.lengths, dtype=np.int64)
+        self.starts = starts
+        self.lengths = lengths
+        size = len(mm)
+        if len(starts) == 0 or size < 8:
+            self._skeys = np.zeros(0, dtype=np.uint64)
+            self._order = np.zeros(0, dtype=np.int64)
+            self._memo = {}
+            return
+        # a little-endian u64 read at every byte offset (an overlapping view, no copy)
+        u64 = np.ndarray(shape=(size - 7,), dtype="<u8", buffer=mm, offset=0, strides=(1,))
+        head_at = np.minimum(starts, size - 8)
+        head = u64[head_at] >> ((starts - head_at) * 8).astype(np.uint64)
+        short = lengths < 8
+        nbits = (np.minimum(lengths, 8) * 8).astype(np.uint64)
+        mask = np.where(short, (np.uint64(1) << np.where(short, nbits, 0)) - np.uint64(1),
+                        np.uint64(_M64))
+        keys = head & mask
+        long_ = lengths > 8
+        if long_.any():
+            tail = u64[np.where(long_, starts + lengths - 8, 0)]
+            keys ^= np.where(long_, tail * np.uint64(_P_LAST), np.uint64(0))
+        keys ^= lengths.astype(np.uint64) * np.uint64(_P_LEN)
+        order = np.argsort(keys)
+        self._order = order
+        self._skeys = keys[order]
+        self._memo: dict = {}
+
+    def find(self, b: bytes) -> int:
+        """The index of `b` in the array, or -1."""
+        got = self._memo.get(b)
+        if got is not None:
+            return got
+        k = _key(b)
+        sk = self._skeys
+        i = int(sk.searchsorted(np.uint64(k)))
+        best = -1
+        n = len(b)
+        mm = self._mm
+        while i < len(sk) and int(sk[i]) == k:
+            j = int(self._order[i])
+            s = int(self.starts[j])
+            if int(self.lengths[j]) == n and mm[s:s + n] == b:
+                if best < 0 or (j < best if self._first else j > best):
+                    best = j
+            i += 1
+        self._memo[b] = best
+        return best
+
+    def get(self, i: int) -> bytes:
+        s = int(self.starts[i])
+        return self._mm[s:s + int(self.lengths[i])]

@@ -1,0 +1,239 @@
+"""The asyncio client: the same API as Client, with coroutines and an async
+iterator. asyncio.Lock is fair, so concurrent callers are served in FIFO order."""
+import asyncio
+import collections
+import os
+import signal
+
+from ._common import (Ids, ReflexConnectionError, ReflexError, ReflexTimeout, belongs,
+                      check_ready, decode_line, encode_request, ends_request, result_or_raise)
+
+_LIMIT = 1 << 26  # longest line accepted from the server (embeddings are long)
+
+
+class _AConn:
+    def __init__(self, reader, writer, proc=None, where=""):
+        self.reader, self.writer, self.proc, self.where = reader, writer, proc, where
+        self.dead = False
+        self.ready = None
+        self.stderr_tail = collections.deque(maxlen=40)
+        self._stderr_task = None
+        if proc is not None and proc.stderr is not None:
+            self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+
+    async def _drain_stderr(self):
+        async for line in self.proc.stderr:
+            self.stderr_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+
+    async def next_event(self):
+        try:
+            line = await self.reader.readline()
+        except (OSError, ValueError) as e:  # ValueError: a line over _LIMIT
+            line = b""
+            if isinstance(e, ValueError):
+                self.abandon()
+        if not line:
+            self.dead = True
+            raise ReflexConnectionError(await self.death())
+        return decode_line(line)
+
+    async def death(self):
+        if self.proc is None:
+            return f"{self.where}: connection closed by the server"
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), 2)
+        except asyncio.TimeoutError:
+            code = None
+        if self._stderr_task is not None:
+            await asyncio.wait([self._stderr_task], timeout=0.5)
+        what = "closed its stdout" if code is None else (
+            f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        tail = "\n".join(self.stderr_tail)
+        return f"{self.where}: the server {what}" + (f"; stderr:\n{tail}" if tail else "")
+
+    async def send(self, data):
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except OSError:
+            self.dead = True
+            raise ReflexConnectionError(await self.death()) from None
+
+    def interrupt(self):
+        if self.proc is not None:
+            try:
+                self.proc.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        else:
+            self.abandon()
+
+    def abandon(self):
+        self.dead = True
+        self.writer.close()
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    async def close(self, grace):
+        self.dead = True
+        self.writer.close()  # stdin EOF for a child; closes a socket
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class AsyncClient:
+    """asyncio twin of Client: `await AsyncClient.spawn(...)`,
+    `await AsyncClient.connect(path)`, the same methods as coroutines,
+    `stream()` an async iterator (close it, e.g. with contextlib.aclosing, to
+    cancel early), `async with` for close."""
+
+    def __init__(self, opener, *, close_timeout=5.0, cancel_timeout=10.0):
+        self._opener = opener
+        self._close_timeout = close_timeout
+        self._cancel_timeout = cancel_timeout
+        self._lock = asyncio.Lock()
+        self._ids = Ids()
+        self._conn = None
+        self._closed = False
+
+    @classmethod
+    async def spawn(cls, command="reflex", args=("stdio",), *, env=None, cwd=None, stderr=asyncio.subprocess.PIPE,
+                    ready_timeout=60.0, close_timeout=5.0, cancel_timeout=10.0):
+        argv = [command, *args]
+
+        async def opener():
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                    env=env, cwd=cwd, limit=_LIMIT)
+            except OSError as e:
+                raise ReflexConnectionError(f"cannot start {argv!r}: {e}") from None
+            conn = _AConn(proc.stdout, proc.stdin, proc=proc, where=f"{command} (pid {proc.pid})")
+            return await _wait_ready(conn, ready_timeout)
+
+        client = cls(opener, close_timeout=close_timeout, cancel_timeout=cancel_timeout)
+        client._conn = await opener()
+        return client
+
+    @classmethod
+    async def connect(cls, path, *, ready_timeout=60.0, cancel_timeout=10.0):
+        async def opener():
+            try:
+                reader, writer = await asyncio.open_unix_connection(os.fspath(path), limit=_LIMIT)
+            except OSError as e:
+                raise ReflexConnectionError(f"cannot connect to {path}: {e}") from None
+            return await _wait_ready(_AConn(reader, writer, where=f"uds {path}"), ready_timeout)
+
+        client = cls(opener, cancel_timeout=cancel_timeout)
+        client._conn = await opener()
+        return client
+
+    @property
+    def ready(self):
+        return self._conn.ready if self._conn else None
+
+    async def request(self, op, params=None, *, timeout=None, **kw):
+        result = None
+        async for ev in self._events(op, {**(params or {}), **kw}, timeout):
+            result = ev
+        return result
+
+    def stream(self, params=None, *, timeout=None, **kw):
+        return self._events("generate", {**(params or {}), **kw, "stream": True}, timeout)
+
+    async def generate(self, prompt=None, *, timeout=None, **params):
+        return await self.request("generate", {"prompt": prompt, **params}, timeout=timeout)
+
+    async def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
+        return await self.request("system1", {"prompt": prompt, "candidates": candidates, **params}, timeout=timeout)
+
+    async def embed(self, params=None, *, timeout=None, **kw):
+        return await self.request("embed", params, timeout=timeout, **kw)
+
+    async def tokenize(self, params=None, *, timeout=None, **kw):
+        return await self.request("tokenize", params, timeout=timeout, **kw)
+
+    async def detokenize(self, params=None, *, timeout=None, **kw):
+        return await self.request("detokenize", params, timeout=timeout, **kw)
+
+    async def ping(self, *, timeout=None):
+        return await self.request("ping", timeout=timeout)
+
+    async def close(self):
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close(self._close_timeout)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def _events(self, op, params, timeout):
+        async with self._lock:
+            if self._closed:
+                raise ReflexError("connection", "the client is closed")
+            if self._conn is None or self._conn.dead:
+                self._conn = await self._opener()
+            conn = self._conn
+            rid = self._ids.next()
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            await conn.send(encode_request(rid, op, params))
+            done = False
+            try:
+                while True:
+                    if deadline is None:
+                        ev = await conn.next_event()
+                    else:
+                        try:
+                            ev = await asyncio.wait_for(conn.next_event(), max(0.0, deadline - loop.time()))
+                        except asyncio.TimeoutError:
+                            raise ReflexTimeout(f"{op} timed out after {timeout} s") from None
+                    if ends_request(ev, rid):
+                        done = True
+                        yield result_or_raise(ev)
+                        return
+                    if belongs(ev, rid):
+                        yield ev
+            finally:
+                if not done:
+                    await self._cancel(conn, rid)
+
+    async def _cancel(self, conn, rid):
+        if conn.dead:
+            return
+        conn.interrupt()
+        if conn.dead:
+            return
+
+        async def drain():
+            while not ends_request(await conn.next_event(), rid):
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), self._cancel_timeout)
+        except (asyncio.TimeoutError, ReflexError):
+            conn.abandon()
+
+
+async def _wait_ready(conn, timeout):
+    try:
+        ev = await asyncio.wait_for(conn.next_event(), timeout)
+        conn.ready = check_ready(ev, conn.where)
+    except asyncio.TimeoutError:
+        conn.abandon()
+        raise ReflexConnectionError(f"{conn.where}: no ready line within {timeout} s") from None
+    except BaseException:
+        conn.abandon()
+        raise
+    return conn

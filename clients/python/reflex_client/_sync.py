@@ -1,0 +1,304 @@
+"""The blocking client: one request in flight per connection, callers served in
+FIFO order, a reader thread per connection feeding a queue."""
+import collections
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from ._common import (Ids, ReflexConnectionError, ReflexError, ReflexTimeout, belongs,
+                      check_ready, decode_line, encode_request, ends_request, result_or_raise)
+
+_EOF = object()
+
+
+class _FifoLock:
+    """A lock that hands itself to waiters in arrival order (a ticket lock)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    def __enter__(self):
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cond.wait()
+
+    def __exit__(self, *exc):
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+class _Conn:
+    """One transport: a spawned child (stdin/stdout) or a UDS connection."""
+
+    def __init__(self, wfile, rfile, proc=None, sock=None, where=""):
+        self.wfile, self.proc, self.sock, self.where = wfile, proc, sock, where
+        self.lines = queue.Queue()
+        self.dead = False
+        self.stderr_tail = collections.deque(maxlen=40)
+        self.ready = None
+        threading.Thread(target=self._read, args=(rfile,), daemon=True).start()
+        if proc is not None and proc.stderr is not None:
+            threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _read(self, rfile):
+        try:
+            for line in rfile:
+                self.lines.put(line)
+        except (OSError, ValueError):
+            pass
+        self.lines.put(_EOF)
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+
+    def next_event(self, deadline):
+        """The next server event; None when `deadline` (monotonic) passes first."""
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if line is _EOF:
+            self.lines.put(_EOF)
+            self.dead = True
+            raise ReflexConnectionError(self.death())
+        return decode_line(line)
+
+    def death(self):
+        if self.proc is None:
+            return f"{self.where}: connection closed by the server"
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        what = "closed its stdout" if code is None else (
+            f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        time.sleep(0.05)  # let the stderr thread catch the last lines
+        tail = "\n".join(self.stderr_tail)
+        return f"{self.where}: the server {what}" + (f"; stderr:\n{tail}" if tail else "")
+
+    def send(self, data):
+        try:
+            if self.sock is not None:
+                self.sock.sendall(data)
+            else:
+                self.wfile.write(data)
+                self.wfile.flush()
+        except OSError:
+            self.dead = True
+            raise ReflexConnectionError(self.death()) from None
+
+    def interrupt(self):
+        """Cancel the request in flight: SIGINT to a child (it keeps serving);
+        a UDS connection is closed (the server cancels when its client leaves)."""
+        if self.proc is not None:
+            try:
+                self.proc.send_signal(signal.SIGINT)
+            except OSError:
+                pass
+        else:
+            self.abandon()
+
+    def abandon(self):
+        self.dead = True
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self, grace):
+        self.dead = True
+        if self.sock is not None:
+            self.abandon()
+            return
+        try:
+            self.wfile.close()  # stdin EOF: the server finishes and exits 0
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Client:
+    """A reflex server, spawned (`Client.spawn`) or reached over a Unix socket
+    (`Client.connect`). Thread-safe: concurrent calls are served one at a time,
+    in arrival order. A dead server is reported (ReflexConnectionError) and
+    replaced on the next call."""
+
+    def __init__(self, opener, *, close_timeout=5.0, cancel_timeout=10.0):
+        self._opener = opener
+        self._close_timeout = close_timeout
+        self._cancel_timeout = cancel_timeout
+        self._lock = _FifoLock()
+        self._ids = Ids()
+        self._conn = None
+        self._closed = False
+        self._conn = opener()
+
+    @classmethod
+    def spawn(cls, command="reflex", args=("stdio",), *, env=None, cwd=None, stderr=subprocess.PIPE,
+              ready_timeout=60.0, close_timeout=5.0, cancel_timeout=10.0):
+        """Start `command *args` (a server speaking the protocol on stdio) and
+        wait up to `ready_timeout` s for its ready line. `stderr`: PIPE keeps
+        the last lines for error messages; None inherits; or a file."""
+        argv = [command, *args]
+
+        def opener():
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                        env=env, cwd=cwd, bufsize=0)
+            except OSError as e:
+                raise ReflexConnectionError(f"cannot start {argv!r}: {e}") from None
+            conn = _Conn(proc.stdin, proc.stdout, proc=proc, where=f"{command} (pid {proc.pid})")
+            return _wait_ready(conn, ready_timeout)
+
+        return cls(opener, close_timeout=close_timeout, cancel_timeout=cancel_timeout)
+
+    @classmethod
+    def connect(cls, path, *, ready_timeout=60.0, cancel_timeout=10.0):
+        """Connect to `reflex uds PATH` and wait for the connection's ready line."""
+
+        def opener():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(os.fspath(path))
+            except OSError as e:
+                sock.close()
+                raise ReflexConnectionError(f"cannot connect to {path}: {e}") from None
+            conn = _Conn(None, sock.makefile("rb"), sock=sock, where=f"uds {path}")
+            return _wait_ready(conn, ready_timeout)
+
+        return cls(opener, cancel_timeout=cancel_timeout)
+
+    @property
+    def ready(self):
+        """The ready event of the current connection (protocol, version, pid, backend, model)."""
+        return self._conn.ready if self._conn else None
+
+    # -- the ops ----------------------------------------------------------
+    def request(self, op, params=None, *, timeout=None, **kw):
+        """Send one request; return its result dict (ok: true) or raise ReflexError."""
+        result = None
+        for ev in self._events(op, {**(params or {}), **kw}, timeout):
+            result = ev
+        return result
+
+    def stream(self, params=None, *, timeout=None, **kw):
+        """generate with stream: true; yields the token events, then the result.
+        Closing the iterator early cancels the generation."""
+        return self._events("generate", {**(params or {}), **kw, "stream": True}, timeout)
+
+    def generate(self, prompt=None, *, timeout=None, **params):
+        return self.request("generate", {"prompt": prompt, **params}, timeout=timeout)
+
+    def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
+        return self.request("system1", {"prompt": prompt, "candidates": candidates, **params}, timeout=timeout)
+
+    def embed(self, params=None, *, timeout=None, **kw):
+        return self.request("embed", params, timeout=timeout, **kw)
+
+    def tokenize(self, params=None, *, timeout=None, **kw):
+        return self.request("tokenize", params, timeout=timeout, **kw)
+
+    def detokenize(self, params=None, *, timeout=None, **kw):
+        return self.request("detokenize", params, timeout=timeout, **kw)
+
+    def ping(self, *, timeout=None):
+        return self.request("ping", timeout=timeout)
+
+    # -- lifecycle --------------------------------------------------------
+    def close(self):
+        """stdin EOF, wait up to close_timeout for the server to exit, then kill it."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close(self._close_timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        conn = getattr(self, "_conn", None)
+        if conn is not None and conn.proc is not None and conn.proc.poll() is None:
+            conn.abandon()
+
+    # -- the exchange -----------------------------------------------------
+    def _events(self, op, params, timeout):
+        with self._lock:
+            if self._closed:
+                raise ReflexError("connection", "the client is closed")
+            if self._conn is None or self._conn.dead:
+                self._conn = self._opener()
+            conn = self._conn
+            rid = self._ids.next()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            conn.send(encode_request(rid, op, params))
+            done = False
+            try:
+                while True:
+                    ev = conn.next_event(deadline)
+                    if ev is None:
+                        raise ReflexTimeout(f"{op} timed out after {timeout} s")
+                    if ends_request(ev, rid):
+                        done = True
+                        yield result_or_raise(ev)
+                        return
+                    if belongs(ev, rid):
+                        yield ev
+            finally:
+                if not done:
+                    self._cancel(conn, rid)
+
+    def _cancel(self, conn, rid):
+        """Cancel the request in flight and drain up to its result, so the
+        connection can serve the next one; kill a server that does not answer."""
+        if conn.dead:
+            return
+        conn.interrupt()
+        if conn.dead:
+            return
+        deadline = time.monotonic() + self._cancel_timeout
+        try:
+            while True:
+                ev = conn.next_event(deadline)
+                if ev is None:
+                    conn.abandon()
+                    return
+                if ends_request(ev, rid):
+                    return
+        except ReflexError:
+            conn.abandon()
+
+
+def _wait_ready(conn, timeout):
+    deadline = time.monotonic() + timeout
+    try:
+        ev = conn.next_event(deadline)
+        if ev is None:
+            raise ReflexConnectionError(f"{conn.where}: no ready line within {timeout} s")
+        conn.ready = check_ready(ev, conn.where)
+    except BaseException:
+        conn.abandon()
+        raise
+    return conn

@@ -49,13 +49,13 @@ S = "\xd5\\$+<=>^`|~"
 
 
 def _c(pattern: str):
-    """A regex over the collapsed text (mode 'c')."""
-    return ("c", re.compile(pattern.format(L=L, N=N, P=P, M=M, S=S), re.ASCII))
+    """A regex over the collapsed text (mode 'c'), compiled when first used."""
+    return ("c", pattern.format(L=L, N=N, P=P, M=M, S=S))
 
 
 def _w(pattern: str):
-    """A regex over the text with non-ASCII whitespace as \\v (mode 'w')."""
-    return ("w", re.compile(pattern, re.ASCII))
+    """A regex over the text with non-ASCII whitespace as \\v (mode 'w'), compiled when used."""
+    return ("w", pattern)
 
 
 _CONTRACTIONS = "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
@@ -122,7 +122,7 @@ def regexes(name: str):
     """The regex list for a canonical pre-tokenizer name (see ALIASES)."""
     got = _cache.get(name)
     if got is None:
-        got = _cache[name] = _LISTS[name]()
+        got = _cache[name] = [(mode, re.compile(rx, re.ASCII)) for mode, rx in _LISTS[name]()]
     return got
 
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 _M64 = (1 << 64) - 1
-_P_LAST = 0x9E3779B97F4A7C15
-_P_LEN = 0xC2B2AE3D27D4EB4F
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [_M64], dtype=np.uint64)
+_P_HEAD = 0x9E3779B97F4A7C15
+_P_LAST = 0xC2B2AE3D27D4EB4F
+_P_LEN = 0x165667B19E3779F9
 
 
 def _key(b: bytes) -> int:
     n = len(b)
-    k = int.from_bytes(b[:8], "little")
+    k = (int.from_bytes(b[:8], "little") * _P_HEAD) & _M64
     if n > 8:
         k ^= (int.from_bytes(b[-8:], "little") * _P_LAST) & _M64
     return k ^ ((n * _P_LEN) & _M64)
@@ -44,26 +46,28 @@ class StrIndex:
         size = len(mm)
         if len(starts) == 0 or size < 8:
             self._skeys = np.zeros(0, dtype=np.uint64)
-            self._order = np.zeros(0, dtype=np.int64)
+            self._bits = 1
             self._memo = {}
             return
         # a little-endian u64 read at every byte offset (an overlapping view, no copy)
         u64 = np.ndarray(shape=(size - 7,), dtype="<u8", buffer=mm, offset=0, strides=(1,))
-        head_at = np.minimum(starts, size - 8)
-        head = u64[head_at] >> ((starts - head_at) * 8).astype(np.uint64)
-        short = lengths < 8
-        nbits = (np.minimum(lengths, 8) * 8).astype(np.uint64)
-        mask = np.where(short, (np.uint64(1) << np.where(short, nbits, 0)) - np.uint64(1),
-                        np.uint64(_M64))
-        keys = head & mask
-        long_ = lengths > 8
-        if long_.any():
-            tail = u64[np.where(long_, starts + lengths - 8, 0)]
-            keys ^= np.where(long_, tail * np.uint64(_P_LAST), np.uint64(0))
+        if int(starts.max()) <= size - 8:
+            head = u64[starts]
+        else:  # strings in the file's last 8 bytes: read earlier and shift
+            at = np.minimum(starts, size - 8)
+            head = u64[at] >> ((starts - at) * 8).astype(np.uint64)
+        keys = (head & _MASKS[np.minimum(lengths, 8)]) * np.uint64(_P_HEAD)
         keys ^= lengths.astype(np.uint64) * np.uint64(_P_LEN)
-        order = np.argsort(keys)
-        self._order = order
-        self._skeys = keys[order]
+        long_ = np.flatnonzero(lengths > 8)
+        if len(long_):
+            keys[long_] ^= u64[starts[long_] + lengths[long_] - 8] * np.uint64(_P_LAST)
+        # the array index rides in the low bits of each key, so a plain sort
+        # (much faster than argsort) gives both the sorted keys and their owners
+        self._bits = bits = max(1, (len(starts) - 1).bit_length())
+        low = np.uint64((1 << bits) - 1)
+        keys = (keys & ~low) | np.arange(len(starts), dtype=np.uint64)
+        keys.sort()
+        self._skeys = keys
         self._memo: dict = {}
 
     def find(self, b: bytes) -> int:
@@ -71,14 +75,19 @@ class StrIndex:
         got = self._memo.get(b)
         if got is not None:
             return got
-        k = _key(b)
+        bits = self._bits
+        hi = _key(b) >> bits
         sk = self._skeys
-        i = int(sk.searchsorted(np.uint64(k)))
+        i = int(sk.searchsorted(np.uint64(hi << bits)))
         best = -1
         n = len(b)
         mm = self._mm
-        while i < len(sk) and int(sk[i]) == k:
-            j = int(self._order[i])
+        low = (1 << bits) - 1
+        while i < len(sk):
+            v = int(sk[i])
+            if v >> bits != hi:
+                break
+            j = v & low
             s = int(self.starts[j])
             if int(self.lengths[j]) == n and mm[s:s + n] == b:
                 if best < 0 or (j < best if self._first else j > best):

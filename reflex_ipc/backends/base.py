@@ -1,0 +1,189 @@
+"""The backend ops: the normative list of what models (reflex_ipc/models/*.py) may call.
+
+A backend is an object with the methods of `Ops` below; numpy_ops.NumpyOps (the
+oracle) and cuda_ops.CudaOps implement them. Models call nothing else, so a
+model written once runs on every backend.
+
+Conventions (all ops):
+- Shapes are in numpy order (last axis contiguous). "Array" means a
+  backend-native array (numpy.ndarray / a device array) with `.shape`,
+  `.ndim`, `.size`, `.dtype`. Activations are float32 unless stated.
+- Ops return new arrays unless they take `out=` (then they write `out`, which
+  has the result's shape, and return it). Inputs are never modified except by
+  `kv_store` and `rope(..., inplace=True)`.
+- Token ids, positions and cache slots are given as Python sequences, numpy
+  integer arrays or backend int32 arrays (`positions()` converts once so a
+  model can reuse one array across layers).
+- Host <-> backend crossings are explicit: `asarray` (numpy -> backend) and
+  `to_numpy` (backend -> numpy, waits for the device).
+
+Weights (`load_weight(f, name)`): `f` is an open GGUFFile. A tensor with
+GGUF shape (ggml order) [ne0, ne1, ...] is, in numpy order, a matrix
+[rows = ne1*ne2*..., cols = ne0]. For tensors with 2 or more dimensions the
+backend returns an opaque weight handle with `.shape == (rows, cols)` that
+`matmul` and `embed` accept (the CUDA backend keeps the GGUF blocks on the
+device; the numpy backend dequantizes to float32 at load). 1-D tensors (norm
+weights, biases, rope frequency factors) come back as float32 arrays [n] that
+any op taking an array accepts.
+
+KV cache: allocated by the backend (`kv_cache`), one object for all layers:
+K and V each [n_layers, n_kv_heads, n_ctx, head_dim] (float32 on numpy,
+float16 on CUDA), attributes n_layers, n_kv_heads, head_dim, n_ctx. Rows are
+addressed by *slot* (0..n_ctx-1). In ordinary use a token's slot is its
+position; system1 stores candidates at slots after the prompt while their
+rope positions restart at the prompt end for each candidate, and passes an
+explicit mask. The engine tracks how many slots are filled (`n_kv`);
+the cache itself holds no length.
+
+Attention semantics (`attention`): for query n and head h, with
+g = Hq / Hkv query heads per KV head (GQA; Hq % Hkv == 0) and kv head h // g:
+    s[j] = scale * dot(q[n, h], K[layer, h // g, j])       j = 0..n_kv-1
+    if softcap > 0: s[j] = softcap * tanh(s[j] / softcap)
+    if mask is not None: s[j] += mask[n, j]
+    keys visible: lo <= j <= hi, hi = pos[n] if causal else n_kv - 1,
+                  lo = pos[n] - window + 1 if window > 0 else 0 (clamped to 0)
+    out[n, h] = sum_j softmax(s over visible j)[j] * V[layer, h // g, j]
+A query with no visible key (all masked with -inf) gets zeros. `pos` here are
+the queries' *slots* (equal to positions in ordinary use). With an explicit
+mask the engine passes causal=False, window=0 and encodes everything in the
+mask: float32 [N, n_kv], 0 for visible and -inf for hidden, made with
+`asarray` from numpy.
+"""
+
+from __future__ import annotations
+
+# The op names every backend must provide (see Ops for their contracts).
+OPS = (
+    "empty", "asarray", "to_numpy", "synchronize", "positions",
+    "load_weight", "matmul", "embed",
+    "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
+    "rms_norm", "rope",
+    "kv_cache", "kv_store", "attention",
+    "argmax",
+)
+
+
+def missing_ops(backend) -> list[str]:
+    """The names in OPS that `backend` does not provide (empty when it conforms)."""
+    return [name for name in OPS if not callable(getattr(backend, name, None))]
+
+
+class Ops:
+    """The contract. Backends need not inherit from this class; they must match it.
+
+    `name` is "cpu" for numpy and "cuda" for CUDA (reported by runner.info()).
+    """
+
+    name = "abstract"
+
+    # -- memory ------------------------------------------------------------------
+    def empty(self, shape, dtype="float32"):
+        """An uninitialised array of `shape` (int or tuple) and dtype "float32"/"int32"/"float16"."""
+        raise NotImplementedError
+
+    def asarray(self, a, dtype=None):
+        """numpy (or anything np.asarray takes) -> backend array. dtype None: integer and bool
+        input becomes int32, everything else float32. A backend array is returned as is."""
+        raise NotImplementedError
+
+    def to_numpy(self, x):
+        """Backend array -> numpy array with the same shape and dtype (waits for the device)."""
+        raise NotImplementedError
+
+    def synchronize(self):
+        """Wait until all queued work has finished (a no-op on numpy)."""
+        raise NotImplementedError
+
+    def positions(self, pos):
+        """Positions / slots / token ids (list, range, numpy ints) -> backend int32 array [N]."""
+        raise NotImplementedError
+
+    # -- weights -----------------------------------------------------------------
+    def load_weight(self, f, name):
+        """Tensor `name` of GGUFFile f: a weight handle [rows, cols] for 2+-D tensors, a
+        float32 array [n] for 1-D ones (see the module docstring). KeyError if absent
+        (models check presence with `name in f.tensors` first)."""
+        raise NotImplementedError
+
+    # -- linear algebra ----------------------------------------------------------
+    def matmul(self, x, w, out=None, accumulate=False):
+        """x float32 [..., K] times weight handle w [M, K]: y[..., m] = sum_k x[..., k] w[m, k]
+        (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required)."""
+        raise NotImplementedError
+
+    def embed(self, w, ids, scale=1.0):
+        """Rows `ids` (N ints) of the weight handle w [n_vocab, dim], dequantized, times scale:
+        float32 [N, dim]."""
+        raise NotImplementedError
+
+    # -- element-wise (float32) --------------------------------------------------------
+    def add(self, a, b, out=None):
+        """a + b; b has a's shape, or is 1-D [a.shape[-1]] and broadcasts over the rows (a bias)."""
+        raise NotImplementedError
+
+    def mul(self, a, b, out=None):
+        """a * b with add's broadcasting."""
+        raise NotImplementedError
+
+    def scale(self, a, s, out=None):
+        """a * s for a Python float s."""
+        raise NotImplementedError
+
+    def softcap(self, a, cap, out=None):
+        """cap * tanh(a / cap) (cap > 0)."""
+        raise NotImplementedError
+
+    def silu(self, a):
+        """a * sigmoid(a)."""
+        raise NotImplementedError
+
+    def gelu(self, a):
+        """The tanh approximation: 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))."""
+        raise NotImplementedError
+
+    def swiglu(self, g, u):
+        """silu(g) * u, g and u of one shape."""
+        raise NotImplementedError
+
+    def geglu(self, g, u):
+        """gelu(g) * u (tanh gelu), g and u of one shape."""
+        raise NotImplementedError
+
+    # -- normalization, rotary -------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        """Over the last axis: x / sqrt(mean(x^2) + eps), times w [D] when w is not None.
+        x may have any leading shape ([N, D], or [N, H, hd] with w [hd] for per-head norms)."""
+        raise NotImplementedError
+
+    def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
+             neox=False, mscale=1.0, inplace=False):
+        """Rotary embedding of x float32 [N, H, hd] at positions pos [N].
+
+        For i in 0..n_rot/2-1 (n_rot defaults to hd; dims >= n_rot pass through):
+            theta = pos[n] * base^(-2i/n_rot) * freq_scale / (freq_factors[i] if given)
+            normal (llama.cpp "norm"): the pair is (2i, 2i+1)
+            neox:                      the pair is (i, i + n_rot/2)
+            (x_a, x_b) -> ((x_a cos - x_b sin) * mscale, (x_a sin + x_b cos) * mscale)
+        Returns a new array, or rotates x itself when inplace."""
+        raise NotImplementedError
+
+    # -- attention ---------------------------------------------------------------
+    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
+        """Allocate the KV cache (module docstring). Contents start undefined."""
+        raise NotImplementedError
+
+    def kv_store(self, cache, layer, k, v, slots):
+        """Write k, v float32 [N, Hkv, hd] into K[layer, :, slots[n]], V[layer, :, slots[n]]."""
+        raise NotImplementedError
+
+    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+                  mask=None):
+        """q float32 [N, Hq, hd] over slots 0..n_kv-1 of the cache layer -> float32 [N, Hq, hd]
+        (semantics in the module docstring). Store the batch's own k/v (kv_store) first."""
+        raise NotImplementedError
+
+    # -- selection ---------------------------------------------------------------
+    def argmax(self, logits):
+        """Index of the largest value in each row of float32 [..., V]: numpy int array [...]
+        (first index on ties)."""
+        raise NotImplementedError

@@ -40,7 +40,7 @@ def main():
         time.sleep(3600)
         return 0
     if mode == "bad_ready":
-        send({"hello": "world"})
+        send({"event": "result", "id": None, "ok": True})
         time.sleep(3600)
         return 0
     if mode == "exit_early":

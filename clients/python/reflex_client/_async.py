@@ -77,6 +77,14 @@ class _AConn:
             except ProcessLookupError:
                 pass
 
+    async def discard(self):
+        """abandon, then wait for the child (so asyncio can release its pipes)."""
+        self.abandon()
+        if self.proc is not None:
+            await self.proc.wait()
+        if self._stderr_task is not None:
+            await asyncio.wait([self._stderr_task], timeout=1)
+
     async def close(self, grace):
         self.dead = True
         self.writer.close()  # stdin EOF for a child; closes a socket
@@ -223,7 +231,7 @@ class AsyncClient:
         try:
             await asyncio.wait_for(drain(), self._cancel_timeout)
         except (asyncio.TimeoutError, ReflexError):
-            conn.abandon()
+            await conn.discard()
 
 
 async def _wait_ready(conn, timeout):
@@ -231,9 +239,9 @@ async def _wait_ready(conn, timeout):
         ev = await asyncio.wait_for(conn.next_event(), timeout)
         conn.ready = check_ready(ev, conn.where)
     except asyncio.TimeoutError:
-        conn.abandon()
+        await conn.discard()
         raise ReflexConnectionError(f"{conn.where}: no ready line within {timeout} s") from None
     except BaseException:
-        conn.abandon()
+        await conn.discard()
         raise
     return conn

@@ -1,0 +1,3 @@
+module github.com/reflex-ipc/reflex-ipc/clients/go
+
+go 1.19

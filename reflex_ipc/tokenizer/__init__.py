@@ -361,6 +361,10 @@ class Tokenizer:
         return b
 
     def decode(self, ids, special: bool = False) -> str:
+        """llama_detokenize(remove_special=False, unparse_special=special): pieces
+        joined, the first token's leading space dropped when the vocabulary adds
+        a space prefix (SPM), and llama.cpp's clean_spaces pass where the
+        vocabulary asks for it (GPT-2, Llama 3, ...). Invalid UTF-8 -> U+FFFD."""
         return self.decode_bytes(ids, special).decode("utf-8", "replace")
 
     def stream_decoder(self, special: bool = False) -> "StreamDecoder":
@@ -390,24 +394,19 @@ def _clean_spaces(b: bytes) -> bytes:
 class StreamDecoder:
     """Incremental detokenizer: feed(id) returns the newly complete text, never
     half a UTF-8 character; flush() returns what is left (invalid bytes as U+FFFD).
-    Text is the concatenation of token pieces (no clean_spaces pass), with the
-    first token's leading space dropped for SPM vocabularies, as in decode()."""
+    Text is the plain concatenation of token pieces, as llama.cpp streams
+    generated text: unlike decode() there is no clean_spaces pass and an SPM
+    continuation keeps its leading space."""
 
     def __init__(self, tok: Tokenizer, special: bool = False):
         self._tok = tok
         self._special = special
         self._pending = b""
-        self._first = True
 
     def feed(self, token_id: int) -> str:
         tok = self._tok
         tok.token_text(int(token_id))
-        p = tok.token_piece(int(token_id), self._special)
-        if self._first:
-            self._first = False
-            if tok.add_space_prefix and p[:1] == b" ":
-                p = p[1:]
-        buf = self._pending + p
+        buf = self._pending + tok.token_piece(int(token_id), self._special)
         cut = _complete_prefix(buf)
         self._pending = buf[cut:]
         return buf[:cut].decode("utf-8", "replace")

@@ -8,6 +8,9 @@ Conventions (all ops):
 - Shapes are in numpy order (last axis contiguous). "Array" means a
   backend-native array (numpy.ndarray / a device array) with `.shape`,
   `.ndim`, `.size`, `.dtype`. Activations are float32 unless stated.
+  Arrays also support `.reshape(*shape)` and leading-axis `x[i]` / `x[a:b]`
+  (step 1), all three views without a copy (models use them to split heads
+  and to keep only the last row before the output projection).
 - Ops return new arrays unless they take `out=` (then they write `out`, which
   has the result's shape, and return it). Inputs are never modified except by
   `kv_store` and `rope(..., inplace=True)`.

@@ -99,9 +99,9 @@ RX_EXTERN void sample_topk(const float* v, const int* idx, int k, float temp, fl
     float mass = 0.f;
     int keep = 0;
     for (; keep < kk; keep++) {
-        const float pr = expf((v[keep] - m) / temp) / total;
-        if (keep > 0 && pr < min_p) break;  // p_max / total == 1/total * 1; min_p compares to p_max
-        mass += pr;
+        const float rel = expf((v[keep] - m) / temp);  // p / p_max
+        if (keep > 0 && rel < min_p) break;
+        mass += rel / total;
         if (mass >= top_p) { keep++; break; }
     }
     if (keep == 0) keep = 1;

@@ -1,0 +1,321 @@
+"""Backend ops on the ahead-of-time CUDA kernels (kernels/*.cuh), through pycuda.
+
+Weights stay in their GGUF block format in one device arena per file (see
+reflex_ipc.cuda.weights); matmuls and embedding lookups read the blocks directly.
+Activations are float32 DeviceArrays from a caching pool; the KV cache is float16.
+Everything runs in order on one stream; only to_numpy() (and the sampled token id)
+waits for the device.
+"""
+
+import math
+
+import numpy as np
+
+from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.core)
+from ..cuda.arrays import DeviceArray, DeviceWeight
+from ..cuda.weights import WeightArena
+from ..errors import ReflexError
+from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
+
+MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
+             Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
+EW_BLOCK = 256
+MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
+ATT_MAX_HD = 256
+TOPK_SLICE = 4096
+TOPK_MAX = 1024
+
+
+def _ew_grid(n):
+    return (max(1, min((n + EW_BLOCK - 1) // EW_BLOCK, 8192)), 1, 1)
+
+
+class KVCache:
+    """float16 K and V caches, each [n_layers, n_kv_heads, n_ctx, head_dim]."""
+
+    def __init__(self, ops, n_layers, n_kv_heads, head_dim, n_ctx):
+        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
+        shape = (n_layers, n_kv_heads, n_ctx, head_dim)
+        self.k = ops.empty(shape, "float16")
+        self.v = ops.empty(shape, "float16")
+        self.layer_bytes = n_kv_heads * n_ctx * head_dim * 2
+
+
+class CudaOps:
+    name = "cuda"
+
+    def __init__(self):
+        self.rt = _cuda_runtime()
+        self.pool = self.rt.pool
+        self.k = self.rt.kernel
+        self._arenas = {}
+        self._extra_weights = []
+
+    def _k_after_upload(self, name):
+        """Kernel lookup while weight uploads are in flight: the first launch waits for
+        them (weights loaded earlier may be read by any kernel), then lookups go direct."""
+        for a in self._arenas.values():
+            a.wait()
+        self.k = self.rt.kernel
+        return self.k(name)
+
+    # -- memory ------------------------------------------------------------------
+    def empty(self, shape, dtype="float32"):
+        if isinstance(shape, int):
+            shape = (shape,)
+        return DeviceArray.empty(self.pool, shape, dtype)
+
+    def asarray(self, a, dtype=None):
+        """numpy -> device (float32 by default; int arrays become int32)."""
+        if isinstance(a, DeviceArray):
+            return a
+        a = np.asarray(a)
+        if dtype is None:
+            dtype = "int32" if a.dtype.kind in "iub" else "float32"
+        a = np.ascontiguousarray(a, dtype=dtype)
+        out = self.empty(a.shape, dtype)
+        if a.nbytes:
+            self.rt.drv.memcpy_htod_async(out.ptr, a, self.rt.stream)
+        return out
+
+    def to_numpy(self, x):
+        if isinstance(x, np.ndarray):
+            return x
+        out = np.empty(x.shape, dtype=x.dtype)
+        if out.nbytes:
+            self.rt.drv.memcpy_dtoh_async(out, x.ptr, self.rt.stream)
+        self.rt.stream.synchronize()
+        return out
+
+    def synchronize(self):
+        self.rt.stream.synchronize()
+
+    # -- weights -----------------------------------------------------------------
+    def _arena(self, f):
+        a = self._arenas.get(id(f))
+        if a is None:
+            a = WeightArena(self.rt, f)
+            self._arenas[id(f)] = a
+            self.k = self._k_after_upload
+        return a
+
+    def load_weight(self, f, name):
+        """A tensor of GGUFFile f on the device: 2-D matrices stay quantized in the arena
+        (DeviceWeight); vectors become float32 DeviceArrays."""
+        t = f.tensors[name]
+        arena = self._arena(f)
+        shape = tuple(reversed(t.shape))  # numpy order
+        if len(shape) >= 2 and t.ggml_type in MM_KERNEL:
+            rows = math.prod(shape[:-1])
+            cols = shape[-1]
+            _, blk, bsize = TYPES[type_name(t.ggml_type)]
+            return DeviceWeight(arena.ptr(t), (rows, cols), t.ggml_type, type_name(t.ggml_type),
+                                cols // blk * bsize, name, arena)
+        from ..quants import dequantize
+
+        if len(shape) >= 2:
+            # a block format without a kernel here (Q2_K, Q3_K, IQ*): dequantized to f16 once
+            rows, cols = math.prod(shape[:-1]), shape[-1]
+            host = dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).astype(np.float16)
+            dev = self.asarray(host.reshape(rows, cols), "float16")
+            self._extra_weights.append(dev)
+            return DeviceWeight(dev.ptr, (rows, cols), F16, "F16", cols * 2, name, None)
+        # vectors (norm weights, biases, rope factors): float32
+        if t.ggml_type == F32:
+            return DeviceArray(arena.ptr(t), shape, "float32", arena)
+
+        return self.asarray(dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).reshape(shape))
+
+    # -- linear algebra ------------------------------------------------------------
+    def matmul(self, x, w, out=None, accumulate=False):
+        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T)."""
+        if not isinstance(w, DeviceWeight):
+            raise TypeError("matmul needs a DeviceWeight from load_weight")
+        M, K = w.shape
+        if x.shape[-1] != K:
+            raise ValueError(f"matmul: x has {x.shape[-1]} columns, weight {w.name} expects {K}")
+        if K % 8:
+            raise ReflexError("unsupported_architecture", f"{w.name}: rows of {K} (need a multiple of 8)")
+        N = x.size // K
+        if out is None:
+            if accumulate:
+                raise ValueError("matmul: accumulate=True needs out")
+            out = self.empty(x.shape[:-1] + (M,))
+        nt = 1 if N == 1 else (4 if N <= 4 else 8)
+        kern = self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")
+        kern(((M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1),
+             w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
+        return out
+
+    def embed(self, w, ids, scale=1.0):
+        """Rows ids of an embedding matrix [n_vocab, dim], dequantized: [len(ids), dim]."""
+        ids = self.positions(ids)
+        n = ids.size
+        M, K = w.shape
+        out = self.empty((n, K))
+        self.k(f"get_rows_{MM_KERNEL[w.ggml_type]}")(
+            ((K // 8 + 127) // 128, n, 1), (128, 1, 1), w.ptr, ids.ptr, out.ptr, K, w.row_bytes,
+            float(scale))
+        return out
+
+    # -- element-wise ------------------------------------------------------------
+    def _binary(self, name, a, b, out):
+        if a.shape != b.shape:
+            raise ValueError(f"{name}: shapes {a.shape} and {b.shape}")
+        out = out if out is not None else self.empty(a.shape)
+        self.k(name)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size)
+        return out
+
+    def add(self, a, b, out=None):
+        if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
+            out = out if out is not None else self.empty(a.shape)
+            self.k("add_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
+            return out
+        return self._binary("add_f32", a, b, out)
+
+    def mul(self, a, b, out=None):
+        if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
+            out = out if out is not None else self.empty(a.shape)
+            self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
+            return out
+        return self._binary("mul_f32", a, b, out)
+
+    def scale(self, a, s, out=None):
+        out = out if out is not None else self.empty(a.shape)
+        self.k("scale_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(s), out.ptr, a.size)
+        return out
+
+    def softcap(self, a, cap, out=None):
+        out = out if out is not None else self.empty(a.shape)
+        self.k("softcap_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(cap), out.ptr, a.size)
+        return out
+
+    def silu(self, a):
+        out = self.empty(a.shape)
+        self.k("silu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        return out
+
+    def gelu(self, a):
+        out = self.empty(a.shape)
+        self.k("gelu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        return out
+
+    def _glu(self, name, g, u):
+        if g.shape != u.shape:
+            raise ValueError(f"{name}: shapes {g.shape} and {u.shape}")
+        ncol = g.shape[-1]
+        out = self.empty(g.shape)
+        self.k(name)(_ew_grid(g.size), (EW_BLOCK, 1, 1), g.ptr, u.ptr, out.ptr, g.size, ncol, ncol, ncol)
+        return out
+
+    def swiglu(self, g, u):
+        """silu(g) * u"""
+        return self._glu("swiglu_f32", g, u)
+
+    def geglu(self, g, u):
+        """gelu_tanh(g) * u"""
+        return self._glu("geglu_f32", g, u)
+
+    # -- normalization, rotary ---------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        dim = x.shape[-1]
+        out = self.empty(x.shape)
+        rows = x.size // dim
+        threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
+        self.k("rmsnorm_f32")((rows, 1, 1), (threads, 1, 1), x.ptr, w.ptr if w is not None else 0,
+                              out.ptr, dim, float(eps))
+        return out
+
+    def layer_norm(self, x, w, b, eps):
+        dim = x.shape[-1]
+        out = self.empty(x.shape)
+        rows = x.size // dim
+        threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
+        self.k("layernorm_f32")((rows, 1, 1), (threads, 1, 1), x.ptr, w.ptr if w is not None else 0,
+                                b.ptr if b is not None else 0, out.ptr, dim, float(eps))
+        return out
+
+    def positions(self, pos):
+        """int32 device array of positions (a list / range / numpy array)."""
+        if isinstance(pos, DeviceArray):
+            return pos
+        return self.asarray(np.asarray(pos, dtype=np.int32))
+
+    def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
+             neox=False, mscale=1.0, inplace=False):
+        """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
+        N, H, hd = x.shape
+        n_rot = hd if n_rot is None else n_rot
+        pos = self.positions(pos)
+        if not inplace:
+            y = self.empty(x.shape)
+            self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), x.ptr, y.ptr, x.size)
+            x = y
+        total = N * H * (n_rot // 2)
+        self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
+                           float(base), float(freq_scale), freq_factors.ptr if freq_factors is not None else 0,
+                           1 if neox else 0, float(mscale))
+        return x
+
+    # -- attention ---------------------------------------------------------------
+    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
+        return KVCache(self, n_layers, n_kv_heads, head_dim, n_ctx)
+
+    def kv_store(self, cache, layer, k, v, pos):
+        """Write k, v [N, Hkv, hd] into layer `layer` of the cache at positions pos."""
+        N, Hkv, hd = k.shape
+        pos = self.positions(pos)
+        off = layer * cache.layer_bytes
+        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr, cache.k.ptr + off,
+                           cache.v.ptr + off, pos.ptr, N, Hkv, hd, cache.n_ctx)
+
+    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+                  mask=None):
+        """q [N, Hq, hd] over keys 0..n_kv-1 of the cache layer -> [N, Hq, hd]."""
+        N, Hq, hd = q.shape
+        if hd > ATT_MAX_HD:
+            raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
+        pos = self.positions(pos)
+        out = self.empty(q.shape)
+        off = layer * cache.layer_bytes
+        self.k("attention_f16kv")((Hq, N, 1), (128, 1, 1), q.ptr, cache.k.ptr + off, cache.v.ptr + off,
+                                  out.ptr, pos.ptr, mask.ptr if mask is not None else 0, Hq,
+                                  cache.n_kv_heads, hd, cache.n_ctx, int(n_kv), float(scale),
+                                  float(softcap), 1 if causal else 0, int(window))
+        return out
+
+    # -- sampling ----------------------------------------------------------------
+    def argmax(self, logits):
+        """Index of the largest value of each row, as a numpy int array (waits for the device)."""
+        n = logits.shape[-1]
+        rows = logits.size // n
+        out = self.empty((rows,), "int32")
+        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
+        return self.to_numpy(out).reshape(logits.shape[:-1])
+
+    def topk(self, logits, k):
+        """(values, indices) of the k largest of a 1-D logits array, best first (device arrays)."""
+        n = logits.size
+        k = max(1, min(k, n, TOPK_MAX))
+        nb = (n + TOPK_SLICE - 1) // TOPK_SLICE
+        cv = self.empty((nb * k,))
+        ci = self.empty((nb * k,), "int32")
+        self.k("topk_f32")((nb, 1, 1), (256, 1, 1), logits.ptr, 0, n, k, TOPK_SLICE, cv.ptr, ci.ptr)
+        if nb == 1:
+            return cv, ci
+        m = nb * k
+        if m > TOPK_SLICE:
+            raise ValueError(f"top-k of {k} over {n} values needs {m} candidates (at most {TOPK_SLICE})")
+        v2 = self.empty((k,))
+        i2 = self.empty((k,), "int32")
+        self.k("topk_f32")((1, 1, 1), (1024, 1, 1), cv.ptr, ci.ptr, m, k, m, v2.ptr, i2.ptr)
+        return v2, i2
+
+    def sample_topk(self, logits, k, temperature, top_p=1.0, min_p=0.0, u=0.5):
+        """Draw a token among the k best with softmax(logits / temperature), top-p and min-p
+        truncation, using the uniform number u; returns the token id (int)."""
+        v, i = self.topk(logits, k)
+        out = self.empty((1,), "int32")
+        self.k("sample_topk")((1, 1, 1), (32, 1, 1), v.ptr, i.ptr, v.size, float(temperature),
+                              float(top_p), float(min_p), float(u), out.ptr)
+        return int(self.to_numpy(out)[0])

@@ -1,0 +1,155 @@
+"""The CUDA runtime the backend talks to: the loaded fatbin, a stream, kernels with
+pre-packed arguments, a caching allocator for activations, and the weight arena.
+
+Built by reflex_ipc.cuda's init thread; everything here assumes the primary context
+is current in the calling thread.
+"""
+
+import struct
+import threading
+import time
+
+from .fatbin import chosen_image, read_images
+
+# kernel name -> argument layout (struct, native alignment = the C parameter layout).
+# Q: pointer, q: long long, i: int, f: float.
+MM_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+SIGNATURES = {
+    "add_f32": "QQQq", "mul_f32": "QQQq", "scale_f32": "QfQq",
+    "add_row_f32": "QQQqi", "mul_row_f32": "QQQqi", "softcap_f32": "QfQq",
+    "silu_f32": "QQq", "gelu_f32": "QQq", "copy_f32": "QQq", "f16_to_f32": "QQq",
+    "swiglu_f32": "QQQqiii", "geglu_f32": "QQQqiii",
+    "rmsnorm_f32": "QQQif", "layernorm_f32": "QQQQif",
+    "rope_f32": "QQiiiiffQif",
+    "kv_store": "QQQQQiiii",
+    "attention_f16kv": "QQQQQQiiiiiffii",
+    "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ", "sample_topk": "QQiffffQ",
+    "repeat_penalty_f32": "QQif",
+}
+for _t in MM_TYPES:
+    for _nt in (1, 4, 8):
+        SIGNATURES[f"mm{_nt}_{_t}"] = "QQQiiiqi"
+    SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
+
+
+class Kernel:
+    """A kernel of the fatbin; calling it packs the arguments with a precompiled struct
+    and launches on the runtime's stream (no per-call format parsing)."""
+
+    __slots__ = ("name", "pack", "_launch", "stream")
+
+    def __init__(self, func, name, fmt, stream):
+        self.name = name
+        self.pack = struct.Struct(fmt).pack
+        self._launch = func._launch_kernel
+        self.stream = stream
+
+    def __call__(self, grid, block, *args, shared=0):
+        self._launch(grid, block, self.pack(*args), shared, self.stream)
+
+    def launch_packed(self, grid, block, packed, shared=0):
+        """Launch with arguments packed once beforehand (self.pack(...))."""
+        self._launch(grid, block, packed, shared, self.stream)
+
+
+class Pool:
+    """Caching device allocator: blocks freed by DeviceArray go back to a free list by
+    size class and are reused; all work runs on one stream, so reuse is ordered."""
+
+    def __init__(self, drv):
+        self.drv = drv
+        self.free = {}  # size class -> [ptr]
+        self.held = {}  # ptr -> (DeviceAllocation, size class)
+        self.bytes = 0
+
+    @staticmethod
+    def size_class(n):
+        n = max(256, (n + 255) & ~255)
+        p = 1 << (n - 1).bit_length()
+        return p if n > p * 3 // 4 else p * 3 // 4
+
+    def alloc(self, nbytes):
+        """(device pointer, size class) of a block of at least nbytes."""
+        c = self.size_class(nbytes)
+        lst = self.free.get(c)
+        if lst:
+            return lst.pop(), c
+        try:
+            a = self.drv.mem_alloc(c)
+        except self.drv.MemoryError:
+            self.release_cached()
+            a = self.drv.mem_alloc(c)
+        self.held[int(a)] = (a, c)
+        self.bytes += c
+        return int(a), c
+
+    def give_back(self, ptr, c):
+        self.free.setdefault(c, []).append(ptr)
+
+    def release_cached(self):
+        """Free every cached block (on memory pressure)."""
+        self.stream_sync()
+        for lst in self.free.values():
+            for p in lst:
+                a, c = self.held.pop(p)
+                a.free()
+                self.bytes -= c
+        self.free = {}
+
+    def stream_sync(self):
+        self.drv.Context.synchronize()
+
+
+class Runtime:
+    def __init__(self, drv, dev, ctx, timings):
+        from . import FATBIN_PATH, build_info
+
+        self.drv = drv
+        self.device = dev
+        self.ctx = ctx
+        self.timings = timings
+        self.name = dev.name()
+        self.cc = dev.compute_capability()
+        self.build = build_info()
+        t0 = time.perf_counter()
+        with open(FATBIN_PATH, "rb") as fh:
+            data = fh.read()
+        self.images = read_images_bytes(data)
+        self.module = drv.module_from_buffer(data)
+        timings["module_load_ms"] = (time.perf_counter() - t0) * 1e3
+        self.image = chosen_image(self.images, self.cc)
+        self.stream = drv.Stream()
+        self.upload_stream = drv.Stream()
+        self.pool = Pool(drv)
+        self._kernels = {}
+        self._klock = threading.Lock()
+
+    def kernel(self, name) -> Kernel:
+        k = self._kernels.get(name)
+        if k is None:
+            with self._klock:
+                fmt = SIGNATURES[name]
+                k = Kernel(self.module.get_function(name), name, fmt, self.stream)
+                self._kernels[name] = k
+        return k
+
+    def loaded_binary_version(self, name="argmax_f32"):
+        """The architecture of the code the driver loaded for a kernel (e.g. 90)."""
+        f = self.module.get_function(name)
+        return f.get_attribute(self.drv.function_attribute.BINARY_VERSION)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def mem_info(self):
+        free, total = self.drv.mem_get_info()
+        return {"free": free, "total": total}
+
+
+def read_images_bytes(data):
+    from .fatbin import images
+
+    return images(data)
+
+
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "read_images", "chosen_image"]

@@ -1,0 +1,342 @@
+"""Per-kernel checks of the CUDA backend against numpy references, on random inputs.
+
+Imported by scripts/gpu-check (on a GPU host). Each check returns a row
+{"op", "case", "rel_err", "max_abs", "tol", "ok"}; rel_err = ||out - ref|| / ||ref||
+against a float64 reference. Outputs are poisoned (NaN) before each launch where the
+op writes into a caller buffer, so unwritten elements fail.
+"""
+
+import time
+
+import numpy as np
+
+from reflex_ipc.ggml_types import TYPES
+from reflex_ipc.quants import dequantize
+
+# byte offsets of the float16 scale fields in each block format
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def rel_err(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf"), float("inf")
+    d = np.linalg.norm(out - ref)
+    n = np.linalg.norm(ref)
+    return float(d / n if n else d), float(np.max(np.abs(out - ref)) if out.size else 0.0)
+
+
+def row(op, case, out, ref, tol):
+    e, m = rel_err(out, ref)
+    return {"op": op, "case": case, "rel_err": e, "max_abs": m, "tol": tol, "ok": bool(e <= tol)}
+
+
+def random_weight(name, rows, cols, rng):
+    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized)."""
+    tid, blk, bsize = TYPES[name]
+    n = rows * cols
+    if name == "F32":
+        w = rng.standard_normal(n).astype(np.float32) * 0.05
+        raw = w.view(np.uint8)
+    elif name == "F16":
+        w = (rng.standard_normal(n) * 0.05).astype(np.float16)
+        raw = w.view(np.uint8)
+    elif name == "BF16":
+        w32 = (rng.standard_normal(n) * 0.05).astype(np.float32)
+        raw = (w32.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        nb = n // blk
+        raw = rng.integers(0, 256, size=(nb, bsize), dtype=np.uint8)
+        for off in F16_FIELDS[name]:
+            s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
+            raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
+        raw = raw.reshape(-1)
+    ref = dequantize(np.ascontiguousarray(raw), tid, n).astype(np.float64).reshape(rows, cols)
+    return np.ascontiguousarray(raw), ref
+
+
+class FakeGGUF:
+    """Just enough of GGUFFile for WeightArena / load_weight: one data section in memory."""
+
+    def __init__(self, tensors):
+        from reflex_ipc.gguffile import TensorInfo
+
+        import mmap
+
+        blobs = []
+        off = 0
+        self.tensors = {}
+        for name, (raw, tid, shape) in tensors.items():
+            off = (off + 31) // 32 * 32
+            n_el = int(np.prod(shape))
+            self.tensors[name] = TensorInfo(name, tuple(reversed(shape)), tid, off, raw.nbytes, n_el)
+            blobs.append((off, raw))
+            off += raw.nbytes
+        self.size = max(off, 32)
+        self._mm = mmap.mmap(-1, self.size)
+        for o, raw in blobs:
+            self._mm[o:o + raw.nbytes] = raw.tobytes()
+        self.data_offset = 0
+
+    def tensor_data(self, t):
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+
+def check_matmul(ops, rng):
+    rows = []
+    M, K = 203, 512
+    tensors = {}
+    refs = {}
+    for name in MM_TYPES:
+        raw, ref = random_weight(name, M, K, rng)
+        tensors[name] = (raw, TYPES[name][0], (M, K))
+        refs[name] = ref
+    f = FakeGGUF(tensors)
+    for name in MM_TYPES:
+        w = ops.load_weight(f, name)
+        for N in (1, 3, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
+            rows.append(row("matmul", f"{name} N={N}", out, x.astype(np.float64) @ refs[name].T, 2e-5))
+        # accumulate into an existing output
+        x = rng.standard_normal((2, K)).astype(np.float32)
+        y0 = rng.standard_normal((2, M)).astype(np.float32)
+        y = ops.asarray(y0)
+        ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
+        rows.append(row("matmul", f"{name} accumulate", ops.to_numpy(y),
+                        y0 + x.astype(np.float64) @ refs[name].T, 2e-5))
+        ids = np.array([0, 5, M - 1, 17, 5], dtype=np.int32)
+        out = ops.to_numpy(ops.embed(w, ids, scale=0.5))
+        rows.append(row("get_rows", name, out, refs[name][ids] * 0.5, 1e-6))
+    return rows
+
+
+def check_elementwise(ops, rng):
+    rows = []
+    a = rng.standard_normal((7, 1000)).astype(np.float32)
+    b = rng.standard_normal((7, 1000)).astype(np.float32)
+    v = rng.standard_normal(1000).astype(np.float32)
+    A, B, V = ops.asarray(a), ops.asarray(b), ops.asarray(v)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    rows.append(row("add", "same shape", ops.to_numpy(ops.add(A, B)), a64 + b64, 1e-7))
+    rows.append(row("add", "row bias", ops.to_numpy(ops.add(A, V)), a64 + v, 1e-7))
+    rows.append(row("mul", "same shape", ops.to_numpy(ops.mul(A, B)), a64 * b64, 1e-7))
+    rows.append(row("mul", "row", ops.to_numpy(ops.mul(A, V)), a64 * v, 1e-7))
+    rows.append(row("scale", "", ops.to_numpy(ops.scale(A, 0.37)), a64 * 0.37, 1e-7))
+    big = (a * 40).astype(np.float32)
+    rows.append(row("softcap", "c=30", ops.to_numpy(ops.softcap(ops.asarray(big), 30.0)),
+                    30 * np.tanh(big.astype(np.float64) / 30), 1e-6))
+    silu = a64 / (1 + np.exp(-a64))
+    gelu = 0.5 * a64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (a64 + 0.044715 * a64 ** 3)))
+    rows.append(row("silu", "", ops.to_numpy(ops.silu(A)), silu, 1e-6))
+    rows.append(row("gelu", "tanh", ops.to_numpy(ops.gelu(A)), gelu, 1e-6))
+    rows.append(row("swiglu", "", ops.to_numpy(ops.swiglu(A, B)), silu * b64, 1e-6))
+    rows.append(row("geglu", "", ops.to_numpy(ops.geglu(A, B)), gelu * b64, 1e-6))
+    # norms
+    for dim in (64, 576, 1024, 4096):
+        x = (rng.standard_normal((5, dim)) * 3).astype(np.float32)
+        w = rng.standard_normal(dim).astype(np.float32)
+        x64 = x.astype(np.float64)
+        ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+        rows.append(row("rms_norm", f"dim={dim}", ops.to_numpy(ops.rms_norm(ops.asarray(x), ops.asarray(w), 1e-6)),
+                        ref, 1e-6))
+        bias = rng.standard_normal(dim).astype(np.float32)
+        mu = x64.mean(-1, keepdims=True)
+        ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + bias
+        rows.append(row("layer_norm", f"dim={dim}",
+                        ops.to_numpy(ops.layer_norm(ops.asarray(x), ops.asarray(w), ops.asarray(bias), 1e-5)),
+                        ref, 1e-6))
+    # rope
+    for neox in (False, True):
+        for hd, n_rot, ff in ((64, 64, False), (128, 64, False), (128, 128, True)):
+            N, H = 6, 3
+            x = rng.standard_normal((N, H, hd)).astype(np.float32)
+            pos = np.array([0, 1, 7, 100, 2047, 30000], dtype=np.int32)
+            factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if ff else None
+            base, fs = 1e6 if ff else 10000.0, 0.5 if ff else 1.0
+            out = ops.to_numpy(ops.rope(ops.asarray(x), pos, n_rot=n_rot, base=base, freq_scale=fs,
+                                        freq_factors=ops.asarray(factors) if ff else None, neox=neox))
+            ref = x.astype(np.float64).copy()
+            i = np.arange(n_rot // 2)
+            inv = base ** (-2.0 * i / n_rot) * fs
+            if ff:
+                inv = inv / factors
+            ang = pos[:, None].astype(np.float64) * inv[None, :]
+            c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+            ia, ib = (i, i + n_rot // 2) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = ref[..., ia].copy(), ref[..., ib].copy()
+            ref[..., ia] = x0 * c - x1 * s
+            ref[..., ib] = x0 * s + x1 * c
+            rows.append(row("rope", f"{'neox' if neox else 'norm'} hd={hd} n_rot={n_rot} ff={ff}", out, ref, 1e-6))
+    return rows
+
+
+def attention_ref(q, K, V, pos, n_kv, scale, softcap, causal, window, mask):
+    N, Hq, hd = q.shape
+    Hkv = K.shape[0]
+    g = Hq // Hkv
+    out = np.zeros((N, Hq, hd))
+    for n in range(N):
+        for h in range(Hq):
+            s = (K[h // g, :n_kv] @ q[n, h]) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            j = np.arange(n_kv)
+            keep = np.ones(n_kv, bool)
+            if causal:
+                keep &= j <= pos[n]
+            if window:
+                keep &= j > pos[n] - window
+            if mask is not None:
+                s = s + mask[n, :n_kv]
+            s = np.where(keep, s, -np.inf)
+            if np.all(np.isneginf(s)):
+                continue
+            p = np.exp(s - s.max())
+            out[n, h] = (p / p.sum()) @ V[h // g, :n_kv]
+    return out
+
+
+def check_attention(ops, rng):
+    rows = []
+    n_ctx = 300
+    for hd, Hq, Hkv in ((64, 8, 2), (128, 16, 8), (256, 4, 1)):
+        cache = ops.kv_cache(2, Hkv, hd, n_ctx)
+        layer = 1
+        past = 41
+        N = 23
+        n_kv = past + N
+        k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+        v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+        # the past in one store, the new tokens in another
+        ops.kv_store(cache, layer, ops.asarray(k[:past]), ops.asarray(v[:past]), np.arange(past))
+        ops.kv_store(cache, layer, ops.asarray(k[past:]), ops.asarray(v[past:]), np.arange(past, n_kv))
+        Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        kc = ops.to_numpy(cache.k).astype(np.float64)[layer, :, :n_kv]
+        rows.append(row("kv_store", f"hd={hd}", kc, Kc, 0.0))
+        q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+        pos = np.arange(past, n_kv)
+        scale = 1 / np.sqrt(hd)
+        cases = [("prefill causal", dict(causal=True)),
+                 ("prefill window=16", dict(causal=True, window=16)),
+                 ("prefill softcap=5", dict(causal=True, softcap=5.0))]
+        for name, kw in cases:
+            out = ops.to_numpy(ops.attention(ops.asarray(q), cache, layer, pos, n_kv, scale=scale, **kw))
+            ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, kw.get("softcap", 0),
+                                True, kw.get("window", 0), None)
+            rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} {name}", out, ref, 1e-5))
+        # decode: one query at the last position
+        out = ops.to_numpy(ops.attention(ops.asarray(q[-1:]), cache, layer, pos[-1:], n_kv, scale=scale))
+        ref = attention_ref(q[-1:].astype(np.float64), Kc, Vc, pos[-1:], n_kv, scale, 0, True, 0, None)
+        rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} decode", out, ref, 1e-5))
+        # explicit additive mask, not causal
+        mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
+        mask[:, 0] = 0
+        out = ops.to_numpy(ops.attention(ops.asarray(q), cache, layer, pos, n_kv, scale=scale, causal=False,
+                                         mask=ops.asarray(mask)))
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0, False, 0, mask.astype(np.float64))
+        rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, 1e-5))
+    return rows
+
+
+def check_sampling(ops, rng):
+    rows = []
+    for n in (1000, 49152, 151936, 262144):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        x[1, 10] = x[1, 20] = x[1].max() + 1  # a tie: the first index wins
+        got = ops.argmax(ops.asarray(x))
+        ref = np.argmax(x, axis=-1)
+        rows.append({"op": "argmax", "case": f"n={n}", "ok": bool(np.array_equal(got, ref)),
+                     "got": got.tolist(), "ref": ref.tolist()})
+        for k in (1, 40, 64):
+            v, i = ops.topk(ops.asarray(x[0]), k)
+            gi = ops.to_numpy(i)
+            order = np.lexsort((np.arange(n), -x[0]))[:k]
+            rows.append({"op": "topk", "case": f"n={n} k={k}", "ok": bool(np.array_equal(gi, order)),
+                         "got_head": gi[:5].tolist(), "ref_head": order[:5].tolist()})
+    # sampling: the draw follows the documented rule
+    x = rng.standard_normal(5000).astype(np.float32) * 3
+    X = ops.asarray(x)
+    ok = True
+    for u in (0.0, 0.3, 0.77, 0.999):
+        for temp, top_p, min_p in ((1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.3, 1.0, 0.1)):
+            got = ops.sample_topk(X, 40, temp, top_p, min_p, u)
+            order = np.lexsort((np.arange(x.size), -x))[:40]
+            vals = x[order].astype(np.float64)
+            rel = np.exp((vals - vals[0]) / temp)
+            p = rel / rel.sum()
+            keep = 0
+            mass = 0.0
+            while keep < 40:
+                if keep > 0 and rel[keep] < min_p:
+                    break
+                mass += p[keep]
+                keep += 1
+                if mass >= top_p:
+                    break
+            c = np.cumsum(rel[:keep])
+            ref = order[min(int(np.searchsorted(c, u * c[-1], side="right")), keep - 1)]
+            ok &= got == ref
+    rows.append({"op": "sample_topk", "case": "12 draws", "ok": bool(ok)})
+    return rows
+
+
+def bench_matvec(ops, rng):
+    """GB/s of decode-shaped matvecs (N=1), each type, weights 4096x4096 (8 rotating copies
+    so that L2 does not hold them)."""
+    out = []
+    drv = ops.rt.drv
+    M, K = 4096, 4096
+    for name in ("Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"):
+        tensors = {}
+        for c in range(8):
+            raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)
+            tensors[f"w{c}"] = (raw, TYPES[name][0], (M, K))
+        f = FakeGGUF(tensors)
+        ws = [ops.load_weight(f, f"w{c}") for c in range(8)]
+        x = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
+        y = ops.empty((1, M))
+        for w in ws:
+            ops.matmul(x, w, out=y)
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        reps = 200
+        e0.record(ops.rt.stream)
+        for r in range(reps):
+            ops.matmul(x, ws[r % 8], out=y)
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        ms = e1.time_since(e0) / reps
+        nbytes = len(tensors["w0"][0])
+        out.append({"type": name, "M": M, "K": K, "us": round(ms * 1e3, 2),
+                    "GB_per_s": round(nbytes / (ms / 1e3) / 1e9, 1)})
+    # host-side cost of one launch (pack + cuLaunchKernel), small kernel back to back
+    a = ops.asarray(np.ones(256, np.float32))
+    ops.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        ops.scale(a, 1.0, out=a)
+    t1 = time.perf_counter()
+    ops.synchronize()
+    t2 = time.perf_counter()
+    out.append({"launch_host_us": round((t1 - t0) / 2000 * 1e6, 2),
+                "launch_total_us": round((t2 - t0) / 2000 * 1e6, 2)})
+    return out
+
+
+def run_all(ops, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for fn in (check_matmul, check_elementwise, check_attention, check_sampling):
+        try:
+            rows += fn(ops, rng)
+        except Exception as e:  # a crash is a failed check, reported with the rest
+            import traceback
+
+            rows.append({"op": fn.__name__, "case": "crashed", "ok": False,
+                         "error": "".join(traceback.format_exception(e))[-2000:]})
+    return rows

@@ -1,0 +1,237 @@
+"""The CUDA kernels compile with nvcc, build.py behaves, the fatbin holds the expected
+images, and the CUDA backend's host-side code (argument packing, arrays, the fatbin
+reader) is right. Everything here runs without a GPU; the kernels' numerics are
+checked on a GPU host by scripts/gpu-check."""
+
+import importlib.util
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KDIR = os.path.join(ROOT, "kernels")
+
+
+def load_build():
+    spec = importlib.util.spec_from_file_location("reflex_kernel_build_test", os.path.join(KDIR, "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+build = load_build()
+NVCC = build.find_nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None and not os.environ.get("REFLEX_REQUIRE_NVCC"),
+                                reason="nvcc not installed (set REFLEX_REQUIRE_NVCC=1 to make this fail)")
+
+from reflex_ipc.cuda import fatbin  # noqa: E402
+from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
+from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Kernel, Pool  # noqa: E402
+
+
+# -- build.py ---------------------------------------------------------------------------
+@needs_nvcc
+def test_build_two_archs_has_sass_and_ptx(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
+    out = build.build(str(tmp_path))
+    assert out and os.path.exists(out)
+    info = json.load(open(tmp_path / "build.json"))
+    assert info["built"] is True and info["archs"] == [75, 90] and info["ptx"] == 90
+    imgs = fatbin.read_images(out)
+    assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
+    # every kernel the backend may launch is in the machine code
+    elf = open(out, "rb").read()
+    for name in SIGNATURES:
+        assert name.encode() + b"\0" in elf, name
+    # up to date: a second build does not run nvcc
+    monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    assert build.build(str(tmp_path)) == out
+
+
+def test_default_archs_cover_the_issue_list():
+    archs = build.supported_archs(NVCC) if NVCC else build.BASE_ARCHS
+    for a in (75, 80, 86, 89, 90):
+        assert a in archs
+    cmd = build.nvcc_command("nvcc", archs, "x.fatbin")
+    for a in archs:
+        assert f"-gencode=arch=compute_{a},code=sm_{a}" in cmd
+    assert f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}" in cmd
+    assert "--use_fast_math" not in cmd  # parity with the CPU backend over speed
+
+
+def test_archs_env(monkeypatch):
+    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "sm_86; 80 ,90")
+    assert build.wanted_archs("nvcc") == [80, 86, 90]
+    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "ninety")
+    with pytest.raises(SystemExit):
+        build.wanted_archs("nvcc")
+
+
+def test_no_nvcc_installs_without_kernels(tmp_path, monkeypatch, capsys):
+    (tmp_path / build.FATBIN).write_bytes(b"stale")
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    assert build.build(str(tmp_path)) is None
+    assert "nvcc not found" in capsys.readouterr().err
+    assert not (tmp_path / build.FATBIN).exists()
+    info = json.load(open(tmp_path / "build.json"))
+    assert info["built"] is False and "nvcc" in info["reason"]
+
+
+def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
+    import reflex_ipc.cuda as cuda
+
+    monkeypatch.setattr(cuda, "BUILD_JSON", str(tmp_path / "build.json"))
+    monkeypatch.setattr(cuda, "FATBIN_PATH", str(tmp_path / "none.fatbin"))
+    (tmp_path / "build.json").write_text(json.dumps({"built": False, "reason": "nvcc was not found"}))
+    msg = cuda.kernels_missing_reason()
+    assert msg.startswith("CUDA kernels were not built") and "nvcc was not found" in msg
+
+
+@needs_nvcc
+def test_signatures_match_the_kernel_parameters(tmp_path):
+    """Each packing format in SIGNATURES has the kernel's parameter types in order: the
+    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32)."""
+    ptx = tmp_path / "all.ptx"
+    subprocess.run([NVCC, "--ptx", "-std=c++17", "-arch=compute_90", "-o", str(ptx),
+                    os.path.join(KDIR, "all.cu")], check=True)
+    text = ptx.read_text()
+    entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+    code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
+    assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
+    for name, params in entries.items():
+        kinds = re.findall(r"\.param \.(\w+)", params)
+        got = "".join(code[k] for k in kinds)
+        want = SIGNATURES[name].replace("q", "Q")  # both are 8-byte integers
+        assert got.replace("q", "Q") == want, (name, got, SIGNATURES[name])
+
+
+# -- the fatbin reader ---------------------------------------------------------------------
+def _fake_fatbin(entries):
+    body = b""
+    for kind, arch, payload in entries:
+        hdr = struct.pack("<HHIQ", kind, 0x101, 64, len(payload)) + b"\0" * 12
+        hdr += struct.pack("<I", arch) + b"\0" * 8 + struct.pack("<Q", 0x11) + b"\0" * 16
+        assert len(hdr) == 64
+        body += hdr + payload
+    return struct.pack("<IHHQ", fatbin.MAGIC, 1, 16, len(body)) + body
+
+
+def test_fatbin_images_and_choice():
+    data = _fake_fatbin([(2, 80, b"a" * 8), (2, 90, b"b" * 16), (1, 90, b"p" * 4)])
+    imgs = fatbin.images(data)
+    assert [(i["kind"], i["arch"], i["bytes"]) for i in imgs] == [("sm", 80, 8), ("sm", 90, 16), ("ptx", 90, 4)]
+    assert fatbin.chosen_image(imgs, (9, 0)) == "sm_90"
+    assert fatbin.chosen_image(imgs, (8, 6)) == "sm_80"  # same major, lower minor runs
+    assert fatbin.chosen_image(imgs, (10, 0)).startswith("compute_90")  # only PTX fits: JIT
+    assert fatbin.chosen_image(imgs, (7, 5)).startswith("none")
+    with pytest.raises(fatbin.FatbinError):
+        fatbin.images(b"\0" * 32)
+    with pytest.raises(fatbin.FatbinError):
+        fatbin.images(data[:-3])
+
+
+def test_package_fatbin_matches_build_json():
+    import reflex_ipc.cuda as cuda
+
+    info = cuda.build_info()
+    if not info.get("built"):
+        pytest.skip("package installed without kernels: " + info.get("reason", ""))
+    imgs = fatbin.read_images(cuda.FATBIN_PATH)
+    assert sorted(i["arch"] for i in imgs if i["kind"] == "sm") == sorted(info["archs"])
+    assert [i["arch"] for i in imgs if i["kind"] == "ptx"] == [info["ptx"]]
+
+
+# -- host-side backend code --------------------------------------------------------------
+class FakeFunc:
+    def __init__(self):
+        self.calls = []
+
+    def _launch_kernel(self, grid, block, buf, shared, stream):
+        self.calls.append((grid, block, bytes(buf), shared, stream))
+
+
+def test_kernel_packs_arguments_in_c_layout():
+    f = FakeFunc()
+    k = Kernel(f, "mm1_q8_0", SIGNATURES["mm1_q8_0"], "stream")
+    k((3, 2, 1), (128, 1, 1), 0x1000, 0x2000, 0x3000, 512, 203, 7, 34 * 16, 1)
+    grid, block, buf, shared, stream = f.calls[0]
+    assert (grid, block, shared, stream) == ((3, 2, 1), (128, 1, 1), 0, "stream")
+    # C layout: three pointers, three ints, pad to 8, a long long, an int (then tail padding)
+    assert struct.unpack_from("<QQQiii", buf, 0) == (0x1000, 0x2000, 0x3000, 512, 203, 7)
+    assert struct.unpack_from("<q", buf, 40)[0] == 34 * 16
+    assert struct.unpack_from("<i", buf, 48)[0] == 1
+    k2 = Kernel(f, "scale_f32", SIGNATURES["scale_f32"], None)
+    k2((1, 1, 1), (256, 1, 1), 0xA0, 0.5, 0xB0, 1 << 40)
+    buf = f.calls[1][2]
+    assert struct.unpack_from("<Qf", buf, 0) == (0xA0, 0.5)
+    assert struct.unpack_from("<Qq", buf, 16) == (0xB0, 1 << 40)  # pointer realigned to 16
+
+
+def test_every_matmul_type_has_kernels():
+    for t in MM_TYPES:
+        for nt in (1, 4, 8):
+            assert f"mm{nt}_{t}" in SIGNATURES
+        assert f"get_rows_{t}" in SIGNATURES
+
+
+class FakeDrv:
+    class MemoryError(Exception):
+        pass
+
+    def __init__(self):
+        self.next = 1 << 20
+        self.allocs = 0
+
+    def mem_alloc(self, n):
+        self.allocs += 1
+        p = self.next
+        self.next += n
+        return p
+
+
+def test_pool_reuses_freed_blocks_and_arrays_view():
+    drv = FakeDrv()
+    pool = Pool(drv)
+    assert [Pool.size_class(n) for n in (1, 256, 300, 700, 1025, 5000)] == [256, 256, 512, 768, 1536, 6144]
+    a = DeviceArray.empty(pool, (4, 10))
+    p = a.ptr
+    assert a.nbytes == 160 and a.size == 40 and a.ndim == 2
+    v = a.reshape(2, -1)
+    assert v.shape == (2, 20) and v.ptr == p
+    row = a[2]
+    assert row.shape == (10,) and row.ptr == p + 2 * 40
+    sl = a[1:3]
+    assert sl.shape == (2, 10) and sl.ptr == p + 40
+    with pytest.raises(ValueError):
+        a.reshape(3, 3)
+    with pytest.raises(IndexError):
+        a[::2]
+    del a, v, row, sl  # last view gone: the block returns to the pool
+    b = DeviceArray.empty(pool, (40,))
+    assert b.ptr == p and drv.allocs == 1
+    c = DeviceArray.empty(pool, (3,), "int32")
+    assert c.ptr != p and drv.allocs == 2
+
+
+def test_smoke_and_doctor_report_without_cuda():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for cmd in (["smoke", "--json"], ["doctor", "--json"]):
+        p = subprocess.run([sys.executable, "-m", "reflex_ipc", *cmd], capture_output=True, text=True,
+                           env=env, cwd=ROOT, timeout=120)
+        rep = json.loads(p.stdout.strip().splitlines()[-1])
+        try:
+            import pycuda.driver  # noqa: F401
+
+            has_cuda = True
+        except Exception:
+            has_cuda = False
+        if has_cuda:
+            continue  # a GPU machine: scripts/gpu-check covers it
+        assert p.returncode == 1 and rep["ok"] is False
+        text = json.dumps(rep)
+        assert "CUDA" in text or "pycuda" in text

@@ -54,6 +54,10 @@ _ALWAYS_RENDER = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 _ISSPACE = " \t\n\v\f\r"  # C isspace, what llama.cpp strips for lstrip/rstrip
 
 
+def _str(v) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def load_tokenizer(f):
     """A Tokenizer for the open GGUFFile `f` (raises ReflexError on unsupported vocabularies)."""
     model = f.metadata.get("tokenizer.ggml.model")
@@ -145,8 +149,8 @@ class Tokenizer:
                 eog.add(ids[k])
         texts = {i: self.token_text(i) for i in eog}
         vals = set(texts.values())
-        if "<|end|>" in vals and ("<|return|>" in vals and "<|call|>" in vals or
-                                  "<|calls|>" in vals and "<|flush|>" in vals):
+        has_call = "<|call|>" in vals or "<|calls|>" in vals
+        if "<|end|>" in vals and has_call and ("<|return|>" in vals or "<|flush|>" in vals):
             for i, t in texts.items():
                 if t == "<|end|>":
                     eog.discard(i)
@@ -163,10 +167,9 @@ class Tokenizer:
         self.fim_ids = fim
         self.eog_ids = frozenset(eog)
         self._special_cache = None
-        self._name = (meta.get("general.name") or "").lower() if isinstance(
-            meta.get("general.name"), str) else ""
-        self._arch = meta.get("general.architecture") or ""
-        self._pre_name = meta.get("tokenizer.ggml.pre") or ""
+        self._name = _str(meta.get("general.name")).lower()
+        self._arch = _str(meta.get("general.architecture"))
+        self._pre_name = _str(meta.get("tokenizer.ggml.pre"))
 
     # -- hooks for subclasses -----------------------------------------------------
     def _flag_defaults(self):

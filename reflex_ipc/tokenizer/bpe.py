@@ -15,6 +15,9 @@ from ..errors import ReflexError
 from . import A_NORMAL, Tokenizer, pretok
 
 
+_MEMO_MAX = 1 << 17  # memo tables are dropped when they grow past this (long-lived servers)
+
+
 def _byte_map():
     keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     enc = {}
@@ -90,6 +93,8 @@ class BPETokenizer(Tokenizer):
             for word in pretok.split(fr, self._regexes):
                 ids = self._words.get(word)
                 if ids is None:
+                    if len(self._words) >= _MEMO_MAX:
+                        self._words.clear()
                     ids = self._words[word] = self._word_ids(word)
                 out.extend(ids)
 
@@ -117,6 +122,8 @@ class BPETokenizer(Tokenizer):
         key = (a, b)
         r = self._ranks.get(key)
         if r is None:
+            if len(self._ranks) >= _MEMO_MAX:
+                self._ranks.clear()
             r = self._ranks[key] = self._merges.find((a + " " + b).encode("utf-8"))
         return r
 

@@ -93,6 +93,8 @@ class StrIndex:
                 if best < 0 or (j < best if self._first else j > best):
                     best = j
             i += 1
+        if len(self._memo) >= 1 << 17:
+            self._memo.clear()
         self._memo[b] = best
         return best
 

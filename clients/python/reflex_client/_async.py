@@ -6,7 +6,7 @@ import os
 import signal
 
 from ._common import (Ids, ReflexConnectionError, ReflexError, ReflexTimeout, belongs,
-                      check_ready, decode_line, encode_request, ends_request, result_or_raise)
+                      check_ready, decode_line, encode_request, ends_request, given, result_or_raise, RESIGNAL_S)
 
 _LIMIT = 1 << 26  # longest line accepted from the server (embeddings are long)
 
@@ -153,23 +153,32 @@ class AsyncClient:
             result = ev
         return result
 
-    def stream(self, params=None, *, timeout=None, **kw):
-        return self._events("generate", {**(params or {}), **kw, "stream": True}, timeout)
+    def stream(self, prompt=None, *, timeout=None, **params):
+        """generate with stream: true; yields the token events, then the result.
+        Closing the iterator early cancels the generation."""
+        return self._events("generate", {**given(prompt=prompt), **params, "stream": True}, timeout)
 
     async def generate(self, prompt=None, *, timeout=None, **params):
-        return await self.request("generate", {"prompt": prompt, **params}, timeout=timeout)
+        return await self.request("generate", {**given(prompt=prompt), **params}, timeout=timeout)
 
     async def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
-        return await self.request("system1", {"prompt": prompt, "candidates": candidates, **params}, timeout=timeout)
+        return await self.request("system1", {**given(prompt=prompt, candidates=candidates), **params}, timeout=timeout)
 
-    async def embed(self, params=None, *, timeout=None, **kw):
-        return await self.request("embed", params, timeout=timeout, **kw)
+    async def embed(self, input=None, *, timeout=None, **params):
+        """input: a string or a list of strings; the result's embeddings is always a list."""
+        return await self.request("embed", {**given(input=input), **params}, timeout=timeout)
 
-    async def tokenize(self, params=None, *, timeout=None, **kw):
-        return await self.request("tokenize", params, timeout=timeout, **kw)
+    async def tokenize(self, text=None, *, timeout=None, **params):
+        return await self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    async def detokenize(self, params=None, *, timeout=None, **kw):
-        return await self.request("detokenize", params, timeout=timeout, **kw)
+    async def detokenize(self, ids=None, *, timeout=None, **params):
+        return await self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+
+    async def hello(self, *, timeout=None, **params):
+        return await self.request("hello", params, timeout=timeout)
+
+    async def load(self, model=None, *, timeout=None, **params):
+        return await self.request("load", {**given(model=model), **params}, timeout=timeout)
 
     async def ping(self, *, timeout=None):
         return await self.request("ping", timeout=timeout)
@@ -186,17 +195,20 @@ class AsyncClient:
     async def __aexit__(self, *exc):
         await self.close()
 
-    async def _events(self, op, params, timeout):
+    def _events(self, op, params, timeout):
+        return self._exchange(lambda rid: (encode_request(rid, op, params), rid), op, timeout)
+
+    async def _exchange(self, line_for, what, timeout):
         async with self._lock:
             if self._closed:
                 raise ReflexError("connection", "the client is closed")
             if self._conn is None or self._conn.dead:
                 self._conn = await self._opener()
             conn = self._conn
-            rid = self._ids.next()
+            line, rid = line_for(self._ids.next())
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
-            await conn.send(encode_request(rid, op, params))
+            await conn.send(line)
             done = False
             try:
                 while True:
@@ -206,7 +218,7 @@ class AsyncClient:
                         try:
                             ev = await asyncio.wait_for(conn.next_event(), max(0.0, deadline - loop.time()))
                         except asyncio.TimeoutError:
-                            raise ReflexTimeout(f"{op} timed out after {timeout} s") from None
+                            raise ReflexTimeout(f"{what} timed out after {timeout} s") from None
                     if ends_request(ev, rid):
                         done = True
                         yield result_or_raise(ev)
@@ -218,19 +230,23 @@ class AsyncClient:
                     await self._cancel(conn, rid)
 
     async def _cancel(self, conn, rid):
-        if conn.dead:
-            return
-        conn.interrupt()
-        if conn.dead:
-            return
-
-        async def drain():
-            while not ends_request(await conn.next_event(), rid):
-                pass
-
+        """Cancel the request in flight (SIGINT, repeated; a socket is closed)
+        and drain up to its result; kill a server that does not answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._cancel_timeout
         try:
-            await asyncio.wait_for(drain(), self._cancel_timeout)
-        except (asyncio.TimeoutError, ReflexError):
+            while not conn.dead:
+                if loop.time() > deadline:
+                    await conn.discard()
+                    return
+                conn.interrupt()
+                try:
+                    ev = await asyncio.wait_for(conn.next_event(), RESIGNAL_S)
+                except asyncio.TimeoutError:
+                    continue
+                if ends_request(ev, rid):
+                    return
+        except ReflexError:
             await conn.discard()
 
 

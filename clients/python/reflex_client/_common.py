@@ -33,9 +33,7 @@ class ReflexConnectionError(ReflexError, ConnectionError):
 
 def encode_request(rid, op, params):
     req = {"id": rid, "op": op}
-    for key, value in params.items():
-        if value is not None and key not in ("id", "op"):
-            req[key] = value
+    req.update((k, v) for k, v in params.items() if k not in ("id", "op"))
     return (json.dumps(req, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -74,6 +72,17 @@ def result_or_raise(obj):
         return obj
     err = obj.get("error") or {}
     raise ReflexError(err.get("kind", "internal"), err.get("message", ""), obj)
+
+
+def given(**params):
+    """The parameters the caller gave (None: leave it to the server's default)."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+# While a cancelled request drains, SIGINT is sent again this often (and on each
+# token line): a SIGINT that reached the server before it read the request line
+# was ignored (idle), and a repeat can only hit the request being cancelled.
+RESIGNAL_S = 0.25
 
 
 class Ids:

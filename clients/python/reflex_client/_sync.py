@@ -10,7 +10,7 @@ import threading
 import time
 
 from ._common import (Ids, ReflexConnectionError, ReflexError, ReflexTimeout, belongs,
-                      check_ready, decode_line, encode_request, ends_request, result_or_raise)
+                      check_ready, decode_line, encode_request, ends_request, given, result_or_raise, RESIGNAL_S)
 
 _EOF = object()
 
@@ -201,25 +201,32 @@ class Client:
             result = ev
         return result
 
-    def stream(self, params=None, *, timeout=None, **kw):
+    def stream(self, prompt=None, *, timeout=None, **params):
         """generate with stream: true; yields the token events, then the result.
         Closing the iterator early cancels the generation."""
-        return self._events("generate", {**(params or {}), **kw, "stream": True}, timeout)
+        return self._events("generate", {**given(prompt=prompt), **params, "stream": True}, timeout)
 
     def generate(self, prompt=None, *, timeout=None, **params):
-        return self.request("generate", {"prompt": prompt, **params}, timeout=timeout)
+        return self.request("generate", {**given(prompt=prompt), **params}, timeout=timeout)
 
     def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
-        return self.request("system1", {"prompt": prompt, "candidates": candidates, **params}, timeout=timeout)
+        return self.request("system1", {**given(prompt=prompt, candidates=candidates), **params}, timeout=timeout)
 
-    def embed(self, params=None, *, timeout=None, **kw):
-        return self.request("embed", params, timeout=timeout, **kw)
+    def embed(self, input=None, *, timeout=None, **params):
+        """input: a string or a list of strings; the result's embeddings is always a list."""
+        return self.request("embed", {**given(input=input), **params}, timeout=timeout)
 
-    def tokenize(self, params=None, *, timeout=None, **kw):
-        return self.request("tokenize", params, timeout=timeout, **kw)
+    def tokenize(self, text=None, *, timeout=None, **params):
+        return self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    def detokenize(self, params=None, *, timeout=None, **kw):
-        return self.request("detokenize", params, timeout=timeout, **kw)
+    def detokenize(self, ids=None, *, timeout=None, **params):
+        return self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+
+    def hello(self, *, timeout=None, **params):
+        return self.request("hello", params, timeout=timeout)
+
+    def load(self, model=None, *, timeout=None, **params):
+        return self.request("load", {**given(model=model), **params}, timeout=timeout)
 
     def ping(self, *, timeout=None):
         return self.request("ping", timeout=timeout)
@@ -245,21 +252,26 @@ class Client:
 
     # -- the exchange -----------------------------------------------------
     def _events(self, op, params, timeout):
+        return self._exchange(lambda rid: (encode_request(rid, op, params), rid), op, timeout)
+
+    def _exchange(self, line_for, what, timeout):
+        """Send line_for(rid) -> (bytes, id the response carries); yield this
+        request's events, the result last (an error result raises)."""
         with self._lock:
             if self._closed:
                 raise ReflexError("connection", "the client is closed")
             if self._conn is None or self._conn.dead:
                 self._conn = self._opener()
             conn = self._conn
-            rid = self._ids.next()
+            line, rid = line_for(self._ids.next())
             deadline = None if timeout is None else time.monotonic() + timeout
-            conn.send(encode_request(rid, op, params))
+            conn.send(line)
             done = False
             try:
                 while True:
                     ev = conn.next_event(deadline)
                     if ev is None:
-                        raise ReflexTimeout(f"{op} timed out after {timeout} s")
+                        raise ReflexTimeout(f"{what} timed out after {timeout} s")
                     if ends_request(ev, rid):
                         done = True
                         yield result_or_raise(ev)
@@ -273,19 +285,15 @@ class Client:
     def _cancel(self, conn, rid):
         """Cancel the request in flight and drain up to its result, so the
         connection can serve the next one; kill a server that does not answer."""
-        if conn.dead:
-            return
-        conn.interrupt()
-        if conn.dead:
-            return
         deadline = time.monotonic() + self._cancel_timeout
         try:
-            while True:
-                ev = conn.next_event(deadline)
-                if ev is None:
+            while not conn.dead:
+                if time.monotonic() > deadline:
                     conn.abandon()
                     return
-                if ends_request(ev, rid):
+                conn.interrupt()
+                ev = conn.next_event(min(deadline, time.monotonic() + RESIGNAL_S))
+                if ev is not None and ends_request(ev, rid):
                     return
         except ReflexError:
             conn.abandon()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs the three client suites (Node, Go, Python); exits non-zero if any fails.
+# The real server is `reflex stdio` unless $REFLEX_CMD says otherwise.
+set -u
+cd "$(dirname "$0")"
+PY=${PY:-python3}
+status=0
+run() {
+  local name=$1; shift
+  echo "== clients/$name: $*"
+  if "$@"; then echo "== clients/$name: ok"; else echo "== clients/$name: FAILED"; status=1; fi
+}
+run node bash -c 'cd node && node --test test/*.test.js'
+run go bash -c 'cd go && go test -count=1 ./...'
+run python bash -c "cd python && $PY -m pytest -q -p no:cacheprovider tests"
+exit $status

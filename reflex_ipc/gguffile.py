@@ -8,9 +8,9 @@ and byte offset, never an IndexError, a hang or a huge allocation.
 
 String arrays (a vocabulary, a merge list) are the slow part of GGUF: each
 element carries its own length, so finding where the array ends means walking
-it. Long arrays are walked with numpy wherever the walk can be proved right
-(see _walk_strings_fast) and string by string elsewhere; the elements are
-decoded only when asked for.
+it. Long arrays are walked in bulk (with numpy when it is already imported,
+else with bytes.split) wherever the walk can be proved right, and string by
+string elsewhere; the elements are decoded only when asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
+from itertools import accumulate, repeat
+from operator import add, itemgetter
 
 from .ggml_types import BY_ID, type_name
 
@@ -87,7 +90,7 @@ class ArrayValue:
     and `lengths` locate each element's bytes in the file.
     """
 
-    __slots__ = ("_f", "elem_type", "count", "offset", "nbytes", "starts", "lengths", "_items")
+    __slots__ = ("_f", "elem_type", "count", "offset", "nbytes", "_starts", "lengths", "_items")
 
     def __init__(self, f, elem_type, count, offset, nbytes, starts=None, lengths=None, items=None):
         self._f = f
@@ -95,9 +98,20 @@ class ArrayValue:
         self.count = count
         self.offset = offset
         self.nbytes = nbytes
-        self.starts = starts
+        self._starts = starts
         self.lengths = lengths
         self._items = items  # nested arrays: list of ArrayValue, parsed eagerly
+
+    @property
+    def starts(self):
+        """String arrays: the file offset of each element's bytes (computed on first use)."""
+        if self._starts is None and self.lengths is not None:
+            if self.count:
+                self._starts = list(accumulate(map(add, self.lengths[:-1], repeat(8)),
+                                               initial=self.offset + 8))
+            else:
+                self._starts = []
+        return self._starts
 
     def __len__(self):
         return self.count
@@ -326,9 +340,9 @@ class GGUFFile:
         raise GGUFError(f"unknown array element type {etype}", field + ".type", off)
 
     def _walk_strings(self, start, count, field):
-        """Offsets and lengths of `count` length-prefixed strings from `start`, and the end."""
+        """(starts or None, lengths, end) of `count` length-prefixed strings from `start`."""
         if count >= _FAST_WALK_MIN:
-            return _walk_strings_fast(self._mm, start, count, self.size, field)
+            return _bulk_walk()(self._mm, start, count, self.size, field)
         starts = [0] * count
         lengths = [0] * count
         end = _walk_strings_slow(self._mm, start, 0, count, count, self.size, field, starts, lengths)
@@ -372,7 +386,9 @@ class GGUFFile:
 
 
 def _walk_strings_slow(mm, pos, i, stop, count, size, field, starts, lengths):
-    """Walk strings i..stop-1 one by one from pos, filling starts/lengths; returns the end."""
+    """Walk strings i..stop-1 one by one from pos, filling starts (unless None) and lengths.
+
+    Returns the end."""
     up = _U64.unpack_from
     for i in range(i, stop):
         if pos + 8 > size:
@@ -382,31 +398,39 @@ def _walk_strings_slow(mm, pos, i, stop, count, size, field, starts, lengths):
         if n > size - pos - 8:
             raise GGUFError(f"string {i} of {count}: length {n} runs past the end of the file",
                             field, pos)
-        starts[i] = pos + 8
+        if starts is not None:
+            starts[i] = pos + 8
         lengths[i] = n
         pos += 8 + n
     return pos
 
 
-_WALK_WINDOW = 1 << 18  # bytes looked at per numpy step
+# The fast walks (below) speculate that a run of strings has lengths 1..255 and
+# no zero bytes, so that each length field is a byte 1..255 followed by seven
+# zero bytes, and then prove it: if a position known to be a length field is
+# followed, string after string, by the next such pattern exactly where the
+# string ends, each of those positions is a length field (by induction: each
+# length read is the true one, so each next position is the true one). Where
+# the chain breaks (an empty string, one of 256 bytes or more, zero bytes
+# inside a string) the walk goes on string by string from the last proven
+# position, in bursts that grow while the fast steps keep failing, so no input
+# costs much more than the plain loop. Each step looks at a bounded window of
+# the file, whatever the counts say.
+_WALK_WINDOW = 1 << 18
 _WALK_BURST_MAX = 1 << 12
+_Z7 = bytes(7)
+_PLUS_ONE = bytes((b + 1) & 255 for b in range(256))
 
 
-def _walk_strings_fast(mm, start, count, size, field):
-    """The walk of _walk_strings, mostly in numpy; returns (starts, lengths, end) arrays.
+def _bulk_walk():
+    """numpy's walk is the fastest, but importing numpy costs more than it saves when
+    nothing else needs it (reflex inspect): use it only when it is already loaded.
+    A process that will load a model can import numpy first."""
+    return _walk_strings_numpy if "numpy" in sys.modules else _walk_strings_split
 
-    In a window of the file, the candidate length fields are the positions
-    where a little-endian u64 reads 1..255 (a byte 1..255, then seven zero
-    bytes). Starting from a position known to be a length field, if it is the
-    first candidate and each candidate's string ends exactly at the next
-    candidate, those candidates are length fields too (by induction: each
-    length read is the true one, so each next position is the true one), and
-    they are taken in one step. Where the chain breaks (an empty string, one
-    of 256 bytes or more, zero bytes inside a string) the walk goes on string
-    by string from the last proven position, in bursts that grow while the
-    numpy steps keep failing, so no input costs much more than the plain loop.
-    Memory stays bounded by the window whatever the counts say.
-    """
+
+def _walk_strings_numpy(mm, start, count, size, field):
+    """The fast walk in numpy: candidates are where a u64 read at any byte is 1..255."""
     import numpy as np
 
     starts = np.empty(count, np.int64)
@@ -439,3 +463,59 @@ def _walk_strings_fast(mm, start, count, size, field):
         elif k >= 64:
             burst = 16
     return starts, lengths, pos
+
+
+def _walk_strings_split(mm, start, count, size, field):
+    """The fast walk without numpy: bytes.split on seven zero bytes, checked in bulk.
+
+    Splitting a window on b"\\0" * 7 gives piece 0 = the low byte of the first
+    length, then piece k = string k-1 followed by the low byte of length k. The
+    chain holds while each piece is one byte longer than the length byte that
+    ends the piece before it. Returns (None, lengths, end): ArrayValue computes
+    the starts from the lengths when they are wanted.
+    """
+    lengths = [0] * count
+    pos, i, burst = start, 0, 16
+    while i < count:
+        window = min(size - pos, _WALK_WINDOW, (count - i) * 64 + 64)
+        k = 0
+        if window >= 9:
+            data = mm[pos:pos + window]
+            pieces = data.split(_Z7, count - i)
+            n = len(pieces) - 1  # separators found: at most count - i
+            if n and len(pieces[0]) == 1 and data[0]:
+                lens = list(map(len, pieces))
+                # where the length bytes are if the chain holds: p[0] = 0, p[j] = p[j-1] + 7 + lens[j]
+                p = list(accumulate(map(add, lens[1:n], repeat(7)), initial=0))
+                low = bytes(itemgetter(*p)(data)) if n > 1 else data[:1]
+                got, want = lens[1:n], list(low.translate(_PLUS_ONE)[:n - 1])
+                if got == want:
+                    k = n
+                else:  # the first j with got[j] != want[j], by bisection
+                    lo, hi = 0, n - 1
+                    while hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        if got[lo:mid] == want[lo:mid]:
+                            lo = mid
+                        else:
+                            hi = mid
+                    k = lo + 1
+                k = min(k, n)
+                zero = low.find(0, 0, k)
+                if zero >= 0:
+                    k = zero
+                if k:
+                    end = pos + p[k - 1] + 8 + low[k - 1]
+                    if end > size:  # only the last string can reach past the window
+                        raise GGUFError(f"string {i + k - 1} of {count}: length {low[k - 1]} runs "
+                                        f"past the end of the file", field, pos + p[k - 1])
+                    lengths[i:i + k] = low[:k]
+                    pos, i = end, i + k
+        if i < count and k < 64:
+            stop = min(count, i + burst)
+            pos = _walk_strings_slow(mm, pos, i, stop, count, size, field, None, lengths)
+            i = stop
+            burst = min(2 * burst, _WALK_BURST_MAX)
+        elif k >= 64:
+            burst = 16
+    return None, lengths, pos

@@ -25,7 +25,8 @@ export interface ReadyEvent {
   protocol: number;
   version: string;
   pid: number;
-  backend: string;
+  /** null until a model is loaded. */
+  backend: string | null;
   model: string | null;
   [key: string]: unknown;
 }
@@ -41,38 +42,69 @@ export interface TokenEvent {
 export interface ResultEvent {
   event: 'result';
   id: Id;
-  op?: string;
+  op: string | null;
   ok: boolean;
   error?: { kind: ErrorKind; message: string };
+  timings?: Timings;
   [key: string]: unknown;
 }
 
 export type StreamEvent = TokenEvent | ResultEvent;
 
-export interface GenerateParams {
+/** Every op that uses a model also takes these. */
+export interface ModelParams {
+  /** A GGUF path or an alias (smollm2); default: the active model. */
+  model?: string;
+  /** "auto", "cpu", "cuda" or "cuda:N". */
+  device?: string;
+}
+
+export interface Timings {
+  parse: number;
+  total: number;
+  load?: number;
+  prompt_eval?: number;
+  decode?: number;
+  process_start_to_first_token?: number;
+  [key: string]: number | undefined;
+}
+
+export interface GenerateParams extends ModelParams {
   prompt: string;
+  /** Default 64. */
   max_tokens?: number;
+  /** Default 0 (greedy). */
   temperature?: number;
+  /** Default 0 (off). */
   top_k?: number;
+  /** Default 1. */
   top_p?: number;
+  /** Default 0. */
   min_p?: number;
+  /** Default null (random). */
   seed?: number | null;
+  /** Default 1. */
   repeat_penalty?: number;
-  stop?: string[];
-  [key: string]: unknown;
+  /** Default 64. */
+  repeat_last_n?: number;
+  stop?: string | string[];
 }
 
 export interface GenerateResult extends ResultEvent {
   text: string;
   token_ids: number[];
-  finish_reason: string;
+  finish_reason: 'stop' | 'length' | 'stop_string';
+  prompt_tokens: number;
+  completion_tokens: number;
+  model: string;
+  timings: Timings;
 }
 
-export interface System1Params {
+export interface System1Params extends ModelParams {
   prompt: string;
   candidates: string[];
+  /** Default 1. */
   temperature?: number;
-  [key: string]: unknown;
 }
 
 export interface System1Candidate {
@@ -87,19 +119,71 @@ export interface System1Result extends ResultEvent {
   candidates: System1Candidate[];
   best_idx: number;
   entropy: number;
+  prompt_tokens: number;
+  model: string;
+  timings: Timings;
+}
+
+export interface EmbedParams extends ModelParams {
+  input: string | string[];
+  /** Default "mean". */
+  pooling?: 'mean' | 'last' | 'cls';
+  /** Default false. */
+  normalize?: boolean;
 }
 
 export interface EmbedResult extends ResultEvent {
+  /** One vector per input string (a list even for one string). */
   embeddings: number[][];
   dim: number;
+  model: string;
+  timings: Timings;
+}
+
+export interface TokenizeParams extends ModelParams {
+  text: string;
+  /** Default false. */
+  add_bos?: boolean;
+  /** Default true. */
+  parse_special?: boolean;
 }
 
 export interface TokenizeResult extends ResultEvent {
   token_ids: number[];
+  model: string;
+  timings: Timings;
+}
+
+export interface DetokenizeParams extends ModelParams {
+  ids: number[];
 }
 
 export interface DetokenizeResult extends ResultEvent {
   text: string;
+  model: string;
+  timings: Timings;
+}
+
+export interface HelloResult extends ResultEvent {
+  protocol: number;
+  version: string;
+  pid: number;
+  backend: string | null;
+  model: string | null;
+  ops: string[];
+  error_kinds: string[];
+  limits: { max_line_bytes: number; max_tokens: number };
+  models: { model: string; path: string; device: string; backend: string }[];
+}
+
+export interface LoadResult extends ResultEvent {
+  model: string;
+  path: string;
+  architecture: string;
+  backend: string;
+  n_vocab: number;
+  n_ctx: number;
+  cached: boolean;
 }
 
 export interface RequestOptions {
@@ -146,9 +230,11 @@ export declare class Reflex {
   /** generate with stream: true: yields token events, then the result; breaking out of the loop cancels. */
   stream(params: GenerateParams, options?: RequestOptions): AsyncGenerator<StreamEvent, void, undefined>;
   system1(params: System1Params, options?: RequestOptions): Promise<System1Result>;
-  embed(params: Record<string, unknown>, options?: RequestOptions): Promise<EmbedResult>;
-  tokenize(params: Record<string, unknown>, options?: RequestOptions): Promise<TokenizeResult>;
-  detokenize(params: Record<string, unknown>, options?: RequestOptions): Promise<DetokenizeResult>;
+  embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
+  tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;
+  detokenize(params: DetokenizeParams, options?: RequestOptions): Promise<DetokenizeResult>;
+  hello(params?: { protocol?: number }, options?: RequestOptions): Promise<HelloResult>;
+  load(params?: ModelParams, options?: RequestOptions): Promise<LoadResult>;
   ping(options?: RequestOptions): Promise<ResultEvent>;
   /** stdin EOF, wait up to closeTimeout for the server to exit, then kill it (a socket is closed). */
   close(): Promise<void>;

@@ -15,6 +15,8 @@ export class ReflexError extends Error {
   }
 }
 
+const RESIGNAL_MS = 250;
+
 const connectionError = (message) => new ReflexError('connection', message);
 
 // One transport: a spawned child (stdin/stdout) or a Unix socket connection.
@@ -216,6 +218,8 @@ export class Reflex {
   embed(params, opts) { return this.request('embed', params, opts); }
   tokenize(params, opts) { return this.request('tokenize', params, opts); }
   detokenize(params, opts) { return this.request('detokenize', params, opts); }
+  hello(params, opts) { return this.request('hello', params, opts); }
+  load(params, opts) { return this.request('load', params, opts); }
   ping(opts) { return this.request('ping', {}, opts); }
 
   /** stdin EOF, wait up to closeTimeout ms for the server to exit, then kill it. */
@@ -250,23 +254,33 @@ export class Reflex {
     else this._busy = false;
   }
 
-  async *_events(op, params, signal, timeout) {
-    if (signal?.aborted) throw new ReflexError('cancelled', 'aborted before it was sent', null, { cause: signal.reason });
+  _events(op, params, signal, timeout) {
+    const { id: _id, op: _op, ...rest } = params ?? {};
+    return this._exchange((rid) => [`${JSON.stringify({ id: rid, op, ...rest })}\n`, rid], op, signal, timeout);
+  }
+
+  // Sends lineFor(rid) -> [line, the id the response carries]; yields the
+  // request's events, the result last (an error result throws).
+  async *_exchange(lineFor, what, signal, timeout) {
+    if (signal?.aborted) throw new ReflexError('cancelled', `${what} aborted before it was sent`, null, { cause: signal.reason });
     await this._acquire(signal);
     try {
       if (this._closed) throw connectionError('the client is closed');
       if (!this._conn || this._conn.dead) this._conn = await this._open();
       const conn = this._conn;
-      const rid = ++this._nextId;
-      const { id: _id, op: _op, ...rest } = params ?? {};
-      conn.send(`${JSON.stringify({ id: rid, op, ...rest })}\n`);
+      const [line, rid] = lineFor(++this._nextId);
+      conn.send(line);
 
       let cancelled = null;
+      let resignal = null;
       let killTimer = null;
       const cancel = (why) => {
         if (cancelled) return;
         cancelled = why;
         conn.interrupt();
+        // SIGINT again until the result comes: one that reached the server before it read
+        // the request line was ignored (idle); a repeat can only hit the request being cancelled.
+        resignal = setInterval(() => conn.interrupt(), RESIGNAL_MS);
         // A server that does not answer the cancellation in time is killed (and restarted next call).
         killTimer = setTimeout(() => conn.abandon(), this._cancelTimeout);
       };
@@ -281,12 +295,12 @@ export class Reflex {
             ev = await conn.next();
           } catch (e) {
             done = true;
-            if (cancelled) throw new ReflexError('cancelled', `${op} ${cancelled}`, null, { cause: signal?.reason });
+            if (cancelled) throw new ReflexError('cancelled', `${what} ${cancelled}`, null, { cause: signal?.reason });
             throw e;
           }
           if (endsRequest(ev, rid)) {
             done = true;
-            if (cancelled) throw new ReflexError('cancelled', `${op} ${cancelled}`, ev, { cause: signal?.reason });
+            if (cancelled) throw new ReflexError('cancelled', `${what} ${cancelled}`, ev, { cause: signal?.reason });
             if (!ev.ok) throw new ReflexError(ev.error?.kind ?? 'internal', ev.error?.message ?? '', ev);
             yield ev;
             return;
@@ -303,6 +317,7 @@ export class Reflex {
             while (!endsRequest(await conn.next(), rid));
           } catch { /* the server is gone: the next call restarts it */ }
         }
+        clearInterval(resignal);
         clearTimeout(killTimer);
       }
     } finally {

@@ -1,0 +1,65 @@
+"""reflex stdio / reflex uds PATH: the protocol loop (protocol/PROTOCOL.md)."""
+
+import sys
+
+MULTI = True  # one module for two commands: add_arguments(parser, name)
+
+
+def _mode(text):
+    import argparse
+
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal mode: {text!r}") from None
+    if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+        raise argparse.ArgumentTypeError(f"mode {text} must be within 777 and include 600")
+    return mode
+
+
+def _size(text):
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a positive byte count: {text!r}")
+    return n
+
+
+def _device(text):
+    import argparse
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", text):
+        raise argparse.ArgumentTypeError(f"device must be auto, cpu, cuda or cuda:N, not {text!r}")
+    return text
+
+
+def add_arguments(p, name):
+    if name == "uds":
+        p.add_argument("path", metavar="PATH", help="the socket file to listen on")
+        p.add_argument("--mode", type=_mode, default=0o600,
+                       help="permissions of the socket file, octal (default 600)")
+    p.add_argument("--model", help="load this GGUF path or alias before the ready line")
+    p.add_argument("--device", type=_device, default="auto",
+                   help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--max-line-bytes", type=_size, default=16 * 1024 * 1024,
+                   help="longest request line, in bytes (default 16 MiB)")
+
+
+def run(args) -> int:
+    from .. import server
+
+    srv = server.Server(model=args.model, device=args.device,
+                        max_line_bytes=args.max_line_bytes)
+    preload = args.model is not None
+    if args.command == "stdio":
+        return server.serve_stdio(srv, preload)
+    try:
+        return server.serve_uds(srv, args.path, args.mode, preload)
+    except server.StartupError as e:
+        sys.stderr.write(f"reflex uds: {e}\n")
+        return 1

@@ -4,6 +4,7 @@
 package reflex
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,8 @@ import (
 
 // ProtocolVersion is the protocol this client speaks (the ready line's "protocol").
 const ProtocolVersion = 1
+
+const resignalEvery = 250 * time.Millisecond
 
 // Error is an error result of the protocol; Kind is the protocol's error kind.
 // Client-side failures (server not started, gone, unreachable) have Kind
@@ -181,15 +184,6 @@ func (c *Client) Request(ctx context.Context, op string, params any) (*Event, er
 	return s.Result(), s.Err()
 }
 
-// request runs op and decodes its result into out.
-func (c *Client) request(ctx context.Context, op string, params any, out any) error {
-	ev, err := c.Request(ctx, op, params)
-	if err != nil {
-		return err
-	}
-	return ev.Decode(out)
-}
-
 // Stream is one streamed request: Next advances to each event (the token
 // events, then the result); Err reports how it ended. Close it (defer
 // s.Close()) to cancel early and free the connection.
@@ -197,7 +191,7 @@ type Stream struct {
 	c       *Client
 	cn      *conn
 	ctx     context.Context
-	rid     string
+	rid     json.RawMessage
 	ev      Event
 	result  *Event
 	err     error
@@ -210,13 +204,22 @@ func (c *Client) start(ctx context.Context, op string, params any, stream bool) 
 	if err != nil {
 		return nil, err
 	}
+	return c.exchange(ctx, op, func(rid int64) ([]byte, json.RawMessage) {
+		id := strconv.FormatInt(rid, 10)
+		return append([]byte(`{"id":`+id+`,`), body[1:]...), json.RawMessage(id)
+	})
+}
+
+// exchange sends lineFor(rid) -> (the line, the id its response carries) and
+// returns the Stream of its events.
+func (c *Client) exchange(ctx context.Context, what string, lineFor func(int64) ([]byte, json.RawMessage)) (*Stream, error) {
 	if ctx.Err() != nil {
-		return nil, &Error{Kind: "cancelled", Message: op + " cancelled before it was sent", cause: ctx.Err()}
+		return nil, &Error{Kind: "cancelled", Message: what + " cancelled before it was sent", cause: ctx.Err()}
 	}
 	select {
 	case c.turn <- struct{}{}:
 	case <-ctx.Done():
-		return nil, &Error{Kind: "cancelled", Message: op + " cancelled while waiting for the connection", cause: ctx.Err()}
+		return nil, &Error{Kind: "cancelled", Message: what + " cancelled while waiting for the connection", cause: ctx.Err()}
 	}
 	s := &Stream{c: c, ctx: ctx}
 	fail := func(err error) (*Stream, error) {
@@ -239,9 +242,9 @@ func (c *Client) start(ctx context.Context, op string, params any, stream bool) 
 		cn = c.conn
 		c.mu.Unlock()
 	}
-	s.cn, s.rid = cn, strconv.FormatInt(rid, 10)
-	body = append([]byte(`{"id":`+s.rid+`,`), body[1:]...)
-	if err := cn.send(body); err != nil {
+	line, id := lineFor(rid)
+	s.cn, s.rid = cn, id
+	if err := cn.send(line); err != nil {
 		return fail(err)
 	}
 	return s, nil
@@ -271,9 +274,21 @@ func encodeRequest(op string, params any, stream bool) ([]byte, error) {
 
 // endsRequest: the result that ends request rid (a result whose id is null
 // answers the one request in flight: line_too_long cannot echo it).
-func endsRequest(ev Event, rid string) bool {
+func endsRequest(ev Event, rid json.RawMessage) bool {
 	id := string(ev.ID)
-	return ev.Event == "result" && (id == rid || id == "" || id == "null")
+	return ev.Event == "result" && (id == "" || id == "null" || sameID(ev.ID, rid))
+}
+
+// sameID compares two JSON ids (an integer or a string) by value.
+func sameID(a, b json.RawMessage) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	var x, y any
+	da, db := json.NewDecoder(bytes.NewReader(a)), json.NewDecoder(bytes.NewReader(b))
+	da.UseNumber()
+	db.UseNumber()
+	return da.Decode(&x) == nil && db.Decode(&y) == nil && x == y
 }
 
 // Next advances to the next event of this request; false once the result has
@@ -303,7 +318,7 @@ func (s *Stream) Next() bool {
 				s.ev, s.result = ev, &ev
 				return true
 			}
-			if string(ev.ID) == s.rid {
+			if sameID(ev.ID, s.rid) {
 				s.ev = ev
 				return true
 			}
@@ -340,19 +355,22 @@ func (s *Stream) Close() error {
 // CancelTimeout is killed (and restarted on the next call).
 func (s *Stream) cancel() {
 	defer s.finish()
-	if s.cn.dead() {
-		return
-	}
-	s.cn.interrupt()
-	timer := time.NewTimer(s.c.cancelTimeout)
-	defer timer.Stop()
-	for {
+	deadline := time.NewTimer(s.c.cancelTimeout)
+	defer deadline.Stop()
+	// SIGINT again until the result comes: one that reached the server before
+	// it read the request line was ignored (idle); a repeat can only hit the
+	// request being cancelled.
+	resignal := time.NewTicker(resignalEvery)
+	defer resignal.Stop()
+	for !s.cn.dead() {
+		s.cn.interrupt()
 		select {
 		case ev, ok := <-s.cn.events:
 			if !ok || endsRequest(ev, s.rid) {
 				return
 			}
-		case <-timer.C:
+		case <-resignal.C:
+		case <-deadline.C:
 			s.cn.abandon()
 			return
 		}

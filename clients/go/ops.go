@@ -1,0 +1,167 @@
+package reflex
+
+import "context"
+
+// The ops of PROTOCOL.md. A zero field is left out of the request, so the
+// server's default applies; where zero is itself a meaningful value (seed,
+// repeat_last_n, parse_special) the field is a pointer: nil means the default.
+
+// Timings are the result's milliseconds (parse, total, load, prompt_eval, decode, ...).
+type Timings map[string]float64
+
+// GenerateRequest: generate's parameters.
+type GenerateRequest struct {
+	Prompt        string   `json:"prompt"`
+	MaxTokens     int      `json:"max_tokens,omitempty"`     // 0: 64
+	Temperature   float64  `json:"temperature,omitempty"`    // 0: greedy
+	TopK          int      `json:"top_k,omitempty"`          // 0: off
+	TopP          float64  `json:"top_p,omitempty"`          // 0: 1.0
+	MinP          float64  `json:"min_p,omitempty"`          // 0: off
+	Seed          *uint64  `json:"seed,omitempty"`           // nil: random
+	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
+	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
+	Stop          []string `json:"stop,omitempty"`
+	Model         string   `json:"model,omitempty"`
+	Device        string   `json:"device,omitempty"`
+}
+
+// GenerateResult: generate's result.
+type GenerateResult struct {
+	Text             string  `json:"text"`
+	TokenIDs         []int   `json:"token_ids"`
+	FinishReason     string  `json:"finish_reason"` // "stop", "length" or "stop_string"
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	Model            string  `json:"model"`
+	Timings          Timings `json:"timings"`
+}
+
+// System1Request: system1's parameters.
+type System1Request struct {
+	Prompt      string   `json:"prompt"`
+	Candidates  []string `json:"candidates"`
+	Temperature float64  `json:"temperature,omitempty"` // 0: 1.0
+	Model       string   `json:"model,omitempty"`
+	Device      string   `json:"device,omitempty"`
+}
+
+// Candidate is one scored candidate of system1.
+type Candidate struct {
+	Text        string  `json:"text"`
+	TokenIDs    []int   `json:"token_ids"`
+	Logprob     float64 `json:"logprob"`
+	MeanLogprob float64 `json:"mean_logprob"`
+	Probability float64 `json:"probability"`
+}
+
+// System1Result: system1's result.
+type System1Result struct {
+	Candidates   []Candidate `json:"candidates"`
+	BestIdx      int         `json:"best_idx"`
+	Entropy      float64     `json:"entropy"`
+	PromptTokens int         `json:"prompt_tokens"`
+	Model        string      `json:"model"`
+	Timings      Timings     `json:"timings"`
+}
+
+// EmbedRequest: embed's parameters.
+type EmbedRequest struct {
+	Input     []string `json:"input"`
+	Pooling   string   `json:"pooling,omitempty"` // "": "mean"; "last", "cls"
+	Normalize bool     `json:"normalize,omitempty"`
+	Model     string   `json:"model,omitempty"`
+	Device    string   `json:"device,omitempty"`
+}
+
+// EmbedResult: embed's result, one vector per input string.
+type EmbedResult struct {
+	Embeddings [][]float64 `json:"embeddings"`
+	Dim        int         `json:"dim"`
+	Model      string      `json:"model"`
+	Timings    Timings     `json:"timings"`
+}
+
+// TokenizeRequest: tokenize's parameters.
+type TokenizeRequest struct {
+	Text         string `json:"text"`
+	AddBOS       bool   `json:"add_bos,omitempty"`
+	ParseSpecial *bool  `json:"parse_special,omitempty"` // nil: true
+	Model        string `json:"model,omitempty"`
+	Device       string `json:"device,omitempty"`
+}
+
+// TokenizeResult: tokenize's result.
+type TokenizeResult struct {
+	TokenIDs []int   `json:"token_ids"`
+	Model    string  `json:"model"`
+	Timings  Timings `json:"timings"`
+}
+
+// DetokenizeRequest: detokenize's parameters.
+type DetokenizeRequest struct {
+	IDs    []int  `json:"ids"`
+	Model  string `json:"model,omitempty"`
+	Device string `json:"device,omitempty"`
+}
+
+// DetokenizeResult: detokenize's result.
+type DetokenizeResult struct {
+	Text    string  `json:"text"`
+	Model   string  `json:"model"`
+	Timings Timings `json:"timings"`
+}
+
+// Generate runs generate (not streamed) and returns its result.
+func (c *Client) Generate(ctx context.Context, req GenerateRequest) (*GenerateResult, error) {
+	return call[GenerateResult](ctx, c, "generate", req)
+}
+
+// Stream runs generate with stream: true. Read it with Next/Event (the token
+// events, then the result); Close it to cancel early:
+//
+//	s, err := c.Stream(ctx, req)
+//	if err != nil { ... }
+//	defer s.Close()
+//	for s.Next() { ev := s.Event(); ... }
+//	if err := s.Err(); err != nil { ... }
+func (c *Client) Stream(ctx context.Context, req GenerateRequest) (*Stream, error) {
+	return c.start(ctx, "generate", req, true)
+}
+
+// System1 scores each candidate as a continuation of the prompt.
+func (c *Client) System1(ctx context.Context, req System1Request) (*System1Result, error) {
+	return call[System1Result](ctx, c, "system1", req)
+}
+
+// Embed returns one embedding per input string.
+func (c *Client) Embed(ctx context.Context, req EmbedRequest) (*EmbedResult, error) {
+	return call[EmbedResult](ctx, c, "embed", req)
+}
+
+// Tokenize returns the token ids of a text.
+func (c *Client) Tokenize(ctx context.Context, req TokenizeRequest) (*TokenizeResult, error) {
+	return call[TokenizeResult](ctx, c, "tokenize", req)
+}
+
+// Detokenize returns the text of token ids.
+func (c *Client) Detokenize(ctx context.Context, req DetokenizeRequest) (*DetokenizeResult, error) {
+	return call[DetokenizeResult](ctx, c, "detokenize", req)
+}
+
+// Ping checks that the server answers (it loads no model).
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.Request(ctx, "ping", nil)
+	return err
+}
+
+func call[T any](ctx context.Context, c *Client, op string, req any) (*T, error) {
+	ev, err := c.Request(ctx, op, req)
+	if err != nil {
+		return nil, err
+	}
+	var out T
+	if err := ev.Decode(&out); err != nil {
+		return nil, &Error{Kind: "connection", Message: "cannot decode the " + op + " result: " + err.Error(), Response: ev}
+	}
+	return &out, nil
+}

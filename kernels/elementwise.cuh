@@ -106,3 +106,9 @@ RX_EXTERN void rope_f32(float* x, const int* pos, int N, int H, int hd, int n_ro
         v[b] = (x0 * s + x1 * c) * mscale;
     }
 }
+
+// p[i] += v for i < n (advances device-resident positions between graph replays)
+RX_EXTERN void add_i32(int* p, int v, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] += v;
+}

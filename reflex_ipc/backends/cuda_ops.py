@@ -50,6 +50,7 @@ class CudaOps:
         self.k = self.rt.kernel
         self._arenas = {}
         self._extra_weights = []
+        self._graph = None
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -63,7 +64,30 @@ class CudaOps:
     def empty(self, shape, dtype="float32"):
         if isinstance(shape, int):
             shape = (shape,)
-        return DeviceArray.empty(self.pool, shape, dtype)
+        a = DeviceArray.empty(self.pool, shape, dtype)
+        if self._graph is not None:
+            self._graph.keep.append(a)  # a captured kernel may use it on every replay
+        return a
+
+    def capture(self, fn):
+        """Run fn() under CUDA stream capture and return (graph, fn's result): graph.launch()
+        replays every kernel fn launched, with the same arguments and buffers. fn must not
+        copy between host and device; what changes between replays (positions, token ids)
+        belongs in device arrays created beforehand and updated before each launch()."""
+        from ..cuda.graph import Graph
+
+        for a in self._arenas.values():
+            a.wait()
+        self.k = self.rt.kernel
+        self.synchronize()
+        g = Graph(self.rt.stream.handle)
+        self._graph = g
+        try:
+            with g:
+                result = fn()
+        finally:
+            self._graph = None
+        return g, result
 
     def asarray(self, a, dtype=None):
         """numpy -> device (float32 by default; int arrays become int32)."""
@@ -278,6 +302,10 @@ class CudaOps:
         pos = self.positions(pos)
         out = self.empty(q.shape)
         off = layer * cache.layer_bytes
+        if causal and mask is None:
+            # keys 0..pos[n] are the visible ones whatever n_kv is (pos[n] < n_kv): passing
+            # n_ctx keeps the launch arguments position-free, so a captured graph replays
+            n_kv = cache.n_ctx
         self.k("attention_f16kv")((Hq, N, 1), (128, 1, 1), q.ptr, cache.k.ptr + off, cache.v.ptr + off,
                                   out.ptr, pos.ptr, mask.ptr if mask is not None else 0, Hq,
                                   cache.n_kv_heads, hd, cache.n_ctx, int(n_kv), float(scale),
@@ -292,6 +320,20 @@ class CudaOps:
         out = self.empty((rows,), "int32")
         self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
         return self.to_numpy(out).reshape(logits.shape[:-1])
+
+    def argmax_device(self, logits, out=None):
+        """Like argmax, but the indices stay on the device (int32 [rows]): a decode loop can
+        feed them straight to embed, and a captured graph can include it."""
+        n = logits.shape[-1]
+        rows = logits.size // n
+        out = out if out is not None else self.empty((rows,), "int32")
+        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
+        return out
+
+    def advance(self, pos, by=1):
+        """pos += by on the device (int32 array), e.g. positions between graph replays."""
+        self.k("add_i32")(((pos.size + 255) // 256, 1, 1), (256, 1, 1), pos.ptr, int(by), pos.size)
+        return pos
 
     def topk(self, logits, k):
         """(values, indices) of the k largest of a 1-D logits array, best first (device arrays)."""

@@ -24,7 +24,7 @@ SIGNATURES = {
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ", "sample_topk": "QQiffffQ",
-    "repeat_penalty_f32": "QQif",
+    "repeat_penalty_f32": "QQif", "add_i32": "Qii",
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):

@@ -1,0 +1,70 @@
+"""CUDA graphs through the driver API (pycuda 2026.1 has none), on pycuda's stream.
+
+Capture records the kernels launched on a stream (no execution); the instantiated
+graph then replays all of them with one cuGraphLaunch, which removes the per-kernel
+launch cost from Python. Kernel arguments are baked in at capture, so whatever
+changes between replays (positions, token ids) must live in device memory that the
+kernels read, updated before each replay.
+"""
+
+import ctypes
+
+_lib = None
+CAPTURE_MODE_RELAXED = 2  # allocations (cuMemAlloc) stay allowed while capturing
+
+
+def _cuda():
+    global _lib
+    if _lib is None:
+        _lib = ctypes.CDLL("libcuda.so.1")
+        for name in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+                     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy"):
+            getattr(_lib, name).restype = ctypes.c_int
+    return _lib
+
+
+def _check(rc, what):
+    if rc:
+        from ..errors import ReflexError
+
+        raise ReflexError("cuda_error", f"{what} failed with CUDA error {rc}")
+
+
+class Graph:
+    """with Graph.capture(stream_handle) as g: <launch kernels>; then g.launch()."""
+
+    def __init__(self, stream_handle):
+        self.stream = ctypes.c_void_p(stream_handle)
+        self.graph = ctypes.c_void_p()
+        self.exec = ctypes.c_void_p()
+        self.keep = []  # device arrays the captured kernels use: kept alive with the graph
+
+    @classmethod
+    def capture(cls, stream_handle):
+        return cls(stream_handle)
+
+    def __enter__(self):
+        _check(_cuda().cuStreamBeginCapture_v2(self.stream, CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        lib = _cuda()
+        rc = lib.cuStreamEndCapture(self.stream, ctypes.byref(self.graph))
+        if exc_type is not None:
+            return False
+        _check(rc, "cuStreamEndCapture")
+        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
+               "cuGraphInstantiate")
+        return False
+
+    def launch(self):
+        _check(_cuda().cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+
+    def close(self):
+        lib = _cuda()
+        if self.exec:
+            lib.cuGraphExecDestroy(self.exec)
+            self.exec = ctypes.c_void_p()
+        if self.graph:
+            lib.cuGraphDestroy(self.graph)
+            self.graph = ctypes.c_void_p()

@@ -1,0 +1,133 @@
+"""Decode speed of the CUDA ops on a Qwen3-0.6B-shaped model with random Q8_0 weights.
+
+Imported by scripts/gpu-check. The step is what a qwen3 model does per token with the
+backend ops (16 launches a layer), run two ways: eagerly from Python (one launch per op)
+and as one captured CUDA graph replayed per token (ops.capture). Both read the sampled
+token id back every step, as a real decode loop does, and must produce the same tokens.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from gpu_check_ops import FakeGGUF
+
+D, L, HQ, HKV, HD, FF, V = 1024, 28, 16, 8, 128, 3072, 151936
+Q8 = 8
+
+
+def q8_0(rows, cols, rng):
+    nb = rows * cols // 32
+    raw = rng.integers(-127, 128, size=(nb, 34), dtype=np.int8).view(np.uint8)
+    raw[:, 0:2] = (rng.uniform(0.5, 1.0, nb) * 0.002).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1), Q8, (rows, cols)
+
+
+def build(ops, rng):
+    t = {"token_embd.weight": q8_0(V, D, rng), "output_norm.weight": (np.ones(D, np.float32).view(np.uint8), 0, (D,))}
+    for i in range(L):
+        p = f"blk.{i}."
+        t[p + "attn_q.weight"] = q8_0(HQ * HD, D, rng)
+        t[p + "attn_k.weight"] = q8_0(HKV * HD, D, rng)
+        t[p + "attn_v.weight"] = q8_0(HKV * HD, D, rng)
+        t[p + "attn_output.weight"] = q8_0(D, HQ * HD, rng)
+        t[p + "ffn_gate.weight"] = q8_0(FF, D, rng)
+        t[p + "ffn_up.weight"] = q8_0(FF, D, rng)
+        t[p + "ffn_down.weight"] = q8_0(D, FF, rng)
+        for n, d in (("attn_norm", D), ("ffn_norm", D), ("attn_q_norm", HD), ("attn_k_norm", HD)):
+            w = rng.uniform(0.8, 1.2, d).astype(np.float32)
+            t[p + n + ".weight"] = (w.view(np.uint8), 0, (d,))
+    f = FakeGGUF(t)
+    t0 = time.perf_counter()
+    W = {name: ops.load_weight(f, name) for name in t}
+    t_issue = time.perf_counter() - t0
+    arena = next(iter(ops._arenas.values()))
+    arena.wait()
+    return W, {"weights_bytes": arena.nbytes, "load_weight_calls_ms": round(t_issue * 1e3, 2),
+               **arena.stats}
+
+
+def make_step(ops, W, cache, ids, pos):
+    eps = 1e-6
+    scale = 1 / math.sqrt(HD)
+
+    def step():
+        x = ops.embed(W["token_embd.weight"], ids)
+        for i in range(L):
+            p = f"blk.{i}."
+            h = ops.rms_norm(x, W[p + "attn_norm.weight"], eps)
+            q = ops.matmul(h, W[p + "attn_q.weight"]).reshape(1, HQ, HD)
+            k = ops.matmul(h, W[p + "attn_k.weight"]).reshape(1, HKV, HD)
+            v = ops.matmul(h, W[p + "attn_v.weight"]).reshape(1, HKV, HD)
+            q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
+            k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
+            ops.rope(q, pos, base=1e6, neox=True, inplace=True)
+            ops.rope(k, pos, base=1e6, neox=True, inplace=True)
+            ops.kv_store(cache, i, k, v, pos)
+            a = ops.attention(q, cache, i, pos, 0, scale=scale)
+            ops.matmul(a.reshape(1, HQ * HD), W[p + "attn_output.weight"], out=x, accumulate=True)
+            h = ops.rms_norm(x, W[p + "ffn_norm.weight"], eps)
+            g = ops.matmul(h, W[p + "ffn_gate.weight"])
+            u = ops.matmul(h, W[p + "ffn_up.weight"])
+            ops.matmul(ops.swiglu(g, u), W[p + "ffn_down.weight"], out=x, accumulate=True)
+        h = ops.rms_norm(x, W["output_norm.weight"], eps)
+        logits = ops.matmul(h, W["token_embd.weight"])
+        ops.argmax_device(logits, out=ids)
+        ops.advance(pos)
+
+    return step
+
+
+def run(ops, steps=128):
+    rng = np.random.default_rng(3)
+    W, load = build(ops, rng)
+    cache = ops.kv_cache(L, HKV, HD, 1024)
+    ids = ops.asarray(np.array([1], np.int32))
+    pos = ops.asarray(np.array([0], np.int32))
+    step = make_step(ops, W, cache, ids, pos)
+    res = {"model": "qwen3-0.6B-shaped, random Q8_0", "load": load}
+
+    def eager(n, start_tok):
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([start_tok], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        toks = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+            toks.append(int(ops.to_numpy(ids)[0]))
+        return toks, time.perf_counter() - t0
+
+    eager(4, 1)  # warm up
+    toks_e, dt = eager(steps, 1)
+    res["eager_tok_s"] = round(steps / dt, 1)
+    res["eager_ms_per_token"] = round(dt / steps * 1e3, 3)
+
+    ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+    ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+    t0 = time.perf_counter()
+    graph, _ = ops.capture(step)
+    res["graph_capture_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    host = np.empty(1, np.int32)
+
+    def replay(n, start_tok):
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([start_tok], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        toks = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            graph.launch()
+            ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
+            ops.rt.stream.synchronize()
+            toks.append(int(host[0]))
+        return toks, time.perf_counter() - t0
+
+    replay(4, 1)
+    toks_g, dt = replay(steps, 1)
+    res["graph_tok_s"] = round(steps / dt, 1)
+    res["graph_ms_per_token"] = round(dt / steps * 1e3, 3)
+    res["graph_tokens_match_eager"] = toks_g == toks_e
+    res["distinct_tokens"] = len(set(toks_e))
+    res["ok"] = toks_g == toks_e
+    graph.close()
+    return res

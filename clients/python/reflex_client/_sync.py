@@ -56,6 +56,7 @@ class _Conn:
         except (OSError, ValueError):
             pass
         self.lines.put(_EOF)
+        self.dead = True  # a server that died while idle is replaced on the next call
 
     def _drain_stderr(self):
         for line in self.proc.stderr:

@@ -16,3 +16,11 @@ FAKE = [sys.executable, os.path.join(CLIENTS, "testdata", "fake_server.py")]
 def reflex_argv():
     """The command that starts the real server on stdio ($REFLEX_CMD overrides)."""
     return shlex.split(os.environ.get("REFLEX_CMD", "reflex stdio"))
+
+
+def uds_argv(path):
+    """The command that starts the real server on a Unix socket: $REFLEX_CMD
+    with its `stdio` replaced by `uds PATH`."""
+    argv = reflex_argv()
+    i = len(argv) - 1 - argv[::-1].index("stdio") if "stdio" in argv else len(argv)
+    return argv[:i] + ["uds", str(path)] + argv[i + 1:]

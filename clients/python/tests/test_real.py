@@ -1,0 +1,161 @@
+"""The client against the real server (`reflex stdio`, or $REFLEX_CMD)."""
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+from conftest import reflex_argv, uds_argv
+from vectors import load_cases, run_case, vector_files
+
+from reflex_client import AsyncClient, Client, ReflexConnectionError, ReflexError, ReflexTimeout
+
+LONG = dict(prompt="Write a long story about a dragon.", max_tokens=256, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def client():
+    argv = reflex_argv()
+    with Client.spawn(argv[0], argv[1:]) as c:
+        yield c
+
+
+def test_vector_files_exist():
+    assert vector_files(), "protocol/vectors/*.jsonl: no conformance cases found"
+
+
+@pytest.mark.parametrize("path", vector_files(), ids=os.path.basename)
+def test_vectors(client, path):
+    failures = {}
+    for case in load_cases(path):
+        bad = run_case(client, case)
+        if bad:
+            failures[case["name"]] = bad
+    assert not failures
+
+
+def test_generate_matches_stream(client):
+    r = client.generate("The capital of France is", max_tokens=6)
+    assert r["ok"] and r["completion_tokens"] == len(r["token_ids"]) <= 6
+    events = list(client.stream("The capital of France is", max_tokens=6))
+    tokens, result = events[:-1], events[-1]
+    assert all(e["event"] == "token" for e in tokens) and result["event"] == "result"
+    assert "".join(e["text"] for e in tokens) == result["text"] == r["text"]
+    assert [e["token_id"] for e in tokens] == result["token_ids"] == r["token_ids"]
+
+
+def test_other_ops(client):
+    ids = client.tokenize("Hello world")["token_ids"]
+    assert client.detokenize(ids)["text"] == "Hello world"
+    s = client.system1("Is the sky blue? Answer:", [" yes", " no"])
+    assert len(s["candidates"]) == 2 and s["best_idx"] in (0, 1)
+    e = client.embed(["a", "b"], normalize=True)
+    assert len(e["embeddings"]) == 2 and len(e["embeddings"][0]) == e["dim"]
+    assert client.hello()["protocol"] == 1
+
+
+def test_errors_carry_the_protocol_kind(client):
+    with pytest.raises(ReflexError) as ei:
+        client.request("frobnicate")
+    assert ei.value.kind == "unknown_op" and ei.value.response["ok"] is False
+    with pytest.raises(ReflexError) as ei:
+        client.generate("x", max_tokens=0)
+    assert ei.value.kind == "invalid_request" and "max_tokens" in ei.value.message
+    with pytest.raises(ReflexError) as ei:
+        client.generate("x", model="/nonexistent/model.gguf")
+    assert ei.value.kind == "model_not_found"
+    assert client.ping()["ok"] is True
+
+
+def test_cancel_mid_stream_keeps_the_server(client):
+    pid = client.ready["pid"]
+    stream = client.stream(**LONG)
+    got = [next(stream) for _ in range(2)]
+    assert [e["event"] for e in got] == ["token", "token"]
+    t0 = time.monotonic()
+    stream.close()  # SIGINT, drained to the cancelled result
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ReflexTimeout):
+        client.generate(**LONG, timeout=0.5)
+    assert client.generate("Hi", max_tokens=2)["ok"] and client.ready["pid"] == pid
+
+
+def test_child_killed_from_outside(client):
+    stream = client.stream(**LONG)
+    assert next(stream)["event"] == "token"
+    pid = client.ready["pid"]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ReflexConnectionError, match="signal 9"):
+        list(stream)
+    assert client.ping()["ok"] and client.ready["pid"] != pid  # restarted
+    pid = client.ready["pid"]
+    os.kill(pid, signal.SIGKILL)  # while idle: replaced on the next call
+    time.sleep(0.2)
+    assert client.ping()["ok"] and client.ready["pid"] != pid
+
+
+def _uds_server(path):
+    proc = subprocess.Popen(uds_argv(path))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.monotonic() < deadline, "reflex uds did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def test_uds():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "reflex.sock")
+        proc = _uds_server(path)
+        try:
+            with Client.connect(path) as c:
+                assert c.ready["pid"] == proc.pid
+                events = list(c.stream("Hello", max_tokens=3))
+                assert events[-1]["ok"] and len(events) >= 2
+                stream = c.stream(**LONG)
+                next(stream)
+                stream.close()  # closes the connection: the server cancels, the next call reconnects
+                assert c.generate("Hi", max_tokens=2)["ok"]
+                with pytest.raises(ReflexTimeout):
+                    c.generate(**LONG, timeout=0.5)
+                assert c.tokenize("Hi")["token_ids"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+
+
+def test_async_client():
+    async def main():
+        argv = reflex_argv()
+        async with await AsyncClient.spawn(argv[0], argv[1:]) as c:
+            pid = c.ready["pid"]
+            r1, r2 = await asyncio.gather(c.generate("Hi", max_tokens=3), c.tokenize("Hi"))
+            assert r1["ok"] and r2["token_ids"]
+            async with contextlib.aclosing(c.stream(**LONG)) as s:
+                async for ev in s:
+                    assert ev["event"] == "token"
+                    break
+            task = asyncio.ensure_future(c.generate(**LONG))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(ReflexError) as ei:
+                await c.request("frobnicate")
+            assert ei.value.kind == "unknown_op"
+            assert (await c.generate("Hi", max_tokens=2))["ok"] and c.ready["pid"] == pid
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "reflex.sock")
+            proc = _uds_server(path)
+            try:
+                async with await AsyncClient.connect(path) as c:
+                    events = [ev async for ev in c.stream("Hello", max_tokens=3)]
+                    assert events[-1]["ok"]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+
+    asyncio.run(main())

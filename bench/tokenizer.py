@@ -3,7 +3,9 @@
 For each vocabulary, runs N fresh Python processes; each one measures, in
 process with perf_counter:
   imports_ms     numpy + reflex_ipc.gguffile + reflex_ipc.tokenizer (all submodules)
-  construct_ms   GGUFFile(path) + load_tokenizer(f)  (the budget: <= 50 ms for Qwen2)
+  construct_ms   GGUFFile(path) + load_tokenizer(f)  (the budget: <= 50 ms for Qwen2),
+                 with the tokenizer's disk cache of sorted string hashes warm
+  construct_nocache_ms   the same with REFLEX_TOKENIZER_CACHE=0 (hash and sort in process)
   open_ms        the GGUFFile(path) part of construct_ms
   encode1_ms     encoding a ~100-token English prompt, first call (cold caches)
   encode2_ms     the same prompt again (warm caches)
@@ -73,15 +75,24 @@ def vocabularies():
     return out
 
 
+def _child(path: str, cache: bool) -> dict:
+    env = dict(os.environ, REFLEX_TOKENIZER_CACHE="1" if cache else "0")
+    p = subprocess.run([sys.executable, "-c", CHILD, path, PROMPT], capture_output=True,
+                       text=True, check=True, cwd=ROOT, env=env)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def run_one(path: str, runs: int) -> dict:
-    rows = []
+    _child(path, True)  # fills the disk cache
+    rows, nocache = [], []
     for _ in range(runs):
-        p = subprocess.run([sys.executable, "-c", CHILD, path, PROMPT], capture_output=True,
-                           text=True, check=True, cwd=ROOT)
-        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        rows.append(_child(path, True))
+        nocache.append(_child(path, False))
     med = {k: round(statistics.median(r[k] for r in rows), 2)
            for k in ("imports_ms", "open_ms", "construct_ms", "encode1_ms", "encode2_ms")}
+    med["construct_nocache_ms"] = round(statistics.median(r["construct_ms"] for r in nocache), 2)
     med["construct_ms_all"] = [round(r["construct_ms"], 2) for r in rows]
+    med["construct_nocache_ms_all"] = [round(r["construct_ms"], 2) for r in nocache]
     med["n_tokens"] = rows[0]["n_tokens"]
     med["n_vocab"] = rows[0]["n_vocab"]
     return med
@@ -97,7 +108,8 @@ def main(argv=None) -> int:
         results[name] = run_one(path, args.runs)
         r = results[name]
         print(f"{name:10} vocab {r['n_vocab']:>6}  imports {r['imports_ms']:6.1f} ms  "
-              f"construct {r['construct_ms']:6.1f} ms (open {r['open_ms']:5.1f})  "
+              f"construct {r['construct_ms']:6.1f} ms (open {r['open_ms']:5.1f}; "
+              f"no cache {r['construct_nocache_ms']:6.1f})  "
               f"encode {r['n_tokens']} tok: first {r['encode1_ms']:5.2f} ms, "
               f"again {r['encode2_ms']:5.2f} ms")
     try:

@@ -201,3 +201,35 @@ def test_load_path_imports_no_gguf():
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- disk cache of the lookup index ----------------------------------------------------
+def test_index_cache(tmp_path, monkeypatch):
+    from reflex_ipc.tokenizer import vocab
+
+    monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
+    monkeypatch.setenv("REFLEX_TOKENIZER_CACHE", "1")
+    path = resolve_model("smollm2")
+    text = "Caching <|im_start|>the index: \u00e9\U0001f999 12345"
+    want = load_tokenizer(GGUFFile(path)).encode(text)
+    files = sorted((tmp_path / "tokenizer").iterdir())
+    assert [p.name.split(".")[-3] for p in files] == ["merges", "tokens"]
+
+    def no_build(self, mm):
+        raise AssertionError("index rebuilt although cached")
+
+    with monkeypatch.context() as m:
+        m.setattr(vocab.StrIndex, "_build", no_build)
+        assert load_tokenizer(GGUFFile(path)).encode(text) == want
+    # a damaged (short) cache file is ignored and rewritten
+    files[0].write_bytes(files[0].read_bytes()[:-8])
+    assert load_tokenizer(GGUFFile(path)).encode(text) == want
+    assert files[0].stat().st_size % 8 == 0 and files[0].stat().st_size > 8 * 40000
+
+
+def test_index_cache_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
+    monkeypatch.setenv("REFLEX_TOKENIZER_CACHE", "0")
+    tok = load_tokenizer(GGUFFile(resolve_model("smollm2")))
+    assert tok.encode("Hello world") == [19556, 905]
+    assert not (tmp_path / "tokenizer").exists()

@@ -82,7 +82,7 @@ class Tokenizer:
     clean_spaces = False
 
     def __init__(self, f, default_ids=(None, None, None)):
-        from .vocab import StrIndex
+        from .vocab import StrIndex, cache_file
 
         meta = f.metadata
         self.path = f.path
@@ -92,7 +92,8 @@ class Tokenizer:
         self._f = f  # keeps the mapping alive
         self._mm = f._mm
         self.n_vocab = n = tokens.count
-        self.vocab = StrIndex(f._mm, tokens, first=False)
+        self.vocab = StrIndex(f._mm, tokens, first=False,
+                              cache_file=cache_file(f, tokens, "tokens"))
         types = meta.get("tokenizer.ggml.token_type")
         self._types = types.numpy() if types is not None and types.count >= n else None
         self._attr_override: dict = {}

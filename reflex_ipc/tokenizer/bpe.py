@@ -44,7 +44,7 @@ class BPETokenizer(Tokenizer):
     kind = "bpe"
 
     def __init__(self, f, model: str):
-        from .vocab import StrIndex
+        from .vocab import StrIndex, cache_file
 
         meta = f.metadata
         merges = meta.get("tokenizer.ggml.merges")
@@ -66,7 +66,8 @@ class BPETokenizer(Tokenizer):
         self.ignore_merges |= self.pre in ("glm4", "glm5")
         self.clean_spaces = self.pre not in _NO_CLEAN_SPACES
         self._newline_words = canon == "newlines"
-        self._merges = StrIndex(f._mm, merges, first=True)
+        self._merges = StrIndex(f._mm, merges, first=True,
+                                cache_file=cache_file(f, merges, "merges"))
         self._ranks: dict = {}
         self._words: dict = {}
         default_ids = (None, None, None) if model == "gemma4" else (11, 11, None)

@@ -7,9 +7,17 @@ vectorized numpy operations (the first 8 and last 8 bytes and the length), and
 sorts the hashes once. A lookup hashes the query the same way, binary-searches
 the sorted hashes, and compares the candidates' bytes with the query; results
 are memoized, so the cost is paid once per distinct string asked for.
+
+The sorted hashes of a file's arrays are kept in a small disk cache (a raw
+uint64 file per array under $REFLEX_CACHE or ~/.cache/reflex-ipc/tokenizer,
+named by the file's path, size, mtime and the array's offset), so later
+processes read them instead of hashing and sorting again. Set
+REFLEX_TOKENIZER_CACHE=0 to disable it; any cache I/O error just means no cache.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -36,19 +44,34 @@ class StrIndex:
     tokens).
     """
 
-    def __init__(self, mm, arr, first: bool):
+    def __init__(self, mm, arr, first: bool, cache_file: str | None = None):
         self._mm = mm
         self._first = first
-        starts = np.asarray(arr.starts, dtype=np.int64)
-        lengths = np.asarray(arr.lengths, dtype=np.int64)
-        self.starts = starts
-        self.lengths = lengths
+        self._memo: dict = {}
+        # lists or numpy arrays, as the reader made them: lookups index single items
+        self.starts = starts = arr.starts
+        self.lengths = arr.lengths
+        self._bits = max(1, (len(starts) - 1).bit_length())
+        keys = None
+        if cache_file is not None:
+            try:
+                keys = np.fromfile(cache_file, dtype="<u8")
+            except (OSError, ValueError):
+                keys = None
+            if keys is not None and len(keys) != len(starts):
+                keys = None
+        if keys is None:
+            keys = self._build(mm)
+            if cache_file is not None:
+                _write_atomic(cache_file, keys)
+        self._skeys = keys
+
+    def _build(self, mm):
+        starts = np.asarray(self.starts, dtype=np.int64)
+        lengths = np.asarray(self.lengths, dtype=np.int64)
         size = len(mm)
         if len(starts) == 0 or size < 8:
-            self._skeys = np.zeros(0, dtype=np.uint64)
-            self._bits = 1
-            self._memo = {}
-            return
+            return np.zeros(len(starts), dtype=np.uint64)
         # a little-endian u64 read at every byte offset (an overlapping view, no copy)
         u64 = np.ndarray(shape=(size - 7,), dtype="<u8", buffer=mm, offset=0, strides=(1,))
         if int(starts.max()) <= size - 8:
@@ -63,12 +86,10 @@ class StrIndex:
             keys[long_] ^= u64[starts[long_] + lengths[long_] - 8] * np.uint64(_P_LAST)
         # the array index rides in the low bits of each key, so a plain sort
         # (much faster than argsort) gives both the sorted keys and their owners
-        self._bits = bits = max(1, (len(starts) - 1).bit_length())
-        low = np.uint64((1 << bits) - 1)
+        low = np.uint64((1 << self._bits) - 1)
         keys = (keys & ~low) | np.arange(len(starts), dtype=np.uint64)
         keys.sort()
-        self._skeys = keys
-        self._memo: dict = {}
+        return keys
 
     def find(self, b: bytes) -> int:
         """The index of `b` in the array, or -1."""
@@ -101,3 +122,31 @@ class StrIndex:
     def get(self, i: int) -> bytes:
         s = int(self.starts[i])
         return self._mm[s:s + int(self.lengths[i])]
+
+
+def cache_file(f, arr, what: str) -> str | None:
+    """The disk-cache file for the index of string array `arr` of GGUFFile `f`, or None."""
+    if os.environ.get("REFLEX_TOKENIZER_CACHE", "1") == "0":
+        return None
+    try:
+        st = os.stat(f.path)
+    except OSError:
+        return None
+    import zlib
+
+    path = os.path.realpath(f.path)
+    ident = f"{path}|{st.st_size}|{st.st_mtime_ns}|{arr.offset}|{arr.count}|{what}|v1"
+    base = os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                         "reflex-ipc")
+    name = f"{os.path.basename(path)[:64]}.{what}.{zlib.crc32(ident.encode()):08x}.u64"
+    return os.path.join(base, "tokenizer", name)
+
+
+def _write_atomic(path: str, keys) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        keys.tofile(tmp)
+        os.replace(tmp, path)
+    except OSError:
+        pass

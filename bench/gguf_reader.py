@@ -71,7 +71,17 @@ def reflex_command() -> list[str]:
     return [sys.executable, "-m", "reflex_ipc"]
 
 
+def child_env(**extra) -> dict:
+    """The environment of the measured processes: bytecode caching on, as on a user's machine
+    (a sandbox may set PYTHONDONTWRITEBYTECODE, which makes every start recompile)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra)
+    return env
+
+
 def time_process(cmd, runs, env=None) -> dict:
+    env = env or child_env()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, env=env)  # warm caches, write .pyc
     times = []
     for _ in range(runs):
         t = time.perf_counter()
@@ -133,7 +143,11 @@ def git_commit() -> str:
     try:
         rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "reflex_ipc"],
+        # dirty: uncommitted changes in the code this benchmark runs
+        paths = ["reflex_ipc/" + p for p in ("__init__.py", "__main__.py", "cli.py", "phases.py",
+                                             "errors.py", "modelpath.py", "ggml_types.py",
+                                             "gguffile.py", "commands/inspect.py")]
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", *paths],
                                capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -148,10 +162,7 @@ def bench_file(path, runs) -> dict:
         merges = f.metadata.get("tokenizer.ggml.merges")
         info = {"file": os.path.basename(path), "bytes": f.size, "tensors": len(f.tensors),
                 "tokens": getattr(tokens, "count", 0), "merges": getattr(merges, "count", 0)}
-    env = dict(os.environ, REFLEX_MODEL="")
-    subprocess.run(reflex_command() + ["inspect", "--model", path, "--json"],
-                   stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-    reflex = time_process(reflex_command() + ["inspect", "--model", path, "--json"], runs, env)
+    reflex = time_process(reflex_command() + ["inspect", "--model", path, "--json"], runs)
     reader = time_process([sys.executable, "-c", READER_SCRIPT, path], runs)
     ratio = reflex["median_s"] / reader["median_s"]
     return {**info, "reflex_inspect_process": reflex, "gguf_reader_process": reader,
@@ -177,6 +188,8 @@ def main(argv=None) -> int:
         "commit": git_commit(),
         "machine": machine(),
         "reflex_command": reflex_command(),
+        "notes": "external wall clock around subprocess.run, median of runs after one warm-up run; "
+                 "children run without PYTHONDONTWRITEBYTECODE (bytecode caches on)",
         "python_start_process": time_process([sys.executable, "-c", "pass"], args.runs),
         "files": [],
     }

@@ -1,10 +1,11 @@
 """Runs protocol/vectors/*.jsonl cases through the client (see vectors/README.md).
 
-A case whose request is an object with a string op and a valid id (or none)
-goes through the public API (`request`, or `stream` for a streamed generate):
-the client replaces the id with its own, and every line must carry that one.
-Lines a well-behaved client never writes (not JSON, not an object, no op, an
-id of another type, invalid UTF-8) go through the client's private exchange,
+A case whose request is an object with a string op and a valid id goes
+through the public API (`request`, or `stream` for a streamed generate): the
+client replaces the id with its own, and every line must carry that one.
+Every other case (no id or a null one, whose lines must carry null; lines a
+well-behaved client never writes: not JSON, not an object, no op, an id of
+another type, invalid UTF-8) goes through the client's private exchange,
 verbatim."""
 import base64
 import glob
@@ -26,7 +27,8 @@ def load_cases(path):
 
 
 def _valid_id(v):
-    return v is None or isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
+    """An id the server echoes: a string or an integer in [-2^63, 2^63)."""
+    return isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63)
 
 
 def json_equal(a, b):
@@ -68,7 +70,7 @@ def run_case(client, case):
             if e.response is None:
                 raise
             events.append(e.response)
-        want_id = exp["id"] if "id" in exp else client._ids.n
+        want_id = client._ids.n if json_equal(exp.get("id", req["id"]), req["id"]) else exp["id"]
     else:
         if "request_base64" in case:
             line = base64.b64decode(case["request_base64"])

@@ -1,0 +1,128 @@
+// The client against the real server (`reflex stdio`, or $REFLEX_CMD).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Reflex, ReflexError } from '../index.js';
+import { reflexCommand } from './helpers.js';
+import { vectorFiles, loadCases, runCase } from './vectors.js';
+
+const LONG = { prompt: 'Write a long story about a dragon.', max_tokens: 256, temperature: 0 };
+let c;
+before(async () => { c = await Reflex.spawn(reflexCommand()); });
+after(async () => { await c?.close(); });
+
+const rejectsKind = (promise, kind, pattern) => assert.rejects(promise, (e) => {
+  assert.ok(e instanceof ReflexError, String(e));
+  assert.equal(e.kind, kind, e.message);
+  if (pattern) assert.match(e.message, pattern);
+  return true;
+});
+
+test('protocol/vectors has cases', () => {
+  assert.ok(vectorFiles().length > 0, 'protocol/vectors/*.jsonl: no conformance cases found');
+});
+
+for (const file of vectorFiles()) {
+  test(`vectors: ${path.basename(file)}`, async () => {
+    const failures = {};
+    for (const kase of loadCases(file)) {
+      const bad = await runCase(c, kase);
+      if (bad.length) failures[kase.name] = bad;
+    }
+    assert.deepEqual(failures, {});
+  });
+}
+
+test('generate equals the concatenated stream', async () => {
+  const r = await c.generate({ prompt: 'The capital of France is', max_tokens: 6 });
+  const events = [];
+  for await (const ev of c.stream({ prompt: 'The capital of France is', max_tokens: 6 })) events.push(ev);
+  const result = events.pop();
+  assert.equal(result.event, 'result');
+  assert.ok(events.every((e) => e.event === 'token'));
+  assert.equal(events.map((e) => e.text).join(''), r.text);
+  assert.deepEqual(events.map((e) => e.token_id), r.token_ids);
+});
+
+test('the other ops', async () => {
+  const { token_ids: ids } = await c.tokenize({ text: 'Hello world' });
+  assert.equal((await c.detokenize({ ids })).text, 'Hello world');
+  const s = await c.system1({ prompt: 'Is the sky blue? Answer:', candidates: [' yes', ' no'] });
+  assert.equal(s.candidates.length, 2);
+  const e = await c.embed({ input: ['a', 'b'] });
+  assert.equal(e.embeddings.length, 2);
+  assert.equal(e.embeddings[0].length, e.dim);
+});
+
+test('errors carry the protocol kind', async () => {
+  await rejectsKind(c.request('frobnicate'), 'unknown_op');
+  await rejectsKind(c.generate({ prompt: 'x', max_tokens: 0 }), 'invalid_request', /max_tokens/);
+  await rejectsKind(c.generate({ prompt: 'x', model: '/nonexistent/model.gguf' }), 'model_not_found');
+  assert.equal((await c.ping()).ok, true);
+});
+
+test('cancel mid-stream: SIGINT, the server keeps serving', async () => {
+  const pid = c.ready.pid;
+  let n = 0;
+  for await (const ev of c.stream(LONG)) {
+    assert.equal(ev.event, 'token');
+    if (++n === 2) break; // cancels and drains
+  }
+  const ac = new AbortController();
+  const p = c.generate(LONG, { signal: ac.signal });
+  setTimeout(() => ac.abort(), 500);
+  await rejectsKind(p, 'cancelled');
+  await rejectsKind(c.generate(LONG, { timeout: 500 }), 'cancelled', /timed out/);
+  assert.equal((await c.generate({ prompt: 'Hi', max_tokens: 2 })).ok, true);
+  assert.equal(c.ready.pid, pid);
+});
+
+test('a child killed from outside: a clear error, then a restart', async () => {
+  const it = c.stream(LONG);
+  assert.equal((await it.next()).value.event, 'token');
+  const pid = c.ready.pid;
+  process.kill(pid, 'SIGKILL');
+  await rejectsKind((async () => { for await (const _ of it); })(), 'connection', /SIGKILL/);
+  assert.equal((await c.ping()).ok, true);
+  assert.notEqual(c.ready.pid, pid);
+  const pid2 = c.ready.pid;
+  process.kill(pid2, 'SIGKILL'); // while idle: replaced on the next call
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal((await c.ping()).ok, true);
+  assert.notEqual(c.ready.pid, pid2);
+});
+
+test('uds: connect, stream, cancel by closing, reconnect', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'reflex-'));
+  const sock = path.join(dir, 'reflex.sock');
+  const { command, args } = reflexCommand();
+  const i = args.lastIndexOf('stdio');
+  const argv = i >= 0 ? [...args.slice(0, i), 'uds', sock, ...args.slice(i + 1)] : [...args, 'uds', sock];
+  const server = spawn(command, argv, { stdio: ['ignore', 'inherit', 'inherit'] });
+  const exited = new Promise((r) => server.on('exit', (code) => r(code)));
+  try {
+    const t0 = Date.now();
+    while (!fs.existsSync(sock)) {
+      assert.ok(Date.now() - t0 < 30000, 'reflex uds did not start');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const u = await Reflex.connect(sock);
+    try {
+      assert.equal(u.ready.pid, server.pid);
+      const events = [];
+      for await (const ev of u.stream({ prompt: 'Hello', max_tokens: 3 })) events.push(ev);
+      assert.equal(events.at(-1).ok, true);
+      for await (const _ of u.stream(LONG)) break; // closes the connection: the server cancels
+      assert.equal((await u.generate({ prompt: 'Hi', max_tokens: 2 })).ok, true);
+      await rejectsKind(u.generate(LONG, { timeout: 500 }), 'cancelled');
+      assert.ok((await u.tokenize({ text: 'Hi' })).token_ids.length > 0);
+    } finally { await u.close(); }
+  } finally {
+    server.kill('SIGTERM');
+    assert.equal(await exited, 0);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

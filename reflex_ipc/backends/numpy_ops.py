@@ -1,0 +1,221 @@
+"""The backend ops (base.py) on numpy: the reference implementation, and the CPU engine.
+
+Weights are dequantized to float32 at load so every matmul is one BLAS call;
+the KV cache is float32.
+
+There is deliberately no emulation of ggml's activation quantization
+(llama.cpp's CPU backend rounds a matmul's input to Q8_0/Q8_1/Q8_K blocks
+before a quantized dot product). Reproducing that rounding exactly per dot
+product is easy, but on a small quantized model it is chaotic: a one-ulp
+change of an activation flips roundings that grow into logit changes of a few
+percent, so unless every op is bit-identical to ggml the emulation only adds a
+second draw of that noise. Plain float32 products sit in the middle of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ReflexError
+
+_F32 = np.float32
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class KVCache:
+    """K and V, each float32 [n_layers, n_kv_heads, n_ctx, head_dim]."""
+
+    def __init__(self, n_layers, n_kv_heads, head_dim, n_ctx):
+        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
+        shape = (n_layers, n_kv_heads, n_ctx, head_dim)
+        try:  # np.zeros maps pages lazily: an unused context costs no memory
+            self.k = np.zeros(shape, _F32)
+            self.v = np.zeros(shape, _F32)
+        except MemoryError:
+            raise ReflexError("out_of_memory", f"KV cache of 2 x {shape} float32 does not fit") from None
+
+
+class NumpyOps:
+    name = "cpu"
+
+    def __init__(self):
+        self._rope_memo = None  # (pos array, params, cos, sin): q and k share positions
+
+    # -- memory ------------------------------------------------------------------
+    def empty(self, shape, dtype="float32"):
+        return np.empty(shape, dtype)
+
+    def asarray(self, a, dtype=None):
+        a = np.asarray(a)
+        if dtype is None:
+            dtype = np.int32 if a.dtype.kind in "iub" else _F32
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def synchronize(self):
+        pass
+
+    def positions(self, pos):
+        if isinstance(pos, np.ndarray) and pos.dtype == np.int32:
+            return pos
+        return np.asarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
+
+    # -- weights -----------------------------------------------------------------
+    def load_weight(self, f, name):
+        from ..quants import dequantize
+
+        t = f.tensors[name]
+        shape = tuple(reversed(t.shape))
+        data = dequantize(f.tensor_data(t), t.ggml_type, t.n_elements)
+        if t.ggml_type == 0:  # a read-only view of the mapping: copy so the file can close
+            data = np.array(data, dtype=_F32, copy=True)
+        if len(shape) < 2:
+            return data.reshape(shape)
+        return data.reshape(math.prod(shape[:-1]), shape[-1])
+
+    # -- linear algebra ----------------------------------------------------------
+    def matmul(self, x, w, out=None, accumulate=False):
+        if x.shape[-1] != w.shape[1]:
+            raise ValueError(f"matmul: x has {x.shape[-1]} columns, weight expects {w.shape[1]}")
+        y = x @ w.T
+        if accumulate:
+            out += y
+            return out
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+
+    def embed(self, w, ids, scale=1.0):
+        rows = w[np.asarray(ids, dtype=np.int64).reshape(-1)]
+        return rows * _F32(scale) if scale != 1.0 else rows
+
+    # -- element-wise ------------------------------------------------------------
+    @staticmethod
+    def _put(y, out):
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def add(self, a, b, out=None):
+        return np.add(a, b, out=out) if out is not None else a + b
+
+    def mul(self, a, b, out=None):
+        return np.multiply(a, b, out=out) if out is not None else a * b
+
+    def scale(self, a, s, out=None):
+        return self._put(a * _F32(s), out)
+
+    def softcap(self, a, cap, out=None):
+        cap = _F32(cap)
+        return self._put(np.tanh(a / cap) * cap, out)
+
+    def silu(self, a):
+        return a / (_F32(1) + np.exp(-a))
+
+    def gelu(self, a):
+        inner = _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)
+        return _F32(0.5) * a * (_F32(1) + np.tanh(inner))
+
+    def swiglu(self, g, u):
+        return self.silu(g) * u
+
+    def geglu(self, g, u):
+        return self.gelu(g) * u
+
+    # -- normalization, rotary -------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        ms = np.mean(np.square(x), axis=-1, keepdims=True)
+        y = x / np.sqrt(ms + _F32(eps))
+        return y * w if w is not None else y
+
+    def _cos_sin(self, pos, n_rot, base, freq_scale, freq_factors):
+        params = (n_rot, base, freq_scale, id(freq_factors))
+        memo = self._rope_memo
+        if memo is not None and memo[0] is pos and memo[1] == params:
+            return memo[2], memo[3]
+        inv = np.power(float(base), -2.0 * np.arange(n_rot // 2) / n_rot) * freq_scale
+        if freq_factors is not None:
+            inv = inv / np.asarray(freq_factors, np.float64)
+        ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
+        cos, sin = np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
+        self._rope_memo = (pos, params, cos, sin)
+        return cos, sin
+
+    def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
+             neox=False, mscale=1.0, inplace=False):
+        hd = x.shape[-1]
+        n_rot = hd if n_rot is None else n_rot
+        cos, sin = self._cos_sin(pos, n_rot, base, freq_scale, freq_factors)
+        if mscale != 1.0:
+            cos, sin = cos * _F32(mscale), sin * _F32(mscale)
+        y = x if inplace else x.copy()
+        half = n_rot // 2
+        if neox:
+            a, b = x[..., :half], x[..., half:n_rot]
+        else:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        ra = a * cos - b * sin
+        rb = a * sin + b * cos
+        if neox:
+            y[..., :half], y[..., half:n_rot] = ra, rb
+        else:
+            y[..., 0:n_rot:2], y[..., 1:n_rot:2] = ra, rb
+        return y
+
+    # -- attention ---------------------------------------------------------------
+    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
+        return KVCache(n_layers, n_kv_heads, head_dim, n_ctx)
+
+    def kv_store(self, cache, layer, k, v, slots):
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        n = len(slots)
+        if n and slots[-1] - slots[0] == n - 1 and (n == 1 or np.all(np.diff(slots) == 1)):
+            sl = slice(int(slots[0]), int(slots[0]) + n)  # contiguous: a plain slice copy
+            cache.k[layer, :, sl] = k.transpose(1, 0, 2)
+            cache.v[layer, :, sl] = v.transpose(1, 0, 2)
+        else:
+            cache.k[layer][:, slots] = k.transpose(1, 0, 2)
+            cache.v[layer][:, slots] = v.transpose(1, 0, 2)
+
+    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+                  mask=None):
+        N, Hq, hd = q.shape
+        Hkv = cache.n_kv_heads
+        g = Hq // Hkv
+        K = cache.k[layer, :, :n_kv]  # [Hkv, n_kv, hd]
+        V = cache.v[layer, :, :n_kv]
+        qg = q.reshape(N, Hkv, g, hd).transpose(1, 0, 2, 3).reshape(Hkv, N * g, hd)
+        s = (qg * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, N*g, n_kv]
+        s = s.reshape(Hkv, N, g, n_kv)
+        if softcap > 0.0:
+            s = np.tanh(s / _F32(softcap)) * _F32(softcap)
+        bias = None
+        if mask is not None:
+            bias = np.asarray(mask, _F32)[:, None, :]  # [N, 1, n_kv]
+        pos = np.asarray(pos, np.int64).reshape(-1)
+        if (causal and int(pos.min()) < n_kv - 1) or (window > 0 and int(pos.max()) - window + 1 > 0):
+            j = np.arange(n_kv)
+            hi = pos if causal else np.full(N, n_kv - 1)
+            lo = pos - window + 1 if window > 0 else np.zeros(N, np.int64)
+            vis = (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+            extra = np.where(vis, _F32(0), _F32(-np.inf))[:, None, :]
+            bias = extra if bias is None else bias + extra
+        if bias is not None:
+            s = s + bias
+        m = np.max(s, axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, _F32(0))
+        p = np.exp(s - m)
+        denom = np.sum(p, axis=-1, keepdims=True)
+        p = p / np.where(denom > 0, denom, _F32(1))
+        o = p.reshape(Hkv, N * g, n_kv) @ V  # [Hkv, N*g, hd]
+        return np.ascontiguousarray(o.reshape(Hkv, N, g, hd).transpose(1, 0, 2, 3)).reshape(N, Hq, hd)
+
+    # -- selection ---------------------------------------------------------------
+    def argmax(self, logits):
+        return np.argmax(np.asarray(logits), axis=-1)

@@ -224,21 +224,22 @@ class Tokenizer:
         if self._special_cache is None:
             import numpy as np
 
-            ids = set()
+            ids: list = []
             if self._types is not None:
                 t = self._types
-                ids.update(np.flatnonzero((t == T_CONTROL) | (t == T_USER_DEFINED) |
-                                          (t == T_UNKNOWN)).tolist())
-            for i in list(ids) + list(self._attr_override):
-                if self.attr(i) & _SPECIAL_ATTRS:
-                    ids.add(i)
-                else:
-                    ids.discard(i)
+                ids = np.flatnonzero((t == T_CONTROL) | (t == T_USER_DEFINED) |
+                                     (t == T_UNKNOWN)).tolist()
+            over = self._attr_override
+            if over:
+                ids = sorted(set(ids) | set(over))
+            ids = [i for i in ids if self.attr(i) & _SPECIAL_ATTRS]
             self._apply_strip_rules(ids)
-            items = [(self.token_text(i), i, self.attr(i)) for i in ids]
-            items = [x for x in items if x[0]]
-            items.sort(key=lambda x: (-len(x[0].encode("utf-8")), x[1]))
-            self._special_cache = items
+            attr = self.attr
+            raw = self.vocab.get
+            items = [(raw(i), i) for i in ids]
+            items.sort(key=lambda x: (-len(x[0]), x[1]))
+            self._special_cache = [(b.decode("utf-8", "replace"), i, attr(i))
+                                   for b, i in items if b]
         return self._special_cache
 
     def _apply_strip_rules(self, special_ids):

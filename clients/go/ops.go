@@ -17,7 +17,7 @@ type GenerateRequest struct {
 	TopK          int      `json:"top_k,omitempty"`          // 0: off
 	TopP          float64  `json:"top_p,omitempty"`          // 0: 1.0
 	MinP          float64  `json:"min_p,omitempty"`          // 0: off
-	Seed          *uint64  `json:"seed,omitempty"`           // nil: random
+	Seed          *int64   `json:"seed,omitempty"`           // nil: random; 0 <= seed < 2^63
 	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`

@@ -1,0 +1,263 @@
+package reflex
+
+// The client against the real server (`reflex stdio`, or $REFLEX_CMD).
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	sharedOnce   sync.Once
+	sharedClient *Client
+	sharedErr    error
+)
+
+func shared(t *testing.T) *Client {
+	t.Helper()
+	sharedOnce.Do(func() { sharedClient, sharedErr = Spawn(context.Background(), reflexOptions()) })
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	return sharedClient
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sharedClient != nil {
+		sharedClient.Close()
+	}
+	os.Exit(code)
+}
+
+var long = GenerateRequest{Prompt: "Write a long story about a dragon.", MaxTokens: 256}
+
+func readyPid(c *Client) int {
+	var r struct{ Pid int }
+	c.Ready().Decode(&r)
+	return r.Pid
+}
+
+func TestVectors(t *testing.T) {
+	files := vectorFiles()
+	if len(files) == 0 {
+		t.Fatal("protocol/vectors/*.jsonl: no conformance cases found")
+	}
+	c := shared(t)
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			cases, err := loadCases(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, vc := range cases {
+				bad, err := runCase(context.Background(), c, vc)
+				if err != nil {
+					t.Fatalf("%s: %v", vc.Name, err)
+				}
+				for _, b := range bad {
+					t.Errorf("%s: %s", vc.Name, b)
+				}
+			}
+		})
+	}
+}
+
+func TestGenerateMatchesStream(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	req := GenerateRequest{Prompt: "The capital of France is", MaxTokens: 6}
+	r, err := c.Generate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Stream(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var text strings.Builder
+	var ids []int
+	for s.Next() {
+		if ev := s.Event(); ev.Event == "token" {
+			text.WriteString(ev.Text)
+			ids = append(ids, ev.TokenID)
+		}
+	}
+	if s.Err() != nil || s.Result() == nil {
+		t.Fatal(s.Err())
+	}
+	if text.String() != r.Text || len(ids) != len(r.TokenIDs) || r.FinishReason == "" {
+		t.Fatalf("stream %q %v != generate %q %v", text.String(), ids, r.Text, r.TokenIDs)
+	}
+}
+
+func TestOtherOps(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	tk, err := c.Tokenize(ctx, TokenizeRequest{Text: "Hello world"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt, err := c.Detokenize(ctx, DetokenizeRequest{IDs: tk.TokenIDs})
+	if err != nil || dt.Text != "Hello world" {
+		t.Fatalf("detokenize: %v %+v", err, dt)
+	}
+	s1, err := c.System1(ctx, System1Request{Prompt: "Is the sky blue? Answer:", Candidates: []string{" yes", " no"}})
+	if err != nil || len(s1.Candidates) != 2 {
+		t.Fatalf("system1: %v %+v", err, s1)
+	}
+	e, err := c.Embed(ctx, EmbedRequest{Input: []string{"a", "b"}, Normalize: true})
+	if err != nil || len(e.Embeddings) != 2 || len(e.Embeddings[0]) != e.Dim {
+		t.Fatalf("embed: %v", err)
+	}
+}
+
+func TestErrorsCarryTheKind(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	_, err := c.Request(ctx, "frobnicate", nil)
+	wantKind(t, err, "unknown_op", "")
+	var e *Error
+	if !errors.As(err, &e) || e.Response == nil || e.Response.OK {
+		t.Fatalf("no result in the error: %#v", err)
+	}
+	_, err = c.Request(ctx, "generate", map[string]any{"prompt": "x", "max_tokens": 0})
+	wantKind(t, err, "invalid_request", "max_tokens")
+	_, err = c.Generate(ctx, GenerateRequest{Prompt: "x", Model: "/nonexistent/model.gguf"})
+	wantKind(t, err, "model_not_found", "")
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancelMidStream(t *testing.T) {
+	c := shared(t)
+	pid := readyPid(c)
+	s, err := c.Stream(context.Background(), long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if !s.Next() || s.Event().Event != "token" {
+			t.Fatalf("want a token: %v", s.Err())
+		}
+	}
+	t0 := time.Now()
+	s.Close() // SIGINT, drained to the cancelled result
+	if time.Since(t0) > 5*time.Second {
+		t.Fatal("cancel took too long")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = c.Generate(ctx, long)
+	wantKind(t, err, "cancelled", "")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want DeadlineExceeded inside: %v", err)
+	}
+	if _, err := c.Generate(context.Background(), GenerateRequest{Prompt: "Hi", MaxTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if readyPid(c) != pid {
+		t.Fatal("the server was restarted; SIGINT should have kept it")
+	}
+}
+
+func TestChildKilledFromOutside(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	s, err := c.Stream(ctx, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Next() {
+		t.Fatal(s.Err())
+	}
+	pid := readyPid(c)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for s.Next() {
+	}
+	wantKind(t, s.Err(), "connection", "killed")
+	if err := c.Ping(ctx); err != nil || readyPid(c) == pid {
+		t.Fatalf("not restarted: %v", err)
+	}
+	pid = readyPid(c)
+	syscall.Kill(pid, syscall.SIGKILL) // while idle: replaced on the next call
+	time.Sleep(200 * time.Millisecond)
+	if err := c.Ping(ctx); err != nil || readyPid(c) == pid {
+		t.Fatalf("not restarted: %v", err)
+	}
+}
+
+func TestUDS(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "reflex.sock")
+	o := reflexOptions()
+	args := append([]string{}, o.Args...)
+	i := len(args)
+	for j := range args {
+		if args[j] == "stdio" {
+			i = j
+		}
+	}
+	tail := []string{}
+	if i < len(args) {
+		tail = args[i+1:]
+	}
+	args = append(append(args[:i:i], "uds", sock), tail...)
+	server := exec.Command(o.Command, args...)
+	server.Stderr = os.Stderr
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		server.Process.Signal(syscall.SIGTERM)
+		if err := server.Wait(); err != nil {
+			t.Errorf("reflex uds: %v", err)
+		}
+	}()
+	for t0 := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Since(t0) > 30*time.Second {
+			t.Fatal("reflex uds did not start")
+		}
+	}
+	ctx := context.Background()
+	c, err := Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if readyPid(c) != server.Process.Pid {
+		t.Fatalf("ready pid %d, server pid %d", readyPid(c), server.Process.Pid)
+	}
+	s, err := c.Stream(ctx, GenerateRequest{Prompt: "Hello", MaxTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s.Next() {
+	}
+	if s.Err() != nil || s.Result() == nil {
+		t.Fatal(s.Err())
+	}
+	s, err = c.Stream(ctx, long)
+	if err != nil || !s.Next() {
+		t.Fatal(err)
+	}
+	s.Close() // closes the connection: the server cancels, the next call reconnects
+	if _, err := c.Generate(ctx, GenerateRequest{Prompt: "Hi", MaxTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = c.Generate(tctx, long)
+	wantKind(t, err, "cancelled", "")
+	if tk, err := c.Tokenize(ctx, TokenizeRequest{Text: "Hi"}); err != nil || len(tk.TokenIDs) == 0 {
+		t.Fatal(err)
+	}
+}

@@ -44,8 +44,15 @@ def build(ops, rng):
     t_issue = time.perf_counter() - t0
     arena = next(iter(ops._arenas.values()))
     arena.wait()
+    from reflex_ipc.cuda.weights import WeightArena
+
+    other = WeightArena(ops.rt, f, mode="staging" if arena.stats.get("mode") == "register" else "register")
+    other.wait()
+    ok = ops.rt.drv.from_device(other.base, (min(arena.nbytes, 1 << 20),), np.uint8)
+    same = ops.rt.drv.from_device(arena.base, (min(arena.nbytes, 1 << 20),), np.uint8)
     return W, {"weights_bytes": arena.nbytes, "load_weight_calls_ms": round(t_issue * 1e3, 2),
-               **arena.stats}
+               "upload": arena.stats, "other_mode": other.stats,
+               "modes_agree_first_MiB": bool(np.array_equal(ok, same))}
 
 
 def make_step(ops, W, cache, ids, pos):

@@ -286,12 +286,13 @@ def check_sampling(ops, rng):
 
 
 def bench_matvec(ops, rng):
-    """GB/s of decode-shaped matvecs (N=1), each type, weights 4096x4096 (8 rotating copies
-    so that L2 does not hold them)."""
+    """GB/s of decode-shaped matvecs (N=1) by type and shape (8 rotating weight copies so
+    that L2 holds less of them)."""
     out = []
     drv = ops.rt.drv
-    M, K = 4096, 4096
-    for name in ("Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"):
+    configs = [("Q8_0", 4096, 4096), ("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q8_0", 1024, 3072),
+               ("Q4_0", 4096, 4096), ("Q4_K", 4096, 4096), ("Q6_K", 4096, 4096), ("F16", 4096, 4096)]
+    for name, M, K in configs:
         tensors = {}
         for c in range(8):
             raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)

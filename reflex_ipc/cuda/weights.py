@@ -3,21 +3,28 @@
 GGUF stores all tensor data in one contiguous section, so the arena is one cuMemAlloc
 of that section's size (resident VRAM = the weights' bytes in the file, plus at most
 256 bytes), and a tensor's device address is arena + (its file offset - section start).
-The upload runs on a background thread: it copies the mmap through two page-locked
-staging buffers (pinned copies run at ~50 GB/s on the H200 host, pageable at ~7) and
-issues the host-to-device copies on their own stream, so the upload overlaps the rest
-of the load. `wait()` makes the compute stream wait for it (before the first kernel).
+The upload runs on a background thread, so it overlaps the rest of the load; two ways
+(REFLEX_CUDA_UPLOAD=register|staging, default register with staging as the fallback):
+- register: page-lock the file mapping itself (cuMemHostRegister, read-only) and DMA from
+  it in one copy: no host-side copy at all;
+- staging: copy the mapping through two page-locked staging buffers (pinned copies run at
+  ~50 GB/s on the H200 host, pageable ones at ~7), the device copies on their own stream.
+`wait()` joins the thread; CudaOps calls it before its first kernel.
 """
 
+import ctypes
+import os
 import threading
 import time
+
+HOST_REGISTER_READ_ONLY = 0x08
 
 CHUNK = 32 << 20  # bytes per staging buffer
 N_STAGING = 2
 
 
 class WeightArena:
-    def __init__(self, rt, gguf_file):
+    def __init__(self, rt, gguf_file, mode=None):
         self.rt = rt
         self.f = gguf_file
         self.start = gguf_file.data_offset
@@ -27,6 +34,7 @@ class WeightArena:
         self.base = int(self.alloc)
         self.error = None
         self.stats = {}
+        self.mode = mode or os.environ.get("REFLEX_CUDA_UPLOAD", "register")
         self._thread = threading.Thread(target=self._upload, name="reflex-cuda-upload", daemon=True)
         self._thread.start()
         self._waited = False
@@ -38,47 +46,83 @@ class WeightArena:
     def _upload(self):
         import numpy as np
 
-        drv = self.rt.drv
         self.rt.ctx.push()
         try:
-            t0 = time.perf_counter()
             src = np.frombuffer(self.f._mm, dtype=np.uint8, count=self.nbytes if
                                 self.start + self.nbytes <= self.f.size else self.f.size - self.start,
                                 offset=self.start)
-            n = src.size
-            stream = self.rt.upload_stream
-            bufs = [drv.pagelocked_empty(min(CHUNK, n) or 1, np.uint8) for _ in range(N_STAGING)]
-            events = [None] * N_STAGING
-            t_alloc = time.perf_counter()
-            off = 0
-            i = 0
-            ev = None
-            while off < n:
-                k = i % N_STAGING
-                m = min(CHUNK, n - off)
-                if events[k] is not None:
-                    events[k].synchronize()  # this staging buffer's last copy has finished
-                np.copyto(bufs[k][:m], src[off:off + m])
-                drv.memcpy_htod_async(self.base + off, bufs[k][:m], stream)
-                ev = drv.Event()
-                ev.record(stream)
-                events[k] = ev
-                off += m
-                i += 1
-            done = drv.Event()
-            done.record(stream)
-            done.synchronize()
-            dt = time.perf_counter() - t0
-            for b in bufs:
-                b.base.free()
-            del bufs, events, ev, done  # freed here, where the context is current
-            self.stats = {"bytes": n, "upload_ms": round(dt * 1e3, 2),
-                          "pinned_alloc_ms": round((t_alloc - t0) * 1e3, 2),
-                          "GB_per_s": round(n / dt / 1e9, 2) if dt > 0 else None}
+            if self.mode == "register" and src.size:
+                try:
+                    self._upload_registered(src)
+                    return
+                except OSError as e:  # registration refused: fall back to staging
+                    self.stats["register_error"] = str(e)
+            self._upload_staging(src)
         except BaseException as e:
             self.error = e
         finally:
             self.rt.ctx.pop()
+
+    def _upload_registered(self, src):
+        lib = ctypes.CDLL("libcuda.so.1")
+        t0 = time.perf_counter()
+        mm_addr = src.ctypes.data - self.start  # the mapping starts at file offset 0 (page aligned)
+        length = self.start + src.size
+        rc = lib.cuMemHostRegister_v2(ctypes.c_void_p(mm_addr), ctypes.c_size_t(length),
+                                      ctypes.c_uint(HOST_REGISTER_READ_ONLY))
+        if rc:
+            raise OSError(f"cuMemHostRegister failed with CUDA error {rc}")
+        t1 = time.perf_counter()
+        try:
+            rc = lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(self.base), ctypes.c_void_p(src.ctypes.data),
+                                          ctypes.c_size_t(src.size),
+                                          ctypes.c_void_p(self.rt.upload_stream.handle))
+            if rc:
+                raise RuntimeError(f"cuMemcpyHtoDAsync failed with CUDA error {rc}")
+            self.rt.upload_stream.synchronize()
+        finally:
+            lib.cuMemHostUnregister(ctypes.c_void_p(mm_addr))
+        t2 = time.perf_counter()
+        self.stats = {"mode": "register", "bytes": src.size, "upload_ms": round((t2 - t0) * 1e3, 2),
+                      "register_ms": round((t1 - t0) * 1e3, 2),
+                      "copy_GB_per_s": round(src.size / (t2 - t1) / 1e9, 2) if t2 > t1 else None,
+                      "GB_per_s": round(src.size / (t2 - t0) / 1e9, 2) if t2 > t0 else None}
+
+    def _upload_staging(self, src):
+        import numpy as np
+
+        drv = self.rt.drv
+        t0 = time.perf_counter()
+        n = src.size
+        stream = self.rt.upload_stream
+        bufs = [drv.pagelocked_empty(min(CHUNK, n) or 1, np.uint8) for _ in range(N_STAGING)]
+        events = [None] * N_STAGING
+        t_alloc = time.perf_counter()
+        off = 0
+        i = 0
+        ev = None
+        while off < n:
+            k = i % N_STAGING
+            m = min(CHUNK, n - off)
+            if events[k] is not None:
+                events[k].synchronize()  # this staging buffer's last copy has finished
+            np.copyto(bufs[k][:m], src[off:off + m])
+            drv.memcpy_htod_async(self.base + off, bufs[k][:m], stream)
+            ev = drv.Event()
+            ev.record(stream)
+            events[k] = ev
+            off += m
+            i += 1
+        done = drv.Event()
+        done.record(stream)
+        done.synchronize()
+        dt = time.perf_counter() - t0
+        for b in bufs:
+            b.base.free()
+        del bufs, events, ev, done  # freed here, where the context is current
+        self.stats = {**self.stats, "mode": "staging", "bytes": n, "upload_ms": round(dt * 1e3, 2),
+                      "pinned_alloc_ms": round((t_alloc - t0) * 1e3, 2),
+                      "GB_per_s": round(n / dt / 1e9, 2) if dt > 0 else None}
 
     def wait(self):
         """Block until the upload finished; raise its error as a ReflexError('cuda_error')."""

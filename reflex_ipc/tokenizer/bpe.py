@@ -70,7 +70,12 @@ class BPETokenizer(Tokenizer):
                                 cache_file=cache_file(f, merges, "merges"))
         self._ranks: dict = {}
         self._words: dict = {}
-        default_ids = (None, None, None) if model == "gemma4" else (11, 11, None)
+        if model == "gemma4":
+            default_ids = (None, None, None)
+        elif self.pre in ("chatglm-bpe", "glm4", "glm5"):
+            default_ids = (None, 11, None)  # llama.cpp: no BOS unless the file names one
+        else:
+            default_ids = (11, 11, None)
         super().__init__(f, default_ids)
 
     def _flag_defaults(self):

@@ -57,10 +57,17 @@ class _Conn:
             pass
         self.lines.put(_EOF)
         self.dead = True  # a server that died while idle is replaced on the next call
+        rfile.close()
+        if self.sock is not None:
+            self.sock.close()
 
     def _drain_stderr(self):
-        for line in self.proc.stderr:
-            self.stderr_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+        try:
+            for line in self.proc.stderr:
+                self.stderr_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+        except (OSError, ValueError):
+            pass
+        self.proc.stderr.close()
 
     def next_event(self, deadline):
         """The next server event; None when `deadline` (monotonic) passes first."""
@@ -82,6 +89,7 @@ class _Conn:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
+        self._close_stdin()
         what = "closed its stdout" if code is None else (
             f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
         time.sleep(0.05)  # let the stderr thread catch the last lines
@@ -95,7 +103,7 @@ class _Conn:
             else:
                 self.wfile.write(data)
                 self.wfile.flush()
-        except OSError:
+        except (OSError, ValueError):
             self.dead = True
             raise ReflexConnectionError(self.death()) from None
 
@@ -121,16 +129,20 @@ class _Conn:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            self._close_stdin()
+
+    def _close_stdin(self):
+        try:
+            self.wfile.close()
+        except OSError:
+            pass
 
     def close(self, grace):
         self.dead = True
         if self.sock is not None:
             self.abandon()
             return
-        try:
-            self.wfile.close()  # stdin EOF: the server finishes and exits 0
-        except OSError:
-            pass
+        self._close_stdin()  # stdin EOF: the server finishes and exits 0
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:

@@ -18,6 +18,7 @@ REFLEX_TOKENIZER_CACHE=0 to disable it; any cache I/O error just means no cache.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 
 import numpy as np
 
@@ -65,6 +66,11 @@ class StrIndex:
             if cache_file is not None:
                 _write_atomic(cache_file, keys)
         self._skeys = keys
+        # plain memoryviews: item access and bisect on them are several times
+        # cheaper than numpy scalar indexing and searchsorted
+        self._sk = memoryview(keys)
+        self._st = _items(self.starts)
+        self._ln = _items(self.lengths)
 
     def _build(self, mm):
         starts = np.asarray(self.starts, dtype=np.int64)
@@ -98,19 +104,20 @@ class StrIndex:
             return got
         bits = self._bits
         hi = _key(b) >> bits
-        sk = self._skeys
-        i = int(sk.searchsorted(np.uint64(hi << bits)))
+        sk, st, ln = self._sk, self._st, self._ln
+        i = bisect_left(sk, hi << bits)
         best = -1
         n = len(b)
         mm = self._mm
         low = (1 << bits) - 1
-        while i < len(sk):
-            v = int(sk[i])
+        end = len(sk)
+        while i < end:
+            v = sk[i]
             if v >> bits != hi:
                 break
             j = v & low
-            s = int(self.starts[j])
-            if int(self.lengths[j]) == n and mm[s:s + n] == b:
+            s = st[j]
+            if ln[j] == n and mm[s:s + n] == b:
                 if best < 0 or (j < best if self._first else j > best):
                     best = j
             i += 1
@@ -120,8 +127,15 @@ class StrIndex:
         return best
 
     def get(self, i: int) -> bytes:
-        s = int(self.starts[i])
-        return self._mm[s:s + int(self.lengths[i])]
+        s = self._st[i]
+        return self._mm[s:s + self._ln[i]]
+
+
+def _items(a):
+    """Fast integer item access: a list as is, a numpy array as a memoryview."""
+    if isinstance(a, list):
+        return a
+    return memoryview(np.ascontiguousarray(a, dtype=np.int64))
 
 
 def cache_file(f, arr, what: str) -> str | None:

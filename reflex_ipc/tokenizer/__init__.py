@@ -95,7 +95,10 @@ class Tokenizer:
         self.vocab = StrIndex(f._mm, tokens, first=False,
                               cache_file=cache_file(f, tokens, "tokens"))
         types = meta.get("tokenizer.ggml.token_type")
-        self._types = types.numpy() if types is not None and types.count >= n else None
+        if types is not None and (getattr(types, "count", 0) < n or types.elem_type != 5):
+            raise ReflexError("gguf_error", "tokenizer.ggml.token_type must be an int32 array "
+                              "as long as the vocabulary")
+        self._types = types.numpy() if types is not None else None
         self._attr_override: dict = {}
         self._text_memo: dict = {}
         self._piece_memo: dict = {}

@@ -219,6 +219,9 @@ def _tiny_json(v) -> str:
     raise TypeError(type(v).__name__)
 
 
+_BACKEND_DEVICE = {"numpy": "cpu", "cpu": "cpu"}
+
+
 def _ms(t0: float, t1: float) -> float:
     return round((t1 - t0) * 1e3, 3)
 
@@ -297,8 +300,15 @@ class Server:
                 self._loader = lambda p, d: load_runner(p, device=d)
             runner = self._loader(key[0], key[1])
             timings["load"] = _ms(t0, time.perf_counter())
+            info = dict(runner.info())
             self.runners[key] = runner
-            self.infos[key] = dict(runner.info())
+            self.infos[key] = info
+            # "auto" (or "cuda") resolved to a concrete device: cache it under
+            # that name too, so naming it later finds this runner.
+            real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
+            if real and real != key[1]:
+                self.runners.setdefault((key[0], real), runner)
+                self.infos.setdefault((key[0], real), info)
         if self.active is None:
             self.active = key
         return key, runner
@@ -466,8 +476,17 @@ class Server:
                 "backend": info.get("backend"), "model": info.get("model"),
                 "ops": list(P.OPS), "error_kinds": list(P.ERROR_KINDS),
                 "limits": {"max_line_bytes": self.max_line_bytes, "max_tokens": P.MAX_TOKENS},
-                "models": [{"model": i.get("model"), "path": k[0], "device": k[1],
-                            "backend": i.get("backend")} for k, i in self.infos.items()]}
+                "models": self._models()}
+
+    def _models(self) -> list:
+        out, seen = [], set()
+        for key, runner in self.runners.items():
+            if id(runner) not in seen:
+                seen.add(id(runner))
+                info = self.infos[key]
+                out.append({"model": info.get("model"), "path": key[0], "device": key[1],
+                            "backend": info.get("backend")})
+        return out
 
 
 # ---------------------------------------------------------------- entry points

@@ -22,6 +22,29 @@ COMMANDS = {
 }
 
 
+# commands that load a model: CUDA init starts on a thread before anything else (cuda/__init__.py)
+_MODEL_COMMANDS = ("stdio", "uds", "generate", "system1", "embed")
+
+
+def _start_cuda_init(args):
+    """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
+    unless --device cpu."""
+    dev = "auto"
+    for i, a in enumerate(args):
+        if a == "--device" and i + 1 < len(args):
+            dev = args[i + 1]
+        elif a.startswith("--device="):
+            dev = a.split("=", 1)[1]
+    if dev == "cpu":
+        return
+    from .cuda import device_index, start_init
+
+    try:
+        start_init(device_index(dev))
+    except ValueError:
+        pass  # a bad --device value: argparse reports it
+
+
 def _usage(out):
     out.write("usage: reflex COMMAND [options]\n\ncommands:\n")
     for name, (_, text) in COMMANDS.items():
@@ -46,6 +69,8 @@ def main(argv=None) -> int:
         sys.stderr.write(f"reflex: unknown command {name!r}\n")
         _usage(sys.stderr)
         return 2
+    if name in _MODEL_COMMANDS:
+        _start_cuda_init(argv[1:])
     import argparse
     import importlib
 

@@ -23,8 +23,6 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, const flo
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    // unrolled so that several chunks' loads are in flight before the first is used
-#pragma unroll 4
     for (int ch = lane; ch < nchunks; ch += 32) {
         float w[8];
         deq8<T>(wr + (ch / CPB) * QT<T>::BYTES, ch % CPB, w);

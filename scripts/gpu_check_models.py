@@ -68,34 +68,18 @@ def near_tie(logits):
 
 
 def graph_greedy(ops, sess, prompt, n):
-    """Prefill eagerly, then decode with one captured graph per token (device-resident ids
-    and positions, argmax in the graph)."""
-    from reflex_ipc.models.common import Batch
-
+    """Prefill eagerly, then decode through ops.graph_decoder (one graph launch a token)."""
     lg = sess.logits(prompt, 0)
-    ids = ops.asarray(np.array([int(np.argmax(lg))], np.int32))
-    pos = ops.asarray(np.array([len(prompt)], np.int32))
-    b = Batch.__new__(Batch)
-    b.ids, b.n, b.pos, b.slots, b.n_kv = ids, 1, pos, pos, sess.cache.n_ctx
-    b.pos_np = b.slots_np = None
-    b.allowed, b.key_pos, b._ops, b._masks = None, None, ops, {}
-
-    def step():
-        out = sess.model.forward(sess.cache, b)
-        ops.argmax_device(out, out=ids)
-        ops.advance(pos)
-
+    dec = ops.graph_decoder(sess.model, sess.cache)
     toks = [int(np.argmax(lg))]
-    graph, _ = ops.capture(step)
-    host = np.empty(1, np.int32)
+    pos = len(prompt)
     t0 = time.perf_counter()
     for _ in range(n - 1):
-        graph.launch()
-        ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
-        ops.rt.stream.synchronize()
-        toks.append(int(host[0]))
+        dec(toks[-1], pos)
+        toks.append(dec.argmax())
+        pos += 1
     dt = time.perf_counter() - t0
-    graph.close()
+    dec.close()
     return toks, (n - 1) / dt if dt > 0 else None
 
 

@@ -312,6 +312,20 @@ class CudaOps:
                                   float(softcap), 1 if causal else 0, int(window))
         return out
 
+    def graph_decoder(self, model, cache):
+        """A one-token decode step replayed from a captured CUDA graph (not part of base.py's
+        contract: an engine uses it when the backend has it).
+
+            dec = ops.graph_decoder(model, cache)
+            logits = dec(token_id, pos)     # float32 device array [1, n_vocab]
+            next_id = dec.argmax()          # greedy: the argmax is already in the graph
+
+        The first call captures model.forward for a single ordinary (causal, slot == pos)
+        token; later calls copy the token id and position to the device and replay all the
+        step's kernels with one launch. The returned logits buffer is reused by every call.
+        """
+        return GraphDecoder(self, model, cache)
+
     # -- sampling ----------------------------------------------------------------
     def argmax(self, logits):
         """Index of the largest value of each row, as a numpy int array (waits for the device)."""
@@ -361,3 +375,56 @@ class CudaOps:
         self.k("sample_topk")((1, 1, 1), (32, 1, 1), v.ptr, i.ptr, v.size, float(temperature),
                               float(top_p), float(min_p), float(u), out.ptr)
         return int(self.to_numpy(out)[0])
+
+
+class GraphDecoder:
+    """See CudaOps.graph_decoder."""
+
+    def __init__(self, ops, model, cache):
+        self.ops, self.model, self.cache = ops, model, cache
+        self.ids = ops.empty((1,), "int32")
+        self.pos = ops.empty((1,), "int32")
+        self.next_id = ops.empty((1,), "int32")
+        self._host = np.empty(2, np.int32)
+        self._out = np.empty(1, np.int32)
+        self.graph = None
+        self.logits = None
+
+    def _batch(self):
+        from ..models.common import Batch
+
+        b = Batch.__new__(Batch)  # a causal one-token batch whose ids and position live on the device
+        b.ids, b.n, b.pos, b.slots, b.n_kv = self.ids, 1, self.pos, self.pos, self.cache.n_ctx
+        b.pos_np = b.slots_np = None
+        b.allowed = b.key_pos = None
+        b._ops, b._masks = self.ops, {}
+        return b
+
+    def __call__(self, token, pos):
+        ops = self.ops
+        drv, stream = ops.rt.drv, ops.rt.stream
+        self._host[0], self._host[1] = token, pos
+        drv.memcpy_htod_async(self.ids.ptr, self._host[:1], stream)
+        drv.memcpy_htod_async(self.pos.ptr, self._host[1:], stream)
+        if self.graph is None:
+            batch = self._batch()
+
+            def step():
+                out = self.model.forward(self.cache, batch)
+                ops.argmax_device(out, out=self.next_id)
+                return out
+
+            self.graph, self.logits = ops.capture(step)
+        self.graph.launch()
+        return self.logits
+
+    def argmax(self):
+        """The argmax of the last call's logits (computed inside the graph), as an int."""
+        self.ops.rt.drv.memcpy_dtoh_async(self._out, self.next_id.ptr, self.ops.rt.stream)
+        self.ops.rt.stream.synchronize()
+        return int(self._out[0])
+
+    def close(self):
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var long = GenerateRequest{Prompt: "Write a long story about a dragon.", MaxTokens: 256}
+var long = GenerateRequest{Prompt: "Once upon a time, in a land far away,", MaxTokens: 256}
 
 func readyPid(c *Client) int {
 	var r struct{ Pid int }

@@ -9,7 +9,7 @@ import { Reflex, ReflexError } from '../index.js';
 import { reflexCommand } from './helpers.js';
 import { vectorFiles, loadCases, runCase } from './vectors.js';
 
-const LONG = { prompt: 'Write a long story about a dragon.', max_tokens: 256, temperature: 0 };
+const LONG = { prompt: 'Once upon a time, in a land far away,', max_tokens: 256, temperature: 0 };
 let c;
 before(async () => { c = await Reflex.spawn(reflexCommand()); });
 after(async () => { await c?.close(); });

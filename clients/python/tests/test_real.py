@@ -13,7 +13,7 @@ from vectors import load_cases, run_case, vector_files
 
 from reflex_client import AsyncClient, Client, ReflexConnectionError, ReflexError, ReflexTimeout
 
-LONG = dict(prompt="Write a long story about a dragon.", max_tokens=256, temperature=0.0)
+LONG = dict(prompt="Once upon a time, in a land far away,", max_tokens=256, temperature=0.0)
 
 
 @pytest.fixture(scope="module")

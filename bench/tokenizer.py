@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     results = {}
+    load_before = os.getloadavg()
     for name, path in vocabularies().items():
         results[name] = run_one(path, args.runs)
         r = results[name]
@@ -123,7 +124,10 @@ def main(argv=None) -> int:
         "commit": commit,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count()},
+                    "cpus": os.cpu_count(),
+                    # a shared machine: 1-minute load averages around the run
+                    "loadavg_before": round(load_before[0], 2),
+                    "loadavg_after": round(os.getloadavg()[0], 2)},
         "runs": args.runs,
         "budget": {"qwen2_construct_ms": 50},
         "results": results,

@@ -4,16 +4,24 @@
 Tokenizer for the two families llama.cpp calls BPE and SPM:
 
 - `gpt2`: byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names
-  (pretok.py), and `gemma4`: BPE over raw UTF-8 with spaces escaped as U+2581.
-- `llama`: SentencePiece-style BPE by token score with byte fallback.
+  (pretok.py), and `gemma4`: BPE over raw UTF-8 with spaces escaped as U+2581
+  (bpe.py).
+- `llama`: SentencePiece-style BPE by token score with byte fallback (spm.py).
 
 Construction touches as little as it can: strings stay in the file mapping and
-are looked up through StrIndex (vocab.py); a token's text is decoded only when
-it is used.
+are looked up through StrIndex (vocab.py, with a small disk cache); a token's
+text is decoded only when it is used.
 
-API: encode(text, add_bos=None, parse_special=True), decode(ids, special=False),
-token_bytes(id), token_piece(id, special=False), stream_decoder(), n_vocab,
-bos_id, eos_id, eog_ids, is_control(id).
+API
+  encode(text, add_bos=None, parse_special=True) -> ids
+      add_bos None: BOS (and EOS) as the GGUF's add flags say; True/False: force.
+      parse_special: control/unknown token text becomes those tokens (longest
+      first, with llama.cpp's lstrip/rstrip rules); user-defined tokens always do.
+  decode(ids, special=False) -> str      llama_detokenize (remove_special=False)
+  token_piece(id, special=False) -> bytes   llama_token_to_piece
+  token_bytes(id) -> bytes               the piece with special tokens rendered
+  stream_decoder(special=False)          .feed(id) -> str, .flush() -> str
+  n_vocab, bos_id, eos_id, eot_id, eog_ids, is_control(id), find_text(text), token_text(id)
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
-Device = Annotated[str, Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]
+Device = Annotated[str, Meta(pattern=r"^(auto|cpu|cuda)$")]
 
 
 class _Request(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -13,11 +13,8 @@ is blocked waiting for input (`busy` false), SIGTERM ends it at once.
 import os
 import select
 import signal
-import socket
-import stat
 import sys
 import time
-import traceback
 
 from . import __version__, phases
 from .errors import ReflexError, error_kind
@@ -148,7 +145,7 @@ class FdConn:
 class SockConn:
     """One accepted uds connection."""
 
-    def __init__(self, sock: socket.socket, limit: int):
+    def __init__(self, sock, limit: int):
         self.sock = sock
         self.reader = LineReader(self._read, limit)
         self.gone = False
@@ -219,7 +216,7 @@ def _tiny_json(v) -> str:
     raise TypeError(type(v).__name__)
 
 
-_BACKEND_DEVICE = {"numpy": "cpu", "cpu": "cpu"}
+_BACKEND_DEVICE = {"numpy": "cpu", "cpu": "cpu", "cuda": "cuda"}
 
 
 def _ms(t0: float, t1: float) -> float:
@@ -380,6 +377,8 @@ class Server:
             except Exception as e:  # noqa: BLE001  (every failure becomes a result)
                 kind = error_kind(e)
                 if kind == "internal":
+                    import traceback
+
                     traceback.print_exc(file=sys.stderr)
                 msg = getattr(e, "message", None) or str(e) or type(e).__name__
                 resp = P.error_result(rid, op, kind, msg, timings)
@@ -440,7 +439,8 @@ class Server:
             return self._merge(out, model, timings)
         if op == "embed":
             texts = [p.input] if isinstance(p.input, str) else list(p.input)
-            out = runner.embed(texts, pooling=p.pooling, normalize=p.normalize)
+            out = runner.embed(texts, pooling=p.pooling, normalize=p.normalize,
+                               should_cancel=should_cancel)
             out = dict(out)
             out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
                                  for e in out["embeddings"]]
@@ -463,8 +463,8 @@ class Server:
     def _merge(out, model, timings) -> dict:
         fields = dict(out)
         engine_t = fields.pop("timings", None) or {}
-        for k, v in engine_t.items():
-            if k != "total":
+        for k, v in engine_t.items():  # numbers only (ms, or rates such as tokens/s)
+            if k != "total" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 timings[k] = v
         fields.update(model)
         return fields
@@ -512,7 +512,10 @@ class StartupError(Exception):
     """uds: the socket path cannot be used; message for stderr, exit 1."""
 
 
-def bind_uds(path: str, mode: int) -> socket.socket:
+def bind_uds(path: str, mode: int):
+    import socket
+    import stat
+
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -88,7 +88,7 @@ class FakeRunner:
         return {"candidates": c, "best_idx": 0, "entropy": 0.5, "prompt_tokens": len(prompt),
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
-    def embed(self, texts, *, pooling="mean", normalize=False):
+    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
         import numpy as np
 
         e = np.ones((len(texts), 4), dtype=np.float32)

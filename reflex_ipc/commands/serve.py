@@ -33,8 +33,8 @@ def _device(text):
     import argparse
     import re
 
-    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", text):
-        raise argparse.ArgumentTypeError(f"device must be auto, cpu, cuda or cuda:N, not {text!r}")
+    if not re.fullmatch(r"auto|cpu|cuda", text):
+        raise argparse.ArgumentTypeError(f"device must be auto, cpu or cuda, not {text!r}")
     return text
 
 
@@ -45,7 +45,7 @@ def add_arguments(p, name):
                        help="permissions of the socket file, octal (default 600)")
     p.add_argument("--model", help="load this GGUF path or alias before the ready line")
     p.add_argument("--device", type=_device, default="auto",
-                   help="auto, cpu, cuda or cuda:N (default auto)")
+                   help="auto, cpu or cuda (default auto: CUDA when usable)")
     p.add_argument("--max-line-bytes", type=_size, default=16 * 1024 * 1024,
                    help="longest request line, in bytes (default 16 MiB)")
 

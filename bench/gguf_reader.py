@@ -92,23 +92,34 @@ def time_process(cmd, runs, env=None) -> dict:
 
 
 def time_in_process(path, runs) -> dict:
+    """GGUFFile open (and open + decoding the vocabulary) with each bulk string walk."""
     import numpy  # noqa: F401  (imported first so that it is not counted in the open)
 
-    from reflex_ipc.gguffile import ArrayValue, GGUFFile
+    from reflex_ipc import gguffile
 
-    opens, vocab = [], []
-    for _ in range(runs + 1):  # the first run warms the page cache and is dropped
-        t = time.perf_counter()
-        with GGUFFile(path) as f:
-            t1 = time.perf_counter()
-            tokens = f.metadata.get("tokenizer.ggml.tokens")
-            if isinstance(tokens, ArrayValue):
-                tokens.strings()
-            t2 = time.perf_counter()
-        opens.append(t1 - t)
-        vocab.append(t2 - t)
-    return {"open_median_ms": round(statistics.median(opens[1:]) * 1e3, 3),
-            "open_and_vocab_strings_median_ms": round(statistics.median(vocab[1:]) * 1e3, 3)}
+    out = {}
+    saved = gguffile._bulk_walk
+    try:
+        for label, walk in (("numpy_walk", gguffile._walk_strings_numpy),
+                            ("split_walk", gguffile._walk_strings_split)):
+            gguffile._bulk_walk = lambda walk=walk: walk
+            opens, vocab = [], []
+            for _ in range(runs + 1):  # the first run warms the page cache and is dropped
+                t = time.perf_counter()
+                with gguffile.GGUFFile(path) as f:
+                    t1 = time.perf_counter()
+                    tokens = f.metadata.get("tokenizer.ggml.tokens")
+                    if isinstance(tokens, gguffile.ArrayValue):
+                        tokens.strings()
+                    t2 = time.perf_counter()
+                opens.append(t1 - t)
+                vocab.append(t2 - t)
+            out[f"open_{label}_median_ms"] = round(statistics.median(opens[1:]) * 1e3, 3)
+            out[f"open_and_vocab_strings_{label}_median_ms"] = round(
+                statistics.median(vocab[1:]) * 1e3, 3)
+    finally:
+        gguffile._bulk_walk = saved
+    return out
 
 
 def machine() -> dict:
@@ -128,7 +139,8 @@ def machine() -> dict:
     import gguf
     import numpy
 
-    return {"cpu": cpu, "cores": cores, "python": platform.python_version(),
+    return {"cpu": cpu, "cores": cores, "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+            "python": platform.python_version(),
             "platform": platform.platform(), "numpy": numpy.__version__,
             "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}
 
@@ -199,7 +211,9 @@ def main(argv=None) -> int:
         print(f"{r['file']}: reflex inspect {r['reflex_inspect_process']['median_s'] * 1e3:.0f} ms, "
               f"GGUFReader {r['gguf_reader_process']['median_s'] * 1e3:.0f} ms, ratio "
               f"{r['ratio'] * 100:.2f}% (target <= {TARGET_RATIO * 100:.0f}%), GGUFFile open "
-              f"{r['in_process']['open_median_ms']:.1f} ms", flush=True)
+              f"{r['in_process']['open_numpy_walk_median_ms']:.1f} ms (numpy walk), "
+              f"{r['in_process']['open_split_walk_median_ms']:.1f} ms (split walk)", flush=True)
+    result["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, f"gguf_reader-{result['date'][:10]}.json")
     with open(out, "w") as fh:

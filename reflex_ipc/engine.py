@@ -59,6 +59,8 @@ def load_runner(model=None, device="auto", n_ctx=None):
         from . import cuda
 
         cuda.start_init()  # overlaps CUDA start-up with the GGUF parse and the tokenizer
+    import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
+
     from .gguffile import GGUFFile
     from .modelpath import resolve_model
 

@@ -15,6 +15,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
+
     from ..gguffile import GGUFFile
     from ..modelpath import resolve_model
     from ..tokenizer import load_tokenizer

@@ -30,11 +30,30 @@ class KVCache:
     def __init__(self, n_layers, n_kv_heads, head_dim, n_ctx):
         self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
         shape = (n_layers, n_kv_heads, n_ctx, head_dim)
-        try:  # np.zeros maps pages lazily: an unused context costs no memory
+        # np.zeros maps pages lazily, so an unused context costs nothing; but numpy asks for
+        # transparent huge pages on big arrays, and then the first token stored in each
+        # (layer, head) row zeroes 2 MiB: seconds on a first prompt on some machines.
+        # Small pages make that first touch proportional to what is stored.
+        hugepage = _set_hugepage(False)
+        try:
             self.k = np.zeros(shape, _F32)
             self.v = np.zeros(shape, _F32)
         except MemoryError:
             raise ReflexError("out_of_memory", f"KV cache of 2 x {shape} float32 does not fit") from None
+        finally:
+            _set_hugepage(hugepage)
+
+
+def _set_hugepage(enabled):
+    """numpy's madvise(MADV_HUGEPAGE) switch for new arrays; returns the previous setting."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            return enabled
+    return _set_madvise_hugepage(enabled)
 
 
 class NumpyOps:

@@ -1,0 +1,40 @@
+"""reflex system1: score candidate continuations of a prompt in one forward pass."""
+
+import sys
+
+
+def add_arguments(p):
+    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
+    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
+    p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
+    p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("prompt")
+
+
+def run(args):
+    from .. import phases
+    from ..engine import load_runner
+
+    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx)
+    phases.mark("runner_loaded")
+    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature)
+    phases.mark("done")
+    out["timings"]["load"] = runner.load_ms
+    out["timings"]["phases"] = phases.snapshot()
+    out["backend"] = runner.ops.name
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
+        return 0
+    for i, c in enumerate(out["candidates"]):
+        mark = "*" if i == out["best_idx"] else " "
+        sys.stdout.write(f"{mark} {c['probability']:.4f}  logprob {c['logprob']:9.4f}  "
+                         f"({len(c['token_ids'])} tokens)  {c['text']!r}\n")
+    t = out["timings"]
+    sys.stderr.write(f"[entropy {out['entropy']:.4f} bits; load {t['load']:.0f} ms, prompt "
+                     f"{t['prompt_eval']:.0f} ms, candidates {t['candidates_eval']:.0f} ms, "
+                     f"backend {runner.ops.name}]\n")
+    return 0

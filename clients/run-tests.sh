@@ -10,7 +10,7 @@ run() {
   echo "== clients/$name: $*"
   if "$@"; then echo "== clients/$name: ok"; else echo "== clients/$name: FAILED"; status=1; fi
 }
-run node bash -c 'cd node && node --test test/*.test.js'
+run node bash -c 'cd node && node --test --test-concurrency=1 test/*.test.js'
 run go bash -c 'cd go && go test -count=1 ./...'
 run python bash -c "cd python && $PY -m pytest -q -p no:cacheprovider tests"
 exit $status

@@ -19,7 +19,7 @@ test('README example', async () => {
   fs.writeFileSync(file, code);
   try {
     const stdout = await new Promise((resolve, reject) => {
-      execFile(process.execPath, [file], { timeout: 60000 }, (err, out, errOut) => (err ? reject(new Error(`${err.message}\n${errOut}`)) : resolve(out)));
+      execFile(process.execPath, [file], { timeout: 120000 }, (err, out, errOut) => (err ? reject(new Error(`${err.message}\n${errOut}`)) : resolve(out)));
     });
     const lines = stdout.trim().split('\n');
     assert.ok(lines.length >= 3 && ['yes', 'no'].includes(lines.at(-1).trim()), stdout);

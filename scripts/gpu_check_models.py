@@ -165,8 +165,8 @@ def stdio_e2e(path):
             parsed.append(json.loads(ln))
         except ValueError:
             parsed.append({"unparsed": ln[:200]})
-    final = [m for m in parsed if m.get("id") == 1 and ("result" in m or "error" in m or m.get("done"))]
-    ok = p.returncode == 0 and bool(final) and "error" not in final[-1]
+    final = [m for m in parsed if m.get("event") == "result" and m.get("id") == 1]
+    ok = p.returncode == 0 and bool(final) and final[-1].get("ok") is True
     return {"ok": ok, "rc": p.returncode, "wall_s": round(wall, 3), "lines": parsed[-4:],
             "stderr": p.stderr[-1500:]}
 

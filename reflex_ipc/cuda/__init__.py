@@ -80,12 +80,26 @@ def _init_worker(device_index):
         reason = kernels_missing_reason()
         if reason:
             raise RuntimeError(reason)
-        _driver_init(device_index)
-        t["cuinit_context_ms"] = (time.perf_counter() - t0) * 1e3
+        # cuInit + context (ctypes, GIL released) on one thread while this one imports
+        # pycuda (numpy + the boost.python extension, GIL-bound): the two overlap
+        drv_err = []
+
+        def driver():
+            try:
+                _driver_init(device_index)
+            except BaseException as e:
+                drv_err.append(e)
+            t["cuinit_context_ms"] = (time.perf_counter() - t0) * 1e3
+
+        th = threading.Thread(target=driver, name="reflex-cuinit", daemon=True)
+        th.start()
         t1 = time.perf_counter()
-        import pycuda.driver as drv  # numpy + the boost.python extension
+        import pycuda.driver as drv
 
         t["import_pycuda_ms"] = (time.perf_counter() - t1) * 1e3
+        th.join()
+        if drv_err:
+            raise drv_err[0]
         t1 = time.perf_counter()
         drv.init()
         dev = drv.Device(device_index)
@@ -140,7 +154,21 @@ def runtime():
     if not getattr(_pushed, "done", False):
         rt.ctx.push()
         _pushed.done = True
+        if threading.current_thread() is threading.main_thread():
+            import atexit
+
+            # pycuda aborts the process at exit if a context is still pushed (a process that
+            # ends normally rather than through os._exit): pop ours first
+            atexit.register(_pop_at_exit, rt.ctx)
     return rt
+
+
+def _pop_at_exit(ctx):
+    try:
+        ctx.synchronize()
+        ctx.pop()
+    except Exception:
+        pass
 
 
 def available() -> bool:

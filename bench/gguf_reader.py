@@ -4,12 +4,15 @@ Measures, as whole fresh processes (external wall clock, median of --runs):
   * `reflex inspect --model FILE --json`
   * a Python process that does gguf.GGUFReader(FILE) and reads the vocabulary
   * `python -c pass` (the interpreter's own start, for scale)
-and in-process: GGUFFile(FILE) open time, and open + reading the vocabulary.
+and in-process: GGUFFile(FILE) open time, and open + reading the vocabulary,
+with each of the two bulk string walks (numpy's, used when numpy is loaded, and
+the bytes.split one that `reflex inspect` uses).
 
 The default file is llama.cpp's ggml-vocab-qwen2.gguf (a real Qwen2 vocabulary:
 151,936 tokens, 151,387 merges), taken from the llama-cpp-python 0.3.36 sdist,
-downloaded once with pip into ~/.cache/reflex-ipc/. The SmolLM2 model (real
-tensors) is measured too. Target: reflex inspect <= 5% of GGUFReader's process.
+downloaded once with pip into ~/.cache/reflex-ipc/ by tests/sdist.py. The
+SmolLM2 model (real tensors) is measured too. Target: reflex inspect <= 5% of
+GGUFReader's process.
 
     python bench/gguf_reader.py [--file PATH ...] [--runs N] [--out DIR]
 """
@@ -24,14 +27,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "reflex-ipc")
-SDIST = "llama_cpp_python-0.3.36"
-VOCAB_MEMBER = f"{SDIST}/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
 TARGET_RATIO = 0.05
 
 READER_SCRIPT = """
@@ -44,23 +43,11 @@ assert len(vocab) > 0
 
 
 def qwen2_vocab_gguf() -> str:
-    """ggml-vocab-qwen2.gguf, extracted once from the pip-downloaded sdist into the cache."""
-    dest = os.path.join(CACHE, os.path.basename(VOCAB_MEMBER))
-    if os.path.exists(dest):
-        return dest
-    os.makedirs(CACHE, exist_ok=True)
-    tarball = os.path.join(CACHE, SDIST + ".tar.gz")
-    if not os.path.exists(tarball):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--disable-pip-version-check", "-q", "-d", CACHE,
-                        "llama-cpp-python==0.3.36"], check=True)
-    with tarfile.open(tarball) as tf:
-        src = tf.extractfile(VOCAB_MEMBER)
-        tmp = dest + ".part"
-        with open(tmp, "wb") as out:
-            out.write(src.read())
-    os.replace(tmp, dest)
-    return dest
+    """ggml-vocab-qwen2.gguf from the llama-cpp-python sdist, fetched and cached by tests/sdist.py."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from sdist import vocab_models_dir
+
+    return os.path.join(vocab_models_dir(), "ggml-vocab-qwen2.gguf")
 
 
 def reflex_command() -> list[str]:

@@ -156,3 +156,24 @@ func TestCloseKillsStubbornChild(t *testing.T) {
 		t.Fatal("close did not kill the child")
 	}
 }
+
+func TestContextCoversTheWaitInTheQueue(t *testing.T) {
+	c, err := Spawn(context.Background(), fakeServer("", "0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first := make(chan *Event, 1)
+	go func() {
+		ev, _ := c.Request(context.Background(), "generate", map[string]any{"prompt": "abcdefgh"})
+		first <- ev
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = c.Request(ctx, "generate", map[string]any{"prompt": "x"})
+	wantKind(t, err, "cancelled", "while waiting")
+	if ev := <-first; ev == nil || ev.Text != "abcdefgh" {
+		t.Fatalf("the first request: %+v", ev)
+	}
+}

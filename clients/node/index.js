@@ -230,7 +230,7 @@ export class Reflex {
     if (conn) await conn.close(this._closeTimeout);
   }
 
-  _acquire(signal) {
+  _acquire(signal, why) {
     if (!this._busy) {
       this._busy = true;
       return Promise.resolve();
@@ -238,11 +238,11 @@ export class Reflex {
     return new Promise((resolve, reject) => {
       const entry = { resolve, reject };
       this._queue.push(entry);
-      signal?.addEventListener('abort', () => {
+      signal.addEventListener('abort', () => {
         const i = this._queue.indexOf(entry);
         if (i >= 0) {
           this._queue.splice(i, 1);
-          reject(new ReflexError('cancelled', 'aborted while waiting for the connection', null, { cause: signal.reason }));
+          reject(new ReflexError('cancelled', `${why()} while waiting for the connection`, null, { cause: signal.reason }));
         }
       }, { once: true });
     });
@@ -263,11 +263,27 @@ export class Reflex {
   // request's events, the result last (an error result throws).
   async *_exchange(lineFor, what, signal, timeout) {
     if (signal?.aborted) throw new ReflexError('cancelled', `${what} aborted before it was sent`, null, { cause: signal.reason });
-    await this._acquire(signal);
+    // One signal for the caller's and the timeout's cancellation, from the call on (queueing included).
+    const local = new AbortController();
+    let why = 'aborted';
+    const onAbort = () => local.abort(signal.reason);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const timer = timeout ? setTimeout(() => { why = `timed out after ${timeout} ms`; local.abort(); }, timeout) : null;
+    try {
+      yield* this._exchangeLocked(lineFor, what, local.signal, () => `${what} ${why}`, signal);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      clearTimeout(timer);
+    }
+  }
+
+  async *_exchangeLocked(lineFor, what, cancelSignal, why, signal) {
+    await this._acquire(cancelSignal, why);
     try {
       if (this._closed) throw connectionError('the client is closed');
       if (!this._conn || this._conn.dead) this._conn = await this._open();
       const conn = this._conn;
+      if (cancelSignal.aborted) throw new ReflexError('cancelled', `${why()} before it was sent`, null, { cause: signal?.reason });
       const [line, rid] = lineFor(++this._nextId);
       conn.send(line);
 
@@ -284,9 +300,9 @@ export class Reflex {
         // A server that does not answer the cancellation in time is killed (and restarted next call).
         killTimer = setTimeout(() => conn.abandon(), this._cancelTimeout);
       };
-      const onAbort = () => cancel('aborted');
-      signal?.addEventListener('abort', onAbort, { once: true });
-      const timer = timeout ? setTimeout(() => cancel(`timed out after ${timeout} ms`), timeout) : null;
+      const onCancel = () => cancel(why());
+      if (cancelSignal.aborted) onCancel();
+      else cancelSignal.addEventListener('abort', onCancel, { once: true });
       let done = false;
       try {
         while (true) {
@@ -295,12 +311,12 @@ export class Reflex {
             ev = await conn.next();
           } catch (e) {
             done = true;
-            if (cancelled) throw new ReflexError('cancelled', `${what} ${cancelled}`, null, { cause: signal?.reason });
+            if (cancelled) throw new ReflexError('cancelled', cancelled, null, { cause: signal?.reason });
             throw e;
           }
           if (endsRequest(ev, rid)) {
             done = true;
-            if (cancelled) throw new ReflexError('cancelled', `${what} ${cancelled}`, ev, { cause: signal?.reason });
+            if (cancelled) throw new ReflexError('cancelled', cancelled, ev, { cause: signal?.reason });
             if (!ev.ok) throw new ReflexError(ev.error?.kind ?? 'internal', ev.error?.message ?? '', ev);
             yield ev;
             return;
@@ -308,11 +324,10 @@ export class Reflex {
           if (ev.id === rid && !cancelled) yield ev;
         }
       } finally {
-        signal?.removeEventListener('abort', onAbort);
-        clearTimeout(timer);
+        cancelSignal.removeEventListener('abort', onCancel);
         if (!done) {
           // The consumer stopped iterating early: cancel, then drain to the result.
-          cancel('stopped by the consumer');
+          cancel(`${what} stopped by the consumer`);
           try {
             while (!endsRequest(await conn.next(), rid));
           } catch { /* the server is gone: the next call restarts it */ }

@@ -69,6 +69,21 @@ test('concurrent callers are served in FIFO order', async () => {
   } finally { await c.close(); }
 });
 
+test('a timeout or an abort also covers the wait in the queue', async () => {
+  const c = await fake('', '0.1');
+  try {
+    const first = c.generate({ prompt: 'abcdefgh' });
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 100);
+    await Promise.all([
+      rejectsKind(c.generate({ prompt: 'x' }, { timeout: 100 }), 'cancelled', /timed out.*while waiting/),
+      rejectsKind(c.generate({ prompt: 'x' }, { signal: ac.signal }), 'cancelled', /aborted while waiting/),
+    ]);
+    assert.equal((await first).text, 'abcdefgh');
+    assert.equal((await c.generate({ prompt: 'ok' })).text, 'ok');
+  } finally { await c.close(); }
+});
+
 test('a closed client refuses', async () => {
   const c = await fake();
   await c.close();

@@ -199,15 +199,19 @@ class AsyncClient:
         return self._exchange(lambda rid: (encode_request(rid, op, params), rid), op, timeout)
 
     async def _exchange(self, line_for, what, timeout):
-        async with self._lock:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise ReflexTimeout(f"{what} timed out after {timeout} s while waiting for the connection") from None
+        try:
             if self._closed:
                 raise ReflexError("connection", "the client is closed")
             if self._conn is None or self._conn.dead:
                 self._conn = await self._opener()
             conn = self._conn
             line, rid = line_for(self._ids.next())
-            loop = asyncio.get_running_loop()
-            deadline = None if timeout is None else loop.time() + timeout
             await conn.send(line)
             done = False
             try:
@@ -228,6 +232,8 @@ class AsyncClient:
             finally:
                 if not done:
                     await self._cancel(conn, rid)
+        finally:
+            self._lock.release()
 
     async def _cancel(self, conn, rid):
         """Cancel the request in flight (SIGINT, repeated; a socket is closed)

@@ -16,24 +16,34 @@ _EOF = object()
 
 
 class _FifoLock:
-    """A lock that hands itself to waiters in arrival order (a ticket lock)."""
+    """A lock handed to its waiters in arrival order; acquire can time out."""
 
     def __init__(self):
-        self._cond = threading.Condition()
-        self._next = 0
-        self._serving = 0
+        self._mu = threading.Lock()
+        self._held = False
+        self._waiters = collections.deque()
 
-    def __enter__(self):
-        with self._cond:
-            ticket = self._next
-            self._next += 1
-            while self._serving != ticket:
-                self._cond.wait()
+    def acquire(self, timeout=None):
+        with self._mu:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._mu:
+            if turn.is_set():  # handed over just as the wait timed out
+                return True
+            self._waiters.remove(turn)
+            return False
 
-    def __exit__(self, *exc):
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
+    def release(self):
+        with self._mu:
+            if self._waiters:
+                self._waiters.popleft().set()  # handed over: still held
+            else:
+                self._held = False
 
 
 class _Conn:
@@ -270,14 +280,16 @@ class Client:
     def _exchange(self, line_for, what, timeout):
         """Send line_for(rid) -> (bytes, id the response carries); yield this
         request's events, the result last (an error result raises)."""
-        with self._lock:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._lock.acquire(timeout):
+            raise ReflexTimeout(f"{what} timed out after {timeout} s while waiting for the connection")
+        try:
             if self._closed:
                 raise ReflexError("connection", "the client is closed")
             if self._conn is None or self._conn.dead:
                 self._conn = self._opener()
             conn = self._conn
             line, rid = line_for(self._ids.next())
-            deadline = None if timeout is None else time.monotonic() + timeout
             conn.send(line)
             done = False
             try:
@@ -294,6 +306,8 @@ class Client:
             finally:
                 if not done:
                     self._cancel(conn, rid)
+        finally:
+            self._lock.release()
 
     def _cancel(self, conn, rid):
         """Cancel the request in flight and drain up to its result, so the

@@ -71,6 +71,18 @@ def test_concurrent_callers_are_served_in_fifo_order():
         assert out == [(i, f"p{i}") for i in range(8)]
 
 
+def test_timeout_covers_the_wait_in_the_queue():
+    with fake(delay="0.1") as c:
+        first = []
+        t = threading.Thread(target=lambda: first.append(c.generate("abcdefgh")))
+        t.start()
+        time.sleep(0.1)
+        with pytest.raises(ReflexTimeout, match="while waiting"):
+            c.generate("x", timeout=0.1)
+        t.join()
+        assert first[0]["text"] == "abcdefgh" and c.generate("ok")["text"] == "ok"
+
+
 def test_closed_client_refuses():
     c = fake()
     c.close()

@@ -104,6 +104,21 @@ def test_unsupported_vocab():
     assert e.value.kind == "unsupported_architecture"
 
 
+def test_pretokenizer_classes():
+    from reflex_ipc.tokenizer import pretok
+
+    gpt2 = pretok.regexes("gpt2")
+    assert pretok.split("Hello world's 12 \u00e9t\u00e9!!  \n", gpt2) == \
+        ["Hello", " world", "'s", " 12", " \u00e9t\u00e9", "!!", "  \n"]
+    # U+31350 (CJK Ext. H, Unicode 15) is a letter for llama.cpp although
+    # Python 3.11's unicodedata does not know it yet
+    assert pretok.split("ab\U00031350cd", gpt2) == ["ab\U00031350cd"]
+    # U+3000 is whitespace, U+00B2 a number
+    assert pretok.split("a\u3000\u3000b \u00b2", gpt2) == ["a", "\u3000", "\u3000", "b", " \u00b2"]
+    assert pretok.split("12345", pretok.regexes("llama3")) == ["123", "45"]
+    assert pretok.split("12345", pretok.regexes("qwen2")) == list("12345")
+
+
 # -- streaming ---------------------------------------------------------------------
 def test_stream_holds_split_characters(smol):
     ids = smol.encode("\U0001f999")  # split over three byte-level tokens: F0 9F | A6 | 99

@@ -69,6 +69,8 @@ PIECES = [
     "\u00e9", "e\u0301", "\u0301", "\U0001f999", "\U0001f468\u200d\U0001f469\u200d\U0001f467",
     "\u00a0", "\u3000", "\u2003", "\x85", "\x0b", "\x1c", "\x00", "\ufeff", "\u200b", "\U0001f600",
     "\ufb01", "\u216b", "\u00b5", "\u01c5", "\u00ff", "\u0100",
+    # assigned after Unicode 14 (newer than Python 3.11's unicodedata)
+    "\U00031350\U00031351", "a\u0cf3", "\U00011f04\U00011f05", "\u2ffc", "x\U0001e4d0",
     "def f(x):\n    return x**2", "{\"a\": [1, 2]}", "if (a <= b) { c += 1; }", "#include <stdio.h>",
     "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "</s>", "<unk>", "<|eot_id|>",
     "<start_of_turn>", "<end_of_turn>", "<|begin_of_text|>", "<|end|>", "<|user|>", "<0x0A>",

@@ -10,13 +10,15 @@ same leftmost-first alternation as ECMAScript. llama.cpp's hand-written fast
 paths for the GPT-2, Llama-3, Qwen2 and Qwen3.5 regexes give the same pieces as
 these regexes over the collapsed text (checked against llama.cpp's test
 vectors and the llama.cpp library itself in tests/test_tokenizer_conformance.py).
-Character classes follow Python's unicodedata categories.
+Character classes follow Python's unicodedata categories, plus a small table
+for code points assigned after Python 3.11's Unicode 14.0.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from bisect import bisect_right
 
 # markers for non-ASCII code points, by class (llama.cpp's choice of bytes)
 _MARK = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
@@ -26,13 +28,46 @@ _VT = "\x0b"
 _WS = (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
 
 
+# Code points assigned after Unicode 14.0 (Python 3.11's unicodedata), with the
+# class llama.cpp's newer tables give them: (first, last, class). Only consulted
+# for code points this Python calls unassigned.
+_NEWER = (
+    (0x00CF3, 0x00CF3, "M"), (0x00ECE, 0x00ECE, "M"), (0x02FFC, 0x02FFF, "S"),
+    (0x031EF, 0x031EF, "S"), (0x10EFD, 0x10EFF, "M"), (0x1123F, 0x11240, "L"),
+    (0x11241, 0x11241, "M"), (0x11B00, 0x11B09, "P"), (0x11F00, 0x11F01, "M"),
+    (0x11F02, 0x11F02, "L"), (0x11F03, 0x11F03, "M"), (0x11F04, 0x11F10, "L"),
+    (0x11F12, 0x11F33, "L"), (0x11F34, 0x11F3A, "M"), (0x11F3E, 0x11F42, "M"),
+    (0x11F43, 0x11F4F, "P"), (0x11F50, 0x11F59, "N"), (0x1342F, 0x1342F, "L"),
+    (0x13440, 0x13440, "M"), (0x13441, 0x13446, "L"), (0x13447, 0x13455, "M"),
+    (0x1B132, 0x1B132, "L"), (0x1B155, 0x1B155, "L"), (0x1D2C0, 0x1D2D3, "N"),
+    (0x1DF25, 0x1DF2A, "L"), (0x1E030, 0x1E06D, "L"), (0x1E08F, 0x1E08F, "M"),
+    (0x1E4D0, 0x1E4EB, "L"), (0x1E4EC, 0x1E4EF, "M"), (0x1E4F0, 0x1E4F9, "N"),
+    (0x1F6DC, 0x1F6DC, "S"), (0x1F774, 0x1F776, "S"), (0x1F77B, 0x1F77F, "S"),
+    (0x1F7D9, 0x1F7D9, "S"), (0x1FA75, 0x1FA77, "S"), (0x1FA87, 0x1FA88, "S"),
+    (0x1FAAD, 0x1FAAF, "S"), (0x1FABB, 0x1FABD, "S"), (0x1FABF, 0x1FABF, "S"),
+    (0x1FACE, 0x1FACF, "S"), (0x1FADA, 0x1FADB, "S"), (0x1FAE8, 0x1FAE8, "S"),
+    (0x1FAF7, 0x1FAF8, "S"), (0x2B739, 0x2B739, "L"), (0x2EBF0, 0x2EE5D, "L"),
+    (0x31350, 0x323AF, "L"),
+)
+_NEWER_FIRST = [r[0] for r in _NEWER]
+
+
+def _category(cp: int) -> str:
+    cat = unicodedata.category(chr(cp))
+    if cat == "Cn":
+        k = bisect_right(_NEWER_FIRST, cp) - 1
+        if k >= 0 and cp <= _NEWER[k][1]:
+            return _NEWER[k][2]
+    return cat[0]
+
+
 class _Collapse(dict):
     """str.translate table: non-ASCII code point -> its class marker (memoized)."""
 
     def __missing__(self, cp):
         if cp < 128:
             raise LookupError
-        c = _MARK.get(unicodedata.category(chr(cp))[0], _OTHER)
+        c = _MARK.get(_category(cp), _OTHER)
         self[cp] = c
         return c
 

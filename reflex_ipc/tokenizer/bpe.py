@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 
 from ..errors import ReflexError
-from . import A_NORMAL, Tokenizer, pretok
+from . import Tokenizer, pretok
 
 
 _MEMO_MAX = 1 << 17  # memo tables are dropped when they grow past this (long-lived servers)
@@ -31,13 +31,12 @@ def _byte_map():
     return enc
 
 
-BYTE_ENC = _byte_map()  # byte -> printable character
-_ENC_TABLE = {b: c for b, c in BYTE_ENC.items()}  # str.translate over latin-1 text
+BYTE_ENC = _byte_map()  # byte -> printable character (also a str.translate table for latin-1 text)
 _DEC_TABLE = {ord(c): chr(b) for b, c in BYTE_ENC.items()}
 
 
 def byte_encode(piece: str) -> str:
-    return piece.encode("utf-8").decode("latin-1").translate(_ENC_TABLE)
+    return piece.encode("utf-8").decode("latin-1").translate(BYTE_ENC)
 
 
 class BPETokenizer(Tokenizer):
@@ -198,5 +197,3 @@ _NO_CLEAN_SPACES = {
     "llada-moe", "seed-coder", "hunyuan", "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2",
     "ufakzeka", "grok-2", "afmoe", "laguna", "minimax-m2", "solar-open", "sarvam-moe",
 }
-
-__all__ = ["BPETokenizer", "A_NORMAL", "byte_encode"]

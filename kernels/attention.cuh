@@ -16,25 +16,30 @@ RX_EXTERN void kv_store(const float* k, const float* v, __half* kc, __half* vc, 
     }
 }
 
-#define ATT_WARPS 4
-#define ATT_MAXD 8  // head dims per lane: hd <= 256
+#define ATT_WARPS 16  // keys are split over the warps: more warps, shorter serial chains
+#define ATT_MAXD 8     // head dims per lane: hd <= 256
 
-// out[n, h, :] = softmax_j(score(n, h, j)) . V[h / group, j, :], score = scale * q.k
-// (then softcap c*tanh(s/c) when softcap > 0, then + mask[n, j] when mask is given).
-// Keys j in [lo, hi]: hi = pos[n] when causal else n_kv - 1; lo = pos[n] - window + 1 when
-// window > 0 (sliding window), else 0. One block per (head, query); each warp walks a
-// strided subset of the keys with an online softmax; the warps then merge.
-RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
-attention_f16kv(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                float* __restrict__ out, const int* __restrict__ pos, const float* __restrict__ mask,
-                int Hq, int Hkv, int hd, int ctx, int n_kv, float scale, float softcap, int causal,
-                int window) {
-    const int h = blockIdx.x, n = blockIdx.y;
+// Scores: score(n, h, j) = scale * q[n,h].K[h/group, j], then softcap c*tanh(s/c) when
+// softcap > 0, then + mask[n, j] when a mask is given. Visible keys j in [lo, hi]:
+// hi = pos[n] when causal else n_kv - 1; lo = pos[n] - window + 1 when window > 0 (sliding
+// window), else 0. attend() runs one (head, query) over the visible keys inside
+// [jbeg, jend): each warp walks a strided subset with an online softmax, then the warps
+// merge. It returns (in shared memory) the block's max m, sum l and unnormalized acc[hd].
+struct AttPart {
+    float m, l;
+    float acc[32 * ATT_MAXD];
+};
+
+__device__ __forceinline__ void attend(const float* __restrict__ q, const __half* __restrict__ kc,
+                                       const __half* __restrict__ vc, const int* __restrict__ pos,
+                                       const float* __restrict__ mask, int h, int n, int Hq, int Hkv,
+                                       int hd, int ctx, int n_kv, float scale, float softcap, int causal,
+                                       int window, int jbeg, int jend, AttPart& res) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = h / (Hq / Hkv);
     const int p = pos[n];
-    int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
-    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int hi = min(causal ? min(p, n_kv - 1) : n_kv - 1, jend - 1);
+    const int lo = max(window > 0 ? max(0, p - window + 1) : 0, jbeg);
 
     float qr[ATT_MAXD], acc[ATT_MAXD];
     const float* qp = q + ((long long)n * Hq + h) * hd;
@@ -86,11 +91,73 @@ attention_f16kv(const float* __restrict__ q, const __half* __restrict__ kc, cons
         f[w] = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
         L += sl[w] * f[w];
     }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][d] * f[w];
+        res.acc[d] = a;
+    }
+    if (threadIdx.x == 0) { res.m = M; res.l = L; }
+    __syncthreads();
+}
+
+// out[n, h, :] = softmax over the visible keys of the scores . V. A query with no visible
+// key gets zeros. Grid (Hq, N), block 32*ATT_WARPS.
+RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
+attention_f16kv(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                float* __restrict__ out, const int* __restrict__ pos, const float* __restrict__ mask,
+                int Hq, int Hkv, int hd, int ctx, int n_kv, float scale, float softcap, int causal,
+                int window) {
+    __shared__ AttPart res;
+    const int h = blockIdx.x, n = blockIdx.y;
+    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, 0,
+           0x7fffffff, res);
+    float* op = out + ((long long)n * Hq + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) op[d] = res.l > 0.f ? res.acc[d] / res.l : 0.f;
+}
+
+// Split-K form for few queries over many keys (decode): block (h, n, s) takes the keys
+// [s*chunk, (s+1)*chunk) and writes its partial (m, l) to part_ml[(n*Hq + h)*S + s] and
+// its unnormalized acc to part_acc[((n*Hq + h)*S + s)*hd ...]; attention_combine merges.
+RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
+attention_split_f16kv(const float* __restrict__ q, const __half* __restrict__ kc,
+                      const __half* __restrict__ vc, float* __restrict__ part_ml,
+                      float* __restrict__ part_acc, const int* __restrict__ pos,
+                      const float* __restrict__ mask, int Hq, int Hkv, int hd, int ctx, int n_kv,
+                      float scale, float softcap, int causal, int window, int chunk) {
+    __shared__ AttPart res;
+    const int h = blockIdx.x, n = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const long long slot = ((long long)n * Hq + h) * S + s;
+    const int p = pos[n];
+    const int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (s * chunk > hi || (s + 1) * chunk <= lo) {  // nothing visible here
+        if (threadIdx.x == 0) { part_ml[2 * slot] = -INFINITY; part_ml[2 * slot + 1] = 0.f; }
+        return;
+    }
+    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window,
+           s * chunk, (s + 1) * chunk, res);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) part_acc[slot * hd + d] = res.acc[d];
+    if (threadIdx.x == 0) { part_ml[2 * slot] = res.m; part_ml[2 * slot + 1] = res.l; }
+}
+
+// out[n, h, :] from the S partials of attention_split_f16kv. Grid (Hq, N), block >= hd.
+RX_EXTERN void attention_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
+                                 float* __restrict__ out, int Hq, int hd, int S) {
+    const int h = blockIdx.x, n = blockIdx.y;
+    const long long base = ((long long)n * Hq + h) * S;
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, part_ml[2 * (base + s)]);
     float* op = out + ((long long)n * Hq + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float s = 0.f;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
-        op[d] = L > 0.f ? s / L : 0.f;
+        float a = 0.f, L = 0.f;
+        for (int s = 0; s < S; s++) {
+            const float m = part_ml[2 * (base + s)];
+            if (m == -INFINITY) continue;
+            const float f = expf(m - M);
+            L += part_ml[2 * (base + s) + 1] * f;
+            a += part_acc[(base + s) * hd + d] * f;
+        }
+        op[d] = L > 0.f ? a / L : 0.f;
     }
 }

@@ -87,7 +87,17 @@ def compare_backend(path, cuda_ops):
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
     cpu = Session(NumpyOps(), path)
+    cuda_ops.synchronize()
+    free0 = cuda_ops.rt.mem_info()["free"]
+    n_arenas = len(cuda_ops._arenas)
     gpu = Session(cuda_ops, path)
+    cuda_ops.synchronize()
+    free1 = cuda_ops.rt.mem_info()["free"]
+    new_arenas = list(cuda_ops._arenas.values())[n_arenas:]
+    file_bytes = sum(t.nbytes for t in gpu.f.tensors.values())
+    weight_bytes = sum(a.nbytes for a in new_arenas) + sum(
+        w.nbytes for w in cuda_ops._extra_weights)
+    kv_bytes = gpu.cache.k.nbytes + gpu.cache.v.nbytes
     prompt = [t % cpu.model.hp.n_vocab for t in PROMPT_IDS]
     l_cpu, t_cpu = cpu.greedy(prompt, N_GEN)
     t0 = time.perf_counter()
@@ -105,7 +115,11 @@ def compare_backend(path, cuda_ops):
     t_graph, tps = graph_greedy(cuda_ops, gpu2, prompt, N_GEN)
     res.update(_continuation_verdict(cpu, prompt, t_cpu, t_graph, "graph"))
     res["graph_tok_s"] = round(tps, 1) if tps else None
-    res["ok"] = res["logits_ok"] and res["greedy_ok"] and res["graph_ok"]
+    res["vram"] = {"file_tensor_bytes": file_bytes, "weight_bytes_on_gpu": weight_bytes,
+                   "ratio": round(weight_bytes / file_bytes, 4), "kv_cache_bytes": kv_bytes,
+                   "mem_get_info_delta": free0 - free1, "upload": new_arenas[0].stats if new_arenas else None}
+    res["vram_ok"] = weight_bytes <= 1.05 * file_bytes
+    res["ok"] = res["logits_ok"] and res["greedy_ok"] and res["graph_ok"] and res["vram_ok"]
     res["gpu_load_s"] = round(gpu.load_s, 3)
     return res
 

@@ -240,6 +240,27 @@ def check_attention(ops, rng):
                                          mask=ops.asarray(mask)))
         ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0, False, 0, mask.astype(np.float64))
         rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, 1e-5))
+    # decode over a long cache (the split-K path: few blocks, many keys), with a window and a mask
+    hd, Hq, Hkv, n_ctx = 128, 8, 2, 2048
+    cache = ops.kv_cache(1, Hkv, hd, n_ctx)
+    n_kv = 1500
+    k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+    ops.kv_store(cache, 0, ops.asarray(k), ops.asarray(v), np.arange(n_kv))
+    Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+    Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+    q = rng.standard_normal((2, Hq, hd)).astype(np.float32)
+    pos = np.array([n_kv - 2, n_kv - 1])
+    for name, kw in (("causal", {}), ("window=300", {"window": 300}), ("softcap=5", {"softcap": 5.0})):
+        out = ops.to_numpy(ops.attention(ops.asarray(q), cache, 0, pos, n_kv, scale=0.09, **kw))
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, kw.get("softcap", 0), True,
+                            kw.get("window", 0), None)
+        rows.append(row("attention", f"split-K decode n_kv={n_kv} {name}", out, ref, 1e-5))
+    mask = np.where(rng.random((2, n_kv)) < 0.5, -np.inf, 0.0).astype(np.float32)
+    out = ops.to_numpy(ops.attention(ops.asarray(q), cache, 0, pos, n_kv, scale=0.09, causal=False,
+                                     mask=ops.asarray(mask)))
+    ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, 0, False, 0, mask.astype(np.float64))
+    rows.append(row("attention", f"split-K decode n_kv={n_kv} mask", out, ref, 1e-5))
     return rows
 
 

@@ -22,6 +22,10 @@ MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 ATT_MAX_HD = 256
+ATT_WARPS = 16  # ATT_WARPS in attention.cuh
+ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
+ATT_CHUNK = 128  # keys per split block (at least)
+ATT_MAX_SPLITS = 64
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
 
@@ -306,10 +310,25 @@ class CudaOps:
             # keys 0..pos[n] are the visible ones whatever n_kv is (pos[n] < n_kv): passing
             # n_ctx keeps the launch arguments position-free, so a captured graph replays
             n_kv = cache.n_ctx
-        self.k("attention_f16kv")((Hq, N, 1), (128, 1, 1), q.ptr, cache.k.ptr + off, cache.v.ptr + off,
-                                  out.ptr, pos.ptr, mask.ptr if mask is not None else 0, Hq,
-                                  cache.n_kv_heads, hd, cache.n_ctx, int(n_kv), float(scale),
-                                  float(softcap), 1 if causal else 0, int(window))
+        n_kv = int(n_kv)
+        mptr = mask.ptr if mask is not None else 0
+        if N * Hq < ATT_SPLIT_BELOW and n_kv > ATT_CHUNK:
+            # few (head, query) blocks for a long key range (decode): split the keys over
+            # blocks, then merge the partial softmaxes
+            chunk = max(ATT_CHUNK, -(-n_kv // ATT_MAX_SPLITS))
+            S = -(-n_kv // chunk)
+            ml = self.empty((N * Hq * S * 2,))
+            acc = self.empty((N * Hq * S * hd,))
+            self.k("attention_split_f16kv")((Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, cache.k.ptr + off,
+                                            cache.v.ptr + off, ml.ptr, acc.ptr, pos.ptr, mptr, Hq,
+                                            cache.n_kv_heads, hd, cache.n_ctx, n_kv, float(scale),
+                                            float(softcap), 1 if causal else 0, int(window), chunk)
+            self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
+                                        out.ptr, Hq, hd, S)
+            return out
+        self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, cache.k.ptr + off, cache.v.ptr + off,
+                                  out.ptr, pos.ptr, mptr, Hq, cache.n_kv_heads, hd, cache.n_ctx, n_kv,
+                                  float(scale), float(softcap), 1 if causal else 0, int(window))
         return out
 
     def graph_decoder(self, model, cache):

@@ -164,6 +164,11 @@ def runtime():
 
 
 def _pop_at_exit(ctx):
+    import warnings
+
+    # objects made on the init/upload threads are freed at teardown from this thread;
+    # pycuda warns about each one, harmlessly
+    warnings.filterwarnings("ignore", message=".*out-of-thread context could not be cleaned up")
     try:
         ctx.synchronize()
         ctx.pop()

@@ -22,7 +22,8 @@ SIGNATURES = {
     "rmsnorm_f32": "QQQif", "layernorm_f32": "QQQQif",
     "rope_f32": "QQiiiiffQif",
     "kv_store": "QQQQQiiii",
-    "attention_f16kv": "QQQQQQiiiiiffii",
+    "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
+    "attention_combine": "QQQiii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ", "sample_topk": "QQiffffQ",
     "repeat_penalty_f32": "QQif", "add_i32": "Qii",
 }

@@ -50,6 +50,16 @@ def vocab_models_dir() -> str:
     out = os.path.join(cache, f"llama-cpp-python-{VERSION}-vocab")
     if os.path.isfile(os.path.join(out, ".complete")):
         return out
+    import fcntl
+
+    with open(os.path.join(cache, ".sdist.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one downloader at a time (parallel test runs)
+        if not os.path.isfile(os.path.join(out, ".complete")):
+            _extract(cache, out)
+    return out
+
+
+def _extract(cache: str, out: str) -> None:
     tar_path = _sdist_path(cache)
     tmp = tempfile.mkdtemp(prefix=".vocab-", dir=cache)
     try:
@@ -69,15 +79,12 @@ def vocab_models_dir() -> str:
         if n == 0:
             raise RuntimeError(f"{tar_path} holds no {_MEMBER_DIR}ggml-vocab-* files")
         open(os.path.join(tmp, ".complete"), "w").close()
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process finished first
-            if not os.path.isfile(os.path.join(out, ".complete")):
-                raise
+        if os.path.isdir(out):  # an interrupted earlier extraction
+            shutil.rmtree(out)
+        os.rename(tmp, out)
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def read_vectors(gguf_path: str) -> list[tuple[str, list[int]]]:

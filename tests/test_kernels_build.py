@@ -235,3 +235,124 @@ def test_smoke_and_doctor_report_without_cuda():
         assert p.returncode == 1 and rep["ok"] is False
         text = json.dumps(rep)
         assert "CUDA" in text or "pycuda" in text
+
+
+# -- cuda_ops launch logic with a recording fake runtime (no GPU) -------------------------
+class RecordingRuntime:
+    """Stands in for reflex_ipc.cuda.core.Runtime: kernels record (name, grid, block, args)."""
+
+    def __init__(self):
+        self.launches = []
+        self.copies = []
+        self.pool = Pool(FakeDrv())
+        self.stream = "stream"
+        rt = self
+
+        class Drv:
+            @staticmethod
+            def memcpy_htod_async(ptr, a, stream):
+                rt.copies.append((ptr, a.copy(), stream))
+
+        self.drv = Drv()
+
+    def kernel(self, name):
+        rt = self
+        fmt = SIGNATURES[name]  # a KeyError here means a launch of an unknown kernel
+
+        class K:
+            def __call__(self, grid, block, *args, shared=0):
+                struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+                rt.launches.append((name, grid, block, args))
+
+        return K()
+
+
+class FakeArena:
+    def __init__(self, rt, f):
+        self.base = 1 << 30
+        self.start = f.data_offset
+        self.nbytes = 0
+        self._waited = False
+
+    def ptr(self, info):
+        return self.base + (info.offset - self.start)
+
+    def wait(self):
+        self._waited = True
+
+
+@pytest.fixture
+def fake_ops(monkeypatch):
+    from reflex_ipc.backends import cuda_ops
+
+    monkeypatch.setattr(cuda_ops, "WeightArena", FakeArena)
+    ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
+    rt = RecordingRuntime()
+    ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
+    ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    return ops
+
+
+def test_cuda_ops_matmul_and_embed_launches(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    w = DeviceWeight(0x5000, (203, 512), 8, "Q8_0", 16 * 34, "w")
+    for n, kern, gy in ((1, "mm1_q8_0", 1), (3, "mm4_q8_0", 1), (4, "mm4_q8_0", 1), (13, "mm8_q8_0", 2)):
+        x = DeviceArray.empty(ops.pool, (n, 512))
+        y = ops.matmul(x, w)
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, (51, gy, 1), (128, 1, 1))
+        assert y.shape == (n, 203) and args[:3] == (0x5000, x.ptr, y.ptr) and args[3:] == (512, 203, n, 544, 0)
+    with pytest.raises(ValueError):
+        ops.matmul(DeviceArray.empty(ops.pool, (1, 256)), w)
+    with pytest.raises(ValueError):
+        ops.matmul(DeviceArray.empty(ops.pool, (1, 512)), w, accumulate=True)
+    ids = DeviceArray.empty(ops.pool, (5,), "int32")
+    e = ops.embed(w, ids, scale=2.0)
+    name, grid, block, args = ops.rt.launches[-1]
+    assert name == "get_rows_q8_0" and grid == (1, 5, 1) and e.shape == (5, 512) and args[-1] == 2.0
+
+
+def test_cuda_ops_attention_paths(fake_ops):
+    ops = fake_ops
+    cache = ops.kv_cache(2, 2, 128, 4096)
+    pos = ops.positions([1000])
+    assert ops.rt.copies[-1][0] == pos.ptr and ops.rt.copies[-1][1].tolist() == [1000]
+    assert ops.rt.copies[-1][1].dtype.name == "int32" and pos.dtype == "int32"
+    q = ops.empty((1, 8, 128))
+    # decode over a long cache: split-K blocks and a combine; causal calls pass n_ctx (graph-safe)
+    ops.attention(q, cache, 1, pos, 1001, scale=0.1)
+    (n1, g1, b1, a1), (n2, g2, _, a2) = ops.rt.launches[-2:]
+    assert n1 == "attention_split_f16kv" and n2 == "attention_combine"
+    S = g1[2]
+    chunk = a1[-1]
+    assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
+    assert a1[1] == cache.k.ptr + cache.layer_bytes  # layer 1
+    # prefill: many (head, query) blocks, one kernel
+    qq = ops.empty((64, 8, 128))
+    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1)
+    name, grid, block, args = ops.rt.launches[-1]
+    assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
+    # an explicit mask keeps the true n_kv (the mask's row length)
+    m = ops.empty((64, 64))
+    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
+    args = ops.rt.launches[-1][3]
+    assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
+
+
+def test_cuda_ops_load_weight_keeps_blocks(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.modelpath import resolve_model
+
+    ops = fake_ops
+    with GGUFFile(resolve_model(None)) as f:
+        t = f.tensors["blk.0.attn_q.weight"]
+        w = ops.load_weight(f, t.name)
+        assert isinstance(w, DeviceWeight) and w.shape == (t.shape[1], t.shape[0])
+        assert w.type_name == t.type_name and w.row_bytes * w.shape[0] == t.nbytes
+        assert w.ptr == (1 << 30) + t.offset - f.data_offset  # inside the one arena: no copy
+        norm = ops.load_weight(f, "blk.0.attn_norm.weight")
+        assert isinstance(norm, DeviceArray) and norm.shape == (t.shape[0],) and norm.dtype == "float32"
+        assert len(ops._arenas) == 1

@@ -161,6 +161,13 @@ def compare_engine(path):
         lg = np.asarray(cpu.prompt_logits(ids + a[:k]), np.float64)
         res["diverges_at"], res["near_tie"] = k, near_tie(lg)
         ok = res["near_tie"]
+    # prefill speed: a 512-token prompt (from an empty cache), CUDA and numpy
+    long_ids = (ids * (512 // len(ids) + 1))[:512]
+    for name, r in (("cuda", gpu), ("cpu", cpu)):
+        r.prompt_logits(long_ids[:16])  # warm
+        t0 = time.perf_counter()
+        r.prompt_logits(long_ids)
+        res[f"prefill_512_ms_{name}"] = round((time.perf_counter() - t0) * 1e3, 1)
     res["ok"] = res["logits_ok"] and ok and res["backend"] == "cuda"
     return res
 

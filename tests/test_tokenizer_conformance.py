@@ -141,3 +141,28 @@ def test_eog_and_control_match_llama_cpp(name):
     assert set(tok.eog_ids) == want
     want_ctl = {i for i in range(tok.n_vocab) if llama_cpp.llama_vocab_is_control(vocab, i)}
     assert {i for i in range(tok.n_vocab) if tok.is_control(i)} == want_ctl
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gpt-2", "llama-bpe", "llama-spm", "phi-3",
+                                  "gemma-4"])
+def test_decode_random_ids_matches_llama_cpp(name):
+    """Arbitrary id sequences (byte tokens, control tokens, BOS first or not)."""
+    llama_cpp, llm = _oracle(name)
+    tok = tokenizer(name)
+    rng = random.Random(zlib.crc32(name.encode()))
+    mism = []
+    for _ in range(500):
+        ids = [rng.randrange(tok.n_vocab) for _ in range(rng.randint(1, 6))]
+        if rng.random() < 0.3:
+            ids.insert(0, tok.bos_id)
+        for special in (False, True):
+            want = _detok(llama_cpp, llm, ids, special)
+            if tok.decode_bytes(ids, special) != want:
+                mism.append((ids, special, want, tok.decode_bytes(ids, special)))
+    buf = ctypes.create_string_buffer(1024)
+    for i in range(0, tok.n_vocab, max(1, tok.n_vocab // 3000)):
+        for special in (False, True):
+            n = llama_cpp.llama_token_to_piece(llm._model.vocab, i, buf, 1024, 0, special)
+            if buf.raw[:n] != tok.token_piece(i, special):
+                mism.append(("piece", i, special, buf.raw[:n], tok.token_piece(i, special)))
+    assert not mism, f"{len(mism)} mismatches; first: {mism[0]!r}"

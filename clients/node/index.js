@@ -28,19 +28,23 @@ class Conn {
     this.ready = null;
     this._events = [];
     this._waiter = null;
-    this._buf = '';
+    this._parts = [];
   }
 
   _attach(readable) {
     readable.setEncoding('utf8');
     readable.on('data', (chunk) => {
-      this._buf += chunk;
+      // Only the new chunk is searched for newlines: long lines (embeddings) stay linear.
+      let start = 0;
       let nl;
-      while ((nl = this._buf.indexOf('\n')) >= 0) {
-        const line = this._buf.slice(0, nl);
-        this._buf = this._buf.slice(nl + 1);
+      while ((nl = chunk.indexOf('\n', start)) >= 0) {
+        this._parts.push(chunk.slice(start, nl));
+        const line = this._parts.join('');
+        this._parts = [];
+        start = nl + 1;
         if (line.trim() !== '') this._push(parseLine(line));
       }
+      if (start < chunk.length) this._parts.push(chunk.slice(start));
     });
   }
 

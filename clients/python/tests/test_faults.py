@@ -122,3 +122,16 @@ def test_async_faults():
             await AsyncClient.spawn(FAKE[0], FAKE[1:], env={**os.environ, "FAKE_MODE": "no_ready"}, ready_timeout=0.5)
 
     asyncio.run(main())
+
+
+def test_import_is_light():
+    """The package must not pull in asyncio (AsyncClient is lazy) nor numpy."""
+    import subprocess
+    import sys
+
+    from conftest import CLIENTS
+
+    code = "import sys, reflex_client; print(sorted(m for m in ('asyncio', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(CLIENTS, "python"),
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -56,11 +56,55 @@ def _set_hugepage(enabled):
     return _set_madvise_hugepage(enabled)
 
 
+def set_blas_threads(n):
+    """Set the thread count of the OpenBLAS that numpy uses; False when it cannot be found.
+
+    numpy's wheels bundle OpenBLAS as numpy.libs/libscipy_openblas*.so; loading that path
+    again returns the library numpy already uses.
+    """
+    import ctypes
+    import glob
+    import os
+
+    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libdir, "lib*openblas*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                    "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(int(n)))
+                return True
+    return False
+
+
+def _default_blas_threads():
+    """BLAS threads for the engine: $REFLEX_CPU_THREADS, else 1 unless the user set OpenBLAS's
+    or OpenMP's own variable. One thread: decoding multiplies a single row by each matrix,
+    which is memory-bound, and OpenBLAS's spinning worker threads turn any other load on the
+    cores into a 5-10x slowdown (measured: 2 threads 25 tok/s idle, 2.5 tok/s with a busy
+    neighbour; 1 thread 14-20 tok/s either way)."""
+    import os
+
+    want = os.environ.get("REFLEX_CPU_THREADS")
+    if want:
+        set_blas_threads(max(1, int(want)))
+    elif not (os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
+        set_blas_threads(1)
+
+
 class NumpyOps:
     name = "cpu"
 
-    def __init__(self):
+    def __init__(self, blas_threads="default"):
         self._rope_memo = None  # (pos array, params, cos, sin): q and k share positions
+        if blas_threads == "default":
+            _default_blas_threads()
+        elif blas_threads is not None:
+            set_blas_threads(blas_threads)
 
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
@@ -149,9 +193,13 @@ class NumpyOps:
 
     # -- normalization, rotary -------------------------------------------------------
     def rms_norm(self, x, w, eps):
-        ms = np.mean(np.square(x), axis=-1, keepdims=True)
-        y = x / np.sqrt(ms + _F32(eps))
-        return y * w if w is not None else y
+        ms = np.add.reduce(x * x, axis=-1, keepdims=True)
+        ms *= _F32(1.0 / x.shape[-1])
+        ms += _F32(eps)
+        y = x / np.sqrt(ms, out=ms)
+        if w is not None:
+            y *= w
+        return y
 
     def _cos_sin(self, pos, n_rot, base, freq_scale, freq_factors):
         params = (n_rot, base, freq_scale, id(freq_factors))
@@ -209,6 +257,16 @@ class NumpyOps:
         g = Hq // Hkv
         K = cache.k[layer, :, :n_kv]  # [Hkv, n_kv, hd]
         V = cache.v[layer, :, :n_kv]
+        if N == 1 and mask is None and (window <= 0 or n_kv <= window) and (
+                not causal or int(pos[0]) >= n_kv - 1):
+            # decode: one query that sees every stored key
+            s = (q.reshape(Hkv, g, hd) * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, g, n_kv]
+            if softcap > 0.0:
+                s = np.tanh(s / _F32(softcap)) * _F32(softcap)
+            s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= np.add.reduce(s, axis=-1, keepdims=True)
+            return (s @ V).reshape(1, Hq, hd)
         qg = q.reshape(N, Hkv, g, hd).transpose(1, 0, 2, 3).reshape(Hkv, N * g, hd)
         s = (qg * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, N*g, n_kv]
         s = s.reshape(Hkv, N, g, n_kv)

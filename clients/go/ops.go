@@ -22,7 +22,7 @@ type GenerateRequest struct {
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`
 	Model         string   `json:"model,omitempty"`
-	Device        string   `json:"device,omitempty"`
+	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda"
 }
 
 // GenerateResult: generate's result.

@@ -55,7 +55,7 @@ export type StreamEvent = TokenEvent | ResultEvent;
 export interface ModelParams {
   /** A GGUF path or an alias (smollm2); default: the active model. */
   model?: string;
-  /** "auto", "cpu", "cuda" or "cuda:N". */
+  /** "auto" (CUDA when usable, else CPU), "cpu" or "cuda". */
   device?: string;
 }
 

@@ -136,6 +136,10 @@ class Runner:
         self.n_ctx = n_ctx
         self.cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx)
         self.n_vocab = tok.n_vocab
+        self.n_out = model.output.shape[0]  # LM head rows (a padded vocabulary has more)
+        if self.n_out < self.n_vocab:
+            raise ReflexError("gguf_error", f"the output layer has {self.n_out} rows for a vocabulary "
+                              f"of {self.n_vocab} tokens")
         self.prefill_chunk = 256 if ops.name == "cpu" else 1024
         self.load_ms = load_ms
 
@@ -257,7 +261,8 @@ class Runner:
                               f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the "
                               f"context of {self.n_ctx}")
         sampler = Sampler(temperature, top_k, top_p, min_p, seed)
-        fast_greedy = sampler.greedy and repeat_penalty == 1.0
+        # argmax on the backend unless the logits need host work (penalty, padded vocabulary)
+        fast_greedy = sampler.greedy and repeat_penalty == 1.0 and self.n_out == self.n_vocab
         window = len(ids) + max_tokens if repeat_last_n < 0 else int(repeat_last_n)
         eog = self.tok.eog_ids
         dec = self.tok.stream_decoder()

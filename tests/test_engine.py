@@ -307,6 +307,19 @@ def test_embed_pooling_matches_reference(runner, tiny, pooling):
         np.testing.assert_allclose(u, np.array(v) / np.linalg.norm(v), atol=1e-6)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
+def test_embed_matches_llama_cpp(tiny, runner, pooling):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    kind = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+            "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS}[pooling]
+    llm = llama_cpp.Llama(tiny["llama"][0], embedding=True, pooling_type=kind, n_ctx=64, verbose=False)
+    text = "The capital of France is Paris"
+    ref = np.array(llm.embed(text, normalize=False))
+    del llm
+    got = np.array(runner.embed(text, pooling=pooling)["embeddings"][0])
+    np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max())
+
+
 def test_embed_single_text_and_errors(runner):
     assert len(runner.embed("hello")["embeddings"]) == 1
     for bad in ([""], [], "x"):

@@ -55,7 +55,10 @@ def build(ops, rng):
                "modes_agree_first_MiB": bool(np.array_equal(ok, same))}
 
 
-def make_step(ops, W, cache, ids, pos):
+def make_step(ops, W, cache, ids, pos, skip=()):
+    """The per-token step; `skip` leaves out classes of ops (for timing ablations only):
+    "attn" (kv_store + attention: q stands in for the output), "small" (q/k norms, rope),
+    "ffn" (the three FFN matvecs and swiglu), "head" (output norm + LM head)."""
     eps = 1e-6
     scale = 1 / math.sqrt(HD)
 
@@ -67,20 +70,26 @@ def make_step(ops, W, cache, ids, pos):
             q = ops.matmul(h, W[p + "attn_q.weight"]).reshape(1, HQ, HD)
             k = ops.matmul(h, W[p + "attn_k.weight"]).reshape(1, HKV, HD)
             v = ops.matmul(h, W[p + "attn_v.weight"]).reshape(1, HKV, HD)
-            q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
-            k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
-            ops.rope(q, pos, base=1e6, neox=True, inplace=True)
-            ops.rope(k, pos, base=1e6, neox=True, inplace=True)
-            ops.kv_store(cache, i, k, v, pos)
-            a = ops.attention(q, cache, i, pos, 0, scale=scale)
+            if "small" not in skip:
+                q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
+                k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
+                ops.rope(q, pos, base=1e6, neox=True, inplace=True)
+                ops.rope(k, pos, base=1e6, neox=True, inplace=True)
+            if "attn" not in skip:
+                ops.kv_store(cache, i, k, v, pos)
+                a = ops.attention(q, cache, i, pos, 0, scale=scale)
+            else:
+                a = q
             ops.matmul(a.reshape(1, HQ * HD), W[p + "attn_output.weight"], out=x, accumulate=True)
-            h = ops.rms_norm(x, W[p + "ffn_norm.weight"], eps)
-            g = ops.matmul(h, W[p + "ffn_gate.weight"])
-            u = ops.matmul(h, W[p + "ffn_up.weight"])
-            ops.matmul(ops.swiglu(g, u), W[p + "ffn_down.weight"], out=x, accumulate=True)
-        h = ops.rms_norm(x, W["output_norm.weight"], eps)
-        logits = ops.matmul(h, W["token_embd.weight"])
-        ops.argmax_device(logits, out=ids)
+            if "ffn" not in skip:
+                h = ops.rms_norm(x, W[p + "ffn_norm.weight"], eps)
+                g = ops.matmul(h, W[p + "ffn_gate.weight"])
+                u = ops.matmul(h, W[p + "ffn_up.weight"])
+                ops.matmul(ops.swiglu(g, u), W[p + "ffn_down.weight"], out=x, accumulate=True)
+        if "head" not in skip:
+            h = ops.rms_norm(x, W["output_norm.weight"], eps)
+            logits = ops.matmul(h, W["token_embd.weight"])
+            ops.argmax_device(logits, out=ids)
         ops.advance(pos)
 
     return step
@@ -148,4 +157,21 @@ def run(ops, steps=128):
     res["distinct_tokens"] = len(set(toks_e))
     res["ok"] = toks_g == toks_e
     graph.close()
+    # ablations: the same graph without one class of ops, ms per replay (timing only)
+    abl = {}
+    for skip in ((), ("attn",), ("small",), ("ffn",), ("head",), ("attn", "small", "ffn", "head")):
+        g, _ = ops.capture(make_step(ops, W, cache, ids, pos, skip))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([64], np.int32))
+        for _ in range(3):
+            g.launch()
+        ops.synchronize()
+        e0, e1 = ops.rt.drv.Event(), ops.rt.drv.Event()
+        e0.record(ops.rt.stream)
+        for _ in range(50):
+            g.launch()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        abl["-" + "-".join(skip) if skip else "full"] = round(e1.time_since(e0) / 50, 4)
+        g.close()
+    res["graph_ms_ablation"] = abl
     return res

@@ -11,6 +11,7 @@ scripts/make_synthetic_gguf.py):
   device="cpu" (prompt_logits and generate), and `reflex stdio --device cuda` end to end.
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -197,16 +198,16 @@ def run(model_dir=None):
 
     syn = os.environ.get("REFLEX_SYNTH_DIR", "/tmp/reflex-synth")
     os.makedirs(syn, exist_ok=True)
-    tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, ".gpucheck", "tokenizer-smollm2.gguf"))
-    if not os.path.exists(tok):
-        os.makedirs(os.path.dirname(tok), exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_synthetic_gguf.py"),
-                        "--tokenizer-only", tok], check=True, capture_output=True)
+    # the project's parity fixtures (tests/data, committed) and, from make_synthetic_gguf.py,
+    # variants that use every matmul format; their tokenizer: SmolLM2's, via the llama fixture
+    fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "synthetic-*.gguf")))
+    tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf"))
     paths = []
     if model_dir:
         paths += sorted(os.path.join(model_dir, f) for f in os.listdir(model_dir) if f.endswith(".gguf"))
+    paths += fixtures
     for arch in ("llama", "qwen2", "qwen3", "gemma3"):
-        out = os.path.join(syn, f"synthetic-{arch}.gguf")
+        out = os.path.join(syn, f"allformats-{arch}.gguf")
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_synthetic_gguf.py"), "--arch", arch,
                         "--tokenizer", tok, out], check=True, capture_output=True)
         paths.append(out)

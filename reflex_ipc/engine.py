@@ -368,30 +368,38 @@ class Runner:
         first = self._row(self._prefill(p_ids, check)).astype(np.float64)
         t_prompt = time.perf_counter()
 
-        # one batch: candidate c's token t at slot P + offset_c + t, position P + t
-        owner = np.concatenate([np.full(len(t), c) for c, t in enumerate(cand_ids)])
-        within = np.concatenate([np.arange(len(t)) for t in cand_ids])
-        flat = np.concatenate([np.asarray(t, np.int64) for t in cand_ids])
-        allowed = np.zeros((M, P + M), dtype=bool)
-        allowed[:, :P] = True
-        allowed[:, P:] = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
-        key_pos = np.concatenate([np.arange(P), P + within])
-        b = Batch(self.ops, flat, P + within, slots=P + np.arange(M), allowed=allowed, key_pos=key_pos)
-        rows = self.ops.to_numpy(self.model.forward(self.cache, b, check=check))[:, :self.n_vocab]
-        rows = rows.astype(np.float64)
-        t_eval = time.perf_counter()
-
         def log_softmax_at(z, tok):
             m = z.max(axis=-1, keepdims=True)
             lse = m[..., 0] + np.log(np.exp(z - m).sum(axis=-1))
             return np.take_along_axis(z, tok[..., None], axis=-1)[..., 0] - lse
 
-        # token t of a candidate is predicted by the prompt's last logits (t = 0) or by row t-1
+        # All candidates in one batch: candidate c's token t is stored at slot P + offset_c + t,
+        # rotated at position P + t, and sees the prompt and its own tokens up to itself.
+        # (Batches of more than prefill_chunk tokens go in slot order, chunk by chunk: a
+        # token's keys are all in its own or an earlier chunk.)
+        owner = np.concatenate([np.full(len(t), c) for c, t in enumerate(cand_ids)])
+        within = np.concatenate([np.arange(len(t)) for t in cand_ids])
+        flat = np.concatenate([np.asarray(t, np.int64) for t in cand_ids])
+        key_pos = np.concatenate([np.arange(P), P + within])
+        # token t of a candidate is predicted by the prompt's last logits (t = 0), else by the
+        # row of its candidate's token t - 1
         lp_tok = np.empty(M)
         starts = within == 0
         lp_tok[starts] = log_softmax_at(first[None, :], flat[starts])
-        nxt = np.flatnonzero(~starts)
-        lp_tok[nxt] = log_softmax_at(rows[nxt - 1], flat[nxt])
+        for a in range(0, M, self.prefill_chunk):
+            e = min(M, a + self.prefill_chunk)
+            allowed = np.zeros((e - a, P + e), dtype=bool)
+            allowed[:, :P] = True
+            allowed[:, P:] = (owner[a:e, None] == owner[None, :e]) & (within[None, :e] <= within[a:e, None])
+            b = Batch(self.ops, flat[a:e], P + within[a:e], slots=P + np.arange(a, e), allowed=allowed,
+                      key_pos=key_pos[:P + e])
+            rows = self.ops.to_numpy(self.model.forward(self.cache, b, check=check))
+            r = np.arange(a, e)
+            has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
+            lp_tok[r[has_next] + 1] = log_softmax_at(rows[has_next, :self.n_vocab].astype(np.float64),
+                                                     flat[r[has_next] + 1])
+        t_eval = time.perf_counter()
+
         logprob = np.zeros(len(cand_ids))
         np.add.at(logprob, owner, lp_tok)
         z = logprob / temperature

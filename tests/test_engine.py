@@ -267,6 +267,16 @@ def test_system1_one_batch_equals_separate_scoring(which, request):
     assert out["entropy"] == pytest.approx(float(-(nz * np.log2(nz)).sum()), abs=1e-9)
 
 
+@pytest.mark.parametrize("which", ["runner", "gemma"])
+def test_system1_in_chunks_equals_one_batch(which, request, monkeypatch):
+    r = request.getfixturevalue(which)
+    whole = r.system1(PROMPT, CANDS)
+    monkeypatch.setattr(r, "prefill_chunk", 3)  # candidate batches split mid-candidate
+    parts = r.system1(PROMPT, CANDS)
+    for a, b in zip(whole["candidates"], parts["candidates"]):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+
+
 def test_system1_temperature(runner):
     cold = runner.system1(PROMPT, CANDS[:3], temperature=0.01)
     hot = runner.system1(PROMPT, CANDS[:3], temperature=100.0)

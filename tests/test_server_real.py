@@ -170,10 +170,20 @@ def test_not_a_gguf_is_gguf_error(srv, tmp_path):
 # ---------------------------------------------------------------- hostile input
 
 
+def send_in_thread(p, data: bytes) -> threading.Thread:
+    """Write while the caller reads: big inputs with many results would
+    otherwise fill both pipes."""
+    def feed():
+        p.p.stdin.write(data)
+        p.p.stdin.flush()
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    return t
+
+
 def exactly_one_result(p, raw: bytes, tag):
     """Send `raw` + newline, then a ping; the results before the ping's."""
-    p.p.stdin.write(raw + b"\n" + json.dumps({"id": tag, "op": "ping"}).encode() + b"\n")
-    p.p.stdin.flush()
+    send_in_thread(p, raw + b"\n" + json.dumps({"id": tag, "op": "ping"}).encode() + b"\n")
     results = []
     while True:
         tokens, res = p.response(timeout=120)
@@ -272,7 +282,7 @@ def test_valid_requests_between_bad_ones(srv):
     for i in range(20):
         reqs += [b"{bad", {"id": i, "op": "tokenize", "text": "Hello world"}, b"\xff",
                  {"id": f"u{i}", "op": "nope"}]
-    srv.send(*reqs)
+    send_in_thread(srv, lines_of(*reqs))
     got = [srv.response()[1] for _ in reqs]
     assert [r["ok"] for r in got] == [False, True, False, False] * 20
     assert [r["id"] for r in got[1::4]] == list(range(20))

@@ -7,7 +7,6 @@ load them) and have random weights. `tiny_gguf` is also used by tests/test_engin
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -327,7 +326,6 @@ def test_tied_output_falls_back_to_token_embd(tiny):
     np.testing.assert_array_equal(model.output, t["token_embd.weight"].astype(np.float32))
 
 
-@pytest.mark.skipif(not os.path.exists(resolve_model(None)), reason="SmolLM2 not installed")
 def test_smollm2_hparams_from_metadata():
     with GGUFFile(resolve_model(None)) as f:
         from reflex_ipc.models.common import HParams

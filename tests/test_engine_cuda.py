@@ -1,0 +1,82 @@
+"""The Runner on the CUDA backend against the numpy backend, on the same GGUFs.
+
+Runs only where the CUDA backend loads (a GPU, pycuda and the built kernels); elsewhere
+the whole module is skipped with the reason the backend gave.
+"""
+
+import glob
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from reflex_ipc.engine import load_runner, make_backend
+from reflex_ipc.errors import ReflexError
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+try:
+    make_backend("cuda")
+    CUDA_ERROR = None
+except ReflexError as e:
+    CUDA_ERROR = e.message
+
+pytestmark = pytest.mark.skipif(CUDA_ERROR is not None, reason=f"no CUDA backend: {CUDA_ERROR}")
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+PROMPTS = ["The capital of France is",
+           "Hello world, this is a somewhat longer prompt that passes a small sliding window"]
+
+
+def _models(tmp_path_factory):
+    paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
+    try:  # the tiny models borrow SmolLM2's tokenizer
+        from reflex_ipc.modelpath import resolve_model
+
+        resolve_model(None)
+    except ReflexError:
+        return paths
+    from test_models import CONFIGS, tiny_gguf
+
+    d = tmp_path_factory.mktemp("cuda_models")
+    for name, cfg in CONFIGS.items():
+        p = d / f"{name}.gguf"
+        tiny_gguf(p, **cfg)
+        paths.append(str(p))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    out = {}
+    for p in _models(tmp_path_factory):
+        out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),
+                                    load_runner(p, device="cuda", n_ctx=256))
+    return out
+
+
+def test_cuda_matches_cpu(pairs):
+    report = []
+    for name, (cpu, gpu) in pairs.items():
+        assert gpu.info()["backend"] == "cuda"
+        for text in PROMPTS:
+            ids = cpu.tokenize(text, add_bos=None)
+            a, b = cpu.prompt_logits(ids), gpu.prompt_logits(ids)
+            err = float(np.abs(a - b).max() / np.abs(a).max())
+            report.append((name, "logits", err))
+            assert err < 1e-2, (name, text, err)
+            ga = cpu.generate(text, max_tokens=12)["token_ids"]
+            gb = gpu.generate(text, max_tokens=12)["token_ids"]
+            if ga != gb:  # allowed only where the CPU's top two were within the logit error
+                k = next(i for i, (x, y) in enumerate(zip(ga, gb)) if x != y)
+                z = np.sort(cpu.prompt_logits(ids + ga[:k]))
+                assert z[-1] - z[-2] < 2e-2 * np.abs(z).max(), (name, text, k, ga, gb)
+            cands = [" Paris", " London is big", " a city"]
+            sa = [c["logprob"] for c in cpu.system1(text, cands)["candidates"]]
+            sb = [c["logprob"] for c in gpu.system1(text, cands)["candidates"]]
+            np.testing.assert_allclose(sb, sa, atol=5e-2 + 1e-2 * np.abs(sa).max())
+            ea = np.array(cpu.embed([text])["embeddings"][0])
+            eb = np.array(gpu.embed([text])["embeddings"][0])
+            np.testing.assert_allclose(eb, ea, atol=1e-2 * np.abs(ea).max())
+    print("\n".join(f"{n} {k} {e:.2e}" for n, k, e in report))

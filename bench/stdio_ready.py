@@ -85,6 +85,8 @@ def one_run(argv, request):
 
 def stats(values):
     values = [v for v in values if v is not None]
+    if not values:
+        return None
     return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
             "runs": [round(v, 4) for v in values]}
 

@@ -63,7 +63,7 @@ class System1(_ModelRequest, kw_only=True):
 
 
 class Embed(_ModelRequest, kw_only=True):
-    input: Union[str, Annotated[list[str], Meta(min_length=1, max_length=1024)]]
+    input: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]]
     pooling: Literal["mean", "last", "cls"] = "mean"
     normalize: bool = False
 

@@ -9,7 +9,11 @@ before a quantized dot product). Reproducing that rounding exactly per dot
 product is easy, but on a small quantized model it is chaotic: a one-ulp
 change of an activation flips roundings that grow into logit changes of a few
 percent, so unless every op is bit-identical to ggml the emulation only adds a
-second draw of that noise. Plain float32 products sit in the middle of it.
+second draw of that noise. Plain float32 products sit in the middle of it:
+on SmolLM2 Q4_1 these ops agree with llama.cpp run on an F32 copy of the same
+weights to 1e-4..1e-3 of max|logit|, while llama.cpp on the Q4_1 file is
+2-3% away from that same F32 result (and ~3% from itself between batched and
+token-by-token evaluation of one sequence).
 """
 
 from __future__ import annotations

@@ -59,14 +59,18 @@ def dotted(obj, key):
     return obj
 
 
-def send_case(p, case):
+def case_line(case) -> bytes:
     if "request_base64" in case:
         raw = base64.b64decode(case["request_base64"])
     elif isinstance(case["request"], str):
         raw = case["request"].encode("utf-8")
     else:
         raw = json.dumps(case["request"], ensure_ascii=False).encode("utf-8")
-    p.p.stdin.write(raw + b"\n")
+    return raw + b"\n"
+
+
+def send_case(p, case):
+    p.p.stdin.write(case_line(case))
     p.p.stdin.flush()
 
 
@@ -372,7 +376,26 @@ def test_uds_real_engine(tmp_path):
         assert time.monotonic() - t < 30
         assert b.request({"id": 3, "op": "tokenize", "text": "Hello world"})[1]["token_ids"] == [
             19556, 905]
+        for vf in VECTOR_FILES:  # every vector over the socket too
+            for line in vf.read_text(encoding="utf-8").splitlines():
+                case = json.loads(line)
+                b.s.sendall(case_line(case))
+                tokens, res = b.response(timeout=300)
+                check_case(case, tokens, res)
         b.close()
     finally:
         rc, out = stop(proc)
     assert rc == 0 and out == b"" and not path.exists()
+
+
+def test_max_line_bytes_option():
+    p = stdio("--max-line-bytes", "100")
+    try:
+        ok = {"id": 1, "op": "tokenize", "text": "x" * 40}
+        long = {"id": 2, "op": "tokenize", "text": "x" * 100}
+        p.send(ok, long, ok)
+        got = [p.response()[1] for _ in range(3)]
+        assert [r.get("error", {}).get("kind") for r in got] == [None, "line_too_long", None]
+        assert got[1]["id"] is None
+    finally:
+        p.close()

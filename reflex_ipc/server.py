@@ -241,6 +241,7 @@ class Server:
         self.infos = {}  # (path, device) -> runner.info()
         self.paths = {}  # model name -> path
         self.active = None  # key of the active runner
+        self.auto_device = None  # the device "auto" resolved to, once known
         self.busy = False
         self.cancel = False
         self.stopping = False
@@ -287,6 +288,8 @@ class Server:
                 path = self._path(model)
             if device is None:
                 device = self.active[1] if self.active else self.default_device
+            if device == "auto" and self.auto_device:
+                device = self.auto_device
             key = (path, device)
         runner = self.runners.get(key)
         if runner is None:
@@ -306,6 +309,8 @@ class Server:
             if real and real != key[1]:
                 self.runners.setdefault((key[0], real), runner)
                 self.infos.setdefault((key[0], real), info)
+                if key[1] == "auto":
+                    self.auto_device = real  # what "auto" means on this machine
         if self.active is None:
             self.active = key
         return key, runner

@@ -262,6 +262,30 @@ def test_model_cache_active_and_switching():
     assert r[7]["model"] == "fake-default.gguf" and len(r[7]["models"]) == 3
 
 
+def test_auto_device_resolves_once():
+    """A runner loaded with "auto" is found again under the device it chose,
+    and "auto" means that device from then on: no second load."""
+    loads = []
+
+    def load(path, device):
+        loads.append((path, device))
+        r = FakeRunner(path, device)
+        r.info = lambda: {"model": "m", "backend": "cpu", "n_vocab": 1000}
+        return r
+
+    srv = server.Server(loader=load, resolve=fake_resolve)
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+        fin.write(lines_of({"id": 1, "op": "load"}, {"id": 2, "op": "load", "device": "cpu"},
+                           {"id": 3, "op": "load", "model": "/models/b.gguf", "device": "auto"},
+                           {"id": 4, "op": "load", "model": "/models/b.gguf", "device": "cpu"}))
+        fin.seek(0)
+        srv.serve_conn(server.FdConn(fin.fileno(), fout.fileno(), 1 << 20))
+        fout.seek(0)
+        out = [json.loads(x) for x in fout.read().splitlines()]
+    assert loads == [("/models/default.gguf", "auto"), ("/models/b.gguf", "cpu")]
+    assert [o["cached"] for o in out[1:]] == [False, True, False, True]
+
+
 def test_shutdown_stops_reading():
     srv, out = serve_bytes(lines_of({"id": 1, "op": "shutdown"}, {"id": 2, "op": "ping"}))
     assert [o["id"] for o in out[1:]] == [1] and srv.stopping

@@ -140,7 +140,7 @@ class Runner:
         if self.n_out < self.n_vocab:
             raise ReflexError("gguf_error", f"the output layer has {self.n_out} rows for a vocabulary "
                               f"of {self.n_vocab} tokens")
-        self.prefill_chunk = 256 if ops.name == "cpu" else 1024
+        self.prefill_chunk = 256 if ops.name == "numpy" else 1024
         self.load_ms = load_ms
 
     # -- small things ----------------------------------------------------------------
@@ -153,6 +153,7 @@ class Runner:
             "path": self.path,
             "architecture": hp.arch,
             "backend": self.ops.name,
+            "device": "cuda" if self.ops.name == "cuda" else "cpu",
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
             "n_ctx_train": hp.n_ctx_train,

@@ -74,7 +74,7 @@ def missing_ops(backend) -> list[str]:
 class Ops:
     """The contract. Backends need not inherit from this class; they must match it.
 
-    `name` is "cpu" for numpy and "cuda" for CUDA (reported by runner.info()).
+    `name` is "numpy" or "cuda": runner.info()["backend"] (and the protocol's `backend`).
     """
 
     name = "abstract"

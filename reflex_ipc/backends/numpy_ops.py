@@ -101,7 +101,7 @@ def _default_blas_threads():
 
 
 class NumpyOps:
-    name = "cpu"
+    name = "numpy"
 
     def __init__(self, blas_threads="default"):
         self._rope_memo = None  # (pos array, params, cos, sin): q and k share positions

@@ -49,7 +49,7 @@ def random_blocks(rng, tname, rows, cols, std):
     if cols % blk:
         raise ValueError(f"{tname} needs rows of a multiple of {blk} values, not {cols}")
     nb = rows * cols // blk
-    raw = np.frombuffer(rng.bytes(nb * bsize), dtype=np.uint8).reshape(nb, bsize).copy()
+    raw = rng.integers(0, 256, size=(nb, bsize), dtype=np.uint8)
     jitter = np.exp(0.25 * rng.standard_normal(nb, dtype=np.float32))
     if tname == "Q8_0":
         # d (f16) then 32 int8 quants; uniform int8 in [-128, 127] has std ~73.9
@@ -169,7 +169,7 @@ MODELS = {
         # final logit softcap, GeGLU, embeddings scaled by sqrt(n_embd); SentencePiece vocab
         n_embd=128, n_layer=4, n_head=4, n_head_kv=1, head_dim=64, n_ff=512,
         rope_base=1000000.0, eps=1e-6, vocab="spm", add_bos=None, tied=True, embd="Q4_0",
-        sliding_window=6, swa_pattern=3, rope_base_swa=10000.0, final_softcap=30.0,
+        sliding_window=6, swa_pattern=3, rope_base_swa=10000.0, final_softcap=15.0,
         layers=[dict(q="Q8_0", k="Q8_0", v="F16", o="Q4_K", gate="Q8_0", up="Q4_0", down="Q4_K"),
                 dict(q="F16", k="Q4_0", v="Q8_0", o="Q8_0", gate="F16", up="Q8_0", down="Q4_K"),
                 dict(q="Q4_0", k="F16", v="Q4_0", o="Q4_K", gate="Q4_0", up="F16", down="Q8_0"),
@@ -226,6 +226,7 @@ def build(arch, out_path, seed=None, vocab_paths=None):
     # `post`) instead. The logits (output_norm(h) . e_v) get a spread of a few units.
     gemma = arch == "gemma3"
     embd_std, gain, post, out_norm = (0.1, 1.0, 3.0, 3.0) if gemma else (0.5, 4.0, 1.0, 1.0)
+    embd_std, gain, post, out_norm = (cfg.get(k, v) for k, v in (("embd_std", embd_std), ("gain", gain), ("post", post), ("out_norm", out_norm)))
     add("token_embd.weight", *weight(rng, cfg["embd"], n_vocab, E, embd_std))
     add("output_norm.weight", norm(E, out_norm))
     if not cfg["tied"]:

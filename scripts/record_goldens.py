@@ -14,7 +14,22 @@ package. For each model and prompt it records, with llama.cpp:
   repetition penalty), the gap between the two largest logits and max|logit| (so a
   test can tell a near-tie from a real divergence), the top-5 ids/logits, whether the
   token ends generation (llama.cpp's is_eog), and the text (pieces without special
-  tokens rendered, joined as bytes, decoded as UTF-8).
+  tokens rendered, joined as bytes, decoded as UTF-8);
+- llama.cpp's own noise: the same prompt under two settings that compute the same
+  function in exact arithmetic: an F32 KV cache instead of F16, and the prompt fed one
+  token per micro-batch (other kernels, other summation order). llama.cpp quantizes
+  activations to 8 bits for quantized matmuls, so such changes move its logits by
+  percents of max|logit|; `self_noise` (max|diff| / max|logit| over the vocabulary) and
+  `self_noise_top` (the same over llama.cpp's 20 best tokens) are the larger of the two,
+  and `alt_greedy` is the greedy continuation with the F32 KV cache (where it diverges,
+  llama.cpp itself flips at that gap);
+- llama.cpp in exact arithmetic: the same model with every weight dequantized to F32 (an
+  "F32 twin" made here with gguf.quants, never committed) and an F32 KV cache, so no
+  activation is rounded: its logits after the prompt (e<i> in the .npz), its greedy
+  continuation (`exact_steps`) and `rounding_noise` (max|quantized - exact| / max|logit|,
+  `rounding_noise_top` over the 20 best tokens): how far llama.cpp's 8-bit activation
+  rounding alone moves it. tests/test_parity.py scales its bounds against the quantized
+  goldens by these, and holds the engine to tight bounds against the exact ones.
 
 The models: SmolLM2-135M-Instruct (the default model) with varied prompts, and every
 tests/data/synthetic-*.gguf (scripts/make_synthetic.py) with three prompts.
@@ -78,20 +93,96 @@ def render_chat(template, user):
                                             add_generation_prompt=True, bos_token="", eos_token="")
 
 
+def f32_twin(src, dst):
+    """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    r = gguf.GGUFReader(src)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment", "general.file_type"):
+            continue
+        vt = VT(f.types[0])
+        if vt == VT.ARRAY:
+            st = VT(f.types[1])
+            val = ([bytes(f.parts[i]) for i in f.data] if st == VT.STRING
+                   else [x.item() for i in f.data for x in f.parts[i]])
+            w.add_key_value(key, val, vt, sub_type=st)
+        elif vt == VT.STRING:
+            w.add_key_value(key, bytes(f.parts[f.data[0]]), vt)
+        else:
+            w.add_key_value(key, f.parts[f.data[0]][0].item(), vt)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
+                                                  dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+ALT_SETTINGS = {"f32_kv": dict(type_k=0, type_v=0), "ubatch1": dict(n_batch=1, n_ubatch=1)}
+
+
+def open_llama(path, **override):
+    import llama_cpp
+
+    kw = dict(n_ctx=SETTINGS["n_ctx"], n_threads=SETTINGS["n_threads"],
+              n_threads_batch=SETTINGS["n_threads_batch"], n_batch=SETTINGS["n_batch"],
+              n_ubatch=SETTINGS["n_ubatch"], seed=SETTINGS["seed"], flash_attn=False,
+              n_gpu_layers=0, logits_all=False, verbose=False)
+    kw.update(override)
+    return llama_cpp.Llama(path, **kw)
+
+
 def record_model(name, path, prompts, model_ref):
     import llama_cpp
 
-    m = llama_cpp.Llama(path, n_ctx=SETTINGS["n_ctx"], n_threads=SETTINGS["n_threads"],
-                        n_threads_batch=SETTINGS["n_threads_batch"], n_batch=SETTINGS["n_batch"],
-                        n_ubatch=SETTINGS["n_ubatch"], seed=SETTINGS["seed"], flash_attn=False,
-                        n_gpu_layers=0, logits_all=False, verbose=False)
+    import tempfile
+
+    m = open_llama(path)
+    alts = {k: open_llama(path, **kw) for k, kw in ALT_SETTINGS.items()}
+    tmp = tempfile.TemporaryDirectory()
+    exact = open_llama(f32_twin(path, os.path.join(tmp.name, "twin.gguf")), type_k=0, type_v=0)
     vocab = m._model.vocab
     n_vocab = m.n_vocab()
     add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
 
-    def last_logits():
-        ptr = llama_cpp.llama_get_logits_ith(m.ctx, -1)
+    def last_logits(llm=m):
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32, copy=True)
+
+    def greedy(llm, ids, n):
+        llm.reset()
+        llm.eval(ids)
+        out = []
+        for _ in range(n):
+            out.append(int(np.argmax(last_logits(llm))))
+            llm.eval([out[-1]])
+        return out
+
+    def greedy_steps(llm, ids, n):
+        """Incremental greedy from an empty cache: per step the token, the top-2 gap,
+        max|logit|, end-of-generation flag and top-5; and the logits after the prompt."""
+        llm.reset()
+        llm.eval(ids)
+        z = first = last_logits(llm)
+        steps = []
+        for _ in range(n):
+            order = np.argsort(-z, kind="stable")[:5]
+            tok = int(order[0])
+            steps.append({"token": tok, "gap": float(z[order[0]] - z[order[1]]),
+                          "max_abs": float(np.abs(z).max()),
+                          "eog": bool(llama_cpp.llama_vocab_is_eog(vocab, tok)),
+                          "top5": [[int(t), float(z[t])] for t in order]})
+            llm.eval([tok])
+            z = last_logits(llm)
+        return first, steps
 
     def piece(tok):
         """The token's text as bytes, special tokens rendered empty (special=False)."""
@@ -108,34 +199,47 @@ def record_model(name, path, prompts, model_ref):
         if text is None:
             text = render_chat(m.metadata["tokenizer.chat_template"], CHAT_USER)
         ids = m.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        m.reset()
-        m.eval(ids)
-        first = last_logits()
+        first, steps = greedy_steps(m, ids, STEPS)
         arrays[f"p{i}"] = first
-        steps, pieces = [], b""
-        z = first
-        for _ in range(STEPS):
-            order = np.argsort(-z, kind="stable")[:5]
-            tok = int(order[0])
-            eog = bool(llama_cpp.llama_vocab_is_eog(vocab, tok))
-            steps.append({"token": tok, "gap": float(z[order[0]] - z[order[1]]),
-                          "max_abs": float(np.abs(z).max()), "eog": eog,
-                          "top5": [[int(t), float(z[t])] for t in order]})
-            if not any(s["eog"] for s in steps):
-                pieces += piece(tok)
-            m.eval([tok])
-            z = last_logits()
+        pieces = b""
+        for st in steps:
+            if st["eog"]:
+                break
+            pieces += piece(st["token"])
+        exact_first, exact_steps = greedy_steps(exact, ids, STEPS)
+        arrays[f"e{i}"] = exact_first
         if not np.isfinite(first).all():
             raise SystemExit(f"{name} prompt {i}: non-finite logits")
+        top = np.argsort(-first)[:20]
+        noise, noise_top = 0.0, 0.0
+        for alt in alts.values():
+            alt.reset()
+            alt.eval(ids)
+            d = np.abs(last_logits(alt) - first) / np.abs(first).max()
+            noise, noise_top = max(noise, float(d.max())), max(noise_top, float(d[top].max()))
+        alt_greedy = greedy(alts["f32_kv"], ids, STEPS)
+        own = [st["token"] for st in steps]
+        d = np.abs(first - exact_first) / np.abs(first).max()
+        rounding, rounding_top = float(d.max()), float(d[top].max())
+        alt_div = next((k for k, (a, b) in enumerate(zip(alt_greedy, own)) if a != b), None)
+        exact_div = next((k for k, (a, b) in enumerate(zip(exact_steps, steps)) if a["token"] != b["token"]), None)
         records.append({
             "kind": kind, "text": text, "ids": ids, "add_bos": add_bos,
             "first_logits": f"p{i}", "first_max_abs": float(np.abs(first).max()),
             "first_std": float(first.std()),
             "greedy": [s["token"] for s in steps], "steps": steps,
             "greedy_text": pieces.decode("utf-8", errors="replace"),
+            "self_noise": noise, "self_noise_top": noise_top, "alt_greedy": alt_greedy,
+            "exact_logits": f"e{i}", "rounding_noise": rounding, "rounding_noise_top": rounding_top,
+            "exact_steps": exact_steps,
+            "alt_greedy_divergence": None if alt_div is None else {
+                "step": alt_div, "gap_rel": steps[alt_div]["gap"] / steps[alt_div]["max_abs"]},
         })
         print(f"  {name} [{kind}] {len(ids)} tokens; max|logit| {np.abs(first).max():.2f}; "
-              f"greedy {pieces.decode('utf-8', errors='replace')[:60]!r}", flush=True)
+              f"self-noise {noise:.4f} (top-20 {noise_top:.4f}); rounding {rounding:.4f} "
+              f"(top-20 {rounding_top:.4f}); greedy of the exact twin diverges at {exact_div}, "
+              f"with an F32 KV cache at {alt_div}; "
+              f"greedy {pieces.decode('utf-8', errors='replace')[:40]!r}", flush=True)
     golden = {
         "model": model_ref, "sha256": sha256(path), "n_vocab": n_vocab, "add_bos": add_bos,
         "eog_ids": sorted(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)),
@@ -144,10 +248,15 @@ def record_model(name, path, prompts, model_ref):
             "llama_cpp_commit": LLAMA_CPP_COMMIT,
             "system_info": llama_cpp.llama_print_system_info().decode().strip(),
         },
-        "settings": SETTINGS, "steps": STEPS, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": SETTINGS, "alt_settings": ALT_SETTINGS, "exact_settings": "F32 twin, F32 KV cache",
+        "steps": STEPS, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "prompts": records,
     }
     m.close()
+    for alt in alts.values():
+        alt.close()
+    exact.close()
+    tmp.cleanup()
     os.makedirs(OUT, exist_ok=True)
     np.savez_compressed(os.path.join(OUT, f"{name}.npz"), **arrays)
     with open(os.path.join(OUT, f"{name}.json"), "w") as f:

@@ -208,38 +208,42 @@ class NumpyOps:
             y *= w
         return y
 
-    def _cos_sin(self, pos, n_rot, base, freq_scale, freq_factors):
-        params = (n_rot, base, freq_scale, id(freq_factors))
+    def _rotation(self, pos, hd, n_rot, base, freq_scale, freq_factors, neox, mscale):
+        """(perm, cos, sin) with rope(x) = x * cos + x[..., perm] * sin over the last axis:
+        perm swaps each rotated pair, sin carries the pair's sign, dims >= n_rot pass through.
+        Memoized for the last positions array (q and k of every layer share it)."""
+        params = (hd, n_rot, base, freq_scale, id(freq_factors), neox, mscale)
         memo = self._rope_memo
         if memo is not None and memo[0] is pos and memo[1] == params:
-            return memo[2], memo[3]
-        inv = np.power(float(base), -2.0 * np.arange(n_rot // 2) / n_rot) * freq_scale
+            return memo[2]
+        half = n_rot // 2
+        inv = np.power(float(base), -2.0 * np.arange(half) / n_rot) * freq_scale
         if freq_factors is not None:
             inv = inv / np.asarray(freq_factors, np.float64)
-        ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
-        cos, sin = np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
-        self._rope_memo = (pos, params, cos, sin)
-        return cos, sin
+        ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]  # [N, half]
+        c, sn = np.cos(ang) * mscale, np.sin(ang) * mscale
+        cos = np.ones((len(ang), hd))
+        sin = np.zeros((len(ang), hd))
+        perm = np.arange(hd)
+        i = np.arange(half)
+        a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)  # the pairs (x_a, x_b)
+        cos[:, a], cos[:, b] = c, c
+        sin[:, a], sin[:, b] = -sn, sn
+        perm[a], perm[b] = b, a
+        rot = (perm, cos.astype(_F32)[:, None, :], sin.astype(_F32)[:, None, :])
+        self._rope_memo = (pos, params, rot)
+        return rot
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
              neox=False, mscale=1.0, inplace=False):
         hd = x.shape[-1]
-        n_rot = hd if n_rot is None else n_rot
-        cos, sin = self._cos_sin(pos, n_rot, base, freq_scale, freq_factors)
-        if mscale != 1.0:
-            cos, sin = cos * _F32(mscale), sin * _F32(mscale)
-        y = x if inplace else x.copy()
-        half = n_rot // 2
-        if neox:
-            a, b = x[..., :half], x[..., half:n_rot]
-        else:
-            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        ra = a * cos - b * sin
-        rb = a * sin + b * cos
-        if neox:
-            y[..., :half], y[..., half:n_rot] = ra, rb
-        else:
-            y[..., 0:n_rot:2], y[..., 1:n_rot:2] = ra, rb
+        perm, cos, sin = self._rotation(pos, hd, hd if n_rot is None else n_rot, base, freq_scale,
+                                        freq_factors, neox, mscale)
+        y = x * cos
+        y += x[..., perm] * sin
+        if inplace:
+            x[...] = y
+            return x
         return y
 
     # -- attention ---------------------------------------------------------------
@@ -247,6 +251,11 @@ class NumpyOps:
         return KVCache(n_layers, n_kv_heads, head_dim, n_ctx)
 
     def kv_store(self, cache, layer, k, v, slots):
+        if len(slots) == 1:  # decode
+            slot = int(slots[0])
+            cache.k[layer, :, slot] = k[0]
+            cache.v[layer, :, slot] = v[0]
+            return
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         n = len(slots)
         if n and slots[-1] - slots[0] == n - 1 and (n == 1 or np.all(np.diff(slots) == 1)):

@@ -1,0 +1,269 @@
+"""Parity of the CPU engine with llama.cpp, on goldens recorded by
+scripts/record_goldens.py (llama-cpp-python 0.3.36) in tests/goldens/.
+
+For every golden model (SmolLM2 and the synthetic GGUFs of tests/data/) and prompt, against
+two llama.cpp references:
+
+1. llama.cpp on the model as it is (quantized weights, F16 KV cache, the default settings):
+   - tokenization equals llama.cpp's (special tokens parsed, the model's add_bos);
+   - logits after the prompt: max|ours - llama.cpp| / max|llama.cpp logit| within
+     max(1e-2, 1.5 * rounding_noise);
+   - greedy 32 tokens (temperature 0) are llama.cpp's; a divergence passes only at a step
+     where llama.cpp's top two logits were within max(0.5%, rounding_noise_top) of
+     max|logit| and our token was one of the near-tied ones; the rest of that sequence is
+     then not compared.
+2. llama.cpp in exact arithmetic (the model's weights dequantized to F32, F32 KV cache: no
+   rounding of activations anywhere), which is what a float engine computes:
+   - logits after the prompt within 1e-3 * max|logit|;
+   - greedy 32 tokens identical, a divergence passing only at a top-2 gap < 0.5%.
+
+rounding_noise (recorded per prompt) is max|quantized llama.cpp - exact llama.cpp| /
+max|logit| (rounding_noise_top: over llama.cpp's 20 best tokens). llama.cpp rounds
+activations to 8 bits in quantized matmuls (F16 for F16 weights and the KV cache); on these
+models that alone moves its logits by 2-4% of max|logit| and flips greedy choices at gaps
+up to ~0.7%. llama.cpp does not meet a fixed 1e-2 even against itself with an F32 instead
+of an F16 KV cache (`self_noise` in the goldens), so bounds against the quantized run are
+scaled by that noise (never looser than 1e-2 / 0.5%); the exact run is held to tight fixed
+bounds.
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDENS = os.path.join(ROOT, "tests", "goldens")
+LOGIT_REL_TOL = 1e-2   # vs quantized llama.cpp: the floor of the logit bound,
+NOISE_FACTOR = 1.5     # ... which is at least this times llama.cpp's rounding noise
+EXACT_REL_TOL = 1e-3   # vs exact llama.cpp
+TIE_REL = 0.005        # near-tie threshold (a fraction of max|logit|), the floor vs quantized
+
+
+def logit_bound(p):
+    return max(LOGIT_REL_TOL, NOISE_FACTOR * p["rounding_noise"])
+
+
+def tie_rel(p):
+    return max(TIE_REL, p["rounding_noise_top"])
+
+
+def _goldens():
+    out = {}
+    for fn in sorted(os.listdir(GOLDENS)):
+        if fn.endswith(".json"):
+            with open(os.path.join(GOLDENS, fn), encoding="utf-8") as f:
+                out[fn[:-5]] = json.load(f)
+    return out
+
+
+GOLDEN = _goldens()
+CASES = [pytest.param(name, i, id=f"{name}-{p['kind']}")
+         for name, g in GOLDEN.items() for i, p in enumerate(g["prompts"])]
+
+
+# --- the rules (pure functions, checked on their own below) ---------------------------
+def logit_error(ours, ref):
+    """max |ours - ref| / max |ref|."""
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if ours.shape != ref.shape:
+        raise AssertionError(f"logits shape {ours.shape} != llama.cpp's {ref.shape}")
+    if not np.isfinite(ours).all():
+        return float("inf")
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def greedy_verdict(steps, got_ids, got_finish, eog_ids, tie=TIE_REL):
+    """Compare our greedy continuation with llama.cpp's recorded `steps`.
+
+    Returns (ok, message). llama.cpp's sequence ends at its first end-of-generation token
+    (we stop there with finish_reason "stop", not emitting it). The first differing step
+    is a pass only when llama.cpp's top-2 gap there was < tie * max|logit| and our
+    choice (a token, or end of generation) was within that gap of llama.cpp's best."""
+    expected = []
+    for s in steps:
+        if s["eog"]:
+            break
+        expected.append(s["token"])
+    ends_eog = len(expected) < len(steps)
+
+    def diverge(k, ours):
+        s = steps[k]
+        is_tie = s["gap"] < tie * s["max_abs"]
+        best = s["top5"][0][1]
+        near = {t for t, v in s["top5"] if best - v <= tie * s["max_abs"]}
+        cand = set(eog_ids) if ours == "eog" else {ours}
+        where = (f"step {k}: llama.cpp {s['token']} (gap {s['gap']:.4g}, max|logit| "
+                 f"{s['max_abs']:.4g}, top5 {s['top5']}), ours {ours}")
+        if is_tie and cand & near:
+            return True, "near-tie divergence at " + where
+        return False, "divergence at " + where
+
+    for k, tok in enumerate(expected):
+        if k >= len(got_ids):
+            if got_finish == "stop":
+                return diverge(k, "eog")
+            return False, f"we stopped ({got_finish}) after {len(got_ids)} tokens, llama.cpp went on"
+        if got_ids[k] != tok:
+            return diverge(k, got_ids[k])
+    if ends_eog:
+        if len(got_ids) > len(expected):
+            return diverge(len(expected), got_ids[len(expected)])
+        if got_finish != "stop":
+            return False, f"llama.cpp ended generation, we finished with {got_finish!r}"
+        return True, "identical (ended at end-of-generation)"
+    if len(got_ids) != len(expected):
+        return False, f"{len(got_ids)} tokens, llama.cpp {len(expected)}"
+    return True, "identical"
+
+
+# --- the engine --------------------------------------------------------------------------
+_RUNNERS = {}
+_GREEDY = {}
+
+
+def _model_path(g):
+    if g["model"] == "smollm2":
+        from reflex_ipc.modelpath import resolve_model
+
+        return resolve_model(None)
+    return os.path.join(ROOT, g["model"])
+
+
+def runner_for(name):
+    if name not in _RUNNERS:
+        from reflex_ipc.engine import load_runner
+
+        g = GOLDEN[name]
+        path = _model_path(g)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        assert h.hexdigest() == g["sha256"], f"{path} is not the file the golden {name} was recorded on"
+        _RUNNERS[name] = load_runner(path, device="cpu", n_ctx=g["settings"]["n_ctx"])
+    return _RUNNERS[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_runners():
+    yield
+    for r in _RUNNERS.values():
+        r.close()
+    _RUNNERS.clear()
+    _GREEDY.clear()
+
+
+def greedy_output(name, i):
+    """The engine's greedy continuation of prompt i (computed once for both references)."""
+    if (name, i) not in _GREEDY:
+        g = GOLDEN[name]
+        _GREEDY[name, i] = runner_for(name).generate(g["prompts"][i]["text"], max_tokens=g["steps"],
+                                                     temperature=0.0)
+    return _GREEDY[name, i]
+
+
+def _first_logits(name, p, key="first_logits"):
+    with np.load(os.path.join(GOLDENS, name + ".npz")) as z:
+        return z[p[key]]
+
+
+# --- parity --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,i", CASES)
+def test_tokenization(name, i):
+    p = GOLDEN[name]["prompts"][i]
+    ids = runner_for(name).tokenize(p["text"], add_bos=p["add_bos"], parse_special=True)
+    assert ids == p["ids"]
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_first_logits(name, i):
+    p = GOLDEN[name]["prompts"][i]
+    ref = _first_logits(name, p)
+    ours = runner_for(name).prompt_logits(p["ids"])
+    err = logit_error(ours, ref)
+    bound = logit_bound(p)
+    assert err <= bound, (f"max|diff| / max|logit| = {err:.3g} (bound {bound:.3g}; llama.cpp's "
+                          f"rounding noise {p['rounding_noise']:.3g}); argmax ours "
+                          f"{int(np.argmax(ours))} llama.cpp {int(np.argmax(ref))}")
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_first_logits_exact(name, i):
+    p = GOLDEN[name]["prompts"][i]
+    ref = _first_logits(name, p, "exact_logits")
+    ours = runner_for(name).prompt_logits(p["ids"])
+    err = logit_error(ours, ref)
+    assert err <= EXACT_REL_TOL, (f"max|diff| / max|logit| = {err:.3g} vs llama.cpp in exact arithmetic "
+                                  f"(limit {EXACT_REL_TOL}); argmax ours {int(np.argmax(ours))} "
+                                  f"llama.cpp {int(np.argmax(ref))}")
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_greedy(name, i):
+    g = GOLDEN[name]
+    p = g["prompts"][i]
+    out = greedy_output(name, i)
+    assert out["prompt_tokens"] == len(p["ids"]), "the prompt was tokenized differently"
+    ok, msg = greedy_verdict(p["steps"], out["token_ids"], out["finish_reason"], g["eog_ids"],
+                             tie=tie_rel(p))
+    assert ok, msg
+    if msg.startswith("identical"):
+        assert out["text"] == p["greedy_text"]
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_greedy_exact(name, i):
+    g = GOLDEN[name]
+    p = g["prompts"][i]
+    out = greedy_output(name, i)
+    ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"])
+    assert ok, msg
+
+
+# --- the rules can fail ------------------------------------------------------------------
+def test_logit_bound_rejects_a_perturbed_vector():
+    name = next(iter(GOLDEN))
+    ref = _first_logits(name, GOLDEN[name]["prompts"][0])
+    m = np.abs(ref).max()
+    noisy = ref + np.random.default_rng(0).uniform(-1e-3, 1e-3, ref.shape).astype(np.float32) * m
+    assert logit_error(noisy, ref) <= LOGIT_REL_TOL
+    bumped = ref.copy()
+    bumped[123] += 0.02 * m
+    assert logit_error(bumped, ref) > LOGIT_REL_TOL
+    bumped[123] = ref[123] + 2 * EXACT_REL_TOL * m
+    assert logit_error(bumped, ref) > EXACT_REL_TOL
+    scaled = ref * 1.05
+    assert logit_error(scaled, ref) > LOGIT_REL_TOL
+    nan = ref.copy()
+    nan[7] = np.nan
+    assert logit_error(nan, ref) > LOGIT_REL_TOL
+    with pytest.raises(AssertionError):
+        logit_error(ref[:-1], ref)
+
+
+def _step(tok, gap, max_abs=10.0, second=None, eog=False):
+    second = tok + 1 if second is None else second
+    return {"token": tok, "gap": gap, "max_abs": max_abs, "eog": eog,
+            "top5": [[tok, max_abs], [second, max_abs - gap], [999, max_abs - 5], [998, -6], [997, -7]]}
+
+
+def test_greedy_rule():
+    steps = [_step(10, 1.0), _step(11, 0.01), _step(12, 1.0), _step(13, 1.0)]
+    assert greedy_verdict(steps, [10, 11, 12, 13], "length", [2])[0]
+    # a real divergence (large gap) fails; a near-tie one passes only with the runner-up
+    assert not greedy_verdict(steps, [10, 11, 99, 13], "length", [2])[0]
+    assert greedy_verdict(steps, [10, 12, 5, 5], "length", [2])[0]
+    assert not greedy_verdict(steps, [10, 500, 5, 5], "length", [2])[0]
+    # stopping early: fails unless at a near-tie with an end-of-generation runner-up
+    assert not greedy_verdict(steps, [10], "stop", [2])[0]
+    assert not greedy_verdict(steps, [10, 11], "length", [2])[0]
+    assert greedy_verdict([_step(10, 1.0), _step(11, 0.01, second=2)], [10], "stop", [2])[0]
+    # llama.cpp ended generation: we must stop there too
+    ended = [_step(10, 1.0), _step(2, 1.0, eog=True), _step(5, 1.0)]
+    assert greedy_verdict(ended, [10], "stop", [2])[0]
+    assert not greedy_verdict(ended, [10, 7], "length", [2])[0]
+    assert not greedy_verdict(ended, [10], "length", [2])[0]

@@ -141,6 +141,13 @@ class Runner:
             raise ReflexError("gguf_error", f"the output layer has {self.n_out} rows for a vocabulary "
                               f"of {self.n_vocab} tokens")
         self.prefill_chunk = 256 if ops.name == "numpy" else 1024
+        # one-token decode steps from a captured graph where the backend offers it
+        # ($REFLEX_CUDA_GRAPH=0 turns that off)
+        import os
+
+        self.use_graph = os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
+        self._decoder = None
+        self._graph_logits = None
         self.load_ms = load_ms
 
     # -- small things ----------------------------------------------------------------
@@ -171,6 +178,9 @@ class Runner:
         return self.tok.decode(list(ids))
 
     def close(self):
+        if self._decoder is not None and hasattr(self._decoder, "close"):
+            self._decoder.close()
+            self._decoder = None
         self.f.close()
 
     # -- forward passes -------------------------------------------------------------
@@ -197,6 +207,19 @@ class Runner:
             b = Batch(self.ops, chunk, range(start + a, start + a + len(chunk)))
             logits = self.model.forward(self.cache, b, rows=slice(b.n - 1, b.n), check=check)
         return logits
+
+    def _decode_step(self, tid, pos, check):
+        """Logits [1, V] after token tid at position pos (slot pos). Backends with a
+        graph_decoder (CUDA) replay one captured graph per token; per-layer cancellation
+        then gives way to the check between tokens."""
+        if self._decoder is None and self.use_graph and hasattr(self.ops, "graph_decoder"):
+            self._decoder = self.ops.graph_decoder(self.model, self.cache)
+        if self._decoder is not None:
+            self._graph_logits = self._decoder(tid, pos)
+            return self._graph_logits
+        from .models.common import Batch
+
+        return self.model.forward(self.cache, Batch(self.ops, [tid], [pos]), check=check)
 
     def _row(self, logits):
         """Backend logits [1, V] -> numpy float32 [n_vocab]."""
@@ -235,7 +258,6 @@ class Runner:
         token with text still held back, one last call on_token(eog_id, rest) delivers it.
         The texts of all calls join to the result's text.
         """
-        from .models.common import Batch
         from .sampling import Sampler, apply_repeat_penalty
 
         t0 = time.perf_counter()
@@ -274,7 +296,9 @@ class Runner:
         t_prompt = time.perf_counter()
         pos = len(ids)
         while len(out_ids) < max_tokens:
-            if fast_greedy:
+            if fast_greedy and logits is self._graph_logits:
+                tid = self._decoder.argmax()  # computed inside the captured step
+            elif fast_greedy:
                 tid = int(self.ops.argmax(logits)[0])
             else:
                 row = self._row(logits).copy()
@@ -306,8 +330,7 @@ class Runner:
                 break
             if check is not None:
                 check()
-            b = Batch(self.ops, [tid], [pos])
-            logits = self.model.forward(self.cache, b, check=check)
+            logits = self._decode_step(tid, pos, check)
             pos += 1
         t_end = time.perf_counter()
         n_dec = max(len(out_ids) - 1, 0)

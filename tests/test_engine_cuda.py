@@ -80,3 +80,19 @@ def test_cuda_matches_cpu(pairs):
             eb = np.array(gpu.embed([text])["embeddings"][0])
             np.testing.assert_allclose(eb, ea, atol=1e-2 * np.abs(ea).max())
     print("\n".join(f"{n} {k} {e:.2e}" for n, k, e in report))
+
+
+def test_graph_decoder_equals_eager_steps(pairs):
+    """Decode steps replayed from the captured graph give the eager path's tokens."""
+    for name, (_, gpu) in pairs.items():
+        for kw in (dict(max_tokens=16), dict(max_tokens=16, temperature=0.9, seed=3, top_k=40),
+                   dict(max_tokens=16, repeat_penalty=1.3)):
+            gpu.use_graph = True
+            a = gpu.generate(PROMPTS[0], **kw)["token_ids"]
+            gpu.use_graph, decoder = False, gpu._decoder
+            gpu._decoder = None
+            try:
+                b = gpu.generate(PROMPTS[0], **kw)["token_ids"]
+            finally:
+                gpu.use_graph, gpu._decoder = True, decoder
+            assert a == b, (name, kw, a, b)

@@ -66,6 +66,13 @@ OPS = (
 )
 
 
+# Optional ops an engine uses when a backend has them (checked with hasattr):
+#   graph_decoder(model, cache) -> dec: dec(token_id, pos) returns the logits [1, V] of one
+#       ordinary decode step (slot == pos) replayed from a captured graph; dec.argmax() is
+#       the greedy token of the last step; dec.close().
+OPTIONAL_OPS = ("graph_decoder",)
+
+
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]

@@ -226,7 +226,6 @@ def build(arch, out_path, seed=None, vocab_paths=None):
     # `post`) instead. The logits (output_norm(h) . e_v) get a spread of a few units.
     gemma = arch == "gemma3"
     embd_std, gain, post, out_norm = (0.1, 1.0, 3.0, 3.0) if gemma else (0.5, 4.0, 1.0, 1.0)
-    embd_std, gain, post, out_norm = (cfg.get(k, v) for k, v in (("embd_std", embd_std), ("gain", gain), ("post", post), ("out_norm", out_norm)))
     add("token_embd.weight", *weight(rng, cfg["embd"], n_vocab, E, embd_std))
     add("output_norm.weight", norm(E, out_norm))
     if not cfg["tied"]:

@@ -277,17 +277,20 @@ class Server:
             path = self.paths[name] = self._resolve(name)
         return path
 
-    def runner_for(self, model, device, timings):
-        """The runner for (model, device), loading it when not cached."""
-        if model is None and device is None and self.active is not None:
-            key = self.active
+    def runner_for(self, model, device, timings, use_active=True):
+        """The runner for (model, device), loading it when not cached. Either
+        left out means the active model's (with use_active, and one is
+        active), else the server's default (--model / --device)."""
+        active = self.active if use_active else None
+        if model is None and device is None and active is not None:
+            key = active
         else:
             if model is None:
-                path = self.active[0] if self.active else self._path(self.default_model)
+                path = active[0] if active else self._path(self.default_model)
             else:
                 path = self._path(model)
             if device is None:
-                device = self.active[1] if self.active else self.default_device
+                device = active[1] if active else self.default_device
             if device == "auto" and self.auto_device:
                 device = self.auto_device
             key = (path, device)
@@ -411,7 +414,7 @@ class Server:
         def should_cancel():
             return self.cancel or conn.hung_up()
 
-        key, runner = self.runner_for(p.model, p.device, timings)
+        key, runner = self.runner_for(p.model, p.device, timings, use_active=op != "load")
         info = self.infos[key]
         if should_cancel():
             raise ReflexError("cancelled", "cancelled before the request ran")
@@ -432,24 +435,27 @@ class Server:
                     except ClientGone:
                         pass  # should_cancel() now says so
 
+            t = time.perf_counter()
             out = runner.generate(
                 p.prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                 top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
                 repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
                 should_cancel=should_cancel)
-            return self._merge(out, model, timings)
+            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "system1":
+            t = time.perf_counter()
             out = runner.system1(p.prompt, list(p.candidates), temperature=p.temperature,
                                  should_cancel=should_cancel)
-            return self._merge(out, model, timings)
+            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "embed":
             texts = [p.input] if isinstance(p.input, str) else list(p.input)
+            t = time.perf_counter()
             out = runner.embed(texts, pooling=p.pooling, normalize=p.normalize,
                                should_cancel=should_cancel)
             out = dict(out)
             out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
                                  for e in out["embeddings"]]
-            return self._merge(out, model, timings)
+            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "tokenize":
             t = time.perf_counter()
             ids = runner.tokenize(p.text, add_bos=p.add_bos, parse_special=p.parse_special)
@@ -465,12 +471,20 @@ class Server:
         raise ReflexError("internal", f"op {op!r} has no handler")
 
     @staticmethod
-    def _merge(out, model, timings) -> dict:
+    def _merge(out, model, timings, run_ms) -> dict:
+        """The runner's result with its timings folded into ours. prompt_eval
+        and decode are always there: system1's candidate pass counts as its
+        decode; an engine that times only the whole call (embed) gets it as
+        prompt_eval, decode 0."""
         fields = dict(out)
         engine_t = fields.pop("timings", None) or {}
         for k, v in engine_t.items():  # numbers only (ms, or rates such as tokens/s)
             if k != "total" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 timings[k] = v
+        if "decode" not in timings:
+            timings["decode"] = timings.get("candidates_eval", 0.0)
+        if "prompt_eval" not in timings:
+            timings["prompt_eval"] = round(max(0.0, run_ms - timings["decode"]), 3)
         fields.update(model)
         return fields
 

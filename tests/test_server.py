@@ -198,6 +198,9 @@ def test_system1_embed_results():
         {"id": 3, "op": "embed", "input": ["x", "y"], "normalize": True}))
     assert out[1]["best_idx"] == 0 and len(out[1]["candidates"]) == 2
     assert out[2]["embeddings"] == [[1.0] * 4] and out[2]["dim"] == 4
+    # the fake's system1 reports no candidate pass and its embed only prompt_eval
+    assert out[1]["timings"]["decode"] == 0.0 and out[1]["timings"]["prompt_eval"] == 1.0
+    assert out[2]["timings"]["decode"] == 0.0 and out[2]["timings"]["prompt_eval"] == 0.2
     assert out[3]["embeddings"] == [[0.5] * 4] * 2
     for r in out:
         check_schema(r)
@@ -251,7 +254,10 @@ def test_model_cache_active_and_switching():
             {"id": 4, "op": "tokenize", "text": "a", "model": "smollm2"},       # cached default
             {"id": 5, "op": "load", "model": "smollm2"},                        # cached
             {"id": 6, "op": "tokenize", "text": "a", "device": "cpu"},          # default on cpu
-            {"id": 7, "op": "hello"}]
+            {"id": 7, "op": "hello"},
+            {"id": 8, "op": "load", "model": "/models/b.gguf"},                 # cached, active
+            {"id": 9, "op": "load"},                                            # the default again
+            {"id": 10, "op": "tokenize", "text": "a"}]
     _, out = serve_bytes(lines_of(*reqs), loads=loads)
     r = {o["id"]: o for o in out[1:]}
     assert loads == [("/models/default.gguf", "auto"), ("/models/b.gguf", "auto"),
@@ -260,6 +266,9 @@ def test_model_cache_active_and_switching():
     assert r[3]["model"] == "fake-b.gguf" and r[4]["model"] == "fake-default.gguf"
     assert r[5]["cached"] is True and "load" not in r[5]["timings"]
     assert r[7]["model"] == "fake-default.gguf" and len(r[7]["models"]) == 3
+    assert r[8]["model"] == "fake-b.gguf" and r[8]["cached"]
+    assert r[9]["model"] == "fake-default.gguf" and r[9]["cached"]
+    assert r[10]["model"] == "fake-default.gguf"
 
 
 def test_auto_device_resolves_once():

@@ -107,33 +107,6 @@ RX_EXTERN void rope_f32(float* x, const int* pos, int N, int H, int hd, int n_ro
     }
 }
 
-// Per-head RMSNorm then rotary embedding, fused: for each row (n, h) of x [N, H, hd],
-// y = rope(x / sqrt(mean(x^2) + eps) * w) with rope_f32's rules (w may be null).
-// One block per row, blockDim >= 32.
-RX_EXTERN void rmsnorm_rope_f32(const float* x, const float* w, float* y, const int* pos, int H, int hd,
-                                int n_rot, float base, float freq_scale, const float* ff, int neox,
-                                float mscale, float eps) {
-    const long long r = blockIdx.x;
-    const float* xr = x + r * hd;
-    float* yr = y + r * hd;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += xr[i] * xr[i];
-    const float inv = rsqrtf(block_sum(ss) / hd + eps);
-    const int n = r / H, half_rot = n_rot >> 1;
-    for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
-        double f = pow((double)base, -2.0 * i / n_rot) * freq_scale;
-        if (ff) f /= ff[i];
-        const double ang = fmod((double)pos[n] * f, 6.283185307179586);
-        float sn, cs;
-        sincosf((float)ang, &sn, &cs);
-        const int a = neox ? i : 2 * i, b = neox ? i + half_rot : 2 * i + 1;
-        const float x0 = xr[a] * inv * (w ? w[a] : 1.f), x1 = xr[b] * inv * (w ? w[b] : 1.f);
-        yr[a] = (x0 * cs - x1 * sn) * mscale;
-        yr[b] = (x0 * sn + x1 * cs) * mscale;
-    }
-    for (int i = n_rot + threadIdx.x; i < hd; i += blockDim.x) yr[i] = xr[i] * inv * (w ? w[i] : 1.f);
-}
-
 // p[i] += v for i < n (advances device-resident positions between graph replays)
 RX_EXTERN void add_i32(int* p, int v, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

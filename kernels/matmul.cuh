@@ -1,5 +1,4 @@
-// y[n, r] = (base ? base[n, r] : 0) + sum_k W[r, k] * x[n, k] (+ the old y[n, r] when
-// accumulate) with W in its ggml block format (row r is `row_bytes`
+// y[n, r] = sum_k W[r, k] * x[n, k] with W in its ggml block format (row r is `row_bytes`
 // bytes at W + r*row_bytes). One warp per output row; lane l reads chunks l, l+32, ...
 // of 8 weights, dequantizes them in registers and applies them to NT tokens at once.
 // Grid: (ceil(M / ROWS_PER_BLOCK), ceil(N / NT)); block: 32*ROWS_PER_BLOCK threads.
@@ -10,8 +9,8 @@
 
 template <int T, int NT>
 __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, const float* __restrict__ X,
-                                        float* __restrict__ Y, const float* __restrict__ base, int K,
-                                        int M, int N, long long row_bytes, int accumulate) {
+                                        float* __restrict__ Y, int K, int M, int N,
+                                        long long row_bytes, int accumulate) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
     const int n0 = blockIdx.y * NT;
@@ -42,9 +41,8 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, const flo
     for (int t = 0; t < NT; t++) {
         const float s = warp_sum(acc[t]);
         if (lane == 0 && t < nt) {
-            const long long idx = (long long)(n0 + t) * M + row;
-            float v = base ? base[idx] + s : s;
-            Y[idx] = accumulate ? Y[idx] + v : v;
+            float* yp = Y + (long long)(n0 + t) * M + row;
+            *yp = accumulate ? *yp + s : s;
         }
     }
 }
@@ -68,19 +66,16 @@ __device__ __forceinline__ void get_rows_body(const uint8_t* __restrict__ W, con
 
 #define RX_MM(NAME, T)                                                                              \
     RX_EXTERN void __launch_bounds__(128) mm1_##NAME(const uint8_t* W, const float* X, float* Y,     \
-                                                     const float* base, int K, int M, int N,          \
-                                                     long long rb, int acc) {                          \
-        mm_body<T, 1>(W, X, Y, base, K, M, N, rb, acc);                                             \
+                                                     int K, int M, int N, long long rb, int acc) {   \
+        mm_body<T, 1>(W, X, Y, K, M, N, rb, acc);                                                   \
     }                                                                                               \
     RX_EXTERN void __launch_bounds__(128) mm4_##NAME(const uint8_t* W, const float* X, float* Y,     \
-                                                     const float* base, int K, int M, int N,          \
-                                                     long long rb, int acc) {                          \
-        mm_body<T, 4>(W, X, Y, base, K, M, N, rb, acc);                                             \
+                                                     int K, int M, int N, long long rb, int acc) {   \
+        mm_body<T, 4>(W, X, Y, K, M, N, rb, acc);                                                   \
     }                                                                                               \
     RX_EXTERN void __launch_bounds__(128) mm8_##NAME(const uint8_t* W, const float* X, float* Y,     \
-                                                     const float* base, int K, int M, int N,          \
-                                                     long long rb, int acc) {                          \
-        mm_body<T, 8>(W, X, Y, base, K, M, N, rb, acc);                                             \
+                                                     int K, int M, int N, long long rb, int acc) {   \
+        mm_body<T, 8>(W, X, Y, K, M, N, rb, acc);                                                   \
     }                                                                                               \
     RX_EXTERN void get_rows_##NAME(const uint8_t* W, const int* ids, float* out, int K,             \
                                    long long rb, float scale) {                                      \

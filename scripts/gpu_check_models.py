@@ -84,28 +84,6 @@ def graph_greedy(ops, sess, prompt, n):
     return toks, (n - 1) / dt if dt > 0 else None
 
 
-def count_launches(ops, sess, token, pos):
-    """Kernel launches of one eager decode step (token at pos)."""
-    n = [0]
-    real = ops.k
-
-    def counting(name):
-        kern = real(name)
-
-        def launch(*a, **kw):
-            n[0] += 1
-            return kern(*a, **kw)
-
-        return launch
-
-    ops.k = counting
-    try:
-        sess.logits([token], pos)
-    finally:
-        ops.k = real
-    return n[0]
-
-
 def compare_backend(path, cuda_ops):
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
@@ -133,7 +111,6 @@ def compare_backend(path, cuda_ops):
            "logits_ok": logit_err <= 1e-2 * maxabs}
     res.update(_continuation_verdict(cpu, prompt, t_cpu, t_gpu, "greedy"))
     res["eager_tok_s_incl_prefill"] = round((N_GEN + 1) / eager_s, 1)
-    res["launches_per_decode_token"] = count_launches(cuda_ops, gpu, t_gpu[-1], len(prompt) + N_GEN)
     # graph decode, from a fresh cache
     gpu2 = Session(cuda_ops, path)
     t_graph, tps = graph_greedy(cuda_ops, gpu2, prompt, N_GEN)
@@ -143,21 +120,6 @@ def compare_backend(path, cuda_ops):
                    "ratio": round(weight_bytes / file_bytes, 4), "kv_cache_bytes": kv_bytes,
                    "mem_get_info_delta": free0 - free1, "upload": new_arenas[0].stats if new_arenas else None}
     res["vram_ok"] = weight_bytes <= 1.05 * file_bytes
-    if "SmolLM2" in os.path.basename(path):
-        # A/B of the backend's op fusion (matmul + residual add, per-head norm + rope)
-        ab = {}
-        for fuse in (False, True):
-            cuda_ops.fuse = fuse
-            s = Session(cuda_ops, path)
-            n_launch = count_launches(cuda_ops, s, t_gpu[0], len(prompt))
-            t0 = time.perf_counter()
-            _, toks = s.greedy(prompt, N_GEN)
-            eager = (N_GEN + 1) / (time.perf_counter() - t0)
-            gtoks, gtps = graph_greedy(cuda_ops, Session(cuda_ops, path), prompt, N_GEN)
-            ab["fused" if fuse else "unfused"] = {
-                "launches_per_decode_token": n_launch, "eager_tok_s_incl_prefill": round(eager, 1),
-                "graph_tok_s": round(gtps, 1), "same_tokens": toks == t_gpu and gtoks == t_graph}
-        res["fusion_ab"] = ab
     res["ok"] = res["logits_ok"] and res["greedy_ok"] and res["graph_ok"] and res["vram_ok"]
     res["gpu_load_s"] = round(gpu.load_s, 3)
     return res

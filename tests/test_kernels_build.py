@@ -158,13 +158,13 @@ class FakeFunc:
 def test_kernel_packs_arguments_in_c_layout():
     f = FakeFunc()
     k = Kernel(f, "mm1_q8_0", SIGNATURES["mm1_q8_0"], "stream")
-    k((3, 2, 1), (128, 1, 1), 0x1000, 0x2000, 0x3000, 0x4000, 512, 203, 7, 34 * 16, 1)
+    k((3, 2, 1), (128, 1, 1), 0x1000, 0x2000, 0x3000, 512, 203, 7, 34 * 16, 1)
     grid, block, buf, shared, stream = f.calls[0]
     assert (grid, block, shared, stream) == ((3, 2, 1), (128, 1, 1), 0, "stream")
-    # C layout: four pointers, three ints, pad to 8, a long long, an int (then tail padding)
-    assert struct.unpack_from("<QQQQiii", buf, 0) == (0x1000, 0x2000, 0x3000, 0x4000, 512, 203, 7)
-    assert struct.unpack_from("<q", buf, 48)[0] == 34 * 16
-    assert struct.unpack_from("<i", buf, 56)[0] == 1
+    # C layout: three pointers, three ints, pad to 8, a long long, an int (then tail padding)
+    assert struct.unpack_from("<QQQiii", buf, 0) == (0x1000, 0x2000, 0x3000, 512, 203, 7)
+    assert struct.unpack_from("<q", buf, 40)[0] == 34 * 16
+    assert struct.unpack_from("<i", buf, 48)[0] == 1
     k2 = Kernel(f, "scale_f32", SIGNATURES["scale_f32"], None)
     k2((1, 1, 1), (256, 1, 1), 0xA0, 0.5, 0xB0, 1 << 40)
     buf = f.calls[1][2]
@@ -288,7 +288,7 @@ def fake_ops(monkeypatch):
     ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
     rt = RecordingRuntime()
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
-    ops._arenas, ops._extra_weights, ops._graph, ops._pending, ops.fuse = {}, [], None, [], True
+    ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     return ops
 
 
@@ -300,11 +300,9 @@ def test_cuda_ops_matmul_and_embed_launches(fake_ops):
     for n, kern, gy in ((1, "mm1_q8_0", 1), (3, "mm4_q8_0", 1), (4, "mm4_q8_0", 1), (13, "mm8_q8_0", 2)):
         x = DeviceArray.empty(ops.pool, (n, 512))
         y = ops.matmul(x, w)
-        assert y.pending is not None  # deferred until something reads it
-        ops._flush()
         name, grid, block, args = ops.rt.launches[-1]
         assert (name, grid, block) == (kern, (51, gy, 1), (128, 1, 1))
-        assert y.shape == (n, 203) and args[:4] == (0x5000, x.ptr, y.ptr, 0) and args[4:] == (512, 203, n, 544, 0)
+        assert y.shape == (n, 203) and args[:3] == (0x5000, x.ptr, y.ptr) and args[3:] == (512, 203, n, 544, 0)
     with pytest.raises(ValueError):
         ops.matmul(DeviceArray.empty(ops.pool, (1, 256)), w)
     with pytest.raises(ValueError):
@@ -313,43 +311,6 @@ def test_cuda_ops_matmul_and_embed_launches(fake_ops):
     e = ops.embed(w, ids, scale=2.0)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "get_rows_q8_0" and grid == (1, 5, 1) and e.shape == (5, 512) and args[-1] == 2.0
-
-
-def test_cuda_ops_fuses_residual_add_and_norm_rope(fake_ops):
-    from reflex_ipc.cuda.arrays import DeviceWeight
-
-    ops = fake_ops
-    L = ops.rt.launches
-    wo = DeviceWeight(0x7000, (64, 128), 8, "Q8_0", 4 * 34, "wo")
-    x, a = ops.empty((1, 64)), ops.empty((1, 128))
-    # x + matmul(a, wo) with the product a temporary: one launch, base = x
-    y = ops.add(x, ops.matmul(a, wo))
-    assert [n for n, *_ in L] == ["mm1_q8_0"] and L[-1][3][2:4] == (y.ptr, x.ptr) and not ops._pending
-    # the product kept in a variable: no fusion (it may be read later), matmul then add
-    p = ops.matmul(a, wo)
-    ops.add(x, p)
-    assert [n for n, *_ in L[1:]] == ["mm1_q8_0", "add_f32"] and L[1][3][3] == 0
-    del L[:]
-    # q/k per-head norms then in-place ropes (llama/qwen3 order): two fused launches
-    q, k, wq = ops.empty((1, 4, 32)), ops.empty((1, 2, 32)), ops.empty((32,))
-    pos = ops.positions([5])
-    qn = ops.rms_norm(q, wq, 1e-6)
-    kn = ops.rms_norm(k, wq, 1e-6)
-    assert not L
-    qr = ops.rope(qn, pos, neox=True, inplace=True)
-    kr = ops.rope(kn, pos, neox=True, inplace=True)
-    assert [n for n, *_ in L] == ["rmsnorm_rope_f32", "rmsnorm_rope_f32"]
-    assert qr is qn and L[0][1] == (4, 1, 1) and L[0][3][:3] == (q.ptr, wq.ptr, qn.ptr) and kr is kn
-    del L[:]
-    # a norm that something else reads: launched unfused before that op
-    qn = ops.rms_norm(q, wq, 1e-6)
-    ops.scale(qn, 2.0)
-    assert [n for n, *_ in L] == ["rmsnorm_f32", "scale_f32"]
-    del L[:]
-    # a view of a deferred result launches it first
-    m = ops.matmul(a, wo)
-    m.reshape(64)
-    assert [n for n, *_ in L] == ["mm1_q8_0"] and m.pending is None
 
 
 def test_cuda_ops_attention_paths(fake_ops):

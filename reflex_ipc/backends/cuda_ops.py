@@ -8,14 +8,11 @@ waits for the device.
 """
 
 import math
-import os
 
 import numpy as np
 
 from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.core)
-import sys
-
-from ..cuda.arrays import DeviceArray, DeviceWeight, Pending
+from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
@@ -58,22 +55,6 @@ class CudaOps:
         self._arenas = {}
         self._extra_weights = []
         self._graph = None
-        self._pending = []  # deferred ops, in order (see cuda.arrays.DeviceArray.pending)
-        self.fuse = os.environ.get("REFLEX_CUDA_FUSE", "1") != "0"  # 0: no deferral (for A/B timing)
-
-    def _flush(self):
-        """Launch the deferred ops, if any: every op that does not fuse one calls this first,
-        so deferred ops run before anything that follows them. Only a matmul (alone) or
-        per-head norms (which read nothing another deferred op writes) are deferred."""
-        if self._pending:
-            pend, self._pending = self._pending, []
-            for a in pend:
-                a.flush()
-
-    def _defer(self, out, kind, args, run):
-        out.pending = Pending(kind, args, run)
-        self._pending.append(out)
-        return out
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -103,13 +84,11 @@ class CudaOps:
             a.wait()
         self.k = self.rt.kernel
         self.synchronize()
-        self._flush()
         g = Graph(self.rt.stream.handle)
         self._graph = g
         try:
             with g:
                 result = fn()
-                self._flush()
         finally:
             self._graph = None
         return g, result
@@ -130,8 +109,6 @@ class CudaOps:
     def to_numpy(self, x):
         if isinstance(x, np.ndarray):
             return x
-        self._flush()
-        x.flush()
         out = np.empty(x.shape, dtype=x.dtype)
         if out.nbytes:
             self.rt.drv.memcpy_dtoh_async(out, x.ptr, self.rt.stream)
@@ -139,7 +116,6 @@ class CudaOps:
         return out
 
     def synchronize(self):
-        self._flush()
         self.rt.stream.synchronize()
 
     # -- weights -----------------------------------------------------------------
@@ -180,39 +156,27 @@ class CudaOps:
 
     # -- linear algebra ------------------------------------------------------------
     def matmul(self, x, w, out=None, accumulate=False):
-        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T). Without out the
-        launch is deferred: a residual add that consumes the result fuses with it."""
+        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T)."""
         if not isinstance(w, DeviceWeight):
             raise TypeError("matmul needs a DeviceWeight from load_weight")
-        self._flush()
         M, K = w.shape
         if x.shape[-1] != K:
             raise ValueError(f"matmul: x has {x.shape[-1]} columns, weight {w.name} expects {K}")
         if K % 8:
             raise ReflexError("unsupported_architecture", f"{w.name}: rows of {K} (need a multiple of 8)")
+        N = x.size // K
         if out is None:
             if accumulate:
                 raise ValueError("matmul: accumulate=True needs out")
-            y = self.empty(x.shape[:-1] + (M,))
-            if not self.fuse:
-                self._mm(x, w, y, 0, False)
-                return y
-            return self._defer(y, "matmul", (x, w), lambda o: self._mm(x, w, o, 0, False))
-        self._mm(x, w, out, 0, accumulate)
-        return out
-
-    def _mm(self, x, w, out, base, accumulate):
-        """Launch out = base + x @ w.T (+ out when accumulate); base: a pointer or 0."""
-        M, K = w.shape
-        N = x.size // K
+            out = self.empty(x.shape[:-1] + (M,))
         nt = 1 if N == 1 else (4 if N <= 4 else 8)
         kern = self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")
         kern(((M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1),
-             w.ptr, x.ptr, out.ptr, base, K, M, N, w.row_bytes, 1 if accumulate else 0)
+             w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
+        return out
 
     def embed(self, w, ids, scale=1.0):
         """Rows ids of an embedding matrix [n_vocab, dim], dequantized: [len(ids), dim]."""
-        self._flush()
         ids = self.positions(ids)
         n = ids.size
         M, K = w.shape
@@ -231,20 +195,6 @@ class CudaOps:
         return out
 
     def add(self, a, b, out=None):
-        p = self._pending[0] if len(self._pending) == 1 else None
-        if out is None and p is not None and p.pending is not None and p.pending.kind == "matmul" \
-                and (p is a or p is b) and a.shape == b.shape and sys.getrefcount(p) <= 4:
-            # x + matmul(...) as one launch: the matmul adds x as it writes. Only when the
-            # caller keeps no other reference to the product (it is a temporary, so nothing
-            # can read it later): refs here are the argument, self._pending, p, getrefcount's
-            other = b if p is a else a
-            x, w = p.pending.args
-            self._pending = []
-            other.flush()
-            y = self.empty(a.shape)
-            self._mm(x, w, y, other.ptr, False)
-            return y
-        self._flush()
         if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
             out = out if out is not None else self.empty(a.shape)
             self.k("add_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
@@ -252,7 +202,6 @@ class CudaOps:
         return self._binary("add_f32", a, b, out)
 
     def mul(self, a, b, out=None):
-        self._flush()
         if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
             out = out if out is not None else self.empty(a.shape)
             self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
@@ -260,31 +209,26 @@ class CudaOps:
         return self._binary("mul_f32", a, b, out)
 
     def scale(self, a, s, out=None):
-        self._flush()
         out = out if out is not None else self.empty(a.shape)
         self.k("scale_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(s), out.ptr, a.size)
         return out
 
     def softcap(self, a, cap, out=None):
-        self._flush()
         out = out if out is not None else self.empty(a.shape)
         self.k("softcap_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(cap), out.ptr, a.size)
         return out
 
     def silu(self, a):
-        self._flush()
         out = self.empty(a.shape)
         self.k("silu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
         return out
 
     def gelu(self, a):
-        self._flush()
         out = self.empty(a.shape)
         self.k("gelu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
         return out
 
     def _glu(self, name, g, u):
-        self._flush()
         if g.shape != u.shape:
             raise ValueError(f"{name}: shapes {g.shape} and {u.shape}")
         ncol = g.shape[-1]
@@ -302,16 +246,8 @@ class CudaOps:
 
     # -- normalization, rotary ---------------------------------------------------------
     def rms_norm(self, x, w, eps):
-        if self.fuse and x.ndim == 3 and x.pending is None and all(a.pending is not None and a.pending.kind == "headnorm"
-                                                     for a in self._pending):
-            # per-head norm (q/k): deferred, the rope that follows fuses with it
-            y = self.empty(x.shape)
-            return self._defer(y, "headnorm", (x, w, eps), lambda o: self._rms_norm(x, w, eps, o))
-        self._flush()
-        return self._rms_norm(x.flush(), w, eps, self.empty(x.shape))
-
-    def _rms_norm(self, x, w, eps, out):
         dim = x.shape[-1]
+        out = self.empty(x.shape)
         rows = x.size // dim
         threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
         self.k("rmsnorm_f32")((rows, 1, 1), (threads, 1, 1), x.ptr, w.ptr if w is not None else 0,
@@ -319,7 +255,6 @@ class CudaOps:
         return out
 
     def layer_norm(self, x, w, b, eps):
-        self._flush()
         dim = x.shape[-1]
         out = self.empty(x.shape)
         rows = x.size // dim
@@ -340,18 +275,6 @@ class CudaOps:
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
         pos = self.positions(pos)
-        if inplace and x.pending is not None and x.pending.kind == "headnorm" and \
-                any(a is x for a in self._pending):
-            src, w, eps = x.pending.args  # rms_norm + rope in one launch, into x's buffer
-            self._pending = [a for a in self._pending if a is not x]
-            x.pending = None
-            self.k("rmsnorm_rope_f32")((N * H, 1, 1), (64, 1, 1), src.ptr, w.ptr if w is not None else 0,
-                                       x.ptr, pos.ptr, H, hd, n_rot, float(base), float(freq_scale),
-                                       freq_factors.ptr if freq_factors is not None else 0,
-                                       1 if neox else 0, float(mscale), float(eps))
-            return x
-        self._flush()
-        x.flush()
         if not inplace:
             y = self.empty(x.shape)
             self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), x.ptr, y.ptr, x.size)
@@ -368,7 +291,6 @@ class CudaOps:
 
     def kv_store(self, cache, layer, k, v, pos):
         """Write k, v [N, Hkv, hd] into layer `layer` of the cache at positions pos."""
-        self._flush()
         N, Hkv, hd = k.shape
         pos = self.positions(pos)
         off = layer * cache.layer_bytes
@@ -378,7 +300,6 @@ class CudaOps:
     def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
         """q [N, Hq, hd] over keys 0..n_kv-1 of the cache layer -> [N, Hq, hd]."""
-        self._flush()
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
@@ -427,7 +348,6 @@ class CudaOps:
     # -- sampling ----------------------------------------------------------------
     def argmax(self, logits):
         """Index of the largest value of each row, as a numpy int array (waits for the device)."""
-        self._flush()
         n = logits.shape[-1]
         rows = logits.size // n
         out = self.empty((rows,), "int32")
@@ -437,7 +357,6 @@ class CudaOps:
     def argmax_device(self, logits, out=None):
         """Like argmax, but the indices stay on the device (int32 [rows]): a decode loop can
         feed them straight to embed, and a captured graph can include it."""
-        self._flush()
         n = logits.shape[-1]
         rows = logits.size // n
         out = out if out is not None else self.empty((rows,), "int32")
@@ -446,13 +365,11 @@ class CudaOps:
 
     def advance(self, pos, by=1):
         """pos += by on the device (int32 array), e.g. positions between graph replays."""
-        self._flush()
         self.k("add_i32")(((pos.size + 255) // 256, 1, 1), (256, 1, 1), pos.ptr, int(by), pos.size)
         return pos
 
     def topk(self, logits, k):
         """(values, indices) of the k largest of a 1-D logits array, best first (device arrays)."""
-        self._flush()
         n = logits.size
         k = max(1, min(k, n, TOPK_MAX))
         nb = (n + TOPK_SLICE - 1) // TOPK_SLICE

@@ -23,29 +23,15 @@ class _Block:
 
 class DeviceArray:
     """A C-contiguous array in device memory. Views (reshape, leading-axis slices) share
-    the block that owns the memory.
+    the block that owns the memory."""
 
-    `pending` is None, or the not yet launched op that computes this array (a Pending):
-    the CUDA backend defers some ops so that the next op can fuse them (a matmul into the
-    residual add that consumes it, a per-head norm into the rope). Anything that reads
-    the memory calls flush() first; views flush."""
+    __slots__ = ("ptr", "shape", "dtype", "owner")
 
-    __slots__ = ("ptr", "shape", "dtype", "owner", "pending")
-
-    def __init__(self, ptr, shape, dtype, owner, pending=None):
+    def __init__(self, ptr, shape, dtype, owner):
         self.ptr = ptr
         self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
         self.owner = owner
-        self.pending = pending
-
-    def flush(self):
-        """Launch the deferred op that computes this array, if any."""
-        p = self.pending
-        if p is not None:
-            self.pending = None
-            p.launch(self)
-        return self
 
     @classmethod
     def empty(cls, pool, shape, dtype="float32"):
@@ -70,7 +56,6 @@ class DeviceArray:
         return self.size * ITEMSIZE[self.dtype]
 
     def reshape(self, *shape):
-        self.flush()
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = list(shape)
@@ -87,7 +72,6 @@ class DeviceArray:
 
     def __getitem__(self, idx):
         """Leading-axis indexing and slicing with step 1 (a view)."""
-        self.flush()
         n = self.shape[0]
         row = math.prod(self.shape[1:]) * self.itemsize
         if isinstance(idx, slice):
@@ -106,20 +90,7 @@ class DeviceArray:
         raise IndexError(f"device arrays support int and slice indices, not {type(idx).__name__}")
 
     def __repr__(self):
-        return f"<DeviceArray{' (pending)' if self.pending else ''} {self.dtype}{list(self.shape)} @ {self.ptr:#x}>"
-
-
-class Pending:
-    """A deferred launch: kind names it for the ops that can fuse it, args are its inputs,
-    launch(out) runs it unfused into out."""
-
-    __slots__ = ("kind", "args", "run")
-
-    def __init__(self, kind, args, run):
-        self.kind, self.args, self.run = kind, args, run
-
-    def launch(self, out):
-        self.run(out)
+        return f"<DeviceArray {self.dtype}{list(self.shape)} @ {self.ptr:#x}>"
 
 
 class DeviceWeight:

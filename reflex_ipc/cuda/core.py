@@ -20,7 +20,7 @@ SIGNATURES = {
     "silu_f32": "QQq", "gelu_f32": "QQq", "copy_f32": "QQq", "f16_to_f32": "QQq",
     "swiglu_f32": "QQQqiii", "geglu_f32": "QQQqiii",
     "rmsnorm_f32": "QQQif", "layernorm_f32": "QQQQif",
-    "rope_f32": "QQiiiiffQif", "rmsnorm_rope_f32": "QQQQiiiffQiff",
+    "rope_f32": "QQiiiiffQif",
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
@@ -29,7 +29,7 @@ SIGNATURES = {
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):
-        SIGNATURES[f"mm{_nt}_{_t}"] = "QQQQiiiqi"
+        SIGNATURES[f"mm{_nt}_{_t}"] = "QQQiiiqi"
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
 
 

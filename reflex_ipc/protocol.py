@@ -122,6 +122,8 @@ def parse_request(line: bytes):
         obj = _decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise RequestError("parse_error", f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("parse_error", "JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise RequestError("invalid_request",
                            f"a request must be a JSON object, got {type(obj).__name__}")

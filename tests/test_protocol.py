@@ -208,3 +208,30 @@ def test_random_bytes_never_escape(data):
 def test_struct_decoding_forbids_unknown():
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"zzz": 1}, protocol.Ping)
+
+
+edge_values = st.sampled_from(
+    [None, True, False, 0, 1, 2, -1, 0.0, 1e-9, 0.5, 1.0, 1.5, 100, 100.5, 1048576, 1048577,
+     131072, 131073, 2**63 - 1, 2**63, -2**63, -2**63 - 1, "", "x", "smollm2", "auto", "cpu",
+     "cuda", "cuda:0", "mean", "last", "cls", "max", [], [""], ["a"], ["a", "b"], [0, 5],
+     [-1], [1.5], ["s"] * 16, ["s"] * 17, ["c"] * 1024, ["c"] * 1025, {"a": 1}])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(list(protocol.OPS)), st.dictionaries(field_names, edge_values, max_size=6))
+def test_edge_values_agree_with_schema(op, params):
+    """Boundary values of every range: parse_request and schema.json agree."""
+    req = {**params, "op": op}
+    try:
+        protocol.parse_request(json.dumps(req).encode())
+        ok = True
+    except protocol.RequestError as e:
+        assert e.kind in LINE_KINDS
+        ok = False
+    errors = schema_errors(req, "request")
+    if any(type(v) is float and v.is_integer() for v in req.values()):
+        # JSON Schema's "integer" also matches 1.0; the protocol's integers are
+        # written without a fraction (schema.json's description says so).
+        assert not ok or not errors, req
+    else:
+        assert ok == (not errors), (req, [x.message for x in errors])

@@ -73,7 +73,10 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
         w.add_value_length(hd)
     if window:
         w.add_sliding_window(window)
-        w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+        if isinstance(pattern, list):  # per-layer flags
+            w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
+        else:
+            w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
     if rope_base_swa is not None:
         w.add_float32(f"{arch}.rope.freq_base_swa", rope_base_swa)
     if rope_factor:
@@ -167,7 +170,11 @@ def reference_logits(t, cfg, ids, hidden=False):
     x = t["token_embd.weight"][ids] * (math.sqrt(n_embd) if gemma else 1.0)
     for i in range(n_layer):
         p = f"blk.{i}."
-        swa = gemma and cfg.get("window") and i % cfg["pattern"] < cfg["pattern"] - 1
+        pattern = cfg.get("pattern")
+        if isinstance(pattern, list):
+            swa = gemma and cfg.get("window") and pattern[i]
+        else:
+            swa = gemma and cfg.get("window") and i % pattern < pattern - 1
         if gemma and swa:
             base, scale = cfg.get("rope_base_swa", 10000.0), 1.0
         else:
@@ -296,6 +303,21 @@ def test_gemma3_attention_softcap_and_window_matter(tmp_path):
     np.testing.assert_allclose(logits, ref, rtol=0, atol=2e-4 * np.abs(ref).max())
     no_cap = reference_logits(t, dict(cfg, attn_softcap=None), IDS)
     assert np.abs(no_cap - ref).max() > 1e-2  # the softcap is not a no-op at this scale
+
+
+def test_gemma3_sliding_window_pattern_as_flags(tmp_path):
+    cfg = dict(CONFIGS["gemma3"], pattern=[False, True, True])
+    path = tmp_path / "g.gguf"
+    t = tiny_gguf(path, **cfg)
+    ops = NumpyOps()
+    with GGUFFile(str(path)) as f:
+        model = load_model(ops, f)
+        assert model.is_swa == [False, True, True]
+        _, logits = _run(ops, model, IDS)
+    ref = reference_logits(t, cfg, IDS)
+    np.testing.assert_allclose(logits, ref, rtol=0, atol=2e-4 * np.abs(ref).max())
+    other = reference_logits(t, CONFIGS["gemma3"], IDS)
+    assert np.abs(other - ref).max() > 1e-3  # the layer pattern matters for these weights
 
 
 def test_unsupported_architecture(tmp_path):

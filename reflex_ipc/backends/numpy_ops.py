@@ -105,7 +105,8 @@ class NumpyOps:
     name = "numpy"
 
     def __init__(self, blas_threads="default"):
-        self._rope_memo = None  # (pos array, params, cos, sin): q and k share positions
+        self._rope_memo = None  # (pos array, params, rotation): q and k share positions
+        self._vis_memo = None  # (pos array, params, attention bias): all layers share it
         if blas_threads == "default":
             _default_blas_threads()
         elif blas_threads is not None:
@@ -298,26 +299,40 @@ class NumpyOps:
         s = s.reshape(Hkv, N, g, n_kv)
         if softcap > 0.0:
             s = np.tanh(s / _F32(softcap)) * _F32(softcap)
-        bias = None
+        bias = self._visibility(pos, n_kv, causal, window)  # [N, 1, n_kv] or None
         if mask is not None:
-            bias = np.asarray(mask, _F32)[:, None, :]  # [N, 1, n_kv]
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        if (causal and int(pos.min()) < n_kv - 1) or (window > 0 and int(pos.max()) - window + 1 > 0):
-            j = np.arange(n_kv)
-            hi = pos if causal else np.full(N, n_kv - 1)
-            lo = pos - window + 1 if window > 0 else np.zeros(N, np.int64)
-            vis = (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
-            extra = np.where(vis, _F32(0), _F32(-np.inf))[:, None, :]
-            bias = extra if bias is None else bias + extra
+            m = np.asarray(mask, _F32)[:, None, :]
+            bias = m if bias is None else bias + m
         if bias is not None:
-            s = s + bias
-        m = np.max(s, axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, _F32(0))
-        p = np.exp(s - m)
-        denom = np.sum(p, axis=-1, keepdims=True)
-        p = p / np.where(denom > 0, denom, _F32(1))
+            s += bias
+        m = np.maximum.reduce(s, axis=-1, keepdims=True)
+        m[~np.isfinite(m)] = 0  # rows that see nothing: exp(-inf) = 0 everywhere
+        s -= m
+        p = np.exp(s, out=s)
+        denom = np.add.reduce(p, axis=-1, keepdims=True)
+        denom[denom == 0] = 1
+        p /= denom
         o = p.reshape(Hkv, N * g, n_kv) @ V  # [Hkv, N*g, hd]
         return np.ascontiguousarray(o.reshape(Hkv, N, g, hd).transpose(1, 0, 2, 3)).reshape(N, Hq, hd)
+
+    def _visibility(self, pos, n_kv, causal, window):
+        """Additive float32 [N, 1, n_kv] bias hiding keys outside [lo, hi] (base.py), or None
+        when every key is visible. Memoized for the last positions array: every layer of a
+        batch asks for the same one."""
+        key = (n_kv, causal, window)
+        memo = self._vis_memo
+        if memo is not None and memo[0] is pos and memo[1] == key:
+            return memo[2]
+        p = np.asarray(pos, np.int64).reshape(-1)
+        bias = None
+        if (causal and int(p.min()) < n_kv - 1) or (window > 0 and int(p.max()) - window + 1 > 0):
+            j = np.arange(n_kv)
+            hi = p if causal else np.full(len(p), n_kv - 1)
+            lo = p - window + 1 if window > 0 else np.zeros(len(p), np.int64)
+            vis = (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
+            bias = np.where(vis, _F32(0), _F32(-np.inf))[:, None, :]
+        self._vis_memo = (pos, key, bias)
+        return bias
 
     # -- selection ---------------------------------------------------------------
     def argmax(self, logits):

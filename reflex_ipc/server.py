@@ -398,7 +398,15 @@ class Server:
             timings["process_start_to_first_token"] = (
                 self.first_token_ms if self.first_token_ms is not None
                 else round(phases.since_launch_ms(), 3))
-        conn.write(P.encode(resp))
+        try:
+            data = P.encode(resp)
+        except Exception as e:  # noqa: BLE001  (a runner result JSON cannot hold)
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            data = P.encode(P.error_result(rid, op, "internal",
+                                           f"the result could not be encoded: {e}", timings))
+        conn.write(data)
 
     # -- ops
 

@@ -59,6 +59,8 @@ class FakeRunner:
             raise RuntimeError("boom")
         if prompt == "oom":
             raise MemoryError()
+        if prompt == "unencodable":
+            return {"text": object(), "timings": {}}
         if len(prompt) + max_tokens > self.n_ctx:
             raise ReflexError("context_overflow", f"{len(prompt)} + {max_tokens} > {self.n_ctx}")
         text, ids, finish = "", [], "length"
@@ -213,16 +215,18 @@ def test_errors_do_not_stop_the_loop(capfd):
             {"id": 4, "op": "tokenize", "text": "x", "model": "nope"},
             {"id": 5, "op": "tokenize", "text": "x", "model": "/models/x.bad"},
             {"id": 6, "op": "detokenize", "ids": [999, 1000]},
+            {"id": 8, "op": "generate", "prompt": "unencodable"},
             {"id": 7, "op": "ping"}]
     _, out = serve_bytes(lines_of(*reqs))
     kinds = [(o["id"], o.get("error", {}).get("kind")) for o in out[1:]]
     assert kinds == [(None, "parse_error"), (None, "parse_error"), (1, "internal"),
                      (2, "out_of_memory"), (3, "context_overflow"), (4, "model_not_found"),
-                     (5, "gguf_error"), (6, "invalid_request"), (7, None)]
+                     (5, "gguf_error"), (6, "invalid_request"), (8, "internal"), (7, None)]
     assert "ids[1]" in out[8]["error"]["message"]
     assert out[3]["op"] == "generate"
     err = capfd.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err  # internal: traceback on stderr
+    assert "could not be encoded" in out[9]["error"]["message"]
     for r in out:
         check_schema(r)
 

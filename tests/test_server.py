@@ -702,3 +702,18 @@ def test_uds_mode_option(sockdir):
     r = subprocess.run(["reflex", "uds", str(path), "--mode", "044"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and not path.exists()
+
+
+def test_nothing_heavy_before_the_ready_line():
+    """Without --model, the ready line needs neither numpy, msgspec, gguf nor the engine."""
+    code = ("import sys\n"
+            "from reflex_ipc import cli, phases\n"
+            "from reflex_ipc.commands import serve\n"
+            "from reflex_ipc import server\n"
+            "server.Server().ready_line()\n"
+            "heavy = ('numpy', 'msgspec', 'orjson', 'gguf', 'reflex_ipc.engine',\n"
+            "         'reflex_ipc.protocol', 'reflex_ipc.gguffile', 'socket', 'traceback')\n"
+            "print(' '.join(m for m in heavy if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ""

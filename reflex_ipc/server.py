@@ -568,7 +568,7 @@ def bind_uds(path: str, mode: int):
         sock.bind(path)
     except OSError as e:
         sock.close()
-        raise StartupError(f"cannot bind {path}: {e.strerror}") from None
+        raise StartupError(f"cannot bind {path}: {e.strerror or e}") from None
     finally:
         os.umask(old)
     os.chmod(path, mode)

@@ -679,6 +679,9 @@ def test_uds_refuses_a_path_that_is_not_a_socket(sockdir):
     r = subprocess.run(["reflex", "uds", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "not a socket" in r.stderr
     assert path.read_text() == "keep me"
+    r = subprocess.run(["reflex", "uds", str(sockdir / ("x" * 120))], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1 and "too long" in r.stderr
     d = sockdir / "adir"
     d.mkdir()
     r = subprocess.run(["reflex", "uds", str(d)], capture_output=True, text=True, timeout=30)

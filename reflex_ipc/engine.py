@@ -61,11 +61,14 @@ def load_runner(model=None, device="auto", n_ctx=None):
         cuda.start_init()  # overlaps CUDA start-up with the GGUF parse and the tokenizer
     import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
 
+    from . import phases
     from .gguffile import GGUFFile
     from .modelpath import resolve_model
 
+    phases.mark("numpy_imported")
     path = resolve_model(model)
     f = GGUFFile(path)
+    phases.mark("gguf_open")
     try:
         from .models import ARCHITECTURES, load_model
         from .tokenizer import load_tokenizer
@@ -75,8 +78,11 @@ def load_runner(model=None, device="auto", n_ctx=None):
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
         tok = load_tokenizer(f)
+        phases.mark("tokenizer")
         ops = make_backend(device)
+        phases.mark("backend_ready")  # with CUDA: the init thread joined, kernels loaded
         net = load_model(ops, f)
+        phases.mark("weights_loaded")  # with CUDA: uploaded
     except BaseException:
         f.close()
         raise

@@ -305,7 +305,8 @@ def chart(results, path):
         if r["mode"] == "cold" and r.get("wall_ms"):
             bars.append((f"reflex cold {r['op']}", r["wall_ms"]["p50"]))
             if r.get("vs") and r["vs"].get("wall_ms"):
-                bars.append((f"{r['vs']['name']} cold", r["vs"]["wall_ms"]["p50"]))
+                bars.append((f"{r['vs']['name']} cold (paired with {r['op']})",
+                             r["vs"]["wall_ms"]["p50"]))
         if r["mode"] == "warm":
             for k in ("generate_1_token_ms", "system1_3_candidates_ms"):
                 if r.get(k):
@@ -321,6 +322,12 @@ def chart(results, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
+
+
+def rechart(json_path, png_path):
+    """Draw the chart of a results file again (e.g. here, from a GPU run's JSON)."""
+    with open(json_path) as fh:
+        return chart(json.load(fh), png_path)
 
 
 def run(args):

@@ -14,20 +14,11 @@ def add_arguments(p):
 
 
 def run(args):
-    from .. import phases
-    from ..engine import load_runner
+    from ._model import finish, load
 
-    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx)
-    phases.mark("runner_loaded")
+    runner = load(args)
     out = runner.embed(args.texts, pooling=args.pooling, normalize=args.normalize)
-    phases.mark("done")
-    out["timings"]["load"] = runner.load_ms
-    out["timings"]["phases"] = phases.snapshot()
-    out["backend"] = runner.ops.name
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
+    if finish(runner, out, args.json):
         return 0
     for v in out["embeddings"]:
         sys.stdout.write(" ".join(f"{x:.6g}" for x in v) + "\n")

@@ -22,10 +22,9 @@ def add_arguments(p):
 
 def run(args):
     from .. import phases
-    from ..engine import load_runner
+    from ._model import finish, load
 
-    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx)
-    phases.mark("runner_loaded")
+    runner = load(args)
     first = []
 
     def on_token(token_id, text):
@@ -39,15 +38,7 @@ def run(args):
                           top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                           stop=args.stop, on_token=on_token)
-    phases.mark("done")
-    out["timings"]["load"] = runner.load_ms
-    out["timings"]["phases"] = phases.snapshot()
-    out["backend"] = runner.ops.name
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
-    else:
+    if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]
         sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} generated, "

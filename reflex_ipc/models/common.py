@@ -64,7 +64,6 @@ class HParams:
         self.n_ctx_train = int(scalar("context_length", 0) or 0)
         self.attn_scale = float(scalar("attention.scale", 0.0) or 0.0)
         self.final_softcap = float(scalar("final_logit_softcapping", 0.0) or 0.0)
-        self.attn_softcap = float(scalar("attn_logit_softcapping", 0.0) or 0.0)
         tokens = f.metadata.get("tokenizer.ggml.tokens")
         self.n_vocab = int(scalar("vocab_size", 0) or (len(tokens) if tokens is not None else 0))
         self._get = get

@@ -12,8 +12,9 @@
 - queries scaled by 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the
   62-layer (27B) model, as llama.cpp does (query_pre_attn_scalar is not in GGUF);
 - GeGLU feed-forward (tanh gelu);
-- optional attention logit softcap (`attn_logit_softcapping`) and final logit
-  softcap (`final_logit_softcapping`).
+- final logit softcap (`final_logit_softcapping`). An `attn_logit_softcapping`
+  key is ignored, as llama.cpp does for gemma3 (only its gemma2 graph applies
+  it), so that the same file gives the same logits in both engines.
 """
 
 import math
@@ -80,7 +81,7 @@ class Model:
             q = ops.rope(ops.rms_norm(q, L.q_norm, hp.eps), batch.pos, **rope)
             k = ops.rope(ops.rms_norm(k, L.k_norm, hp.eps), batch.pos, **rope)
             a = attention_block(ops, hp, cache, i, batch, q, k, v, scale=self.q_scale,
-                                window=self.window if swa else 0, softcap=hp.attn_softcap)
+                                window=self.window if swa else 0)
             x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
             h = ops.rms_norm(x, L.ffn_norm, hp.eps)
             f = ops.matmul(ops.geglu(ops.matmul(h, L.gate), ops.matmul(h, L.up)), L.down)

@@ -27,15 +27,20 @@ COMMANDS = {
 _MODEL_COMMANDS = ("stdio", "uds", "generate", "system1", "embed")
 
 
-def _start_cuda_init(args):
-    """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
-    unless --device cpu."""
+def _device_arg(args):
     dev = "auto"
     for i, a in enumerate(args):
         if a == "--device" and i + 1 < len(args):
             dev = args[i + 1]
         elif a.startswith("--device="):
             dev = a.split("=", 1)[1]
+    return dev
+
+
+def _start_cuda_init(args):
+    """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
+    unless --device cpu."""
+    dev = _device_arg(args)
     if dev == "cpu":
         return
     from .cuda import device_index, start_init
@@ -53,23 +58,84 @@ def _usage(out):
     out.write("\n'reflex COMMAND --help' for a command's options.\n")
 
 
+# one-shot commands whose process may hand its exit to a detached child (see _detach)
+_ONE_SHOT = ("generate", "system1", "embed")
+
+
+def _detach_wanted(args) -> bool:
+    """Whether to run this one-shot command in a detached child: by default only when a
+    CUDA context will exist (its teardown at exit takes ~0.1 s); REFLEX_DETACH=1/0 forces."""
+    env = os.environ.get("REFLEX_DETACH")
+    if env in ("0", "1"):
+        return env == "1" and bool(args) and args[0] in _ONE_SHOT
+    if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) == "cpu":
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("pycuda") is not None
+
+
+def _detach():
+    """Fork before any thread exists. The child does the work and writes the output; the
+    parent, which the caller waits for, exits with the child's status as soon as the child
+    says it is done. The child then closes its standard streams (so readers see EOF) and
+    exits, and the CUDA driver's context teardown happens after the caller has its answer.
+    Returns, in the child, the function that reports the status; the parent never returns."""
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+
+        def done(rc):
+            os.write(w, bytes([rc & 0xFF]))
+            os.close(w)
+            for fd in (0, 1, 2):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+        return done
+    os.close(w)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
+    status = os.read(r, 1)
+    if status:
+        os._exit(status[0])
+    _, wstatus = os.waitpid(pid, 0)  # the child ended without reporting: killed
+    code = os.waitstatus_to_exitcode(wstatus)
+    os._exit(128 - code if code < 0 else code or 1)
+
+
 def main(argv=None) -> int:
     """Entry point. As the console script (argv None) it ends with os._exit once its
-    output is flushed: interpreter and CUDA driver teardown (about 0.1 s with a GPU
-    context) stay off the caller's wall clock."""
+    output is flushed, so interpreter teardown stays off the caller's wall clock; a one-shot
+    command that will hold a CUDA context also runs in a detached child (_detach), which
+    keeps the driver's teardown off it too."""
     if argv is not None:
         return _main(list(argv))
+    args = sys.argv[1:]
+    done = _detach() if _detach_wanted(args) else None
     try:
-        rc = _main(sys.argv[1:])
+        rc = _main(args)
     except SystemExit as e:  # argparse's --help and usage errors
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         if not isinstance(e.code, (int, type(None))):
             sys.stderr.write(f"{e.code}\n")
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # a vanished reader: nothing left to tell it
+    if done is not None:
+        done(rc or 0)
     os._exit(rc or 0)
 
 

@@ -124,3 +124,28 @@ RX_EXTERN void repeat_penalty_f32(float* logits, const int* ids, int n, float pe
     float* p = logits + ids[j];
     *p = *p > 0.f ? *p / penalty : *p * penalty;
 }
+
+// Log-probabilities of chosen tokens: out[k] = x[r, t] - log(sum_j exp(x[r, j])) over the
+// first n columns of row r = rows[k] of x (row stride ld), t = targets[k]. Maximum in float,
+// the sum of exponentials in double (as the CPU backend does it). One block per k.
+RX_EXTERN void logprob_rows(const float* x, long long ld, const int* rows, const int* targets, int n,
+                            double* out) {
+    __shared__ double part[32];
+    const float* xr = x + (long long)rows[blockIdx.x] * ld;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = block_max(m);
+    double s = 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += exp((double)xr[j] - (double)m);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = lane < nw ? part[lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) out[blockIdx.x] = (double)xr[targets[blockIdx.x]] - (double)m - log(s);
+    }
+}

@@ -16,6 +16,7 @@ import time
 from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
+KV_MIN = 256  # smallest KV cache, in slots
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -55,10 +56,11 @@ def make_backend(device):
 def load_runner(model=None, device="auto", n_ctx=None):
     """A Runner for `model` (path, alias or None for the default) on `device`."""
     t0 = time.perf_counter()
+    gpu = False
     if device in ("auto", "cuda"):
         from . import cuda
 
-        cuda.start_init()  # overlaps CUDA start-up with the GGUF parse and the tokenizer
+        gpu = cuda.start_init()  # overlaps CUDA start-up with the GGUF parse and the tokenizer
     import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
 
     from . import phases
@@ -69,6 +71,10 @@ def load_runner(model=None, device="auto", n_ctx=None):
     path = resolve_model(model)
     f = GGUFFile(path)
     phases.mark("gguf_open")
+    if gpu:
+        from .cuda.weights import prefault
+
+        prefault(f)  # the weights' pages, mapped while CUDA initializes: a faster page-lock
     try:
         from .models import ARCHITECTURES, load_model
         from .tokenizer import load_tokenizer
@@ -140,7 +146,10 @@ class Runner:
         if n_ctx < 1:
             raise ReflexError("invalid_request", f"n_ctx must be positive, not {n_ctx}")
         self.n_ctx = n_ctx
-        self.cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx)
+        # the KV cache is allocated on first use, sized to what the request needs (a power of
+        # two of at least KV_MIN slots, at most n_ctx) and grown when a later one needs more:
+        # a one-shot `generate --max-tokens 1` does not pay for 4096 slots it never touches
+        self.cache = None
         self.n_vocab = tok.n_vocab
         self.n_out = model.output.shape[0]  # LM head rows (a padded vocabulary has more)
         if self.n_out < self.n_vocab:
@@ -154,6 +163,7 @@ class Runner:
         self.use_graph = os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
         self._decoder = None
         self._graph_logits = None
+        self._graphs = None  # the backend's forward_graphs, when it has them
         self.load_ms = load_ms
 
     # -- small things ----------------------------------------------------------------
@@ -184,12 +194,33 @@ class Runner:
         return self.tok.decode(list(ids))
 
     def close(self):
-        if self._decoder is not None and hasattr(self._decoder, "close"):
-            self._decoder.close()
-            self._decoder = None
+        self._drop_graphs()
         self.f.close()
 
     # -- forward passes -------------------------------------------------------------
+    def _ensure_cache(self, n_slots):
+        """A KV cache of at least n_slots (<= n_ctx) slots; a larger one replaces a smaller
+        (every request starts from an empty cache, so nothing is copied)."""
+        if self.cache is not None and self.cache.n_ctx >= n_slots:
+            return self.cache
+        cap = KV_MIN
+        while cap < n_slots:
+            cap *= 2
+        cap = min(cap, self.n_ctx)
+        self._drop_graphs()
+        self.cache = None  # the old cache's memory goes back before the new one is taken
+        hp = self.model.hp
+        self.cache = self.ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, cap)
+        return self.cache
+
+    def _drop_graphs(self):
+        """Forget captured graphs (they hold the old cache's addresses)."""
+        for g in (self._decoder, self._graphs):
+            if g is not None and hasattr(g, "close"):
+                g.close()
+        self._decoder = self._graphs = None
+        self._graph_logits = None
+
     @staticmethod
     def _checker(should_cancel):
         if should_cancel is None:
@@ -201,17 +232,36 @@ class Runner:
 
         return check
 
+    def _forward(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits",
+                 check=None):
+        """model.forward of one batch (see models.common.Batch for the arguments). Backends
+        with forward_graphs (CUDA) replay a captured graph when this batch's shape was run
+        before (small batches); otherwise it runs op by op."""
+        from .models.common import Batch
+
+        if self._graphs is None and self.use_graph and hasattr(self.ops, "forward_graphs"):
+            self._graphs = self.ops.forward_graphs(self.model, self.cache)
+        if self._graphs is not None:
+            if check is not None:
+                check()  # a replay cannot stop between layers
+            out = self._graphs(ids, pos, slots, allowed, key_pos, rows, output)
+            if out is not None:
+                return out
+        b = Batch(self.ops, ids, pos, slots=slots, allowed=allowed, key_pos=key_pos)
+        out = self.model.forward(self.cache, b, rows=rows, output=output, check=check)
+        if self._graphs is not None:
+            self._graphs.saw(b, rows, output)
+        return out
+
     def _prefill(self, ids, check=None, start=0):
         """Run ids at positions start.. (slots = positions); the logits after the last one,
         a backend array [1, V]."""
-        from .models.common import Batch
-
         n, step = len(ids), self.prefill_chunk
         logits = None
         for a in range(0, n, step):
             chunk = ids[a:a + step]
-            b = Batch(self.ops, chunk, range(start + a, start + a + len(chunk)))
-            logits = self.model.forward(self.cache, b, rows=slice(b.n - 1, b.n), check=check)
+            logits = self._forward(chunk, range(start + a, start + a + len(chunk)),
+                                   rows=slice(len(chunk) - 1, len(chunk)), check=check)
         return logits
 
     def _decode_step(self, tid, pos, check):
@@ -247,6 +297,7 @@ class Runner:
             raise ReflexError("context_overflow", f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         import numpy as np
 
+        self._ensure_cache(len(ids))
         return np.asarray(self._row(self._prefill(ids)), dtype=np.float32)
 
     # -- generate ------------------------------------------------------------------
@@ -289,6 +340,7 @@ class Runner:
             raise ReflexError("context_overflow",
                               f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the "
                               f"context of {self.n_ctx}")
+        self._ensure_cache(len(ids) + max_tokens)
         sampler = Sampler(temperature, top_k, top_p, min_p, seed)
         # argmax on the backend unless the logits need host work (penalty, padded vocabulary)
         fast_greedy = sampler.greedy and repeat_penalty == 1.0 and self.n_out == self.n_vocab
@@ -359,9 +411,11 @@ class Runner:
     def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None) -> dict:
         """Score candidate continuations of `prompt` in one forward pass over all of them.
 
-        The prompt is prefilled once; then every candidate's tokens go in one batch, stored
-        after the prompt, each attending to the prompt and to its own earlier tokens only,
-        at positions continuing from the prompt's end. logprob is the sum over a candidate's
+        Every candidate's tokens are stored after the prompt, each attending to the prompt and
+        to its own earlier tokens only, at positions continuing from the prompt's end. When
+        prompt and candidates fit one batch (prefill_chunk tokens) they run as one forward
+        pass (timed as prompt_eval; candidates_eval is then 0); otherwise the prompt is
+        prefilled first and the candidates follow in batches. logprob is the sum over a candidate's
         tokens of the full-vocabulary log-softmax (float64); probability is the softmax of
         logprob / temperature over the candidates; entropy is theirs, in bits.
         """
@@ -395,39 +449,50 @@ class Runner:
         if P + M > self.n_ctx:
             raise ReflexError("context_overflow", f"{P} prompt tokens + {M} candidate tokens exceed "
                               f"the context of {self.n_ctx}")
-        first = self._row(self._prefill(p_ids, check)).astype(np.float64)
-        t_prompt = time.perf_counter()
-
-        def log_softmax_at(z, tok):
-            m = z.max(axis=-1, keepdims=True)
-            lse = m[..., 0] + np.log(np.exp(z - m).sum(axis=-1))
-            return np.take_along_axis(z, tok[..., None], axis=-1)[..., 0] - lse
-
-        # All candidates in one batch: candidate c's token t is stored at slot P + offset_c + t,
-        # rotated at position P + t, and sees the prompt and its own tokens up to itself.
-        # (Batches of more than prefill_chunk tokens go in slot order, chunk by chunk: a
-        # token's keys are all in its own or an earlier chunk.)
+        self._ensure_cache(P + M)
+        # candidate c's token t is stored at slot P + offset_c + t, rotated at position P + t,
+        # and sees the prompt and its own tokens up to itself; token t is predicted by the
+        # prompt's last logits (t = 0), else by the row of its candidate's token t - 1
         owner = np.concatenate([np.full(len(t), c) for c, t in enumerate(cand_ids)])
         within = np.concatenate([np.arange(len(t)) for t in cand_ids])
         flat = np.concatenate([np.asarray(t, np.int64) for t in cand_ids])
-        key_pos = np.concatenate([np.arange(P), P + within])
-        # token t of a candidate is predicted by the prompt's last logits (t = 0), else by the
-        # row of its candidate's token t - 1
-        lp_tok = np.empty(M)
         starts = within == 0
-        lp_tok[starts] = log_softmax_at(first[None, :], flat[starts])
-        for a in range(0, M, self.prefill_chunk):
-            e = min(M, a + self.prefill_chunk)
-            allowed = np.zeros((e - a, P + e), dtype=bool)
-            allowed[:, :P] = True
-            allowed[:, P:] = (owner[a:e, None] == owner[None, :e]) & (within[None, :e] <= within[a:e, None])
-            b = Batch(self.ops, flat[a:e], P + within[a:e], slots=P + np.arange(a, e), allowed=allowed,
-                      key_pos=key_pos[:P + e])
-            rows = self.ops.to_numpy(self.model.forward(self.cache, b, check=check))
-            r = np.arange(a, e)
-            has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
-            lp_tok[r[has_next] + 1] = log_softmax_at(rows[has_next, :self.n_vocab].astype(np.float64),
-                                                     flat[r[has_next] + 1])
+        if P + M <= self.prefill_chunk:
+            # one pass over prompt and candidates: the prompt causal, candidates masked
+            N = P + M
+            pos = np.concatenate([np.arange(P), P + within])
+            allowed = np.zeros((N, N), dtype=bool)
+            allowed[:P, :P] = np.tri(P, dtype=bool)
+            allowed[P:, :P] = True
+            allowed[P:, P:] = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
+            logits = self._forward(np.concatenate([np.asarray(p_ids, np.int64), flat]), pos,
+                                   slots=np.arange(N), allowed=allowed, key_pos=pos, rows=slice(P - 1, N),
+                                   check=check)
+            # row 0 is the prompt's last token, row r + 1 candidate token r
+            lp_tok = self.ops.logprobs(logits, np.where(starts, 0, np.arange(M)), flat, n=self.n_vocab)
+            t_prompt = time.perf_counter()
+        else:
+            lp_tok = np.empty(M)
+            first = self._prefill(p_ids, check)
+            lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],
+                                               n=self.n_vocab)
+            t_prompt = time.perf_counter()
+            key_pos = np.concatenate([np.arange(P), P + within])
+            # batches of more than prefill_chunk tokens go in slot order, chunk by chunk: a
+            # token's keys are all in its own or an earlier chunk
+            for a in range(0, M, self.prefill_chunk):
+                e = min(M, a + self.prefill_chunk)
+                allowed = np.zeros((e - a, P + e), dtype=bool)
+                allowed[:, :P] = True
+                allowed[:, P:] = (owner[a:e, None] == owner[None, :e]) & (within[None, :e] <= within[a:e, None])
+                b = Batch(self.ops, flat[a:e], P + within[a:e], slots=P + np.arange(a, e), allowed=allowed,
+                          key_pos=key_pos[:P + e])
+                rows = self.model.forward(self.cache, b, check=check)
+                r = np.arange(a, e)
+                has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
+                if has_next.size:
+                    lp_tok[r[has_next] + 1] = self.ops.logprobs(rows, has_next, flat[r[has_next] + 1],
+                                                                n=self.n_vocab)
         t_eval = time.perf_counter()
 
         logprob = np.zeros(len(cand_ids))
@@ -480,6 +545,7 @@ class Runner:
             if len(ids) > self.n_ctx:
                 raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                                   f"context of {self.n_ctx}")
+            self._ensure_cache(len(ids))
             acc = first = last = None
             for a in range(0, len(ids), self.prefill_chunk):
                 chunk = ids[a:a + self.prefill_chunk]

@@ -303,6 +303,18 @@ def check_sampling(ops, rng):
             ref = order[min(int(np.searchsorted(c, u * c[-1], side="right")), keep - 1)]
             ok &= got == ref
     rows.append({"op": "sample_topk", "case": "12 draws", "ok": bool(ok)})
+    # log-probabilities of chosen tokens (system1): against NumpyOps.logprobs, float64
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    for R, V, n in ((4, 1000, None), (6, 151936, 151900), (1, 262144, None)):
+        x = (rng.standard_normal((R, V)) * 6).astype(np.float32)
+        r_idx = rng.integers(0, R, 9)
+        t_idx = rng.integers(0, n or V, 9)
+        got = ops.logprobs(ops.asarray(x)[0:R], r_idx, t_idx, n=n)
+        ref = NumpyOps().logprobs(x, r_idx, t_idx, n=n)
+        err = float(np.abs(got - ref).max())
+        rows.append({"op": "logprobs", "case": f"R={R} V={V} n={n}", "ok": bool(err < 1e-5),
+                     "max_abs_err": err})
     return rows
 
 

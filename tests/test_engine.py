@@ -188,6 +188,29 @@ def test_repeat_penalty_changes_greedy_choice(runner):
     assert runner.generate(PROMPT, max_tokens=12, repeat_penalty=1.0)["token_ids"] == greedy
 
 
+def test_kv_cache_is_sized_on_demand_and_grows(tiny, monkeypatch):
+    import reflex_ipc.engine as engine
+
+    monkeypatch.setattr(engine, "KV_MIN", 8)
+    r = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
+    fresh = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
+    try:
+        assert r.cache is None  # nothing allocated before the first request
+        short = r.generate(PROMPT, max_tokens=2)
+        assert r.cache.n_ctx == 8  # prompt (5 tokens) + 2 -> the smallest size
+        long = r.generate(PROMPT, max_tokens=20)  # 25 slots: grows to 32
+        assert r.cache.n_ctx == 32
+        assert long["token_ids"] == fresh.generate(PROMPT, max_tokens=20)["token_ids"]
+        assert long["token_ids"][:2] == short["token_ids"]
+        r.generate(PROMPT, max_tokens=35)  # 40 slots: capped at n_ctx
+        assert r.cache.n_ctx == 40
+        assert r.generate(PROMPT, max_tokens=2)["token_ids"] == short["token_ids"]
+        assert r.cache.n_ctx == 40  # never shrinks
+    finally:
+        r.close()
+        fresh.close()
+
+
 def test_context_overflow_and_bad_requests(runner):
     with pytest.raises(ReflexError) as e:
         runner.generate(PROMPT, max_tokens=92)

@@ -189,3 +189,19 @@ def test_asarray_positions_to_numpy(ops):
     assert ops.positions(range(3)).dtype == np.int32
     a = f32(2, 2)
     assert ops.to_numpy(a) is a
+
+
+def test_logprobs_of_chosen_tokens(ops):
+    logits = f32(5, 300, scale=8.0)
+    rows = [0, 0, 3, 4, 2, 0]
+    targets = [7, 299, 0, 250, 5, 12]
+    for n in (None, 260):
+        z = logits[:, :n].astype(np.float64) if n else logits.astype(np.float64)
+        t = [min(x, z.shape[1] - 1) for x in targets]
+        ref = [z[r, k] - (z[r].max() + math.log(np.exp(z[r] - z[r].max()).sum())) for r, k in zip(rows, t)]
+        out = ops.logprobs(logits, rows, t, n=n)
+        assert out.dtype == np.float64 and out.shape == (len(rows),)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    # huge logits do not overflow: the maximum is subtracted first
+    big = np.array([[1e4, 1e4 - 1.0, 0.0]], np.float32)
+    np.testing.assert_allclose(ops.logprobs(big, [0], [0]), [-math.log1p(math.exp(-1.0))], atol=1e-9)

@@ -62,7 +62,7 @@ OPS = (
     "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
     "rms_norm", "rope",
     "kv_cache", "kv_store", "attention",
-    "argmax",
+    "argmax", "logprobs",
 )
 
 
@@ -196,4 +196,12 @@ class Ops:
     def argmax(self, logits):
         """Index of the largest value in each row of float32 [..., V]: numpy int array [...]
         (first index on ties)."""
+        raise NotImplementedError
+
+    def logprobs(self, logits, rows, targets, n=None):
+        """Log-probabilities of chosen tokens: numpy float64 [K] with
+            out[k] = logits[rows[k], targets[k]] - log(sum_j exp(logits[rows[k], j]))
+        over the first n columns (default: all) of float32 logits [R, V]; rows and targets
+        are integer sequences of length K. The sum runs in float64. Waits for the device;
+        only K numbers cross to the host."""
         raise NotImplementedError

@@ -68,10 +68,10 @@ class CudaOps:
     def empty(self, shape, dtype="float32"):
         if isinstance(shape, int):
             shape = (shape,)
-        a = DeviceArray.empty(self.pool, shape, dtype)
-        if self._graph is not None:
-            self._graph.keep.append(a)  # a captured kernel may use it on every replay
-        return a
+        # while capturing, from the graph's private pool: a block freed during the capture is
+        # reused later in the same capture (safe: the captured kernels run in stream order),
+        # and none is handed to work outside the graph, which replays may overwrite at any time
+        return DeviceArray.empty(self.pool if self._graph is None else self._graph.pool, shape, dtype)
 
     def capture(self, fn):
         """Run fn() under CUDA stream capture and return (graph, fn's result): graph.launch()
@@ -84,11 +84,17 @@ class CudaOps:
             a.wait()
         self.k = self.rt.kernel
         self.synchronize()
+        from ..cuda.core import Pool
+
         g = Graph(self.rt.stream.handle)
+        g.pool = Pool(self.rt.drv)
         self._graph = g
         try:
             with g:
                 result = fn()
+        except BaseException:
+            g.close()
+            raise
         finally:
             self._graph = None
         return g, result
@@ -117,6 +123,10 @@ class CudaOps:
 
     def synchronize(self):
         self.rt.stream.synchronize()
+
+    def upload_stats(self):
+        """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
+        return [a.stats for a in self._arenas.values()]
 
     # -- weights -----------------------------------------------------------------
     def _arena(self, f):
@@ -345,6 +355,22 @@ class CudaOps:
         """
         return GraphDecoder(self, model, cache)
 
+    def forward_graphs(self, model, cache):
+        """Captured replays of model.forward for batch shapes seen before (not part of base.py's
+        contract: an engine uses it when the backend has it).
+
+            fg = ops.forward_graphs(model, cache)
+            out = fg(ids, pos, slots, allowed, key_pos, rows, output)   # None: run it eagerly
+            fg.saw(batch, rows, output)   # after an eager run: the next one of that shape captures
+
+        A shape is (token count, key count when masked, the rows kept, the output). The second
+        time a shape comes, its forward is captured with the batch's data in device buffers of
+        its own; later calls copy the new ids, positions, slots and masks in and replay it.
+        Only small batches (at most MAX_TOKENS) are captured: for larger ones the GPU time
+        dwarfs the launch cost that a graph saves. The returned array is reused by the next
+        call of the same shape."""
+        return ForwardGraphs(self, model, cache)
+
     # -- sampling ----------------------------------------------------------------
     def argmax(self, logits):
         """Index of the largest value of each row, as a numpy int array (waits for the device)."""
@@ -353,6 +379,18 @@ class CudaOps:
         out = self.empty((rows,), "int32")
         self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
         return self.to_numpy(out).reshape(logits.shape[:-1])
+
+    def logprobs(self, logits, rows, targets, n=None):
+        V = logits.shape[-1]
+        n = V if n is None else int(n)
+        idx = np.stack([np.asarray(rows, np.int32).reshape(-1), np.asarray(targets, np.int32).reshape(-1)])
+        K = idx.shape[1]
+        if not K:
+            return np.empty(0)
+        dev = self.asarray(idx, "int32")
+        out = self.empty((K,), "float64")
+        self.k("logprob_rows")((K, 1, 1), (1024, 1, 1), logits.ptr, V, dev.ptr, dev.ptr + 4 * K, n, out.ptr)
+        return self.to_numpy(out)
 
     def argmax_device(self, logits, out=None):
         """Like argmax, but the indices stay on the device (int32 [rows]): a decode loop can
@@ -447,3 +485,111 @@ class GraphDecoder:
         if self.graph is not None:
             self.graph.close()
             self.graph = None
+
+
+class _GraphBatch:
+    """A Batch whose ids, positions, slots and masks live in fixed device buffers."""
+
+    def __init__(self, ops, n, n_kv, masked, windows, own_slots):
+        self.n, self.n_kv = n, n_kv
+        self.ids = ops.empty((n,), "int32")
+        self.pos = ops.empty((n,), "int32")
+        self.slots = ops.empty((n,), "int32") if own_slots else self.pos
+        self.allowed = True if masked else None
+        self._masks = {w: ops.empty((n, n_kv)) for w in windows} if masked else {}
+        self.pos_np = self.slots_np = self.key_pos = None
+
+    def attention_args(self, window=0):
+        if self.allowed is None:
+            return {"causal": True, "window": window, "mask": None}
+        return {"causal": False, "window": 0, "mask": self._masks[window]}
+
+    def fill(self, ops, batch_ids, pos, slots, masks):
+        """Copy a call's data into the buffers (host arrays; masks: window -> float32)."""
+        drv, stream = ops.rt.drv, ops.rt.stream
+        drv.memcpy_htod_async(self.ids.ptr, batch_ids, stream)
+        drv.memcpy_htod_async(self.pos.ptr, pos, stream)
+        if self.slots is not self.pos:
+            drv.memcpy_htod_async(self.slots.ptr, slots, stream)
+        for w, m in masks.items():
+            drv.memcpy_htod_async(self._masks[w].ptr, m, stream)
+
+
+class ForwardGraphs:
+    """See CudaOps.forward_graphs."""
+
+    MAX_TOKENS = 64
+    MAX_GRAPHS = 8
+
+    def __init__(self, ops, model, cache):
+        from collections import OrderedDict
+
+        self.ops, self.model, self.cache = ops, model, cache
+        self.entries = OrderedDict()  # key -> (graph, batch, out)
+        self.seen = {}  # key -> the sliding windows the model asked masks for
+        self.captures = 0
+        self.replays = 0
+
+    @staticmethod
+    def _key(n, n_kv, masked, own_slots, rows, output):
+        r = (rows.start, rows.stop) if rows is not None else None
+        return (n, n_kv if masked else None, masked, own_slots, r, output)
+
+    def saw(self, batch, rows=None, output="logits"):
+        """Record an eager run's shape, so that its next occurrence is captured."""
+        if batch.n <= self.MAX_TOKENS:
+            own = batch.slots is not batch.pos
+            self.seen[self._key(batch.n, batch.n_kv, batch.allowed is not None, own, rows, output)] = \
+                tuple(batch._masks)
+
+    def __call__(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits"):
+        ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        n = ids.size
+        if n > self.MAX_TOKENS:
+            return None
+        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        own = slots is not None
+        slots = np.ascontiguousarray(slots, dtype=np.int32).reshape(-1) if own else pos
+        n_kv = int(slots.max()) + 1
+        masked = allowed is not None
+        key = self._key(n, n_kv, masked, own, rows, output)
+        entry = self.entries.get(key)
+        if entry is None:
+            windows = self.seen.get(key)
+            if windows is None:
+                return None
+            entry = self._capture(key, n, n_kv, masked, windows, own, rows, output, ids, pos, slots,
+                                  allowed, key_pos)
+        else:
+            self.entries.move_to_end(key)
+            entry[1].fill(self.ops, ids, pos, slots, self._masks(entry[1], pos, allowed, key_pos))
+        entry[0].launch()
+        self.replays += 1
+        return entry[2]
+
+    @staticmethod
+    def _masks(batch, pos, allowed, key_pos):
+        out = {}
+        for w in batch._masks:
+            vis = allowed
+            if w > 0:
+                vis = vis & ((pos[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < w)
+            out[w] = np.where(vis, np.float32(0), np.float32(-np.inf))
+        return out
+
+    def _capture(self, key, n, n_kv, masked, windows, own, rows, output, ids, pos, slots, allowed, key_pos):
+        ops = self.ops
+        batch = _GraphBatch(ops, n, n_kv, masked, windows, own)
+        batch.fill(ops, ids, pos, slots, self._masks(batch, pos, allowed, key_pos))
+        graph, out = ops.capture(lambda: self.model.forward(self.cache, batch, rows=rows, output=output))
+        while len(self.entries) >= self.MAX_GRAPHS:
+            _, (old, _, _) = self.entries.popitem(last=False)
+            old.close()
+        self.entries[key] = (graph, batch, out)
+        self.captures += 1
+        return self.entries[key]
+
+    def close(self):
+        for graph, _, _ in self.entries.values():
+            graph.close()
+        self.entries.clear()

@@ -337,3 +337,16 @@ class NumpyOps:
     # -- selection ---------------------------------------------------------------
     def argmax(self, logits):
         return np.argmax(np.asarray(logits), axis=-1)
+
+    def logprobs(self, logits, rows, targets, n=None):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+        z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
+        out = np.empty(len(rows))
+        for r in np.unique(rows):  # each distinct row's normalizer once
+            zr = z[r].astype(np.float64)
+            m = zr.max()
+            lse = m + np.log(np.exp(zr - m).sum())
+            sel = rows == r
+            out[sel] = zr[targets[sel]] - lse
+        return out

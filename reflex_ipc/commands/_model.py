@@ -22,6 +22,11 @@ def finish(runner, out, as_json) -> bool:
     out["timings"]["load"] = runner.load_ms
     out["timings"]["phases"] = phases.snapshot()
     out["backend"] = runner.ops.name
+    if runner.ops.name == "cuda":
+        from .. import cuda
+
+        out["timings"]["cuda"] = {**{k: round(v, 2) for k, v in cuda.init_timings().items()},
+                                  "upload": runner.ops.upload_stats()}
     if as_json:
         import orjson
 

@@ -1,8 +1,8 @@
-"""Device arrays (float32 / float16 / int32, C-contiguous) and quantized device weights."""
+"""Device arrays (float32 / float16 / int32 / float64, C-contiguous) and quantized device weights."""
 
 import math
 
-ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4}
+ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "float64": 8}
 
 
 class _Block:

@@ -25,7 +25,7 @@ SIGNATURES = {
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ", "sample_topk": "QQiffffQ",
-    "repeat_penalty_f32": "QQif", "add_i32": "Qii",
+    "repeat_penalty_f32": "QQif", "add_i32": "Qii", "logprob_rows": "QqQQiQ",
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):
@@ -99,6 +99,12 @@ class Pool:
 
     def stream_sync(self):
         self.drv.Context.synchronize()
+
+    def free_all(self):
+        """Free every block, in use or cached (a graph's private pool, when the graph goes)."""
+        for a, _ in self.held.values():
+            a.free()
+        self.held, self.free, self.bytes = {}, {}, 0
 
 
 class Runtime:

@@ -38,6 +38,7 @@ class Graph:
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
         self.keep = []  # device arrays the captured kernels use: kept alive with the graph
+        self.pool = None  # the graph's private memory pool (CudaOps.capture), freed by close()
 
     @classmethod
     def capture(cls, stream_handle):
@@ -68,3 +69,7 @@ class Graph:
         if self.graph:
             lib.cuGraphDestroy(self.graph)
             self.graph = ctypes.c_void_p()
+        if self.pool is not None:
+            self.pool.free_all()
+            self.pool = None
+        self.keep = []

@@ -64,28 +64,69 @@ class WeightArena:
             self.rt.ctx.pop()
 
     def _upload_registered(self, src):
+        """Page-lock the mapping and DMA from it. The range is cut at page boundaries into
+        REFLEX_CUDA_UPLOAD_THREADS pieces (default 4), each registered and copied by its own
+        thread on its own stream: pinning is kernel work that runs in parallel, and a
+        piece's copy starts while later pieces are still being pinned."""
         lib = ctypes.CDLL("libcuda.so.1")
         t0 = time.perf_counter()
         mm_addr = src.ctypes.data - self.start  # the mapping starts at file offset 0 (page aligned)
-        length = self.start + src.size
-        rc = lib.cuMemHostRegister_v2(ctypes.c_void_p(mm_addr), ctypes.c_size_t(length),
-                                      ctypes.c_uint(HOST_REGISTER_READ_ONLY))
-        if rc:
-            raise OSError(f"cuMemHostRegister failed with CUDA error {rc}")
-        t1 = time.perf_counter()
+        data_addr = src.ctypes.data
+        end = data_addr + src.size
+        n = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_THREADS", "4")))
+        page = os.sysconf("SC_PAGE_SIZE")
+        cuts = [mm_addr] + sorted({(data_addr + src.size * i // n) // page * page for i in range(1, n)}) + [end]
+        cuts = [c for i, c in enumerate(cuts) if i == 0 or c > cuts[i - 1]]
+        pieces = list(zip(cuts[:-1], cuts[1:]))
+        errors, times = [], [None] * len(pieces)
+
+        def piece(i, lo, hi):
+            self.rt.ctx.push()
+            stream = None
+            try:
+                t = time.perf_counter()
+                rc = lib.cuMemHostRegister_v2(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo),
+                                              ctypes.c_uint(HOST_REGISTER_READ_ONLY))
+                if rc:
+                    raise OSError(f"cuMemHostRegister failed with CUDA error {rc}")
+                t_reg = time.perf_counter()
+                try:
+                    a = max(lo, data_addr)
+                    if hi > a:
+                        stream = self.rt.drv.Stream()
+                        rc = lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(self.base + (a - data_addr)),
+                                                      ctypes.c_void_p(a), ctypes.c_size_t(hi - a),
+                                                      ctypes.c_void_p(stream.handle))
+                        if rc:
+                            raise RuntimeError(f"cuMemcpyHtoDAsync failed with CUDA error {rc}")
+                        stream.synchronize()
+                finally:
+                    lib.cuMemHostUnregister(ctypes.c_void_p(lo))
+                times[i] = (round((t_reg - t) * 1e3, 2), round((time.perf_counter() - t_reg) * 1e3, 2))
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                del stream  # freed while the context is current
+                self.rt.ctx.pop()
+
+        workers = [threading.Thread(target=piece, args=(i, lo, hi), daemon=True)
+                   for i, (lo, hi) in enumerate(pieces[1:], 1)]
+        for w in workers:
+            w.start()
+        self.rt.ctx.pop()  # the first piece runs here, pushing the context as the others do
         try:
-            rc = lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(self.base), ctypes.c_void_p(src.ctypes.data),
-                                          ctypes.c_size_t(src.size),
-                                          ctypes.c_void_p(self.rt.upload_stream.handle))
-            if rc:
-                raise RuntimeError(f"cuMemcpyHtoDAsync failed with CUDA error {rc}")
-            self.rt.upload_stream.synchronize()
+            piece(0, *pieces[0])
         finally:
-            lib.cuMemHostUnregister(ctypes.c_void_p(mm_addr))
+            self.rt.ctx.push()
+        for w in workers:
+            w.join()
+        if errors:
+            err = next((e for e in errors if not isinstance(e, OSError)), errors[0])
+            raise err
         t2 = time.perf_counter()
-        self.stats = {"mode": "register", "bytes": src.size, "upload_ms": round((t2 - t0) * 1e3, 2),
-                      "register_ms": round((t1 - t0) * 1e3, 2),
-                      "copy_GB_per_s": round(src.size / (t2 - t1) / 1e9, 2) if t2 > t1 else None,
+        self.stats = {"mode": "register", "bytes": src.size, "threads": len(pieces),
+                      "upload_ms": round((t2 - t0) * 1e3, 2),
+                      "pieces_register_copy_ms": times,
                       "GB_per_s": round(src.size / (t2 - t0) / 1e9, 2) if t2 > t0 else None}
 
     def _upload_staging(self, src):
@@ -135,3 +176,34 @@ class WeightArena:
 
             raise ReflexError("cuda_error", f"weight upload failed: {type(self.error).__name__}: "
                                             f"{self.error}")
+
+
+MADV_POPULATE_READ = 22  # Linux 5.14+: fault the pages of a range in, read-only
+
+
+def prefault(gguf_file):
+    """Fault the tensor-data pages of the file mapping in on a background thread, so that
+    cuMemHostRegister later finds them mapped (REFLEX_CUDA_POPULATE=0 turns it off). The
+    engine calls it while CUDA is still initializing, when nothing else needs those cores.
+    Returns the thread (None when off); failures (an older kernel) are ignored."""
+    if os.environ.get("REFLEX_CUDA_POPULATE", "1") == "0":
+        return None
+    import numpy as np
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    view = np.frombuffer(gguf_file._mm, dtype=np.uint8)
+    base = view.ctypes.data
+    lo = base + gguf_file.data_offset // page * page
+    length = base + view.size - lo
+    del view
+
+    def run():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(length), MADV_POPULATE_READ)
+        except Exception:
+            pass
+
+    th = threading.Thread(target=run, name="reflex-prefault", daemon=True)
+    th.start()
+    return th

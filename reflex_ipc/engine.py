@@ -71,10 +71,6 @@ def load_runner(model=None, device="auto", n_ctx=None):
     path = resolve_model(model)
     f = GGUFFile(path)
     phases.mark("gguf_open")
-    if gpu:
-        from .cuda.weights import prefault
-
-        prefault(f)  # the weights' pages, mapped while CUDA initializes: a faster page-lock
     try:
         from .models import ARCHITECTURES, load_model
         from .tokenizer import load_tokenizer
@@ -92,6 +88,9 @@ def load_runner(model=None, device="auto", n_ctx=None):
     except BaseException:
         f.close()
         raise
+    finally:
+        if gpu:
+            cuda.startup_done()
     return Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
 
 

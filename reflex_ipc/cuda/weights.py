@@ -124,7 +124,11 @@ class WeightArena:
             err = next((e for e in errors if not isinstance(e, OSError)), errors[0])
             raise err
         t2 = time.perf_counter()
+        from .. import phases
+
+        end_at = phases.since_launch_ms()
         self.stats = {"mode": "register", "bytes": src.size, "threads": len(pieces),
+                      "start_at": round(end_at - (t2 - t0) * 1e3, 2), "end_at": round(end_at, 2),
                       "upload_ms": round((t2 - t0) * 1e3, 2),
                       "pieces_register_copy_ms": times,
                       "GB_per_s": round(src.size / (t2 - t0) / 1e9, 2) if t2 > t0 else None}
@@ -177,33 +181,3 @@ class WeightArena:
             raise ReflexError("cuda_error", f"weight upload failed: {type(self.error).__name__}: "
                                             f"{self.error}")
 
-
-MADV_POPULATE_READ = 22  # Linux 5.14+: fault the pages of a range in, read-only
-
-
-def prefault(gguf_file):
-    """Fault the tensor-data pages of the file mapping in on a background thread, so that
-    cuMemHostRegister later finds them mapped (REFLEX_CUDA_POPULATE=0 turns it off). The
-    engine calls it while CUDA is still initializing, when nothing else needs those cores.
-    Returns the thread (None when off); failures (an older kernel) are ignored."""
-    if os.environ.get("REFLEX_CUDA_POPULATE", "1") == "0":
-        return None
-    import numpy as np
-
-    page = os.sysconf("SC_PAGE_SIZE")
-    view = np.frombuffer(gguf_file._mm, dtype=np.uint8)
-    base = view.ctypes.data
-    lo = base + gguf_file.data_offset // page * page
-    length = base + view.size - lo
-    del view
-
-    def run():
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(length), MADV_POPULATE_READ)
-        except Exception:
-            pass
-
-    th = threading.Thread(target=run, name="reflex-prefault", daemon=True)
-    th.start()
-    return th

@@ -355,3 +355,90 @@ def test_cuda_ops_load_weight_keeps_blocks(fake_ops):
         norm = ops.load_weight(f, "blk.0.attn_norm.weight")
         assert isinstance(norm, DeviceArray) and norm.shape == (t.shape[0],) and norm.dtype == "float32"
         assert len(ops._arenas) == 1
+
+
+def test_cuda_ops_matmul_n_launches(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    wq = DeviceWeight(0x10000, (2048, 1024), 8, "Q8_0", 32 * 34, "q")
+    wk = DeviceWeight(0x20000, (1024, 1024), 8, "Q8_0", 32 * 34, "k")
+    wv = DeviceWeight(0x30000, (1024, 1024), 8, "Q8_0", 32 * 34, "v")
+    for n, kern, gy in ((1, "mmn1_q8_0", 1), (4, "mmn4_q8_0", 1), (13, "mmn8_q8_0", 2)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        before = len(ops.rt.launches)
+        q, k, v = ops.matmul_n(x, [wq, wk, wv])
+        assert len(ops.rt.launches) == before + 1  # one kernel for all three
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, ((2048 + 2048) // 4, gy, 1), (128, 1, 1))
+        assert args == (wq.ptr, wk.ptr, wv.ptr, x.ptr, q.ptr, k.ptr, v.ptr, 1024, 2048, 1024, 1024, n, 32 * 34)
+        assert (q.shape, k.shape, v.shape) == ((n, 2048), (n, 1024), (n, 1024))
+        assert len({q.ptr, k.ptr, v.ptr}) == 3
+    # two weights: the third slot is empty
+    x = DeviceArray.empty(ops.pool, (1, 1024))
+    q, k = ops.matmul_n(x, [wq, wk])
+    name, grid, _, args = ops.rt.launches[-1]
+    assert name == "mmn1_q8_0" and grid[0] == 3072 // 4 and args[2] == 0 and args[6] == 0 and args[10] == 0
+    # a v of another format: q and k in one launch, v a plain matmul
+    wv6 = DeviceWeight(0x40000, (1024, 1024), 14, "Q6_K", 4 * 210, "v6")
+    before = len(ops.rt.launches)
+    q, k, v = ops.matmul_n(x, [wq, wk, wv6])
+    names = [launch[0] for launch in ops.rt.launches[before:]]
+    assert names == ["mmn1_q8_0", "mm1_q6_k"]
+    assert ops.rt.launches[-1][3][2] == v.ptr and ops.rt.launches[-2][3][4:6] == (q.ptr, k.ptr)
+    # all formats different: separate matmuls
+    wk4 = DeviceWeight(0x50000, (1024, 1024), 12, "Q4_K", 4 * 144, "k4")
+    before = len(ops.rt.launches)
+    ops.matmul_n(x, [wq, wk4, wv6])
+    assert [launch[0] for launch in ops.rt.launches[before:]] == ["mm1_q8_0", "mm1_q4_k", "mm1_q6_k"]
+    with pytest.raises(ValueError):
+        ops.matmul_n(x, [wq, DeviceWeight(0x60000, (8, 512), 8, "Q8_0", 16 * 34, "narrow")])
+    with pytest.raises(ValueError):
+        ops.matmul_n(x, [wq] * 4)
+
+
+def test_cuda_ops_matmul_glu_launches(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    wg = DeviceWeight(0x10000, (3072, 1024), 12, "Q4_K", 4 * 144, "gate")
+    wu = DeviceWeight(0x20000, (3072, 1024), 12, "Q4_K", 4 * 144, "up")
+    for n, kern, gy in ((1, "mmglu1_q4_k", 1), (5, "mmglu8_q4_k", 1), (13, "mmglu8_q4_k", 2)):
+        for act, code in (("silu", 0), ("gelu", 1)):
+            x = DeviceArray.empty(ops.pool, (n, 1024))
+            before = len(ops.rt.launches)
+            y = ops.matmul_glu(x, wg, wu, act=act)
+            assert len(ops.rt.launches) == before + 1
+            name, grid, block, args = ops.rt.launches[-1]
+            assert (name, grid, block) == (kern, (768, gy, 1), (128, 1, 1))
+            assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3072, n, 4 * 144, code) and y.shape == (n, 3072)
+    # gate and up of different formats: two matmuls and the element-wise unit
+    wu8 = DeviceWeight(0x30000, (3072, 1024), 8, "Q8_0", 32 * 34, "up8")
+    x = DeviceArray.empty(ops.pool, (1, 1024))
+    for act, glu in (("silu", "swiglu_f32"), ("gelu", "geglu_f32")):
+        before = len(ops.rt.launches)
+        y = ops.matmul_glu(x, wg, wu8, act=act)
+        assert [launch[0] for launch in ops.rt.launches[before:]] == ["mm1_q4_k", "mm1_q8_0", glu]
+        assert ops.rt.launches[-1][3][2] == y.ptr
+    with pytest.raises(ValueError):
+        ops.matmul_glu(x, wg, wu, act="relu")
+    with pytest.raises(ValueError):
+        ops.matmul_glu(x, wg, DeviceWeight(0x40000, (1024, 1024), 12, "Q4_K", 4 * 144, "small"))
+
+
+def test_cuda_ops_rms_norm_rope_launch(fake_ops):
+    ops = fake_ops
+    x = ops.empty((3, 16, 128))
+    w, ff = ops.empty((128,)), ops.empty((32,))
+    pos = ops.positions([4, 5, 6])
+    y = ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=64, base=5e5, freq_scale=0.5, freq_factors=ff, neox=True,
+                          mscale=1.25)
+    assert y is x
+    name, grid, block, args = ops.rt.launches[-1]
+    assert (name, grid, block) == ("rmsnorm_rope_f32", (12, 1, 1), (128, 1, 1))  # 48 head rows, 4 a block
+    assert args == (x.ptr, w.ptr, pos.ptr, 48, 16, 128, 1e-6, 64, 5e5, 0.5, ff.ptr, 1, 1.25)
+    ops.rms_norm_rope(ops.empty((1, 8, 64)), None, 1e-5, pos[:1])
+    args = ops.rt.launches[-1][3]
+    assert ops.rt.launches[-1][1] == (2, 1, 1) and args[1] == 0 and args[7] == 64 and args[10] == 0
+    with pytest.raises(ValueError):
+        ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=130)

@@ -442,3 +442,70 @@ def test_cuda_ops_rms_norm_rope_launch(fake_ops):
     assert ops.rt.launches[-1][1] == (2, 1, 1) and args[1] == 0 and args[7] == 64 and args[10] == 0
     with pytest.raises(ValueError):
         ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=130)
+
+
+def _layer_kernels(ops, path):
+    """Kernel names of each layer of one decode step (one token at position 7) of the model
+    at path, launched through the recording runtime."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.models.common import Batch
+
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        hp = model.hp
+        cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, 512)
+        batch = Batch(ops, [5], [7])
+        starts = []
+        model.forward(cache, batch, check=lambda: starts.append(len(ops.rt.launches)))
+        names = [launch[0] for launch in ops.rt.launches]
+    head = {"gemma3": 3}.get(hp.arch, 2)  # output norm, LM head (+ final softcap)
+    bounds = starts + [len(names) - head]
+    return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _expected_layer(arch, t):
+    """The kernels a decode layer should launch, from its matrices' formats t (name -> type)."""
+    mm = {"F16": "f16", "Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "F32": "f32"}
+    out = ["rmsnorm_f32"]
+    groups = {}  # q/k/v: one launch per format, in order of first appearance
+    for name in ("attn_q", "attn_k", "attn_v"):
+        groups.setdefault(t[name], []).append(name)
+    out += [("mmn1_" if len(g) > 1 else "mm1_") + mm[f] for f, g in groups.items()]
+    out += ["add_row_f32"] * 3 if arch == "qwen2" else []  # q/k/v biases
+    out += ["rmsnorm_rope_f32"] * 2 if arch in ("qwen3", "gemma3") else ["rope_f32"] * 2
+    out += ["kv_store", "attention_split_f16kv", "attention_combine", "mm1_" + mm[t["attn_output"]]]
+    post = ["rmsnorm_f32", "add_f32"] if arch == "gemma3" else []  # sandwich norm, then the residual
+    out += post + ["rmsnorm_f32"]
+    if t["ffn_gate"] == t["ffn_up"]:
+        out.append("mmglu1_" + mm[t["ffn_gate"]])
+    else:
+        out += ["mm1_" + mm[t["ffn_gate"]], "mm1_" + mm[t["ffn_up"]],
+                "geglu_f32" if arch == "gemma3" else "swiglu_f32"]
+    return out + ["mm1_" + mm[t["ffn_down"]]] + post
+
+
+# Kernels per decode layer when q/k/v share a format and gate/up share one (e.g. a Q8_0
+# Qwen3-0.6B): llama/qwen3 were 17/19 before the fused ops, qwen2 20, gemma3 21.
+UNIFORM_LAYER_KERNELS = {"llama": 11, "qwen2": 14, "qwen3": 11, "gemma3": 15}
+
+
+@pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS))
+def test_models_decode_kernels_per_layer(fake_ops, arch):
+    """The fixtures mix formats across and inside layers, so both the one-launch paths and
+    the per-format fallbacks of matmul_n / matmul_glu occur."""
+    from reflex_ipc.gguffile import GGUFFile
+
+    path = os.path.join(ROOT, "tests", "data", f"synthetic-{arch}.gguf")
+    layers = _layer_kernels(fake_ops, path)
+    with GGUFFile(path) as f:
+        types = [{n.split(".")[2]: ti.type_name for n, ti in f.tensors.items()
+                  if n.startswith(f"blk.{i}.") and len(ti.shape) == 2} for i in range(len(layers))]
+    assert len(layers) >= 2
+    uniform = 0
+    for names, t in zip(layers, types):
+        assert names == _expected_layer(arch, t), t
+        if t["attn_q"] == t["attn_k"] == t["attn_v"] and t["ffn_gate"] == t["ffn_up"]:
+            uniform += 1
+            assert len(names) == UNIFORM_LAYER_KERNELS[arch]
+    assert arch == "qwen3" or uniform  # every fixture but qwen3 has such a layer

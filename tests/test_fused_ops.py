@@ -184,3 +184,15 @@ def test_residual_matmul_is_the_separate_add(ops, weights, with_bias):
     y = x.copy()
     assert residual(ops, y, a, w, b) is y
     np.testing.assert_array_equal(y, want)
+
+
+def test_gpu_checks_of_the_fused_ops_pass_on_numpy(ops):
+    """scripts/gpu_check_ops.py's checks of the fused kernels, run on the numpy backend:
+    the checks themselves (references, tolerances, poisoning) hold on the oracle."""
+    import gpu_check_ops
+
+    check_rng = np.random.default_rng(5)
+    for check in (gpu_check_ops.check_matmul_n, gpu_check_ops.check_matmul_glu,
+                  gpu_check_ops.check_rms_norm_rope):
+        rows = check(ops, check_rng)
+        assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]

@@ -4,6 +4,8 @@ Imported by scripts/gpu-check. The step is what a qwen3 model does per token wit
 backend ops (16 launches a layer), run two ways: eagerly from Python (one launch per op)
 and as one captured CUDA graph replayed per token (ops.capture). Both read the sampled
 token id back every step, as a real decode loop does, and must produce the same tokens.
+Then the same step with the fused ops (11 launches a layer, as models/qwen3.py now runs):
+its first logits against the unfused step's, and its graph's speed.
 """
 
 import math
@@ -55,10 +57,12 @@ def build(ops, rng):
                "modes_agree_first_MiB": bool(np.array_equal(ok, same))}
 
 
-def make_step(ops, W, cache, ids, pos, skip=()):
+def make_step(ops, W, cache, ids, pos, skip=(), fused=False, keep=None):
     """The per-token step; `skip` leaves out classes of ops (for timing ablations only):
     "attn" (kv_store + attention: q stands in for the output), "small" (q/k norms, rope),
-    "ffn" (the three FFN matvecs and swiglu), "head" (output norm + LM head)."""
+    "ffn" (the three FFN matvecs and swiglu), "head" (output norm + LM head).
+    fused: the model-level fused ops (matmul_n for q/k/v, rms_norm_rope, matmul_glu: 11
+    launches a layer instead of 16). keep: a list that receives each step's logits."""
     eps = 1e-6
     scale = 1 / math.sqrt(HD)
 
@@ -67,14 +71,18 @@ def make_step(ops, W, cache, ids, pos, skip=()):
         for i in range(L):
             p = f"blk.{i}."
             h = ops.rms_norm(x, W[p + "attn_norm.weight"], eps)
-            q = ops.matmul(h, W[p + "attn_q.weight"]).reshape(1, HQ, HD)
-            k = ops.matmul(h, W[p + "attn_k.weight"]).reshape(1, HKV, HD)
-            v = ops.matmul(h, W[p + "attn_v.weight"]).reshape(1, HKV, HD)
+            wqkv = [W[p + "attn_q.weight"], W[p + "attn_k.weight"], W[p + "attn_v.weight"]]
+            q, k, v = ops.matmul_n(h, wqkv) if fused else [ops.matmul(h, w) for w in wqkv]
+            q, k, v = q.reshape(1, HQ, HD), k.reshape(1, HKV, HD), v.reshape(1, HKV, HD)
             if "small" not in skip:
-                q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
-                k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
-                ops.rope(q, pos, base=1e6, neox=True, inplace=True)
-                ops.rope(k, pos, base=1e6, neox=True, inplace=True)
+                if fused:
+                    ops.rms_norm_rope(q, W[p + "attn_q_norm.weight"], eps, pos, base=1e6, neox=True)
+                    ops.rms_norm_rope(k, W[p + "attn_k_norm.weight"], eps, pos, base=1e6, neox=True)
+                else:
+                    q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
+                    k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
+                    ops.rope(q, pos, base=1e6, neox=True, inplace=True)
+                    ops.rope(k, pos, base=1e6, neox=True, inplace=True)
             if "attn" not in skip:
                 ops.kv_store(cache, i, k, v, pos)
                 a = ops.attention(q, cache, i, pos, 0, scale=scale)
@@ -83,12 +91,16 @@ def make_step(ops, W, cache, ids, pos, skip=()):
             ops.matmul(a.reshape(1, HQ * HD), W[p + "attn_output.weight"], out=x, accumulate=True)
             if "ffn" not in skip:
                 h = ops.rms_norm(x, W[p + "ffn_norm.weight"], eps)
-                g = ops.matmul(h, W[p + "ffn_gate.weight"])
-                u = ops.matmul(h, W[p + "ffn_up.weight"])
-                ops.matmul(ops.swiglu(g, u), W[p + "ffn_down.weight"], out=x, accumulate=True)
+                if fused:
+                    f = ops.matmul_glu(h, W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"], act="silu")
+                else:
+                    f = ops.swiglu(ops.matmul(h, W[p + "ffn_gate.weight"]), ops.matmul(h, W[p + "ffn_up.weight"]))
+                ops.matmul(f, W[p + "ffn_down.weight"], out=x, accumulate=True)
         if "head" not in skip:
             h = ops.rms_norm(x, W["output_norm.weight"], eps)
             logits = ops.matmul(h, W["token_embd.weight"])
+            if keep is not None:
+                keep.append(logits)
             ops.argmax_device(logits, out=ids)
         ops.advance(pos)
 
@@ -157,10 +169,39 @@ def run(ops, steps=128):
     res["distinct_tokens"] = len(set(toks_e))
     res["ok"] = toks_g == toks_e
     graph.close()
+
+    # the same step with the fused ops: first-step logits against the unfused step, then
+    # the graph's speed and tokens
+    def first_logits(fused):
+        keep = []
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        make_step(ops, W, cache, ids, pos, fused=fused, keep=keep)()
+        return ops.to_numpy(keep[0]).astype(np.float64)
+
+    plain, fused = first_logits(False), first_logits(True)
+    rel = float(np.linalg.norm(fused - plain) / np.linalg.norm(plain))
+    res["fused_first_logits_rel_err"] = rel
+    fstep = make_step(ops, W, cache, ids, pos, fused=True)
+    ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+    ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+    fgraph, _ = ops.capture(fstep)
+    graph = fgraph
+    replay(4, 1)
+    toks_fg, dt = replay(steps, 1)
+    res["fused_graph_tok_s"] = round(steps / dt, 1)
+    res["fused_graph_ms_per_token"] = round(dt / steps * 1e3, 3)
+    # greedy tokens on random weights may part at a near-tie: reported, the logits decide
+    res["fused_graph_tokens_match_eager"] = toks_fg == toks_e
+    res["fused_graph_tokens_first_diff"] = next((i for i, (a, b) in enumerate(zip(toks_fg, toks_e)) if a != b), None)
+    fgraph.close()
+    res["ok"] = res["ok"] and rel < 1e-4
     # ablations: the same graph without one class of ops, ms per replay (timing only)
     abl = {}
-    for skip in ((), ("attn",), ("small",), ("ffn",), ("head",), ("attn", "small", "ffn", "head")):
-        g, _ = ops.capture(make_step(ops, W, cache, ids, pos, skip))
+    variants = [(skip, False) for skip in ((), ("attn",), ("small",), ("ffn",), ("head",),
+                                            ("attn", "small", "ffn", "head"))] + [((), True)]
+    for skip, fused in variants:
+        g, _ = ops.capture(make_step(ops, W, cache, ids, pos, skip, fused=fused))
         ops.rt.drv.memcpy_htod(pos.ptr, np.array([64], np.int32))
         for _ in range(3):
             g.launch()
@@ -171,7 +212,7 @@ def run(ops, steps=128):
             g.launch()
         e1.record(ops.rt.stream)
         e1.synchronize()
-        abl["-" + "-".join(skip) if skip else "full"] = round(e1.time_since(e0) / 50, 4)
+        abl["fused" if fused else ("-" + "-".join(skip) if skip else "full")] = round(e1.time_since(e0) / 50, 4)
         g.close()
     res["graph_ms_ablation"] = abl
     return res

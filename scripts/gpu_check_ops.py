@@ -174,6 +174,129 @@ def check_elementwise(ops, rng):
     return rows
 
 
+def poison(ops, *shapes):
+    """Put NaN-filled blocks of these shapes on the pool's free lists, so that the next
+    arrays an op allocates with them start as NaN (an element the op does not write fails)."""
+    held = [ops.asarray(np.full(shape, np.nan, np.float32)) for shape in shapes]
+    ops.synchronize()
+    del held
+
+
+def _weights(ops, specs, rng):
+    """{key: (device weight, float64 reference)} for specs {key: (type name, rows, cols)}."""
+    tensors, refs = {}, {}
+    for key, (name, rows, cols) in specs.items():
+        raw, refs[key] = random_weight(name, rows, cols, rng)
+        tensors[key] = (raw, TYPES[name][0], (rows, cols))
+    f = FakeGGUF(tensors)
+    return {key: (ops.load_weight(f, key), refs[key]) for key in specs}
+
+
+def check_matmul_n(ops, rng):
+    """matmul_n (mmn kernels): q/k/v-like weights of every type in one launch, output sizes
+    that make blocks straddle two weights; mixed types (grouped launches, plain matmuls)."""
+    rows = []
+    K, Ms = 512, (201, 70, 57)
+    sets = [(t, t, t) for t in MM_TYPES] + [(t, t) for t in ("Q8_0", "Q4_K")]
+    sets += [("Q4_K", "Q4_K", "Q6_K"), ("Q6_K", "Q4_K", "Q6_K"), ("Q8_0", "F16", "Q4_0")]
+    for types in sets:
+        W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
+        ws = [W[f"w{i}"][0] for i in range(len(types))]
+        for N in (1, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X = ops.asarray(x)
+            poison(ops, *[(N, Ms[i]) for i in range(len(types))])
+            outs = ops.matmul_n(X, ws)
+            for i, out in enumerate(outs):
+                ref = x.astype(np.float64) @ W[f"w{i}"][1].T
+                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref, 2e-5))
+                if N in (1, 13):  # within float32 rounding of the plain matmul kernel
+                    rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i} vs matmul",
+                                    ops.to_numpy(out), ops.to_numpy(ops.matmul(X, ws[i])), 1e-6))
+    return rows
+
+
+def check_matmul_glu(ops, rng):
+    """matmul_glu (mmglu kernels): silu and tanh-gelu units of every type; gate and up of
+    different types (two matmuls + swiglu/geglu)."""
+    rows = []
+    K, M = 512, 203
+    pairs = [(t, t) for t in MM_TYPES] + [("Q8_0", "Q4_K"), ("Q4_K", "Q6_K"), ("F16", "BF16")]
+    for g_t, u_t in pairs:
+        W = _weights(ops, {"gate": (g_t, M, K), "up": (u_t, M, K)}, rng)
+        (wg, rg), (wu, ru) = W["gate"], W["up"]
+        for N in (1, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K))
+            x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
+            X = ops.asarray(x)
+            g64, u64 = x.astype(np.float64) @ rg.T, x.astype(np.float64) @ ru.T
+            for act in ("silu", "gelu"):
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
+                if act == "silu":
+                    ref = g64 / (1 + np.exp(-g64)) * u64
+                else:
+                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                case = f"{g_t}/{u_t} {act} N={N}"
+                rows.append(row("matmul_glu", case, out, ref, 2e-5))
+                if N in (1, 13):
+                    glu = ops.swiglu if act == "silu" else ops.geglu
+                    unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
+                    rows.append(row("matmul_glu", case + " vs matmuls+glu", out, unfused, 1e-6))
+    return rows
+
+
+def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, mscale):
+    x = x.astype(np.float64)
+    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * w
+    out = y.copy()
+    half = n_rot // 2
+    i = np.arange(half)
+    inv = base ** (-2.0 * i / n_rot) * freq_scale
+    if factors is not None:
+        inv = inv / factors
+    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+    out[..., a] = (y[..., a] * c - y[..., b] * s) * mscale
+    out[..., b] = (y[..., a] * s + y[..., b] * c) * mscale
+    return out
+
+
+def check_rms_norm_rope(ops, rng):
+    """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
+    pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
+    against rms_norm then rope on the device."""
+    rows = []
+    cases = [  # hd, n_rot, H, freq factors, mscale, weight
+        (128, 128, 16, False, 1.0, True), (128, 64, 8, False, 1.0, True), (64, 64, 3, True, 1.0, True),
+        (256, 256, 4, False, 1.0, True), (256, 128, 2, True, 1.2, True), (80, 48, 5, True, 1.0, False),
+    ]
+    for hd, n_rot, H, ff, mscale, has_w in cases:
+        for neox in (False, True):
+            for N in (1, 5, 13):
+                x = (rng.standard_normal((N, H, hd)) * 3).astype(np.float32)
+                w = rng.uniform(0.5, 1.5, hd).astype(np.float32) if has_w else None
+                factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if ff else None
+                pos = np.array([0, 1, 7, 100, 2047, 30000, 5, 9, 11, 13, 17, 4095, 12345][:N], np.int32)
+                kw = dict(n_rot=n_rot, base=1e6 if ff else 10000.0, freq_scale=0.5 if ff else 1.0,
+                          freq_factors=ops.asarray(factors) if ff else None, neox=neox, mscale=mscale)
+                W = ops.asarray(w) if has_w else None
+                X = ops.asarray(x.copy())  # rotated in place (numpy's asarray would not copy)
+                got = ops.rms_norm_rope(X, W, 1e-6, pos, **kw)
+                case = f"{'neox' if neox else 'norm'} hd={hd} n_rot={n_rot} H={H} N={N} ff={ff} m={mscale} w={has_w}"
+                rows.append({"op": "rms_norm_rope", "case": case + " returns x", "ok": got is X})
+                out = ops.to_numpy(X)
+                ref = rms_norm_rope_ref(x, w, 1e-6, pos, n_rot, kw["base"], kw["freq_scale"], factors, neox,
+                                        mscale)
+                rows.append(row("rms_norm_rope", case, out, ref, 1e-6))
+                unfused = ops.rope(ops.rms_norm(ops.asarray(x.copy()), W, 1e-6), pos, inplace=True, **kw)
+                rows.append(row("rms_norm_rope", case + " vs rms_norm+rope", out, ops.to_numpy(unfused), 1e-6))
+    return rows
+
+
 def attention_ref(q, K, V, pos, n_kv, scale, softcap, causal, window, mask):
     N, Hq, hd = q.shape
     Hkv = K.shape[0]
@@ -365,7 +488,8 @@ def bench_matvec(ops, rng):
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
-    for fn in (check_matmul, check_elementwise, check_attention, check_sampling):
+    for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
+               check_matmul_glu, check_rms_norm_rope):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

@@ -355,3 +355,157 @@ def test_cuda_ops_load_weight_keeps_blocks(fake_ops):
         norm = ops.load_weight(f, "blk.0.attn_norm.weight")
         assert isinstance(norm, DeviceArray) and norm.shape == (t.shape[0],) and norm.dtype == "float32"
         assert len(ops._arenas) == 1
+
+
+def test_cuda_ops_matmul_n_launches(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    wq = DeviceWeight(0x10000, (2048, 1024), 8, "Q8_0", 32 * 34, "q")
+    wk = DeviceWeight(0x20000, (1024, 1024), 8, "Q8_0", 32 * 34, "k")
+    wv = DeviceWeight(0x30000, (1024, 1024), 8, "Q8_0", 32 * 34, "v")
+    for n, kern, gy in ((1, "mmn1_q8_0", 1), (4, "mmn4_q8_0", 1), (13, "mmn8_q8_0", 2)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        before = len(ops.rt.launches)
+        q, k, v = ops.matmul_n(x, [wq, wk, wv])
+        assert len(ops.rt.launches) == before + 1  # one kernel for all three
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, ((2048 + 2048) // 4, gy, 1), (128, 1, 1))
+        assert args == (wq.ptr, wk.ptr, wv.ptr, x.ptr, q.ptr, k.ptr, v.ptr, 1024, 2048, 1024, 1024, n, 32 * 34)
+        assert (q.shape, k.shape, v.shape) == ((n, 2048), (n, 1024), (n, 1024))
+        assert len({q.ptr, k.ptr, v.ptr}) == 3
+    # two weights: the third slot is empty
+    x = DeviceArray.empty(ops.pool, (1, 1024))
+    q, k = ops.matmul_n(x, [wq, wk])
+    name, grid, _, args = ops.rt.launches[-1]
+    assert name == "mmn1_q8_0" and grid[0] == 3072 // 4 and args[2] == 0 and args[6] == 0 and args[10] == 0
+    # a v of another format: q and k in one launch, v a plain matmul
+    wv6 = DeviceWeight(0x40000, (1024, 1024), 14, "Q6_K", 4 * 210, "v6")
+    before = len(ops.rt.launches)
+    q, k, v = ops.matmul_n(x, [wq, wk, wv6])
+    names = [launch[0] for launch in ops.rt.launches[before:]]
+    assert names == ["mmn1_q8_0", "mm1_q6_k"]
+    assert ops.rt.launches[-1][3][2] == v.ptr and ops.rt.launches[-2][3][4:6] == (q.ptr, k.ptr)
+    # all formats different: separate matmuls
+    wk4 = DeviceWeight(0x50000, (1024, 1024), 12, "Q4_K", 4 * 144, "k4")
+    before = len(ops.rt.launches)
+    ops.matmul_n(x, [wq, wk4, wv6])
+    assert [launch[0] for launch in ops.rt.launches[before:]] == ["mm1_q8_0", "mm1_q4_k", "mm1_q6_k"]
+    with pytest.raises(ValueError):
+        ops.matmul_n(x, [wq, DeviceWeight(0x60000, (8, 512), 8, "Q8_0", 16 * 34, "narrow")])
+    with pytest.raises(ValueError):
+        ops.matmul_n(x, [wq] * 4)
+
+
+def test_cuda_ops_matmul_glu_launches(fake_ops):
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    wg = DeviceWeight(0x10000, (3072, 1024), 12, "Q4_K", 4 * 144, "gate")
+    wu = DeviceWeight(0x20000, (3072, 1024), 12, "Q4_K", 4 * 144, "up")
+    for n, kern, gy in ((1, "mmglu1_q4_k", 1), (5, "mmglu8_q4_k", 1), (13, "mmglu8_q4_k", 2)):
+        for act, code in (("silu", 0), ("gelu", 1)):
+            x = DeviceArray.empty(ops.pool, (n, 1024))
+            before = len(ops.rt.launches)
+            y = ops.matmul_glu(x, wg, wu, act=act)
+            assert len(ops.rt.launches) == before + 1
+            name, grid, block, args = ops.rt.launches[-1]
+            assert (name, grid, block) == (kern, (768, gy, 1), (128, 1, 1))
+            assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3072, n, 4 * 144, code) and y.shape == (n, 3072)
+    # gate and up of different formats: two matmuls and the element-wise unit
+    wu8 = DeviceWeight(0x30000, (3072, 1024), 8, "Q8_0", 32 * 34, "up8")
+    x = DeviceArray.empty(ops.pool, (1, 1024))
+    for act, glu in (("silu", "swiglu_f32"), ("gelu", "geglu_f32")):
+        before = len(ops.rt.launches)
+        y = ops.matmul_glu(x, wg, wu8, act=act)
+        assert [launch[0] for launch in ops.rt.launches[before:]] == ["mm1_q4_k", "mm1_q8_0", glu]
+        assert ops.rt.launches[-1][3][2] == y.ptr
+    with pytest.raises(ValueError):
+        ops.matmul_glu(x, wg, wu, act="relu")
+    with pytest.raises(ValueError):
+        ops.matmul_glu(x, wg, DeviceWeight(0x40000, (1024, 1024), 12, "Q4_K", 4 * 144, "small"))
+
+
+def test_cuda_ops_rms_norm_rope_launch(fake_ops):
+    ops = fake_ops
+    x = ops.empty((3, 16, 128))
+    w, ff = ops.empty((128,)), ops.empty((32,))
+    pos = ops.positions([4, 5, 6])
+    y = ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=64, base=5e5, freq_scale=0.5, freq_factors=ff, neox=True,
+                          mscale=1.25)
+    assert y is x
+    name, grid, block, args = ops.rt.launches[-1]
+    assert (name, grid, block) == ("rmsnorm_rope_f32", (12, 1, 1), (128, 1, 1))  # 48 head rows, 4 a block
+    assert args == (x.ptr, w.ptr, pos.ptr, 48, 16, 128, 1e-6, 64, 5e5, 0.5, ff.ptr, 1, 1.25)
+    ops.rms_norm_rope(ops.empty((1, 8, 64)), None, 1e-5, pos[:1])
+    args = ops.rt.launches[-1][3]
+    assert ops.rt.launches[-1][1] == (2, 1, 1) and args[1] == 0 and args[7] == 64 and args[10] == 0
+    with pytest.raises(ValueError):
+        ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=130)
+
+
+def _layer_kernels(ops, path):
+    """Kernel names of each layer of one decode step (one token at position 7) of the model
+    at path, launched through the recording runtime."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.models.common import Batch
+
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        hp = model.hp
+        cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, 512)
+        batch = Batch(ops, [5], [7])
+        starts = []
+        model.forward(cache, batch, check=lambda: starts.append(len(ops.rt.launches)))
+        names = [launch[0] for launch in ops.rt.launches]
+    head = {"gemma3": 3}.get(hp.arch, 2)  # output norm, LM head (+ final softcap)
+    bounds = starts + [len(names) - head]
+    return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _expected_layer(arch, t):
+    """The kernels a decode layer should launch, from its matrices' formats t (name -> type)."""
+    mm = {"F16": "f16", "Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "F32": "f32"}
+    out = ["rmsnorm_f32"]
+    groups = {}  # q/k/v: one launch per format, in order of first appearance
+    for name in ("attn_q", "attn_k", "attn_v"):
+        groups.setdefault(t[name], []).append(name)
+    out += [("mmn1_" if len(g) > 1 else "mm1_") + mm[f] for f, g in groups.items()]
+    out += ["add_row_f32"] * 3 if arch == "qwen2" else []  # q/k/v biases
+    out += ["rmsnorm_rope_f32"] * 2 if arch in ("qwen3", "gemma3") else ["rope_f32"] * 2
+    out += ["kv_store", "attention_split_f16kv", "attention_combine", "mm1_" + mm[t["attn_output"]]]
+    post = ["rmsnorm_f32", "add_f32"] if arch == "gemma3" else []  # sandwich norm, then the residual
+    out += post + ["rmsnorm_f32"]
+    if t["ffn_gate"] == t["ffn_up"]:
+        out.append("mmglu1_" + mm[t["ffn_gate"]])
+    else:
+        out += ["mm1_" + mm[t["ffn_gate"]], "mm1_" + mm[t["ffn_up"]],
+                "geglu_f32" if arch == "gemma3" else "swiglu_f32"]
+    return out + ["mm1_" + mm[t["ffn_down"]]] + post
+
+
+# Kernels per decode layer when q/k/v share a format and gate/up share one (e.g. a Q8_0
+# Qwen3-0.6B): llama/qwen3 were 17/19 before the fused ops, qwen2 20, gemma3 21.
+UNIFORM_LAYER_KERNELS = {"llama": 11, "qwen2": 14, "qwen3": 11, "gemma3": 15}
+
+
+@pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS))
+def test_models_decode_kernels_per_layer(fake_ops, arch):
+    """The fixtures mix formats across and inside layers, so both the one-launch paths and
+    the per-format fallbacks of matmul_n / matmul_glu occur."""
+    from reflex_ipc.gguffile import GGUFFile
+
+    path = os.path.join(ROOT, "tests", "data", f"synthetic-{arch}.gguf")
+    layers = _layer_kernels(fake_ops, path)
+    with GGUFFile(path) as f:
+        types = [{n.split(".")[2]: ti.type_name for n, ti in f.tensors.items()
+                  if n.startswith(f"blk.{i}.") and len(ti.shape) == 2} for i in range(len(layers))]
+    assert len(layers) >= 2
+    uniform = 0
+    for names, t in zip(layers, types):
+        assert names == _expected_layer(arch, t), t
+        if t["attn_q"] == t["attn_k"] == t["attn_v"] and t["ffn_gate"] == t["ffn_up"]:
+            uniform += 1
+            assert len(names) == UNIFORM_LAYER_KERNELS[arch]
+    assert arch == "qwen3" or uniform  # every fixture but qwen3 has such a layer

@@ -13,7 +13,12 @@ Conventions (all ops):
   and to keep only the last row before the output projection).
 - Ops return new arrays unless they take `out=` (then they write `out`, which
   has the result's shape, and return it). Inputs are never modified except by
-  `kv_store` and `rope(..., inplace=True)`.
+  `kv_store`, `rope(..., inplace=True)` and `rms_norm_rope` (both rotate x itself), and
+  `matmul(..., out=y, accumulate=True)` (adds into y).
+- Fused ops (`matmul_n`, `matmul_glu`, `rms_norm_rope`) are defined as a sequence of the
+  plain ops and compute exactly that sequence on the numpy backend; other backends may
+  run them as one kernel, within float32 rounding of the sequence. They exist because a
+  GPU decode step is bound by the number of kernels it launches.
 - Token ids, positions and cache slots are given as Python sequences, numpy
   integer arrays or backend int32 arrays (`positions()` converts once so a
   model can reuse one array across layers).
@@ -58,9 +63,9 @@ from __future__ import annotations
 # The op names every backend must provide (see Ops for their contracts).
 OPS = (
     "empty", "asarray", "to_numpy", "synchronize", "positions",
-    "load_weight", "matmul", "embed",
+    "load_weight", "matmul", "matmul_n", "matmul_glu", "embed",
     "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
-    "rms_norm", "rope",
+    "rms_norm", "rope", "rms_norm_rope",
     "kv_cache", "kv_store", "attention",
     "argmax", "logprobs",
 )
@@ -76,6 +81,22 @@ OPTIONAL_OPS = ("graph_decoder",)
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]
+
+
+def check_matmul_n(ws):
+    """ValueError unless ws is 1 to 3 weights of one width (matmul_n's precondition)."""
+    if not 1 <= len(ws) <= 3:
+        raise ValueError(f"matmul_n takes 1 to 3 weights, not {len(ws)}")
+    if any(w.shape[1] != ws[0].shape[1] for w in ws):
+        raise ValueError(f"matmul_n: weights of different widths {[tuple(w.shape) for w in ws]}")
+
+
+def check_glu(w_gate, w_up, act):
+    """ValueError unless matmul_glu's weights have one shape and act is silu or gelu."""
+    if act not in ("silu", "gelu"):
+        raise ValueError(f"matmul_glu: act must be 'silu' or 'gelu', not {act!r}")
+    if tuple(w_gate.shape) != tuple(w_up.shape):
+        raise ValueError(f"matmul_glu: gate {tuple(w_gate.shape)} and up {tuple(w_up.shape)} differ")
 
 
 class Ops:
@@ -119,6 +140,17 @@ class Ops:
     def matmul(self, x, w, out=None, accumulate=False):
         """x float32 [..., K] times weight handle w [M, K]: y[..., m] = sum_k x[..., k] w[m, k]
         (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required)."""
+        raise NotImplementedError
+
+    def matmul_n(self, x, ws):
+        """Several weights of one width K over the same x: [matmul(x, w) for w in ws], a list
+        of float32 [..., M_i] arrays (separate, contiguous). 1 to 3 weights (e.g. q, k, v)."""
+        raise NotImplementedError
+
+    def matmul_glu(self, x, w_gate, w_up, act="silu"):
+        """A gated unit: swiglu(matmul(x, w_gate), matmul(x, w_up)) for act="silu",
+        geglu(...) (tanh gelu) for act="gelu". w_gate and w_up have one shape [M, K];
+        float32 [..., M]."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):
@@ -175,6 +207,13 @@ class Ops:
             neox:                      the pair is (i, i + n_rot/2)
             (x_a, x_b) -> ((x_a cos - x_b sin) * mscale, (x_a sin + x_b cos) * mscale)
         Returns a new array, or rotates x itself when inplace."""
+        raise NotImplementedError
+
+    def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
+                      freq_factors=None, neox=False, mscale=1.0):
+        """Per-head RMSNorm then rotary, in place on x float32 [N, H, hd]: exactly
+            rope(rms_norm(x, w, eps), pos, ...) written into x (returned),
+        with w [hd] (or None) and rope's keyword arguments (q/k norms of qwen3, gemma3)."""
         raise NotImplementedError
 
     # -- attention ---------------------------------------------------------------

@@ -15,12 +15,14 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
+from .base import check_glu, check_matmul_n
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
              Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
+NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -165,8 +167,9 @@ class CudaOps:
         return self.asarray(dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).reshape(shape))
 
     # -- linear algebra ------------------------------------------------------------
-    def matmul(self, x, w, out=None, accumulate=False):
-        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T)."""
+    @staticmethod
+    def _mm_shape(x, w):
+        """(M, K, N) of x [..., K] times weight w [M, K], after checking they fit."""
         if not isinstance(w, DeviceWeight):
             raise TypeError("matmul needs a DeviceWeight from load_weight")
         M, K = w.shape
@@ -174,15 +177,68 @@ class CudaOps:
             raise ValueError(f"matmul: x has {x.shape[-1]} columns, weight {w.name} expects {K}")
         if K % 8:
             raise ReflexError("unsupported_architecture", f"{w.name}: rows of {K} (need a multiple of 8)")
-        N = x.size // K
+        return M, K, x.size // K
+
+    @staticmethod
+    def _mm_launch(rows, N):
+        """(tokens per block, grid, block) of the matmul kernels for `rows` output rows."""
+        nt = 1 if N == 1 else (4 if N <= 4 else 8)
+        return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
+
+    def matmul(self, x, w, out=None, accumulate=False):
+        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T)."""
+        M, K, N = self._mm_shape(x, w)
         if out is None:
             if accumulate:
                 raise ValueError("matmul: accumulate=True needs out")
             out = self.empty(x.shape[:-1] + (M,))
-        nt = 1 if N == 1 else (4 if N <= 4 else 8)
-        kern = self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")
-        kern(((M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1),
-             w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
+        nt, grid, block = self._mm_launch(M, N)
+        self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
+                                                   1 if accumulate else 0)
+        return out
+
+    def matmul_n(self, x, ws):
+        """[x @ w.T for w in ws] (1-3 weights of one width): one launch over the rows of all
+        the weights that share a block format (a mixed q/k/v, e.g. Q4_K q and k with a Q6_K v,
+        takes one launch per format)."""
+        check_matmul_n(ws)
+        for w in ws:
+            self._mm_shape(x, w)
+        by_type = {}
+        for i, w in enumerate(ws):
+            by_type.setdefault(w.ggml_type, []).append(i)
+        outs = [None] * len(ws)
+        for idx in by_type.values():
+            if len(idx) == 1:
+                outs[idx[0]] = self.matmul(x, ws[idx[0]])
+                continue
+            group = [ws[i] for i in idx]
+            ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
+            pad = [0] * (3 - len(group))
+            Ms = [w.shape[0] for w in group] + pad
+            K = group[0].shape[1]
+            N = x.size // K
+            nt, grid, block = self._mm_launch(sum(Ms), N)
+            self.k(f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}")(
+                grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
+                group[0].row_bytes)
+            for i, y in zip(idx, ys):
+                outs[i] = y
+        return outs
+
+    def matmul_glu(self, x, w_gate, w_up, act="silu"):
+        """act(x @ w_gate.T) * (x @ w_up.T), act silu or tanh gelu: one launch when both
+        weights share a block format, else two matmuls and swiglu / geglu."""
+        check_glu(w_gate, w_up, act)
+        M, K, N = self._mm_shape(x, w_gate)
+        self._mm_shape(x, w_up)
+        if w_gate.ggml_type != w_up.ggml_type:
+            g, u = self.matmul(x, w_gate), self.matmul(x, w_up)
+            return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+        out = self.empty(x.shape[:-1] + (M,))
+        nt, grid, block = self._mm_launch(M, N)
+        self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
+                                                          K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
         return out
 
     def embed(self, w, ids, scale=1.0):
@@ -293,6 +349,24 @@ class CudaOps:
         self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
                            float(base), float(freq_scale), freq_factors.ptr if freq_factors is not None else 0,
                            1 if neox else 0, float(mscale))
+        return x
+
+    def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
+                      freq_factors=None, neox=False, mscale=1.0):
+        """rms_norm of each head row of x [N, H, hd] then rope, in place: one launch."""
+        N, H, hd = x.shape
+        n_rot = hd if n_rot is None else n_rot
+        if n_rot % 2 or not 0 < n_rot <= hd:
+            raise ValueError(f"rms_norm_rope: n_rot {n_rot} for head dim {hd}")
+        pos = self.positions(pos)
+        rows = N * H
+        if rows == 0:
+            return x
+        self.k("rmsnorm_rope_f32")(((rows + NORM_ROPE_ROWS - 1) // NORM_ROPE_ROWS, 1, 1),
+                                   (32 * NORM_ROPE_ROWS, 1, 1), x.ptr, w.ptr if w is not None else 0,
+                                   pos.ptr, rows, H, hd, float(eps), n_rot, float(base), float(freq_scale),
+                                   freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0,
+                                   float(mscale))
         return x
 
     # -- attention ---------------------------------------------------------------

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
+from .base import check_glu, check_matmul_n
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -171,6 +172,15 @@ class NumpyOps:
             return out
         return y
 
+    def matmul_n(self, x, ws):
+        check_matmul_n(ws)
+        return [self.matmul(x, w) for w in ws]
+
+    def matmul_glu(self, x, w_gate, w_up, act="silu"):
+        check_glu(w_gate, w_up, act)
+        glu = self.swiglu if act == "silu" else self.geglu
+        return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
+
     def embed(self, w, ids, scale=1.0):
         rows = w[np.asarray(ids, dtype=np.int64).reshape(-1)]
         return rows * _F32(scale) if scale != 1.0 else rows
@@ -256,6 +266,12 @@ class NumpyOps:
             x[...] = y
             return x
         return y
+
+    def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
+                      freq_factors=None, neox=False, mscale=1.0):
+        x[...] = self.rope(self.rms_norm(x, w, eps), pos, n_rot=n_rot, base=base, freq_scale=freq_scale,
+                           freq_factors=freq_factors, neox=neox, mscale=mscale)
+        return x
 
     # -- attention ---------------------------------------------------------------
     def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):

@@ -21,6 +21,7 @@ SIGNATURES = {
     "swiglu_f32": "QQQqiii", "geglu_f32": "QQQqiii",
     "rmsnorm_f32": "QQQif", "layernorm_f32": "QQQQif",
     "rope_f32": "QQiiiiffQif",
+    "rmsnorm_rope_f32": "QQQiiififfQif",
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
@@ -30,6 +31,8 @@ SIGNATURES = {
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):
         SIGNATURES[f"mm{_nt}_{_t}"] = "QQQiiiqi"
+        SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
+        SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
 
 

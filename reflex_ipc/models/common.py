@@ -143,8 +143,23 @@ def attention_block(ops, hp, cache, layer, batch, q, k, v, *, scale, window=0, s
 
 def linear(ops, x, w, b=None):
     """x @ w.T (+ b)."""
-    y = ops.matmul(x, w)
+    return bias(ops, ops.matmul(x, w), b)
+
+
+def bias(ops, y, b):
+    """y + b, or y itself when b is None."""
     return ops.add(y, b) if b is not None else y
+
+
+def residual(ops, x, a, w, b=None):
+    """x += a @ w.T (+ b), in place on x: x + (a @ w.T + b) as with separate ops, the
+    product added into x by the matmul itself when there is no bias. x must be an array
+    that nothing else reads as the old value (the model's own hidden state)."""
+    if b is None:
+        ops.matmul(a, w, out=x, accumulate=True)
+    else:
+        ops.add(x, linear(ops, a, w, b), out=x)
+    return x
 
 
 def default_attn_scale(hp):

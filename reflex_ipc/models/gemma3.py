@@ -71,20 +71,20 @@ class Model:
             if check is not None:
                 check()
             swa = self.is_swa[i]
-            rope = dict(n_rot=hp.n_rot, neox=True, inplace=True,
+            rope = dict(n_rot=hp.n_rot, neox=True,
                         base=self.rope_base_swa if swa else hp.rope_base,
                         freq_scale=1.0 if swa else hp.rope_scale)
             h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            q = ops.matmul(h, L.wq).reshape(N, hp.n_head, hp.head_dim)
-            k = ops.matmul(h, L.wk).reshape(N, hp.n_head_kv, hp.head_dim)
-            v = ops.matmul(h, L.wv).reshape(N, hp.n_head_kv, hp.head_dim)
-            q = ops.rope(ops.rms_norm(q, L.q_norm, hp.eps), batch.pos, **rope)
-            k = ops.rope(ops.rms_norm(k, L.k_norm, hp.eps), batch.pos, **rope)
+            q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
+            q = ops.rms_norm_rope(q.reshape(N, hp.n_head, hp.head_dim), L.q_norm, hp.eps, batch.pos, **rope)
+            k = ops.rms_norm_rope(k.reshape(N, hp.n_head_kv, hp.head_dim), L.k_norm, hp.eps, batch.pos, **rope)
+            v = v.reshape(N, hp.n_head_kv, hp.head_dim)
             a = attention_block(ops, hp, cache, i, batch, q, k, v, scale=self.q_scale,
                                 window=self.window if swa else 0)
+            # the residual adds come after the post-norms: not foldable into the matmuls
             x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
             h = ops.rms_norm(x, L.ffn_norm, hp.eps)
-            f = ops.matmul(ops.geglu(ops.matmul(h, L.gate), ops.matmul(h, L.up)), L.down)
+            f = ops.matmul(ops.matmul_glu(h, L.gate, L.up, act="gelu"), L.down)
             x = ops.add(x, ops.rms_norm(f, L.ffn_post_norm, hp.eps))
         if rows is not None:
             x = x[rows]

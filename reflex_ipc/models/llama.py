@@ -7,7 +7,7 @@ on neox rope (qwen2) and per-head q/k RMSNorm (qwen3).
 
 from types import SimpleNamespace
 
-from .common import HParams, Weights, attention_block, default_attn_scale, linear
+from .common import HParams, Weights, attention_block, bias, default_attn_scale, residual
 
 
 class Model:
@@ -37,29 +37,33 @@ class Model:
             gate=w(p + "ffn_gate.weight"), up=w(p + "ffn_up.weight"), down=w(p + "ffn_down.weight"),
         )
 
-    def _rope(self, x, batch):
+    def _rope_args(self):
         hp = self.hp
-        return self.ops.rope(x, batch.pos, n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale,
-                             freq_factors=self.rope_factors, neox=self.rope_neox, inplace=True)
+        return dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale,
+                    freq_factors=self.rope_factors, neox=self.rope_neox)
+
+    def _qk(self, x, norm, batch):
+        """q or k [N, H, hd] after the optional per-head norm and rope (in place)."""
+        if self.qk_norm:
+            return self.ops.rms_norm_rope(x, norm, self.hp.eps, batch.pos, **self._rope_args())
+        return self.ops.rope(x, batch.pos, inplace=True, **self._rope_args())
 
     def forward(self, cache, batch, rows=None, output="logits", check=None):
         ops, hp, N = self.ops, self.hp, batch.n
-        x = ops.embed(self.tok_embd, batch.ids)
+        x = ops.embed(self.tok_embd, batch.ids)  # a fresh array: the residual adds go into it
         for i, L in enumerate(self.layers):
             if check is not None:
                 check()
             h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            q = linear(ops, h, L.wq, L.bq).reshape(N, hp.n_head, hp.head_dim)
-            k = linear(ops, h, L.wk, L.bk).reshape(N, hp.n_head_kv, hp.head_dim)
-            v = linear(ops, h, L.wv, L.bv).reshape(N, hp.n_head_kv, hp.head_dim)
-            if self.qk_norm:
-                q = ops.rms_norm(q, L.q_norm, hp.eps)
-                k = ops.rms_norm(k, L.k_norm, hp.eps)
-            q, k = self._rope(q, batch), self._rope(k, batch)
+            q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
+            q = bias(ops, q, L.bq).reshape(N, hp.n_head, hp.head_dim)
+            k = bias(ops, k, L.bk).reshape(N, hp.n_head_kv, hp.head_dim)
+            v = bias(ops, v, L.bv).reshape(N, hp.n_head_kv, hp.head_dim)
+            q, k = self._qk(q, L.q_norm, batch), self._qk(k, L.k_norm, batch)
             a = attention_block(ops, hp, cache, i, batch, q, k, v, scale=self.scale)
-            x = ops.add(x, linear(ops, a, L.wo, L.bo))
+            residual(ops, x, a, L.wo, L.bo)
             h = ops.rms_norm(x, L.ffn_norm, hp.eps)
-            x = ops.add(x, ops.matmul(ops.swiglu(ops.matmul(h, L.gate), ops.matmul(h, L.up)), L.down))
+            residual(ops, x, ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
         if rows is not None:
             x = x[rows]
         x = ops.rms_norm(x, self.output_norm, hp.eps)

@@ -437,12 +437,13 @@ class CudaOps:
             out = fg(ids, pos, slots, allowed, key_pos, rows, output)   # None: run it eagerly
             fg.saw(batch, rows, output)   # after an eager run: the next one of that shape captures
 
-        A shape is (token count, key count when masked, the rows kept, the output). The second
-        time a shape comes, its forward is captured with the batch's data in device buffers of
-        its own; later calls copy the new ids, positions, slots and masks in and replay it.
-        Only small batches (at most MAX_TOKENS) are captured: for larger ones the GPU time
-        dwarfs the launch cost that a graph saves. The returned array is reused by the next
-        call of the same shape."""
+        Batches of up to 64 tokens whose kept rows end at the last token (a prefill chunk's
+        last row; system1's one pass) are padded to a bucket of 8-64 tokens (see
+        ForwardGraphs). The second time a bucket comes, its forward is captured with the
+        batch's data in device buffers of its own; later calls copy their ids, positions,
+        slots and masks in and replay it. Larger batches stay eager: their GPU time dwarfs
+        the launch cost that a graph saves. The returned array is reused by the next call
+        of the same shape."""
         return ForwardGraphs(self, model, cache)
 
     # -- sampling ----------------------------------------------------------------
@@ -590,9 +591,16 @@ class _GraphBatch:
 
 
 class ForwardGraphs:
-    """See CudaOps.forward_graphs."""
+    """See CudaOps.forward_graphs.
 
-    MAX_TOKENS = 64
+    Shapes are bucketed: a batch of n tokens runs as one of BUCKETS tokens, the real ones
+    last in batch order and padding tokens first, so that prompts of different lengths
+    share a graph. Padding tokens are stored at cache slots after every real one, which
+    no real token can see (causal: later slots; masked: -inf), and their rows of the
+    output are not returned. A shape is then (bucket, rows kept from the end, masked,
+    output)."""
+
+    BUCKETS = (8, 16, 24, 32, 48, 64)
     MAX_GRAPHS = 8
 
     def __init__(self, ops, model, cache):
@@ -601,61 +609,87 @@ class ForwardGraphs:
         self.ops, self.model, self.cache = ops, model, cache
         self.entries = OrderedDict()  # key -> (graph, batch, out)
         self.seen = {}  # key -> the sliding windows the model asked masks for
+        self.failed = set()  # keys whose capture failed: always eager
         self.captures = 0
         self.replays = 0
 
-    @staticmethod
-    def _key(n, n_kv, masked, own_slots, rows, output):
-        r = (rows.start, rows.stop) if rows is not None else None
-        return (n, n_kv if masked else None, masked, own_slots, r, output)
+    def _plan(self, n, pos, slots, masked, rows, output):
+        """(key, bucket) for a batch, or None when it is not replayed from a graph."""
+        if rows is None or rows.stop != n or not 0 <= (rows.start or 0) < n or n > self.BUCKETS[-1]:
+            return None
+        nb = next(b for b in self.BUCKETS if b >= n)
+        if masked:  # system1's one pass: slots 0..n-1, padding at n..nb-1
+            if slots is None or not np.array_equal(slots, np.arange(n)):
+                return None
+        elif slots is not None or int(pos.max()) + (nb - n) >= self.cache.n_ctx:
+            return None
+        return (nb, n - (rows.start or 0), masked, output), nb
 
     def saw(self, batch, rows=None, output="logits"):
         """Record an eager run's shape, so that its next occurrence is captured."""
-        if batch.n <= self.MAX_TOKENS:
-            own = batch.slots is not batch.pos
-            self.seen[self._key(batch.n, batch.n_kv, batch.allowed is not None, own, rows, output)] = \
-                tuple(batch._masks)
+        own = batch.slots is not batch.pos
+        plan = self._plan(batch.n, batch.pos_np, batch.slots_np if own else None, batch.allowed is not None,
+                          rows, output)
+        if plan is not None:
+            self.seen.setdefault(plan[0], tuple(batch._masks))
 
     def __call__(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits"):
         ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
         n = ids.size
-        if n > self.MAX_TOKENS:
-            return None
         pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
-        own = slots is not None
-        slots = np.ascontiguousarray(slots, dtype=np.int32).reshape(-1) if own else pos
-        n_kv = int(slots.max()) + 1
+        if slots is not None:
+            slots = np.ascontiguousarray(slots, dtype=np.int32).reshape(-1)
         masked = allowed is not None
-        key = self._key(n, n_kv, masked, own, rows, output)
+        plan = self._plan(n, pos, slots, masked, rows, output) if n else None
+        if plan is None:
+            return None
+        key, nb = plan
         entry = self.entries.get(key)
         if entry is None:
             windows = self.seen.get(key)
-            if windows is None:
+            if windows is None or key in self.failed:
                 return None
-            entry = self._capture(key, n, n_kv, masked, windows, own, rows, output, ids, pos, slots,
-                                  allowed, key_pos)
+            data = self._padded(nb, ids, pos, allowed, key_pos, windows)
+            try:
+                entry = self._capture(key, nb, masked, windows, data)
+            except Exception:
+                self.failed.add(key)  # e.g. a mask window the eager run did not show: stay eager
+                return None
         else:
             self.entries.move_to_end(key)
-            entry[1].fill(self.ops, ids, pos, slots, self._masks(entry[1], pos, allowed, key_pos))
+            entry[1].fill(self.ops, *self._padded(nb, ids, pos, allowed, key_pos, tuple(entry[1]._masks)))
         entry[0].launch()
         self.replays += 1
         return entry[2]
 
     @staticmethod
-    def _masks(batch, pos, allowed, key_pos):
-        out = {}
-        for w in batch._masks:
+    def _padded(nb, ids, pos, allowed, key_pos, windows):
+        """Host arrays for a bucket of nb: (ids, positions, slots, masks by window)."""
+        n = ids.size
+        pad = nb - n
+        ids_p = np.concatenate([np.zeros(pad, np.int32), ids])
+        if allowed is None:  # causal: padding after the last real slot (slots = positions)
+            pos_p = np.concatenate([int(pos.max()) + 1 + np.arange(pad, dtype=np.int32), pos])
+            return ids_p, pos_p, pos_p, {}
+        pos_p = np.concatenate([np.zeros(pad, np.int32), pos])
+        slots_p = np.concatenate([np.arange(n, nb, dtype=np.int32), np.arange(n, dtype=np.int32)])
+        masks = {}
+        for w in windows:
             vis = allowed
             if w > 0:
                 vis = vis & ((pos[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < w)
-            out[w] = np.where(vis, np.float32(0), np.float32(-np.inf))
-        return out
+            m = np.full((nb, nb), -np.inf, dtype=np.float32)
+            m[pad:, :n] = np.where(vis, np.float32(0), np.float32(-np.inf))
+            m[np.arange(pad), n + np.arange(pad)] = 0  # a padding token sees only itself
+            masks[w] = m
+        return ids_p, pos_p, slots_p, masks
 
-    def _capture(self, key, n, n_kv, masked, windows, own, rows, output, ids, pos, slots, allowed, key_pos):
+    def _capture(self, key, nb, masked, windows, data):
         ops = self.ops
-        batch = _GraphBatch(ops, n, n_kv, masked, windows, own)
-        batch.fill(ops, ids, pos, slots, self._masks(batch, pos, allowed, key_pos))
-        graph, out = ops.capture(lambda: self.model.forward(self.cache, batch, rows=rows, output=output))
+        batch = _GraphBatch(ops, nb, nb if masked else self.cache.n_ctx, masked, windows, masked)
+        batch.fill(ops, *data)
+        rows = slice(nb - key[1], nb)
+        graph, out = ops.capture(lambda: self.model.forward(self.cache, batch, rows=rows, output=key[3]))
         while len(self.entries) >= self.MAX_GRAPHS:
             _, (old, _, _) = self.entries.popitem(last=False)
             old.close()

@@ -322,8 +322,9 @@ def chart(results, path):
         ax.text(v, i, f" {v:.1f} ms", va="center")
     ax.invert_yaxis()
     ax.set_xlabel("p50 ms (lower is better)")
-    gpu = (results["machine"].get("gpu") or {}).get("name", "CPU")
-    ax.set_title(f"reflex-ipc on {gpu}: {os.path.basename(results['model'] or '')}")
+    gpu = (results["machine"].get("gpu") or {}).get("name")
+    where = gpu or ("CPU" if results.get("device") == "cpu" else f"device {results.get('device')}")
+    ax.set_title(f"reflex-ipc on {where}: {results.get('label') or os.path.basename(results['model'] or '')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True

@@ -15,7 +15,7 @@ from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.models.common import linear, residual
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from gpu_check_ops import FakeGGUF, random_weight  # noqa: E402
+from gpu_check_ops import FakeGGUF, random_weight, rms_norm_rope_ref  # noqa: E402
 
 from reflex_ipc.ggml_types import TYPES  # noqa: E402
 
@@ -110,25 +110,6 @@ def test_matmul_glu_errors(ops, weights):
         ops.matmul_glu(x, wg, wu, act="relu")
     with pytest.raises(ValueError):
         ops.matmul_glu(x, wg, weights[("F16", "q")][0])
-
-
-def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, mscale):
-    """float64, from the definitions: RMSNorm of each head row, then rotate the pairs."""
-    x = x.astype(np.float64)
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    out = y.copy()
-    half = n_rot // 2
-    i = np.arange(half)
-    theta = np.asarray(pos, np.float64)[:, None] * (base ** (-2.0 * i / n_rot) * freq_scale)[None, :]
-    if factors is not None:
-        theta = theta / factors
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-    out[..., a] = (y[..., a] * c - y[..., b] * s) * mscale
-    out[..., b] = (y[..., a] * s + y[..., b] * c) * mscale
-    return out
 
 
 CASES = [  # (hd, n_rot, freq factors, mscale, weight)

@@ -91,9 +91,16 @@ class GPU:
         except Exception:
             return None
 
-    def idle_power_w(self, seconds=1.0):
+    def idle_power_w(self, seconds=3.0):
+        """Idle power from the energy counter over `seconds` (the same counter the runs are
+        measured with, so that the two agree), else the median of power samples."""
         if not self.nv:
             return None
+        e0, t0 = self.energy_mj(), time.perf_counter()
+        time.sleep(seconds)
+        e1, t1 = self.energy_mj(), time.perf_counter()
+        if e0 is not None and e1 is not None and e1 > e0:
+            return (e1 - e0) / 1000.0 / (t1 - t0)
         samples = []
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -153,6 +160,17 @@ def timed_process(argv, shell=False, gpu=None, idle_w=None):
     return out, proc.stdout
 
 
+def mean_net_energy(runs, idle_w):
+    """Energy per run above idle, from the totals over all runs: (sum of the runs' energy -
+    idle power x their summed wall time) / n. The energy counter moves in coarse steps, so
+    single runs of a third of a second are mostly quantization noise; the sum is not."""
+    ok = [r for r in runs if r.get("rc") == 0 and r.get("energy_j") is not None]
+    if not ok or idle_w is None:
+        return None
+    total = sum(r["energy_j"] for r in ok) - idle_w * sum(r["wall_ms"] for r in ok) / 1e3
+    return round(total / len(ok), 3)
+
+
 def run_cold(args, gpu):
     idle_w = gpu.idle_power_w() if gpu.nv else None
     argv = cold_argv(args)
@@ -185,6 +203,7 @@ def run_cold(args, gpu):
         "phases_ms": {k: stats([((r.get("timings") or {}).get("phases") or {}).get(k)
                                 for r in ours]) for k in phase_names},
         "energy_net_j": stats([r.get("energy_net_j") for r in ours]),
+        "energy_net_j_mean": mean_net_energy(ours, idle_w),
         "per_run": ours,
     }
     if args.vs:
@@ -192,6 +211,7 @@ def run_cold(args, gpu):
                         "wall_ms": stats([p["wall_ms"] for p in peer if p["rc"] == 0]),
                         "failures": sum(p["rc"] != 0 for p in peer),
                         "energy_net_j": stats([p.get("energy_net_j") for p in peer]),
+                        "energy_net_j_mean": mean_net_energy(peer, idle_w),
                         "speedup_pairwise": stats(ratios), "per_run": peer}
     return result
 
@@ -371,8 +391,8 @@ def summary_table(out):
         if r["mode"] == "cold":
             w = r.get("wall_ms") or {}
             line = f"cold {r['op']:<9} p50 {w.get('p50')} ms  p95 {w.get('p95')} ms  fails {r['failures']}"
-            if r.get("energy_net_j"):
-                line += f"  net {r['energy_net_j']['p50']} J"
+            if r.get("energy_net_j_mean") is not None:
+                line += f"  {r['energy_net_j_mean']} J a start above idle"
             if r.get("vs"):
                 v = r["vs"]
                 line += (f"\n  vs {v['name']}: p50 {(v.get('wall_ms') or {}).get('p50')} ms, "

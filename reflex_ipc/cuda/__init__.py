@@ -16,7 +16,6 @@ the backend (auto: CUDA when pycuda imports and a GPU initializes), then
 `reflex_ipc.backends.cuda_ops.CudaOps()`.
 """
 
-import json
 import os
 import sys
 import threading
@@ -33,6 +32,8 @@ _result = {}  # "runtime" or "error", plus "timings"
 
 def build_info() -> dict:
     """What kernels/build.py recorded: {"built": bool, "archs", "ptx", "nvcc"} or a reason."""
+    import json  # not at module level: this module is imported before cuInit starts
+
     try:
         with open(BUILD_JSON) as fh:
             info = json.load(fh)

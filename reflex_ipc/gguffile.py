@@ -429,32 +429,18 @@ def _bulk_walk():
     return _walk_strings_numpy if "numpy" in sys.modules else _walk_strings_split
 
 
-def _walk_strings_numpy(mm, start, count, size, field):
-    """The fast walk in numpy: candidates are where a u64 read at any byte is 1..255."""
-    import numpy as np
-
-    starts = np.empty(count, np.int64)
-    lengths = np.empty(count, np.int64)
+def _walk_in_bursts(mm, start, count, size, field, starts, lengths, fast):
+    """The loop both fast walks share. fast(pos, i, window) proves k >= 0 strings starting
+    at pos, fills starts/lengths[i:i + k] and returns (k, the position after them). Where
+    it proves fewer than 64, a burst of strings goes string by string, the bursts doubling
+    while the fast steps keep failing. Returns the position after the last string."""
     pos, i, burst = start, 0, 16
     while i < count:
         window = min(size - pos, _WALK_WINDOW, (count - i) * 64 + 64)
         k = 0
         if window >= 9:
-            b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=pos)
-            # a u64 read at every byte offset: an overlapping unaligned view, no copy
-            v64 = np.ndarray(shape=(window - 7,), dtype="<u8", buffer=b, strides=(1,))
-            cand = np.flatnonzero((v64 - 1) < 255)
-            if len(cand) and cand[0] == 0:
-                ends = cand + 8 + b[cand]
-                brk = np.flatnonzero(ends[:-1] != cand[1:])
-                k = min(int(brk[0]) + 1 if len(brk) else len(cand), count - i)
-                end = pos + int(ends[k - 1])
-                if end > size:  # only the last string can reach past the window
-                    raise GGUFError(f"string {i + k - 1} of {count}: length {int(b[cand[k - 1]])} "
-                                    f"runs past the end of the file", field, pos + int(cand[k - 1]))
-                starts[i:i + k] = cand[:k] + (pos + 8)
-                lengths[i:i + k] = b[cand[:k]]
-                pos, i = end, i + k
+            k, pos = fast(pos, i, window)
+            i += k
         if i < count and k < 64:
             stop = min(count, i + burst)
             pos = _walk_strings_slow(mm, pos, i, stop, count, size, field, starts, lengths)
@@ -462,6 +448,35 @@ def _walk_strings_numpy(mm, start, count, size, field):
             burst = min(2 * burst, _WALK_BURST_MAX)
         elif k >= 64:
             burst = 16
+    return pos
+
+
+def _walk_strings_numpy(mm, start, count, size, field):
+    """The fast walk in numpy: candidates are where a u64 read at any byte is 1..255."""
+    import numpy as np
+
+    starts = np.empty(count, np.int64)
+    lengths = np.empty(count, np.int64)
+
+    def fast(pos, i, window):
+        b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=pos)
+        # a u64 read at every byte offset: an overlapping unaligned view, no copy
+        v64 = np.ndarray(shape=(window - 7,), dtype="<u8", buffer=b, strides=(1,))
+        cand = np.flatnonzero((v64 - 1) < 255)
+        if not len(cand) or cand[0] != 0:
+            return 0, pos
+        ends = cand + 8 + b[cand]
+        brk = np.flatnonzero(ends[:-1] != cand[1:])
+        k = min(int(brk[0]) + 1 if len(brk) else len(cand), count - i)
+        end = pos + int(ends[k - 1])
+        if end > size:  # only the last string can reach past the window
+            raise GGUFError(f"string {i + k - 1} of {count}: length {int(b[cand[k - 1]])} "
+                            f"runs past the end of the file", field, pos + int(cand[k - 1]))
+        starts[i:i + k] = cand[:k] + (pos + 8)
+        lengths[i:i + k] = b[cand[:k]]
+        return k, end
+
+    pos = _walk_in_bursts(mm, start, count, size, field, starts, lengths, fast)
     return starts, lengths, pos
 
 
@@ -475,47 +490,41 @@ def _walk_strings_split(mm, start, count, size, field):
     the starts from the lengths when they are wanted.
     """
     lengths = [0] * count
-    pos, i, burst = start, 0, 16
-    while i < count:
-        window = min(size - pos, _WALK_WINDOW, (count - i) * 64 + 64)
-        k = 0
-        if window >= 9:
-            data = mm[pos:pos + window]
-            pieces = data.split(_Z7, count - i)
-            n = len(pieces) - 1  # separators found: at most count - i
-            if n and len(pieces[0]) == 1 and data[0]:
-                lens = list(map(len, pieces))
-                # where the length bytes are if the chain holds: p[0] = 0, p[j] = p[j-1] + 7 + lens[j]
-                p = list(accumulate(map(add, lens[1:n], repeat(7)), initial=0))
-                low = bytes(itemgetter(*p)(data)) if n > 1 else data[:1]
-                got, want = lens[1:n], list(low.translate(_PLUS_ONE)[:n - 1])
-                if got == want:
-                    k = n
-                else:  # the first j with got[j] != want[j], by bisection
-                    lo, hi = 0, n - 1
-                    while hi - lo > 1:
-                        mid = (lo + hi) // 2
-                        if got[lo:mid] == want[lo:mid]:
-                            lo = mid
-                        else:
-                            hi = mid
-                    k = lo + 1
-                k = min(k, n)
-                zero = low.find(0, 0, k)
-                if zero >= 0:
-                    k = zero
-                if k:
-                    end = pos + p[k - 1] + 8 + low[k - 1]
-                    if end > size:  # only the last string can reach past the window
-                        raise GGUFError(f"string {i + k - 1} of {count}: length {low[k - 1]} runs "
-                                        f"past the end of the file", field, pos + p[k - 1])
-                    lengths[i:i + k] = low[:k]
-                    pos, i = end, i + k
-        if i < count and k < 64:
-            stop = min(count, i + burst)
-            pos = _walk_strings_slow(mm, pos, i, stop, count, size, field, None, lengths)
-            i = stop
-            burst = min(2 * burst, _WALK_BURST_MAX)
-        elif k >= 64:
-            burst = 16
+
+    def fast(pos, i, window):
+        data = mm[pos:pos + window]
+        pieces = data.split(_Z7, count - i)
+        n = len(pieces) - 1  # separators found: at most count - i
+        if not n or len(pieces[0]) != 1 or not data[0]:
+            return 0, pos
+        lens = list(map(len, pieces))
+        # where the length bytes are if the chain holds: p[0] = 0, p[j] = p[j-1] + 7 + lens[j]
+        p = list(accumulate(map(add, lens[1:n], repeat(7)), initial=0))
+        low = bytes(itemgetter(*p)(data)) if n > 1 else data[:1]
+        got, want = lens[1:n], list(low.translate(_PLUS_ONE)[:n - 1])
+        if got == want:
+            k = n
+        else:  # the first j with got[j] != want[j], by bisection
+            lo, hi = 0, n - 1
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if got[lo:mid] == want[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo + 1
+        k = min(k, n)
+        zero = low.find(0, 0, k)
+        if zero >= 0:
+            k = zero
+        if not k:
+            return 0, pos
+        end = pos + p[k - 1] + 8 + low[k - 1]
+        if end > size:  # only the last string can reach past the window
+            raise GGUFError(f"string {i + k - 1} of {count}: length {low[k - 1]} runs "
+                            f"past the end of the file", field, pos + p[k - 1])
+        lengths[i:i + k] = low[:k]
+        return k, end
+
+    pos = _walk_in_bursts(mm, start, count, size, field, None, lengths, fast)
     return None, lengths, pos

@@ -297,7 +297,10 @@ def check_rms_norm_rope(ops, rng):
     return rows
 
 
-def attention_ref(q, K, V, pos, n_kv, scale, softcap, causal, window, mask):
+def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
+    """base.py's attention formula in float64, query by query and head by head (also the
+    numpy backend's reference in tests/test_engine_ops.py)."""
+    q, K, V = (np.asarray(a, np.float64) for a in (q, K, V))
     N, Hq, hd = q.shape
     Hkv = K.shape[0]
     g = Hq // Hkv

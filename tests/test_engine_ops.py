@@ -1,12 +1,17 @@
 """The numpy backend ops against straightforward float64 references (base.py semantics)."""
 
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 
 from reflex_ipc.backends.base import OPS, missing_ops
 from reflex_ipc.backends.numpy_ops import NumpyOps
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from gpu_check_ops import attention_ref  # noqa: E402  (base.py's formula in float64)
 
 rng = np.random.default_rng(1234)
 
@@ -103,30 +108,6 @@ def test_rope(ops, neox, n_rot):
     ops.rope(y, ops.positions(pos), n_rot=n_rot, base=500.0, freq_factors=ff, neox=neox, mscale=1.5,
              inplace=True)
     np.testing.assert_allclose(y, rope_ref(x, pos, n_rot, 500.0, 1.0, neox, ff, 1.5), rtol=1e-4, atol=1e-4)
-
-
-def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
-    """Per query and head, the base.py formula in float64 with loops."""
-    N, Hq, hd = q.shape
-    Hkv = K.shape[0]
-    g = Hq // Hkv
-    out = np.zeros((N, Hq, hd))
-    for n in range(N):
-        for h in range(Hq):
-            kh = h // g
-            s = np.array([scale * np.dot(q[n, h].astype(np.float64), K[kh, j]) for j in range(n_kv)])
-            if softcap > 0:
-                s = softcap * np.tanh(s / softcap)
-            if mask is not None:
-                s = s + mask[n, :n_kv]
-            hi = pos[n] if causal else n_kv - 1
-            lo = max(0, pos[n] - window + 1) if window > 0 else 0
-            vis = [j for j in range(n_kv) if lo <= j <= hi and np.isfinite(s[j])]
-            if not vis:
-                continue
-            e = np.exp(s[vis] - s[vis].max())
-            out[n, h] = (e / e.sum()) @ V[kh, vis].astype(np.float64)
-    return out
 
 
 def _filled_cache(ops, n_kv, Hkv=2, hd=8, n_ctx=16, layer=1):

@@ -25,17 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time,"
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
@@ -57,6 +46,8 @@ def main(argv=None):
     if args.blas_threads is not None:
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
     sys.path.insert(0, os.path.dirname(HERE))
+    from reflex_ipc.commands.bench import cpu_model
+
     load_before = os.getloadavg()
 
     t0 = time.perf_counter()

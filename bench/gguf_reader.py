@@ -110,15 +110,9 @@ def time_in_process(path, runs) -> dict:
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from reflex_ipc.commands.bench import cpu_model
+
+    cpu = cpu_model()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

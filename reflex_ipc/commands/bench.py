@@ -294,16 +294,20 @@ def run_decode(args, gpu):
     return {"mode": "decode", "best_of_3": best, "vram_process_mib": vram}
 
 
-def machine_info(gpu):
-    cpu = platform.processor() or platform.machine()
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo), else what platform knows (also bench/*.py's)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(gpu):
+    cpu = cpu_model()
     commit = os.environ.get("REFLEX_COMMIT")
     if not commit:
         try:

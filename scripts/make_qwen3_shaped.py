@@ -136,21 +136,13 @@ def build(out, kind="q8_0", vocab=VOCAB_NPZ, seed=0):
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFValueType as VT
 
-    from make_synthetic import BLOCK, write_tokenizer
+    from make_synthetic import BLOCK, write_shape, write_tokenizer
 
     E, L, H, Hkv, hd, F, V = (SHAPE[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab"))
     w = gguf.GGUFWriter(out, "qwen3")
     w.add_name(f"qwen3-0.6b-shaped-random-{kind}")
-    w.add_block_count(L)
-    w.add_context_length(40960)
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1000000.0)
+    write_shape(w, n_layer=L, n_ctx=40960, n_embd=E, n_ff=F, n_head=H, n_head_kv=Hkv, head_dim=hd,
+                eps=1e-6, rope_base=1000000.0)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0 if kind == "q8_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M))
     n_vocab = write_tokenizer(w, load_vocab(vocab), {"tokenizer.ggml.add_bos_token": (False, VT.BOOL)})
     if n_vocab != V:

@@ -177,6 +177,24 @@ MODELS = {
 }
 
 
+def write_shape(w, *, n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv, head_dim, eps, rope_base,
+                rope_dims=False):
+    """The decoder's shape keys every synthetic GGUF writes (also make_synthetic_gguf.py's and
+    make_qwen3_shaped.py's), in one order; rope_dims adds rope.dimension_count = head_dim."""
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if rope_dims:
+        w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_freq_base(rope_base)
+
+
 def build(arch, out_path, seed=None, vocab_paths=None):
     import gguf
     from gguf import GGUFValueType as VT
@@ -190,17 +208,8 @@ def build(arch, out_path, seed=None, vocab_paths=None):
 
     w = gguf.GGUFWriter(out_path, arch)
     w.add_name(f"synthetic-{arch}")
-    w.add_block_count(L)
-    w.add_context_length(4096)
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(cfg["eps"])
-    w.add_rope_freq_base(cfg["rope_base"])
+    write_shape(w, n_layer=L, n_ctx=4096, n_embd=E, n_ff=F, n_head=H, n_head_kv=Hkv, head_dim=hd,
+                eps=cfg["eps"], rope_base=cfg["rope_base"], rope_dims=True)
     if arch == "gemma3":
         w.add_sliding_window(cfg["sliding_window"])
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg["swa_pattern"])

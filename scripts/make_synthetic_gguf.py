@@ -96,21 +96,16 @@ def matrix(rng, rows, cols, tname, std):
 def build(arch, tok_path, out, seed=0):
     import gguf
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_synthetic import write_shape
+
     hp = ARCH[arch]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(out, arch)
     n_vocab = copy_tokenizer(w, tok_path)
     E, Lh, H, Hkv, hd, F = (hp[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff"))
-    w.add_block_count(Lh)
-    w.add_context_length(2048)
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6 if arch != "llama" else 10000.0)
+    write_shape(w, n_layer=Lh, n_ctx=2048, n_embd=E, n_ff=F, n_head=H, n_head_kv=Hkv, head_dim=hd,
+                eps=1e-6, rope_base=1e6 if arch != "llama" else 10000.0)
     w.add_uint32(f"{arch}.vocab_size", n_vocab)
     if arch == "gemma3":
         w.add_sliding_window(8)

@@ -272,9 +272,7 @@ class Runner:
         if self._decoder is not None:
             self._graph_logits = self._decoder(tid, pos)
             return self._graph_logits
-        from .models.common import Batch
-
-        return self.model.forward(self.cache, Batch(self.ops, [tid], [pos]), check=check)
+        return self._forward([tid], [pos], check=check)
 
     def _row(self, logits):
         """Backend logits [1, V] -> numpy float32 [n_vocab]."""
@@ -420,8 +418,6 @@ class Runner:
         """
         import numpy as np
 
-        from .models.common import Batch
-
         t0 = time.perf_counter()
         if isinstance(candidates, str) or not len(candidates):
             raise ReflexError("invalid_request", "candidates must be a non-empty list of strings")
@@ -456,16 +452,16 @@ class Runner:
         within = np.concatenate([np.arange(len(t)) for t in cand_ids])
         flat = np.concatenate([np.asarray(t, np.int64) for t in cand_ids])
         starts = within == 0
+        key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
         if P + M <= self.prefill_chunk:
             # one pass over prompt and candidates: the prompt causal, candidates masked
             N = P + M
-            pos = np.concatenate([np.arange(P), P + within])
             allowed = np.zeros((N, N), dtype=bool)
             allowed[:P, :P] = np.tri(P, dtype=bool)
             allowed[P:, :P] = True
             allowed[P:, P:] = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
-            logits = self._forward(np.concatenate([np.asarray(p_ids, np.int64), flat]), pos,
-                                   slots=np.arange(N), allowed=allowed, key_pos=pos, rows=slice(P - 1, N),
+            logits = self._forward(np.concatenate([np.asarray(p_ids, np.int64), flat]), key_pos,
+                                   slots=np.arange(N), allowed=allowed, key_pos=key_pos, rows=slice(P - 1, N),
                                    check=check)
             # row 0 is the prompt's last token, row r + 1 candidate token r
             lp_tok = self.ops.logprobs(logits, np.where(starts, 0, np.arange(M)), flat, n=self.n_vocab)
@@ -476,7 +472,6 @@ class Runner:
             lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],
                                                n=self.n_vocab)
             t_prompt = time.perf_counter()
-            key_pos = np.concatenate([np.arange(P), P + within])
             # batches of more than prefill_chunk tokens go in slot order, chunk by chunk: a
             # token's keys are all in its own or an earlier chunk
             for a in range(0, M, self.prefill_chunk):
@@ -484,9 +479,8 @@ class Runner:
                 allowed = np.zeros((e - a, P + e), dtype=bool)
                 allowed[:, :P] = True
                 allowed[:, P:] = (owner[a:e, None] == owner[None, :e]) & (within[None, :e] <= within[a:e, None])
-                b = Batch(self.ops, flat[a:e], P + within[a:e], slots=P + np.arange(a, e), allowed=allowed,
-                          key_pos=key_pos[:P + e])
-                rows = self.model.forward(self.cache, b, check=check)
+                rows = self._forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
+                                     allowed=allowed, key_pos=key_pos[:P + e], check=check)
                 r = np.arange(a, e)
                 has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
                 if has_next.size:
@@ -524,8 +518,6 @@ class Runner:
         tokens, the last token's, or the first token's ("cls"); L2-normalized on request."""
         import numpy as np
 
-        from .models.common import Batch
-
         t0 = time.perf_counter()
         if pooling not in ("mean", "last", "cls"):
             raise ReflexError("invalid_request", f"pooling must be mean, last or cls, not {pooling!r}")
@@ -548,8 +540,8 @@ class Runner:
             acc = first = last = None
             for a in range(0, len(ids), self.prefill_chunk):
                 chunk = ids[a:a + self.prefill_chunk]
-                b = Batch(self.ops, chunk, range(a, a + len(chunk)))
-                h = self.ops.to_numpy(self.model.forward(self.cache, b, output="hidden", check=check))
+                h = self.ops.to_numpy(self._forward(chunk, range(a, a + len(chunk)), output="hidden",
+                                                    check=check))
                 h = h.astype(np.float64)
                 acc = h.sum(axis=0) if acc is None else acc + h.sum(axis=0)
                 first = h[0] if first is None else first

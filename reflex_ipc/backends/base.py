@@ -75,7 +75,22 @@ OPS = (
 #   graph_decoder(model, cache) -> dec: dec(token_id, pos) returns the logits [1, V] of one
 #       ordinary decode step (slot == pos) replayed from a captured graph; dec.argmax() is
 #       the greedy token of the last step; dec.close().
-OPTIONAL_OPS = ("graph_decoder",)
+#   forward_graphs(model, cache) -> fg: fg(ids, pos, slots, allowed, key_pos, rows, output)
+#       replays a captured model.forward for a batch shape seen before (fg.saw(batch, rows,
+#       output) records an eager run), or returns None: run it eagerly; fg.close().
+OPTIONAL_OPS = ("graph_decoder", "forward_graphs")
+
+
+def attention_mask(allowed, pos, key_pos, window=0):
+    """The additive mask `attention` takes (float32: 0 visible, -inf hidden) for the bool
+    visibility `allowed` [N, n_kv], narrowed to a sliding window on positions when window
+    > 0: query n sees key j only while pos[n] - key_pos[j] < window."""
+    import numpy as np
+
+    vis = allowed
+    if window > 0:
+        vis = vis & ((np.asarray(pos)[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < window)
+    return np.where(vis, np.float32(0), np.float32(-np.inf))
 
 
 def missing_ops(backend) -> list[str]:

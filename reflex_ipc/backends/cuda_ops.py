@@ -15,7 +15,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n
+from .base import attention_mask, check_glu, check_matmul_n
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -572,7 +572,6 @@ class _GraphBatch:
         self.slots = ops.empty((n,), "int32") if own_slots else self.pos
         self.allowed = True if masked else None
         self._masks = {w: ops.empty((n, n_kv)) for w in windows} if masked else {}
-        self.pos_np = self.slots_np = self.key_pos = None
 
     def attention_args(self, window=0):
         if self.allowed is None:
@@ -675,11 +674,8 @@ class ForwardGraphs:
         slots_p = np.concatenate([np.arange(n, nb, dtype=np.int32), np.arange(n, dtype=np.int32)])
         masks = {}
         for w in windows:
-            vis = allowed
-            if w > 0:
-                vis = vis & ((pos[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < w)
             m = np.full((nb, nb), -np.inf, dtype=np.float32)
-            m[pad:, :n] = np.where(vis, np.float32(0), np.float32(-np.inf))
+            m[pad:, :n] = attention_mask(allowed, pos, key_pos, w)
             m[np.arange(pad), n + np.arange(pad)] = 0  # a padding token sees only itself
             masks[w] = m
         return ids_p, pos_p, slots_p, masks

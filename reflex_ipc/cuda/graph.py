@@ -37,7 +37,6 @@ class Graph:
         self.stream = ctypes.c_void_p(stream_handle)
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
-        self.keep = []  # device arrays the captured kernels use: kept alive with the graph
         self.pool = None  # the graph's private memory pool (CudaOps.capture), freed by close()
 
     @classmethod
@@ -72,4 +71,3 @@ class Graph:
         if self.pool is not None:
             self.pool.free_all()
             self.pool = None
-        self.keep = []

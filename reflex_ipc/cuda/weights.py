@@ -180,4 +180,3 @@ class WeightArena:
 
             raise ReflexError("cuda_error", f"weight upload failed: {type(self.error).__name__}: "
                                             f"{self.error}")
-

@@ -123,12 +123,9 @@ class Batch:
             return {"causal": True, "window": window, "mask": None}
         m = self._masks.get(window)
         if m is None:
-            import numpy as np
+            from ..backends.base import attention_mask
 
-            vis = self.allowed
-            if window > 0:
-                vis = vis & ((self.pos_np[:, None].astype(np.int64) - self.key_pos[None, :]) < window)
-            m = self._ops.asarray(np.where(vis, np.float32(0), np.float32(-np.inf)))
+            m = self._ops.asarray(attention_mask(self.allowed, self.pos_np, self.key_pos, window))
             self._masks[window] = m
         return {"causal": False, "window": 0, "mask": m}
 

@@ -70,9 +70,9 @@ def _detach_wanted(args) -> bool:
         return env == "1" and bool(args) and args[0] in _ONE_SHOT
     if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) == "cpu":
         return False
-    import importlib.util
+    from .cuda import pycuda_installed
 
-    return importlib.util.find_spec("pycuda") is not None
+    return pycuda_installed()
 
 
 def _detach():

@@ -122,15 +122,27 @@ def _init_worker(device_index, driver_thread, drv_err, t):
     _result["timings"] = t
 
 
+_pycuda_found = None
+
+
+def pycuda_installed() -> bool:
+    """Whether pycuda can be imported (looked up once: cli.py asks before it forks, and the
+    child keeps the answer)."""
+    global _pycuda_found
+    if _pycuda_found is None:
+        import importlib.util
+
+        _pycuda_found = importlib.util.find_spec("pycuda") is not None
+    return _pycuda_found
+
+
 def start_init(device_index: int = 0) -> bool:
     """Start CUDA initialization on a background thread (once). False when pycuda is absent."""
     global _thread
     with _lock:
         if _thread is not None:
             return True
-        import importlib.util
-
-        if importlib.util.find_spec("pycuda") is None:
+        if not pycuda_installed():
             _result["error"] = ModuleNotFoundError("pycuda is not installed (pip install pycuda)")
             _thread = threading.Thread()  # a finished stand-in: runtime() reports the error
             return False

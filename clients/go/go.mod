@@ -1,3 +1,3 @@
-module github.com/reflex-ipc/reflex-ipc/clients/go
+module reflex-ipc/clients/go
 
 go 1.19

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Follows README.md's set-up as a new user would, and checks the outcome (run by .ci/run):
+#   1. a fresh clone of this repository's HEAD into a temp folder;
+#   2. the commands of README's set-up block (the ```sh block under "## Set-up"), line by
+#      line, each timed: the virtual environment, `make demo`, `make test`;
+#   3. checks: every command exited 0; nothing printed an ERROR/Traceback line; `pip check`
+#      is clean in the venv; the demo printed a generation;
+#   4. the wheel: `pip wheel` (with the CUDA fatbin, REFLEX_BUILD_CUDA=1, when nvcc is on
+#      PATH), installed into another fresh venv with the default model, then a generate
+#      run from that venv outside the checkout.
+# The reflex cache (REFLEX_CACHE: default model, tokenizer caches, llama.cpp's test
+# vectors) is a fresh folder too; pip's own cache is the user's, so a wheel that pip built
+# before (llama-cpp-python: ~15 minutes on 2 cores) is reused, as it would be for them.
+#   scripts/replay-readme.sh [--demo-only] [--no-wheel]
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEMO_ONLY=0; WHEEL=1
+for a in "$@"; do
+  case $a in --demo-only) DEMO_ONLY=1 ;; --no-wheel) WHEEL=0 ;;
+    *) echo "usage: $0 [--demo-only] [--no-wheel]" >&2; exit 2 ;; esac
+done
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/reflex-replay.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+export REFLEX_CACHE="$WORK/cache"
+unset PYTHONPATH VIRTUAL_ENV REFLEX_MODEL
+fail() { echo "replay: FAILED: $*"; exit 1; }
+times=()
+
+git clone -q "$ROOT" "$WORK/reflex-ipc" || fail "git clone"
+cd "$WORK/reflex-ipc"
+echo "replay: fresh clone of $(git rev-parse --short HEAD) in $PWD"
+
+# the set-up block of README.md, one command per line (comments dropped)
+mapfile -t CMDS < <(awk '/^## Set-up/ {s=1} s && /^```sh/ {b=1; next} b && /^```/ {exit} b' README.md \
+  | sed 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$')
+[ ${#CMDS[@]} -ge 3 ] || fail "README.md's set-up block has ${#CMDS[@]} commands"
+# the set-up block runs in one shell, so that its `. .venv/bin/activate` carries over
+for c in "${CMDS[@]}"; do
+  case $c in "make test"*) [ $DEMO_ONLY = 1 ] && { echo "replay: skipping '$c' (--demo-only)"; continue; } ;; esac
+  echo "replay: \$ $c"
+  start=$SECONDS
+  # not a pipe: the command runs in this shell (its `. .venv/bin/activate` must stay)
+  eval "$c" > >(tee -a "$WORK/setup.log") 2>&1
+  rc=$?
+  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "$c")")
+  [ "$rc" = 0 ] || fail "'$c' exited $rc"
+done
+
+# the outcome
+[ -n "${VIRTUAL_ENV:-}" ] || fail "the set-up block left no virtual environment active"
+if grep -nE '^(ERROR|error)\b|Traceback \(most recent' "$WORK/setup.log"; then
+  fail "the set-up printed the error lines above"
+fi
+python -m pip check || fail "pip check"
+python -m pip show -q llm >/dev/null 2>&1 && fail "the set-up installed the llm tool"
+awk '/^== reflex generate/ {getline; print; exit}' "$WORK/setup.log" | grep -q '[[:alpha:]]' \
+  || fail "make demo printed no generation"
+echo "replay: set-up ok (pip check clean, no error lines, demo generated text)"
+
+if [ $WHEEL = 1 ]; then
+  start=$SECONDS
+  if command -v nvcc >/dev/null 2>&1; then export REFLEX_BUILD_CUDA=1; fi
+  echo "replay: \$ ${REFLEX_BUILD_CUDA:+REFLEX_BUILD_CUDA=1 }python -m pip wheel --no-deps -w dist ."
+  python -m pip wheel -q --no-deps -w dist . || fail "pip wheel"
+  whl=$(ls dist/reflex_ipc-*.whl) || fail "no wheel in dist/"
+  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "pip wheel (fatbin: ${REFLEX_BUILD_CUDA:-0})")")
+  unset REFLEX_BUILD_CUDA
+  if command -v nvcc >/dev/null 2>&1; then
+    python -m zipfile -l "$whl" | grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin' \
+      || fail "the wheel has no fatbin although nvcc is present"
+  fi
+  start=$SECONDS
+  deactivate
+  python3 -m venv "$WORK/wheel-venv" || fail "venv for the wheel"
+  "$WORK/wheel-venv/bin/python" -m pip install -q "$whl" || fail "pip install the wheel"
+  "$WORK/wheel-venv/bin/python" -m pip check || fail "pip check in the wheel's venv"
+  "$WORK/wheel-venv/bin/python" -m reflex_ipc.defaultmodel >/dev/null || fail "default model"
+  out=$(cd "$WORK" && "$WORK/wheel-venv/bin/reflex" generate --max-tokens 8 "The capital of France is") \
+    || fail "reflex generate from the wheel"
+  echo "replay: from the wheel: $out"
+  [ -n "$out" ] || fail "the wheel's reflex generate printed nothing"
+  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "wheel: fresh venv, pip install, generate")")
+fi
+
+echo "replay: times (this machine, $(nproc) cores):"
+printf '  %s\n' "${times[@]}"
+echo "replay: ok"

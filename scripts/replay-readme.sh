@@ -5,9 +5,9 @@
 #      line, each timed: the virtual environment, `make demo`, `make test`;
 #   3. checks: every command exited 0; nothing printed an ERROR/Traceback line; `pip check`
 #      is clean in the venv; the demo printed a generation;
-#   4. the wheel: `pip wheel` (with the CUDA fatbin, REFLEX_BUILD_CUDA=1, when nvcc is on
-#      PATH), installed into another fresh venv with the default model, then a generate
-#      run from that venv outside the checkout.
+#   4. the wheel: `make wheel` (with the CUDA fatbin when nvcc is on PATH), installed into
+#      another fresh venv with the default model, then a generate run from that venv
+#      outside the checkout.
 # The reflex cache (REFLEX_CACHE: default model, tokenizer caches, llama.cpp's test
 # vectors) is a fresh folder too; pip's own cache is the user's, so a wheel that pip built
 # before (llama-cpp-python: ~15 minutes on 2 cores) is reused, as it would be for them.
@@ -59,12 +59,11 @@ echo "replay: set-up ok (pip check clean, no error lines, demo generated text)"
 
 if [ $WHEEL = 1 ]; then
   start=$SECONDS
-  if command -v nvcc >/dev/null 2>&1; then export REFLEX_BUILD_CUDA=1; fi
-  echo "replay: \$ ${REFLEX_BUILD_CUDA:+REFLEX_BUILD_CUDA=1 }python -m pip wheel --no-deps -w dist ."
-  python -m pip wheel -q --no-deps -w dist . || fail "pip wheel"
+  echo "replay: \$ make wheel"
+  make wheel 2>&1 | tee "$WORK/wheel.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "make wheel"
   whl=$(ls dist/reflex_ipc-*.whl) || fail "no wheel in dist/"
-  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "pip wheel (fatbin: ${REFLEX_BUILD_CUDA:-0})")")
-  unset REFLEX_BUILD_CUDA
+  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "make wheel")")
   if command -v nvcc >/dev/null 2>&1; then
     python -m zipfile -l "$whl" | grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin' \
       || fail "the wheel has no fatbin although nvcc is present"
@@ -72,7 +71,7 @@ if [ $WHEEL = 1 ]; then
   start=$SECONDS
   deactivate
   python3 -m venv "$WORK/wheel-venv" || fail "venv for the wheel"
-  "$WORK/wheel-venv/bin/python" -m pip install -q "$whl" || fail "pip install the wheel"
+  "$WORK/wheel-venv/bin/python" -m pip install -qq "$whl" || fail "pip install the wheel"
   "$WORK/wheel-venv/bin/python" -m pip check || fail "pip check in the wheel's venv"
   "$WORK/wheel-venv/bin/python" -m reflex_ipc.defaultmodel >/dev/null || fail "default model"
   out=$(cd "$WORK" && "$WORK/wheel-venv/bin/reflex" generate --max-tokens 8 "The capital of France is") \

@@ -82,6 +82,55 @@ def test_no_nvcc_installs_without_kernels(tmp_path, monkeypatch, capsys):
     assert info["built"] is False and "nvcc" in info["reason"]
 
 
+# -- setup.py's rule: build the kernels only when something will use them ----------------
+def _fake_build(calls):
+    def fake(out_dir, force=False, why=""):
+        calls.append(why)
+        path = os.path.join(out_dir, build.FATBIN)
+        open(path, "wb").write(b"fatbin")
+        open(os.path.join(out_dir, build.BUILD_JSON), "w").write(json.dumps({"built": True}))
+        return path
+    return fake
+
+
+def test_rule_builds_when_asked_or_when_a_driver_is_present(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(build, "build", _fake_build(calls))
+    monkeypatch.setattr(build, "find_nvcc", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(build, "driver_present", lambda: False)
+    monkeypatch.delenv("REFLEX_BUILD_CUDA", raising=False)
+    assert build.build_if_wanted(str(tmp_path / "a")) is None  # nvcc, no driver: not built
+    info = json.load(open(tmp_path / "a" / "build.json"))
+    assert info["built"] is False and "REFLEX_BUILD_CUDA=1" in info["reason"]
+    assert "not building the CUDA fatbin (no NVIDIA driver" in capsys.readouterr().err
+    monkeypatch.setattr(build, "driver_present", lambda: True)
+    assert build.build_if_wanted(str(tmp_path / "b"))  # nvcc and a driver
+    monkeypatch.setattr(build, "driver_present", lambda: False)
+    monkeypatch.setenv("REFLEX_BUILD_CUDA", "1")
+    assert build.build_if_wanted(str(tmp_path / "c"))  # asked (a wheel for other machines)
+    assert calls == ["nvcc and an NVIDIA driver are present", "REFLEX_BUILD_CUDA=1"]
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    with pytest.raises(SystemExit, match="nvcc was not found"):  # asked, but no nvcc
+        build.build_if_wanted(str(tmp_path / "d"))
+    monkeypatch.setenv("REFLEX_BUILD_CUDA", "maybe")
+    with pytest.raises(SystemExit, match="expected 1 or 0"):
+        build.build_if_wanted(str(tmp_path / "e"))
+
+
+def test_rule_keeps_a_current_fatbin_and_drops_a_stale_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REFLEX_BUILD_CUDA", "0")
+    fat = tmp_path / build.FATBIN
+    fat.write_bytes(b"fatbin")
+    (tmp_path / "build.json").write_text(json.dumps({"built": True}))
+    newest = max(os.path.getmtime(os.path.join(KDIR, s)) for s in build.sources())
+    os.utime(fat, (newest + 10, newest + 10))
+    assert build.build_if_wanted(str(tmp_path)) == str(fat)  # built earlier, still current
+    assert "keeping the current one" in capsys.readouterr().err
+    os.utime(fat, (newest - 10, newest - 10))  # a kernel source changed since
+    assert build.build_if_wanted(str(tmp_path)) is None and not fat.exists()
+    assert json.load(open(tmp_path / "build.json"))["built"] is False
+
+
 def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
     import reflex_ipc.cuda as cuda
 

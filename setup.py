@@ -1,8 +1,9 @@
-"""Build hook: the CUDA kernels (kernels/build.py) before the Python files are collected.
+"""Build hook: compiles kernels/*.cu into one fatbin shipped in the package, when wanted.
 
-Everything else is declared in pyproject.toml. kernels/build.py decides whether the
-fatbin is built (REFLEX_BUILD_CUDA=1 always, =0 never, unset: when nvcc and an NVIDIA
-driver are present), prints what it does, and can be run by hand.
+Everything else is declared in pyproject.toml. The kernel build lives in
+kernels/build.py so it can also be run by hand; it decides whether the fatbin is built
+(REFLEX_BUILD_CUDA=1 always, =0 never, unset: when nvcc and an NVIDIA driver are
+present) and prints what it does.
 """
 import importlib.util
 import os
@@ -13,9 +14,9 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _load(name, path):
-    # load a build script by path: a plain `import build` would find PyPA's `build`
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, path))
+def _load(name, *path):
+    # by path: a plain `import build` would find PyPA's `build`
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, *path))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -23,8 +24,8 @@ def _load(name, path):
 
 class BuildWithKernels(build_py):
     def run(self):
-        _load("reflex_kernel_build", "kernels/build.py").build_if_wanted(
-            os.path.join(HERE, "reflex_ipc", "kernels"))
+        out = os.path.join(HERE, "reflex_ipc", "kernels")
+        _load("reflex_kernel_build", "kernels", "build.py").build_if_wanted(out)
         super().run()
 
 

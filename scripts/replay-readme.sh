@@ -11,7 +11,7 @@
 # The reflex cache (REFLEX_CACHE: default model, tokenizer caches, llama.cpp's test
 # vectors) is a fresh folder too; pip's own cache is the user's, so a wheel that pip built
 # before (llama-cpp-python: ~15 minutes on 2 cores) is reused, as it would be for them.
-#   scripts/replay-readme.sh [--demo-only] [--no-wheel]
+#   scripts/replay-readme.sh [--demo-only] [--no-wheel]   (REPLAY_TIMES=FILE: the times as JSON)
 set -uo pipefail
 ROOT=${REPLAY_REPO:-$(cd "$(dirname "$0")/.." && pwd)}  # the repository to clone
 DEMO_ONLY=0; WHEEL=1
@@ -81,6 +81,17 @@ if [ $WHEEL = 1 ]; then
   times+=("$(printf '%5d s  %s' $((SECONDS - start)) "wheel: fresh venv, pip install, generate")")
 fi
 
-echo "replay: times (this machine, $(nproc) cores):"
+echo "replay: times (this machine, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
 printf '  %s\n' "${times[@]}"
+if [ -n "${REPLAY_TIMES:-}" ]; then  # the figures as a bench result file
+  printf '%s\n' "${times[@]}" | python3 -c '
+import json, os, platform, subprocess, sys
+steps = [{"seconds": int(l.split(" s ", 1)[0]), "step": l.split(" s ", 1)[1].strip()}
+         for l in sys.stdin if l.strip()]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(json.dumps({"bench": "setup-times", "commit": sys.argv[1], "machine": {
+    "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    "loadavg_end": open("/proc/loadavg").read().split()[:3]}, "steps": steps}, indent=1))
+' "$(git rev-parse --short HEAD)" > "$REPLAY_TIMES"
+fi
 echo "replay: ok"

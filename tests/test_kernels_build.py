@@ -189,7 +189,11 @@ def test_package_fatbin_matches_build_json():
 
     info = cuda.build_info()
     if not info.get("built"):
-        pytest.skip("package installed without kernels: " + info.get("reason", ""))
+        # installed without kernels (setup.py's rule, e.g. no NVIDIA driver): then there is
+        # no fatbin, and build.json says why (the CUDA backend quotes it)
+        assert not os.path.exists(cuda.FATBIN_PATH)
+        assert info.get("reason") and cuda.kernels_missing_reason().endswith(")")
+        return
     imgs = fatbin.read_images(cuda.FATBIN_PATH)
     assert sorted(i["arch"] for i in imgs if i["kind"] == "sm") == sorted(info["archs"])
     assert [i["arch"] for i in imgs if i["kind"] == "ptx"] == [info["ptx"]]

@@ -222,9 +222,9 @@ def test_load_path_imports_no_gguf():
 def test_index_cache(tmp_path, monkeypatch):
     from reflex_ipc.tokenizer import vocab
 
+    path = resolve_model("smollm2")  # before REFLEX_CACHE moves: the model may live in the cache
     monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
     monkeypatch.setenv("REFLEX_TOKENIZER_CACHE", "1")
-    path = resolve_model("smollm2")
     text = "Caching <|im_start|>the index: \u00e9\U0001f999 12345"
     want = load_tokenizer(GGUFFile(path)).encode(text)
     files = sorted((tmp_path / "tokenizer").iterdir())
@@ -243,8 +243,9 @@ def test_index_cache(tmp_path, monkeypatch):
 
 
 def test_index_cache_off(tmp_path, monkeypatch):
+    path = resolve_model("smollm2")
     monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
     monkeypatch.setenv("REFLEX_TOKENIZER_CACHE", "0")
-    tok = load_tokenizer(GGUFFile(resolve_model("smollm2")))
+    tok = load_tokenizer(GGUFFile(path))
     assert tok.encode("Hello world") == [19556, 905]
     assert not (tmp_path / "tokenizer").exists()

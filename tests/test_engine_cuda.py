@@ -6,15 +6,13 @@ the whole module is skipped with the reason the backend gave.
 
 import glob
 import os
-import sys
 
 import numpy as np
 import pytest
 
 from reflex_ipc.engine import load_runner, make_backend
 from reflex_ipc.errors import ReflexError
-
-sys.path.insert(0, os.path.dirname(__file__))
+from reflex_ipc.testing.synthetic import TINY_CONFIGS, tiny_gguf
 
 try:
     make_backend("cuda")
@@ -30,17 +28,10 @@ PROMPTS = ["The capital of France is",
 
 
 def _models(tmp_path_factory):
+    """The parity fixtures and the tiny test models (which borrow SmolLM2's tokenizer)."""
     paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
-    try:  # the tiny models borrow SmolLM2's tokenizer
-        from reflex_ipc.modelpath import resolve_model
-
-        resolve_model(None)
-    except ReflexError:
-        return paths
-    from test_models import CONFIGS, tiny_gguf
-
     d = tmp_path_factory.mktemp("cuda_models")
-    for name, cfg in CONFIGS.items():
+    for name, cfg in TINY_CONFIGS.items():
         p = d / f"{name}.gguf"
         tiny_gguf(p, **cfg)
         paths.append(str(p))
@@ -48,7 +39,7 @@ def _models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
+def pairs(tmp_path_factory, smollm2):
     out = {}
     for p in _models(tmp_path_factory):
         out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),

@@ -3,18 +3,16 @@
 batch it builds, run through the numpy backend, must give the unpadded batch's rows.
 (The capture and replay themselves run in tests/test_engine_cuda.py on a GPU.)"""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
 from reflex_ipc.backends.cuda_ops import ForwardGraphs
 from reflex_ipc.engine import load_runner
 from reflex_ipc.models.common import Batch
+from reflex_ipc.testing.synthetic import TINY_CONFIGS as CONFIGS
+from reflex_ipc.testing.synthetic import tiny_gguf
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_models import CONFIGS, tiny_gguf  # noqa: E402
+pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its tokenizer
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])

@@ -1,6 +1,7 @@
-"""Per-kernel checks of the CUDA backend against numpy references, on random inputs.
+"""Per-op checks of a backend against float64 references, on random inputs.
 
-Imported by scripts/gpu-check (on a GPU host). Each check returns a row
+Run on the CUDA backend by scripts/gpu/gpu-check (on a GPU host) and, for the fused ops,
+on the numpy backend by tests/test_fused_ops.py. Each check returns a row
 {"op", "case", "rel_err", "max_abs", "tol", "ok"}; rel_err = ||out - ref|| / ||ref||
 against a float64 reference. Outputs are poisoned (NaN) before each launch where the
 op writes into a caller buffer, so unwritten elements fail.
@@ -12,6 +13,8 @@ import numpy as np
 
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.quants import dequantize
+
+from .references import attention_ref, rms_norm_rope_ref
 
 # byte offsets of the float16 scale fields in each block format
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -246,25 +249,6 @@ def check_matmul_glu(ops, rng):
     return rows
 
 
-def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, mscale):
-    x = x.astype(np.float64)
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    out = y.copy()
-    half = n_rot // 2
-    i = np.arange(half)
-    inv = base ** (-2.0 * i / n_rot) * freq_scale
-    if factors is not None:
-        inv = inv / factors
-    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-    out[..., a] = (y[..., a] * c - y[..., b] * s) * mscale
-    out[..., b] = (y[..., a] * s + y[..., b] * c) * mscale
-    return out
-
-
 def check_rms_norm_rope(ops, rng):
     """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
     pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
@@ -295,35 +279,6 @@ def check_rms_norm_rope(ops, rng):
                 unfused = ops.rope(ops.rms_norm(ops.asarray(x.copy()), W, 1e-6), pos, inplace=True, **kw)
                 rows.append(row("rms_norm_rope", case + " vs rms_norm+rope", out, ops.to_numpy(unfused), 1e-6))
     return rows
-
-
-def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
-    """base.py's attention formula in float64, query by query and head by head (also the
-    numpy backend's reference in tests/test_engine_ops.py)."""
-    q, K, V = (np.asarray(a, np.float64) for a in (q, K, V))
-    N, Hq, hd = q.shape
-    Hkv = K.shape[0]
-    g = Hq // Hkv
-    out = np.zeros((N, Hq, hd))
-    for n in range(N):
-        for h in range(Hq):
-            s = (K[h // g, :n_kv] @ q[n, h]) * scale
-            if softcap:
-                s = softcap * np.tanh(s / softcap)
-            j = np.arange(n_kv)
-            keep = np.ones(n_kv, bool)
-            if causal:
-                keep &= j <= pos[n]
-            if window:
-                keep &= j > pos[n] - window
-            if mask is not None:
-                s = s + mask[n, :n_kv]
-            s = np.where(keep, s, -np.inf)
-            if np.all(np.isneginf(s)):
-                continue
-            p = np.exp(s - s.max())
-            out[n, h] = (p / p.sum()) @ V[h // g, :n_kv]
-    return out
 
 
 def check_attention(ops, rng):

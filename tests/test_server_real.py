@@ -12,11 +12,8 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import stat
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 

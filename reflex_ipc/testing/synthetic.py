@@ -312,29 +312,11 @@ MIXED_MODELS = {  # n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff
 MATRIX_TYPES = ["Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "Q5_K", "Q4_1", "Q5_1", "F16", "BF16", "F32"]
 
 
-def copy_tokenizer(writer, tok_path):
-    """Copy the TOKENIZER_KEYS of the GGUF at tok_path into writer (read with reflex's own
-    reader, in TOKENIZER_KEYS order); the vocabulary size."""
-    import gguf
-
-    from reflex_ipc.gguffile import T_ARRAY, GGUFFile
-
-    f = GGUFFile(tok_path)
-    for key in TOKENIZER_KEYS:
-        if key not in f.metadata:
-            continue
-        v = f.metadata[key]
-        vt = f.value_types[key]
-        if vt == T_ARRAY:
-            et = v.elem_type
-            items = v.raw_strings() if et == gguf.GGUFValueType.STRING else v.tolist()
-            writer.add_array(key, items) if et == gguf.GGUFValueType.STRING else \
-                writer.add_key_value(key, items, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType(et))
-        else:
-            writer.add_key_value(key, v, gguf.GGUFValueType(vt))
-    n_vocab = len(f.metadata["tokenizer.ggml.tokens"])
-    f.close()
-    return n_vocab
+def copy_tokenizer(writer, tok_path, keys=TOKENIZER_KEYS):
+    """Copy the tokenizer keys of the GGUF at tok_path that are among `keys` into writer, in
+    the order of `keys`; the vocabulary size."""
+    entries = {e[0]: e for e in read_tokenizer(tok_path)}
+    return write_tokenizer(writer, [entries[k] for k in keys if k in entries])
 
 
 def mixed_matrix(rng, rows, cols, tname, std):
@@ -602,19 +584,11 @@ TINY_CONFIGS = {
 _TINY_TOKENIZER = {}
 
 
-def _tiny_tokenizer_kv(path):
-    """The tokenizer.* metadata of the GGUF at path but its chat template, as
-    (key, value, type, subtype) tuples, read once per path."""
+def _tiny_tokenizer(path):
+    """The tokenizer.* entries of the GGUF at path but its chat template (read_tokenizer),
+    read once per path."""
     if path not in _TINY_TOKENIZER:
-        import gguf
-
-        r = gguf.GGUFReader(path)
-        kv = []
-        for name, field in r.fields.items():
-            if name.startswith("tokenizer.") and name != "tokenizer.chat_template":
-                sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-                kv.append((name, field.contents(), field.types[0], sub))
-        _TINY_TOKENIZER[path] = kv
+        _TINY_TOKENIZER[path] = [e for e in read_tokenizer(path) if e[0] != "tokenizer.chat_template"]
     return _TINY_TOKENIZER[path]
 
 
@@ -635,8 +609,7 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     w = gguf.GGUFWriter(str(path), arch)
-    for name, value, vtype, sub in _tiny_tokenizer_kv(tokenizer):
-        w.add_key_value(name, value, vtype, sub_type=sub)
+    write_tokenizer(w, _tiny_tokenizer(tokenizer))
     w.add_context_length(128)
     w.add_block_count(n_layer)
     w.add_embedding_length(n_embd)

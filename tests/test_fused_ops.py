@@ -13,7 +13,7 @@ from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.models.common import linear, residual
 from reflex_ipc.testing import opchecks
-from reflex_ipc.testing.opchecks import FakeGGUF, random_weight
+from reflex_ipc.testing.opchecks import random_weight, weights_gguf
 from reflex_ipc.testing.references import rms_norm_rope_ref
 
 rng = np.random.default_rng(77)
@@ -36,7 +36,7 @@ def weights(ops):
             raw, ref = random_weight(fmt, rows, cols, rng)
             tensors[f"{fmt}.{name}"] = (raw, TYPES[fmt][0], (rows, cols))
             refs[(fmt, name)] = ref
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     return {key: (ops.load_weight(f, f"{key[0]}.{key[1]}"), ref) for key, ref in refs.items()}
 
 

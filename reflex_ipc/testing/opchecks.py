@@ -7,6 +7,8 @@ against a float64 reference. Outputs are poisoned (NaN) before each launch where
 op writes into a caller buffer, so unwritten elements fail.
 """
 
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -61,31 +63,20 @@ def random_weight(name, rows, cols, rng):
     return np.ascontiguousarray(raw), ref
 
 
-class FakeGGUF:
-    """Just enough of GGUFFile for WeightArena / load_weight: one data section in memory."""
+def weights_gguf(tensors):
+    """An open GGUFFile holding tensors {name: (raw bytes, ggml type id, numpy-order shape)}
+    (synthetic.tensors_gguf into a temporary file, unlinked once mapped)."""
+    from reflex_ipc.gguffile import GGUFFile
 
-    def __init__(self, tensors):
-        from reflex_ipc.gguffile import TensorInfo
+    from .synthetic import tensors_gguf
 
-        import mmap
-
-        blobs = []
-        off = 0
-        self.tensors = {}
-        for name, (raw, tid, shape) in tensors.items():
-            off = (off + 31) // 32 * 32
-            n_el = int(np.prod(shape))
-            self.tensors[name] = TensorInfo(name, tuple(reversed(shape)), tid, off, raw.nbytes, n_el)
-            blobs.append((off, raw))
-            off += raw.nbytes
-        self.size = max(off, 32)
-        self._mm = mmap.mmap(-1, self.size)
-        for o, raw in blobs:
-            self._mm[o:o + raw.nbytes] = raw.tobytes()
-        self.data_offset = 0
-
-    def tensor_data(self, t):
-        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+    fd, path = tempfile.mkstemp(prefix="reflex-weights-", suffix=".gguf")
+    os.close(fd)
+    try:
+        tensors_gguf(path, tensors)
+        return GGUFFile(path)
+    finally:
+        os.unlink(path)
 
 
 def check_matmul(ops, rng):
@@ -97,7 +88,7 @@ def check_matmul(ops, rng):
         raw, ref = random_weight(name, M, K, rng)
         tensors[name] = (raw, TYPES[name][0], (M, K))
         refs[name] = ref
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     for name in MM_TYPES:
         w = ops.load_weight(f, name)
         for N in (1, 3, 4, 5, 8, 13):
@@ -191,7 +182,7 @@ def _weights(ops, specs, rng):
     for key, (name, rows, cols) in specs.items():
         raw, refs[key] = random_weight(name, rows, cols, rng)
         tensors[key] = (raw, TYPES[name][0], (rows, cols))
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     return {key: (ops.load_weight(f, key), refs[key]) for key in specs}
 
 
@@ -411,7 +402,7 @@ def bench_matvec(ops, rng):
         for c in range(8):
             raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)
             tensors[f"w{c}"] = (raw, TYPES[name][0], (M, K))
-        f = FakeGGUF(tensors)
+        f = weights_gguf(tensors)
         ws = [ops.load_weight(f, f"w{c}") for c in range(8)]
         x = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
         y = ops.empty((1, M))

@@ -19,6 +19,7 @@ decoder's shape keys, the writer's finish):
 - `tiny_gguf`: float-weight models for the model and engine tests (tests/test_models.py,
   tests/test_engine.py ...), returning the float64 weights for the references of
   reflex_ipc.testing.references.
+- `tensors_gguf`: just the given raw tensors (the op checks' hand-made weight blocks).
 
 Every recipe is deterministic (fixed seeds): its output is byte-for-byte reproducible.
 Weight scales keep activations sane: logits with a real spread, neither ~0 nor inf.
@@ -292,6 +293,22 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
     return out_path
 
 
+
+
+def tensors_gguf(path, tensors, arch="llama"):
+    """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
+    shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block
+    formats); for loading hand-made weights through the real GGUFFile."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, (raw, tid, shape) in tensors.items():
+        t = gguf.GGMLQuantizationType(tid)
+        blk, bsize = gguf.GGML_QUANT_SIZES[t]
+        data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(*shape[:-1], shape[-1] // blk * bsize)
+        w.add_tensor(name, data, raw_dtype=t)
+    finish(w)
+    return path
 
 
 # ---------------------------------------------------------------------------------------

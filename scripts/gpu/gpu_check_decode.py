@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from reflex_ipc.testing.opchecks import FakeGGUF
+from reflex_ipc.testing.opchecks import weights_gguf
 
 D, L, HQ, HKV, HD, FF, V = 1024, 28, 16, 8, 128, 3072, 151936
 Q8 = 8
@@ -40,7 +40,7 @@ def build(ops, rng):
         for n, d in (("attn_norm", D), ("ffn_norm", D), ("attn_q_norm", HD), ("attn_k_norm", HD)):
             w = rng.uniform(0.8, 1.2, d).astype(np.float32)
             t[p + n + ".weight"] = (w.view(np.uint8), 0, (d,))
-    f = FakeGGUF(t)
+    f = weights_gguf(t)
     t0 = time.perf_counter()
     W = {name: ops.load_weight(f, name) for name in t}
     t_issue = time.perf_counter() - t0

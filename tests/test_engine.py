@@ -14,8 +14,6 @@ import pytest
 from reflex_ipc.engine import _StopText, load_runner
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.testing.references import reference_logits
-from reflex_ipc.testing.synthetic import TINY_CONFIGS as CONFIGS
-from reflex_ipc.testing.synthetic import tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its tokenizer
 
@@ -23,13 +21,8 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine_models")
-    out = {}
-    for name in ("llama", "gemma3"):
-        path = d / f"{name}.gguf"
-        out[name] = (str(path), tiny_gguf(path, **CONFIGS[name]), CONFIGS[name])
-    return out
+def tiny(tiny_models):
+    return {name: tiny_models[name] for name in ("llama", "gemma3")}
 
 
 @pytest.fixture(scope="module")

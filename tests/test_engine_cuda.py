@@ -12,7 +12,6 @@ import pytest
 
 from reflex_ipc.engine import load_runner, make_backend
 from reflex_ipc.errors import ReflexError
-from reflex_ipc.testing.synthetic import TINY_CONFIGS, tiny_gguf
 
 try:
     make_backend("cuda")
@@ -27,21 +26,13 @@ PROMPTS = ["The capital of France is",
            "Hello world, this is a somewhat longer prompt that passes a small sliding window"]
 
 
-def _models(tmp_path_factory):
-    """The parity fixtures and the tiny test models (which borrow SmolLM2's tokenizer)."""
-    paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
-    d = tmp_path_factory.mktemp("cuda_models")
-    for name, cfg in TINY_CONFIGS.items():
-        p = d / f"{name}.gguf"
-        tiny_gguf(p, **cfg)
-        paths.append(str(p))
-    return paths
-
-
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory, smollm2):
+def pairs(tiny_models):
+    """{file name: (cpu runner, cuda runner)} for the parity fixtures and the tiny models."""
+    paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
+    paths += [path for path, _, _ in tiny_models.values()]
     out = {}
-    for p in _models(tmp_path_factory):
+    for p in paths:
         out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),
                                     load_runner(p, device="cuda", n_ctx=256))
     return out

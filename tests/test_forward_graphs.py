@@ -9,17 +9,13 @@ import pytest
 from reflex_ipc.backends.cuda_ops import ForwardGraphs
 from reflex_ipc.engine import load_runner
 from reflex_ipc.models.common import Batch
-from reflex_ipc.testing.synthetic import TINY_CONFIGS as CONFIGS
-from reflex_ipc.testing.synthetic import tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its tokenizer
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
-def runner(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("fg") / f"{request.param}.gguf"
-    tiny_gguf(path, **CONFIGS[request.param])
-    r = load_runner(str(path), device="cpu", n_ctx=128)
+def runner(request, tiny_models):
+    r = load_runner(tiny_models[request.param][0], device="cpu", n_ctx=128)
     r._ensure_cache(128)
     yield r
     r.close()

@@ -23,15 +23,9 @@ pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its to
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tiny_models):
     """name -> (path, float64 tensors, config)"""
-    d = tmp_path_factory.mktemp("tiny_models")
-    out = {}
-    for name, cfg in CONFIGS.items():
-        path = d / f"{name}.gguf"
-        t = tiny_gguf(path, **cfg)
-        out[name] = (str(path), t, cfg)
-    return out
+    return tiny_models
 
 
 IDS = [504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 1797, 1918]

@@ -84,6 +84,11 @@ class FakeGGUF:
     def tensor_data(self, t):
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def bytes_view(self, start, nbytes):
+        start = max(0, min(int(start), self.size))
+        return np.frombuffer(self._mm, dtype=np.uint8, count=max(0, min(int(nbytes), self.size - start)),
+                             offset=start)
+
 
 def check_matmul(ops, rng):
     rows = []

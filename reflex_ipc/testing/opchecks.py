@@ -78,11 +78,6 @@ def weights_gguf(tensors):
     finally:
         os.unlink(path)
 
-    def bytes_view(self, start, nbytes):
-        start = max(0, min(int(start), self.size))
-        return np.frombuffer(self._mm, dtype=np.uint8, count=max(0, min(int(nbytes), self.size - start)),
-                             offset=start)
-
 
 def check_matmul(ops, rng):
     rows = []

@@ -1,7 +1,7 @@
 """The CUDA kernels compile with nvcc, build.py behaves, the fatbin holds the expected
 images, and the CUDA backend's host-side code (argument packing, arrays, the fatbin
 reader) is right. Everything here runs without a GPU; the kernels' numerics are
-checked on a GPU host by scripts/gpu-check."""
+checked on a GPU host by scripts/gpu/gpu-check."""
 
 import importlib.util
 import json
@@ -278,7 +278,7 @@ def test_smoke_and_doctor_report_without_cuda():
                            env=env, cwd=ROOT, timeout=120)
         rep = json.loads(p.stdout.strip().splitlines()[-1])
         if importlib.util.find_spec("pycuda") is not None:
-            continue  # a GPU machine: scripts/gpu-check covers it
+            continue  # a GPU machine: scripts/gpu/gpu-check covers it
         assert p.returncode == 1 and rep["ok"] is False
         text = json.dumps(rep)
         assert "CUDA" in text or "pycuda" in text
@@ -303,6 +303,10 @@ class RecordingRuntime:
 
             @staticmethod
             def memset_d32(ptr, value, count):
+                rt.memsets.append((ptr, value, count))
+
+            @staticmethod
+            def memset_d8_async(ptr, value, count, stream):
                 rt.memsets.append((ptr, value, count))
 
         self.drv = Drv()
@@ -368,38 +372,38 @@ def test_cuda_ops_matmul_and_embed_launches(fake_ops):
 
 def test_cuda_ops_attention_paths(fake_ops):
     ops = fake_ops
-    cache = ops.kv_cache(2, 2, 128, 4096)
+    kc, vc = ops.zeros((2, 4096, 128), "float16"), ops.zeros((2, 4096, 128), "float16")
+    assert ops.rt.memsets[-1] == (vc.ptr, 0, vc.nbytes)
     pos = ops.positions([1000])
     assert ops.rt.copies[-1][0] == pos.ptr and ops.rt.copies[-1][1].tolist() == [1000]
     assert ops.rt.copies[-1][1].dtype.name == "int32" and pos.dtype == "int32"
     q = ops.empty((1, 8, 128))
-    # decode over a long cache: split-K blocks and a combine; causal calls pass n_ctx (graph-safe)
-    ops.attention(q, cache, 1, pos, 1001, scale=0.1)
+    # decode over a long cache: split-K blocks and a combine; causal calls pass n_slots (graph-safe)
+    ops.attention(q, kc, vc, pos, 1001, scale=0.1)
     (n1, g1, b1, a1), (n2, g2, _, a2) = ops.rt.launches[-2:]
     assert n1 == "attention_split_f16kv" and n2 == "attention_combine"
     S = g1[2]
     chunk = a1[-1]
     assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
-    assert a1[1] == cache.k.ptr + cache.layer_bytes  # layer 1
+    assert a1[1] == kc.ptr and a1[2] == vc.ptr
     # prefill: many (head, query) blocks, one kernel
     qq = ops.empty((64, 8, 128))
-    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1)
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
     # an explicit mask keeps the true n_kv (the mask's row length)
     m = ops.empty((64, 64))
-    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
     assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
 
 
-def test_cuda_ops_load_weight_keeps_blocks(fake_ops):
+def test_cuda_ops_load_weight_keeps_blocks(fake_ops, smollm2):
     from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
     from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.modelpath import resolve_model
 
     ops = fake_ops
-    with GGUFFile(resolve_model(None)) as f:
+    with GGUFFile(smollm2) as f:
         t = f.tensors["blk.0.attn_q.weight"]
         w = ops.load_weight(f, t.name)
         assert isinstance(w, DeviceWeight) and w.shape == (t.shape[1], t.shape[0])
@@ -502,15 +506,15 @@ def _layer_kernels(ops, path):
     at path, launched through the recording runtime."""
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.models import load_model
-    from reflex_ipc.models.common import Batch
+    from reflex_ipc.runtime.batch import Batch
 
     with GGUFFile(path) as f:
         model = load_model(ops, f)
         hp = model.hp
-        cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, 512)
+        state = model.new_state(ops, 512)
         batch = Batch(ops, [5], [7])
         starts = []
-        model.forward(cache, batch, check=lambda: starts.append(len(ops.rt.launches)))
+        model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
     head = {"gemma3": 3}.get(hp.arch, 2)  # output norm, LM head (+ final softcap)
     bounds = starts + [len(names) - head]

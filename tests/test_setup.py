@@ -21,10 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST = {"pynvml": "nvidia-ml-py"}
 
 
-def _imports(pkg_dir):
-    """Top-level names of every module that the package's code imports."""
+def _imports(pkg_dir, skip=()):
+    """Top-level names of every module that the code under pkg_dir imports (folders named
+    in `skip` left out)."""
     names = set()
-    for dirpath, _, files in os.walk(pkg_dir):
+    for dirpath, dirs, files in os.walk(pkg_dir):
+        dirs[:] = [d for d in dirs if os.path.join(dirpath, d) not in skip]
         for fn in files:
             if fn.endswith(".py"):
                 tree = ast.parse(open(os.path.join(dirpath, fn), encoding="utf-8").read())
@@ -45,8 +47,14 @@ def _dist(req):
 def test_dependencies_are_what_the_runtime_imports():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    third_party = {DIST.get(n, n).lower() for n in _imports(os.path.join(ROOT, "reflex_ipc"))
-                   if n not in sys.stdlib_module_names and n not in ("reflex_ipc", "__future__")}
+    def third_party(names):
+        return {DIST.get(n, n).lower() for n in names
+                if n not in sys.stdlib_module_names and n not in ("reflex_ipc", "__future__")}
+
+    pkg = os.path.join(ROOT, "reflex_ipc")
+    testing = os.path.join(pkg, "testing")  # helpers of tests/scripts, never the runtime's
+    third_party, testing_imports = (third_party(_imports(pkg, skip=(testing,))),
+                                    third_party(_imports(testing)))
     runtime = {_dist(r) for r in project["dependencies"]}
     extras = project["optional-dependencies"]
     optional = {_dist(r) for name in ("cuda", "bench") for r in extras[name]}
@@ -57,7 +65,10 @@ def test_dependencies_are_what_the_runtime_imports():
     # ... and the runtime list is exactly the three that the load path imports
     assert runtime == {"numpy", "orjson", "msgspec"}
     assert {_dist(r) for r in extras["cuda"]} == {"pycuda"}
-    assert "gguf" in {_dist(r) for r in extras["test"]}  # the fixtures' writer
+    test = {_dist(r) for r in extras["test"]}
+    assert "gguf" in test  # the fixtures' writer
+    # reflex_ipc.testing needs only the runtime's and the test extra's packages
+    assert testing_imports <= runtime | test, testing_imports - runtime - test
 
 
 def _fake_wheel(path, payload=b"GGUF fake model"):

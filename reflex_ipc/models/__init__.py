@@ -2,11 +2,11 @@
 
 from ..errors import ReflexError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
 
 
 def load_model(ops, f):
-    """The Model for GGUFFile f, its weights loaded through backend `ops`."""
+    """The Model for GGUFFile f, its weights checked and loaded through backend `ops`."""
     import importlib
 
     arch = f.architecture

@@ -1,17 +1,22 @@
-"""Per-kernel checks of the CUDA backend against numpy references, on random inputs.
+"""Per-op checks of a backend against float64 references, on random inputs.
 
-Imported by scripts/gpu-check (on a GPU host). Each check returns a row
+Run on the CUDA backend by scripts/gpu/gpu-check (on a GPU host) and, for the fused ops,
+on the numpy backend by tests/test_fused_ops.py. Each check returns a row
 {"op", "case", "rel_err", "max_abs", "tol", "ok"}; rel_err = ||out - ref|| / ||ref||
 against a float64 reference. Outputs are poisoned (NaN) before each launch where the
 op writes into a caller buffer, so unwritten elements fail.
 """
 
+import os
+import tempfile
 import time
 
 import numpy as np
 
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.quants import dequantize
+
+from .references import attention_ref, rms_norm_rope_ref
 
 # byte offsets of the float16 scale fields in each block format
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -58,31 +63,20 @@ def random_weight(name, rows, cols, rng):
     return np.ascontiguousarray(raw), ref
 
 
-class FakeGGUF:
-    """Just enough of GGUFFile for WeightArena / load_weight: one data section in memory."""
+def weights_gguf(tensors):
+    """An open GGUFFile holding tensors {name: (raw bytes, ggml type id, numpy-order shape)}
+    (synthetic.tensors_gguf into a temporary file, unlinked once mapped)."""
+    from reflex_ipc.gguffile import GGUFFile
 
-    def __init__(self, tensors):
-        from reflex_ipc.gguffile import TensorInfo
+    from .synthetic import tensors_gguf
 
-        import mmap
-
-        blobs = []
-        off = 0
-        self.tensors = {}
-        for name, (raw, tid, shape) in tensors.items():
-            off = (off + 31) // 32 * 32
-            n_el = int(np.prod(shape))
-            self.tensors[name] = TensorInfo(name, tuple(reversed(shape)), tid, off, raw.nbytes, n_el)
-            blobs.append((off, raw))
-            off += raw.nbytes
-        self.size = max(off, 32)
-        self._mm = mmap.mmap(-1, self.size)
-        for o, raw in blobs:
-            self._mm[o:o + raw.nbytes] = raw.tobytes()
-        self.data_offset = 0
-
-    def tensor_data(self, t):
-        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+    fd, path = tempfile.mkstemp(prefix="reflex-weights-", suffix=".gguf")
+    os.close(fd)
+    try:
+        tensors_gguf(path, tensors)
+        return GGUFFile(path)
+    finally:
+        os.unlink(path)
 
 
 def check_matmul(ops, rng):
@@ -94,7 +88,7 @@ def check_matmul(ops, rng):
         raw, ref = random_weight(name, M, K, rng)
         tensors[name] = (raw, TYPES[name][0], (M, K))
         refs[name] = ref
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     for name in MM_TYPES:
         w = ops.load_weight(f, name)
         for N in (1, 3, 4, 5, 8, 13):
@@ -143,12 +137,6 @@ def check_elementwise(ops, rng):
         ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
         rows.append(row("rms_norm", f"dim={dim}", ops.to_numpy(ops.rms_norm(ops.asarray(x), ops.asarray(w), 1e-6)),
                         ref, 1e-6))
-        bias = rng.standard_normal(dim).astype(np.float32)
-        mu = x64.mean(-1, keepdims=True)
-        ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + bias
-        rows.append(row("layer_norm", f"dim={dim}",
-                        ops.to_numpy(ops.layer_norm(ops.asarray(x), ops.asarray(w), ops.asarray(bias), 1e-5)),
-                        ref, 1e-6))
     # rope
     for neox in (False, True):
         for hd, n_rot, ff in ((64, 64, False), (128, 64, False), (128, 128, True)):
@@ -188,7 +176,7 @@ def _weights(ops, specs, rng):
     for key, (name, rows, cols) in specs.items():
         raw, refs[key] = random_weight(name, rows, cols, rng)
         tensors[key] = (raw, TYPES[name][0], (rows, cols))
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     return {key: (ops.load_weight(f, key), refs[key]) for key in specs}
 
 
@@ -246,25 +234,6 @@ def check_matmul_glu(ops, rng):
     return rows
 
 
-def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, mscale):
-    x = x.astype(np.float64)
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    out = y.copy()
-    half = n_rot // 2
-    i = np.arange(half)
-    inv = base ** (-2.0 * i / n_rot) * freq_scale
-    if factors is not None:
-        inv = inv / factors
-    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-    out[..., a] = (y[..., a] * c - y[..., b] * s) * mscale
-    out[..., b] = (y[..., a] * s + y[..., b] * c) * mscale
-    return out
-
-
 def check_rms_norm_rope(ops, rng):
     """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
     pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
@@ -297,52 +266,22 @@ def check_rms_norm_rope(ops, rng):
     return rows
 
 
-def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
-    """base.py's attention formula in float64, query by query and head by head (also the
-    numpy backend's reference in tests/test_engine_ops.py)."""
-    q, K, V = (np.asarray(a, np.float64) for a in (q, K, V))
-    N, Hq, hd = q.shape
-    Hkv = K.shape[0]
-    g = Hq // Hkv
-    out = np.zeros((N, Hq, hd))
-    for n in range(N):
-        for h in range(Hq):
-            s = (K[h // g, :n_kv] @ q[n, h]) * scale
-            if softcap:
-                s = softcap * np.tanh(s / softcap)
-            j = np.arange(n_kv)
-            keep = np.ones(n_kv, bool)
-            if causal:
-                keep &= j <= pos[n]
-            if window:
-                keep &= j > pos[n] - window
-            if mask is not None:
-                s = s + mask[n, :n_kv]
-            s = np.where(keep, s, -np.inf)
-            if np.all(np.isneginf(s)):
-                continue
-            p = np.exp(s - s.max())
-            out[n, h] = (p / p.sum()) @ V[h // g, :n_kv]
-    return out
-
-
 def check_attention(ops, rng):
     rows = []
     n_ctx = 300
     for hd, Hq, Hkv in ((64, 8, 2), (128, 16, 8), (256, 4, 1)):
-        cache = ops.kv_cache(2, Hkv, hd, n_ctx)
-        layer = 1
+        cache = (ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype), ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype))
         past = 41
         N = 23
         n_kv = past + N
         k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
         v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
         # the past in one store, the new tokens in another
-        ops.kv_store(cache, layer, ops.asarray(k[:past]), ops.asarray(v[:past]), np.arange(past))
-        ops.kv_store(cache, layer, ops.asarray(k[past:]), ops.asarray(v[past:]), np.arange(past, n_kv))
+        ops.kv_store(*cache, ops.asarray(k[:past]), ops.asarray(v[:past]), np.arange(past))
+        ops.kv_store(*cache, ops.asarray(k[past:]), ops.asarray(v[past:]), np.arange(past, n_kv))
         Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
         Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
-        kc = ops.to_numpy(cache.k).astype(np.float64)[layer, :, :n_kv]
+        kc = ops.to_numpy(cache[0]).astype(np.float64)[:, :n_kv]
         rows.append(row("kv_store", f"hd={hd}", kc, Kc, 0.0))
         q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
         pos = np.arange(past, n_kv)
@@ -351,39 +290,39 @@ def check_attention(ops, rng):
                  ("prefill window=16", dict(causal=True, window=16)),
                  ("prefill softcap=5", dict(causal=True, softcap=5.0))]
         for name, kw in cases:
-            out = ops.to_numpy(ops.attention(ops.asarray(q), cache, layer, pos, n_kv, scale=scale, **kw))
+            out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, **kw))
             ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, kw.get("softcap", 0),
                                 True, kw.get("window", 0), None)
             rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} {name}", out, ref, 1e-5))
         # decode: one query at the last position
-        out = ops.to_numpy(ops.attention(ops.asarray(q[-1:]), cache, layer, pos[-1:], n_kv, scale=scale))
+        out = ops.to_numpy(ops.attention(ops.asarray(q[-1:]), *cache, pos[-1:], n_kv, scale=scale))
         ref = attention_ref(q[-1:].astype(np.float64), Kc, Vc, pos[-1:], n_kv, scale, 0, True, 0, None)
         rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} decode", out, ref, 1e-5))
         # explicit additive mask, not causal
         mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
         mask[:, 0] = 0
-        out = ops.to_numpy(ops.attention(ops.asarray(q), cache, layer, pos, n_kv, scale=scale, causal=False,
+        out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, causal=False,
                                          mask=ops.asarray(mask)))
         ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0, False, 0, mask.astype(np.float64))
         rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, 1e-5))
     # decode over a long cache (the split-K path: few blocks, many keys), with a window and a mask
     hd, Hq, Hkv, n_ctx = 128, 8, 2, 2048
-    cache = ops.kv_cache(1, Hkv, hd, n_ctx)
+    cache = (ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype), ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype))
     n_kv = 1500
     k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
-    ops.kv_store(cache, 0, ops.asarray(k), ops.asarray(v), np.arange(n_kv))
+    ops.kv_store(*cache, ops.asarray(k), ops.asarray(v), np.arange(n_kv))
     Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
     Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
     q = rng.standard_normal((2, Hq, hd)).astype(np.float32)
     pos = np.array([n_kv - 2, n_kv - 1])
     for name, kw in (("causal", {}), ("window=300", {"window": 300}), ("softcap=5", {"softcap": 5.0})):
-        out = ops.to_numpy(ops.attention(ops.asarray(q), cache, 0, pos, n_kv, scale=0.09, **kw))
+        out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09, **kw))
         ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, kw.get("softcap", 0), True,
                             kw.get("window", 0), None)
         rows.append(row("attention", f"split-K decode n_kv={n_kv} {name}", out, ref, 1e-5))
     mask = np.where(rng.random((2, n_kv)) < 0.5, -np.inf, 0.0).astype(np.float32)
-    out = ops.to_numpy(ops.attention(ops.asarray(q), cache, 0, pos, n_kv, scale=0.09, causal=False,
+    out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09, causal=False,
                                      mask=ops.asarray(mask)))
     ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, 0, False, 0, mask.astype(np.float64))
     rows.append(row("attention", f"split-K decode n_kv={n_kv} mask", out, ref, 1e-5))
@@ -399,36 +338,11 @@ def check_sampling(ops, rng):
         ref = np.argmax(x, axis=-1)
         rows.append({"op": "argmax", "case": f"n={n}", "ok": bool(np.array_equal(got, ref)),
                      "got": got.tolist(), "ref": ref.tolist()})
-        for k in (1, 40, 64):
-            v, i = ops.topk(ops.asarray(x[0]), k)
-            gi = ops.to_numpy(i)
+        for k in (1, 20, 64):
+            gi = ops.topk(ops.asarray(x[:1]), k)
             order = np.lexsort((np.arange(n), -x[0]))[:k]
             rows.append({"op": "topk", "case": f"n={n} k={k}", "ok": bool(np.array_equal(gi, order)),
                          "got_head": gi[:5].tolist(), "ref_head": order[:5].tolist()})
-    # sampling: the draw follows the documented rule
-    x = rng.standard_normal(5000).astype(np.float32) * 3
-    X = ops.asarray(x)
-    ok = True
-    for u in (0.0, 0.3, 0.77, 0.999):
-        for temp, top_p, min_p in ((1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.3, 1.0, 0.1)):
-            got = ops.sample_topk(X, 40, temp, top_p, min_p, u)
-            order = np.lexsort((np.arange(x.size), -x))[:40]
-            vals = x[order].astype(np.float64)
-            rel = np.exp((vals - vals[0]) / temp)
-            p = rel / rel.sum()
-            keep = 0
-            mass = 0.0
-            while keep < 40:
-                if keep > 0 and rel[keep] < min_p:
-                    break
-                mass += p[keep]
-                keep += 1
-                if mass >= top_p:
-                    break
-            c = np.cumsum(rel[:keep])
-            ref = order[min(int(np.searchsorted(c, u * c[-1], side="right")), keep - 1)]
-            ok &= got == ref
-    rows.append({"op": "sample_topk", "case": "12 draws", "ok": bool(ok)})
     # log-probabilities of chosen tokens (system1): against NumpyOps.logprobs, float64
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
@@ -456,7 +370,7 @@ def bench_matvec(ops, rng):
         for c in range(8):
             raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)
             tensors[f"w{c}"] = (raw, TYPES[name][0], (M, K))
-        f = FakeGGUF(tensors)
+        f = weights_gguf(tensors)
         ws = [ops.load_weight(f, f"w{c}") for c in range(8)]
         x = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
         y = ops.empty((1, M))

@@ -1,7 +1,7 @@
-"""Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu-check).
+"""Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu/gpu-check).
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
-scripts/make_synthetic_gguf.py):
+reflex_ipc.testing.synthetic.mixed_model):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
@@ -20,13 +20,13 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
 N_GEN = 32
 
 
 def _batch(ops, ids, pos0):
-    from reflex_ipc.models.common import Batch
+    from reflex_ipc.runtime.batch import Batch
 
     return Batch(ops, ids, list(range(pos0, pos0 + len(ids))))
 
@@ -43,8 +43,7 @@ class Session:
         t0 = time.perf_counter()
         self.model = load_model(ops, self.f)
         self.load_s = time.perf_counter() - t0
-        hp = self.model.hp
-        self.cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx)
+        self.cache = self.model.new_state(ops, n_ctx)
 
     def logits(self, ids, pos0):
         out = self.model.forward(self.cache, _batch(self.ops, ids, pos0), rows=slice(len(ids) - 1, len(ids)))
@@ -69,9 +68,11 @@ def near_tie(logits):
 
 
 def graph_greedy(ops, sess, prompt, n):
-    """Prefill eagerly, then decode through ops.graph_decoder (one graph launch a token)."""
+    """Prefill eagerly, then decode through runtime.graphs.DecodeGraph (one graph launch a token)."""
+    from reflex_ipc.runtime.graphs import DecodeGraph
+
     lg = sess.logits(prompt, 0)
-    dec = ops.graph_decoder(sess.model, sess.cache)
+    dec = DecodeGraph(ops, sess.model, sess.cache)
     toks = [int(np.argmax(lg))]
     pos = len(prompt)
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def compare_backend(path, cuda_ops):
     file_bytes = sum(t.nbytes for t in gpu.f.tensors.values())
     weight_bytes = sum(a.nbytes for a in new_arenas) + sum(
         w.nbytes for w in cuda_ops._extra_weights)
-    kv_bytes = gpu.cache.k.nbytes + gpu.cache.v.nbytes
+    kv_bytes = sum(a.nbytes for layer in gpu.cache.layers for a in layer.arrays.values())
     prompt = [t % cpu.model.hp.n_vocab for t in PROMPT_IDS]
     l_cpu, t_cpu = cpu.greedy(prompt, N_GEN)
     t0 = time.perf_counter()
@@ -195,10 +196,11 @@ def stdio_e2e(path):
 
 def run(model_dir=None):
     from reflex_ipc.backends.cuda_ops import CudaOps
+    from reflex_ipc.testing.synthetic import mixed_model
 
     syn = os.environ.get("REFLEX_SYNTH_DIR", "/tmp/reflex-synth")
     os.makedirs(syn, exist_ok=True)
-    # the project's parity fixtures (tests/data, committed) and, from make_synthetic_gguf.py,
+    # the project's parity fixtures (tests/data, committed) and, from synthetic.mixed_model,
     # variants that use every matmul format; their tokenizer: SmolLM2's, via the llama fixture
     fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "synthetic-*.gguf")))
     tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf"))
@@ -208,8 +210,7 @@ def run(model_dir=None):
     paths += fixtures
     for arch in ("llama", "qwen2", "qwen3", "gemma3"):
         out = os.path.join(syn, f"allformats-{arch}.gguf")
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_synthetic_gguf.py"), "--arch", arch,
-                        "--tokenizer", tok, out], check=True, capture_output=True)
+        mixed_model(arch, tok, out)
         paths.append(out)
     ops = CudaOps()
     results = []

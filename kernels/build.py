@@ -180,8 +180,8 @@ def build(out_dir, force=False, why="asked"):
         _say(f"CUDA fatbin up to date for sm_{', sm_'.join(map(str, archs))} ({out})")
         return out
     _say(f"building the CUDA fatbin ({why}) with {nvcc} for sm_{', sm_'.join(map(str, archs))} "
-         f"+ PTX {archs[-1]}: about 15 s per target on 2 cores "
-         f"(~{(15 * len(archs) + 59) // 60} min; REFLEX_CUDA_ARCHS=90 builds one target)")
+         f"+ PTX {archs[-1]}: 15-30 s per target on 2 cores "
+         f"(~{(15 * len(archs) + 59) // 60}-{(30 * len(archs) + 59) // 60} min; REFLEX_CUDA_ARCHS=90 builds one target)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN))

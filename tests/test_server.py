@@ -39,7 +39,7 @@ class FakeRunner:
 
     def info(self):
         return {"model": "fake-" + os.path.basename(self.path), "path": self.path,
-                "architecture": "fake", "backend": "fake", "n_vocab": 1000,
+                "architecture": "fake", "backend": "numpy", "n_vocab": 1000,
                 "n_ctx": self.n_ctx, "device": self.device}
 
     def tokenize(self, text, *, add_bos=False, parse_special=True):
@@ -149,7 +149,7 @@ def check_schema(obj):
 def test_ready_then_one_result_per_request():
     reqs = [{"id": 1, "op": "ping"}, {"id": "h", "op": "hello"}, {"op": "ping"},
             {"id": 2, "op": "tokenize", "text": "ab", "add_bos": True},
-            {"id": 3, "op": "detokenize", "ids": [97, 98]}]
+            {"id": 3, "op": "detokenize", "token_ids": [97, 98]}]
     srv, out = serve_bytes(lines_of(*reqs))
     assert out[0]["event"] == "ready" and out[0]["protocol"] == 1 and out[0]["id"] is None
     assert out[0]["model"] is None and out[0]["pid"] == os.getpid()
@@ -214,7 +214,7 @@ def test_errors_do_not_stop_the_loop(capfd):
             {"id": 3, "op": "generate", "prompt": "x", "max_tokens": 9000},
             {"id": 4, "op": "tokenize", "text": "x", "model": "nope"},
             {"id": 5, "op": "tokenize", "text": "x", "model": "/models/x.bad"},
-            {"id": 6, "op": "detokenize", "ids": [999, 1000]},
+            {"id": 6, "op": "detokenize", "token_ids": [999, 1000]},
             {"id": 8, "op": "generate", "prompt": "unencodable"},
             {"id": 7, "op": "ping"}]
     _, out = serve_bytes(lines_of(*reqs))
@@ -222,7 +222,7 @@ def test_errors_do_not_stop_the_loop(capfd):
     assert kinds == [(None, "parse_error"), (None, "parse_error"), (1, "internal"),
                      (2, "out_of_memory"), (3, "context_overflow"), (4, "model_not_found"),
                      (5, "gguf_error"), (6, "invalid_request"), (8, "internal"), (7, None)]
-    assert "ids[1]" in out[8]["error"]["message"]
+    assert "token_ids[1]" in out[8]["error"]["message"]
     assert out[3]["op"] == "generate"
     err = capfd.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err  # internal: traceback on stderr

@@ -1,0 +1,46 @@
+"""system1: score candidate continuations of a prompt in one forward pass."""
+
+import time
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, merge, ms
+
+
+class System1Request(ModelRequest, kw_only=True):
+    prompt: str
+    candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
+    temperature: Annotated[float, Meta(gt=0.0, le=100.0,
+                                       description="for the candidate probabilities")] = 1.0
+
+
+class Candidate(Struct):
+    text: str
+    token_ids: list[int]
+    logprob: float
+    mean_logprob: float
+    probability: float
+
+
+class System1Result(_Result, kw_only=True):
+    candidates: list[Candidate]
+    best_idx: Annotated[int, Meta(ge=0)]
+    entropy: float
+    prompt_tokens: int
+    model: ModelName
+
+
+Request, Result = System1Request, System1Result
+
+
+def execute(runner, req, *, should_cancel=None) -> dict:
+    return runner.system1(req.prompt, list(req.candidates), temperature=req.temperature,
+                          should_cancel=should_cancel)
+
+
+def run(call, req) -> dict:
+    _, info, runner = call.runner(req)
+    t = time.perf_counter()
+    out = execute(runner, req, should_cancel=call.should_cancel)
+    return merge(out, info.get("model"), call.timings, ms(t))

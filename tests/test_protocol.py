@@ -74,7 +74,7 @@ def test_vector_files_well_formed():
 # Kinds decided from the line alone; the rest need a model (model_not_found,
 # context_overflow, ids past n_vocab).
 LINE_KINDS = {"parse_error", "invalid_request", "unknown_op"}
-NEEDS_MODEL = {"detokenize, id past the vocabulary", "generate, empty prompt"}
+NEEDS_MODEL = {"detokenize, id past the vocabulary"}
 
 
 @pytest.mark.parametrize("case", VECTORS)

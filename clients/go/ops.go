@@ -99,9 +99,11 @@ type TokenizeResult struct {
 
 // DetokenizeRequest: detokenize's parameters.
 type DetokenizeRequest struct {
-	IDs    []int  `json:"ids"`
-	Model  string `json:"model,omitempty"`
-	Device string `json:"device,omitempty"`
+	TokenIDs []int `json:"token_ids"`
+	// Special renders control tokens (e.g. <|im_end|>) as their text; false drops them.
+	Special bool   `json:"special,omitempty"`
+	Model   string `json:"model,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // DetokenizeResult: detokenize's result.

@@ -53,7 +53,7 @@ export type StreamEvent = TokenEvent | ResultEvent;
 
 /** Every op that uses a model also takes these. */
 export interface ModelParams {
-  /** A GGUF path or an alias (smollm2); default: the active model. */
+  /** A GGUF path or an alias (e.g. smollm2); default: the active model. */
   model?: string;
   /** "auto" (CUDA when usable, else CPU), "cpu" or "cuda". */
   device?: string;
@@ -155,7 +155,9 @@ export interface TokenizeResult extends ResultEvent {
 }
 
 export interface DetokenizeParams extends ModelParams {
-  ids: number[];
+  token_ids: number[];
+  /** Render control tokens (e.g. <|im_end|>) as their text. Default false: dropped. */
+  special?: boolean;
 }
 
 export interface DetokenizeResult extends ResultEvent {

@@ -10,15 +10,15 @@ from ._base import INT64_MAX, ModelName, ModelRequest, NonEmptyStr, Result as _R
 
 
 class GenerateRequest(ModelRequest, kw_only=True):
-    prompt: Annotated[str, Meta(description="tokenized with special tokens parsed, BOS per "
-                                            "the GGUF; must give at least one token")]
+    prompt: Annotated[str, Meta(min_length=1, description="tokenized with special tokens "
+                                                          "parsed, BOS per the GGUF")]
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS,
                                     description="the most tokens to generate")] = 64
     temperature: Annotated[float, Meta(ge=0.0, le=100.0, description="0 is greedy")] = 0.0
     top_k: Annotated[int, Meta(ge=0, le=INT64_MAX, description="0 is off")] = 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0, description="nucleus sampling; 1 is off")] = 1.0
     min_p: Annotated[float, Meta(ge=0.0, le=1.0, description="0 is off")] = 0.0
-    seed: Optional[Annotated[int, Meta(ge=0, le=INT64_MAX)]] = None
+    seed: Optional[Annotated[int, Meta(ge=0, le=INT64_MAX, description="null: random")]] = None
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=100.0, description="1 is off")] = 1.0
     repeat_last_n: Annotated[int, Meta(ge=0, le=1048576,
                                        description="tokens the penalty looks back on")] = 64

@@ -9,7 +9,7 @@ from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, merg
 
 
 class System1Request(ModelRequest, kw_only=True):
-    prompt: str
+    prompt: NonEmptyStr
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0,
                                        description="for the candidate probabilities")] = 1.0

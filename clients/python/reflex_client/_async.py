@@ -171,8 +171,8 @@ class AsyncClient:
     async def tokenize(self, text=None, *, timeout=None, **params):
         return await self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    async def detokenize(self, ids=None, *, timeout=None, **params):
-        return await self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+    async def detokenize(self, token_ids=None, *, timeout=None, **params):
+        return await self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     async def hello(self, *, timeout=None, **params):
         return await self.request("hello", params, timeout=timeout)

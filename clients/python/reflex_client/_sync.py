@@ -242,8 +242,8 @@ class Client:
     def tokenize(self, text=None, *, timeout=None, **params):
         return self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    def detokenize(self, ids=None, *, timeout=None, **params):
-        return self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+    def detokenize(self, token_ids=None, *, timeout=None, **params):
+        return self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     def hello(self, *, timeout=None, **params):
         return self.request("hello", params, timeout=timeout)

@@ -88,6 +88,7 @@ class FakeRunner:
         c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
               "mean_logprob": -1.0, "probability": 1.0 / len(candidates)} for t in candidates]
         return {"candidates": c, "best_idx": 0, "entropy": 0.5, "prompt_tokens": len(prompt),
+                "candidate_tokens": sum(len(x["token_ids"]) for x in c),
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
     def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
@@ -96,7 +97,7 @@ class FakeRunner:
         e = np.ones((len(texts), 4), dtype=np.float32)
         if normalize:
             e /= 2.0
-        return {"embeddings": e, "dim": 4, "timings": {"prompt_eval": 0.2, "total": 0.2}}
+        return {"embeddings": e, "dim": 4, "n_tokens": [len(t) for t in texts], "timings": {"prompt_eval": 0.2, "total": 0.2}}
 
 
 def fake_loader(delay=0.0, loads=None):

@@ -17,6 +17,7 @@ class EmbedRequest(ModelRequest, kw_only=True):
 class EmbedResult(_Result, kw_only=True):
     embeddings: list[list[float]]
     dim: int
+    n_tokens: Annotated[list[int], Meta(description="each input's token count")]
     model: ModelName
 
 

@@ -1,5 +1,9 @@
 """load: load a model (or find it in the cache) and make it the active model."""
 
+from typing import Annotated
+
+from msgspec import Meta
+
 from ._base import ModelName, ModelRequest, Result as _Result
 from .hello import BackendName
 
@@ -13,6 +17,7 @@ class LoadResult(_Result, kw_only=True):
     path: str
     architecture: str
     backend: BackendName
+    device: Annotated[str, Meta(description="the device it runs on: cpu or cuda")]
     n_vocab: int
     n_ctx: int
     cached: bool

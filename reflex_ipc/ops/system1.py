@@ -28,6 +28,7 @@ class System1Result(_Result, kw_only=True):
     best_idx: Annotated[int, Meta(ge=0)]
     entropy: float
     prompt_tokens: int
+    candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
     model: ModelName
 
 

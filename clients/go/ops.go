@@ -60,8 +60,10 @@ type System1Result struct {
 	BestIdx      int         `json:"best_idx"`
 	Entropy      float64     `json:"entropy"`
 	PromptTokens int         `json:"prompt_tokens"`
-	Model        string      `json:"model"`
-	Timings      Timings     `json:"timings"`
+	// CandidateTokens: the candidates' tokens, all together.
+	CandidateTokens int     `json:"candidate_tokens"`
+	Model           string  `json:"model"`
+	Timings         Timings `json:"timings"`
 }
 
 // EmbedRequest: embed's parameters.
@@ -77,6 +79,7 @@ type EmbedRequest struct {
 type EmbedResult struct {
 	Embeddings [][]float64 `json:"embeddings"`
 	Dim        int         `json:"dim"`
+	NTokens    []int       `json:"n_tokens"` // each input's token count
 	Model      string      `json:"model"`
 	Timings    Timings     `json:"timings"`
 }

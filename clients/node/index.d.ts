@@ -19,14 +19,17 @@ export declare class ReflexError extends Error {
 
 export type Id = string | number | null;
 
+/** What runs a model (PROTOCOL.md, "The ready event"). */
+export type Backend = 'numpy' | 'cpu' | 'cuda';
+
 export interface ReadyEvent {
   event: 'ready';
   id: null;
   protocol: number;
   version: string;
   pid: number;
-  /** null until a model is loaded. */
-  backend: string | null;
+  /** The active model's backend: 'numpy' | 'cpu' | 'cuda'; null until a model is loaded. */
+  backend: Backend | null;
   model: string | null;
   [key: string]: unknown;
 }
@@ -120,6 +123,8 @@ export interface System1Result extends ResultEvent {
   best_idx: number;
   entropy: number;
   prompt_tokens: number;
+  /** The candidates' tokens, all together. */
+  candidate_tokens: number;
   model: string;
   timings: Timings;
 }
@@ -136,6 +141,8 @@ export interface EmbedResult extends ResultEvent {
   /** One vector per input string (a list even for one string). */
   embeddings: number[][];
   dim: number;
+  /** Each input's token count. */
+  n_tokens: number[];
   model: string;
   timings: Timings;
 }
@@ -170,19 +177,21 @@ export interface HelloResult extends ResultEvent {
   protocol: number;
   version: string;
   pid: number;
-  backend: string | null;
+  backend: Backend | null;
   model: string | null;
   ops: string[];
   error_kinds: string[];
   limits: { max_line_bytes: number; max_tokens: number };
-  models: { model: string; path: string; device: string; backend: string }[];
+  models: { model: string; path: string; device: string; backend: Backend }[];
 }
 
 export interface LoadResult extends ResultEvent {
   model: string;
   path: string;
   architecture: string;
-  backend: string;
+  backend: Backend;
+  /** The device it runs on: 'cpu' or 'cuda'. */
+  device: string;
   n_vocab: number;
   n_ctx: number;
   cached: boolean;

@@ -50,11 +50,11 @@ class FakeRunner:
 
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
                  min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None):
+                 on_token=None, should_cancel=None, cache_prompt=True):
         self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               stop=list(stop)))
+                               stop=list(stop), cache_prompt=cache_prompt))
         if prompt == "boom":
             raise RuntimeError("boom")
         if prompt == "oom":
@@ -79,16 +79,17 @@ class FakeRunner:
             if on_token:
                 on_token(ord(ch) % 1000, ch)
         return {"token_ids": ids, "text": text, "finish_reason": finish,
-                "prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                "prompt_tokens": len(prompt), "completion_tokens": len(ids), "cached_tokens": 0,
                 "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
 
-    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None):
+    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None,
+                cache_prompt=True):
         if should_cancel and should_cancel():
             raise ReflexError("cancelled", "cancelled")
         c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
               "mean_logprob": -1.0, "probability": 1.0 / len(candidates)} for t in candidates]
         return {"candidates": c, "best_idx": 0, "entropy": 0.5, "prompt_tokens": len(prompt),
-                "candidate_tokens": sum(len(x["token_ids"]) for x in c),
+                "candidate_tokens": sum(len(x["token_ids"]) for x in c), "cached_tokens": 0,
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
     def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
@@ -170,12 +171,12 @@ def test_ready_then_one_result_per_request():
 def test_generate_params_reach_the_runner_and_stream():
     req = {"id": 7, "op": "generate", "prompt": "abc", "max_tokens": 5, "temperature": 0.5,
            "top_k": 3, "top_p": 0.9, "min_p": 0.1, "seed": 11, "repeat_penalty": 1.2,
-           "repeat_last_n": 8, "stop": "ca", "stream": True}
+           "repeat_last_n": 8, "stop": "ca", "stream": True, "cache_prompt": False}
     srv, out = serve_bytes(lines_of(req))
     runner = next(iter(srv.runners.values()))
     assert runner.calls == [dict(prompt="abc", max_tokens=5, temperature=0.5, top_k=3, top_p=0.9,
                                  min_p=0.1, seed=11, repeat_penalty=1.2, repeat_last_n=8,
-                                 stop=["ca"])]
+                                 stop=["ca"], cache_prompt=False)]
     tokens, res = out[1:-1], out[-1]
     assert [t["event"] for t in tokens] == ["token"] * len(tokens)
     assert all(t["id"] == 7 for t in tokens)

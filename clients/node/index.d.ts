@@ -91,6 +91,8 @@ export interface GenerateParams extends ModelParams {
   /** Default 64. */
   repeat_last_n?: number;
   stop?: string | string[];
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
 }
 
 export interface GenerateResult extends ResultEvent {
@@ -99,6 +101,8 @@ export interface GenerateResult extends ResultEvent {
   finish_reason: 'stop' | 'length' | 'stop_string';
   prompt_tokens: number;
   completion_tokens: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
   model: string;
   timings: Timings;
 }
@@ -108,6 +112,8 @@ export interface System1Params extends ModelParams {
   candidates: string[];
   /** Default 1. */
   temperature?: number;
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
 }
 
 export interface System1Candidate {
@@ -125,6 +131,8 @@ export interface System1Result extends ResultEvent {
   prompt_tokens: number;
   /** The candidates' tokens, all together. */
   candidate_tokens: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
   model: string;
   timings: Timings;
 }

@@ -24,6 +24,9 @@ class GenerateRequest(ModelRequest, kw_only=True):
                                        description="tokens the penalty looks back on")] = 64
     stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(max_length=16)]] = []
     stream: Annotated[bool, Meta(description="write a token line per generated token")] = False
+    cache_prompt: Annotated[bool, Meta(
+        description="reuse the state of the longest token prefix shared with the previous "
+                    "request (cached_tokens in the result)")] = True
 
 
 class GenerateResult(_Result, kw_only=True):
@@ -32,6 +35,7 @@ class GenerateResult(_Result, kw_only=True):
     finish_reason: Literal["stop", "length", "stop_string"]
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: Annotated[int, Meta(description="prompt tokens whose state was reused")]
     model: ModelName
 
 
@@ -57,7 +61,7 @@ def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
         req.prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
         top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
         repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel)
+        should_cancel=should_cancel, cache_prompt=req.cache_prompt)
 
 
 def run(call, req) -> dict:

@@ -13,6 +13,9 @@ class System1Request(ModelRequest, kw_only=True):
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0,
                                        description="for the candidate probabilities")] = 1.0
+    cache_prompt: Annotated[bool, Meta(
+        description="reuse the state of the longest token prefix shared with the previous "
+                    "request (cached_tokens in the result)")] = True
 
 
 class Candidate(Struct):
@@ -29,6 +32,7 @@ class System1Result(_Result, kw_only=True):
     entropy: float
     prompt_tokens: int
     candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
+    cached_tokens: Annotated[int, Meta(description="prompt tokens whose state was reused")]
     model: ModelName
 
 
@@ -37,7 +41,7 @@ Request, Result = System1Request, System1Result
 
 def execute(runner, req, *, should_cancel=None) -> dict:
     return runner.system1(req.prompt, list(req.candidates), temperature=req.temperature,
-                          should_cancel=should_cancel)
+                          should_cancel=should_cancel, cache_prompt=req.cache_prompt)
 
 
 def run(call, req) -> dict:

@@ -161,10 +161,10 @@ def test_model_loaded_before_ready(srv):
     assert r["timings"]["process_start_to_ready"] >= r["timings"]["load"]
 
 
-def test_bad_model_at_startup_exits_1_without_ready():
+def test_bad_model_at_startup_exits_2_without_ready():
     p = stdio("--model", "/nonexistent/m.gguf", ready=False)
     try:
-        assert p.wait(60) == 1
+        assert p.wait(60) == 2  # model_not_found: an input error (README, exit codes)
         assert p.p.stdout.read() == b""
         assert "model_not_found" in p.err()
     finally:

@@ -202,9 +202,10 @@ class UsageError(Exception):
         self.parser, self.message = parser, message
 
 
-# Exit codes (README, "Exit codes"): 0 ok; 2 the command line or its input is wrong;
-# 130 interrupted; 1 any other failure.
-INPUT_KINDS = ("invalid_request", "model_not_found", "context_overflow")
+# Exit codes (README, "Exit codes"): 0 ok; 2 the command line or its input (the model
+# file included) is wrong; 130 interrupted; 1 any other failure.
+INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+               "context_overflow")
 
 
 def exit_code(kind: str) -> int:

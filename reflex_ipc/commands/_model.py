@@ -31,13 +31,14 @@ def add_common(p, cls, **kw):
                    "(errors too: {\"error\": {\"kind\", \"message\"}})")
 
 
-def load(args, req):
-    """The runner for the request's model/device and --n-ctx, with its phase mark; warns
-    when --n-ctx is above the model's trained context."""
+def load(args, req=None):
+    """The runner for the request's model/device (default: args.model/args.device) and
+    --n-ctx, with its phase mark; warns when --n-ctx is above the model's trained context."""
     from .. import phases
     from ..engine import load_runner
 
-    runner = load_runner(req.model, device=req.device or "auto", n_ctx=args.n_ctx)
+    model, device = (req.model, req.device) if req is not None else (args.model, args.device)
+    runner = load_runner(model, device=device or "auto", n_ctx=args.n_ctx)
     phases.mark("runner_loaded")
     train = runner.info().get("n_ctx_train")
     if args.n_ctx and train and args.n_ctx > train:

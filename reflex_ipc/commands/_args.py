@@ -67,7 +67,8 @@ def add_options(parser, cls, *, skip=(), flags=None, helps=None):
             continue
         tp, desc = _unwrap(f.type)
         default = _default(f)
-        names = flags.get(f.name) or ["--" + f.name.replace("_", "-")]
+        names = flags.get(f.name) or [
+            ("--no-" if tp is bool and default is True else "--") + f.name.replace("_", "-")]
         text = helps.get(f.name) or desc or ""
         kw = {"dest": f.name, "default": None}
         if tp is bool:
@@ -92,7 +93,7 @@ def add_options(parser, cls, *, skip=(), flags=None, helps=None):
 
 
 def option_name(field: str, flags=None) -> str:
-    return ((flags or {}).get(field) or ["--" + field.replace("_", "-")])[0]
+    return ((flags or {}).get(field) or ["--" + field.replace("_", "-")])[0]  # not for bools
 
 
 def request(cls, args, given: dict = None, *, skip=(), flags=None, names=None):

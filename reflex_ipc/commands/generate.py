@@ -2,7 +2,7 @@
 
 import sys
 
-SKIP = ("prompt", "stream")
+SKIP = ("prompt", "stream", "cache_prompt")  # one request per process: nothing to reuse
 
 
 def add_arguments(p):

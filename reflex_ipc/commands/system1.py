@@ -2,7 +2,7 @@
 
 import sys
 
-SKIP = ("prompt",)
+SKIP = ("prompt", "cache_prompt")  # one request per process: nothing to reuse
 FLAGS = {"candidates": ["--candidate"]}
 
 

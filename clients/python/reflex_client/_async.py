@@ -172,6 +172,8 @@ class AsyncClient:
         return await self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
     async def detokenize(self, token_ids=None, *, timeout=None, **params):
+        """token_ids: as tokenize returns them; special=True renders control tokens
+        (e.g. <|im_end|>) as their text instead of dropping them."""
         return await self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     async def hello(self, *, timeout=None, **params):

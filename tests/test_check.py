@@ -119,10 +119,9 @@ def test_bad_reference_files(ref, tmp_path):
     assert rc == 2 and _summary(out)["error"]["kind"] == "invalid_request"
 
 
-def test_llama_cpp_reference_is_accepted(tmp_path):
-    pytest.importorskip("llama_cpp")  # the test extra installs it; CI has it
+def test_llama_cpp_reference_is_accepted(tmp_path, llama_cpp):
     path = tmp_path / "llama.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama_cpp_reference.py"), "--model", LLAMA,
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fixtures", "llama_cpp_reference.py"), "--model", LLAMA,
                         "--max-tokens", "6", "--out", str(path), *PROMPTS], capture_output=True, text=True,
                        timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr

@@ -489,4 +489,4 @@ def test_cli_generate_system1_embed(tiny, runner):
     emb = json.loads(p.stdout)["embeddings"]
     assert len(emb) == 2 and len(emb[0]) == 32
     p = _cli("system1", "--model", path, "--device", "cpu", PROMPT, "--candidate", "")
-    assert p.returncode == 1 and "invalid_request" in p.stderr
+    assert p.returncode == 2 and "invalid_request" in p.stderr  # README, exit codes

@@ -32,16 +32,10 @@ def check_ids(ids, n_vocab) -> None:
                               f"`token_ids[{i}]`: {t} is out of range (n_vocab {n_vocab})")
 
 
-def decode(runner, ids, special: bool) -> str:
-    if special:  # Runner.detokenize has no `special` yet: the tokenizer renders them
-        return runner.tok.decode(list(ids), special=True)
-    return runner.detokenize(list(ids))
-
-
 def run(call, req) -> dict:
     _, info, runner = call.runner(req)
     check_ids(req.token_ids, info.get("n_vocab"))
     t = time.perf_counter()
-    text = decode(runner, req.token_ids, req.special)
+    text = runner.detokenize(req.token_ids, special=req.special)
     call.timings["detokenize"] = ms(t)
     return {"text": text, "model": info.get("model")}

@@ -37,7 +37,7 @@ class FakeRunner:
     def tokenize(self, text, *, add_bos=False, parse_special=True):
         return ([1] if add_bos else []) + [ord(c) % 1000 for c in text]
 
-    def detokenize(self, ids):
+    def detokenize(self, ids, *, special=False):
         return "".join(chr(i) for i in ids)
 
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,

@@ -12,7 +12,8 @@ PY=${PY:-python3}
 mkdir -p "$out"
 "$PY" -m pip wheel --no-deps --disable-pip-version-check -q -w "$out" .
 wheel=$(ls -t "$out"/reflex_ipc-*.whl | head -1)
-if "$PY" -m zipfile -l "$wheel" | grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin'; then
+names=$("$PY" -m zipfile -l "$wheel")
+if grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin' <<<"$names"; then
     echo "build-wheel: $wheel (with the CUDA kernels' fatbin)"
 elif [ "${REQUIRE_FATBIN:-0}" = 1 ]; then
     echo "build-wheel: $wheel has no fatbin (nvcc missing?) and REQUIRE_FATBIN=1" >&2
@@ -20,7 +21,7 @@ elif [ "${REQUIRE_FATBIN:-0}" = 1 ]; then
 else
     echo "build-wheel: $wheel (no fatbin: CPU only)"
 fi
-"$PY" -m zipfile -l "$wheel" | grep -q 'reflex_client/_async.py' || {
+grep -q 'reflex_client/_async.py' <<<"$names" || {
     echo "build-wheel: $wheel lacks reflex_client (reflex http needs it)" >&2; exit 1; }
 if [ "${WITH_PYCUDA:-0}" = 1 ]; then
     "$PY" -m pip wheel --disable-pip-version-check -q -w "$out" "pycuda>=2024.1"

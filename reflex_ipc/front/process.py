@@ -23,7 +23,9 @@ def spawn(sock_dir, *, model=None, device="auto"):
     logs to the front's stderr; SIGINT from the terminal reaches the front alone (it would
     cancel the engine's request), the engine gets SIGTERM from the front's shutdown."""
     path = os.path.join(sock_dir, "engine.sock")
-    argv = [sys.executable, "-m", "reflex_ipc", "uds", path, "--device", device]
+    # -P (3.11+): `-m` must not put the current directory first on sys.path
+    argv = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+            "-m", "reflex_ipc", "uds", path, "--device", device]
     if model:
         argv += ["--model", model]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

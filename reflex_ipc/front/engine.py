@@ -43,6 +43,7 @@ class Engine:
         self.device = device
         self.max_queue = max_queue
         self.ready_timeout = ready_timeout
+        self.connect_wait = 5.0
         self._lock = asyncio.Lock()
         self.waiting = 0
         self.busy = False
@@ -94,7 +95,8 @@ class Engine:
     async def _connect(self):
         """Connect to the socket (retrying while a spawned engine is still binding it) and
         make the default model active (so /health says ready only once it is loaded)."""
-        deadline = time.monotonic() + self.ready_timeout
+        t0 = time.monotonic()
+        deadline = t0 + self.ready_timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EngineUnavailable(f"the engine exited while starting ({self._exit_status()})")
@@ -103,9 +105,11 @@ class Engine:
                     self.path, ready_timeout=max(1.0, deadline - time.monotonic()))
                 break
             except ReflexConnectionError as e:
-                if self.proc is None or time.monotonic() > deadline:
+                # a spawned engine: retry until it listens; --connect: for a few seconds (a
+                # sidecar engine may still be creating its socket), then the next request retries
+                if time.monotonic() > (deadline if self.proc is not None else t0 + self.connect_wait):
                     raise EngineUnavailable(f"cannot reach the engine at {self.path}: {e.message}") from None
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01 if self.proc is not None else 0.1)
         self.ready_line = self.client.ready
         try:
             self.info = await self.client.load(**({"model": self.model} if self.model else {}))
@@ -146,7 +150,7 @@ class Engine:
             status = await self._reap()
             if status and status not in why:
                 why = f"{why} ({status})"
-        if self.state != "dead":
+        if self.state == "ready":  # an engine that never came up did not die
             self.deaths += 1
         self.state = "dead"
         self.last_error = why

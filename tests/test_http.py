@@ -440,3 +440,68 @@ def test_bearer_token(secured):
     assert r.headers["www-authenticate"] == "Bearer"
     ok = openai.OpenAI(base_url=secured.url + "/v1", api_key="s3cret", max_retries=0, timeout=300)
     assert ok.completions.create(model="any", prompt=PROMPT, max_tokens=2, temperature=0).usage.completion_tokens == 2
+
+
+# -- the mapping alone (the shapes the engine's coming fields take; no engine needed) ----------
+
+def test_mapping_of_engine_fields():
+    from reflex_ipc.front import api
+
+    lp = [{"token_id": 5, "text": "Hé", "logprob": -0.5, "top": [{"token_id": 5, "text": "Hé", "logprob": -0.5},
+                                                              {"token_id": 6, "text": "x", "logprob": -1.5}]},
+          {"token_id": 7, "text": "!", "logprob": -0.1, "top": []}]
+    result = {"text": "Hé!", "finish_reason": "stop_string", "prompt_tokens": 3, "completion_tokens": 2,
+              "cached_tokens": 2, "logprobs": lp, "timings": {"total": 1.0}}
+    c = api.completion_response(result, "m")
+    assert c["choices"][0]["finish_reason"] == "stop"
+    assert c["choices"][0]["logprobs"] == {"tokens": ["Hé", "!"], "token_logprobs": [-0.5, -0.1],
+                                           "top_logprobs": [{"Hé": -0.5, "x": -1.5}, {}], "text_offset": [0, 2]}
+    assert c["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                          "prompt_tokens_details": {"cached_tokens": 2}}
+    ch = api.chat_response(result, "m")
+    content = ch["choices"][0]["logprobs"]["content"]
+    assert content[0]["bytes"] == list("Hé".encode()) and content[0]["top_logprobs"][1]["token"] == "x"
+    assert ch["choices"][0]["message"]["content"] == "Hé!"
+    calls = api.chat_response({**result, "logprobs": None, "tool_calls": [
+        {"name": "f", "arguments": {"a": 1}}, {"function": {"name": "g", "arguments": "{}"}, "id": "call_x"}]}, "m")
+    msg = calls["choices"][0]["message"]
+    assert calls["choices"][0]["finish_reason"] == "tool_calls"
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in msg["tool_calls"]] == \
+        [("f", {"a": 1}), ("g", {})]
+    assert msg["tool_calls"][1]["id"] == "call_x" and msg["tool_calls"][0]["id"].startswith("call_")
+    inf = api.infill_response({"text": "x", "finish_reason": "length", "completion_tokens": 1, "prompt_tokens": 4}, "m")
+    assert (inf["content"], inf["stop_type"], inf["tokens_predicted"]) == ("x", "limit", 1)
+    emb = api.embedding_response({"embeddings": [[0.5, -1.0]], "dim": 2, "n_tokens": [3]}, "m", "base64")
+    assert struct.unpack("<2f", base64.b64decode(emb["data"][0]["embedding"])) == (0.5, -1.0)
+    assert emb["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
+def test_mapping_of_requests():
+    from reflex_ipc.front import api
+
+    req = api.decode(json.dumps({
+        "model": "x", "messages": [{"role": "system", "content": [{"type": "text", "text": "be "},
+                                                                   {"type": "text", "text": "brief"}]},
+                                   {"role": "user", "content": "hi"}],
+        "max_completion_tokens": 7, "logprobs": True, "top_logprobs": 3, "seed": 9, "stop": "\n",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "array"}}},
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+        "unknown_field_from_a_newer_client": 1}).encode(), api.ChatRequest)
+    op, p = api.chat_params(req)
+    assert op == "generate"
+    assert p == {"max_tokens": 7, "temperature": 1.0, "seed": 9, "stop": "\n",
+                 "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                 "logprobs": 3, "json_schema": {"type": "array"},
+                 "tools": [{"type": "function", "function": {"name": "f"}}]}
+    op, p = api.completion_params(api.decode(b'{"prompt": ["a"], "suffix": "b", "temperature": 0}',
+                                             api.CompletionRequest))
+    assert (op, p) == ("infill", {"max_tokens": 16, "temperature": 0.0, "prefix": "a", "suffix": "b"})
+    op, p = api.infill_params(api.decode(b'{"input_prefix": "a", "input_suffix": "b", "n_predict": -1, '
+                                         b'"input_extra": [{"filename": "f.py", "text": "x"}], "seed": -1}',
+                                         api.InfillRequest))
+    assert (op, p) == ("infill", {"prefix": "a", "suffix": "b", "input_extra": [{"filename": "f.py", "text": "x"}]})
+    e = api.engine_error("invalid_request", "Object contains unknown field `json_schema`", "generate")
+    assert (e.status, e.param, e.code) == (400, "response_format", "unsupported_parameter")
+    for kind, status in (("context_overflow", 400), ("model_not_found", 404), ("internal", 500),
+                         ("out_of_memory", 503), ("line_too_long", 413)):
+        assert api.engine_error(kind, "m", "generate").status == status

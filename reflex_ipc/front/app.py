@@ -115,26 +115,28 @@ class Front:
         result), watching for the client's disconnect meanwhile (which cancels it).
         Returns (first event, the rest as an async iterator); engine errors raise HTTPError."""
         events = self.engine.events(op, params)
-        first = asyncio.ensure_future(events.__anext__())
-        watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+        task = asyncio.current_task()
+        gone = []
+
+        async def watch():  # one task: on disconnect it cancels this one, inside the engine call
+            await _wait_disconnect(request.receive)
+            gone.append(True)
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not first.done():
-            first.cancel()
-            with contextlib.suppress(BaseException):
-                await first
-            await events.aclose()
-            raise asyncio.CancelledError()
-        try:
-            ev = first.result()
+            ev = await events.__anext__()
         except ReflexError as e:
             await events.aclose()
             raise api.engine_error(e.kind, e.message, op) from None
         except BaseException:
             await events.aclose()
             raise
+        finally:
+            watcher.cancel()
+        if gone:  # the result came as the client left: nobody to send it to
+            await events.aclose()
+            raise asyncio.CancelledError()
         return ev, events
 
     async def call(self, request, op, params):

@@ -238,7 +238,7 @@ def main():
                                               / res["cold"]["stdio_first_token_ms"]["p50"], 3)
     res["machine"]["loadavg_after"] = os.getloadavg()
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"http_front-{time.strftime('%Y-%m-%d')}.json")
+    path = os.path.join(a.out, f"http_front-{time.strftime('%Y-%m-%d')}-{commit or 'nocommit'}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     lat = res["latency"]

@@ -404,6 +404,20 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
     h = front.health()
     assert h["status"] == "ok" and h["engine"]["pid"] != pid and h["engine"]["starts"] == 2
 
+    # mid-stream: the headers are out, so the death comes as an error event, which the
+    # openai client raises
+    oai = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    stream = oai.completions.create(model="any", prompt=PROMPT, max_tokens=LONG, temperature=0, stream=True)
+    with pytest.raises(openai.APIError) as e:
+        for i, _ in enumerate(stream):
+            if i == 1:
+                os.kill(h["engine"]["pid"], signal.SIGKILL)
+    assert "engine died" in e.value.message and "killed by signal 9" in e.value.message
+    r = httpx.post(front.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=300)
+    assert r.status_code == 200, r.text
+    h = front.health()
+    assert h["engine"]["deaths"] == 2 and h["engine"]["starts"] == 3
+
 
 # -- --connect, the bearer token --------------------------------------------------------------
 

@@ -421,21 +421,29 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
 
 # -- --connect, the bearer token --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def secured():
-    d = tempfile.mkdtemp(prefix="reflex-http-test-")
-    path = os.path.join(d, "engine.sock")
+def _uds_engine(path):
     eng = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "uds", path, "--device", "cpu"], env=_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         assert eng.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def secured():
+    """`reflex http --connect` to a `reflex uds` started here, with a bearer token."""
+    d = tempfile.mkdtemp(prefix="reflex-http-test-")
+    path = os.path.join(d, "engine.sock")
+    engines = [_uds_engine(path)]
     f = Front(["--connect", path], env=_env(REFLEX_API_KEY="s3cret"))
+    f.sock, f.engines = path, engines
     yield f
     f.close()
-    eng.terminate()
-    eng.wait(20)
+    for eng in engines:
+        eng.terminate()
+        eng.wait(20)
     with contextlib.suppress(OSError):
         os.rmdir(d)
 
@@ -519,3 +527,17 @@ def test_mapping_of_requests():
     for kind, status in (("context_overflow", 400), ("model_not_found", 404), ("internal", 500),
                          ("out_of_memory", 503), ("line_too_long", 413)):
         assert api.engine_error(kind, "m", "generate").status == status
+
+
+def test_connect_mode_reports_a_dead_engine_and_reconnects(secured):
+    ok = openai.OpenAI(base_url=secured.url + "/v1", api_key="s3cret", max_retries=0, timeout=300)
+    assert ok.completions.create(model="any", prompt=PROMPT, max_tokens=1).usage.completion_tokens == 1
+    secured.engines[-1].kill()
+    secured.engines[-1].wait()
+    with pytest.raises(openai.APIStatusError) as e:  # nobody there: 503, the front stays up
+        ok.completions.create(model="any", prompt=PROMPT, max_tokens=1)
+    assert e.value.status_code == 503 and e.value.code == "engine_died"
+    assert secured.health()["status"] == "error"
+    secured.engines.append(_uds_engine(secured.sock))  # (its supervisor restarts it)
+    assert ok.completions.create(model="any", prompt=PROMPT, max_tokens=1).usage.completion_tokens == 1
+    assert secured.health()["status"] == "ok"

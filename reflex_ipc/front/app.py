@@ -10,6 +10,7 @@ import traceback
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -306,10 +307,10 @@ def build_app(front: Front):
             except QueueFull:
                 return error_response(front.busy_error())
             except EngineUnavailable as e:
-                return error_response(HTTPError(503, f"the engine is unavailable: {e} (it is restarted on "
-                                                "the next request)", code="engine_died",
+                return error_response(HTTPError(503, f"the engine is unavailable: {e} (the next request "
+                                                "starts or reconnects it)", code="engine_died",
                                                 headers={"Retry-After": str(front.retry_after)}))
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, ClientDisconnect):
                 return Response(status_code=499)  # the client went away: nobody reads this
 
         return endpoint

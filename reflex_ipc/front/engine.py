@@ -154,7 +154,7 @@ class Engine:
             self.deaths += 1
         self.state = "dead"
         self.last_error = why
-        _log(f"engine unavailable: {why}; it is restarted on the next request")
+        _log(f"engine unavailable: {why}; the next request starts (or reconnects) it")
 
     async def start(self):
         """Bring the engine up now (at the front's start-up), queued like a request."""

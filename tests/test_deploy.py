@@ -127,7 +127,7 @@ def test_dockerfile(path):
         assert "cuda" not in open(path).read().lower().replace("no cuda", "")
 
 
-def test_build_install_and_run_scripts():
+def test_build_install_and_run_scripts(smollm2):
     """The images' steps, run here: the wheel (with reflex_client), a byte-compiled venv from
     it (SYSTEM_SITE=1: the dependencies come from this machine instead of a download), and the
     smoke run of `reflex http` from that venv on SmolLM2 (CPU)."""

@@ -19,10 +19,10 @@ import httpx
 import openai
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "clients", "python"))
+import reflex_ipc.front  # noqa: F401  (reflex_client: installed with the wheel, else clients/python)
+from reflex_client import Client, ReflexError
 
-from reflex_client import Client, ReflexError  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPT = "The three primary colors are"
 LONG = 2000  # max_tokens of the requests a test cancels (minutes of CPU decode)
@@ -88,7 +88,7 @@ class Front:
 
 
 @pytest.fixture(scope="module")
-def front():
+def front(smollm2):
     f = Front(["--device", "cpu", "--queue", "1", "--max-body-bytes", str(1 << 20)])
     yield f
     pid = f.health()["engine"]["pid"]
@@ -100,7 +100,7 @@ def front():
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(smollm2):
     """The same engine spoken to directly: the reference for what the front answers."""
     c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu"), env=_env(),
                      ready_timeout=180)
@@ -432,7 +432,7 @@ def _uds_engine(path):
 
 
 @pytest.fixture(scope="module")
-def secured():
+def secured(smollm2):
     """`reflex http --connect` to a `reflex uds` started here, with a bearer token."""
     d = tempfile.mkdtemp(prefix="reflex-http-test-")
     path = os.path.join(d, "engine.sock")

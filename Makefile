@@ -23,7 +23,8 @@ demo: install
 
 install-test: install
 	@bash scripts/setup-check tools
-	@echo "== pip install -e '.[test]' and -e clients/python: pytest, hypothesis, jsonschema, gguf, and"
+	@echo "== pip install -e '.[test]' and -e clients/python: pytest, hypothesis, jsonschema, gguf, the http"
+	@echo "   extra with openai, httpx and kubernetes-validate for reflex http's tests, and"
 	@echo "   llama-cpp-python 0.3.36 (the parity oracle). pip builds the oracle from its sdist unless"
 	@echo "   its cache holds the wheel of an earlier build: about 15 minutes on 2 cores, silent"
 	@echo "   (a line a minute says it is still running); later installs reuse the cached wheel."

@@ -1,8 +1,9 @@
-"""Run every client example of README.md and clients/README.md as the READMEs say to.
+"""Run every client example of README.md (its Clients section) and clients/README.md as
+the READMEs say to.
 
     python scripts/check_readme_snippets.py        (run by clients/run-tests.sh)
 
-Each ```python, ```js and ```go block of the two READMEs is a complete program. It is
+Each ```python, ```js and ```go block there is a complete program. It is
 written to a fresh folder outside the repository and run the way the README tells a user
 to, against a real `reflex stdio` (the `reflex` on PATH, its default model):
   python  the file run by this interpreter, in a folder outside the checkout, so
@@ -23,7 +24,11 @@ import tarfile
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-READMES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "clients", "README.md")]
+# (file, section): the client examples are those of README's "## Clients" section and of
+# all of clients/README.md (README's other sections have examples of other things, e.g.
+# the OpenAI client against `reflex http`)
+READMES = [(os.path.join(ROOT, "README.md"), "## Clients"),
+           (os.path.join(ROOT, "clients", "README.md"), None)]
 GO_MODULE = "reflex-ipc/clients/go"
 TIMEOUT = 300
 
@@ -31,11 +36,16 @@ TIMEOUT = 300
 def snippets():
     """{(lang, code): [where, ...]} for every python/js/go block of the READMEs."""
     found = {}
-    for path in READMES:
+    for path, section in READMES:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        for m in re.finditer(r"^```(python|js|go)\n(.*?)^```", text, re.S | re.M):
-            line = text.count("\n", 0, m.start()) + 1
+        lo, hi = 0, len(text)
+        if section:
+            lo = text.index("\n" + section + "\n")
+            nxt = text.find("\n## ", lo + 1)
+            hi = nxt if nxt >= 0 else hi
+        for m in re.finditer(r"^```(python|js|go)\n(.*?)^```", text[lo:hi], re.S | re.M):
+            line = text.count("\n", 0, lo + m.start()) + 1
             found.setdefault((m.group(1), m.group(2)), []).append(
                 f"{os.path.relpath(path, ROOT)}:{line}")
     return found

@@ -488,17 +488,45 @@ def bind_uds(path: str, mode: int):
             raise StartupError(f"a server is already listening on {path}")
         finally:
             probe.close()
+    # The path appears only once the socket listens: bound under a temporary name in a
+    # private folder beside it, then renamed into place (a client that sees the file and
+    # connects at once would otherwise get ECONNREFUSED between bind and listen).
+    import tempfile
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
+    tmpdir = None
     try:
-        sock.bind(path)
+        try:
+            if len(os.fsencode(path)) > 107:  # sun_path's limit: bind() says "too long"
+                raise OSError
+            tmpdir = tempfile.mkdtemp(prefix=".reflex-", dir=os.path.dirname(path) or ".")
+            sock.bind(os.path.join(tmpdir, "s"))
+        except OSError:  # e.g. a temporary name past the length limit: bind in place
+            if tmpdir:
+                os.rmdir(tmpdir)
+            tmpdir = None
+            sock.bind(path)
     except OSError as e:
         sock.close()
         raise StartupError(f"cannot bind {path}: {e.strerror or e}") from None
     finally:
         os.umask(old)
-    os.chmod(path, mode)
+    bound = os.path.join(tmpdir, "s") if tmpdir else path
+    os.chmod(bound, mode)
     sock.listen(16)
+    if tmpdir:
+        try:
+            os.rename(bound, path)
+        except OSError as e:
+            sock.close()
+            raise StartupError(f"cannot bind {path}: {e.strerror or e}") from None
+        finally:
+            try:
+                os.unlink(bound)
+            except FileNotFoundError:
+                pass
+            os.rmdir(tmpdir)
     return sock
 
 

@@ -54,12 +54,16 @@ class Generate(_ModelRequest, kw_only=True):
     repeat_last_n: Annotated[int, Meta(ge=0, le=1048576)] = 64
     stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(max_length=16)]] = []
     stream: bool = False
+    kv_import: Optional[NonEmptyStr] = None
+    kv_export: Optional[NonEmptyStr] = None
 
 
 class System1(_ModelRequest, kw_only=True):
     prompt: str
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
+    kv_import: Optional[NonEmptyStr] = None
+    kv_export: Optional[NonEmptyStr] = None
 
 
 class Embed(_ModelRequest, kw_only=True):
@@ -78,6 +82,14 @@ class Detokenize(_ModelRequest, kw_only=True):
     ids: list[Annotated[int, Meta(ge=0, le=INT64_MAX)]]
 
 
+class StateSave(_ModelRequest, kw_only=True):
+    path: NonEmptyStr
+
+
+class StateLoad(_ModelRequest, kw_only=True):
+    path: NonEmptyStr
+
+
 class Ping(_Request, kw_only=True):
     pass
 
@@ -94,10 +106,13 @@ OPS = {
     "embed": Embed,
     "tokenize": Tokenize,
     "detokenize": Detokenize,
+    "state_save": StateSave,
+    "state_load": StateLoad,
     "ping": Ping,
     "shutdown": Shutdown,
 }
-MODEL_OPS = frozenset(("load", "generate", "system1", "embed", "tokenize", "detokenize"))
+MODEL_OPS = frozenset(("load", "generate", "system1", "embed", "tokenize", "detokenize", "state_save",
+                       "state_load"))
 
 
 class RequestError(ReflexError):

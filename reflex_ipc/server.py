@@ -448,12 +448,13 @@ class Server:
                 p.prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                 top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
                 repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
-                should_cancel=should_cancel)
+                should_cancel=should_cancel, kv_import=p.kv_import, kv_export=p.kv_export)
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "system1":
             t = time.perf_counter()
             out = runner.system1(p.prompt, list(p.candidates), temperature=p.temperature,
-                                 should_cancel=should_cancel)
+                                 should_cancel=should_cancel, kv_import=p.kv_import,
+                                 kv_export=p.kv_export)
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "embed":
             texts = [p.input] if isinstance(p.input, str) else list(p.input)
@@ -476,6 +477,10 @@ class Server:
                     raise ReflexError("invalid_request",
                                       f"`ids[{i}]`: {t} is out of range (n_vocab {n_vocab})")
             return {"text": runner.detokenize(list(p.ids)), **model}
+        if op in ("state_save", "state_load"):
+            t = time.perf_counter()
+            out = runner.save_state(p.path) if op == "state_save" else runner.load_state(p.path)
+            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         raise ReflexError("internal", f"op {op!r} has no handler")
 
     @staticmethod

@@ -17,13 +17,22 @@ def add_arguments(p):
     p.add_argument("--repeat-last-n", type=int, default=64)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt")
+    p.add_argument("--export-kv", metavar="FILE", help="save the state after the prompt to FILE "
+                   "(protocol/STATE.md), then go on")
+    p.add_argument("--import-kv", metavar="FILE", help="start from the state saved in FILE; PROMPT is "
+                   "then the text after its tokens (may be left out)")
+    p.add_argument("prompt", nargs="?")
 
 
 def run(args):
     from .. import phases
     from ._model import finish, load
 
+    if args.prompt is None:
+        if args.import_kv is None:
+            sys.stderr.write(f"reflex {args.command}: a PROMPT is needed (or --import-kv FILE)\n")
+            return 2
+        args.prompt = ""
     runner = load(args)
     first = []
 
@@ -37,7 +46,8 @@ def run(args):
     out = runner.generate(args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                          stop=args.stop, on_token=on_token)
+                          stop=args.stop, on_token=on_token,
+                          kv_import=args.import_kv, kv_export=args.export_kv)
     if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]

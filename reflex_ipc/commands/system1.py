@@ -10,14 +10,24 @@ def add_arguments(p):
     p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
     p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt")
+    p.add_argument("--export-kv", metavar="FILE", help="save the state after the prompt to FILE "
+                   "(protocol/STATE.md), then go on")
+    p.add_argument("--import-kv", metavar="FILE", help="start from the state saved in FILE; PROMPT is "
+                   "then the text after its tokens (may be left out)")
+    p.add_argument("prompt", nargs="?")
 
 
 def run(args):
     from ._model import finish, load
 
+    if args.prompt is None:
+        if args.import_kv is None:
+            sys.stderr.write(f"reflex {args.command}: a PROMPT is needed (or --import-kv FILE)\n")
+            return 2
+        args.prompt = ""
     runner = load(args)
-    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature)
+    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature,
+                         kv_import=args.import_kv, kv_export=args.export_kv)
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

@@ -280,9 +280,17 @@ class Runner:
             return {"path": sf.path, "n_tokens": sf.n_tokens, "timings": {"state_load": _ms(t0)}}
 
     def _continuation_ids(self, text):
-        """Token ids of text that follows saved tokens (no BOS): a string (tokenized) or ids."""
+        """Token ids of text that follows saved tokens: a string, tokenized as text that
+        continues other text (no BOS, no SentencePiece space prefix), or ids (checked)."""
         if isinstance(text, str):
-            return self.tok.encode(text, add_bos=False)
+            tok = self.tok
+            if not getattr(tok, "add_space_prefix", False):
+                return tok.encode(text, add_bos=False)
+            tok.add_space_prefix = False
+            try:
+                return tok.encode(text, add_bos=False)
+            finally:
+                tok.add_space_prefix = True
         ids = [int(i) for i in text]
         self._check_ids(ids)
         return ids
@@ -558,7 +566,7 @@ class Runner:
             prefix = sf.tokens
 
             def encode(text):
-                return prefix + self.tok.encode(text, add_bos=False)
+                return prefix + self._continuation_ids(text)
 
             p_ids = encode(prompt)
         else:

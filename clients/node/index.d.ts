@@ -5,7 +5,7 @@ export declare const PROTOCOL: number;
 /** The kinds of protocol error results, plus "connection" for client-side failures. */
 export type ErrorKind =
   | 'parse_error' | 'invalid_request' | 'unknown_op' | 'line_too_long'
-  | 'model_not_found' | 'gguf_error' | 'unsupported_architecture'
+  | 'model_not_found' | 'gguf_error' | 'state_error' | 'unsupported_architecture'
   | 'context_overflow' | 'out_of_memory' | 'cuda_error' | 'cancelled' | 'internal'
   | 'connection';
 

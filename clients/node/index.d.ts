@@ -88,6 +88,10 @@ export interface GenerateParams extends ModelParams {
   /** Default 64. */
   repeat_last_n?: number;
   stop?: string | string[];
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface GenerateResult extends ResultEvent {
@@ -96,6 +100,8 @@ export interface GenerateResult extends ResultEvent {
   finish_reason: 'stop' | 'length' | 'stop_string';
   prompt_tokens: number;
   completion_tokens: number;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -105,6 +111,10 @@ export interface System1Params extends ModelParams {
   candidates: string[];
   /** Default 1. */
   temperature?: number;
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface System1Candidate {
@@ -120,6 +130,8 @@ export interface System1Result extends ResultEvent {
   best_idx: number;
   entropy: number;
   prompt_tokens: number;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -162,6 +174,26 @@ export interface DetokenizeResult extends ResultEvent {
   text: string;
   model: string;
   timings: Timings;
+}
+
+export interface StateParams extends ModelParams {
+  path: string;
+}
+
+export interface StateResult extends ResultEvent {
+  path: string;
+  n_tokens: number;
+  /** state_save only: the file's size. */
+  bytes?: number;
+  model: string;
+  timings: Timings;
+}
+
+/** kv_import / kv_export in a result. */
+export interface StateFileInfo {
+  path: string;
+  n_tokens: number;
+  bytes?: number;
 }
 
 export interface HelloResult extends ResultEvent {
@@ -233,6 +265,10 @@ export declare class Reflex {
   embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
   tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;
   detokenize(params: DetokenizeParams, options?: RequestOptions): Promise<DetokenizeResult>;
+  /** Save the loop's current state to params.path (protocol/STATE.md). */
+  stateSave(params: StateParams, options?: RequestOptions): Promise<StateResult>;
+  /** Load a saved state: a later request whose tokens start with its tokens evaluates only the rest. */
+  stateLoad(params: StateParams, options?: RequestOptions): Promise<StateResult>;
   hello(params?: { protocol?: number }, options?: RequestOptions): Promise<HelloResult>;
   load(params?: ModelParams, options?: RequestOptions): Promise<LoadResult>;
   ping(options?: RequestOptions): Promise<ResultEvent>;

@@ -174,6 +174,14 @@ class AsyncClient:
     async def detokenize(self, ids=None, *, timeout=None, **params):
         return await self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
 
+    async def state_save(self, path=None, *, timeout=None, **params):
+        """Save the loop's current state (the tokens it holds) to path (protocol/STATE.md)."""
+        return await self.request("state_save", {**given(path=path), **params}, timeout=timeout)
+
+    async def state_load(self, path=None, *, timeout=None, **params):
+        """Load a saved state: a later request whose tokens start with its tokens evaluates only the rest."""
+        return await self.request("state_load", {**given(path=path), **params}, timeout=timeout)
+
     async def hello(self, *, timeout=None, **params):
         return await self.request("hello", params, timeout=timeout)
 

@@ -55,8 +55,10 @@ def make_backend(device):
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e
 
 
-def load_runner(model=None, device="auto", n_ctx=None):
-    """A Runner for `model` (path, alias or None for the default) on `device`."""
+def load_runner(model=None, device="auto", n_ctx=None, lora=None):
+    """A Runner for `model` (path, alias or None for the default) on `device`, with LoRA
+    adapters `lora` (a list of "FILE[:SCALE]" strings, {"path", "scale"} dicts or (path,
+    scale) pairs; reflex_ipc/lora.py) applied at load."""
     t0 = time.perf_counter()
     gpu = False
     if device in ("auto", "cuda"):
@@ -73,6 +75,7 @@ def load_runner(model=None, device="auto", n_ctx=None):
     path = resolve_model(model)
     f = GGUFFile(path)
     phases.mark("gguf_open")
+    adapters = []
     try:
         from .models import ARCHITECTURES, load_model
         from .tokenizer import load_tokenizer
@@ -83,17 +86,31 @@ def load_runner(model=None, device="auto", n_ctx=None):
                               f"(supported: {', '.join(ARCHITECTURES)})")
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
+        lora_set = None
+        if lora:
+            from . import lora as lora_mod
+
+            adapters = lora_mod.open_adapters(lora_mod.normalize(lora), f)
         ops = make_backend(device)
         phases.mark("backend_ready")  # with CUDA: the init thread joined, kernels loaded
-        net = load_model(ops, f)
+        if adapters:
+            lora_set = lora_mod.LoraSet(ops, adapters)
+        net = load_model(ops, f, lora_set)
         phases.mark("weights_loaded")  # with CUDA: uploaded
+        runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
     except BaseException:
+        for a in adapters:
+            a.close()
         f.close()
         raise
     finally:
         if gpu:
             cuda.startup_done()
-    return Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
+    if adapters:
+        runner.lora = adapters
+        runner.lora_mode = lora_set.mode
+        runner.adapters = [(lora_mod.digest(a), a.scale) for a in adapters]
+    return runner
 
 
 class _StopText:
@@ -157,6 +174,8 @@ class Runner:
                               f"of {self.n_vocab} tokens")
         self.load_ms = load_ms
         self.adapters = []  # [(adapter digest, scale)] of LoRA adapters applied at load
+        self.lora = []  # their lora.Adapter objects (open until close: runtime mode reads them)
+        self.lora_mode = None
         self._identity = None
 
     # -- small things ----------------------------------------------------------------
@@ -178,6 +197,7 @@ class Runner:
             "n_head": hp.n_head,
             "n_head_kv": hp.n_head_kv,
             "load_ms": self.load_ms,
+            "lora": [{"path": a.path, "scale": a.scale} for a in self.lora],
         }
 
     def tokenize(self, text, *, add_bos=False, parse_special=True) -> list:
@@ -188,6 +208,8 @@ class Runner:
 
     def close(self):
         self.exec.close()
+        for a in self.lora:
+            a.close()
         self.f.close()
 
     # -- saved state (runtime/statefile.py, protocol/STATE.md) ---------------------------

@@ -38,8 +38,13 @@ class Hello(_Request, kw_only=True):
     protocol: Optional[int] = None
 
 
+class LoraAdapter(Struct, forbid_unknown_fields=True, kw_only=True):
+    path: NonEmptyStr
+    scale: Annotated[float, Meta(ge=-100.0, le=100.0)] = 1.0
+
+
 class Load(_ModelRequest, kw_only=True):
-    pass
+    lora: Annotated[list[LoraAdapter], Meta(max_length=16)] = []
 
 
 class Generate(_ModelRequest, kw_only=True):

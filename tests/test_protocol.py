@@ -173,7 +173,7 @@ field_names = st.sampled_from(
     ["id", "op", "prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
      "repeat_penalty", "repeat_last_n", "stop", "stream", "candidates", "input", "pooling",
      "normalize", "text", "add_bos", "parse_special", "ids", "model", "device", "protocol", "path",
-     "kv_import", "kv_export", "zzz"])
+     "kv_import", "kv_export", "lora", "zzz"])
 requests = st.dictionaries(field_names, json_values, max_size=6) | st.builds(lambda op, d: {**d, "op": op}, st.sampled_from(list(protocol.OPS)),
                               st.dictionaries(field_names, json_values, max_size=5))
 

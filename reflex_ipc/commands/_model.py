@@ -8,7 +8,7 @@ def load(args):
     from .. import phases
     from ..engine import load_runner
 
-    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx)
+    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx, lora=getattr(args, "lora", None))
     phases.mark("runner_loaded")
     return runner
 

@@ -462,13 +462,12 @@ class Server:
                 p.prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                 top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
                 repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
-                should_cancel=should_cancel, kv_import=p.kv_import, kv_export=p.kv_export)
+                should_cancel=should_cancel, **_kv(p))
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "system1":
             t = time.perf_counter()
             out = runner.system1(p.prompt, list(p.candidates), temperature=p.temperature,
-                                 should_cancel=should_cancel, kv_import=p.kv_import,
-                                 kv_export=p.kv_export)
+                                 should_cancel=should_cancel, **_kv(p))
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "embed":
             texts = [p.input] if isinstance(p.input, str) else list(p.input)
@@ -533,6 +532,11 @@ class Server:
                 out.append({"model": info.get("model"), "path": key[0], "device": key[1],
                             "backend": info.get("backend")})
         return out
+
+
+def _kv(p) -> dict:
+    """kv_import / kv_export of a generate or system1 request, those given only."""
+    return {k: v for k, v in (("kv_import", p.kv_import), ("kv_export", p.kv_export)) if v is not None}
 
 
 # ---------------------------------------------------------------- entry points

@@ -19,7 +19,7 @@ issue asks for: import / empty (target <= 1.1), full / import, peer / import.
                                 [--reflex "CMD"] [--tokens 1000] --out RESULT.json
 
 --reflex is the command that runs reflex (default: this Python with -m reflex_ipc; the
-GPU wrapper scripts/gpu-bench-state passes a user-style venv's python).
+GPU wrapper scripts/gpu/gpu-bench-state passes a user-style venv's python).
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """LoRA adapters (reflex_ipc/lora.py): greedy continuations equal llama.cpp's with the same
-adapters and scales (tests/goldens/lora.json, recorded by scripts/record_lora_goldens.py
+adapters and scales (tests/goldens/lora.json, recorded by scripts/fixtures/record_lora_goldens.py
 with llama-cpp-python 0.3.36 on the F32 twins) in both application modes (merged into the
 weights at load, added at run time); adapter/base mismatches are clear errors; the CLI's
 --lora, the protocol's load.lora, and saved states' adapter identity."""
@@ -16,10 +16,9 @@ from reflex_ipc.engine import load_runner
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFError
 
+from reflex_ipc.testing.lora import write_lora
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from make_lora import write_lora  # noqa: E402
 
 GOLDEN = json.load(open(os.path.join(HERE, "goldens", "lora.json")))
 BASE = {a: os.path.join(HERE, "data", f"synthetic-{a}.gguf") for a in GOLDEN["models"]}

@@ -162,7 +162,7 @@ def test_mismatches_are_invalid_request(saved, tmp_path):
     # other adapters
     r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
     try:
-        r.adapters = [(b"\1" * 32, 1.0)]
+        r.adapters = [(b"\1" * 16, 1.0)]
         r._identity = None
         kind, msg = _kind_msg(lambda: r.load_state(llama))
         assert kind == "invalid_request" and "LoRA" in msg
@@ -245,7 +245,7 @@ def _recrc(b):
     H = struct.unpack_from("<I", b, 12)[0]
     if not statefile.FIXED.size + 8 <= H <= len(b):
         return bytes(b)
-    n = struct.unpack_from("<I", b, 80)[0]
+    n = struct.unpack_from("<I", b, 48)[0]
     t0 = (H + 63) // 64 * 64
     if t0 + 4 * n <= len(b):
         struct.pack_into("<I", b, H - 8, zlib.crc32(bytes(b[t0:t0 + 4 * n])))

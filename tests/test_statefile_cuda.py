@@ -2,7 +2,7 @@
 state interchange within float16 tolerance, LoRA at run time on CUDA against numpy's merged
 weights. Runs only where the CUDA backend loads (skipped with its reason elsewhere).
 Plain functions of a directory, so that a GPU host without pytest can run them too:
-`python3 tests/test_statefile_cuda.py`."""
+`PYTHONPATH=. python3 tests/test_statefile_cuda.py`."""
 
 import json
 import os
@@ -11,12 +11,10 @@ import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
+from reflex_ipc.engine import load_runner, make_backend
+from reflex_ipc.errors import ReflexError
 
-from reflex_ipc.engine import load_runner, make_backend  # noqa: E402
-from reflex_ipc.errors import ReflexError  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 try:
     make_backend("cuda")
@@ -95,7 +93,7 @@ def test_numpy_cuda_interchange(tmp_path):
 
 
 def test_cuda_lora_runtime_matches_numpy_merge(tmp_path):
-    from make_lora import write_lora
+    from reflex_ipc.testing.lora import write_lora
 
     golden = json.load(open(os.path.join(HERE, "goldens", "lora.json")))
     for arch in ("llama", "qwen3"):

@@ -204,6 +204,15 @@ class Weights:
             w = self.lora.apply(name, w)
         return w
 
+    def rows(self, w, start, n):
+        """ops.weight_rows for a weight this loaded: rows start..start+n-1 of a fused tensor
+        (with LoRA applied at run time, the adapters' B rows go with them)."""
+        terms = getattr(w, "terms", None)  # a lora.LoraWeight
+        if terms is None:
+            return self.ops.weight_rows(w, start, n)
+        return type(w)(self.ops.weight_rows(w.base, start, n),
+                       [(a, self.ops.weight_rows(b, start, n), c) for a, b, c in terms])
+
     def output(self, n_embd):
         """The LM head: output.weight, else the tied token embedding (llama.cpp's fallback)."""
         name = "output.weight" if self.has("output.weight") else "token_embd.weight"

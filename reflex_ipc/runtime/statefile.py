@@ -3,17 +3,17 @@
 The format is described in protocol/STATE.md (version 1). In short, all integers
 little-endian:
 
-    fixed header (92 bytes)
+    fixed header (60 bytes)
       0   8  magic b"RFLXSTAT"
       8   4  u32 format version (1)
      12   4  u32 header size H: bytes from 0 to the end of the header CRC
-     16  32  model digest: sha256 of the GGUF's first `tensor_info_end` bytes
-             (header, metadata and tensor directory: `model_digest`)
-     48  32  adapter digest: 32 zero bytes without LoRA adapters (`adapter_digest`)
-     80   4  u32 n_tokens
-     84   4  u32 n_layers
-     88   2  u16 A, the architecture name's length
-     90   2  u16 reserved (0)
+     16  16  model identity: GGUFFile.identity() (BLAKE2b-128 of everything before the
+             tensor data: header, metadata, tensor directory), as bytes
+     32  16  adapter digest: 16 zero bytes without LoRA adapters (`adapter_digest`)
+     48   4  u32 n_tokens
+     52   4  u32 n_layers
+     56   2  u16 A, the architecture name's length
+     58   2  u16 reserved (0)
     then     A bytes architecture (UTF-8)
     then per layer: u8 kind (0 slot, 1 seq), u8 n_arrays, and per array:
              u8 name length, name (ASCII), u8 dtype (0 float32, 1 float16),
@@ -40,7 +40,7 @@ from ..errors import ReflexError
 MAGIC = b"RFLXSTAT"
 VERSION = 1
 ALIGN = 64
-FIXED = struct.Struct("<8sII32s32sIIHH")  # 92 bytes
+FIXED = struct.Struct("<8sII16s16sIIHH")  # 60 bytes
 MAX_HEADER = 16 << 20
 MAX_NDIM = 8
 DTYPES = {0: "float32", 1: "float16"}
@@ -48,7 +48,7 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 KINDS = {0: "slot", 1: "seq"}
 KIND_CODES = {v: k for k, v in KINDS.items()}
 NO_AXIS = 255
-ZERO_DIGEST = bytes(32)
+ZERO_DIGEST = bytes(16)
 
 
 def _align(n):
@@ -60,23 +60,20 @@ def _bad(path, msg):
 
 
 def model_digest(f) -> bytes:
-    """sha256 of a GGUFFile's bytes [0, tensor_info_end): its header, metadata and tensor
-    directory (names, shapes, types and offsets of every tensor). Two files with equal
-    digests describe the same tensors with the same metadata; the tensor data is not read
-    (cheap: a few MB at most, already mapped and paged in by the parse)."""
-    import hashlib
-
-    return hashlib.sha256(f.bytes_view(0, f.tensor_info_end)).digest()
+    """A GGUFFile's identity (GGUFFile.identity(): BLAKE2b-128 of its bytes before the tensor
+    data: header, metadata, tensor directory) as 16 bytes. Two files with equal digests
+    describe the same tensors with the same metadata; the tensor data is not read."""
+    return bytes.fromhex(f.identity())
 
 
 def adapter_digest(adapters) -> bytes:
-    """For [(adapter model digest, scale)] in load order: sha256 over each digest and its
-    scale (float64); 32 zero bytes for none."""
+    """For [(adapter model digest, scale)] in load order: BLAKE2b-128 over each digest and
+    its scale (float64, little-endian); 16 zero bytes for none."""
     if not adapters:
         return ZERO_DIGEST
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.blake2b(digest_size=16)
     for digest, scale in adapters:
         h.update(digest)
         h.update(struct.pack("<d", float(scale)))

@@ -1,19 +1,17 @@
-#!/usr/bin/env python3
 """Synthetic LoRA adapters in llama.cpp's GGUF adapter format, for a given base GGUF.
 
-    python3 scripts/make_lora.py BASE.gguf OUT.gguf [--rank 4] [--alpha 8] [--seed 1]
+    python3 -m reflex_ipc.testing.lora BASE.gguf OUT.gguf [--rank 4] [--alpha 8] [--seed 1]
                                  [--targets attn_q,attn_v,ffn_up,output]
 
 general.type = adapter, adapter.type = lora, adapter.lora.alpha, and for each target base
 matrix NAME a pair NAME.lora_a (numpy [rank, n_in]) and NAME.lora_b (numpy [n_out, rank]),
 F32, random (seeded: the same arguments write the same bytes). The low-rank product is
 scaled to about half the base weight's spread so that it changes greedy
-continuations without swamping the model. Used by tests/test_lora.py and
-scripts/record_lora_goldens.py.
+continuations without swamping the model. Used by tests/test_lora.py,
+tests/test_statefile_cuda.py and scripts/fixtures/record_lora_goldens.py.
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -27,9 +25,8 @@ def write_lora(base, out, *, rank=4, alpha=8.0, seed=1, targets=DEFAULT_TARGETS,
     architecture (to make mismatching adapters)."""
     import gguf
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.quants import dequantize
+    from ..gguffile import GGUFFile
+    from ..quants import dequantize
 
     rng = np.random.default_rng(seed)
     with GGUFFile(base) as f:

@@ -1,5 +1,5 @@
 """LoRA adapters (reflex_ipc/lora.py): greedy continuations equal llama.cpp's with the same
-adapters and scales (tests/goldens/lora.json, recorded by scripts/fixtures/record_lora_goldens.py
+adapters and scales (tests/goldens/lora/greedy.json, recorded by scripts/fixtures/record_lora_goldens.py
 with llama-cpp-python 0.3.36 on the F32 twins) in both application modes (merged into the
 weights at load, added at run time); adapter/base mismatches are clear errors; the CLI's
 --lora, the protocol's load.lora, and saved states' adapter identity."""
@@ -20,7 +20,7 @@ from reflex_ipc.testing.lora import write_lora
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-GOLDEN = json.load(open(os.path.join(HERE, "goldens", "lora.json")))
+GOLDEN = json.load(open(os.path.join(HERE, "goldens", "lora", "greedy.json")))
 BASE = {a: os.path.join(HERE, "data", f"synthetic-{a}.gguf") for a in GOLDEN["models"]}
 
 

@@ -95,7 +95,7 @@ def test_numpy_cuda_interchange(tmp_path):
 def test_cuda_lora_runtime_matches_numpy_merge(tmp_path):
     from reflex_ipc.testing.lora import write_lora
 
-    golden = json.load(open(os.path.join(HERE, "goldens", "lora.json")))
+    golden = json.load(open(os.path.join(HERE, "goldens", "lora", "greedy.json")))
     for arch in ("llama", "qwen3"):
         base = os.path.join(DATA, f"synthetic-{arch}.gguf")
         a = write_lora(base, str(tmp_path / f"{arch}-a.gguf"), **golden["adapters"]["a"])

@@ -34,7 +34,7 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, smollm2):
     """{model: (state file of P, P's ids, T's ids)} exported by generate(P, kv_export)."""
     d = tmp_path_factory.mktemp("states")
     out = {}

@@ -299,15 +299,15 @@ def test_cli_export_import(tmp_path, saved):
         r.close()
     assert got["token_ids"] == ref["token_ids"] and got["cached_tokens"] == len(saved[m][1])
     rc, out, err = _cli("system1", "--device", "cpu", "--model", m, "--n-ctx", str(N_CTX), "--json",
-                        "--import-kv", path, "--candidate", " a", "--candidate", " b")
+                        "--import-kv", path, "--candidate", " a", "--candidate", " b", T)
     assert rc == 0, err
-    assert json.loads(out)["cached_tokens"] == len(saved[m][1]) - 1  # no text after: the last id again
+    assert json.loads(out)["cached_tokens"] == len(saved[m][1])
     rc, out, err = _cli("generate", "--device", "cpu", "--model", SYNTH["llama"], "--import-kv", path, "x")
-    assert rc == 1 and "invalid_request" in err and "'qwen2'" in err
+    assert rc == 2 and "invalid_request" in err and "'qwen2'" in err
     with open(path, "r+b") as f:
         f.truncate(300)
     rc, out, err = _cli("generate", "--device", "cpu", "--model", m, "--import-kv", path, "x")
-    assert rc == 1 and "state_error" in err and "Traceback" not in err
+    assert rc == 2 and "state_error" in err and "Traceback" not in err
 
 
 def test_protocol_ops(tmp_path, saved):

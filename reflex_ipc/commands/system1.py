@@ -2,35 +2,29 @@
 
 import sys
 
+SKIP = ("prompt", "cache_prompt")  # one request per process: nothing to reuse
+FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
-                   help="apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, scaled "
-                   "by SCALE (default 1); repeatable")
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
-    p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--export-kv", metavar="FILE", help="save the state after the prompt to FILE "
-                   "(protocol/STATE.md), then go on")
-    p.add_argument("--import-kv", metavar="FILE", help="start from the state saved in FILE; PROMPT is "
-                   "then the text after its tokens (may be left out)")
-    p.add_argument("prompt", nargs="?")
+    from ..ops.system1 import Request
+    from ._args import PROMPT_HELP
+    from ._model import add_common
+
+    add_common(p, Request, skip=SKIP, flags=FLAGS,
+               helps={"candidates": "a continuation (repeatable; at least one)"})
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
 def run(args):
-    from ._model import finish, load
+    from ..ops import system1
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
 
-    if args.prompt is None:
-        if args.import_kv is None:
-            sys.stderr.write(f"reflex {args.command}: a PROMPT is needed (or --import-kv FILE)\n")
-            return 2
-        args.prompt = ""
-    runner = load(args)
-    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature,
-                         kv_import=args.import_kv, kv_export=args.export_kv)
+    req = request(system1.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP,
+                  flags=FLAGS)
+    runner = load(args, req)
+    out = run_op(runner, lambda: system1.execute(runner, req))
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

@@ -171,8 +171,10 @@ class AsyncClient:
     async def tokenize(self, text=None, *, timeout=None, **params):
         return await self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    async def detokenize(self, ids=None, *, timeout=None, **params):
-        return await self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+    async def detokenize(self, token_ids=None, *, timeout=None, **params):
+        """token_ids: as tokenize returns them; special=True renders control tokens
+        (e.g. <|im_end|>) as their text instead of dropping them."""
+        return await self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     async def state_save(self, path=None, *, timeout=None, **params):
         """Save the loop's current state (the tokens it holds) to path (protocol/STATE.md)."""

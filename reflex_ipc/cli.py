@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "stdio": ("serve", "serve JSON lines on stdin/stdout"),
     "uds": ("serve", "serve JSON lines on a Unix domain socket"),
+    "http": ("http", "OpenAI-compatible HTTP front over a `reflex uds` engine (extra: http)"),
     "generate": ("generate", "generate a continuation of a prompt"),
     "system1": ("system1", "score candidate continuations in one forward pass"),
     "embed": ("embed", "pooled hidden-state embeddings"),

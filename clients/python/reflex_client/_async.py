@@ -153,6 +153,11 @@ class AsyncClient:
             result = ev
         return result
 
+    def events(self, op, params=None, *, timeout=None):
+        """Any op as an async iterator: its token events (when `params` ask to stream),
+        then its result. Closing the iterator early cancels the request."""
+        return self._events(op, dict(params or {}), timeout)
+
     def stream(self, prompt=None, *, timeout=None, **params):
         """generate with stream: true; yields the token events, then the result.
         Closing the iterator early cancels the generation."""

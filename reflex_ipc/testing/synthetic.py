@@ -701,6 +701,165 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
 
 
 # ---------------------------------------------------------------------------------------
+# the float-weight models of the attention-side families (qwen3moe, phi3, deepseek2):
+# tests/test_families.py checks them against llama.cpp. F32 weights, SmolLM2's tokenizer.
+FAMILY_CONFIGS = {
+    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=16,
+                     n_expert=8, n_used=2, n_ff_exp=24),
+    "phi3_fused_long": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=True,
+                            n_ctx_orig=64),
+    "phi3_split_short": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=False,
+                             n_ctx_orig=4096),
+    # DeepSeek-V2-Lite-like: plain attn_q, softmax gating, one leading dense layer, YaRN
+    "deepseek2_v2": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=0, kv_lora=16, nope=8,
+                         rope=8, v_dim=12, n_ff=48, n_dense=1, n_expert=8, n_used=2, n_ff_exp=16, n_shared=1,
+                         gating=1, norm=False, w_scale=1.0, yarn=(4.0, 0.0707, 32)),
+    # DeepSeek-V3-like: q LoRA, sigmoid gating with a selection bias, grouped routing, scale
+    "deepseek2_v3": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=24, kv_lora=16, nope=8,
+                         rope=8, v_dim=8, n_ff=48, n_dense=1, n_expert=8, n_used=3, n_ff_exp=16, n_shared=1,
+                         gating=2, norm=True, w_scale=2.5, groups=(4, 2), probs_bias=True,
+                         yarn=(8.0, 0.1, 16)),
+}
+
+
+def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None, n_ff=48, n_expert=8,
+                n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
+                v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
+                probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
+                tokenizer=None):
+    """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
+    with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
+    `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
+    removes), `shapes` {tensor: numpy shape} overrides tensor shapes. n_used may be a per-layer
+    list; yarn is (factor, yarn_log_multiplier, original context length)."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    E, H = n_embd, n_head
+    hd = head_dim or E // H
+    kv = {"block_count": n_layer, "context_length": n_ctx_train, "embedding_length": E,
+          "feed_forward_length": n_ff, "attention.head_count": H, "attention.head_count_kv": n_head_kv,
+          "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
+    if arch == "qwen3moe":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd, "rope.freq_base": 1e6,
+                   "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp})
+    elif arch == "phi3":
+        kv.update({"rope.dimension_count": hd, "rope.scaling.original_context_length": n_ctx_orig,
+                   "rope.scaling.attn_factor": 1.19, "attention.layer_norm_rms_epsilon": 1e-5})
+    elif arch == "deepseek2":
+        kv.update({"attention.head_count_kv": 1, "attention.key_length": kv_lora + rope,
+                   "attention.value_length": kv_lora, "attention.key_length_mla": nope + rope,
+                   "attention.value_length_mla": v_dim, "rope.dimension_count": rope,
+                   "attention.q_lora_rank": q_lora, "attention.kv_lora_rank": kv_lora,
+                   "leading_dense_block_count": n_dense, "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp, "expert_shared_count": n_shared})
+        if gating is not None:
+            kv["expert_gating_func"] = gating
+        if norm is not None:
+            kv["expert_weights_norm"] = norm
+        if w_scale is not None:
+            kv["expert_weights_scale"] = w_scale
+        if groups:
+            kv["expert_group_count"], kv["expert_group_used_count"] = groups
+        if yarn:
+            kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": yarn[0],
+                       "rope.scaling.yarn_log_multiplier": yarn[1],
+                       "rope.scaling.original_context_length": yarn[2]})
+    else:
+        raise ValueError(f"no family recipe for {arch!r}")
+    kv.update(keys or {})
+
+    w = gguf.GGUFWriter(str(path), arch)
+    write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    for k, v in kv.items():
+        if v is None:
+            continue
+        name = f"{arch}.{k}"
+        if isinstance(v, bool):
+            w.add_bool(name, v)
+        elif isinstance(v, str):
+            w.add_string(name, v)
+        elif isinstance(v, float):
+            w.add_float32(name, v)
+        elif isinstance(v, list):
+            w.add_array(name, v)
+        else:
+            w.add_uint32(name, v)
+
+    def add(name, shape, scale, offset=0.0):
+        shape = (shapes or {}).get(name, shape)
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+
+    def norm_w(name, n):
+        add(name, (n,), 0.1, 1.0)
+
+    V = TINY_N_VOCAB
+    add("token_embd.weight", (V, E), 1.0)
+    norm_w("output_norm.weight", E)
+    if arch != "qwen3moe":
+        add("output.weight", (V, E), 1 / math.sqrt(E))
+    if arch == "phi3":
+        add("rope_factors_long.weight", (hd // 2,), 0.5, 2.0)
+        add("rope_factors_short.weight", (hd // 2,), 0.2, 1.1)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        norm_w(p + "attn_norm.weight", E)
+        if arch == "deepseek2":
+            qd = nope + rope
+            if q_lora:
+                add(p + "attn_q_a.weight", (q_lora, E), 1 / math.sqrt(E))
+                norm_w(p + "attn_q_a_norm.weight", q_lora)
+                add(p + "attn_q_b.weight", (H * qd, q_lora), 1 / math.sqrt(q_lora))
+            else:
+                add(p + "attn_q.weight", (H * qd, E), 1 / math.sqrt(E))
+            add(p + "attn_kv_a_mqa.weight", (kv_lora + rope, E), 1 / math.sqrt(E))
+            norm_w(p + "attn_kv_a_norm.weight", kv_lora)
+            add(p + "attn_k_b.weight", (H, kv_lora, nope), 1 / math.sqrt(nope))
+            add(p + "attn_v_b.weight", (H, v_dim, kv_lora), 1 / math.sqrt(kv_lora))
+            add(p + "attn_output.weight", (E, H * v_dim), 1 / math.sqrt(H * v_dim))
+        elif arch == "phi3" and fused:
+            add(p + "attn_qkv.weight", ((H + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+        if arch == "qwen3moe":
+            norm_w(p + "attn_q_norm.weight", hd)
+            norm_w(p + "attn_k_norm.weight", hd)
+        if arch != "deepseek2":
+            add(p + "attn_output.weight", (E, H * hd), 1 / math.sqrt(H * hd))
+        norm_w(p + "ffn_norm.weight", E)
+        if arch == "phi3":
+            add(p + "ffn_up.weight", (2 * n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        elif arch == "deepseek2" and i < n_dense:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        else:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            if probs_bias:
+                add(p + "exp_probs_b.bias", (n_expert,), 0.3)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), 1 / math.sqrt(n_ff_exp))
+            if arch == "deepseek2":
+                S = n_ff_exp * n_shared
+                add(p + "ffn_gate_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, S), 1 / math.sqrt(S))
+    finish(w)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):
     """The CLI; qwen2_vocab: the default of qwen3-shaped --vocab and dump-vocab --out."""

@@ -1,0 +1,215 @@
+"""The attention-side families (qwen3moe, phi3, deepseek2) against llama.cpp (llama-cpp-python)
+on tiny F32 models (reflex_ipc.testing.synthetic.family_gguf) with an F32 KV cache, so that
+neither side rounds activations: logits of every row, greedy decoding, system1's candidate
+log-probabilities; then generate/embed over the CLI, and bad input.
+
+llama.cpp pads the context to a multiple of 256; the runners here use 256 as well, which
+decides phi3's LongRoPE factors the same way on both sides (long when 256 exceeds
+`rope.scaling.original_context_length`).
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reflex_ipc.backends.numpy_ops import NumpyOps
+from reflex_ipc.engine import load_runner
+from reflex_ipc.errors import ReflexError
+from reflex_ipc.gguffile import GGUFFile
+from reflex_ipc.models import load_model
+from reflex_ipc.runtime.batch import Batch
+from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+pytestmark = pytest.mark.usefixtures("smollm2")  # the models borrow its tokenizer
+
+N_CTX = 256
+IDS = [504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 1797, 1918, 28, 253, 1230, 314, 2680]
+PROMPT = "The capital of France is"
+CANDIDATES = [" Paris", " London, of course", " a city"]
+NAMES = list(FAMILY_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("families")
+    return {name: family_gguf(d / f"{name}.gguf", **cfg) for name, cfg in FAMILY_CONFIGS.items()}
+
+
+_LLMS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_llms():
+    yield
+    for llm in _LLMS.values():
+        llm.close()
+    _LLMS.clear()
+
+
+def _llama(llama_cpp, path):
+    """llama.cpp on path: every row's logits, an F32 K/V cache (type 0), a 256 context."""
+    if path not in _LLMS:
+        _LLMS[path] = llama_cpp.Llama(path, logits_all=True, n_ctx=N_CTX, n_batch=N_CTX, type_k=0, type_v=0,
+                                      verbose=False)
+    llm = _LLMS[path]
+    llm.reset()
+    return llm
+
+
+def _ref_logits(llama_cpp, path, ids):
+    llm = _llama(llama_cpp, path)
+    llm.eval(ids)
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)
+
+
+def _our_logits(path, ids):
+    ops = NumpyOps()
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        if hasattr(model, "configure"):
+            model.configure(N_CTX)
+        state = model.new_state(ops, N_CTX)
+        return np.asarray(model.forward(state, Batch(ops, ids, range(len(ids)))), dtype=np.float64)
+
+
+def _log_softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_match_llama_cpp(models, name, llama_cpp):
+    ref = _ref_logits(llama_cpp, models[name], IDS)
+    ours = _our_logits(models[name], IDS)
+    assert np.abs(ref).max() > 1.0  # logits with a real spread
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_matches_llama_cpp(models, name, llama_cpp):
+    """32 greedy tokens identical to llama.cpp's, except from a step where llama.cpp's top two
+    are within 0.2% of max|logit| of each other (a near-tie either side may break)."""
+    path = models[name]
+    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    try:
+        got = runner.generate(list(IDS[:6]), max_tokens=32)["token_ids"]
+        eog = runner.tok.eog_ids
+    finally:
+        runner.close()
+    llm = _llama(llama_cpp, path)
+    llm.eval(IDS[:6])
+    for step, tok in enumerate(got):
+        z = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        want = int(np.argmax(z))
+        if tok != want:
+            assert z[want] - z[tok] < 2e-3 * np.abs(z).max(), f"step {step}: {tok} != llama.cpp's {want}"
+            break
+        if want in eog:
+            break
+        llm.eval([want])
+    assert len(got) == 32 or got[-1] in eog
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_system1_logprobs_match_llama_cpp(models, name, llama_cpp):
+    path = models[name]
+    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    try:
+        res = runner.system1(PROMPT, CANDIDATES)
+        p_ids = runner._prompt_ids(PROMPT)
+    finally:
+        runner.close()
+    for c in res["candidates"]:
+        ids = p_ids + c["token_ids"]
+        lp = _log_softmax(_ref_logits(llama_cpp, path, ids))
+        want = sum(lp[len(p_ids) - 1 + t, tid] for t, tid in enumerate(c["token_ids"]))
+        assert abs(c["logprob"] - want) <= 1e-3 * len(c["token_ids"]), (c["text"], c["logprob"], want)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "reflex_ipc", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_generate_and_embed(models, name):
+    path = models[name]
+    common = ("--model", path, "--device", "cpu", "--n-ctx", str(N_CTX))
+    p = _cli("generate", *common, "--max-tokens", "6", "--json", PROMPT)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    try:
+        assert out["token_ids"] == runner.generate(PROMPT, max_tokens=6)["token_ids"]
+        emb = runner.embed(["a b", "c"], pooling="mean")["embeddings"]
+    finally:
+        runner.close()
+    p = _cli("embed", "--model", path, "--device", "cpu", "--json", "a b", "c")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)["embeddings"]
+    assert len(got) == 2 and len(got[0]) == FAMILY_CONFIGS[name]["n_embd"]
+    np.testing.assert_allclose(got, emb, atol=1e-4)
+
+
+def test_phi3_factors_follow_the_context(models):
+    """LongRoPE: the long factors past the original context (64 here), the short ones below."""
+    with GGUFFile(models["phi3_fused_long"]) as f:
+        model = load_model(NumpyOps(), f)
+        model.configure(64)
+        assert model.rope_factors is model.factors_short
+        model.configure(65)
+        assert model.rope_factors is model.factors_long
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def _load_error(tmp_path, name, **kw):
+    path = family_gguf(tmp_path / "bad.gguf", **dict(FAMILY_CONFIGS[name], **kw))
+    with GGUFFile(path) as f:
+        with pytest.raises(ReflexError) as e:
+            load_model(NumpyOps(), f)
+    return e.value
+
+
+def test_qwen3moe_expert_count_vs_tensor_shape(tmp_path):
+    e = _load_error(tmp_path, "qwen3moe", keys={"expert_count": 6})
+    assert e.kind == "gguf_error" and "blk.0.ffn_gate_inp.weight" in e.message
+
+
+def test_qwen3moe_missing_expert_tensor(tmp_path):
+    e = _load_error(tmp_path, "qwen3moe", drop=("blk.1.ffn_down_exps.weight",))
+    assert e.kind == "gguf_error" and "blk.1.ffn_down_exps.weight" in e.message
+
+
+def test_qwen3moe_expert_width_vs_tensor_shape(tmp_path):
+    e = _load_error(tmp_path, "qwen3moe", shapes={"blk.0.ffn_up_exps.weight": (8, 20, 32)})
+    assert e.kind == "gguf_error" and "blk.0.ffn_up_exps.weight" in e.message
+
+
+def test_qwen3moe_used_count_out_of_range(tmp_path):
+    e = _load_error(tmp_path, "qwen3moe", keys={"expert_used_count": 9})
+    assert e.kind == "gguf_error" and "qwen3moe.expert_used_count" in e.message
+
+
+def test_qwen3moe_per_layer_used_count_is_refused(tmp_path):
+    """llama.cpp 0.3.36 reads expert_used_count per layer but routes every qwen3moe layer with
+    layer 0's count; reflex refuses differing counts rather than answer differently."""
+    e = _load_error(tmp_path, "qwen3moe", keys={"expert_used_count": [2, 3]})
+    assert e.kind == "unsupported_architecture" and "qwen3moe.expert_used_count" in e.message
+
+
+def test_qwen3moe_per_layer_used_count_all_equal_is_accepted(tmp_path, llama_cpp):
+    path = family_gguf(tmp_path / "m.gguf", **dict(FAMILY_CONFIGS["qwen3moe"], n_used=[2, 2]))
+    ref = _ref_logits(llama_cpp, path, IDS)
+    np.testing.assert_allclose(_our_logits(path, IDS), ref, rtol=0, atol=1e-3 * np.abs(ref).max())
+
+
+def test_phi3_fused_qkv_shape(tmp_path):
+    e = _load_error(tmp_path, "phi3_fused_long", shapes={"blk.0.attn_qkv.weight": (60, 32)})
+    assert e.kind == "gguf_error" and "blk.0.attn_qkv.weight" in e.message
+
+
+def test_phi3_missing_factor_shape(tmp_path):
+    e = _load_error(tmp_path, "phi3_fused_long", shapes={"rope_factors_long.weight": (5,)})
+    assert e.kind == "gguf_error" and "rope_factors_long.weight" in e.message

@@ -213,3 +213,64 @@ def test_phi3_fused_qkv_shape(tmp_path):
 def test_phi3_missing_factor_shape(tmp_path):
     e = _load_error(tmp_path, "phi3_fused_long", shapes={"rope_factors_long.weight": (5,)})
     assert e.kind == "gguf_error" and "rope_factors_long.weight" in e.message
+
+
+def test_deepseek2_kv_lora_rank_vs_tensor_shapes(tmp_path):
+    # key_length/value_length follow the rank, as a converter would write them
+    e = _load_error(tmp_path, "deepseek2_v2", keys={"attention.kv_lora_rank": 12, "attention.key_length": 20,
+                                                     "attention.value_length": 12})
+    assert e.kind == "gguf_error" and "blk.0.attn_kv_a_mqa.weight" in e.message
+
+
+def test_deepseek2_key_length_inconsistent_with_rank(tmp_path):
+    e = _load_error(tmp_path, "deepseek2_v2", keys={"attention.key_length": 20})
+    assert e.kind == "gguf_error" and "deepseek2.attention.key_length" in e.message
+
+
+def test_deepseek2_expert_count_vs_tensor_shape(tmp_path):
+    e = _load_error(tmp_path, "deepseek2_v3", keys={"expert_count": 16})
+    assert e.kind == "gguf_error" and "blk.1.ffn_gate_inp.weight" in e.message
+
+
+def test_deepseek2_missing_expert_tensors(tmp_path):
+    e = _load_error(tmp_path, "deepseek2_v3", drop=("blk.2.ffn_up_exps.weight",))
+    assert e.kind == "gguf_error" and "blk.2.ffn_up_exps.weight" in e.message
+    e = _load_error(tmp_path, "deepseek2_v2", drop=("blk.1.ffn_down_shexp.weight",))
+    assert e.kind == "gguf_error" and "blk.1.ffn_down_shexp.weight" in e.message
+
+
+@pytest.mark.parametrize("func,kind", [(3, "unsupported_architecture"), (4, "unsupported_architecture"),
+                                       (9, "gguf_error")])
+def test_deepseek2_unknown_gating_function(tmp_path, func, kind):
+    e = _load_error(tmp_path, "deepseek2_v2", keys={"expert_gating_func": func})
+    assert e.kind == kind and "deepseek2.expert_gating_func" in e.message
+
+
+def test_deepseek2_bad_expert_groups(tmp_path):
+    e = _load_error(tmp_path, "deepseek2_v3", keys={"expert_group_count": 3})
+    assert e.kind == "gguf_error" and "deepseek2.expert_group_count" in e.message
+
+
+def test_deepseek2_legacy_fused_kv_b_is_refused(tmp_path):
+    e = _load_error(tmp_path, "deepseek2_v2", keys={"attention.key_length_mla": None,
+                                                     "attention.value_length_mla": None})
+    assert e.kind == "unsupported_architecture" and "key_length_mla" in e.message
+
+
+def test_deepseek2_needs_the_latent_attention_ops(models):
+    class NoMLA(NumpyOps):
+        head_matmul = None
+
+    with GGUFFile(models["deepseek2_v2"]) as f:
+        with pytest.raises(ReflexError) as e:
+            load_model(NoMLA(), f)
+    assert e.value.kind == "unsupported_architecture" and "head_matmul" in e.value.message
+
+
+def test_deepseek2_state_is_the_latent(models):
+    """The state holds kv_lora_rank + rope dims per token and layer (one latent head)."""
+    with GGUFFile(models["deepseek2_v3"]) as f:
+        model = load_model(NumpyOps(), f)
+    cfg = FAMILY_CONFIGS["deepseek2_v3"]
+    state = model.new_state(NumpyOps(), 8)
+    assert [tuple(L.kv.shape) for L in state.layers] == [(1, 8, cfg["kv_lora"] + cfg["rope"])] * cfg["n_layer"]

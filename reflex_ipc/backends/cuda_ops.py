@@ -263,14 +263,15 @@ class CudaOps:
         return out
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
+            selection_bias=None, act="silu", groups=None):
         """Routed on the host (the router's logits cross, N x E floats), then each token's
         selected experts through the quantized matmul kernels on views of the expert tensors:
         only those experts' blocks are read. It waits for the device, so a model using it is
         not captured in a graph (models mark that with `capturable = False`)."""
         E = router.shape[0]
         F, D = w_gate.shape[0] // E, w_down.shape[0] // E
-        top, w = moe_route(self.to_numpy(self.matmul(x, router)), n_used, gating, norm, scale, selection_bias)
+        top, w = moe_route(self.to_numpy(self.matmul(x, router)), n_used, gating, norm, scale,
+                           None if selection_bias is None else self.to_numpy(selection_bias), groups)
         out = self.zeros((x.shape[0], D))
 
         def rows(wt, e, n):
@@ -371,8 +372,11 @@ class CudaOps:
         return self.asarray(np.asarray(pos, dtype=np.int32))
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
+        if yarn is not None and yarn[0] != 0.0:
+            raise ReflexError("unsupported_architecture", "YaRN rope scaling has no CUDA kernel yet "
+                              "(use --device cpu)")
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
         pos = self.positions(pos)
@@ -413,8 +417,11 @@ class CudaOps:
                            slots.ptr, N, Hkv, hd, k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
+                  mask=None, v_dim=None):
         """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
+        if v_cache is None:
+            raise ReflexError("unsupported_architecture", "latent attention (values inside the keys) has "
+                              "no CUDA kernel yet (use --device cpu)")
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")

@@ -726,13 +726,15 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
                 probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
-                tokenizer=None):
+                tokenizer=None, qtype=None):
     """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
     with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
     `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
     removes), `shapes` {tensor: numpy shape} overrides tensor shapes. n_used may be a per-layer
-    list; yarn is (factor, yarn_log_multiplier, original context length)."""
+    list; yarn is (factor, yarn_log_multiplier, original context length). qtype (e.g. "Q8_0"):
+    matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
     import gguf
+    import gguf.quants
 
     if tokenizer is None:
         from reflex_ipc.modelpath import resolve_model
@@ -791,10 +793,16 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
         else:
             w.add_uint32(name, v)
 
+    quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
+
     def add(name, shape, scale, offset=0.0):
         shape = (shapes or {}).get(name, shape)
         a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        if name not in drop:
+        if name in drop:
+            return
+        if quant is not None and len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[quant][0] == 0:
+            w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
+        else:
             w.add_tensor(name, a)
 
     def norm_w(name, n):

@@ -719,6 +719,10 @@ FAMILY_CONFIGS = {
                          rope=8, v_dim=8, n_ff=48, n_dense=1, n_expert=8, n_used=3, n_ff_exp=16, n_shared=1,
                          gating=2, norm=True, w_scale=2.5, groups=(4, 2), probs_bias=True,
                          yarn=(8.0, 0.1, 16)),
+    # Gemma 4 (dense text): sliding/global layers with their own head widths, rope bases and
+    # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
+    "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
+                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,)),
 }
 
 
@@ -726,12 +730,15 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
                 probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
-                tokenizer=None, qtype=None):
+                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None):
     """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
     with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
     `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
-    removes), `shapes` {tensor: numpy shape} overrides tensor shapes. n_used may be a per-layer
-    list; yarn is (factor, yarn_log_multiplier, original context length). qtype (e.g. "Q8_0"):
+    removes), `shapes` {tensor: numpy shape} overrides tensor shapes, `extra` {tensor: shape}
+    adds tensors. n_used may be a per-layer
+    list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
+    (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
+    attn_v). qtype (e.g. "Q8_0"):
     matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
     import gguf
     import gguf.quants
@@ -772,6 +779,13 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
             kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": yarn[0],
                        "rope.scaling.yarn_log_multiplier": yarn[1],
                        "rope.scaling.original_context_length": yarn[2]})
+    elif arch == "gemma4":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd,
+                   "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa,
+                   "rope.dimension_count": hd, "rope.dimension_count_swa": head_dim_swa,
+                   "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
+                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": 0,
+                   "final_logit_softcapping": 15.0})
     else:
         raise ValueError(f"no family recipe for {arch!r}")
     kv.update(keys or {})
@@ -809,8 +823,14 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
         add(name, (n,), 0.1, 1.0)
 
     V = TINY_N_VOCAB
+    for name, shape in (extra or {}).items():
+        add(name, shape, 0.1)
     add("token_embd.weight", (V, E), 1.0)
     norm_w("output_norm.weight", E)
+    if arch == "gemma4":
+        _gemma4_layers(add, norm_w, rng, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v)
+        finish(w)
+        return str(path)
     if arch != "qwen3moe":
         add("output.weight", (V, E), 1 / math.sqrt(E))
     if arch == "phi3":
@@ -865,6 +885,29 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 add(p + "ffn_down_shexp.weight", (E, S), 1 / math.sqrt(S))
     finish(w)
     return str(path)
+
+
+def _gemma4_layers(add, norm_w, rng, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v):
+    add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        d = hd_swa if swa[i] else hd
+        Hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
+        norm_w(p + "attn_norm.weight", E)
+        add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
+        add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
+        if i not in no_v:
+            add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
+        norm_w(p + "attn_q_norm.weight", d)
+        norm_w(p + "attn_k_norm.weight", d)
+        add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))
+        norm_w(p + "post_attention_norm.weight", E)
+        norm_w(p + "ffn_norm.weight", E)
+        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        norm_w(p + "post_ffw_norm.weight", E)
+        add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
 
 
 # ---------------------------------------------------------------------------------------

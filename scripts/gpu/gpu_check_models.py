@@ -2,7 +2,7 @@
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
 reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
-synthetic.family_gguf (qwen3moe, phi3 fused/split; Q8_0 where rows allow, else F32)):
+synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4; Q8_0 where rows allow, else F32)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a

@@ -1,0 +1,133 @@
+"""Gemma 4 (text, dense): the gemma3 decoder with per-layer attention shapes.
+
+- sliding-window and global layers from `attention.sliding_window_pattern` (an array of
+  per-layer flags, required), each kind with its own head width (`attention.key_length` /
+  `key_length_swa`), rope dims (`rope.dimension_count` / `dimension_count_swa`) and rope base
+  (`rope.freq_base` / `rope.freq_base_swa`, the sliding ones unscaled); KV head counts
+  per layer; neox rope; the global layers divide their frequencies by `rope_freqs`
+  (one tensor shared by them, required as in llama.cpp);
+- q and k RMS-normed per head (weights), v RMS-normed without a weight; a layer without
+  attn_v uses its k projection (before the k norm) as v;
+- attention scores are not scaled (scale 1: the norms take that role);
+- sandwich norms around attention and the GeGLU feed-forward; an optional per-layer
+  scalar `layer_output_scale` multiplies the layer's output (the residual stream);
+- embeddings times sqrt(n_embd), final logit softcap.
+
+Not supported (refused at load, `unsupported_architecture`): per-layer token embeddings
+(`embedding_length_per_layer_input` > 0: the E2B/E4B models), KV shared across layers
+(`attention.shared_kv_layers`), mixture-of-experts layers (`ffn_gate_inp`: 26B-A4B), and a
+fused `attn_qkv`.
+"""
+
+import math
+from types import SimpleNamespace
+
+from ..errors import ReflexError
+from ..runtime.state import State, attention_spec
+from .common import HParams, Weights, attention_block
+
+
+def _unsupported(what):
+    return ReflexError("unsupported_architecture", f"gemma4: {what} is not supported")
+
+
+class Model:
+    def __init__(self, ops, f):
+        self.ops = ops
+        self.hp = hp = HParams(f)
+        a = hp.arch
+        if hp.int("embedding_length_per_layer_input", required=True, lo=0, hi=1 << 20):
+            raise _unsupported(f"metadata key {a}.embedding_length_per_layer_input > 0 (per-layer embeddings)")
+        if hp.int("attention.shared_kv_layers", default=0, lo=0, hi=hp.n_layer):
+            raise _unsupported(f"metadata key {a}.attention.shared_kv_layers (KV shared across layers)")
+        self.window = hp.int("attention.sliding_window", required=True, lo=0, hi=1 << 24)
+        flags = hp.layer_flags("attention.sliding_window_pattern")
+        if flags is None or len(flags) < hp.n_layer:
+            raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window_pattern: expected an "
+                              f"array of {hp.n_layer} per-layer flags")
+        self.is_swa = flags[:hp.n_layer]
+        hd_swa = hp.int("attention.key_length_swa", required=True, lo=1, hi=1 << 12)
+        if hp.int("attention.value_length_swa", required=True, lo=1, hi=1 << 12) != hd_swa:
+            raise _unsupported(f"metadata key {a}.attention.value_length_swa != key_length_swa")
+        if hp.head_dim_v != hp.head_dim:
+            raise _unsupported(f"metadata key {a}.attention.value_length != key_length")
+        n_rot_swa = hp.int("rope.dimension_count_swa", default=hp.n_rot, lo=0, hi=hd_swa)
+        if n_rot_swa % 2:
+            raise ReflexError("gguf_error", f"metadata key {a}.rope.dimension_count_swa: {n_rot_swa} is odd")
+        self.hd = [hd_swa if s else hp.head_dim for s in self.is_swa]
+        self.n_rot = [n_rot_swa if s else hp.n_rot for s in self.is_swa]
+        self.rope_base_swa = hp.float("rope.freq_base_swa", default=hp.rope_base, gt=0.0)
+        self.embd_scale = math.sqrt(hp.n_embd)
+        w = Weights(ops, f)
+        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
+        self.output_norm = w("output_norm.weight", (hp.n_embd,))
+        self.output = w.output(hp.n_embd)
+        self.rope_freqs = None
+        if not all(self.is_swa):
+            self.rope_freqs = w("rope_freqs.weight", (hp.head_dim // 2,))[:hp.n_rot // 2]
+        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
+
+    def _load_layer(self, w, i):
+        hp, p = self.hp, f"blk.{i}."
+        H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], self.hd[i], hp.n_embd, hp.n_ff_l[i]
+        for name in ("attn_qkv.weight", "ffn_gate_inp.weight"):
+            if w.has(p + name):
+                raise _unsupported(f"tensor {p + name} ({'a fused qkv' if 'qkv' in name else 'experts'})")
+        scale = w(p + "layer_output_scale.weight", (1,), optional=True)
+        return SimpleNamespace(
+            n_head=H, n_head_kv=Hkv, hd=hd,
+            attn_norm=w(p + "attn_norm.weight", (E,)),
+            wq=w(p + "attn_q.weight", (H * hd, E)), wk=w(p + "attn_k.weight", (Hkv * hd, E)),
+            wv=w(p + "attn_v.weight", (Hkv * hd, E), optional=True),
+            q_norm=w(p + "attn_q_norm.weight", (hd,)), k_norm=w(p + "attn_k_norm.weight", (hd,)),
+            wo=w(p + "attn_output.weight", (E, H * hd)),
+            attn_post_norm=w(p + "post_attention_norm.weight", (E,)),
+            ffn_norm=w(p + "ffn_norm.weight", (E,)),
+            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
+            down=w(p + "ffn_down.weight", (E, F)),
+            ffn_post_norm=w(p + "post_ffw_norm.weight", (E,)),
+            out_scale=None if scale is None else float(self.ops.to_numpy(scale)[0]),
+        )
+
+    # -- state: each layer's own KV heads and head width ------------------------------------
+    def state_spec(self):
+        return [attention_spec(L.n_head_kv, L.hd, L.hd) for L in self.layers]
+
+    def new_state(self, ops, n_slots, n_seq=1):
+        return State(ops, self.state_spec(), n_slots, n_seq)
+
+    def state_bytes(self, n_slots, itemsize=2):
+        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
+
+    def forward(self, state, batch, rows=None, output="logits", check=None):
+        ops, hp, N = self.ops, self.hp, batch.n
+        x = ops.embed(self.tok_embd, batch.ids, scale=self.embd_scale)
+        for i, (L, S) in enumerate(zip(self.layers, state.layers)):
+            if check is not None:
+                check()
+            swa = self.is_swa[i]
+            rope = dict(n_rot=self.n_rot[i], neox=True, base=self.rope_base_swa if swa else hp.rope_base,
+                        freq_scale=1.0 if swa else hp.rope_scale, freq_factors=None if swa else self.rope_freqs)
+            h = ops.rms_norm(x, L.attn_norm, hp.eps)
+            if L.wv is not None:
+                q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
+            else:
+                q, k = ops.matmul_n(h, [L.wq, L.wk])
+                v = k
+            v = ops.rms_norm(v.reshape(N, L.n_head_kv, L.hd), None, hp.eps)  # a new array: k may be v
+            q = ops.rms_norm_rope(q.reshape(N, L.n_head, L.hd), L.q_norm, hp.eps, batch.pos, **rope)
+            k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, L.hd), L.k_norm, hp.eps, batch.pos, **rope)
+            a = attention_block(ops, S, batch, q, k, v, scale=1.0, window=self.window if swa else 0)
+            x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
+            h = ops.rms_norm(x, L.ffn_norm, hp.eps)
+            f = ops.matmul(ops.matmul_glu(h, L.gate, L.up, act="gelu"), L.down)
+            x = ops.add(x, ops.rms_norm(f, L.ffn_post_norm, hp.eps))
+            if L.out_scale is not None:
+                x = ops.scale(x, L.out_scale)
+        if rows is not None:
+            x = x[rows]
+        x = ops.rms_norm(x, self.output_norm, hp.eps)
+        if output == "hidden":
+            return x
+        logits = ops.matmul(x, self.output)
+        return ops.softcap(logits, hp.final_softcap) if hp.final_softcap > 0 else logits

@@ -158,6 +158,31 @@ def test_cli_generate_and_embed(models, name):
     np.testing.assert_allclose(got, emb, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_stdio_generate_system1_embed(models, name):
+    """The protocol loop (`reflex stdio`) on each family: every op answers ok, and generate's
+    tokens and system1's log-probs are the Runner's (the same context: train length here)."""
+    path = models[name]
+    reqs = [{"id": 1, "op": "generate", "prompt": PROMPT, "max_tokens": 5, "stream": True},
+            {"id": 2, "op": "system1", "prompt": PROMPT, "candidates": CANDIDATES},
+            {"id": 3, "op": "embed", "input": ["a b", "c"]}, {"id": 4, "op": "shutdown"}]
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", path],
+                       input="".join(json.dumps(r) + "\n" for r in reqs), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = {m["id"]: m for m in map(json.loads, p.stdout.splitlines()) if m.get("event") == "result"}
+    assert all(res[i]["ok"] for i in (1, 2, 3, 4)), res
+    runner = load_runner(path, device="cpu")
+    try:
+        assert res[1]["token_ids"] == runner.generate(PROMPT, max_tokens=5)["token_ids"]
+        want = runner.system1(PROMPT, CANDIDATES)["candidates"]
+    finally:
+        runner.close()
+    np.testing.assert_allclose([c["logprob"] for c in res[2]["candidates"]], [c["logprob"] for c in want],
+                               atol=1e-6)
+    assert len(res[3]["embeddings"]) == 2
+
+
 def test_phi3_factors_follow_the_context(models):
     """LongRoPE: the long factors past the original context (64 here), the short ones below."""
     with GGUFFile(models["phi3_fused_long"]) as f:
@@ -302,3 +327,51 @@ def test_gemma4_unsupported_variants(tmp_path, kw, named):
 def test_gemma4_bad_input(tmp_path, kw, named):
     e = _load_error(tmp_path, "gemma4", **kw)
     assert e.kind == "gguf_error" and named in e.message
+
+
+# -- the ops these families added (numpy) -----------------------------------------------------
+def test_moe_route_groups_against_brute_force():
+    """Grouped routing: the chosen experts are the best n_used among the G_used groups whose
+    two best (biased) selection values sum highest; weights are the unbiased probabilities."""
+    from reflex_ipc.backends.base import moe_route
+
+    rng = np.random.default_rng(3)
+    E, G, Gu, k = 16, 4, 2, 3
+    logits = rng.standard_normal((20, E)).astype(np.float32)
+    bias = rng.standard_normal(E).astype(np.float32) * 0.3
+    top, w = moe_route(logits, k, "sigmoid", norm=True, scale=2.5, selection_bias=bias, groups=(G, Gu))
+    probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    for n in range(len(logits)):
+        sel = probs[n] + bias
+        score = [sorted(sel[g * 4:(g + 1) * 4])[-2:] for g in range(G)]
+        groups = sorted(range(G), key=lambda g: -sum(score[g]))[:Gu]
+        allowed = [e for e in range(E) if e // 4 in groups]
+        want = sorted(allowed, key=lambda e: -sel[e])[:k]
+        assert list(top[n]) == want
+        ww = probs[n, want] / probs[n, want].sum() * 2.5
+        np.testing.assert_allclose(w[n], ww, rtol=1e-5)
+    plain, _ = moe_route(logits, k, "sigmoid", selection_bias=bias)
+    assert (plain != top).any()  # the grouping matters for these logits
+
+
+def test_latent_attention_ops():
+    """attention over keys whose first v_dim dims are the values equals attention with those
+    values stored apart; split/concat/head_matmul are the numpy expressions they name."""
+    ops = NumpyOps()
+    rng = np.random.default_rng(4)
+    N, H, R, r, S = 5, 3, 6, 2, 8
+    lat = ops.zeros((1, S, R + r))
+    k = rng.standard_normal((N, 1, R + r)).astype(np.float32)
+    ops.kv_store(lat, None, k, None, list(range(N)))
+    np.testing.assert_array_equal(lat[0, :N], k[:, 0])
+    q = rng.standard_normal((N, H, R + r)).astype(np.float32)
+    got = ops.attention(q, lat, None, list(range(N)), N, scale=0.3, v_dim=R)
+    vals = np.ascontiguousarray(lat[:, :, :R])
+    want = ops.attention(q, lat, vals, list(range(N)), N, scale=0.3)
+    assert got.shape == (N, H, R)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    a, b = ops.split(q, [R, r])
+    np.testing.assert_array_equal(ops.concat([a, b]), q)
+    w = rng.standard_normal((H * 4, R + r)).astype(np.float32)
+    np.testing.assert_allclose(ops.head_matmul(q, w), np.einsum("nhk,hmk->nhm", q, w.reshape(H, 4, R + r)),
+                               rtol=1e-5, atol=1e-6)

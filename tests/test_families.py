@@ -8,9 +8,10 @@ decides phi3's LongRoPE factors the same way on both sides (long when 256 exceed
 `rope.scaling.original_context_length`).
 
 Measured agreement of the logits (max |diff| / max |logit|): ~1e-6 for qwen3moe, phi3 and
-deepseek2; ~5e-4 for gemma4, whose GeGLU llama.cpp's CPU backend evaluates through an
-fp16 lookup table (emulating that table here brings it to 1.5e-5), so the 1e-3 bound holds
-with little room there.
+deepseek2; 5e-4 to 1.1e-3 for gemma4, whose GeGLU llama.cpp's CPU backend evaluates through
+an fp16 lookup table (GGML_GELU_FP16; emulating that table here brings both gemma4 models to
+1.1e-5..1.5e-5). The bounds are 1e-3 of max|logit| for the logits and 1e-3 per token for
+system1's log-probs, doubled for gemma4 (TOL) for that table's rounding alone.
 """
 
 import json
@@ -35,6 +36,7 @@ IDS = [504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 1797, 1918, 28, 253, 1230,
 PROMPT = "The capital of France is"
 CANDIDATES = [" Paris", " London, of course", " a city"]
 NAMES = list(FAMILY_CONFIGS)
+TOL = {name: 2e-3 if cfg["arch"] == "gemma4" else 1e-3 for name, cfg in FAMILY_CONFIGS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def test_logits_match_llama_cpp(models, name, llama_cpp):
     ref = _ref_logits(llama_cpp, models[name], IDS)
     ours = _our_logits(models[name], IDS)
     assert np.abs(ref).max() > 1.0  # logits with a real spread
-    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=TOL[name] * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -131,7 +133,7 @@ def test_system1_logprobs_match_llama_cpp(models, name, llama_cpp):
         ids = p_ids + c["token_ids"]
         lp = _log_softmax(_ref_logits(llama_cpp, path, ids))
         want = sum(lp[len(p_ids) - 1 + t, tid] for t, tid in enumerate(c["token_ids"]))
-        assert abs(c["logprob"] - want) <= 1e-3 * len(c["token_ids"]), (c["text"], c["logprob"], want)
+        assert abs(c["logprob"] - want) <= TOL[name] * len(c["token_ids"]), (c["text"], c["logprob"], want)
 
 
 def _cli(*args):
@@ -310,7 +312,6 @@ def test_deepseek2_state_is_the_latent(models):
     (dict(keys={"embedding_length_per_layer_input": 8}), "gemma4.embedding_length_per_layer_input"),
     (dict(keys={"attention.shared_kv_layers": 2}), "gemma4.attention.shared_kv_layers"),
     (dict(extra={"blk.1.ffn_gate_inp.weight": (8, 32)}), "blk.1.ffn_gate_inp.weight"),
-    (dict(extra={"blk.0.attn_qkv.weight": (128, 32)}), "blk.0.attn_qkv.weight"),
 ])
 def test_gemma4_unsupported_variants(tmp_path, kw, named):
     e = _load_error(tmp_path, "gemma4", **kw)
@@ -323,6 +324,7 @@ def test_gemma4_unsupported_variants(tmp_path, kw, named):
      "blk.0.attn_q.weight"),
     (dict(keys={"attention.sliding_window_pattern": None}), "gemma4.attention.sliding_window_pattern"),
     (dict(keys={"embedding_length_per_layer_input": None}), "gemma4.embedding_length_per_layer_input"),
+    (dict(fused=True, shapes={"blk.1.attn_qkv.weight": (120, 32)}), "blk.1.attn_qkv.weight"),
 ])
 def test_gemma4_bad_input(tmp_path, kw, named):
     e = _load_error(tmp_path, "gemma4", **kw)

@@ -15,8 +15,8 @@
 
 Not supported (refused at load, `unsupported_architecture`): per-layer token embeddings
 (`embedding_length_per_layer_input` > 0: the E2B/E4B models), KV shared across layers
-(`attention.shared_kv_layers`), mixture-of-experts layers (`ffn_gate_inp`: 26B-A4B), and a
-fused `attn_qkv`.
+(`attention.shared_kv_layers`) and mixture-of-experts layers (`ffn_gate_inp`: 26B-A4B). q, k
+and v may also come fused (`attn_qkv`, split by rows).
 """
 
 import math
@@ -70,15 +70,19 @@ class Model:
     def _load_layer(self, w, i):
         hp, p = self.hp, f"blk.{i}."
         H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], self.hd[i], hp.n_embd, hp.n_ff_l[i]
-        for name in ("attn_qkv.weight", "ffn_gate_inp.weight"):
-            if w.has(p + name):
-                raise _unsupported(f"tensor {p + name} ({'a fused qkv' if 'qkv' in name else 'experts'})")
+        if w.has(p + "ffn_gate_inp.weight"):
+            raise _unsupported(f"tensor {p}ffn_gate_inp.weight (mixture-of-experts layers)")
         scale = w(p + "layer_output_scale.weight", (1,), optional=True)
+        if w.has(p + "attn_qkv.weight"):
+            qkv = w(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, E))
+            wq, wk, wv = (self.ops.weight_rows(qkv, 0, H * hd), self.ops.weight_rows(qkv, H * hd, Hkv * hd),
+                          self.ops.weight_rows(qkv, (H + Hkv) * hd, Hkv * hd))
+        else:
+            wq, wk = w(p + "attn_q.weight", (H * hd, E)), w(p + "attn_k.weight", (Hkv * hd, E))
+            wv = w(p + "attn_v.weight", (Hkv * hd, E), optional=True)
         return SimpleNamespace(
-            n_head=H, n_head_kv=Hkv, hd=hd,
+            n_head=H, n_head_kv=Hkv, hd=hd, wq=wq, wk=wk, wv=wv,
             attn_norm=w(p + "attn_norm.weight", (E,)),
-            wq=w(p + "attn_q.weight", (H * hd, E)), wk=w(p + "attn_k.weight", (Hkv * hd, E)),
-            wv=w(p + "attn_v.weight", (Hkv * hd, E), optional=True),
             q_norm=w(p + "attn_q_norm.weight", (hd,)), k_norm=w(p + "attn_k_norm.weight", (hd,)),
             wo=w(p + "attn_output.weight", (E, H * hd)),
             attn_post_norm=w(p + "post_attention_norm.weight", (E,)),

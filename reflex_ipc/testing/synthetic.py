@@ -722,7 +722,9 @@ FAMILY_CONFIGS = {
     # Gemma 4 (dense text): sliding/global layers with their own head widths, rope bases and
     # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
     "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
-                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,)),
+                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,), fused=False),
+    "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
+                             head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
 }
 
 
@@ -828,7 +830,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     add("token_embd.weight", (V, E), 1.0)
     norm_w("output_norm.weight", E)
     if arch == "gemma4":
-        _gemma4_layers(add, norm_w, rng, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v)
+        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused)
         finish(w)
         return str(path)
     if arch != "qwen3moe":
@@ -887,17 +889,20 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     return str(path)
 
 
-def _gemma4_layers(add, norm_w, rng, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v):
+def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused):
     add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
     for i in range(n_layer):
         p = f"blk.{i}."
         d = hd_swa if swa[i] else hd
         Hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
         norm_w(p + "attn_norm.weight", E)
-        add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
-        add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
-        if i not in no_v:
-            add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
+        if fused:
+            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * d, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
+            if i not in no_v:
+                add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
         norm_w(p + "attn_q_norm.weight", d)
         norm_w(p + "attn_k_norm.weight", d)
         add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))

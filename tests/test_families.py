@@ -311,7 +311,6 @@ def test_deepseek2_state_is_the_latent(models):
 @pytest.mark.parametrize("kw,named", [
     (dict(keys={"embedding_length_per_layer_input": 8}), "gemma4.embedding_length_per_layer_input"),
     (dict(keys={"attention.shared_kv_layers": 2}), "gemma4.attention.shared_kv_layers"),
-    (dict(extra={"blk.1.ffn_gate_inp.weight": (8, 32)}), "blk.1.ffn_gate_inp.weight"),
 ])
 def test_gemma4_unsupported_variants(tmp_path, kw, named):
     e = _load_error(tmp_path, "gemma4", **kw)
@@ -377,3 +376,15 @@ def test_latent_attention_ops():
     w = rng.standard_normal((H * 4, R + r)).astype(np.float32)
     np.testing.assert_allclose(ops.head_matmul(q, w), np.einsum("nhk,hmk->nhm", q, w.reshape(H, 4, R + r)),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw,named", [
+    (dict(keys={"expert_count": 6}), "blk.0.ffn_gate_inp.weight"),
+    (dict(drop=("blk.2.ffn_gate_inp.scale",)), "blk.2.ffn_gate_inp.scale"),
+    (dict(drop=("blk.0.ffn_up_exps.weight",)), "blk.0.ffn_up_exps.weight"),
+    (dict(keys={"expert_feed_forward_length": 16}), "blk.0.ffn_gate_exps.weight"),
+    (dict(keys={"expert_used_count": None}), "gemma4.expert_used_count"),
+])
+def test_gemma4_moe_bad_input(tmp_path, kw, named):
+    e = _load_error(tmp_path, "gemma4_moe", **kw)
+    assert e.kind == "gguf_error" and named in e.message

@@ -217,7 +217,7 @@ class Ops:
         raise NotImplementedError
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """A mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it:
             logits = matmul(x, router)               router [E, K]: E experts
             probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid")
@@ -229,7 +229,11 @@ class Ops:
             out[n] = sum_k w[n, k] * down_e(glu(gate_e(x[n]), up_e(x[n])))   e = top[n, k]
         w_gate, w_up are the 3-D expert tensors as weight handles [E*F, K] (expert e's rows
         e*F..e*F+F-1), w_down [E*K', F]; glu is swiglu (act "silu") or geglu ("gelu").
-        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts."""
+        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts.
+        Variants (gemma4): `logits` float32 [N, E] given instead of a router (router None);
+        w_up None when w_gate holds each expert's gate and up rows together ([E*2F, K]: expert
+        e's gate at rows 2eF..2eF+F-1, its up right after); expert_scale [E] multiplies expert
+        e's output (a per-expert scale of the down projection)."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):

@@ -191,16 +191,24 @@ class NumpyOps:
         return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None):
-        E = router.shape[0]
-        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
-        top, w = moe_route(x @ router.T, n_used, gating, norm, scale, selection_bias, groups)
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+        if logits is None:
+            logits = x @ router.T
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
         glu = self.swiglu if act == "silu" else self.geglu
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
             h = x[rows]
-            y = glu(h @ w_gate[e * F:(e + 1) * F].T, h @ w_up[e * F:(e + 1) * F].T) @ w_down[e * D:(e + 1) * D].T
+            if w_up is None:
+                g, u = w_gate[2 * e * F:(2 * e + 1) * F], w_gate[(2 * e + 1) * F:(2 * e + 2) * F]
+            else:
+                g, u = w_gate[e * F:(e + 1) * F], w_up[e * F:(e + 1) * F]
+            y = glu(h @ g.T, h @ u.T) @ w_down[e * D:(e + 1) * D].T
+            if expert_scale is not None:
+                y = y * expert_scale[e]
             out[rows] += y * w[rows, slot][:, None]
         return out
 

@@ -1,4 +1,4 @@
-"""Gemma 4 (text, dense): the gemma3 decoder with per-layer attention shapes.
+"""Gemma 4 (text): the gemma3 decoder with per-layer attention shapes, and optional experts.
 
 - sliding-window and global layers from `attention.sliding_window_pattern` (an array of
   per-layer flags, required), each kind with its own head width (`attention.key_length` /
@@ -13,10 +13,17 @@
   scalar `layer_output_scale` multiplies the layer's output (the residual stream);
 - embeddings times sqrt(n_embd), final logit softcap.
 
+- mixture-of-experts layers (those with `ffn_gate_inp`, the 26B-A4B model): the dense
+  feed-forward acts as a shared expert (post-normed by post_ffw_norm_1) beside routed GeGLU
+  experts (input pre_ffw_norm_2, output post_ffw_norm_2) whose router reads
+  rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale; softmax gating, weights normalized,
+  gate and up experts separate or fused (ffn_gate_up_exps), an optional per-expert output
+  scale (ffn_down_exps.scale); the sum goes through post_ffw_norm.
+q, k and v may also come fused (`attn_qkv`, split by rows).
+
 Not supported (refused at load, `unsupported_architecture`): per-layer token embeddings
-(`embedding_length_per_layer_input` > 0: the E2B/E4B models), KV shared across layers
-(`attention.shared_kv_layers`) and mixture-of-experts layers (`ffn_gate_inp`: 26B-A4B). q, k
-and v may also come fused (`attn_qkv`, split by rows).
+(`embedding_length_per_layer_input` > 0: the E2B/E4B models) and KV shared across layers
+(`attention.shared_kv_layers`).
 """
 
 import math
@@ -58,6 +65,7 @@ class Model:
         self.n_rot = [n_rot_swa if s else hp.n_rot for s in self.is_swa]
         self.rope_base_swa = hp.float("rope.freq_base_swa", default=hp.rope_base, gt=0.0)
         self.embd_scale = math.sqrt(hp.n_embd)
+        self.n_expert = None  # read with the first mixture-of-experts layer
         w = Weights(ops, f)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
@@ -66,12 +74,11 @@ class Model:
         if not all(self.is_swa):
             self.rope_freqs = w("rope_freqs.weight", (hp.head_dim // 2,))[:hp.n_rot // 2]
         self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
+        self.capturable = all(L.moe is None for L in self.layers)  # experts are routed on the host
 
     def _load_layer(self, w, i):
         hp, p = self.hp, f"blk.{i}."
         H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], self.hd[i], hp.n_embd, hp.n_ff_l[i]
-        if w.has(p + "ffn_gate_inp.weight"):
-            raise _unsupported(f"tensor {p}ffn_gate_inp.weight (mixture-of-experts layers)")
         scale = w(p + "layer_output_scale.weight", (1,), optional=True)
         if w.has(p + "attn_qkv.weight"):
             qkv = w(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, E))
@@ -91,7 +98,47 @@ class Model:
             down=w(p + "ffn_down.weight", (E, F)),
             ffn_post_norm=w(p + "post_ffw_norm.weight", (E,)),
             out_scale=None if scale is None else float(self.ops.to_numpy(scale)[0]),
+            moe=self._load_moe(w, p) if w.has(p + "ffn_gate_inp.weight") else None,
         )
+
+    def _load_moe(self, w, p):
+        """A mixture-of-experts layer's extra tensors (beside the dense FFN, its shared expert)."""
+        hp, E = self.hp, self.hp.n_embd
+        if self.n_expert is None:
+            self.n_expert = X = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
+            used = hp.per_layer("expert_used_count", required=True, lo=1, hi=X)
+            if len(set(used)) > 1:  # llama.cpp routes every layer with layer 0's count
+                raise _unsupported(f"metadata key {hp.arch}.expert_used_count: different counts per layer")
+            self.n_used = used[0]
+            self.n_ff_exp = hp.per_layer("expert_feed_forward_length", required=True, lo=1, hi=1 << 20)[0]
+        X, Fe = self.n_expert, self.n_ff_exp
+        fused = w.has(p + "ffn_gate_up_exps.weight")
+        return SimpleNamespace(
+            router=w(p + "ffn_gate_inp.weight", (X, E)), router_scale=w(p + "ffn_gate_inp.scale", (E,)),
+            pre_norm=w(p + "pre_ffw_norm_2.weight", (E,)), post_norm_1=w(p + "post_ffw_norm_1.weight", (E,)),
+            post_norm_2=w(p + "post_ffw_norm_2.weight", (E,)),
+            gate_exps=w(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E)) if fused else
+            w(p + "ffn_gate_exps.weight", (X, Fe, E)),
+            up_exps=None if fused else w(p + "ffn_up_exps.weight", (X, Fe, E)),
+            down_exps=w(p + "ffn_down_exps.weight", (X, E, Fe)),
+            down_scale=w(p + "ffn_down_exps.scale", (X,), optional=True),
+        )
+
+    def _ffn(self, x, L):
+        """The feed-forward of the residual x (dense, or the shared expert plus the routed ones),
+        before its post-norm."""
+        ops, hp = self.ops, self.hp
+        f = ops.matmul(ops.matmul_glu(ops.rms_norm(x, L.ffn_norm, hp.eps), L.gate, L.up, act="gelu"), L.down)
+        M = L.moe
+        if M is None:
+            return f
+        f = ops.rms_norm(f, M.post_norm_1, hp.eps)
+        # the router reads the unweighted-normed residual, scaled by 1/sqrt(n_embd) and a vector
+        r = ops.mul(ops.scale(ops.rms_norm(x, None, hp.eps), 1.0 / math.sqrt(hp.n_embd)), M.router_scale)
+        m = ops.moe(ops.rms_norm(x, M.pre_norm, hp.eps), None, M.gate_exps, M.up_exps, M.down_exps, self.n_used,
+                    gating="softmax", norm=True, act="gelu", logits=ops.matmul(r, M.router),
+                    expert_scale=M.down_scale)
+        return ops.add(f, ops.rms_norm(m, M.post_norm_2, hp.eps))
 
     # -- state: each layer's own KV heads and head width ------------------------------------
     def state_spec(self):
@@ -123,9 +170,7 @@ class Model:
             k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, L.hd), L.k_norm, hp.eps, batch.pos, **rope)
             a = attention_block(ops, S, batch, q, k, v, scale=1.0, window=self.window if swa else 0)
             x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
-            h = ops.rms_norm(x, L.ffn_norm, hp.eps)
-            f = ops.matmul(ops.matmul_glu(h, L.gate, L.up, act="gelu"), L.down)
-            x = ops.add(x, ops.rms_norm(f, L.ffn_post_norm, hp.eps))
+            x = ops.add(x, ops.rms_norm(self._ffn(x, L), L.ffn_post_norm, hp.eps))
             if L.out_scale is not None:
                 x = ops.scale(x, L.out_scale)
         if rows is not None:

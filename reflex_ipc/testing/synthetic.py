@@ -723,6 +723,10 @@ FAMILY_CONFIGS = {
     # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
     "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
                    head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,), fused=False),
+    # Gemma 4 26B-A4B-like: experts beside the dense FFN on some layers (gate/up fused on one)
+    "gemma4_moe": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, False, True], window=4, fused=False, n_expert=8, n_used=2,
+                       n_ff_exp=32, moe_layers=(0, 2), fused_exps=(2,), seed=2),
     "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
                              head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
 }
@@ -732,7 +736,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
                 probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
-                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None):
+                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
+                moe_layers=(), fused_exps=()):
     """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
     with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
     `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
@@ -740,7 +745,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     adds tensors. n_used may be a per-layer
     list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
     (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
-    attn_v). qtype (e.g. "Q8_0"):
+    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps). qtype (e.g. "Q8_0"):
     matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
     import gguf
     import gguf.quants
@@ -788,6 +793,9 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                    "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
                    "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": 0,
                    "final_logit_softcapping": 15.0})
+        if moe_layers:
+            kv.update({"expert_count": n_expert, "expert_used_count": n_used,
+                       "expert_feed_forward_length": n_ff_exp})
     else:
         raise ValueError(f"no family recipe for {arch!r}")
     kv.update(keys or {})
@@ -830,7 +838,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     add("token_embd.weight", (V, E), 1.0)
     norm_w("output_norm.weight", E)
     if arch == "gemma4":
-        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused)
+        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused,
+                       moe_layers, fused_exps, n_expert, n_ff_exp)
         finish(w)
         return str(path)
     if arch != "qwen3moe":
@@ -889,7 +898,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     return str(path)
 
 
-def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused):
+def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused, moe_layers,
+                   fused_exps, X, Fe):
     add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -913,6 +923,18 @@ def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa,
         add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
         norm_w(p + "post_ffw_norm.weight", E)
         add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
+        if i in moe_layers:
+            add(p + "ffn_gate_inp.weight", (X, E), 1.0)
+            add(p + "ffn_gate_inp.scale", (E,), 0.3, 1.0)
+            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                norm_w(p + n + ".weight", E)
+            if i in fused_exps:
+                add(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E), 1 / math.sqrt(E))
+            else:
+                add(p + "ffn_gate_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (X, E, Fe), 1 / math.sqrt(Fe))
+            add(p + "ffn_down_exps.scale", (X,), 0.3, 1.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -727,6 +727,10 @@ FAMILY_CONFIGS = {
     "gemma4_moe": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
                        n_ff=64, swa=[True, False, True], window=4, fused=False, n_expert=8, n_used=2,
                        n_ff_exp=32, moe_layers=(0, 2), fused_exps=(2,), seed=2),
+    # Gemma 4 E2B-like: per-layer embeddings, the last layers sharing earlier layers' KV
+    "gemma4_e2b": dict(arch="gemma4", n_layer=5, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, True, False, True, False], window=4, fused=False, n_pl=8,
+                       shared_kv=2, seed=3),
     "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
                              head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
 }
@@ -737,7 +741,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
                 probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
                 tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
-                moe_layers=(), fused_exps=()):
+                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0):
     """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
     with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
     `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
@@ -745,7 +749,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     adds tensors. n_used may be a per-layer
     list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
     (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
-    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps). qtype (e.g. "Q8_0"):
+    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps), n_pl
+    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0"):
     matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
     import gguf
     import gguf.quants
@@ -791,7 +796,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                    "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa,
                    "rope.dimension_count": hd, "rope.dimension_count_swa": head_dim_swa,
                    "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
-                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": 0,
+                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": n_pl,
+                   "attention.shared_kv_layers": shared_kv or None,
                    "final_logit_softcapping": 15.0})
         if moe_layers:
             kv.update({"expert_count": n_expert, "expert_used_count": n_used,
@@ -838,8 +844,12 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     add("token_embd.weight", (V, E), 1.0)
     norm_w("output_norm.weight", E)
     if arch == "gemma4":
+        if n_pl:
+            add("per_layer_token_embd.weight", (V, n_layer * n_pl), 0.3)
+            add("per_layer_model_proj.weight", (n_layer * n_pl, E), 1 / math.sqrt(E))
+            norm_w("per_layer_proj_norm.weight", n_pl)
         _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused,
-                       moe_layers, fused_exps, n_expert, n_ff_exp)
+                       moe_layers, fused_exps, n_expert, n_ff_exp, n_pl)
         finish(w)
         return str(path)
     if arch != "qwen3moe":
@@ -899,7 +909,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
 
 
 def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused, moe_layers,
-                   fused_exps, X, Fe):
+                   fused_exps, X, Fe, n_pl):
     add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -923,6 +933,10 @@ def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa,
         add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
         norm_w(p + "post_ffw_norm.weight", E)
         add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
+        if n_pl:
+            add(p + "inp_gate.weight", (n_pl, E), 0.2 / math.sqrt(E))  # O(1) inputs to its gelu
+            add(p + "proj.weight", (E, n_pl), 1 / math.sqrt(n_pl))
+            norm_w(p + "post_norm.weight", E)
         if i in moe_layers:
             add(p + "ffn_gate_inp.weight", (X, E), 1.0)
             add(p + "ffn_gate_inp.scale", (E,), 0.3, 1.0)

@@ -2,15 +2,17 @@
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
 reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
-synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4; Q8_0 where rows allow, else F32)):
+synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4 dense/MoE/fused qkv; Q8_0 where rows
+allow, else F32)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
   near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step). Also the same
   continuation decoded through one captured CUDA graph per token (ops.capture), except for
   models marked `capturable = False` (host-routed experts).
-- deepseek2 (latent attention, YaRN) has no CUDA kernels yet: loading it on CUDA must fail
-  with unsupported_architecture (checked as such, `expected_refusal`).
+- deepseek2 (latent attention, YaRN) and gemma4 with per-layer embeddings need ops CUDA
+  lacks yet (base.MLA_OPS): loading them on CUDA must fail with unsupported_architecture
+  (checked as such, `expected_refusal`).
 - engine level, when reflex_ipc.engine exists: load_runner(device="cuda") against
   device="cpu" (prompt_logits and generate), and `reflex stdio --device cuda` end to end.
 """
@@ -236,12 +238,15 @@ def run(model_dir=None):
         paths.append(out)
     from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
 
+    def refused(cfg):  # what needs the numpy-only ops (base.MLA_OPS)
+        return cfg["arch"] == "deepseek2" or cfg.get("n_pl", 0) > 0
+
     for name, cfg in FAMILY_CONFIGS.items():
-        if cfg["arch"] != "deepseek2":
+        if not refused(cfg):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
-               for name, cfg in FAMILY_CONFIGS.items() if cfg["arch"] == "deepseek2"]
+               for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]
     for p in paths:
         try:
             results.append(compare_backend(p, ops))

@@ -429,3 +429,27 @@ def test_latent_attention_ops():
 def test_gemma4_moe_bad_input(tmp_path, kw, named):
     e = _load_error(tmp_path, "gemma4_moe", **kw)
     assert e.kind == "gguf_error" and named in e.message
+
+
+@pytest.mark.parametrize("name", ["deepseek2_v3", "gemma4_e2b"])
+def test_state_reuse_and_growth(models, name):
+    """Prefix reuse and a state grown past 256 slots (the latent / shared-KV layouts copied
+    by State.grown) give what a fresh runner gives."""
+    ids = [(i * 7919) % 40000 + 100 for i in range(300)]
+    a = load_runner(models[name], device="cpu", n_ctx=1024)
+    b = load_runner(models[name], device="cpu", n_ctx=1024)
+    try:
+        a.generate(ids[:20], max_tokens=2)
+        assert a.exec.state.n_slots == 256
+        got = a.generate(ids, max_tokens=4)
+        assert got["cached_tokens"] == 20 and a.exec.state.n_slots >= 512
+        assert got["token_ids"] == b.generate(ids, max_tokens=4, cache_prompt=False)["token_ids"]
+        np.testing.assert_allclose(a.prompt_logits(ids[:40]), b.prompt_logits(ids[:40]), atol=1e-4)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_yarn_is_refused_where_it_is_not_read(tmp_path):
+    e = _load_error(tmp_path, "qwen3moe", keys={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
+    assert e.kind == "unsupported_architecture" and "yarn" in e.message

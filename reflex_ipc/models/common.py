@@ -45,7 +45,7 @@ def _bad(key, msg):
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f):
+    def __init__(self, f, rope_scalings=("none", "linear")):
         self.arch = arch = f.architecture
         self._f = f
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
@@ -65,9 +65,9 @@ class HParams:
             raise _bad(f"{arch}.rope.dimension_count", f"{self.n_rot} is odd (rope rotates pairs)")
         self.eps = self.float("attention.layer_norm_rms_epsilon", required=True, gt=0.0, hi=1.0)
         self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
-        scaling = self.str("rope.scaling.type", default="linear")
-        if scaling not in ("none", "linear"):
-            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported")
+        self.rope_scaling = scaling = self.str("rope.scaling.type", default="linear")
+        if scaling not in rope_scalings:  # a model that reads YaRN's keys asks for "yarn"
+            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported for {arch}")
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0

@@ -397,6 +397,10 @@ class Runner:
         is the sum over a candidate's tokens of the full-vocabulary log-softmax (float64);
         probability is the softmax of logprob / temperature over the candidates; entropy is
         theirs, in bits. The state then holds the prompt.
+
+        On a model with recurrent layers (per-sequence state) the prompt is prefilled first,
+        its state copied to one sequence per candidate, and the candidates run as one batch,
+        each from its own copy.
         """
         import numpy as np
 
@@ -434,8 +438,9 @@ class Runner:
         starts = within == 0
         key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
         mine = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
-        held = ex.begin(p_ids, room=M, reuse=cache_prompt)
-        if P - held + M <= ex.chunk:
+        recurrent = ex.recurrent
+        held = ex.begin(p_ids, room=M, reuse=cache_prompt) if not recurrent else 0
+        if not recurrent and P - held + M <= ex.chunk:
             # one pass over the prompt tokens not held and the candidates: the prompt causal,
             # candidates masked
             N = P - held + M
@@ -452,10 +457,17 @@ class Runner:
             lp_tok = self.ops.logprobs(logits, np.where(starts, 0, np.arange(M)), flat, n=self.n_vocab)
             t_prompt = time.perf_counter()
         else:
+            # recurrent layers: the prompt's state computed once (sequence 0), then copied to
+            # sequence c + 1 for candidate c (fork), every candidate in one batch
             lp_tok = np.empty(M)
-            first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check)
+            n_seq = len(cand_ids) + 1 if recurrent else 1
+            first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check, n_seq=n_seq)
             lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],
                                                n=self.n_vocab)
+            seqs = None
+            if recurrent:
+                ex.state.fork(0, range(1, n_seq))
+                seqs = owner + 1
             t_prompt = time.perf_counter()
             # batches of more than one chunk go in slot order, chunk by chunk: a token's keys are
             # all in its own or an earlier chunk
@@ -465,7 +477,8 @@ class Runner:
                 allowed[:, :P] = True
                 allowed[:, P:] = mine[a:e, :e]
                 rows = ex.forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
-                                  allowed=allowed, key_pos=key_pos[:P + e], check=check)
+                                  allowed=allowed, key_pos=key_pos[:P + e], check=check,
+                                  seqs=None if seqs is None else seqs[a:e])
                 r = np.arange(a, e)
                 has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
                 if has_next.size:

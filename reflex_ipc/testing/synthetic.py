@@ -701,6 +701,103 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
 
 
 # ---------------------------------------------------------------------------------------
+# recurrent hybrids (F32 weights: the file is its own F32 twin for llama.cpp)
+HYBRID_CONFIGS = {
+    # 4 layers: DeltaNet, attention, DeltaNet, attention (full_attention_interval 2);
+    # 4 value heads over 2 key heads (ggml's tiled sharing), partial rope (8 of 16 dims)
+    "qwen35": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                   n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=2, sections=[2, 1, 1, 0]),
+    # the layer kinds as an explicit array (attention first and last)
+    "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                         n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
+                         sections=[2, 1, 1, 0], seed=1),
+}
+
+
+def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
+                sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
+                gain=4.0, embd_std=0.5):
+    """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
+    weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
+    flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
+    `meta` {key suffix: value} adds or overrides keys (bad-input tests); `drop` omits tensors.
+    The projections back into the residual stream get `gain` times 1/sqrt(fan_in), so that the
+    layers outweigh the (tied) input embedding and greedy decoding does not loop at once."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": n_embd,
+            "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
+            "attention.key_length": head_dim, "attention.value_length": head_dim,
+            "rope.dimension_count": n_rot, "rope.freq_base": float(rope_base),
+            "attention.layer_norm_rms_epsilon": float(eps), "rope.dimension_sections": list(sections),
+            "ssm.conv_kernel": d_conv, "ssm.inner_size": d_state * n_v, "ssm.state_size": d_state,
+            "ssm.time_step_rank": n_v, "ssm.group_count": n_k}
+    if recurrent is not None:
+        keys["attention.recurrent_layers"] = [bool(r) for r in recurrent]
+    elif interval is not None:
+        keys["full_attention_interval"] = interval
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    if recurrent is None:
+        recurrent = [(i + 1) % (interval or 4) != 0 for i in range(n_layer)]
+    recurrent = list(recurrent[:n_layer]) + [False] * (n_layer - len(recurrent))  # a bad-input file
+    E, hd, d = n_embd, head_dim, d_state
+    conv_dim, vd = 2 * d * n_k + d * n_v, d * n_v
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0):
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), embd_std)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        add(p + "post_attention_norm.weight", (E,), 0.1, 1.0)
+        if recurrent[i]:
+            add(p + "attn_qkv.weight", (conv_dim, E), 1 / math.sqrt(E))
+            add(p + "attn_gate.weight", (vd, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (conv_dim, d_conv), 0.5)
+            add(p + "ssm_dt.bias", (n_v,), 0.5)
+            tensors[p + "ssm_a"] = a = -np.exp(0.5 * rng.standard_normal(n_v)).astype(np.float32)
+            if p + "ssm_a" not in drop:
+                w.add_tensor(p + "ssm_a", a)
+            add(p + "ssm_beta.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_alpha.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_norm.weight", (d,), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, vd), gain / math.sqrt(vd))
+        else:
+            add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):
     """The CLI; qwen2_vocab: the default of qwen3-shaped --vocab and dump-vocab --out."""

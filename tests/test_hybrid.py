@@ -1,6 +1,7 @@
-"""Recurrent hybrids (qwen35: Gated DeltaNet + gated attention) on the numpy backend, on
-synthetic F32 GGUFs (reflex_ipc.testing.synthetic.hybrid_gguf: random weights, llama.cpp's
-tensor names and keys, SmolLM2's tokenizer), against llama.cpp (llama-cpp-python, F32 KV cache;
+"""Recurrent hybrids on the numpy backend — qwen35 (Gated DeltaNet + gated attention) and
+granitehybrid (Mamba-2 + attention, dense or MoE) — on synthetic F32 GGUFs
+(reflex_ipc.testing.synthetic.hybrid_gguf / granite_gguf: random weights, llama.cpp's tensor
+names and keys, SmolLM2's tokenizer), against llama.cpp (llama-cpp-python, F32 KV cache;
 its recurrent state is F32) and against themselves: prefill vs step-by-step decode, system1
 vs scoring each candidate alone, prefix reuse, bad metadata."""
 
@@ -13,28 +14,33 @@ from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.models import load_model
 from reflex_ipc.runtime.batch import Batch
-from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, granite_gguf, hybrid_gguf
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the models borrow its tokenizer
 
 IDS = [504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 1797, 1918, 28, 339, 1510, 314, 3853]
 F32_CACHE = dict(type_k=0, type_v=0)  # GGML_TYPE_F32
+MODELS = {**{n: (hybrid_gguf, c) for n, c in HYBRID_CONFIGS.items()},
+          **{n: (granite_gguf, c) for n, c in GRANITE_CONFIGS.items()}}
+KINDS = {"qwen35": [True, False, True, False], "qwen35_flags": [False, True, True, False],
+         "granitehybrid": [True, False, True, False], "granitehybrid_moe": [False, True, True, False]}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, smollm2):
     d = tmp_path_factory.mktemp("hybrid")
     out = {}
-    for name, cfg in HYBRID_CONFIGS.items():
+    for name, (write, cfg) in MODELS.items():
         path = str(d / f"{name}.gguf")
-        hybrid_gguf(path, tokenizer=smollm2, **cfg)
+        write(path, tokenizer=smollm2, **cfg)
         out[name] = path
     return out
 
 
-@pytest.fixture(scope="module")
-def runner(models):
-    r = load_runner(models["qwen35"], device="cpu", n_ctx=1024)
+@pytest.fixture(scope="module", params=["qwen35", "granitehybrid_moe"])
+def runner(models, request):
+    r = load_runner(models[request.param], device="cpu", n_ctx=1024)
+    r.name = request.param
     yield r
     r.close()
 
@@ -52,17 +58,14 @@ def _llama_logits(llama_cpp, path, ids):
     return out
 
 
-@pytest.mark.parametrize("name", list(HYBRID_CONFIGS))
+@pytest.mark.parametrize("name", list(MODELS))
 def test_logits_match_llama_cpp(models, name, llama_cpp):
     path = models[name]
     ref = _llama_logits(llama_cpp, path, IDS)
     ops = NumpyOps()
     with GGUFFile(path) as f:
         model = load_model(ops, f)
-        if name == "qwen35_flags":
-            assert model.recurrent == [False, True, True, False]
-        else:
-            assert model.recurrent == [True, False, True, False]
+        assert model.recurrent == KINDS[name]
         logits = model.forward(model.new_state(ops, 64), Batch(ops, IDS, range(len(IDS))))
     np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
 
@@ -71,7 +74,7 @@ def test_greedy_matches_llama_cpp(models, runner, llama_cpp):
     """32 greedy tokens identical to llama.cpp's, except after a near-tie (< 0.2% of max|logit|)."""
     ids = IDS[:8]
     ours = runner.generate(ids, max_tokens=32, cache_prompt=False)["token_ids"]
-    llm = _llama(llama_cpp, models["qwen35"])
+    llm = _llama(llama_cpp, models[runner.name])
     llm.eval(ids)
     theirs = []
     for _ in range(32):
@@ -102,7 +105,7 @@ def test_system1_equals_each_candidate_alone_and_llama_cpp(models, runner, llama
     p_ids = runner.tok.encode(prompt)
     for got in res["candidates"]:
         ids = p_ids + got["token_ids"]
-        z = _llama_logits(llama_cpp, models["qwen35"], ids)
+        z = _llama_logits(llama_cpp, models[runner.name], ids)
         z = z - z.max(axis=1, keepdims=True)
         lsm = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
         per_tok = [lsm[len(p_ids) - 1 + t, tid] for t, tid in enumerate(got["token_ids"])]
@@ -145,7 +148,7 @@ def test_prefix_reuse_restarts_and_extends(runner):
 
 def test_embed_and_streaming(runner):
     e = runner.embed(["hello world"], pooling="last")
-    assert e["dim"] == 64
+    assert e["dim"] == runner.model.hp.n_embd
     seen = []
     out = runner.generate("Once upon", max_tokens=5, on_token=lambda t, text, **_: seen.append(t))
     assert seen[:len(out["token_ids"])] == out["token_ids"]
@@ -160,7 +163,7 @@ def test_embed_and_streaming(runner):
     (dict(drop=("blk.0.ssm_a",)), "blk.0.ssm_a"),
     (dict(meta={"ssm.conv_kernel": 1}), "qwen35.ssm.conv_kernel"),
 ])
-def test_bad_metadata_is_a_gguf_error_naming_the_key(tmp_path, smollm2, change, key):
+def test_bad_qwen35_metadata_is_a_gguf_error_naming_the_key(tmp_path, smollm2, change, key):
     cfg = dict(HYBRID_CONFIGS["qwen35"], **change)
     if "recurrent" in change:
         cfg.pop("interval")
@@ -169,6 +172,43 @@ def test_bad_metadata_is_a_gguf_error_naming_the_key(tmp_path, smollm2, change, 
     with GGUFFile(str(path)) as f, pytest.raises(ReflexError) as ei:
         load_model(NumpyOps(), f)
     assert ei.value.kind == "gguf_error" and key in ei.value.message
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(meta={"ssm.inner_size": 96}), "granitehybrid.ssm.inner_size"),
+    (dict(n_group=3), "granitehybrid.ssm.group_count"),
+    (dict(kv=[0, 3, 0, 2]), "granitehybrid.attention.head_count_kv"),
+    (dict(meta={"attention.head_count_kv": [0, 2, 0]}), "granitehybrid.attention.head_count_kv"),
+    (dict(drop=("blk.0.ssm_d",)), "blk.0.ssm_d"),
+    (dict(n_expert=4, n_used=0), "granitehybrid.expert_used_count"),
+])
+def test_bad_granite_metadata_is_a_gguf_error_naming_the_key(tmp_path, smollm2, change, key):
+    path = tmp_path / "bad.gguf"
+    granite_gguf(path, tokenizer=smollm2, **dict(GRANITE_CONFIGS["granitehybrid"], **change))
+    with GGUFFile(str(path)) as f, pytest.raises(ReflexError) as ei:
+        load_model(NumpyOps(), f)
+    assert ei.value.kind == "gguf_error" and key in ei.value.message
+
+
+def test_state_with_sequences():
+    """Per-sequence arrays: fork copies one sequence into others, truncation to a shorter prefix
+    restarts (reports False, zeros), growing keeps slots and sequences."""
+    from reflex_ipc.runtime.state import SeqSpec, State, attention_spec
+
+    ops = NumpyOps()
+    st = State(ops, [attention_spec(1, 2), SeqSpec(s=(2,))], 4, n_seq=2)
+    st.layers[1].s[0] = [1, 2]
+    st.layers[0].k[0, :2] = 5
+    st.tokens = [7, 8]
+    st.fork(0, [1])
+    np.testing.assert_array_equal(st.layers[1].s[1], [1, 2])
+    g = st.grown(8, n_seq=3)
+    assert g.n_slots == 8 and g.n_seq == 3 and g.tokens == [7, 8]
+    np.testing.assert_array_equal(g.layers[1].s[:2], [[1, 2], [1, 2]])
+    np.testing.assert_array_equal(g.layers[0].k[0, :2], 5)
+    assert g.truncate(2) and g.tokens == [7, 8]
+    assert not g.truncate(1) and g.tokens == []
+    assert not g.layers[1].s.any()
 
 
 def test_backend_without_recurrent_ops_is_unsupported(models):

@@ -2,7 +2,7 @@
 
 from ..errors import ReflexError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "qwen35")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "qwen35", "granitehybrid")
 
 
 def load_model(ops, f):

@@ -797,6 +797,100 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
     return tensors
 
 
+GRANITE_CONFIGS = {
+    # Mamba-2, attention, Mamba-2, attention; dense SwiGLU; rope; Granite's four scales
+    "granitehybrid": dict(n_layer=4, kv=[0, 2, 0, 2]),
+    # attention first, MoE (4 experts, 2 used) with a shared expert, NoPE (rope.scaling.finetuned false)
+    "granitehybrid_moe": dict(n_layer=4, kv=[2, 0, 0, 2], n_expert=4, n_used=2, n_ff=32, n_ff_shexp=64,
+                              rope=False, seed=3),
+}
+
+
+def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128, d_conv=4, d_state=16,
+                 n_ssm_head=8, n_group=2, n_expert=0, n_used=0, n_ff_shexp=0, rope=True, eps=1e-5,
+                 embedding_scale=2.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.2, seed=0,
+                 tokenizer=None, meta=None, drop=(), gain=4.0):
+    """Write a random-weight `granitehybrid` (Mamba-2 + attention; head_count_kv 0 marks a Mamba
+    layer) with llama.cpp's tensor names and keys, F32 weights, the tokenizer of `tokenizer`
+    (default SmolLM2); dense FFN, or MoE with n_expert > 0 (shared expert with n_ff_shexp)."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    arch = "granitehybrid"
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    E, hd, di = n_embd, n_embd // n_head, 2 * n_embd
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": E, "feed_forward_length": n_ff,
+            "attention.head_count": n_head, "attention.head_count_kv": list(kv), "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": float(eps), "ssm.conv_kernel": d_conv, "ssm.inner_size": di,
+            "ssm.state_size": d_state, "ssm.time_step_rank": n_ssm_head, "ssm.group_count": n_group,
+            "embedding_scale": float(embedding_scale), "residual_scale": float(residual_scale),
+            "logit_scale": float(logit_scale), "attention.scale": float(attention_scale),
+            "rope.scaling.finetuned": bool(rope)}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used})
+        if n_ff_shexp:
+            keys["expert_shared_feed_forward_length"] = n_ff_shexp
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, bool):
+            w.add_bool(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    cd = di + 2 * n_group * d_state
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0, data=None):
+        a = data if data is not None else (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), 0.5 / embedding_scale)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        if kv[i] == 0:
+            add(p + "ssm_in.weight", (2 * di + 2 * n_group * d_state + n_ssm_head, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (cd, d_conv), 0.5)
+            add(p + "ssm_conv1d.bias", (cd,), 0.1)
+            add(p + "ssm_dt.bias", (n_ssm_head,), 0.5)
+            add(p + "ssm_a", None, 0, data=-np.exp(0.5 * rng.standard_normal((n_ssm_head, 1))).astype(np.float32))
+            add(p + "ssm_d", (n_ssm_head, 1), 0.5, 1.0)
+            add(p + "ssm_norm.weight", (n_group, di // n_group), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, di), gain / math.sqrt(di))
+        else:
+            add(p + "attn_q.weight", (n_head * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        add(p + "ffn_norm.weight", (E,), 0.1, 1.0)
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff), gain / math.sqrt(n_ff))
+            if n_ff_shexp:
+                add(p + "ffn_gate_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, n_ff_shexp), gain / math.sqrt(n_ff_shexp))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
 # ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):

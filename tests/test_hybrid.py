@@ -70,6 +70,17 @@ def test_logits_match_llama_cpp(models, name, llama_cpp):
     np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
 
 
+def test_long_prompt_logits_match_llama_cpp(models, runner, llama_cpp):
+    """300 tokens: two prefill chunks, each several chunks of the parallel scan."""
+    ids = [int(i) for i in np.random.default_rng(1).integers(100, 40000, size=300)]
+    llm = _llama(llama_cpp, models[runner.name])
+    llm.eval(ids)
+    ref = np.array(llm.scores[len(ids) - 1], dtype=np.float64)
+    llm.close()
+    ours = runner.prompt_logits(ids)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
+
+
 def test_greedy_matches_llama_cpp(models, runner, llama_cpp):
     """32 greedy tokens identical to llama.cpp's, except after a near-tie (< 0.2% of max|logit|)."""
     ids = IDS[:8]

@@ -1,4 +1,4 @@
-"""Recurrent hybrids on the numpy backend — qwen35 (Gated DeltaNet + gated attention) and
+"""Recurrent hybrids on the numpy backend — qwen35 / qwen35moe (Gated DeltaNet + gated attention) and
 granitehybrid (Mamba-2 + attention, dense or MoE) — on synthetic F32 GGUFs
 (reflex_ipc.testing.synthetic.hybrid_gguf / granite_gguf: random weights, llama.cpp's tensor
 names and keys, SmolLM2's tokenizer), against llama.cpp (llama-cpp-python, F32 KV cache;
@@ -23,6 +23,7 @@ F32_CACHE = dict(type_k=0, type_v=0)  # GGML_TYPE_F32
 MODELS = {**{n: (hybrid_gguf, c) for n, c in HYBRID_CONFIGS.items()},
           **{n: (granite_gguf, c) for n, c in GRANITE_CONFIGS.items()}}
 KINDS = {"qwen35": [True, False, True, False], "qwen35_flags": [False, True, True, False],
+         "qwen35moe": [True, True, True, False],
          "granitehybrid": [True, False, True, False], "granitehybrid_moe": [False, True, True, False]}
 
 
@@ -37,7 +38,7 @@ def models(tmp_path_factory, smollm2):
     return out
 
 
-@pytest.fixture(scope="module", params=["qwen35", "granitehybrid_moe"])
+@pytest.fixture(scope="module", params=["qwen35", "qwen35moe", "granitehybrid_moe"])
 def runner(models, request):
     r = load_runner(models[request.param], device="cpu", n_ctx=1024)
     r.name = request.param

@@ -254,7 +254,8 @@ class Ops:
         raise NotImplementedError
 
     def mul(self, a, b, out=None):
-        """a * b with add's broadcasting."""
+        """a * b with add's broadcasting, or b [a.shape[0], 1] scaling each row of a 2-D a
+        (a per-token gate)."""
         raise NotImplementedError
 
     def scale(self, a, s, out=None):

@@ -2,7 +2,7 @@
 
 from ..errors import ReflexError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "qwen35", "granitehybrid")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "qwen35", "qwen35moe", "granitehybrid")
 
 
 def load_model(ops, f):

@@ -97,8 +97,7 @@ class Model:
         L = SimpleNamespace(
             recurrent=self.recurrent[i],
             attn_norm=w(p + "attn_norm.weight", (E,)), post_norm=w(p + "post_attention_norm.weight", (E,)),
-            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
-            down=w(p + "ffn_down.weight", (E, F)))
+            **self._load_ffn(w, i))
         if L.recurrent:
             d, kd, vd = self.d, self.d * self.n_k, self.d * self.n_v
             L.conv_dim = 2 * kd + vd
@@ -122,6 +121,16 @@ class Model:
             L.wo = w(p + "attn_output.weight", (E, H * hd))
         return L
 
+    def _load_ffn(self, w, i):
+        """The feed-forward's tensors of layer i (a SwiGLU here; qwen35moe: experts)."""
+        p, E, F = f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
+        return dict(gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
+                    down=w(p + "ffn_down.weight", (E, F)))
+
+    def _ffn(self, x, h, L):
+        """x += the feed-forward of h (the post-attention-normed x), in place."""
+        residual(self.ops, x, self.ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
+
     # -- state ---------------------------------------------------------------------------
     def state_spec(self):
         hp, d = self.hp, self.d
@@ -144,8 +153,7 @@ class Model:
                 check()
             h = ops.rms_norm(x, L.attn_norm, hp.eps)
             ops.add(x, self._delta_net(L, S, h, batch) if L.recurrent else self._attention(L, S, h, batch), out=x)
-            h = ops.rms_norm(x, L.post_norm, hp.eps)
-            residual(ops, x, ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
+            self._ffn(x, ops.rms_norm(x, L.post_norm, hp.eps), L)
         if rows is not None:
             x = x[rows]
         x = ops.rms_norm(x, self.output_norm, hp.eps)

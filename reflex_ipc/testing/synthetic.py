@@ -711,13 +711,17 @@ HYBRID_CONFIGS = {
     "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                          n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
                          sections=[2, 1, 1, 0], seed=1),
+    # qwen35moe: 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
+    "qwen35moe": dict(arch="qwen35moe", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                      n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=4, sections=[2, 1, 1, 0], seed=2,
+                      n_expert=4, n_used=2, n_ff_exp=32, n_ff_sh=64),
 }
 
 
 def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                 n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
                 sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
-                gain=4.0, embd_std=0.5):
+                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0):
     """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
     weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
     flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
@@ -740,6 +744,9 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
             "attention.layer_norm_rms_epsilon": float(eps), "rope.dimension_sections": list(sections),
             "ssm.conv_kernel": d_conv, "ssm.inner_size": d_state * n_v, "ssm.state_size": d_state,
             "ssm.time_step_rank": n_v, "ssm.group_count": n_k}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used, "expert_feed_forward_length": n_ff_exp,
+                     "expert_shared_feed_forward_length": n_ff_sh})
     if recurrent is not None:
         keys["attention.recurrent_layers"] = [bool(r) for r in recurrent]
     elif interval is not None:
@@ -790,9 +797,19 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
             add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
             add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
             add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
-        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
-        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
-        add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), gain / math.sqrt(n_ff_exp))
+            add(p + "ffn_gate_inp_shexp.weight", (E,), 1 / math.sqrt(E))
+            add(p + "ffn_gate_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_shexp.weight", (E, n_ff_sh), gain / math.sqrt(n_ff_sh))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
     finish(w)
     return tensors
 

@@ -75,13 +75,15 @@ def load_runner(model=None, device="auto", n_ctx=None):
     f = GGUFFile(path)
     phases.mark("gguf_open")
     try:
-        from .models import ARCHITECTURES, load_model
+        from .models import ARCHITECTURES, CPU_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
             raise ReflexError("unsupported_architecture",
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
+        if device == "auto" and f.architecture in CPU_ONLY:
+            device = "cpu"  # no CUDA kernels for its recurrent layers yet
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         ops = make_backend(device)

@@ -231,3 +231,26 @@ def test_backend_without_recurrent_ops_is_unsupported(models):
     with GGUFFile(models["qwen35"]) as f, pytest.raises(ReflexError) as ei:
         load_model(NoScan(), f)
     assert ei.value.kind == "unsupported_architecture" and "delta_net" in ei.value.message
+
+
+def test_stdio_generate_stream_and_system1(models):
+    """The protocol loop on hybrids: streamed generate and system1 (granitehybrid), generate on
+    device "auto" (qwen35: runs on the CPU while CUDA lacks its ops)."""
+    import json
+    import subprocess
+    import sys
+
+    reqs = [dict(id=1, op="generate", model=models["granitehybrid"], device="cpu", prompt="Hello", max_tokens=4,
+                 stream=True),
+            dict(id=2, op="system1", model=models["granitehybrid"], device="cpu", prompt="Hello",
+                 candidates=[" a", " b c"]),
+            dict(id=3, op="generate", model=models["qwen35"], device="auto", prompt="Hello", max_tokens=3)]
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio"], input="".join(json.dumps(r) + "\n" for r in reqs),
+                       capture_output=True, text=True, timeout=300)
+    events = [json.loads(line) for line in p.stdout.splitlines()]
+    results = {e["id"]: e for e in events if e["event"] == "result"}
+    assert all(results[i]["ok"] for i in (1, 2, 3)), p.stdout
+    tokens = [e["token_id"] for e in events if e["event"] == "token" and e["id"] == 1]
+    assert tokens == results[1]["token_ids"] and len(tokens) == 4
+    assert len(results[2]["candidates"]) == 2
+    assert len(results[3]["token_ids"]) == 3

@@ -19,12 +19,15 @@ decoder's shape keys, the writer's finish):
 - `tiny_gguf`: float-weight models for the model and engine tests (tests/test_models.py,
   tests/test_engine.py ...), returning the float64 weights for the references of
   reflex_ipc.testing.references.
+- `hybrid_gguf` / `granite_gguf`: tiny F32 recurrent hybrids (qwen35, qwen35moe; granitehybrid
+  dense and MoE) with llama.cpp's names and keys, for tests/test_hybrid.py (HYBRID_CONFIGS,
+  GRANITE_CONFIGS).
 - `tensors_gguf`: just the given raw tensors (the op checks' hand-made weight blocks).
 
 Every recipe is deterministic (fixed seeds): its output is byte-for-byte reproducible.
 Weight scales keep activations sane: logits with a real spread, neither ~0 nor inf.
 
-    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,dump-vocab} ...
+    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,hybrid,dump-vocab} ...
 """
 
 import argparse
@@ -934,6 +937,10 @@ def main(argv=None, qwen2_vocab=None):
     p.add_argument("--vocab", default=qwen2_vocab, required=qwen2_vocab is None,
                    help=f"GGUF or dump-vocab .npz with the Qwen2 vocabulary (default: {qwen2_vocab})")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("hybrid", help="a tiny F32 recurrent hybrid (qwen35, qwen35moe, granitehybrid)")
+    p.add_argument("out")
+    p.add_argument("--config", required=True, choices=sorted(HYBRID_CONFIGS) + sorted(GRANITE_CONFIGS))
+    p.add_argument("--tokenizer", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
     p = sub.add_parser("dump-vocab", help="save a GGUF's tokenizer as a compact .npz (for qwen3-shaped)")
     p.add_argument("gguf", help="e.g. llama.cpp's models/ggml-vocab-qwen2.gguf")
     p.add_argument("--out", default=qwen2_vocab, required=qwen2_vocab is None)
@@ -953,6 +960,12 @@ def main(argv=None, qwen2_vocab=None):
         from reflex_ipc.modelpath import resolve_model
 
         print(tokenizer_only(a.src or resolve_model("smollm2"), a.out))
+    elif a.cmd == "hybrid":
+        if a.config in HYBRID_CONFIGS:
+            hybrid_gguf(a.out, tokenizer=a.tokenizer, **HYBRID_CONFIGS[a.config])
+        else:
+            granite_gguf(a.out, tokenizer=a.tokenizer, **GRANITE_CONFIGS[a.config])
+        print(a.out)
     elif a.cmd == "qwen3-shaped":
         t0 = time.perf_counter()
         qwen3_shaped(a.out, a.type, a.vocab, a.seed)

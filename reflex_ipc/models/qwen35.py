@@ -4,7 +4,8 @@ Per layer (its kind from `attention.recurrent_layers`, an array of flags, else e
 `full_attention_interval`-th layer (default 4) is full attention, as llama.cpp reads them):
 
 - pre-norm, residual; then `post_attention_norm` before a SwiGLU feed-forward, residual;
-- full attention: `attn_q` gives, per head, the query then an output gate (2 x head_dim);
+- full attention: `attn_q` gives, per head, the query then an output gate (2 x head_dim)
+  (or a fused `attn_qkv`: query+gate, k, v stacked by rows);
   per-head q/k RMSNorm, rope on the first `rope.dimension_count` dims of each head (partial,
   neox pairs: llama.cpp's interleaved multi-section rope, which for text positions, the same
   in every section, is exactly that), GQA attention scaled 1/sqrt(head_dim), times
@@ -113,9 +114,15 @@ class Model:
         else:
             H, Hkv, hd = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim
             L.n_head, L.n_head_kv = H, Hkv
-            L.wq = w(p + "attn_q.weight", (2 * H * hd, E))
-            L.wk = w(p + "attn_k.weight", (Hkv * hd, E))
-            L.wv = w(p + "attn_v.weight", (Hkv * hd, E))
+            if w.has(p + "attn_qkv.weight"):  # fused: query+gate, k, v stacked by rows
+                qkv = w(p + "attn_qkv.weight", ((2 * H + 2 * Hkv) * hd, E))
+                L.wq, L.wk, L.wv = (self.ops.weight_rows(qkv, 0, 2 * H * hd),
+                                    self.ops.weight_rows(qkv, 2 * H * hd, Hkv * hd),
+                                    self.ops.weight_rows(qkv, (2 * H + Hkv) * hd, Hkv * hd))
+            else:
+                L.wq = w(p + "attn_q.weight", (2 * H * hd, E))
+                L.wk = w(p + "attn_k.weight", (Hkv * hd, E))
+                L.wv = w(p + "attn_v.weight", (Hkv * hd, E))
             L.q_norm = w(p + "attn_q_norm.weight", (hd,))
             L.k_norm = w(p + "attn_k_norm.weight", (hd,))
             L.wo = w(p + "attn_output.weight", (E, H * hd))

@@ -710,10 +710,10 @@ HYBRID_CONFIGS = {
     # 4 value heads over 2 key heads (ggml's tiled sharing), partial rope (8 of 16 dims)
     "qwen35": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                    n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=2, sections=[2, 1, 1, 0]),
-    # the layer kinds as an explicit array (attention first and last)
+    # the layer kinds as an explicit array (attention first and last); fused attn_qkv
     "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                          n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
-                         sections=[2, 1, 1, 0], seed=1),
+                         sections=[2, 1, 1, 0], seed=1, fused_qkv=True),
     # qwen35moe: 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
     "qwen35moe": dict(arch="qwen35moe", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                       n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=4, sections=[2, 1, 1, 0], seed=2,
@@ -724,7 +724,7 @@ HYBRID_CONFIGS = {
 def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                 n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
                 sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
-                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0):
+                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False):
     """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
     weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
     flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
@@ -794,9 +794,12 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
             add(p + "ssm_norm.weight", (d,), 0.1, 1.0)
             add(p + "ssm_out.weight", (E, vd), gain / math.sqrt(vd))
         else:
-            add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            if fused_qkv:
+                add(p + "attn_qkv.weight", ((2 * n_head + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+            else:
+                add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
             add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
             add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
             add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))

@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "stdio": ("serve", "serve JSON lines on stdin/stdout"),
     "uds": ("serve", "serve JSON lines on a Unix domain socket"),
+    "http": ("http", "OpenAI-compatible HTTP front over a `reflex uds` engine (extra: http)"),
     "generate": ("generate", "generate a continuation of a prompt"),
     "system1": ("system1", "score candidate continuations in one forward pass"),
     "embed": ("embed", "pooled hidden-state embeddings"),
@@ -204,7 +205,7 @@ class UsageError(Exception):
 
 # Exit codes (README, "Exit codes"): 0 ok; 2 the command line or its input (the model
 # file included) is wrong; 130 interrupted; 1 any other failure.
-INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "state_error", "unsupported_architecture",
                "context_overflow")
 
 

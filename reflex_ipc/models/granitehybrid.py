@@ -18,7 +18,6 @@ State: attention layers K/V slots; Mamba-2 layers a conv state [K-1, inner + 2 g
 and an SSM state [heads, head_dim, state_size] per sequence.
 """
 
-import math
 from types import SimpleNamespace
 
 from ..backends.base import RECURRENT_OPS, require_ops
@@ -34,7 +33,7 @@ def _bad(key, msg):
 class Model:
     capturable = False
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
         self.ops = ops
         self.hp = hp = HParams(f, attention_free_layers=True)
@@ -65,7 +64,8 @@ class Model:
         if self.n_expert and not all(self.n_used):
             raise _bad(f"{a}.expert_used_count", "0 experts used per token")
         self.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
+        self.plain = Weights(ops, f)  # tensors that are no matmul's (conv kernel, A, D, norm): no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -77,20 +77,19 @@ class Model:
         return self.d_inner + 2 * self.n_group * self.d_state
 
     def _load_layer(self, w, i):
-        hp, p, E, F, ops = self.hp, f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i], self.ops
+        hp, p, E, F = self.hp, f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
         L = SimpleNamespace(recurrent=self.recurrent[i], attn_norm=w(p + "attn_norm.weight", (E,)),
                             ffn_norm=w(p + "ffn_norm.weight", (E,)))
         if L.recurrent:
             H, di, cd = self.n_ssm_head, self.d_inner, self.conv_dim
             ssm_in = w(p + "ssm_in.weight", (2 * di + 2 * self.n_group * self.d_state + H, E))
-            L.wz, L.wxbc, L.wdt = (ops.weight_rows(ssm_in, 0, di), ops.weight_rows(ssm_in, di, cd),
-                                   ops.weight_rows(ssm_in, di + cd, H))
-            L.conv = w(p + "ssm_conv1d.weight", (cd, self.d_conv))
+            L.wz, L.wxbc, L.wdt = w.rows(ssm_in, 0, di), w.rows(ssm_in, di, cd), w.rows(ssm_in, di + cd, H)
+            L.conv = self.plain(p + "ssm_conv1d.weight", (cd, self.d_conv))
             L.conv_b = w(p + "ssm_conv1d.bias", (cd,), optional=True)
             L.dt_bias = w(p + "ssm_dt.bias", (H,))
-            L.A = w(p + "ssm_a", (H, 1)).reshape(H)
-            L.D = w(p + "ssm_d", (H, 1)).reshape(H)
-            L.norm = w(p + "ssm_norm.weight", (self.n_group, di // self.n_group)).reshape(di)
+            L.A = self.plain(p + "ssm_a", (H, 1)).reshape(H)
+            L.D = self.plain(p + "ssm_d", (H, 1)).reshape(H)
+            L.norm = self.plain(p + "ssm_norm.weight", (self.n_group, di // self.n_group)).reshape(di)
             L.wo = w(p + "ssm_out.weight", (E, di))
         else:
             H, Hkv, hd = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim

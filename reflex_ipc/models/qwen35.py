@@ -38,7 +38,7 @@ def _bad(key, msg):
 class Model:
     capturable = False  # per-sequence state ops have no CUDA kernels yet
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
         self.ops = ops
         self.hp = hp = HParams(f)
@@ -60,7 +60,8 @@ class Model:
         self.recurrent = self._layer_kinds(hp)
         self._rope_sections(hp)
         self.scale = default_attn_scale(hp)
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
+        self.plain = Weights(ops, f)  # tensors that are no matmul's (the conv kernel): no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -94,7 +95,7 @@ class Model:
             raise _bad(key, f"{v} does not fit the {hp.n_rot // 2} rotated pairs")
 
     def _load_layer(self, w, i):
-        hp, p, E, F = self.hp, f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
+        hp, p, E = self.hp, f"blk.{i}.", self.hp.n_embd
         L = SimpleNamespace(
             recurrent=self.recurrent[i],
             attn_norm=w(p + "attn_norm.weight", (E,)), post_norm=w(p + "post_attention_norm.weight", (E,)),
@@ -104,7 +105,7 @@ class Model:
             L.conv_dim = 2 * kd + vd
             L.wqkv = w(p + "attn_qkv.weight", (L.conv_dim, E))
             L.wz = w(p + "attn_gate.weight", (vd, E))
-            L.conv = w(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
+            L.conv = self.plain(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
             L.dt_bias = w(p + "ssm_dt.bias", (self.n_v,))
             L.a = w(p + "ssm_a", (self.n_v,))
             L.wbeta = w(p + "ssm_beta.weight", (self.n_v, E))
@@ -116,9 +117,8 @@ class Model:
             L.n_head, L.n_head_kv = H, Hkv
             if w.has(p + "attn_qkv.weight"):  # fused: query+gate, k, v stacked by rows
                 qkv = w(p + "attn_qkv.weight", ((2 * H + 2 * Hkv) * hd, E))
-                L.wq, L.wk, L.wv = (self.ops.weight_rows(qkv, 0, 2 * H * hd),
-                                    self.ops.weight_rows(qkv, 2 * H * hd, Hkv * hd),
-                                    self.ops.weight_rows(qkv, (2 * H + Hkv) * hd, Hkv * hd))
+                L.wq, L.wk, L.wv = (w.rows(qkv, 0, 2 * H * hd), w.rows(qkv, 2 * H * hd, Hkv * hd),
+                                    w.rows(qkv, (2 * H + Hkv) * hd, Hkv * hd))
             else:
                 L.wq = w(p + "attn_q.weight", (2 * H * hd, E))
                 L.wk = w(p + "attn_k.weight", (Hkv * hd, E))

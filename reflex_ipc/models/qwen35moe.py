@@ -12,7 +12,7 @@ from .qwen35 import Model as _Qwen35
 
 
 class Model(_Qwen35):
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         from .common import HParams
 
         hp = HParams(f)
@@ -23,7 +23,7 @@ class Model(_Qwen35):
         if not all(self.n_ff_exp):
             raise ReflexError("gguf_error", f"metadata key {hp.arch}.expert_feed_forward_length: an expert width of 0")
         self.n_ff_sh = hp.int("expert_shared_feed_forward_length", required=True, lo=1, hi=1 << 20)
-        super().__init__(ops, f)
+        super().__init__(ops, f, lora)
 
     def _load_ffn(self, w, i):
         p, E, F, X, Fs = f"blk.{i}.", self.hp.n_embd, self.n_ff_exp[i], self.n_expert, self.n_ff_sh
@@ -31,7 +31,7 @@ class Model(_Qwen35):
                     gate_exps=w(p + "ffn_gate_exps.weight", (X, F, E)),
                     up_exps=w(p + "ffn_up_exps.weight", (X, F, E)),
                     down_exps=w(p + "ffn_down_exps.weight", (X, E, F)), n_used=self.n_used[i],
-                    sh_gate_inp=w(p + "ffn_gate_inp_shexp.weight", (E,)).reshape(1, E),
+                    sh_gate_inp=self.plain(p + "ffn_gate_inp_shexp.weight", (E,)).reshape(1, E),
                     sh_gate=w(p + "ffn_gate_shexp.weight", (Fs, E)), sh_up=w(p + "ffn_up_shexp.weight", (Fs, E)),
                     sh_down=w(p + "ffn_down_shexp.weight", (E, Fs)))
 

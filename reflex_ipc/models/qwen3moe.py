@@ -15,7 +15,7 @@ from .qwen3 import Model as _Qwen3
 class Model(_Qwen3):
     capturable = False  # the experts are routed on the host (backends' moe op)
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         from .common import HParams
 
         hp = HParams(f)

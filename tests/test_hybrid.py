@@ -265,3 +265,20 @@ def test_stdio_generate_stream_and_system1(models):
     assert tokens == results[1]["token_ids"] and len(tokens) == 4
     assert len(results[2]["candidates"]) == 2
     assert len(results[3]["token_ids"]) == 3
+
+
+def test_saved_state_round_trip(runner, tmp_path):
+    """kv_export saves the recurrent layers' state of the prompt with the attention K/V;
+    kv_import continues from it as if the whole text had been evaluated."""
+    path = str(tmp_path / "state.bin")
+    prompt = "The capital of France is"
+    runner.generate(prompt, max_tokens=1, kv_export=path)
+    p_ids = runner.tok.encode(prompt)
+    more = runner._continuation_ids(" Paris, and")
+    b = runner.generate(" Paris, and", max_tokens=5, kv_import=path)
+    assert b["cached_tokens"] == len(p_ids)
+    assert b["token_ids"] == runner.generate(p_ids + more, max_tokens=5, cache_prompt=False)["token_ids"]
+    s = runner.system1(" Paris", [" is", " was"], kv_import=path)["candidates"]
+    ref = runner.system1(runner.tok.decode(p_ids + runner._continuation_ids(" Paris")), [" is", " was"],
+                         cache_prompt=False)["candidates"]
+    np.testing.assert_allclose([c["logprob"] for c in s], [c["logprob"] for c in ref], rtol=0, atol=1e-4)

@@ -78,10 +78,43 @@ OPS = (
     "argmax", "topk", "logprobs",
 )
 
+# Ops of recurrent layers (linear attention, state-space models). Optional: a backend without
+# them cannot run the architectures that need them, and those refuse to load on it
+# (`unsupported_architecture`, via `require_ops`).
+RECURRENT_OPS = ("sigmoid", "softplus", "columns", "ssm_conv", "delta_net", "ssm_scan")
+
+
+# Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
+# models are refused on it at load). The numpy backend has them; CUDA does not yet.
+MLA_OPS = ("split", "concat", "head_matmul")
+
 
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]
+
+
+def require_ops(backend, names, arch):
+    """ReflexError unsupported_architecture unless `backend` has every op in names."""
+    lacking = [n for n in names if not callable(getattr(backend, n, None))]
+    if lacking:
+        from ..errors import ReflexError
+
+        raise ReflexError("unsupported_architecture",
+                          f"{arch} needs the ops {', '.join(lacking)}, which the {getattr(backend, 'name', '?')} "
+                          f"backend does not have yet (use the cpu device)")
+
+
+def seq_groups(seqs, n):
+    """[(sequence, token indices in batch order)] for per-token sequence ids seqs (None: all n
+    tokens belong to sequence 0), sequences in order of first appearance."""
+    import numpy as np
+
+    if seqs is None:
+        return [(0, np.arange(n))]
+    seqs = np.asarray(seqs).reshape(-1)
+    _, first = np.unique(seqs, return_index=True)
+    return [(int(seqs[i]), np.flatnonzero(seqs == seqs[i])) for i in sorted(first)]
 
 
 def check_matmul_n(ws):
@@ -92,9 +125,11 @@ def check_matmul_n(ws):
         raise ValueError(f"matmul_n: weights of different widths {[tuple(w.shape) for w in ws]}")
 
 
-def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None):
+def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None, groups=None):
     """The routing of `moe` on the host: (top [N, n_used] expert ids best first, w [N, n_used]
-    their float32 weights) from float32 router logits [N, E]."""
+    their float32 weights) from float32 router logits [N, E]. groups (G, G_used): the experts
+    form G consecutive groups; a group's score is the sum of its two best selection values,
+    and only the G_used best groups' experts may be chosen (DeepSeek-V3's grouped routing)."""
     import numpy as np
 
     logits = np.asarray(logits, np.float32)
@@ -107,6 +142,15 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     else:
         raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
     sel = probs if selection_bias is None else probs + np.asarray(selection_bias, np.float32)
+    if groups is not None and groups[0] > 1:
+        G, G_used = groups
+        N, E = sel.shape
+        g = sel.reshape(N, G, E // G)
+        score = -np.sort(-g, axis=-1)[:, :, :2].sum(axis=-1)  # [N, G]
+        keep = np.argsort(-score, axis=-1, kind="stable")[:, :G_used]
+        hidden = np.ones((N, G), bool)
+        np.put_along_axis(hidden, keep, False, axis=-1)
+        sel = np.where(np.repeat(hidden, E // G, axis=-1), np.float32(-np.inf), sel)
     top = np.argsort(-sel, axis=-1, kind="stable")[:, :n_used]
     w = np.take_along_axis(probs, top, axis=-1)
     if norm:
@@ -201,18 +245,23 @@ class Ops:
         raise NotImplementedError
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """A mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it:
             logits = matmul(x, router)               router [E, K]: E experts
             probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid")
             top    = the n_used largest of probs (+ selection_bias [E], for choosing only),
-                     best first, lower index first on ties
+                     best first, lower index first on ties; with groups (G, G_used) only among
+                     the G_used groups of experts whose two best values sum highest (moe_route)
             w      = probs[top], divided by max(sum(w), 2^-14) when norm, times scale
                      (unless scale is 0 or 1)
             out[n] = sum_k w[n, k] * down_e(glu(gate_e(x[n]), up_e(x[n])))   e = top[n, k]
         w_gate, w_up are the 3-D expert tensors as weight handles [E*F, K] (expert e's rows
         e*F..e*F+F-1), w_down [E*K', F]; glu is swiglu (act "silu") or geglu ("gelu").
-        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts."""
+        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts.
+        Variants (gemma4): `logits` float32 [N, E] given instead of a router (router None);
+        w_up None when w_gate holds each expert's gate and up rows together ([E*2F, K]: expert
+        e's gate at rows 2eF..2eF+F-1, its up right after); expert_scale [E] multiplies expert
+        e's output (a per-expert scale of the down projection)."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):
@@ -226,7 +275,8 @@ class Ops:
         raise NotImplementedError
 
     def mul(self, a, b, out=None):
-        """a * b with add's broadcasting."""
+        """a * b with add's broadcasting, or b [a.shape[0], 1] scaling each row of a 2-D a
+        (a per-token gate)."""
         raise NotImplementedError
 
     def scale(self, a, s, out=None):
@@ -260,7 +310,7 @@ class Ops:
         raise NotImplementedError
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotary embedding of x float32 [N, H, hd] at positions pos [N].
 
         For i in 0..n_rot/2-1 (n_rot defaults to hd; dims >= n_rot pass through):
@@ -268,6 +318,14 @@ class Ops:
             normal (llama.cpp "norm"): the pair is (2i, 2i+1)
             neox:                      the pair is (i, i + n_rot/2)
             (x_a, x_b) -> ((x_a cos - x_b sin) * mscale, (x_a sin + x_b cos) * mscale)
+        yarn (ext_factor, n_ctx_orig, beta_fast, beta_slow), ext_factor != 0: YaRN as ggml's
+        rope computes it: with theta_e = theta / freq_scale (extrapolated) and the correction
+        range [lo, hi] = [max(0, floor(d(beta_fast))), min(n_rot - 1, ceil(d(beta_slow)))],
+        d(b) = n_rot * ln(n_ctx_orig / (2 pi b)) / (2 ln base),
+            ramp  = (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor
+            theta = theta * (1 - ramp) + theta_e * ramp
+            mscale = mscale * (1 + 0.1 ln(1 / freq_scale))
+        A backend without YaRN raises unsupported_architecture for ext_factor != 0.
         Returns a new array, or rotates x itself when inplace."""
         raise NotImplementedError
 
@@ -281,13 +339,77 @@ class Ops:
     # -- attention ---------------------------------------------------------------
     def kv_store(self, k_cache, v_cache, k, v, slots):
         """Write k [N, Hkv, dk], v [N, Hkv, dv] into k_cache[:, slots[n]], v_cache[:, slots[n]]
-        (a layer's state arrays [Hkv, n_slots, d])."""
+        (a layer's state arrays [Hkv, n_slots, d]). v_cache and v None: keys only (an MLA
+        latent, whose values are a prefix of the keys)."""
         raise NotImplementedError
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
-        """q float32 [N, Hq, hd] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
-        [N, Hq, hd] (semantics in the module docstring). Store the batch's own k/v first."""
+                  mask=None, v_dim=None):
+        """q float32 [N, Hq, dk] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
+        [N, Hq, dv] (semantics in the module docstring). Store the batch's own k/v first.
+        v_cache None: the values are the first v_dim dims of the keys (multi-head latent
+        attention's latent, one KV head); a backend may support only v_cache given."""
+        raise NotImplementedError
+
+    # -- multi-head latent attention (MLA_OPS: optional) ---------------------------------
+    def split(self, x, sizes):
+        """x [..., sum(sizes)] -> [x[..., :s0], x[..., s0:s0+s1], ...] as separate contiguous
+        arrays."""
+        raise NotImplementedError
+
+    def concat(self, xs):
+        """Arrays of one leading shape [..., d_i] -> [..., sum(d_i)] along the last axis."""
+        raise NotImplementedError
+
+    def head_matmul(self, x, w):
+        """A weight per head: x float32 [N, H, K] and weight handle w [H*M, K] (a 3-D tensor
+        [H, M, K]) -> float32 [N, H, M], y[n, h] = w[h] @ x[n, h]."""
+        raise NotImplementedError
+
+    # -- recurrent layers (RECURRENT_OPS: optional) ---------------------------------------
+    # Per-sequence state arrays (runtime.state.SeqSpec) have a leading axis of n_seq; these
+    # ops update the state of each token's sequence in place. `seqs` gives each token's
+    # sequence (a host int sequence [N]; None: every token is in sequence 0); the tokens of
+    # one sequence are processed in batch order, sequences independently (system1 runs every
+    # candidate, each in its own sequence, in one batch).
+    def sigmoid(self, a):
+        """1 / (1 + exp(-a))."""
+        raise NotImplementedError
+
+    def softplus(self, a):
+        """log(1 + exp(a)), and a itself where a > 20 (ggml's)."""
+        raise NotImplementedError
+
+    def columns(self, x, start, n):
+        """A new contiguous array x[..., start:start+n] (split a fused projection's output)."""
+        raise NotImplementedError
+
+    def ssm_conv(self, x, state, w, seqs=None):
+        """Causal depthwise convolution with state. x float32 [N, C]; state [n_seq, K-1, C] (the
+        last K-1 inputs of each sequence); w [C, K] (the conv weight as load_weight returns it).
+        For a sequence's tokens t = 0..T-1 with xx = concat(state[s], x[tokens of s]):
+            y[t, c] = sum_k w[c, k] * xx[t + k, c]
+        then state[s] = the last K-1 rows of xx. Returns float32 [N, C] (no bias, no activation)."""
+        raise NotImplementedError
+
+    def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
+        """The gated delta rule (Gated DeltaNet). q, k float32 [N, Hk, D]; v [N, Hv, D]; g [N, Hv]
+        (log decay); beta [N, Hv]; state [n_seq, Hv, D, D] (value x key). Value head h reads
+        q/k head h % Hk (ggml's tiled broadcast). For each token, in order, with S = state[s, h]:
+            S = exp(g) * S
+            S = S + beta * (v - S k) k^T
+            out[n, h] = scale * S q
+        Returns float32 [N, Hv, D]. Backends may run a sequence's tokens in the chunked
+        (parallel) form; it equals the sequential one within float32 rounding."""
+        raise NotImplementedError
+
+    def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
+        """The Mamba-2 selective scan. x float32 [N, H, P]; dt [N, H] (positive: after softplus);
+        A [H]; B, C [N, G, Ns]; state [n_seq, H, P, Ns]; head h reads group h // (H / G). For
+        each token, in order, with S = state[s, h]:
+            S = exp(dt * A) * S + (dt * x) B^T
+            y[n, h] = S C (+ D[h] * x[n, h] when D [H] is given)
+        Returns float32 [N, H, P]; a chunked form is allowed as for delta_net."""
         raise NotImplementedError
 
     # -- selection ---------------------------------------------------------------

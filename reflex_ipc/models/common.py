@@ -11,7 +11,8 @@ values sit on its weights namespace.
 
 A model module defines `class Model(Decoder)` with
 
-    Model(ops, f)                 load (and check) weights through the backend `ops`
+    Model(ops, f, lora=None)      load (and check) weights through the backend `ops`, with
+                                  LoRA adapters (reflex_ipc.lora.LoraSet) when given
     model.state_spec()            one runtime.state spec per layer (Decoder: attention K/V)
     model.new_state(ops, n_slots) a runtime.state.State for n_slots tokens
     model.forward(state, batch, rows=None, output="logits", check=None)
@@ -44,16 +45,20 @@ def _bad(key, msg):
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f):
+    def __init__(self, f, rope_scalings=("none", "linear"), attention_free_layers=False):
+        """rope_scalings: the rope.scaling.type values the architecture handles.
+        attention_free_layers: a per-layer head_count_kv of 0 marks a layer without attention
+        (granitehybrid's recurrent layers); otherwise every layer needs at least one KV head."""
         self.arch = arch = f.architecture
         self._f = f
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
         self.n_embd = self.int("embedding_length", required=True, lo=1, hi=MAX_DIM)
         self.n_ff_l = self.per_layer("feed_forward_length", required=True, lo=0, hi=MAX_DIM)
         self.n_head_l = self.per_layer("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
-        self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l, lo=1, hi=MAX_HEADS)
+        self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l,
+                                          lo=0 if attention_free_layers else 1, hi=MAX_HEADS)
         for i, (h, hkv) in enumerate(zip(self.n_head_l, self.n_head_kv_l)):
-            if h % hkv:
+            if hkv and h % hkv:
                 raise _bad(f"{arch}.attention.head_count_kv", f"layer {i}: {h} heads cannot share {hkv} KV heads")
         self.n_head, self.n_head_kv, self.n_ff = self.n_head_l[0], self.n_head_kv_l[0], max(self.n_ff_l)
         self.head_dim = self.int("attention.key_length", default=self.n_embd // self.n_head, lo=1, hi=MAX_HEAD_DIM)
@@ -64,9 +69,9 @@ class HParams:
             raise _bad(f"{arch}.rope.dimension_count", f"{self.n_rot} is odd (rope rotates pairs)")
         self.eps = self.float("attention.layer_norm_rms_epsilon", required=True, gt=0.0, hi=1.0)
         self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
-        scaling = self.str("rope.scaling.type", default="linear")
-        if scaling not in ("none", "linear"):
-            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported")
+        self.rope_scaling = scaling = self.str("rope.scaling.type", default="linear")
+        if scaling not in rope_scalings:  # a model that reads YaRN's keys asks for "yarn"
+            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported for {arch}")
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
@@ -179,8 +184,8 @@ class Weights:
     `w(name, shape)`: shape in numpy order ((rows, cols) for matrices, (n,) for vectors),
     an entry None where any positive size is accepted (a padded vocabulary)."""
 
-    def __init__(self, ops, f):
-        self.ops, self.f = ops, f
+    def __init__(self, ops, f, lora=None):
+        self.ops, self.f, self.lora = ops, f, lora  # lora: a reflex_ipc.lora.LoraSet or None
 
     def has(self, name):
         return name in self.f.tensors
@@ -198,7 +203,19 @@ class Weights:
             want = "x".join("*" if s is None else str(s) for s in shape)
             raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
                               f"expected {want}")
-        return self.ops.load_weight(self.f, name)
+        w = self.ops.load_weight(self.f, name)
+        if self.lora is not None and len(shape) == 2:
+            w = self.lora.apply(name, w)
+        return w
+
+    def rows(self, w, start, n):
+        """ops.weight_rows for a weight this loaded: rows start..start+n-1 of a fused tensor
+        (with LoRA applied at run time, the adapters' B rows go with them)."""
+        terms = getattr(w, "terms", None)  # a lora.LoraWeight
+        if terms is None:
+            return self.ops.weight_rows(w, start, n)
+        return type(w)(self.ops.weight_rows(w.base, start, n),
+                       [(a, self.ops.weight_rows(b, start, n), c) for a, b, c in terms])
 
     def output(self, n_embd):
         """The LM head: output.weight, else the tied token embedding (llama.cpp's fallback)."""

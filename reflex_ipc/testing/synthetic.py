@@ -19,12 +19,15 @@ decoder's shape keys, the writer's finish):
 - `tiny_gguf`: float-weight models for the model and engine tests (tests/test_models.py,
   tests/test_engine.py ...), returning the float64 weights for the references of
   reflex_ipc.testing.references.
+- `hybrid_gguf` / `granite_gguf`: tiny F32 recurrent hybrids (qwen35, qwen35moe; granitehybrid
+  dense and MoE) with llama.cpp's names and keys, for tests/test_hybrid.py (HYBRID_CONFIGS,
+  GRANITE_CONFIGS).
 - `tensors_gguf`: just the given raw tensors (the op checks' hand-made weight blocks).
 
 Every recipe is deterministic (fixed seeds): its output is byte-for-byte reproducible.
 Weight scales keep activations sane: logits with a real spread, neither ~0 nor inf.
 
-    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,dump-vocab} ...
+    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,hybrid,dump-vocab} ...
 """
 
 import argparse
@@ -701,6 +704,468 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
 
 
 # ---------------------------------------------------------------------------------------
+# the float-weight models of the attention-side families (qwen3moe, phi3, deepseek2):
+# tests/test_families.py checks them against llama.cpp. F32 weights, SmolLM2's tokenizer.
+FAMILY_CONFIGS = {
+    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=16,
+                     n_expert=8, n_used=2, n_ff_exp=24),
+    "phi3_fused_long": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=True,
+                            n_ctx_orig=64),
+    "phi3_split_short": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=False,
+                             n_ctx_orig=4096),
+    # DeepSeek-V2-Lite-like: plain attn_q, softmax gating, one leading dense layer, YaRN
+    "deepseek2_v2": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=0, kv_lora=16, nope=8,
+                         rope=8, v_dim=12, n_ff=48, n_dense=1, n_expert=8, n_used=2, n_ff_exp=16, n_shared=1,
+                         gating=1, norm=False, w_scale=1.0, yarn=(4.0, 0.0707, 32)),
+    # DeepSeek-V3-like: q LoRA, sigmoid gating with a selection bias, grouped routing, scale
+    "deepseek2_v3": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=24, kv_lora=16, nope=8,
+                         rope=8, v_dim=8, n_ff=48, n_dense=1, n_expert=8, n_used=3, n_ff_exp=16, n_shared=1,
+                         gating=2, norm=True, w_scale=2.5, groups=(4, 2), probs_bias=True,
+                         yarn=(8.0, 0.1, 16)),
+    # Gemma 4 (dense text): sliding/global layers with their own head widths, rope bases and
+    # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
+    "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
+                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,), fused=False),
+    # Gemma 4 26B-A4B-like: experts beside the dense FFN on some layers (gate/up fused on one)
+    "gemma4_moe": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, False, True], window=4, fused=False, n_expert=8, n_used=2,
+                       n_ff_exp=32, moe_layers=(0, 2), fused_exps=(2,), seed=2),
+    # Gemma 4 E2B-like: per-layer embeddings, the last layers sharing earlier layers' KV
+    "gemma4_e2b": dict(arch="gemma4", n_layer=5, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, True, False, True, False], window=4, fused=False, n_pl=8,
+                       shared_kv=2, seed=3),
+    "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
+                             head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
+}
+
+
+def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None, n_ff=48, n_expert=8,
+                n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
+                v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
+                probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
+                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
+                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0):
+    """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
+    with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
+    `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
+    removes), `shapes` {tensor: numpy shape} overrides tensor shapes, `extra` {tensor: shape}
+    adds tensors. n_used may be a per-layer
+    list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
+    (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
+    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps), n_pl
+    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0"):
+    matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
+    import gguf
+    import gguf.quants
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    E, H = n_embd, n_head
+    hd = head_dim or E // H
+    kv = {"block_count": n_layer, "context_length": n_ctx_train, "embedding_length": E,
+          "feed_forward_length": n_ff, "attention.head_count": H, "attention.head_count_kv": n_head_kv,
+          "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
+    if arch == "qwen3moe":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd, "rope.freq_base": 1e6,
+                   "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp})
+    elif arch == "phi3":
+        kv.update({"rope.dimension_count": hd, "rope.scaling.original_context_length": n_ctx_orig,
+                   "rope.scaling.attn_factor": 1.19, "attention.layer_norm_rms_epsilon": 1e-5})
+    elif arch == "deepseek2":
+        kv.update({"attention.head_count_kv": 1, "attention.key_length": kv_lora + rope,
+                   "attention.value_length": kv_lora, "attention.key_length_mla": nope + rope,
+                   "attention.value_length_mla": v_dim, "rope.dimension_count": rope,
+                   "attention.q_lora_rank": q_lora, "attention.kv_lora_rank": kv_lora,
+                   "leading_dense_block_count": n_dense, "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp, "expert_shared_count": n_shared})
+        if gating is not None:
+            kv["expert_gating_func"] = gating
+        if norm is not None:
+            kv["expert_weights_norm"] = norm
+        if w_scale is not None:
+            kv["expert_weights_scale"] = w_scale
+        if groups:
+            kv["expert_group_count"], kv["expert_group_used_count"] = groups
+        if yarn:
+            kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": yarn[0],
+                       "rope.scaling.yarn_log_multiplier": yarn[1],
+                       "rope.scaling.original_context_length": yarn[2]})
+    elif arch == "gemma4":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd,
+                   "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa,
+                   "rope.dimension_count": hd, "rope.dimension_count_swa": head_dim_swa,
+                   "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
+                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": n_pl,
+                   "attention.shared_kv_layers": shared_kv or None,
+                   "final_logit_softcapping": 15.0})
+        if moe_layers:
+            kv.update({"expert_count": n_expert, "expert_used_count": n_used,
+                       "expert_feed_forward_length": n_ff_exp})
+    else:
+        raise ValueError(f"no family recipe for {arch!r}")
+    kv.update(keys or {})
+
+    w = gguf.GGUFWriter(str(path), arch)
+    write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    for k, v in kv.items():
+        if v is None:
+            continue
+        name = f"{arch}.{k}"
+        if isinstance(v, bool):
+            w.add_bool(name, v)
+        elif isinstance(v, str):
+            w.add_string(name, v)
+        elif isinstance(v, float):
+            w.add_float32(name, v)
+        elif isinstance(v, list):
+            w.add_array(name, v)
+        else:
+            w.add_uint32(name, v)
+
+    quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
+
+    def add(name, shape, scale, offset=0.0):
+        shape = (shapes or {}).get(name, shape)
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name in drop:
+            return
+        if quant is not None and len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[quant][0] == 0:
+            w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(name, a)
+
+    def norm_w(name, n):
+        add(name, (n,), 0.1, 1.0)
+
+    V = TINY_N_VOCAB
+    for name, shape in (extra or {}).items():
+        add(name, shape, 0.1)
+    add("token_embd.weight", (V, E), 1.0)
+    norm_w("output_norm.weight", E)
+    if arch == "gemma4":
+        if n_pl:
+            add("per_layer_token_embd.weight", (V, n_layer * n_pl), 0.3)
+            add("per_layer_model_proj.weight", (n_layer * n_pl, E), 1 / math.sqrt(E))
+            norm_w("per_layer_proj_norm.weight", n_pl)
+        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused,
+                       moe_layers, fused_exps, n_expert, n_ff_exp, n_pl)
+        finish(w)
+        return str(path)
+    if arch != "qwen3moe":
+        add("output.weight", (V, E), 1 / math.sqrt(E))
+    if arch == "phi3":
+        add("rope_factors_long.weight", (hd // 2,), 0.5, 2.0)
+        add("rope_factors_short.weight", (hd // 2,), 0.2, 1.1)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        norm_w(p + "attn_norm.weight", E)
+        if arch == "deepseek2":
+            qd = nope + rope
+            if q_lora:
+                add(p + "attn_q_a.weight", (q_lora, E), 1 / math.sqrt(E))
+                norm_w(p + "attn_q_a_norm.weight", q_lora)
+                add(p + "attn_q_b.weight", (H * qd, q_lora), 1 / math.sqrt(q_lora))
+            else:
+                add(p + "attn_q.weight", (H * qd, E), 1 / math.sqrt(E))
+            add(p + "attn_kv_a_mqa.weight", (kv_lora + rope, E), 1 / math.sqrt(E))
+            norm_w(p + "attn_kv_a_norm.weight", kv_lora)
+            add(p + "attn_k_b.weight", (H, kv_lora, nope), 1 / math.sqrt(nope))
+            add(p + "attn_v_b.weight", (H, v_dim, kv_lora), 1 / math.sqrt(kv_lora))
+            add(p + "attn_output.weight", (E, H * v_dim), 1 / math.sqrt(H * v_dim))
+        elif arch == "phi3" and fused:
+            add(p + "attn_qkv.weight", ((H + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+        if arch == "qwen3moe":
+            norm_w(p + "attn_q_norm.weight", hd)
+            norm_w(p + "attn_k_norm.weight", hd)
+        if arch != "deepseek2":
+            add(p + "attn_output.weight", (E, H * hd), 1 / math.sqrt(H * hd))
+        norm_w(p + "ffn_norm.weight", E)
+        if arch == "phi3":
+            add(p + "ffn_up.weight", (2 * n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        elif arch == "deepseek2" and i < n_dense:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        else:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            if probs_bias:
+                add(p + "exp_probs_b.bias", (n_expert,), 0.3)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), 1 / math.sqrt(n_ff_exp))
+            if arch == "deepseek2":
+                S = n_ff_exp * n_shared
+                add(p + "ffn_gate_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, S), 1 / math.sqrt(S))
+    finish(w)
+    return str(path)
+
+
+def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused, moe_layers,
+                   fused_exps, X, Fe, n_pl):
+    add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        d = hd_swa if swa[i] else hd
+        Hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
+        norm_w(p + "attn_norm.weight", E)
+        if fused:
+            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * d, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
+            if i not in no_v:
+                add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
+        norm_w(p + "attn_q_norm.weight", d)
+        norm_w(p + "attn_k_norm.weight", d)
+        add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))
+        norm_w(p + "post_attention_norm.weight", E)
+        norm_w(p + "ffn_norm.weight", E)
+        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        norm_w(p + "post_ffw_norm.weight", E)
+        add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
+        if n_pl:
+            add(p + "inp_gate.weight", (n_pl, E), 0.2 / math.sqrt(E))  # O(1) inputs to its gelu
+            add(p + "proj.weight", (E, n_pl), 1 / math.sqrt(n_pl))
+            norm_w(p + "post_norm.weight", E)
+        if i in moe_layers:
+            add(p + "ffn_gate_inp.weight", (X, E), 1.0)
+            add(p + "ffn_gate_inp.scale", (E,), 0.3, 1.0)
+            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                norm_w(p + n + ".weight", E)
+            if i in fused_exps:
+                add(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E), 1 / math.sqrt(E))
+            else:
+                add(p + "ffn_gate_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (X, E, Fe), 1 / math.sqrt(Fe))
+            add(p + "ffn_down_exps.scale", (X,), 0.3, 1.0)
+
+
+# ---------------------------------------------------------------------------------------
+# recurrent hybrids (F32 weights: the file is its own F32 twin for llama.cpp)
+HYBRID_CONFIGS = {
+    # 4 layers: DeltaNet, attention, DeltaNet, attention (full_attention_interval 2);
+    # 4 value heads over 2 key heads (ggml's tiled sharing), partial rope (8 of 16 dims)
+    "qwen35": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                   n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=2, sections=[2, 1, 1, 0]),
+    # the layer kinds as an explicit array (attention first and last); fused attn_qkv
+    "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                         n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
+                         sections=[2, 1, 1, 0], seed=1, fused_qkv=True),
+    # qwen35moe: 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
+    "qwen35moe": dict(arch="qwen35moe", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                      n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=4, sections=[2, 1, 1, 0], seed=2,
+                      n_expert=4, n_used=2, n_ff_exp=32, n_ff_sh=64),
+}
+
+
+def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
+                sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
+                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False):
+    """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
+    weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
+    flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
+    `meta` {key suffix: value} adds or overrides keys (bad-input tests); `drop` omits tensors.
+    The projections back into the residual stream get `gain` times 1/sqrt(fan_in), so that the
+    layers outweigh the (tied) input embedding and greedy decoding does not loop at once."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": n_embd,
+            "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
+            "attention.key_length": head_dim, "attention.value_length": head_dim,
+            "rope.dimension_count": n_rot, "rope.freq_base": float(rope_base),
+            "attention.layer_norm_rms_epsilon": float(eps), "rope.dimension_sections": list(sections),
+            "ssm.conv_kernel": d_conv, "ssm.inner_size": d_state * n_v, "ssm.state_size": d_state,
+            "ssm.time_step_rank": n_v, "ssm.group_count": n_k}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used, "expert_feed_forward_length": n_ff_exp,
+                     "expert_shared_feed_forward_length": n_ff_sh})
+    if recurrent is not None:
+        keys["attention.recurrent_layers"] = [bool(r) for r in recurrent]
+    elif interval is not None:
+        keys["full_attention_interval"] = interval
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    if recurrent is None:
+        recurrent = [(i + 1) % (interval or 4) != 0 for i in range(n_layer)]
+    recurrent = list(recurrent[:n_layer]) + [False] * (n_layer - len(recurrent))  # a bad-input file
+    E, hd, d = n_embd, head_dim, d_state
+    conv_dim, vd = 2 * d * n_k + d * n_v, d * n_v
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0):
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), embd_std)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        add(p + "post_attention_norm.weight", (E,), 0.1, 1.0)
+        if recurrent[i]:
+            add(p + "attn_qkv.weight", (conv_dim, E), 1 / math.sqrt(E))
+            add(p + "attn_gate.weight", (vd, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (conv_dim, d_conv), 0.5)
+            add(p + "ssm_dt.bias", (n_v,), 0.5)
+            tensors[p + "ssm_a"] = a = -np.exp(0.5 * rng.standard_normal(n_v)).astype(np.float32)
+            if p + "ssm_a" not in drop:
+                w.add_tensor(p + "ssm_a", a)
+            add(p + "ssm_beta.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_alpha.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_norm.weight", (d,), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, vd), gain / math.sqrt(vd))
+        else:
+            if fused_qkv:
+                add(p + "attn_qkv.weight", ((2 * n_head + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+            else:
+                add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), gain / math.sqrt(n_ff_exp))
+            add(p + "ffn_gate_inp_shexp.weight", (E,), 1 / math.sqrt(E))
+            add(p + "ffn_gate_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_shexp.weight", (E, n_ff_sh), gain / math.sqrt(n_ff_sh))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
+GRANITE_CONFIGS = {
+    # Mamba-2, attention, Mamba-2, attention; dense SwiGLU; rope; Granite's four scales
+    "granitehybrid": dict(n_layer=4, kv=[0, 2, 0, 2]),
+    # attention first, MoE (4 experts, 2 used) with a shared expert, NoPE (rope.scaling.finetuned false)
+    "granitehybrid_moe": dict(n_layer=4, kv=[2, 0, 0, 2], n_expert=4, n_used=2, n_ff=32, n_ff_shexp=64,
+                              rope=False, seed=3),
+}
+
+
+def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128, d_conv=4, d_state=16,
+                 n_ssm_head=8, n_group=2, n_expert=0, n_used=0, n_ff_shexp=0, rope=True, eps=1e-5,
+                 embedding_scale=2.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.2, seed=0,
+                 tokenizer=None, meta=None, drop=(), gain=4.0):
+    """Write a random-weight `granitehybrid` (Mamba-2 + attention; head_count_kv 0 marks a Mamba
+    layer) with llama.cpp's tensor names and keys, F32 weights, the tokenizer of `tokenizer`
+    (default SmolLM2); dense FFN, or MoE with n_expert > 0 (shared expert with n_ff_shexp)."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    arch = "granitehybrid"
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    E, hd, di = n_embd, n_embd // n_head, 2 * n_embd
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": E, "feed_forward_length": n_ff,
+            "attention.head_count": n_head, "attention.head_count_kv": list(kv), "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": float(eps), "ssm.conv_kernel": d_conv, "ssm.inner_size": di,
+            "ssm.state_size": d_state, "ssm.time_step_rank": n_ssm_head, "ssm.group_count": n_group,
+            "embedding_scale": float(embedding_scale), "residual_scale": float(residual_scale),
+            "logit_scale": float(logit_scale), "attention.scale": float(attention_scale),
+            "rope.scaling.finetuned": bool(rope)}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used})
+        if n_ff_shexp:
+            keys["expert_shared_feed_forward_length"] = n_ff_shexp
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, bool):
+            w.add_bool(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    cd = di + 2 * n_group * d_state
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0, data=None):
+        a = data if data is not None else (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), 0.5 / embedding_scale)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        if kv[i] == 0:
+            add(p + "ssm_in.weight", (2 * di + 2 * n_group * d_state + n_ssm_head, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (cd, d_conv), 0.5)
+            add(p + "ssm_conv1d.bias", (cd,), 0.1)
+            add(p + "ssm_dt.bias", (n_ssm_head,), 0.5)
+            add(p + "ssm_a", None, 0, data=-np.exp(0.5 * rng.standard_normal((n_ssm_head, 1))).astype(np.float32))
+            add(p + "ssm_d", (n_ssm_head, 1), 0.5, 1.0)
+            add(p + "ssm_norm.weight", (n_group, di // n_group), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, di), gain / math.sqrt(di))
+        else:
+            add(p + "attn_q.weight", (n_head * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        add(p + "ffn_norm.weight", (E,), 0.1, 1.0)
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff), gain / math.sqrt(n_ff))
+            if n_ff_shexp:
+                add(p + "ffn_gate_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, n_ff_shexp), gain / math.sqrt(n_ff_shexp))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):
     """The CLI; qwen2_vocab: the default of qwen3-shaped --vocab and dump-vocab --out."""
@@ -726,6 +1191,10 @@ def main(argv=None, qwen2_vocab=None):
     p.add_argument("--vocab", default=qwen2_vocab, required=qwen2_vocab is None,
                    help=f"GGUF or dump-vocab .npz with the Qwen2 vocabulary (default: {qwen2_vocab})")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("hybrid", help="a tiny F32 recurrent hybrid (qwen35, qwen35moe, granitehybrid)")
+    p.add_argument("out")
+    p.add_argument("--config", required=True, choices=sorted(HYBRID_CONFIGS) + sorted(GRANITE_CONFIGS))
+    p.add_argument("--tokenizer", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
     p = sub.add_parser("dump-vocab", help="save a GGUF's tokenizer as a compact .npz (for qwen3-shaped)")
     p.add_argument("gguf", help="e.g. llama.cpp's models/ggml-vocab-qwen2.gguf")
     p.add_argument("--out", default=qwen2_vocab, required=qwen2_vocab is None)
@@ -745,6 +1214,12 @@ def main(argv=None, qwen2_vocab=None):
         from reflex_ipc.modelpath import resolve_model
 
         print(tokenizer_only(a.src or resolve_model("smollm2"), a.out))
+    elif a.cmd == "hybrid":
+        if a.config in HYBRID_CONFIGS:
+            hybrid_gguf(a.out, tokenizer=a.tokenizer, **HYBRID_CONFIGS[a.config])
+        else:
+            granite_gguf(a.out, tokenizer=a.tokenizer, **GRANITE_CONFIGS[a.config])
+        print(a.out)
     elif a.cmd == "qwen3-shaped":
         t0 = time.perf_counter()
         qwen3_shaped(a.out, a.type, a.vocab, a.seed)

@@ -1,7 +1,8 @@
 """The Runner: a loaded model with its tokenizer, backend and KV cache.
 
-`load_runner(model, device, n_ctx)` opens the GGUF, picks the backend (numpy
-on "cpu", the CUDA kernels on "cuda", CUDA when usable on "auto"), loads the
+`load_runner(model, device, n_ctx)` opens the GGUF, picks the backend (the
+compiled CPU kernels on "cpu", the numpy oracle on "numpy", the CUDA kernels on "cuda",
+CUDA when usable else cpu on "auto"), loads the
 weights and the tokenizer and allocates one KV cache of n_ctx slots. Every
 request starts from an empty cache.
 
@@ -17,37 +18,55 @@ from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
 KV_MIN = 256  # smallest KV cache, in slots
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "numpy")
 
 
 def _ms(t0, t1=None):
     return round(((time.perf_counter() if t1 is None else t1) - t0) * 1e3, 3)
 
 
+def _cpu_backend():
+    """The compiled CPU backend, else (kernels not built or not loadable) the numpy one, with a
+    warning that says why (once per process)."""
+    from .backends import cpu_ops
+
+    ok, why = cpu_ops.available()
+    if ok:
+        return cpu_ops.CpuOps()
+    from .backends.numpy_ops import NumpyOps
+
+    if not getattr(cpu_ops, "_warned", False):
+        import sys
+
+        cpu_ops._warned = True
+        print(f"reflex: warning: the CPU kernels are unavailable ({why}); using the numpy backend",
+              file=sys.stderr)
+    return NumpyOps()
+
+
 def make_backend(device):
-    """The backend ops object for a device name ("auto", "cpu", "cuda")."""
+    """The backend ops object for a device name: "cpu" (the compiled kernels), "numpy" (the
+    oracle), "cuda", or "auto" (CUDA when usable, else cpu)."""
     if device not in DEVICES:
         raise ReflexError("invalid_request", f"device {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "cpu":
+    if device == "numpy":
         from .backends.numpy_ops import NumpyOps
 
         return NumpyOps()
+    if device == "cpu":
+        return _cpu_backend()
     from . import cuda
 
     started = cuda.start_init()
     if device == "auto" and not started:  # pycuda is not installed
-        from .backends.numpy_ops import NumpyOps
-
-        return NumpyOps()
+        return _cpu_backend()
     try:
         from .backends.cuda_ops import CudaOps
 
         return CudaOps()
     except Exception as e:
         if device == "auto":
-            from .backends.numpy_ops import NumpyOps
-
-            return NumpyOps()
+            return _cpu_backend()
         if isinstance(e, ReflexError):
             raise
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e

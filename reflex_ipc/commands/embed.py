@@ -5,7 +5,7 @@ import sys
 
 def add_arguments(p):
     p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto", "numpy"])
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
     p.add_argument("--pooling", default="mean", choices=["mean", "last", "cls"])
     p.add_argument("--normalize", action="store_true", help="L2-normalize each embedding")

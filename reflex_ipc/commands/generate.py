@@ -5,7 +5,7 @@ import sys
 
 def add_arguments(p):
     p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto", "numpy"])
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

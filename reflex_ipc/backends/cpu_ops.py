@@ -1,0 +1,488 @@
+"""The backend ops (base.py) on the CPU with the compiled kernels (kernels/cpu/*.c).
+
+Arrays are numpy arrays, as on the numpy backend; what differs is where the time
+goes. Weights stay the GGUF's own blocks, read in place from the file mapping
+(no dequantization and no copy at load: a weight handle is the tensor's address,
+type and row stride). `matmul` rounds each row of activations to int8 blocks
+(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, 256 values
+with group sums for the K-quants, as ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
+and runs integer dot products on the packed weights; F32/F16/BF16 weights take
+the float32 activations as they are. Norms, rotary, the KV store and attention
+are C loops as well; the KV cache is float16 (`kv_dtype`).
+
+Numerics: the numpy backend (float32 dequantized weights, float32 KV) stays the
+oracle. The activation rounding adds a relative error of about 0.5/127 per block
+to each product, and the float16 KV cache about 2^-11 per value; the tests bound
+the resulting differences (tests/test_cpu_ops.py, tests/test_parity.py).
+
+The library is loaded with ctypes at first use. When it is missing or fails to
+load, `available()` says why and the engine falls back to the numpy backend with
+one warning (engine.make_backend).
+
+Threads: a pool of (physical cores) threads in C, spin-then-sleep, with chunks
+claimed one at a time so that a core taken by another process slows us down in
+proportion instead of stalling every op at a barrier. $REFLEX_CPU_THREADS sets
+the count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import numpy as np
+
+from .base import check_glu, check_matmul_n
+
+_F32 = np.float32
+_LIB_NAME = "libreflex_cpu.so"
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_lib = None
+_lib_error = None
+
+# ggml types the kernels read in place (others are dequantized to float32 at load)
+NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30})
+
+_i64, _f32c, _f64, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_void_p
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("type", _i64), ("data", _vp), ("M", _i64), ("K", _i64), ("row_bytes", _i64)]
+
+
+_SIGNATURES = {
+    "rx_set_threads": ([ctypes.c_int], ctypes.c_int),
+    "rx_threads": ([], ctypes.c_int),
+    "rx_set_spin": ([_i64, _i64], None),
+    "rx_isa_name": ([], ctypes.c_char_p),
+    "rx_abi_version": ([], ctypes.c_int),
+    "rx_act_format": ([_i64], ctypes.c_int),
+    "rx_matmul": ([_i64, _i64, _vp, _i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64], ctypes.c_int),
+    "rx_dot": ([_vp, _i64, _vp], _f32c),
+    "rx_rms_norm": ([_vp, _vp, _vp, _i64, _i64, _f32c], None),
+    "rx_norm_rope": ([_vp, _i64, _i64, _i64, _vp, _i64, _f64, _f64, _vp, _i64, _f64, _i64, _vp, _f32c],
+                     None),
+    "rx_kv_store": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64], None),
+    "rx_attention": ([_vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c,
+                      _i64, _i64, _i64], None),
+    "rx_to_f16": ([_vp, _vp, _i64], None),
+}
+
+
+def library_path():
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels", _LIB_NAME)
+
+
+def load_library():
+    """The ctypes library (loaded once), or None; `_lib_error` then says why."""
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    path = library_path()
+    if not os.path.exists(path):
+        _lib_error = (f"{path} is missing (the package was installed without building the CPU kernels; "
+                      "build them with `python3 kernels/cpu/build.py`)")
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        if lib.rx_abi_version() != 1:
+            raise OSError(f"ABI version {lib.rx_abi_version()}, expected 1 (rebuild the kernels)")
+    except (OSError, AttributeError) as e:
+        _lib_error = f"{path} could not be loaded: {e}"
+        return None
+    _lib = lib
+    return lib
+
+
+def available():
+    """(True, isa name) when the kernels load, else (False, why)."""
+    lib = load_library()
+    if lib is None:
+        return False, _lib_error
+    return True, lib.rx_isa_name().decode()
+
+
+def physical_cores():
+    """Cores this process may run on, counting SMT siblings once (Linux sysfs; else the CPU count)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as fh:
+                cores.add(fh.read().strip())
+        except OSError:
+            cores.add(str(c))
+    return max(1, len(cores))
+
+
+def _ptr(a):
+    return a.ctypes.data
+
+
+class CpuWeight:
+    """A weight handle: `shape` (rows, cols) of ggml type `ggml_type`, read in place from
+    `raw` (the mapping, or a float32 array for types the kernels do not read)."""
+
+    __slots__ = ("shape", "ggml_type", "raw", "row_bytes", "desc", "ptr", "dense")
+
+    def __init__(self, raw, ggml_type, rows, cols, row_bytes):
+        self.shape = (rows, cols)
+        self.ggml_type = ggml_type
+        self.raw = raw
+        self.row_bytes = row_bytes
+        self.desc = _Weight(ggml_type, raw.ctypes.data, rows, cols, row_bytes)
+        self.ptr = ctypes.addressof(self.desc)
+        # F32 weights: numpy's BLAS on a view of the mapping for batches
+        self.dense = raw.view(_F32).reshape(rows, cols) if ggml_type == 0 else None
+
+    @property
+    def ndim(self):
+        return 2
+
+    def rows(self, ids):
+        """Rows `ids` dequantized to float32 [len(ids), cols]."""
+        from ..quants import dequantize
+
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self.dense is not None:
+            return self.dense[ids]
+        blocks = self.raw.reshape(self.shape[0], self.row_bytes)[ids]
+        return dequantize(blocks.reshape(-1), self.ggml_type, len(ids) * self.shape[1]).reshape(
+            len(ids), self.shape[1])
+
+
+class KVCache:
+    """The old-contract cache (one object for all layers): per-layer k, v [Hkv, n_ctx, hd]."""
+
+    def __init__(self, ops, n_layers, n_kv_heads, head_dim, n_ctx):
+        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
+        self.k = [ops.empty((n_kv_heads, n_ctx, head_dim), ops.kv_dtype) for _ in range(n_layers)]
+        self.v = [ops.empty((n_kv_heads, n_ctx, head_dim), ops.kv_dtype) for _ in range(n_layers)]
+
+
+class CpuOps:
+    name = "cpu"
+    device = "cpu"
+    kv_dtype = "float16"
+    prefill_chunk = 512
+
+    def __init__(self, threads=None, kv_dtype=None):
+        lib = load_library()
+        if lib is None:
+            raise RuntimeError(_lib_error)
+        self._lib = lib
+        if threads is None:
+            env = os.environ.get("REFLEX_CPU_THREADS")
+            threads = int(env) if env else physical_cores()
+        self.threads = lib.rx_set_threads(max(1, int(threads)))
+        self.isa = lib.rx_isa_name().decode()
+        if kv_dtype is not None:
+            if kv_dtype not in ("float16", "float32"):
+                raise ValueError(f"kv_dtype must be float16 or float32, not {kv_dtype!r}")
+            self.kv_dtype = kv_dtype
+        self._mm = lib.rx_matmul
+        self._norm_rope = lib.rx_norm_rope
+        self._rms = lib.rx_rms_norm
+        self._kvs = lib.rx_kv_store
+        self._attn = lib.rx_attention
+
+    def set_threads(self, n):
+        self.threads = self._lib.rx_set_threads(max(1, int(n)))
+        return self.threads
+
+    # -- memory ------------------------------------------------------------------
+    def empty(self, shape, dtype="float32"):
+        return np.empty(shape, dtype)
+
+    def asarray(self, a, dtype=None):
+        a = np.asarray(a)
+        if dtype is None:
+            dtype = np.int32 if a.dtype.kind in "iub" else _F32
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def synchronize(self):
+        pass
+
+    def positions(self, pos):
+        if isinstance(pos, np.ndarray) and pos.dtype == np.int32 and pos.flags.c_contiguous:
+            return pos.reshape(-1)
+        return np.ascontiguousarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
+
+    def write(self, dst, host_array):
+        dst[...] = np.asarray(host_array).reshape(dst.shape)
+        return dst
+
+    def copy(self, src, out):
+        out[...] = src
+        return out
+
+    # -- weights -----------------------------------------------------------------
+    def load_weight(self, f, name):
+        from ..ggml_types import BY_ID
+        from ..quants import dequantize
+
+        t = f.tensors[name]
+        shape = tuple(reversed(t.shape))
+        raw = f.tensor_data(t)
+        if len(shape) < 2:
+            return np.array(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32).reshape(shape)
+        rows, cols = math.prod(shape[:-1]), shape[-1]
+        if t.ggml_type not in NATIVE_TYPES:  # e.g. Q2_K, Q3_K, IQ4_*: float32 once, at load
+            data = np.ascontiguousarray(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32)
+            return CpuWeight(data.view(np.uint8), 0, rows, cols, cols * 4)
+        _, blk, bsize = BY_ID[t.ggml_type]
+        return CpuWeight(raw, t.ggml_type, rows, cols, cols // blk * bsize)
+
+    # -- linear algebra ----------------------------------------------------------
+    @staticmethod
+    def _rows(x):
+        """x as a C-contiguous float32 array and its row count over the last axis."""
+        if x.dtype != _F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=_F32)
+        return x, x.size // x.shape[-1] if x.shape[-1] else 0
+
+    def _check(self, x, w, what="matmul"):
+        if x.shape[-1] != w.shape[1]:
+            raise ValueError(f"{what}: x has {x.shape[-1]} columns, weight expects {w.shape[1]}")
+
+    def matmul(self, x, w, out=None, accumulate=False):
+        self._check(x, w)
+        x, N = self._rows(x)
+        M = w.shape[0]
+        if w.dense is not None and N > 4:  # float32 weights: BLAS
+            y = x @ w.dense.T
+            if accumulate:
+                out += y
+                return out
+            if out is not None:
+                out[...] = y
+                return out
+            return y
+        if accumulate and out is None:
+            raise ValueError("matmul: accumulate=True needs out")
+        y = out if out is not None and out.flags.c_contiguous and out.dtype == _F32 else None
+        if y is None:
+            y = np.empty(x.shape[:-1] + (M,), _F32)
+            if accumulate:
+                y[...] = out
+        if N:
+            self._mm(N, w.shape[1], x.ctypes.data, w.shape[1], 1, w.ptr, None, None, y.ctypes.data, None,
+                     None, 0, 1 if accumulate else 0)
+        if out is not None and y is not out:
+            out[...] = y
+            return out
+        return y
+
+    def matmul_n(self, x, ws):
+        check_matmul_n(ws)
+        for w in ws:
+            self._check(x, w, "matmul_n")
+        if any(w.dense is not None for w in ws):
+            return [self.matmul(x, w) for w in ws]
+        x, N = self._rows(x)
+        lead = x.shape[:-1]
+        ys = [np.empty(lead + (w.shape[0],), _F32) for w in ws]
+        if N:
+            p = [w.ptr for w in ws] + [None] * (3 - len(ws))
+            yp = [y.ctypes.data for y in ys] + [None] * (3 - len(ws))
+            self._mm(N, x.shape[-1], x.ctypes.data, x.shape[-1], len(ws), p[0], p[1], p[2], yp[0], yp[1],
+                     yp[2], 0, 0)
+        return ys
+
+    def matmul_glu(self, x, w_gate, w_up, act="silu"):
+        check_glu(w_gate, w_up, act)
+        self._check(x, w_gate, "matmul_glu")
+        if w_gate.dense is not None or w_up.dense is not None:
+            glu = self.swiglu if act == "silu" else self.geglu
+            return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
+        x, N = self._rows(x)
+        y = np.empty(x.shape[:-1] + (w_gate.shape[0],), _F32)
+        if N:
+            self._mm(N, x.shape[-1], x.ctypes.data, x.shape[-1], 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data,
+                     None, None, 1 if act == "silu" else 2, 0)
+        return y
+
+    def embed(self, w, ids, scale=1.0):
+        rows = w.rows(ids) if isinstance(w, CpuWeight) else np.asarray(w)[np.asarray(ids, np.int64).reshape(-1)]
+        rows = np.array(rows, dtype=_F32)  # a fresh array: models add into it
+        if scale != 1.0:
+            rows *= _F32(scale)
+        return rows
+
+    # -- element-wise ------------------------------------------------------------
+    @staticmethod
+    def _put(y, out):
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def add(self, a, b, out=None):
+        return np.add(a, b, out=out) if out is not None else a + b
+
+    def mul(self, a, b, out=None):
+        return np.multiply(a, b, out=out) if out is not None else a * b
+
+    def scale(self, a, s, out=None):
+        return self._put(a * _F32(s), out)
+
+    def softcap(self, a, cap, out=None):
+        cap = _F32(cap)
+        return self._put(np.tanh(a / cap) * cap, out)
+
+    def silu(self, a):
+        return a / (_F32(1) + np.exp(-a))
+
+    def gelu(self, a):
+        inner = _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)
+        return _F32(0.5) * a * (_F32(1) + np.tanh(inner))
+
+    def swiglu(self, g, u):
+        return self.silu(g) * u
+
+    def geglu(self, g, u):
+        return self.gelu(g) * u
+
+    # -- normalization, rotary -------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        x, _ = self._rows(x)
+        D = x.shape[-1]
+        y = np.empty(x.shape, _F32)
+        if w is not None:
+            w = np.ascontiguousarray(w, dtype=_F32)
+            if w.shape[-1] != D:
+                raise ValueError(f"rms_norm: weight of {w.shape[-1]} for rows of {D}")
+        self._rms(x.ctypes.data, y.ctypes.data, None if w is None else w.ctypes.data, x.size // D if D else 0,
+                  D, eps)
+        return y
+
+    def _rope(self, x, pos, w, eps, norm, n_rot, base, freq_scale, freq_factors, neox, mscale):
+        N, H, hd = x.shape
+        n_rot = hd if n_rot is None else int(n_rot)
+        if n_rot > hd or n_rot % 2 or n_rot > 1024:
+            raise ValueError(f"rope: n_rot {n_rot} for heads of {hd}")
+        pos = self.positions(pos)
+        if len(pos) != N:
+            raise ValueError(f"rope: {len(pos)} positions for {N} rows")
+        ff = None
+        if freq_factors is not None:
+            ff = np.ascontiguousarray(freq_factors, dtype=_F32)
+            if ff.size < n_rot // 2:
+                raise ValueError(f"rope: {ff.size} frequency factors for {n_rot // 2} pairs")
+        if w is not None:
+            w = np.ascontiguousarray(w, dtype=_F32)
+        self._norm_rope(x.ctypes.data, N, H, hd, pos.ctypes.data, n_rot, float(base), float(freq_scale),
+                        None if ff is None else ff.ctypes.data, 1 if neox else 0, float(mscale), 1 if norm else 0,
+                        None if w is None else w.ctypes.data, eps)
+        return x
+
+    def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
+             neox=False, mscale=1.0, inplace=False):
+        if not inplace or x.dtype != _F32 or not x.flags.c_contiguous:
+            y = np.array(x, dtype=_F32, order="C")
+            self._rope(y, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
+            if inplace:
+                x[...] = y
+                return x
+            return y
+        return self._rope(x, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
+
+    def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
+                      freq_factors=None, neox=False, mscale=1.0):
+        if x.dtype != _F32 or not x.flags.c_contiguous:
+            y = np.array(x, dtype=_F32, order="C")
+            self._rope(y, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+            x[...] = y
+            return x
+        return self._rope(x, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+
+    # -- attention ---------------------------------------------------------------
+    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
+        """The old contract's cache object (kept until the runtime's per-layer state lands)."""
+        return KVCache(self, n_layers, n_kv_heads, head_dim, n_ctx)
+
+    def _kv_f16(self, kc, vc):
+        if kc.dtype != vc.dtype or kc.dtype not in (np.float16, np.float32):
+            raise ValueError(f"KV arrays must both be float16 or float32, not {kc.dtype}/{vc.dtype}")
+        if not (kc.flags.c_contiguous and vc.flags.c_contiguous):
+            raise ValueError("KV arrays must be contiguous")
+        return 1 if kc.dtype == np.float16 else 0
+
+    def kv_store(self, k_cache, v_cache, k, v, slots):
+        """Write k [N, Hkv, hd_k], v [N, Hkv, hd_v] into k_cache [Hkv, n_slots, hd_k] and
+        v_cache [Hkv, n_slots, hd_v] at slots[n]. The old contract's (cache, layer, k, v, slots)
+        is accepted too."""
+        if isinstance(v_cache, (int, np.integer)):
+            k_cache, v_cache = k_cache.k[int(v_cache)], k_cache.v[int(v_cache)]
+        f16 = self._kv_f16(k_cache, v_cache)
+        Hkv, n_slots, hdk = k_cache.shape
+        hdv = v_cache.shape[2]
+        k, _ = self._rows(k)
+        v, _ = self._rows(v)
+        slots = self.positions(slots)
+        N = len(slots)
+        if k.size != N * Hkv * hdk or v.size != N * Hkv * hdv:
+            raise ValueError(f"kv_store: k {k.shape} / v {v.shape} for {N} slots of {Hkv} heads")
+        if N and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+            raise ValueError(f"kv_store: slots outside 0..{n_slots - 1}")
+        self._kvs(k_cache.ctypes.data, v_cache.ctypes.data, k.ctypes.data, v.ctypes.data, slots.ctypes.data, N,
+                  Hkv, n_slots, hdk, hdv, f16)
+
+    def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+                  mask=None):
+        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v] (the old
+        contract's (q, cache, layer, ...) is accepted too)."""
+        if isinstance(v_cache, (int, np.integer)):
+            k_cache, v_cache = k_cache.k[int(v_cache)], k_cache.v[int(v_cache)]
+        f16 = self._kv_f16(k_cache, v_cache)
+        q, _ = self._rows(q)
+        N, Hq, hdk = q.shape
+        Hkv, n_slots, _ = k_cache.shape
+        hdv = v_cache.shape[2]
+        if Hq % Hkv or k_cache.shape[2] != hdk:
+            raise ValueError(f"attention: q {q.shape} against a cache of {k_cache.shape}")
+        n_kv = int(n_kv)
+        if not 0 <= n_kv <= n_slots:
+            raise ValueError(f"attention: n_kv {n_kv} outside 0..{n_slots}")
+        pos = self.positions(pos)
+        m = None
+        if mask is not None:
+            m = np.ascontiguousarray(mask, dtype=_F32)
+            if m.shape != (N, n_kv):
+                raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
+        out = np.empty((N, Hq, hdv), _F32)
+        self._attn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                   None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap,
+                   1 if causal else 0, int(window), f16)
+        return out
+
+    # -- selection ---------------------------------------------------------------
+    def argmax(self, logits, out=None):
+        r = np.argmax(np.asarray(logits), axis=-1)
+        if out is not None:
+            out[...] = r
+            return out
+        return r
+
+    def logprobs(self, logits, rows, targets, n=None):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+        z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
+        out = np.empty(len(rows))
+        for r in np.unique(rows):
+            zr = z[r].astype(np.float64)
+            m = zr.max()
+            lse = m + np.log(np.exp(zr - m).sum())
+            sel = rows == r
+            out[sel] = zr[targets[sel]] - lse
+        return out

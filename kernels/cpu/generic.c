@@ -271,3 +271,80 @@ void rx_fill_generic(rx_isa *t) {
     t->axpy_f16 = axpy_f16;
     t->to_f16 = to_f16;
 }
+
+/* One row of k values of a natively read type -> float32 (the embedding lookup). */
+void rx_dequant_row(int type, const void *src, float *y, int64_t k) {
+    switch (type) {
+    case RX_F32: memcpy(y, src, (size_t)k * sizeof(float)); return;
+    case RX_F16: for (int64_t i = 0; i < k; i++) y[i] = rx_h2f(((const uint16_t *)src)[i]); return;
+    case RX_BF16: for (int64_t i = 0; i < k; i++) y[i] = rx_bf2f(((const uint16_t *)src)[i]); return;
+    default: break;
+    }
+    if (type == RX_Q4_0 || type == RX_Q4_1 || type == RX_Q5_0 || type == RX_Q5_1 || type == RX_Q8_0) {
+        for (int64_t b = 0; b < k / 32; b++, y += 32) {
+            float d, m = 0.f;
+            int q[32];
+            if (type == RX_Q8_0) {
+                const rx_q8_0 *x = (const rx_q8_0 *)src + b;
+                d = rx_h2f(x->d);
+                for (int j = 0; j < 32; j++) q[j] = x->qs[j];
+            } else if (type == RX_Q4_0 || type == RX_Q4_1) {
+                const uint8_t *qs;
+                if (type == RX_Q4_0) { const rx_q4_0 *x = (const rx_q4_0 *)src + b; d = rx_h2f(x->d); qs = x->qs; }
+                else { const rx_q4_1 *x = (const rx_q4_1 *)src + b; d = rx_h2f(x->d); m = rx_h2f(x->m); qs = x->qs; }
+                for (int j = 0; j < 16; j++) { q[j] = qs[j] & 15; q[j + 16] = qs[j] >> 4; }
+                if (type == RX_Q4_0) for (int j = 0; j < 32; j++) q[j] -= 8;
+            } else {
+                const uint8_t *qs, *qhp;
+                if (type == RX_Q5_0) { const rx_q5_0 *x = (const rx_q5_0 *)src + b; d = rx_h2f(x->d); qs = x->qs; qhp = x->qh; }
+                else { const rx_q5_1 *x = (const rx_q5_1 *)src + b; d = rx_h2f(x->d); m = rx_h2f(x->m); qs = x->qs; qhp = x->qh; }
+                uint32_t qh; memcpy(&qh, qhp, 4);
+                for (int j = 0; j < 16; j++) {
+                    q[j] = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+                    q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                }
+                if (type == RX_Q5_0) for (int j = 0; j < 32; j++) q[j] -= 16;
+            }
+            for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+        }
+        return;
+    }
+    for (int64_t b = 0; b < k / 256; b++, y += 256) {
+        if (type == RX_Q8_K) {
+            const rx_q8_k *x = (const rx_q8_k *)src + b;
+            for (int j = 0; j < 256; j++) y[j] = x->d * (float)x->qs[j];
+        } else if (type == RX_Q4_K || type == RX_Q5_K) {
+            const uint8_t *scales, *qs, *qh = NULL;
+            float d, dmin;
+            if (type == RX_Q4_K) { const rx_q4_k *x = (const rx_q4_k *)src + b; d = rx_h2f(x->d); dmin = rx_h2f(x->dmin); scales = x->scales; qs = x->qs; }
+            else { const rx_q5_k *x = (const rx_q5_k *)src + b; d = rx_h2f(x->d); dmin = rx_h2f(x->dmin); scales = x->scales; qs = x->qs; qh = x->qh; }
+            for (int j = 0; j < 4; j++) {
+                uint8_t s0, m0, s1, m1;
+                rx_k4_scale_min(2 * j, scales, &s0, &m0);
+                rx_k4_scale_min(2 * j + 1, scales, &s1, &m1);
+                float d0 = d * s0, d1 = d * s1, n0 = dmin * m0, n1 = dmin * m1;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                    if (qh) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
+                    y[64 * j + l] = d0 * (float)lo - n0;
+                    y[64 * j + 32 + l] = d1 * (float)hi - n1;
+                }
+            }
+        } else if (type == RX_Q6_K) {
+            const rx_q6_k *x = (const rx_q6_k *)src + b;
+            float d = rx_h2f(x->d);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+                const int8_t *sc = x->scales + 8 * h;
+                float *o = y + 128 * h;
+                for (int l = 0; l < 32; l++) {
+                    int is = l / 16;
+                    o[l] = d * sc[is] * (float)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                    o[l + 32] = d * sc[is + 2] * (float)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                    o[l + 64] = d * sc[is + 4] * (float)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                    o[l + 96] = d * sc[is + 6] * (float)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                }
+            }
+        }
+    }
+}

@@ -630,3 +630,83 @@ RX_EXPORT void rx_to_f16(const float *x, uint16_t *y, int64_t n) {
     init_isa();
     T.to_f16(x, y, n);
 }
+
+/* ------------------------------------------------------------------ small ops */
+/* out [N, K] = rows ids[n] of w, dequantized, times scale */
+RX_EXPORT int rx_embed(const rx_weight *w, const int32_t *ids, int64_t N, float *out, float scale) {
+    for (int64_t n = 0; n < N; n++) {
+        if (ids[n] < 0 || ids[n] >= w->M) return -1;
+        float *y = out + n * w->K;
+        rx_dequant_row((int)w->type, w->data + (int64_t)ids[n] * w->row_bytes, y, w->K);
+        if (scale != 1.f) for (int64_t i = 0; i < w->K; i++) y[i] *= scale;
+    }
+    return 0;
+}
+
+/* out[i] = a[i] op b[i % nb] (nb == n, or a row broadcast over the rows): 0 add, 1 mul */
+RX_EXPORT void rx_binary(int64_t op, const float *a, const float *b, float *out, int64_t n, int64_t nb) {
+    if (nb == n) {
+        if (op == 0) for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+        return;
+    }
+    for (int64_t r = 0; r < n; r += nb) {
+        if (op == 0) for (int64_t i = 0; i < nb; i++) out[r + i] = a[r + i] + b[i];
+        else for (int64_t i = 0; i < nb; i++) out[r + i] = a[r + i] * b[i];
+    }
+}
+
+/* out = f(a): 0 scale (a * p), 1 softcap (p * tanh(a / p)), 2 silu, 3 gelu (tanh),
+ * 4 swiglu silu(a) * b, 5 geglu gelu(a) * b */
+RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, int64_t n, float p) {
+    switch (op) {
+    case 0: for (int64_t i = 0; i < n; i++) out[i] = a[i] * p; break;
+    case 1: for (int64_t i = 0; i < n; i++) out[i] = tanhf(a[i] / p) * p; break;
+    case 2: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]); break;
+    case 3: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]); break;
+    case 4: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]) * b[i]; break;
+    case 5: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]) * b[i]; break;
+    default: break;
+    }
+}
+
+RX_EXPORT void rx_copy(const void *src, void *dst, int64_t bytes) { memmove(dst, src, (size_t)bytes); }
+
+/* ------------------------------------------------------------------ recorded graphs */
+/* A captured op sequence: rows of 24 int64, [op, args...] with the arguments of the
+ * exported function of that op (doubles stored as their bits). Attention with
+ * n_kv == -1 reads n_kv = pos[0] + 1 (an ordinary decode step at slot pos). */
+enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY };
+
+static inline double as_d(int64_t v) { double d; memcpy(&d, &v, 8); return d; }
+#define P(i) ((void *)(intptr_t)a[i])
+
+RX_EXPORT int rx_run(const int64_t *cmds, int64_t n, int64_t stride) {
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t *a = cmds + c * stride;
+        switch (a[0]) {
+        case OP_MATMUL:
+            if (rx_matmul(a[1], a[2], P(3), a[4], a[5], P(6), P(7), P(8), P(9), P(10), P(11), a[12], a[13]))
+                return -1;
+            break;
+        case OP_NORM_ROPE:
+            rx_norm_rope(P(1), a[2], a[3], a[4], P(5), a[6], as_d(a[7]), as_d(a[8]), P(9), a[10], as_d(a[11]),
+                         a[12], P(13), (float)as_d(a[14]));
+            break;
+        case OP_RMS: rx_rms_norm(P(1), P(2), P(3), a[4], a[5], (float)as_d(a[6])); break;
+        case OP_KV_STORE: rx_kv_store(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9], a[10], a[11]); break;
+        case OP_ATTN: {
+            int64_t n_kv = a[13] >= 0 ? a[13] : (int64_t)((const int32_t *)P(5))[0] + 1;
+            rx_attention(P(1), P(2), P(3), P(4), P(5), P(6), a[7], a[8], a[9], a[10], a[11], a[12], n_kv,
+                         (float)as_d(a[14]), (float)as_d(a[15]), a[16], a[17], a[18]);
+            break;
+        }
+        case OP_EMBED: if (rx_embed(P(1), P(2), a[3], P(4), (float)as_d(a[5]))) return -1; break;
+        case OP_BINARY: rx_binary(a[1], P(2), P(3), P(4), a[5], a[6]); break;
+        case OP_UNARY: rx_unary(a[1], P(2), P(3), P(4), a[5], (float)as_d(a[6])); break;
+        case OP_COPY: rx_copy(P(1), P(2), a[3]); break;
+        default: return -2;
+        }
+    }
+    return 0;
+}

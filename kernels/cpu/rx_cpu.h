@@ -56,6 +56,7 @@ typedef struct {
 } rx_isa;
 
 void rx_fill_generic(rx_isa *t);
+void rx_dequant_row(int type, const void *src, float *y, int64_t k);
 #if defined(__x86_64__) || defined(_M_X64)
 void rx_fill_avx2(rx_isa *t);
 void rx_fill_avx512vnni(rx_isa *t);

@@ -67,7 +67,18 @@ _SIGNATURES = {
     "rx_attention": ([_vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c,
                       _i64, _i64, _i64], None),
     "rx_to_f16": ([_vp, _vp, _i64], None),
+    "rx_embed": ([_vp, _vp, _i64, _vp, _f32c], ctypes.c_int),
+    "rx_binary": ([_i64, _vp, _vp, _vp, _i64, _i64], None),
+    "rx_unary": ([_i64, _vp, _vp, _vp, _i64, _f32c], None),
+    "rx_copy": ([_vp, _vp, _i64], None),
+    "rx_run": ([_vp, _i64, _i64], ctypes.c_int),
 }
+
+# op codes of recorded graphs (kernels/cpu/ops.c, rx_run): the C function of each
+_OPS = {1: "rx_matmul", 2: "rx_norm_rope", 3: "rx_rms_norm", 4: "rx_kv_store", 5: "rx_attention",
+        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy"}
+MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY = range(1, 10)
+_CMD_WIDTH = 24
 
 
 def library_path():
@@ -187,19 +198,43 @@ class CpuOps:
             if kv_dtype not in ("float16", "float32"):
                 raise ValueError(f"kv_dtype must be float16 or float32, not {kv_dtype!r}")
             self.kv_dtype = kv_dtype
-        self._mm = lib.rx_matmul
-        self._norm_rope = lib.rx_norm_rope
-        self._rms = lib.rx_rms_norm
-        self._kvs = lib.rx_kv_store
-        self._attn = lib.rx_attention
+        self._fns = {code: getattr(lib, fn) for code, fn in _OPS.items()}
+        self._rec = None  # while recording a graph: [(op code, args)]
+        self._keep = None  # ... and the arrays its commands point into
+        self._rec_bad = None  # ... or why the step cannot be replayed
+        self._dyn_nkv = False
 
     def set_threads(self, n):
         self.threads = self._lib.rx_set_threads(max(1, int(n)))
         return self.threads
 
+    # -- the C calls, recorded while capturing ---------------------------------------
+    def _c(self, code, *args):
+        if self._rec is not None:
+            self._rec.append((code, args))
+        return self._fns[code](*args)
+
+    def _new(self, shape, dtype=_F32):
+        a = np.empty(shape, dtype)
+        if self._keep is not None:
+            self._keep.append(a)
+        return a
+
+    def _eager(self, why):
+        """A step done in numpy: a recording that contains it cannot be replayed."""
+        if self._rec is not None and self._rec_bad is None:
+            self._rec_bad = why
+
+    def _f32(self, x):
+        """x as a C-contiguous float32 array."""
+        if x.dtype != _F32 or not x.flags.c_contiguous:
+            self._eager("a non-contiguous or non-float32 input")
+            x = np.ascontiguousarray(x, dtype=_F32)
+        return x
+
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
-        return np.empty(shape, dtype)
+        return self._new(shape, dtype)
 
     def asarray(self, a, dtype=None):
         a = np.asarray(a)
@@ -223,7 +258,12 @@ class CpuOps:
         return dst
 
     def copy(self, src, out):
-        out[...] = src
+        if (src.dtype == out.dtype and src.shape == out.shape and src.flags.c_contiguous
+                and out.flags.c_contiguous):
+            self._c(COPY, src.ctypes.data, out.ctypes.data, src.nbytes)
+        else:
+            self._eager("copy between different layouts")
+            out[...] = src
         return out
 
     # -- weights -----------------------------------------------------------------
@@ -245,21 +285,18 @@ class CpuOps:
 
     # -- linear algebra ----------------------------------------------------------
     @staticmethod
-    def _rows(x):
-        """x as a C-contiguous float32 array and its row count over the last axis."""
-        if x.dtype != _F32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=_F32)
-        return x, x.size // x.shape[-1] if x.shape[-1] else 0
-
-    def _check(self, x, w, what="matmul"):
+    def _check(x, w, what="matmul"):
         if x.shape[-1] != w.shape[1]:
             raise ValueError(f"{what}: x has {x.shape[-1]} columns, weight expects {w.shape[1]}")
 
     def matmul(self, x, w, out=None, accumulate=False):
         self._check(x, w)
-        x, N = self._rows(x)
-        M = w.shape[0]
-        if w.dense is not None and N > 4:  # float32 weights: BLAS
+        if accumulate and out is None:
+            raise ValueError("matmul: accumulate=True needs out")
+        x = self._f32(x)
+        K, M = x.shape[-1], w.shape[0]
+        N = x.size // K if K else 0
+        if w.dense is not None and N > 4 and self._rec is None:  # float32 weights: BLAS
             y = x @ w.dense.T
             if accumulate:
                 out += y
@@ -268,16 +305,15 @@ class CpuOps:
                 out[...] = y
                 return out
             return y
-        if accumulate and out is None:
-            raise ValueError("matmul: accumulate=True needs out")
         y = out if out is not None and out.flags.c_contiguous and out.dtype == _F32 else None
         if y is None:
-            y = np.empty(x.shape[:-1] + (M,), _F32)
+            y = self._new(x.shape[:-1] + (M,))
             if accumulate:
+                self._eager("accumulate into a non-contiguous out")
                 y[...] = out
         if N:
-            self._mm(N, w.shape[1], x.ctypes.data, w.shape[1], 1, w.ptr, None, None, y.ctypes.data, None,
-                     None, 0, 1 if accumulate else 0)
+            self._c(MATMUL, N, K, x.ctypes.data, K, 1, w.ptr, None, None, y.ctypes.data, None, None, 0,
+                    1 if accumulate else 0)
         if out is not None and y is not out:
             out[...] = y
             return out
@@ -287,83 +323,126 @@ class CpuOps:
         check_matmul_n(ws)
         for w in ws:
             self._check(x, w, "matmul_n")
-        if any(w.dense is not None for w in ws):
+        x = self._f32(x)
+        K = x.shape[-1]
+        N = x.size // K if K else 0
+        if any(w.dense is not None for w in ws) and N > 4 and self._rec is None:
             return [self.matmul(x, w) for w in ws]
-        x, N = self._rows(x)
         lead = x.shape[:-1]
-        ys = [np.empty(lead + (w.shape[0],), _F32) for w in ws]
+        ys = [self._new(lead + (w.shape[0],)) for w in ws]
         if N:
             p = [w.ptr for w in ws] + [None] * (3 - len(ws))
             yp = [y.ctypes.data for y in ys] + [None] * (3 - len(ws))
-            self._mm(N, x.shape[-1], x.ctypes.data, x.shape[-1], len(ws), p[0], p[1], p[2], yp[0], yp[1],
-                     yp[2], 0, 0)
+            self._c(MATMUL, N, K, x.ctypes.data, K, len(ws), p[0], p[1], p[2], yp[0], yp[1], yp[2], 0, 0)
         return ys
 
     def matmul_glu(self, x, w_gate, w_up, act="silu"):
         check_glu(w_gate, w_up, act)
         self._check(x, w_gate, "matmul_glu")
-        if w_gate.dense is not None or w_up.dense is not None:
+        x = self._f32(x)
+        K = x.shape[-1]
+        N = x.size // K if K else 0
+        if (w_gate.dense is not None or w_up.dense is not None) and N > 4 and self._rec is None:
             glu = self.swiglu if act == "silu" else self.geglu
             return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
-        x, N = self._rows(x)
-        y = np.empty(x.shape[:-1] + (w_gate.shape[0],), _F32)
+        y = self._new(x.shape[:-1] + (w_gate.shape[0],))
         if N:
-            self._mm(N, x.shape[-1], x.ctypes.data, x.shape[-1], 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data,
-                     None, None, 1 if act == "silu" else 2, 0)
+            self._c(MATMUL, N, K, x.ctypes.data, K, 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data, None, None,
+                    1 if act == "silu" else 2, 0)
         return y
 
     def embed(self, w, ids, scale=1.0):
-        rows = w.rows(ids) if isinstance(w, CpuWeight) else np.asarray(w)[np.asarray(ids, np.int64).reshape(-1)]
-        rows = np.array(rows, dtype=_F32)  # a fresh array: models add into it
+        if not isinstance(w, CpuWeight):
+            self._eager("embedding from an array")
+            rows = np.array(np.asarray(w)[np.asarray(ids, np.int64).reshape(-1)], dtype=_F32)
+            return rows * _F32(scale) if scale != 1.0 else rows
+        ids = self.positions(ids)
+        N, (M, K) = len(ids), w.shape
+        if N and (int(ids.min()) < 0 or int(ids.max()) >= M):
+            raise ValueError(f"embed: token ids outside 0..{M - 1}")
+        out = self._new((N, K))
+        if w.ggml_type in NATIVE_TYPES and (N <= 8 or self._rec is not None):
+            self._c(EMBED, w.ptr, ids.ctypes.data, N, out.ctypes.data, float(scale))
+            return out
+        out[...] = w.rows(ids)  # many rows: numpy's dequantizer (threaded, exact)
         if scale != 1.0:
-            rows *= _F32(scale)
-        return rows
+            out *= _F32(scale)
+        return out
 
     # -- element-wise ------------------------------------------------------------
-    @staticmethod
-    def _put(y, out):
+    def _binary(self, code, a, b, out):
+        """a + b / a * b with base.py's broadcasting (b has a's shape or is a row)."""
+        if (a.dtype == _F32 and b.dtype == _F32 and a.flags.c_contiguous and b.flags.c_contiguous
+                and (b.shape == a.shape or (b.ndim == 1 and b.shape[0] == a.shape[-1]))
+                and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
+            y = self._new(a.shape) if out is None else out
+            if a.size:
+                self._c(BINARY, code, a.ctypes.data, b.ctypes.data, y.ctypes.data, a.size, b.size)
+            return y
+        self._eager("element-wise op on other shapes or dtypes")
+        f = np.add if code == 0 else np.multiply
+        return f(a, b, out=out) if out is not None else f(a, b)
+
+    def _unary(self, code, a, b=None, p=0.0, out=None):
+        if (a.dtype == _F32 and a.flags.c_contiguous and (b is None or (
+                b.shape == a.shape and b.dtype == _F32 and b.flags.c_contiguous))
+                and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
+            y = self._new(a.shape) if out is None else out
+            if a.size:
+                self._c(UNARY, code, a.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data, a.size,
+                        float(p))
+            return y
+        self._eager("element-wise op on other layouts")
+        a = np.asarray(a, dtype=_F32)
+        if code == 0:
+            y = a * _F32(p)
+        elif code == 1:
+            y = np.tanh(a / _F32(p)) * _F32(p)
+        else:
+            g = a / (_F32(1) + np.exp(-a)) if code in (2, 4) else _F32(0.5) * a * (_F32(1) + np.tanh(
+                _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)))
+            y = g * b if code >= 4 else g
         if out is None:
             return y
         out[...] = y
         return out
 
     def add(self, a, b, out=None):
-        return np.add(a, b, out=out) if out is not None else a + b
+        return self._binary(0, a, b, out)
 
     def mul(self, a, b, out=None):
-        return np.multiply(a, b, out=out) if out is not None else a * b
+        return self._binary(1, a, b, out)
 
     def scale(self, a, s, out=None):
-        return self._put(a * _F32(s), out)
+        return self._unary(0, a, p=s, out=out)
 
     def softcap(self, a, cap, out=None):
-        cap = _F32(cap)
-        return self._put(np.tanh(a / cap) * cap, out)
+        return self._unary(1, a, p=cap, out=out)
 
     def silu(self, a):
-        return a / (_F32(1) + np.exp(-a))
+        return self._unary(2, a)
 
     def gelu(self, a):
-        inner = _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)
-        return _F32(0.5) * a * (_F32(1) + np.tanh(inner))
+        return self._unary(3, a)
 
     def swiglu(self, g, u):
-        return self.silu(g) * u
+        return self._unary(4, g, u)
 
     def geglu(self, g, u):
-        return self.gelu(g) * u
+        return self._unary(5, g, u)
 
     # -- normalization, rotary -------------------------------------------------------
     def rms_norm(self, x, w, eps):
-        x, _ = self._rows(x)
+        x = self._f32(x)
         D = x.shape[-1]
-        y = np.empty(x.shape, _F32)
         if w is not None:
-            w = np.ascontiguousarray(w, dtype=_F32)
+            w = self._f32(w)
             if w.shape[-1] != D:
                 raise ValueError(f"rms_norm: weight of {w.shape[-1]} for rows of {D}")
-        self._rms(x.ctypes.data, y.ctypes.data, None if w is None else w.ctypes.data, x.size // D if D else 0,
-                  D, eps)
+        y = self._new(x.shape)
+        if x.size:
+            self._c(RMS, x.ctypes.data, y.ctypes.data, None if w is None else w.ctypes.data, x.size // D, D,
+                    float(eps))
         return y
 
     def _rope(self, x, pos, w, eps, norm, n_rot, base, freq_scale, freq_factors, neox, mscale):
@@ -376,46 +455,57 @@ class CpuOps:
             raise ValueError(f"rope: {len(pos)} positions for {N} rows")
         ff = None
         if freq_factors is not None:
-            ff = np.ascontiguousarray(freq_factors, dtype=_F32)
+            ff = self._f32(freq_factors)
             if ff.size < n_rot // 2:
                 raise ValueError(f"rope: {ff.size} frequency factors for {n_rot // 2} pairs")
         if w is not None:
-            w = np.ascontiguousarray(w, dtype=_F32)
-        self._norm_rope(x.ctypes.data, N, H, hd, pos.ctypes.data, n_rot, float(base), float(freq_scale),
-                        None if ff is None else ff.ctypes.data, 1 if neox else 0, float(mscale), 1 if norm else 0,
-                        None if w is None else w.ctypes.data, eps)
+            w = self._f32(w)
+        if x.size:
+            self._c(NORM_ROPE, x.ctypes.data, N, H, hd, pos.ctypes.data, n_rot, float(base), float(freq_scale),
+                    None if ff is None else ff.ctypes.data, 1 if neox else 0, float(mscale), 1 if norm else 0,
+                    None if w is None else w.ctypes.data, float(eps))
         return x
+
+    def _inplace_target(self, x):
+        """(array to rotate, whether it must be copied back into x)."""
+        if x.dtype == _F32 and x.flags.c_contiguous:
+            return x, False
+        self._eager("rotary on a non-contiguous array")
+        return np.array(x, dtype=_F32, order="C"), True
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
              neox=False, mscale=1.0, inplace=False):
-        if not inplace or x.dtype != _F32 or not x.flags.c_contiguous:
-            y = np.array(x, dtype=_F32, order="C")
-            self._rope(y, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
-            if inplace:
-                x[...] = y
-                return x
-            return y
-        return self._rope(x, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        if inplace:
+            y, back = self._inplace_target(x)
+        else:
+            src = self._f32(x)
+            y, back = self._new(src.shape), False
+            self.copy(src, y)
+        self._rope(y, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        if back:
+            x[...] = y
+            return x
+        return y
 
     def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
                       freq_factors=None, neox=False, mscale=1.0):
-        if x.dtype != _F32 or not x.flags.c_contiguous:
-            y = np.array(x, dtype=_F32, order="C")
-            self._rope(y, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        y, back = self._inplace_target(x)
+        self._rope(y, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        if back:
             x[...] = y
-            return x
-        return self._rope(x, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        return x
 
     # -- attention ---------------------------------------------------------------
     def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
         """The old contract's cache object (kept until the runtime's per-layer state lands)."""
         return KVCache(self, n_layers, n_kv_heads, head_dim, n_ctx)
 
-    def _kv_f16(self, kc, vc):
+    @staticmethod
+    def _kv_f16(kc, vc):
         if kc.dtype != vc.dtype or kc.dtype not in (np.float16, np.float32):
             raise ValueError(f"KV arrays must both be float16 or float32, not {kc.dtype}/{vc.dtype}")
-        if not (kc.flags.c_contiguous and vc.flags.c_contiguous):
-            raise ValueError("KV arrays must be contiguous")
+        if not (kc.flags.c_contiguous and vc.flags.c_contiguous) or kc.ndim != 3 or vc.ndim != 3:
+            raise ValueError("KV arrays must be contiguous [n_kv_heads, n_slots, head_dim]")
         return 1 if kc.dtype == np.float16 else 0
 
     def kv_store(self, k_cache, v_cache, k, v, slots):
@@ -427,16 +517,15 @@ class CpuOps:
         f16 = self._kv_f16(k_cache, v_cache)
         Hkv, n_slots, hdk = k_cache.shape
         hdv = v_cache.shape[2]
-        k, _ = self._rows(k)
-        v, _ = self._rows(v)
+        k, v = self._f32(k), self._f32(v)
         slots = self.positions(slots)
         N = len(slots)
         if k.size != N * Hkv * hdk or v.size != N * Hkv * hdv:
             raise ValueError(f"kv_store: k {k.shape} / v {v.shape} for {N} slots of {Hkv} heads")
-        if N and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+        if N and self._rec is None and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise ValueError(f"kv_store: slots outside 0..{n_slots - 1}")
-        self._kvs(k_cache.ctypes.data, v_cache.ctypes.data, k.ctypes.data, v.ctypes.data, slots.ctypes.data, N,
-                  Hkv, n_slots, hdk, hdv, f16)
+        self._c(KV_STORE, k_cache.ctypes.data, v_cache.ctypes.data, k.ctypes.data, v.ctypes.data,
+                slots.ctypes.data, N, Hkv, n_slots, hdk, hdv, f16)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
@@ -445,7 +534,7 @@ class CpuOps:
         if isinstance(v_cache, (int, np.integer)):
             k_cache, v_cache = k_cache.k[int(v_cache)], k_cache.v[int(v_cache)]
         f16 = self._kv_f16(k_cache, v_cache)
-        q, _ = self._rows(q)
+        q = self._f32(q)
         N, Hq, hdk = q.shape
         Hkv, n_slots, _ = k_cache.shape
         hdv = v_cache.shape[2]
@@ -457,13 +546,23 @@ class CpuOps:
         pos = self.positions(pos)
         m = None
         if mask is not None:
-            m = np.ascontiguousarray(mask, dtype=_F32)
+            m = self._f32(mask)
             if m.shape != (N, n_kv):
                 raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
-        out = np.empty((N, Hq, hdv), _F32)
-        self._attn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
-                   None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap,
-                   1 if causal else 0, int(window), f16)
+        out = self._new((N, Hq, hdv))
+        rec_nkv = n_kv
+        if self._rec is not None and self._dyn_nkv:
+            if not (N == 1 and causal and mask is None and n_kv == int(pos[0]) + 1):
+                self._eager("attention that is not an ordinary decode step")
+            rec_nkv = -1  # replayed: n_kv = pos[0] + 1
+        if self._rec is not None:
+            self._rec.append((ATTN, (q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data,
+                                     pos.ctypes.data, None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots,
+                                     hdk, hdv, rec_nkv, float(scale), float(softcap), 1 if causal else 0,
+                                     int(window), f16)))
+        self._fns[ATTN](q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                        None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
+                        float(softcap), 1 if causal else 0, int(window), f16)
         return out
 
     # -- selection ---------------------------------------------------------------
@@ -486,3 +585,97 @@ class CpuOps:
             sel = rows == r
             out[sel] = zr[targets[sel]] - lse
         return out
+
+    # -- graphs ------------------------------------------------------------------
+    def record(self, fn, dynamic_nkv=False):
+        """Run fn() (ops on this backend) and record the C calls it makes: (Graph or None, fn's
+        result). None when a step ran in numpy (then it cannot be replayed; the result is still
+        right). With dynamic_nkv, attention reads n_kv = pos[0] + 1 at replay (one ordinary
+        decode step at slot pos)."""
+        if self._rec is not None:
+            raise RuntimeError("record: already recording")
+        self._rec, self._keep, self._rec_bad, self._dyn_nkv = [], [], None, dynamic_nkv
+        try:
+            result = fn()
+            rec, keep, bad = self._rec, self._keep, self._rec_bad
+        finally:
+            self._rec = self._keep = self._rec_bad = None
+            self._dyn_nkv = False
+        if bad is not None:
+            return None, result
+        return Graph(self._lib, rec, keep), result
+
+    def capture(self, fn):
+        """The runtime's graph hook: (graph, fn's result); graph.replay() reruns the recorded C
+        calls on the same arrays (inputs written in place with `write` first). graph is None
+        when fn did something that cannot be replayed."""
+        return self.record(fn)
+
+    def graph_decoder(self, model, cache):
+        """One ordinary decode step replayed from a recording (base.py OPTIONAL_OPS)."""
+        return _Decoder(self, model, cache)
+
+
+class Graph:
+    """A recorded op sequence: one C call (rx_run) replays it."""
+
+    def __init__(self, lib, rec, keep):
+        import struct
+
+        cmds = np.zeros((max(1, len(rec)), _CMD_WIDTH), np.int64)
+        for i, (code, args) in enumerate(rec):
+            cmds[i, 0] = code
+            for j, a in enumerate(args, 1):
+                if a is None:
+                    continue
+                if isinstance(a, float):
+                    a = struct.unpack("<q", struct.pack("<d", a))[0]
+                cmds[i, j] = int(a)
+        self.cmds, self.n, self.keep, self._run = cmds, len(rec), keep, lib.rx_run
+
+    def replay(self):
+        rc = self._run(self.cmds.ctypes.data, self.n, _CMD_WIDTH)
+        if rc:
+            raise ValueError(f"graph replay failed ({rc}): a token id out of range?")
+
+    def close(self):
+        self.cmds = self.keep = None
+        self.n = 0
+
+
+class _Decoder:
+    """graph_decoder's object: dec(tid, pos) -> logits [1, V] of one decode step (slot pos)."""
+
+    def __init__(self, ops, model, cache):
+        self.ops, self.model, self.cache = ops, model, cache
+        self.ids = np.zeros(1, np.int32)
+        self.pos = np.zeros(1, np.int32)
+        self.graph = None
+        self.logits = None
+        self.failed = False
+
+    def _forward(self):
+        from ..models.common import Batch
+
+        return self.model.forward(self.cache, Batch(self.ops, self.ids, self.pos))
+
+    def __call__(self, tid, pos):
+        if not 0 <= int(tid) < self.model.tok_embd.shape[0]:
+            raise ValueError(f"token id {tid} out of range")
+        self.ids[0], self.pos[0] = tid, pos
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        if self.failed:
+            return self._forward()
+        self.graph, self.logits = self.ops.record(self._forward, dynamic_nkv=True)
+        self.failed = self.graph is None
+        return self.logits
+
+    def argmax(self):
+        return int(np.argmax(self.logits[0]))
+
+    def close(self):
+        if self.graph is not None:
+            self.graph.close()
+        self.graph = self.logits = None

@@ -228,6 +228,12 @@ def test_embed(ops, ref_ops, name):
         ops.embed(w, [23])
 
 
+def test_topk(ops, ref_ops):
+    z = np.array([[0.5, 2.0, 2.0, -1.0, 3.0]], np.float32)
+    np.testing.assert_array_equal(ops.topk(z, 3), ref_ops.topk(z, 3))
+    np.testing.assert_array_equal(ops.topk(z, 9, n=4), ref_ops.topk(z, 9, n=4))
+
+
 def test_elementwise(ops, ref_ops):
     rng = np.random.default_rng(9)
     a = rng.standard_normal((5, 64)).astype(np.float32) * 3
@@ -329,7 +335,7 @@ def test_kv_store_and_attention(ref_ops, case, kv_dtype):
     if case.get("masked"):
         allowed = rng.random((N, n_kv)) < 0.6
         allowed[0] = False  # a query that sees nothing gets zeros
-        from reflex_ipc.backends.base import attention_mask
+        from reflex_ipc.runtime.batch import attention_mask
 
         kw.update(causal=False, mask=attention_mask(allowed, np.arange(N), np.arange(n_kv)))
     else:
@@ -343,13 +349,11 @@ def test_kv_store_and_attention(ref_ops, case, kv_dtype):
 
 
 def _ref_attention(ref_ops, q, k, v, pos, n_kv, **kw):
-    """NumpyOps.attention on per-layer arrays, through its one-object cache (a layer axis of
-    1); head sizes of K and V padded with zeros to one size (unchanged dots and sums)."""
+    """NumpyOps.attention on the same contents (head sizes of K and V padded with zeros to one
+    size: unchanged dots and sums)."""
     H = max(k.shape[2], v.shape[2])
     pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (H - a.shape[-1],), np.float32)], axis=-1)
-    cache = type("C", (), {})()
-    cache.k, cache.v, cache.n_kv_heads = pad(k)[None], pad(v)[None], k.shape[0]
-    return ref_ops.attention(pad(q), cache, 0, pos, n_kv, **kw)[..., :v.shape[2]]
+    return ref_ops.attention(pad(q), pad(k), pad(v), pos, n_kv, **kw)[..., :v.shape[2]]
 
 
 def test_attention_errors(ops):
@@ -376,39 +380,52 @@ def test_selection_and_memory(ops, ref_ops):
     ops.copy(dst, c)
     np.testing.assert_array_equal(ops.to_numpy(c), np.arange(6).reshape(2, 3))
     assert ops.empty(4, "float16").dtype == np.float16
+    z = ops.zeros((2, 3), "float16")
+    assert z.dtype == np.float16 and not z.any()
     assert ops.positions(range(3)).dtype == np.int32
 
 
 # --- graphs ----------------------------------------------------------------------------------
-def test_recorded_step_replays(ops):
+def test_captured_step_replays(ops):
     rng = np.random.default_rng(15)
     raw, _ = random_weight("Q4_1", 64, 128, rng)
     w = load(ops, "Q4_1", raw, 64, 128)
+    emb_raw, _ = random_weight("Q8_0", 10, 128, rng)
+    emb = load(ops, "Q8_0", emb_raw, 10, 128)
     norm = rng.standard_normal(128).astype(np.float32)
-    x = ops.empty((1, 128))
     kc, vc = _cache_pair(ops, 2, 8, 32, 32, ops.kv_dtype)
-    pos = np.zeros(1, np.int32)
+    ids, pos = ops.empty((1,), "int32"), ops.empty((1,), "int32")
+    next_id = ops.empty((1,), "int32")
 
     def step():
+        x = ops.embed(emb, ids, scale=1.5)
         h = ops.rms_norm(x, norm, 1e-5)
         y = ops.matmul(h, w).reshape(1, 2, 32)
         ops.rope(y, pos, inplace=True)
         ops.kv_store(kc, vc, y, y, pos)
-        a = ops.attention(y, kc, vc, pos, int(pos[0]) + 1, scale=0.2)
-        return ops.add(ops.silu(a.reshape(1, 64)), ops.scale(a.reshape(1, 64), 0.5))
+        a = ops.attention(y, kc, vc, pos, 8, scale=0.2).reshape(1, 64)
+        out = ops.add(ops.silu(a), ops.softcap(ops.scale(a, 0.5), 3.0))
+        ops.argmax(out, out=next_id)
+        return out
 
-    graph, first = ops.record(step, dynamic_nkv=True)
-    assert graph is not None
-    for p in range(1, 5):
-        ops.write(x, rng.standard_normal((1, 128)))
-        pos[0] = p
-        graph.replay()
-        replayed = first.copy()
-        pos[0] = p  # eager again on the same inputs (rewrites slot p identically)
-        np.testing.assert_array_equal(replayed, step())
-    # a step with a numpy fallback cannot be replayed
-    g2, _ = ops.record(lambda: ops.add(x[:, ::2], x[:, ::2]))
-    assert g2 is None
+    ops.write(ids, [3])
+    ops.write(pos, [0])
+    graph, first = ops.capture(step)
+    for p in range(1, 6):
+        ops.write(ids, [p])
+        ops.write(pos, [p])
+        graph.launch()
+        replayed, replayed_id = first.copy(), int(next_id[0])
+        np.testing.assert_array_equal(replayed, step())  # eager again (rewrites slot p identically)
+        assert replayed_id == int(np.argmax(replayed))
+    ops.write(ids, [10])  # out of the embedding's range: the replay says so
+    with pytest.raises(ValueError):
+        graph.launch()
+    graph.close()
+    # a step with a numpy fallback cannot be captured
+    x = ops.empty((1, 128))
+    with pytest.raises(RuntimeError):
+        ops.capture(lambda: ops.add(x[:, ::2], x[:, ::2]))
 
 
 # --- the library missing -------------------------------------------------------------------

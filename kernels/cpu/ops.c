@@ -586,6 +586,7 @@ static void attn_chunk(void *p, int64_t c) {
     size_t kbase = (size_t)kvh * j->n_slots;
     for (int64_t t = lo; t <= hi; t++) {
         float v;
+        if (mrow && mrow[t] == -INFINITY) { s[t - lo] = -INFINITY; continue; } /* hidden: no dot */
         if (j->f16) v = T.dot_f32_f16(q, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk);
         else v = T.dot_f32(q, (const float *)j->kc + (kbase + t) * j->hdk, j->hdk);
         v *= j->scale;
@@ -672,11 +673,23 @@ RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, 
 
 RX_EXPORT void rx_copy(const void *src, void *dst, int64_t bytes) { memmove(dst, src, (size_t)bytes); }
 
+/* out[r] = the first index of the largest value of row r of x [rows, V] (NaN never wins) */
+RX_EXPORT void rx_argmax(const float *x, int64_t rows, int64_t V, int32_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * V;
+        int64_t best = 0;
+        float bv = v[0];
+        for (int64_t i = 1; i < V; i++)
+            if (v[i] > bv || (bv != bv && v[i] == v[i])) { bv = v[i]; best = i; }
+        out[r] = (int32_t)best;
+    }
+}
+
 /* ------------------------------------------------------------------ recorded graphs */
 /* A captured op sequence: rows of 24 int64, [op, args...] with the arguments of the
- * exported function of that op (doubles stored as their bits). Attention with
- * n_kv == -1 reads n_kv = pos[0] + 1 (an ordinary decode step at slot pos). */
-enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY };
+ * exported function of that op (doubles stored as their bits). */
+enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY,
+       OP_ARGMAX };
 
 static inline double as_d(int64_t v) { double d; memcpy(&d, &v, 8); return d; }
 #define P(i) ((void *)(intptr_t)a[i])
@@ -695,12 +708,11 @@ RX_EXPORT int rx_run(const int64_t *cmds, int64_t n, int64_t stride) {
             break;
         case OP_RMS: rx_rms_norm(P(1), P(2), P(3), a[4], a[5], (float)as_d(a[6])); break;
         case OP_KV_STORE: rx_kv_store(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9], a[10], a[11]); break;
-        case OP_ATTN: {
-            int64_t n_kv = a[13] >= 0 ? a[13] : (int64_t)((const int32_t *)P(5))[0] + 1;
-            rx_attention(P(1), P(2), P(3), P(4), P(5), P(6), a[7], a[8], a[9], a[10], a[11], a[12], n_kv,
+        case OP_ATTN:
+            rx_attention(P(1), P(2), P(3), P(4), P(5), P(6), a[7], a[8], a[9], a[10], a[11], a[12], a[13],
                          (float)as_d(a[14]), (float)as_d(a[15]), a[16], a[17], a[18]);
             break;
-        }
+        case OP_ARGMAX: rx_argmax(P(1), a[2], a[3], P(4)); break;
         case OP_EMBED: if (rx_embed(P(1), P(2), a[3], P(4), (float)as_d(a[5]))) return -1; break;
         case OP_BINARY: rx_binary(a[1], P(2), P(3), P(4), a[5], a[6]); break;
         case OP_UNARY: rx_unary(a[1], P(2), P(3), P(4), a[5], (float)as_d(a[6])); break;

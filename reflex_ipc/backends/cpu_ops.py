@@ -72,12 +72,13 @@ _SIGNATURES = {
     "rx_unary": ([_i64, _vp, _vp, _vp, _i64, _f32c], None),
     "rx_copy": ([_vp, _vp, _i64], None),
     "rx_run": ([_vp, _i64, _i64], ctypes.c_int),
+    "rx_argmax": ([_vp, _i64, _i64, _vp], None),
 }
 
 # op codes of recorded graphs (kernels/cpu/ops.c, rx_run): the C function of each
 _OPS = {1: "rx_matmul", 2: "rx_norm_rope", 3: "rx_rms_norm", 4: "rx_kv_store", 5: "rx_attention",
-        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy"}
-MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY = range(1, 10)
+        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy", 10: "rx_argmax"}
+MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY, ARGMAX = range(1, 11)
 _CMD_WIDTH = 24
 
 
@@ -169,15 +170,6 @@ class CpuWeight:
             len(ids), self.shape[1])
 
 
-class KVCache:
-    """The old-contract cache (one object for all layers): per-layer k, v [Hkv, n_ctx, hd]."""
-
-    def __init__(self, ops, n_layers, n_kv_heads, head_dim, n_ctx):
-        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
-        self.k = [ops.empty((n_kv_heads, n_ctx, head_dim), ops.kv_dtype) for _ in range(n_layers)]
-        self.v = [ops.empty((n_kv_heads, n_ctx, head_dim), ops.kv_dtype) for _ in range(n_layers)]
-
-
 class CpuOps:
     name = "cpu"
     device = "cpu"
@@ -202,7 +194,7 @@ class CpuOps:
         self._rec = None  # while recording a graph: [(op code, args)]
         self._keep = None  # ... and the arrays its commands point into
         self._rec_bad = None  # ... or why the step cannot be replayed
-        self._dyn_nkv = False
+        self._last_bad = None
 
     def set_threads(self, n):
         self.threads = self._lib.rx_set_threads(max(1, int(n)))
@@ -223,7 +215,7 @@ class CpuOps:
     def _eager(self, why):
         """A step done in numpy: a recording that contains it cannot be replayed."""
         if self._rec is not None and self._rec_bad is None:
-            self._rec_bad = why
+            self._rec_bad = self._last_bad = why
 
     def _f32(self, x):
         """x as a C-contiguous float32 array."""
@@ -235,6 +227,11 @@ class CpuOps:
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
         return self._new(shape, dtype)
+
+    def zeros(self, shape, dtype="float32"):
+        from .numpy_ops import NumpyOps
+
+        return NumpyOps.zeros(self, shape, dtype)  # lazily mapped, small pages (see there)
 
     def asarray(self, a, dtype=None):
         a = np.asarray(a)
@@ -253,8 +250,8 @@ class CpuOps:
             return pos.reshape(-1)
         return np.ascontiguousarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
 
-    def write(self, dst, host_array):
-        dst[...] = np.asarray(host_array).reshape(dst.shape)
+    def write(self, dst, host):
+        np.copyto(dst, np.asarray(host).reshape(dst.shape), casting="same_kind")
         return dst
 
     def copy(self, src, out):
@@ -496,10 +493,6 @@ class CpuOps:
         return x
 
     # -- attention ---------------------------------------------------------------
-    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
-        """The old contract's cache object (kept until the runtime's per-layer state lands)."""
-        return KVCache(self, n_layers, n_kv_heads, head_dim, n_ctx)
-
     @staticmethod
     def _kv_f16(kc, vc):
         if kc.dtype != vc.dtype or kc.dtype not in (np.float16, np.float32):
@@ -510,10 +503,7 @@ class CpuOps:
 
     def kv_store(self, k_cache, v_cache, k, v, slots):
         """Write k [N, Hkv, hd_k], v [N, Hkv, hd_v] into k_cache [Hkv, n_slots, hd_k] and
-        v_cache [Hkv, n_slots, hd_v] at slots[n]. The old contract's (cache, layer, k, v, slots)
-        is accepted too."""
-        if isinstance(v_cache, (int, np.integer)):
-            k_cache, v_cache = k_cache.k[int(v_cache)], k_cache.v[int(v_cache)]
+        v_cache [Hkv, n_slots, hd_v] at slots[n] (a layer's state arrays)."""
         f16 = self._kv_f16(k_cache, v_cache)
         Hkv, n_slots, hdk = k_cache.shape
         hdv = v_cache.shape[2]
@@ -529,10 +519,7 @@ class CpuOps:
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
-        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v] (the old
-        contract's (q, cache, layer, ...) is accepted too)."""
-        if isinstance(v_cache, (int, np.integer)):
-            k_cache, v_cache = k_cache.k[int(v_cache)], k_cache.v[int(v_cache)]
+        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v]."""
         f16 = self._kv_f16(k_cache, v_cache)
         q = self._f32(q)
         N, Hq, hdk = q.shape
@@ -550,28 +537,32 @@ class CpuOps:
             if m.shape != (N, n_kv):
                 raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
         out = self._new((N, Hq, hdv))
-        rec_nkv = n_kv
-        if self._rec is not None and self._dyn_nkv:
-            if not (N == 1 and causal and mask is None and n_kv == int(pos[0]) + 1):
-                self._eager("attention that is not an ordinary decode step")
-            rec_nkv = -1  # replayed: n_kv = pos[0] + 1
-        if self._rec is not None:
-            self._rec.append((ATTN, (q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data,
-                                     pos.ctypes.data, None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots,
-                                     hdk, hdv, rec_nkv, float(scale), float(softcap), 1 if causal else 0,
-                                     int(window), f16)))
-        self._fns[ATTN](q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
-                        None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
-                        float(softcap), 1 if causal else 0, int(window), f16)
+        self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
+                float(softcap), 1 if causal else 0, int(window), f16)
         return out
 
     # -- selection ---------------------------------------------------------------
     def argmax(self, logits, out=None):
-        r = np.argmax(np.asarray(logits), axis=-1)
-        if out is not None:
-            out[...] = r
-            return out
-        return r
+        if out is None:
+            return np.argmax(np.asarray(logits), axis=-1)
+        x = self._f32(logits)
+        V = x.shape[-1]
+        rows = x.size // V if V else 0
+        if out.dtype != np.int32 or not out.flags.c_contiguous or out.size != rows:
+            raise ValueError(f"argmax: out must be int32 with one entry per row ({rows})")
+        if rows:
+            self._c(ARGMAX, x.ctypes.data, rows, V, out.ctypes.data)
+        return out
+
+    def topk(self, logits, k, n=None):
+        row = np.asarray(logits).reshape(-1)
+        row = row[:n] if n is not None else row
+        k = max(0, min(int(k), row.size))
+        if not k:
+            return np.empty(0, np.int64)
+        idx = np.argpartition(-row, k - 1)[:k]
+        return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
 
     def logprobs(self, logits, rows, targets, n=None):
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -587,33 +578,30 @@ class CpuOps:
         return out
 
     # -- graphs ------------------------------------------------------------------
-    def record(self, fn, dynamic_nkv=False):
-        """Run fn() (ops on this backend) and record the C calls it makes: (Graph or None, fn's
-        result). None when a step ran in numpy (then it cannot be replayed; the result is still
-        right). With dynamic_nkv, attention reads n_kv = pos[0] + 1 at replay (one ordinary
-        decode step at slot pos)."""
+    def record(self, fn):
+        """Run fn() (ops on this backend) and record the C calls it makes: (Graph, fn's result),
+        or (None, result) when a step ran in numpy instead (the result is right, but the step
+        cannot be replayed)."""
         if self._rec is not None:
             raise RuntimeError("record: already recording")
-        self._rec, self._keep, self._rec_bad, self._dyn_nkv = [], [], None, dynamic_nkv
+        self._rec, self._keep, self._rec_bad = [], [], None
         try:
             result = fn()
             rec, keep, bad = self._rec, self._keep, self._rec_bad
         finally:
             self._rec = self._keep = self._rec_bad = None
-            self._dyn_nkv = False
         if bad is not None:
             return None, result
         return Graph(self._lib, rec, keep), result
 
     def capture(self, fn):
-        """The runtime's graph hook: (graph, fn's result); graph.replay() reruns the recorded C
-        calls on the same arrays (inputs written in place with `write` first). graph is None
-        when fn did something that cannot be replayed."""
-        return self.record(fn)
-
-    def graph_decoder(self, model, cache):
-        """One ordinary decode step replayed from a recording (base.py OPTIONAL_OPS)."""
-        return _Decoder(self, model, cache)
+        """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
+        arrays (the runtime writes new inputs into them first), in one call. RuntimeError when
+        fn did something in numpy that a replay would miss."""
+        graph, result = self.record(fn)
+        if graph is None:
+            raise RuntimeError(f"cpu capture: {self._last_bad}")
+        return graph, result
 
 
 class Graph:
@@ -633,49 +621,13 @@ class Graph:
                 cmds[i, j] = int(a)
         self.cmds, self.n, self.keep, self._run = cmds, len(rec), keep, lib.rx_run
 
-    def replay(self):
+    def launch(self):
         rc = self._run(self.cmds.ctypes.data, self.n, _CMD_WIDTH)
         if rc:
             raise ValueError(f"graph replay failed ({rc}): a token id out of range?")
 
+    replay = launch
+
     def close(self):
         self.cmds = self.keep = None
         self.n = 0
-
-
-class _Decoder:
-    """graph_decoder's object: dec(tid, pos) -> logits [1, V] of one decode step (slot pos)."""
-
-    def __init__(self, ops, model, cache):
-        self.ops, self.model, self.cache = ops, model, cache
-        self.ids = np.zeros(1, np.int32)
-        self.pos = np.zeros(1, np.int32)
-        self.graph = None
-        self.logits = None
-        self.failed = False
-
-    def _forward(self):
-        from ..models.common import Batch
-
-        return self.model.forward(self.cache, Batch(self.ops, self.ids, self.pos))
-
-    def __call__(self, tid, pos):
-        if not 0 <= int(tid) < self.model.tok_embd.shape[0]:
-            raise ValueError(f"token id {tid} out of range")
-        self.ids[0], self.pos[0] = tid, pos
-        if self.graph is not None:
-            self.graph.replay()
-            return self.logits
-        if self.failed:
-            return self._forward()
-        self.graph, self.logits = self.ops.record(self._forward, dynamic_nkv=True)
-        self.failed = self.graph is None
-        return self.logits
-
-    def argmax(self):
-        return int(np.argmax(self.logits[0]))
-
-    def close(self):
-        if self.graph is not None:
-            self.graph.close()
-        self.graph = self.logits = None

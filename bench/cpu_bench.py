@@ -121,14 +121,14 @@ def worker(args):
         n = args.tokens
         if impl == "ours":
             r = _ours(model, t)
+            ex = r.exec
             ids = r.tok.encode(PROMPT)[:16]
-            r._ensure_cache(len(ids) + n + 8)
-            r._prefill(ids)
-            for k in range(4):  # warm-up (the first step records the graph)
-                r._decode_step(ids[-1], len(ids) + k, None)
+            ex.prefill(ids, room=n + 8, reuse=False)
+            for _ in range(4):  # warm-up (the first step captures the graph)
+                ex.step(ids[-1])
             t0 = time.perf_counter()
-            for k in range(n):
-                r._decode_step(ids[-1], len(ids) + 4 + k, None)
+            for _ in range(n):
+                ex.step(ids[-1])
             dt = time.perf_counter() - t0
         else:
             llm = _llama(model, t)

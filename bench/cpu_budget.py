@@ -32,24 +32,24 @@ def main(argv=None):
     sys.path.insert(0, ROOT)
     from reflex_ipc.backends import cpu_ops
     from reflex_ipc.engine import load_runner
-    from reflex_ipc.models.common import Batch
+    from reflex_ipc.runtime.batch import Batch
 
     r = load_runner(args.model, device="cpu", n_ctx=1024)
     ops = r.ops
     assert ops.name == "cpu", ops.name
     ids = r.tok.encode(PROMPT)[:16]
     n = args.tokens
-    r._ensure_cache(len(ids) + 3 * n + 16)
-    r._prefill(ids)
+    ex = r.exec
+    ex.prefill(ids, room=5 * n + 16, reuse=False)
     tid = ids[-1]
 
-    def replay(start):
-        for k in range(n):
-            r._decode_step(tid, start + k, None)
+    def replay(start):  # executor steps: one captured graph launch each
+        for _ in range(n):
+            ex.step(tid)
 
     def eager(start):
         for k in range(n):
-            r.model.forward(r.cache, Batch(ops, [tid], [start + k]))
+            r.model.forward(ex.state, Batch(ops, [tid], [start + k]))
 
     def timed(fn, start):
         t0 = time.perf_counter()

@@ -51,7 +51,7 @@ def _models(tmp_path_factory):
 def pairs(tmp_path_factory):
     out = {}
     for p in _models(tmp_path_factory):
-        out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),
+        out[os.path.basename(p)] = (load_runner(p, device="numpy", n_ctx=256),
                                     load_runner(p, device="cuda", n_ctx=256))
     return out
 

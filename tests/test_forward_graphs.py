@@ -21,7 +21,7 @@ from test_models import CONFIGS, tiny_gguf  # noqa: E402
 def runner(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("fg") / f"{request.param}.gguf"
     tiny_gguf(path, **CONFIGS[request.param])
-    r = load_runner(str(path), device="cpu", n_ctx=128)
+    r = load_runner(str(path), device="numpy", n_ctx=128)
     r.exec.reserve(128)
     r.state = r.exec.state
     yield r

@@ -524,3 +524,36 @@ def test_model_matches_numpy(runners, path):
             if j >= 4:
                 break
         assert np.mean(diffs) <= MODEL_LOGPROB_TOL, f"{prompt!r}: log-prob differences {diffs}"
+
+
+# --- the build -----------------------------------------------------------------------------
+def _cpu_build():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reflex_cpu_build", os.path.join(ROOT, "kernels", "cpu", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_build_produces_a_loadable_library(tmp_path):
+    import ctypes
+
+    info = _cpu_build().build(str(tmp_path), force=True)
+    assert info["built"], info.get("reason")
+    lib = ctypes.CDLL(str(tmp_path / "libreflex_cpu.so"))
+    assert lib.rx_abi_version() == 1
+    assert json.loads((tmp_path / "cpu_build.json").read_text())["built"] is True
+
+
+def test_build_without_a_compiler_warns_and_records_why(tmp_path, monkeypatch, capsys):
+    build = _cpu_build()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(build, "find_cc", lambda: None)
+    info = build.build(str(tmp_path), force=True)
+    assert not info["built"] and "compiler" in info["reason"]
+    assert not (tmp_path / "libreflex_cpu.so").exists()
+    assert "warning" in capsys.readouterr().err
+    monkeypatch.setenv("REFLEX_CPU_BUILD", "strict")
+    with pytest.raises(SystemExit):
+        build.build(str(tmp_path), force=True)

@@ -278,6 +278,11 @@ class CpuOps:
             data = np.ascontiguousarray(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32)
             return CpuWeight(data.view(np.uint8), 0, rows, cols, cols * 4)
         _, blk, bsize = BY_ID[t.ggml_type]
+        if cols % blk or raw.size != rows * (cols // blk) * bsize:
+            from ..errors import ReflexError
+
+            raise ReflexError("gguf_error", f"tensor {name!r}: {cols} columns of {BY_ID[t.ggml_type][0]} are not "
+                              f"whole {blk}-value blocks, or its data size does not match")
         return CpuWeight(raw, t.ggml_type, rows, cols, cols // blk * bsize)
 
     # -- linear algebra ----------------------------------------------------------

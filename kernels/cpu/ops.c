@@ -455,11 +455,14 @@ static rope_params g_rope_key;
 static int32_t *g_rope_pos;
 static size_t g_rope_pos_cap;
 static int g_rope_valid;
+static float g_rope_ff[512]; /* the frequency factors the table was made with */
 
 static const float *rope_table(const rope_params *p) {
     int64_t half = p->n_rot / 2, N = p->N;
     if (g_rope_valid && g_rope_key.N == N && g_rope_key.n_rot == p->n_rot && g_rope_key.base == p->base &&
-        g_rope_key.freq_scale == p->freq_scale && g_rope_key.mscale == p->mscale && g_rope_key.ff == p->ff &&
+        g_rope_key.freq_scale == p->freq_scale && g_rope_key.mscale == p->mscale &&
+        (g_rope_key.ff == NULL) == (p->ff == NULL) &&
+        (p->ff == NULL || !memcmp(g_rope_ff, p->ff, (size_t)half * sizeof(float))) &&
         !memcmp(g_rope_pos, p->pos, (size_t)N * sizeof(int32_t)))
         return g_rope_tab;
     size_t need = (size_t)N * half * 2;
@@ -487,6 +490,7 @@ static const float *rope_table(const rope_params *p) {
         }
     }
     memcpy(g_rope_pos, p->pos, (size_t)N * sizeof(int32_t));
+    if (p->ff) memcpy(g_rope_ff, p->ff, (size_t)half * sizeof(float));
     g_rope_key = *p;
     g_rope_valid = 1;
     return g_rope_tab;

@@ -192,7 +192,8 @@ class CpuOps:
             self.kv_dtype = kv_dtype
         self._fns = {code: getattr(lib, fn) for code, fn in _OPS.items()}
         self._rec = None  # while recording a graph: [(op code, args)]
-        self._keep = None  # ... and the arrays its commands point into
+        self._keep = None  # ... and the buffers its commands point into
+        self._consts = None  # ... and the constants converted from host data
         self._rec_bad = None  # ... or why the step cannot be replayed
         self._last_bad = None
 
@@ -207,10 +208,23 @@ class CpuOps:
         return self._fns[code](*args)
 
     def _new(self, shape, dtype=_F32):
-        a = np.empty(shape, dtype)
-        if self._keep is not None:
-            self._keep.append(a)
-        return a
+        if self._keep is None:
+            return np.empty(shape, dtype)
+        # Recording: a graph keeps its arrays for as long as it lives, so memory that the
+        # recorded code no longer references (no Python object left: nothing later in the
+        # recording can read it) is handed out again, as replays run the same order.
+        import sys
+
+        dt = np.dtype(dtype)
+        nbytes = max(1, math.prod(shape if isinstance(shape, tuple) else (shape,)) * dt.itemsize)
+        best = None
+        for b in self._keep:  # base buffers; 3 references: the list, b, getrefcount's argument
+            if b.nbytes >= nbytes and sys.getrefcount(b) <= 3 and (best is None or b.nbytes < best.nbytes):
+                best = b
+        if best is None:
+            best = np.empty((nbytes + 63) // 64 * 64, np.uint8)
+            self._keep.append(best)
+        return best[:nbytes].view(dt).reshape(shape)
 
     def _eager(self, why):
         """A step done in numpy: a recording that contains it cannot be replayed."""
@@ -248,7 +262,10 @@ class CpuOps:
     def positions(self, pos):
         if isinstance(pos, np.ndarray) and pos.dtype == np.int32 and pos.flags.c_contiguous:
             return pos.reshape(-1)
-        return np.ascontiguousarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
+        a = np.ascontiguousarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
+        if self._consts is not None:  # recording: a host list is a constant of the graph
+            self._consts.append(a)
+        return a
 
     def write(self, dst, host):
         np.copyto(dst, np.asarray(host).reshape(dst.shape), casting="same_kind")
@@ -589,12 +606,12 @@ class CpuOps:
         cannot be replayed)."""
         if self._rec is not None:
             raise RuntimeError("record: already recording")
-        self._rec, self._keep, self._rec_bad = [], [], None
+        self._rec, self._keep, self._consts, self._rec_bad = [], [], [], None
         try:
             result = fn()
-            rec, keep, bad = self._rec, self._keep, self._rec_bad
+            rec, keep, bad = self._rec, self._keep + self._consts, self._rec_bad
         finally:
-            self._rec = self._keep = self._rec_bad = None
+            self._rec = self._keep = self._consts = self._rec_bad = None
         if bad is not None:
             return None, result
         return Graph(self._lib, rec, keep), result

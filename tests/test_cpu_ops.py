@@ -557,3 +557,42 @@ def test_build_without_a_compiler_warns_and_records_why(tmp_path, monkeypatch, c
     monkeypatch.setenv("REFLEX_CPU_BUILD", "strict")
     with pytest.raises(SystemExit):
         build.build(str(tmp_path), force=True)
+
+
+@pytest.mark.parametrize("path", _models()[:-1], ids=os.path.basename)  # the synthetic models
+def test_system1_and_embed_match_numpy(runners, path):
+    """system1 (one masked pass; repeated, so that the runtime captures and replays it) and
+    embed on the cpu backend against numpy: log-probabilities within MODEL_LOGPROB_TOL per
+    token, the same best candidate unless the oracle's top two are within that bound."""
+    cpu, ref = runners(path, "cpu"), runners(path, "numpy")
+    prompt, cands = "The weather today is", [" sunny", " rainy and cold", " 42", " sunny"]
+    want = ref.system1(prompt, cands, cache_prompt=False)
+    lw = [c["logprob"] for c in want["candidates"]]
+    for rep in range(4):
+        got = cpu.system1(prompt, cands, cache_prompt=rep % 2 == 0)
+        for g, w in zip(got["candidates"], want["candidates"]):
+            assert g["token_ids"] == w["token_ids"]
+            assert abs(g["logprob"] - w["logprob"]) <= MODEL_LOGPROB_TOL * max(1, len(w["token_ids"])), (rep, g, w)
+        if got["best_idx"] != want["best_idx"]:
+            assert abs(lw[got["best_idx"]] - lw[want["best_idx"]]) <= MODEL_LOGPROB_TOL * 4
+    a = cpu.embed(["hello world", "a b c d e f"], normalize=True)
+    b = ref.embed(["hello world", "a b c d e f"], normalize=True)
+    for x, y in zip(a["embeddings"], b["embeddings"]):
+        assert float(np.dot(x, y)) >= 0.99  # cosine of unit vectors
+
+
+def test_capture_reuses_dead_intermediates(ops):
+    x = ops.empty((1, 1024))
+    ops.write(x, np.ones((1, 1024)))
+
+    def chain():
+        y = x
+        for _ in range(10):
+            y = ops.scale(y, 1.5)
+        return y
+
+    graph, out = ops.capture(chain)
+    assert len(graph.keep) <= 3  # ten results, at most three buffers alive at a time
+    ops.write(x, np.full((1, 1024), 2.0))
+    graph.launch()
+    np.testing.assert_allclose(out, 2.0 * 1.5 ** 10, rtol=1e-6)

@@ -136,6 +136,7 @@ static void *worker_main(void *arg) {
             cpu_relax();
             if (++spins == 256) {
                 spins = 0;
+                sched_yield(); /* a thread that shares this core (the caller, a neighbour) goes first */
                 if (now_ns() - t0 > g_spin_ns) {
                     atomic_fetch_add(&g_sleepers, 1);
                     while ((g = atomic_load(&g_gen)) == seen && !atomic_load(&g_quit)) wait_word(&g_gen, seen);
@@ -173,9 +174,23 @@ static void pool_start(void) {
     }
 }
 
+/* Contention: when the caller keeps waiting longer for other threads' last chunks than it
+ * worked itself (their cores are taken by other processes), the next jobs run on the
+ * caller alone for a while, then the pool is tried again. */
+static int g_straggles;      /* consecutive jobs where waiting exceeded working */
+static int64_t g_solo_jobs;  /* jobs left to run on the caller alone */
+static int64_t g_solo_total; /* jobs run alone since load (reported) */
+
+RX_EXPORT int64_t rx_solo_jobs(void) { return g_solo_total; }
+
 /* Run fn(ctx, c) for c in [0, n): on the pool when parallel is set and n > 1. */
 static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
     if (n <= 0) return;
+    if (parallel && g_solo_jobs > 0) {
+        g_solo_jobs--;
+        g_solo_total++;
+        parallel = 0;
+    }
     if (!parallel || n == 1 || g_nth <= 1) {
         for (int64_t c = 0; c < n; c++) fn(ctx, c);
         return;
@@ -196,6 +211,7 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
     atomic_store(&g_job, ((uint64_t)(gen & 0xffffff) << GEN_SHIFT) | ((uint64_t)n << N_SHIFT));
     atomic_store(&g_gen, gen);
     if (atomic_load(&g_sleepers)) wake_word(&g_gen);
+    int64_t t_start = now_ns();
     run_chunks(gen);
     /* wait for chunks other threads claimed */
     int64_t t0 = now_ns();
@@ -204,6 +220,7 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
         cpu_relax();
         if (++spins == 64) {
             spins = 0;
+            sched_yield();
             if (now_ns() - t0 > g_wait_spin_ns) {
                 atomic_store(&g_main_waiting, 1);
                 uint32_t d;
@@ -212,6 +229,15 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
                 break;
             }
         }
+    }
+    int64_t t_end = now_ns();
+    if (t_end - t0 > (t0 - t_start) + 20000) { /* waited more than worked (+20 us) */
+        if (++g_straggles >= 4) {
+            g_solo_jobs = 512; /* a few decode steps alone, then try the pool again */
+            g_straggles = 0;
+        }
+    } else {
+        g_straggles = 0;
     }
 }
 

@@ -205,7 +205,14 @@ class CpuOps:
     def _c(self, code, *args):
         if self._rec is not None:
             self._rec.append((code, args))
-        return self._fns[code](*args)
+        rc = self._fns[code](*args)
+        if rc:  # matmul, embed: 0 or a negative error (the others return None)
+            from ..errors import ReflexError
+
+            if code == MATMUL and rc == -2:
+                raise ReflexError("out_of_memory", "cpu matmul: no memory for the activation buffer")
+            raise ReflexError("internal", f"cpu kernel {_OPS[code]} failed ({rc})")
+        return rc
 
     def _new(self, shape, dtype=_F32):
         if self._keep is None:

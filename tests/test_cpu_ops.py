@@ -207,7 +207,8 @@ def test_matmul_n_and_glu(ops, ref_ops, types, N):
         y = ops.matmul_glu(x, g, u, act=act)
         glu = ops.swiglu if act == "silu" else ops.geglu
         np.testing.assert_allclose(y, glu(ops.matmul(x, g), ops.matmul(x, u)), rtol=1e-5, atol=1e-6)
-        want = ref_ops.matmul_glu(x, ref_ops.load_weight(f, "g"), ref_ops.load_weight(f, "u"), act=act)
+        with np.errstate(over="ignore"):  # silu of large negative gates: exp overflows to inf, 0 results
+            want = ref_ops.matmul_glu(x, ref_ops.load_weight(f, "g"), ref_ops.load_weight(f, "u"), act=act)
         assert np.abs(y - want).max() <= 2e-2 * np.abs(want).max()
     with pytest.raises(ValueError):
         ops.matmul_glu(x, ws[0], ws[1])

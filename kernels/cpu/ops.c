@@ -379,15 +379,28 @@ static void mm_chunk(void *p, int64_t c) {
     if (j->mode) { /* gated unit: rows of gate and up together */
         const rx_weight *wg = j->w[0], *wu = j->w[1];
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
-        for (int64_t n = 0; n < j->N; n++) {
+        rx_dot2_fn dg2 = T.dot2[wg->type], du2 = T.dot2[wu->type];
+        for (int64_t n = 0; n < j->N;) {
             const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
             const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
             float *y = j->y[0] + n * wg->M;
-            for (int64_t r = r0; r < r1; r++) {
-                float g = dg(j->K, wg->data + r * wg->row_bytes, ag);
-                float u = du(j->K, wu->data + r * wu->row_bytes, au);
-                y[r] = (j->mode == 1 ? act_silu(g) : act_gelu(g)) * u;
+            if (dg2 && du2 && n + 1 < j->N) { /* two rows of activations at a time */
+                float g[2], u[2];
+                for (int64_t r = r0; r < r1; r++) {
+                    dg2(j->K, wg->data + r * wg->row_bytes, ag, ag + j->a_row[0], g);
+                    du2(j->K, wu->data + r * wu->row_bytes, au, au + j->a_row[1], u);
+                    y[r] = (j->mode == 1 ? act_silu(g[0]) : act_gelu(g[0])) * u[0];
+                    y[wg->M + r] = (j->mode == 1 ? act_silu(g[1]) : act_gelu(g[1])) * u[1];
+                }
+                n += 2;
+                continue;
             }
+            for (int64_t r = r0; r < r1; r++) {
+                float gv = dg(j->K, wg->data + r * wg->row_bytes, ag);
+                float uv = du(j->K, wu->data + r * wu->row_bytes, au);
+                y[r] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+            }
+            n += 1;
         }
         return;
     }
@@ -397,15 +410,27 @@ static void mm_chunk(void *p, int64_t c) {
         if (a0 >= a1) continue;
         const rx_weight *w = j->w[i];
         rx_dot_fn dot = T.dot[w->type];
+        rx_dot2_fn dot2 = T.dot2[w->type];
         int64_t base = j->row0[i];
-        for (int64_t n = 0; n < j->N; n++) {
+        for (int64_t n = 0; n < j->N;) {
             const uint8_t *a = (const uint8_t *)j->a[i] + n * j->a_row[i];
             float *y = j->y[i] + n * w->M - base;
+            if (dot2 && n + 1 < j->N) {
+                float s2[2];
+                for (int64_t r = a0; r < a1; r++) {
+                    dot2(j->K, w->data + (r - base) * w->row_bytes, a, a + j->a_row[i], s2);
+                    if (j->accumulate) { y[r] += s2[0]; y[w->M + r] += s2[1]; }
+                    else { y[r] = s2[0]; y[w->M + r] = s2[1]; }
+                }
+                n += 2;
+                continue;
+            }
             if (j->accumulate) {
                 for (int64_t r = a0; r < a1; r++) y[r] += dot(j->K, w->data + (r - base) * w->row_bytes, a);
             } else {
                 for (int64_t r = a0; r < a1; r++) y[r] = dot(j->K, w->data + (r - base) * w->row_bytes, a);
             }
+            n += 1;
         }
     }
 }

@@ -41,10 +41,13 @@ typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } rx_q8_k;
 
 /* a dot product of one weight row (n values) with one prepared activation row */
 typedef float (*rx_dot_fn)(int64_t n, const void *w, const void *a);
+/* the same weight row with two activation rows (its blocks unpacked once): s[0], s[1] */
+typedef void (*rx_dot2_fn)(int64_t n, const void *w, const void *a0, const void *a1, float *s);
 
 typedef struct {
     const char *name;
     rx_dot_fn dot[RX_NTYPES];
+    rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
     void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
     void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
     /* attention helpers: float32 or float16 rows */

@@ -72,6 +72,29 @@ static float dot_q4_0(int64_t n, const void *w, const void *a) {
     return hsum8(acc);
 }
 
+/* two activation rows per weight block (batches): the unpacked block is reused */
+#define DOT2_A32(NAME, TYPE, UNPACK, DOT, HAS_M)                                                   \
+    static void NAME(int64_t n, const void *w, const void *a0, const void *a1, float *out) {        \
+        const TYPE *x = w; const rx_a32 *y0 = a0, *y1 = a1;                                         \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
+        float m0 = 0.f, m1 = 0.f;                                                                   \
+        for (int64_t b = 0; b < n / 32; b++) {                                                      \
+            __m256i q = UNPACK;                                                                     \
+            float d = half1(x[b].d);                                                                \
+            __m256 s0 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y0[b].q)));  \
+            __m256 s1 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y1[b].q)));  \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * y0[b].d), s0, acc0);                          \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * y1[b].d), s1, acc1);                          \
+            if (HAS_M) {                                                                            \
+                float m = half1(x[b].d2m);                                                          \
+                m0 += m * y0[b].s;                                                                  \
+                m1 += m * y1[b].s;                                                                  \
+            }                                                                                       \
+        }                                                                                           \
+        out[0] = hsum8(acc0) + m0;                                                                  \
+        out[1] = hsum8(acc1) + m1;                                                                  \
+    }
+
 static float dot_q4_1(int64_t n, const void *w, const void *a) {
     const rx_q4_1 *x = w; const rx_a32 *y = a;
     __m256 acc = _mm256_setzero_ps();
@@ -127,6 +150,19 @@ static float dot_q8_0(int64_t n, const void *w, const void *a) {
     }
     return hsum8(acc);
 }
+
+#define d2m d /* Q4_0, Q5_0, Q8_0 have no m: the HAS_M branch is compiled out */
+DOT2_A32(dot2_q4_0, rx_q4_0, _mm256_sub_epi8(nibbles32(x[b].qs), _mm256_set1_epi8(8)), dot_ss, 0)
+DOT2_A32(dot2_q8_0, rx_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), dot_ss, 0)
+DOT2_A32(dot2_q5_0, rx_q5_0,
+         _mm256_or_si256(nibbles32(x[b].qs), _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0))),
+         dot_ss, 0)
+#undef d2m
+#define d2m m
+DOT2_A32(dot2_q4_1, rx_q4_1, nibbles32(x[b].qs), dot_us, 1)
+DOT2_A32(dot2_q5_1, rx_q5_1,
+         _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
+#undef d2m
 
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
 static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
@@ -396,6 +432,11 @@ void RX_FILL(rx_isa *t) {
     t->dot[RX_F32] = dot_f32w;
     t->dot[RX_F16] = dot_f16w;
     t->dot[RX_BF16] = dot_bf16w;
+    t->dot2[RX_Q4_0] = dot2_q4_0;
+    t->dot2[RX_Q4_1] = dot2_q4_1;
+    t->dot2[RX_Q5_0] = dot2_q5_0;
+    t->dot2[RX_Q5_1] = dot2_q5_1;
+    t->dot2[RX_Q8_0] = dot2_q8_0;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

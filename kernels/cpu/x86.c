@@ -269,6 +269,79 @@ static float dot_q6_k(int64_t n, const void *w, const void *a) {
     return hsum8(acc) - accc;
 }
 
+static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_q4_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float accm0 = 0.f, accm1 = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[8], sc1[8];
+        int summ0 = k_scales(x[b].scales, y0[b].bsum, sc);
+        int summ1 = k_scales(x[b].scales, y1[b].bsum, sc1);
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            s0 = _mm256_add_epi32(s0, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j)), c0));
+            s0 = _mm256_add_epi32(s0, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j + 32)), c1));
+            s1 = _mm256_add_epi32(s1, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j)), c0));
+            s1 = _mm256_add_epi32(s1, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j + 32)), c1));
+        }
+        float d = half1(x[b].d), dmin = half1(x[b].dmin);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[b].d * d), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[b].d * d), _mm256_cvtepi32_ps(s1), acc1);
+        accm0 += y0[b].d * dmin * (float)summ0;
+        accm1 += y1[b].d * dmin * (float)summ1;
+    }
+    out[0] = hsum8(acc0) - accm0;
+    out[1] = hsum8(acc1) - accm1;
+}
+
+static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_q6_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float accc0 = 0.f, accc1 = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const int8_t *sc = x[b].scales;
+        int corr0 = 0, corr1 = 0;
+        for (int g = 0; g < 16; g++) {
+            corr0 += sc[g] * y0[b].bsum[g];
+            corr1 += sc[g] * y1[b].bsum[g];
+        }
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h;
+            const int8_t *p0 = y0[b].q + 128 * h, *p1 = y1[b].q + 128 * h;
+            const int8_t *s = sc + 8 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int i = 0; i < 4; i++) {
+                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
+                s0 = _mm256_add_epi32(s0, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p0 + 32 * i)), scale));
+                s1 = _mm256_add_epi32(s1, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p1 + 32 * i)), scale));
+            }
+        }
+        float d = half1(x[b].d), d0 = y0[b].d * d, d1 = y1[b].d * d;
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(s1), acc1);
+        accc0 += d0 * 32.f * (float)corr0;
+        accc1 += d1 * 32.f * (float)corr1;
+    }
+    out[0] = hsum8(acc0) - accc0;
+    out[1] = hsum8(acc1) - accc1;
+}
+
 static float dot_q8_k(int64_t n, const void *w, const void *a) {
     const rx_q8_k *x = w; const rx_a256 *y = a;
     __m256 acc = _mm256_setzero_ps();
@@ -437,6 +510,8 @@ void RX_FILL(rx_isa *t) {
     t->dot2[RX_Q5_0] = dot2_q5_0;
     t->dot2[RX_Q5_1] = dot2_q5_1;
     t->dot2[RX_Q8_0] = dot2_q8_0;
+    t->dot2[RX_Q4_K] = dot2_q4_k;
+    t->dot2[RX_Q6_K] = dot2_q6_k;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

@@ -33,7 +33,10 @@ def _cpu_backend():
 
     ok, why = cpu_ops.available()
     if ok:
-        return cpu_ops.CpuOps()
+        try:
+            return cpu_ops.CpuOps()
+        except Exception as e:  # e.g. a bad $REFLEX_CPU_THREADS: say so, run on numpy
+            why = f"{type(e).__name__}: {e}"
     from .backends.numpy_ops import NumpyOps
 
     if not getattr(cpu_ops, "_warned", False):

@@ -35,7 +35,9 @@ def _cpu_backend():
     if ok:
         try:
             return cpu_ops.CpuOps()
-        except Exception as e:  # e.g. a bad $REFLEX_CPU_THREADS: say so, run on numpy
+        except ReflexError:  # the user's settings (a bad $REFLEX_CPU_THREADS)
+            raise
+        except Exception as e:  # the library misbehaves: say so, run on numpy
             why = f"{type(e).__name__}: {e}"
     from .backends.numpy_ops import NumpyOps
 

@@ -182,8 +182,14 @@ class CpuOps:
             raise RuntimeError(_lib_error)
         self._lib = lib
         if threads is None:
-            env = os.environ.get("REFLEX_CPU_THREADS")
-            threads = int(env) if env else physical_cores()
+            env = os.environ.get("REFLEX_CPU_THREADS", "").strip()
+            try:
+                threads = int(env) if env else physical_cores()
+            except ValueError:
+                from ..errors import ReflexError
+
+                raise ReflexError("invalid_request", f"REFLEX_CPU_THREADS={env!r} is not a number of "
+                                  "threads") from None
         self.threads = lib.rx_set_threads(max(1, int(threads)))
         self.isa = lib.rx_isa_name().decode()
         if kv_dtype is not None:

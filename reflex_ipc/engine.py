@@ -19,7 +19,6 @@ import time
 from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
-DEVICES = ("auto", "cpu", "cuda", "numpy")
 
 
 def _ms(t0, t1=None):
@@ -53,6 +52,8 @@ def _cpu_backend():
 def make_backend(device):
     """The backend ops object for a device name: "cpu" (the compiled kernels), "numpy" (the
     oracle), "cuda", or "auto" (CUDA when usable, else cpu)."""
+    from .ops import DEVICES
+
     if device not in DEVICES:
         raise ReflexError("invalid_request", f"device {device!r} is not one of {', '.join(DEVICES)}")
     if device == "numpy":
@@ -172,6 +173,8 @@ class Runner:
         if n_ctx < 1:
             raise ReflexError("invalid_request", f"n_ctx must be positive, not {n_ctx}")
         self.n_ctx = n_ctx
+        if hasattr(model, "configure"):
+            model.configure(n_ctx)  # what depends on the context the engine runs with (LongRoPE)
         self.exec = Executor(ops, model, n_ctx)
         self.n_vocab = tok.n_vocab
         self.n_out = model.output.shape[0]  # LM head rows (a padded vocabulary has more)
@@ -204,8 +207,9 @@ class Runner:
     def tokenize(self, text, *, add_bos=False, parse_special=True) -> list:
         return self.tok.encode(text, add_bos=add_bos, parse_special=parse_special)
 
-    def detokenize(self, ids) -> str:
-        return self.tok.decode(list(ids))
+    def detokenize(self, ids, *, special=False) -> str:
+        """The text of token ids; control tokens (e.g. <|im_end|>) rendered when special."""
+        return self.tok.decode(list(ids), special=special)
 
     def close(self):
         self.exec.close()
@@ -299,22 +303,12 @@ class Runner:
 
         from .sampling import Sampler, apply_repeat_penalty
 
+        # the parameters' ranges are the protocol's (reflex_ipc/ops/generate.py), checked when a
+        # request or the CLI's options are decoded; here only what depends on the model
         t0 = time.perf_counter()
         if isinstance(stop, str):
             stop = (stop,)
         max_tokens = int(max_tokens)
-        if max_tokens < 0:
-            raise ReflexError("invalid_request", f"max_tokens must be >= 0, not {max_tokens}")
-        if top_p <= 0.0 or top_p > 1.0:
-            raise ReflexError("invalid_request", f"top_p must be in (0, 1], not {top_p}")
-        if not 0.0 <= min_p <= 1.0:
-            raise ReflexError("invalid_request", f"min_p must be in [0, 1], not {min_p}")
-        if top_k < 0:
-            raise ReflexError("invalid_request", f"top_k must be >= 0, not {top_k}")
-        if repeat_penalty <= 0.0:
-            raise ReflexError("invalid_request", f"repeat_penalty must be > 0, not {repeat_penalty}")
-        if not 0 <= int(logprobs) <= 20:
-            raise ReflexError("invalid_request", f"logprobs must be in 0..20, not {logprobs}")
         check = self._checker(should_cancel)
         ids = self._prompt_ids(prompt)
         t_tok = time.perf_counter()

@@ -21,8 +21,9 @@ type GenerateRequest struct {
 	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`
+	CachePrompt   *bool    `json:"cache_prompt,omitempty"` // nil: true (reuse the shared prompt prefix)
 	Model         string   `json:"model,omitempty"`
-	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda"
+	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda", "numpy"
 }
 
 // GenerateResult: generate's result.
@@ -32,6 +33,7 @@ type GenerateResult struct {
 	FinishReason     string  `json:"finish_reason"` // "stop", "length" or "stop_string"
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
+	CachedTokens     int     `json:"cached_tokens"` // prompt tokens whose state was reused
 	Model            string  `json:"model"`
 	Timings          Timings `json:"timings"`
 }
@@ -40,7 +42,8 @@ type GenerateResult struct {
 type System1Request struct {
 	Prompt      string   `json:"prompt"`
 	Candidates  []string `json:"candidates"`
-	Temperature float64  `json:"temperature,omitempty"` // 0: 1.0
+	Temperature float64  `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt *bool    `json:"cache_prompt,omitempty"` // nil: true
 	Model       string   `json:"model,omitempty"`
 	Device      string   `json:"device,omitempty"`
 }
@@ -60,8 +63,11 @@ type System1Result struct {
 	BestIdx      int         `json:"best_idx"`
 	Entropy      float64     `json:"entropy"`
 	PromptTokens int         `json:"prompt_tokens"`
-	Model        string      `json:"model"`
-	Timings      Timings     `json:"timings"`
+	// CandidateTokens: the candidates' tokens, all together.
+	CandidateTokens int     `json:"candidate_tokens"`
+	CachedTokens    int     `json:"cached_tokens"` // prompt tokens whose state was reused
+	Model           string  `json:"model"`
+	Timings         Timings `json:"timings"`
 }
 
 // EmbedRequest: embed's parameters.
@@ -77,6 +83,7 @@ type EmbedRequest struct {
 type EmbedResult struct {
 	Embeddings [][]float64 `json:"embeddings"`
 	Dim        int         `json:"dim"`
+	NTokens    []int       `json:"n_tokens"` // each input's token count
 	Model      string      `json:"model"`
 	Timings    Timings     `json:"timings"`
 }
@@ -99,9 +106,11 @@ type TokenizeResult struct {
 
 // DetokenizeRequest: detokenize's parameters.
 type DetokenizeRequest struct {
-	IDs    []int  `json:"ids"`
-	Model  string `json:"model,omitempty"`
-	Device string `json:"device,omitempty"`
+	TokenIDs []int `json:"token_ids"`
+	// Special renders control tokens (e.g. <|im_end|>) as their text; false drops them.
+	Special bool   `json:"special,omitempty"`
+	Model   string `json:"model,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // DetokenizeResult: detokenize's result.

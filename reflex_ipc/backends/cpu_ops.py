@@ -315,6 +315,13 @@ class CpuOps:
                               f"whole {blk}-value blocks, or its data size does not match")
         return CpuWeight(raw, t.ggml_type, rows, cols, cols // blk * bsize)
 
+    def weight_rows(self, w, start, n):
+        start, n = int(start), int(n)
+        if not (0 <= start and n >= 0 and start + n <= w.shape[0]):
+            raise ValueError(f"weight_rows: rows {start}..{start + n} of {w.shape[0]}")
+        rb = w.row_bytes
+        return CpuWeight(w.raw[start * rb:(start + n) * rb], w.ggml_type, n, w.shape[1], rb)
+
     # -- linear algebra ----------------------------------------------------------
     @staticmethod
     def _check(x, w, what="matmul"):
@@ -382,6 +389,26 @@ class CpuOps:
             self._c(MATMUL, N, K, x.ctypes.data, K, 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data, None, None,
                     1 if act == "silu" else 2, 0)
         return y
+
+    def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+            selection_bias=None, act="silu"):
+        """base.py's moe: the routing on the host (base.moe_route), each selected expert's rows
+        through the kernels (weight_rows: only those experts' blocks are read)."""
+        from .base import moe_route
+
+        self._eager("moe routing on the host")
+        x = self._f32(x)
+        E = router.shape[0]
+        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
+        top, w = moe_route(self.matmul(x, router), n_used, gating, norm, scale, selection_bias)
+        out = np.zeros((x.shape[0], D), _F32)
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            h = np.ascontiguousarray(x[rows])
+            g = self.matmul_glu(h, self.weight_rows(w_gate, e * F, F), self.weight_rows(w_up, e * F, F), act=act)
+            y = self.matmul(g, self.weight_rows(w_down, e * D, D))
+            out[rows] += y * w[rows, slot][:, None]
+        return out
 
     def embed(self, w, ids, scale=1.0):
         if not isinstance(w, CpuWeight):
@@ -631,12 +658,29 @@ class CpuOps:
 
     def capture(self, fn):
         """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
-        arrays (the runtime writes new inputs into them first), in one call. RuntimeError when
-        fn did something in numpy that a replay would miss."""
+        arrays (the runtime writes new inputs into them first), in one call. When fn did
+        something in numpy that a replay would miss (a mixture of experts' routing, say), the
+        graph runs fn again at each launch and copies its result into the first one's array."""
         graph, result = self.record(fn)
         if graph is None:
-            raise RuntimeError(f"cpu capture: {self._last_bad}")
+            graph = EagerGraph(fn, result, self._last_bad)
         return graph, result
+
+
+class EagerGraph:
+    """capture's fallback for steps that cannot be recorded: launch() runs the step again and
+    copies its result into the array the capture returned."""
+
+    def __init__(self, fn, result, why):
+        self.fn, self.result, self.why = fn, result, why
+
+    def launch(self):
+        np.copyto(self.result, self.fn())
+
+    replay = launch
+
+    def close(self):
+        self.fn = self.result = None
 
 
 class Graph:

@@ -1,0 +1,417 @@
+"""Per-op checks of a backend against float64 references, on random inputs.
+
+Run on the CUDA backend by scripts/gpu/gpu-check (on a GPU host) and, for the fused ops,
+on the numpy backend by tests/test_fused_ops.py. Each check returns a row
+{"op", "case", "rel_err", "max_abs", "tol", "ok"}; rel_err = ||out - ref|| / ||ref||
+against a float64 reference. Outputs are poisoned (NaN) before each launch where the
+op writes into a caller buffer, so unwritten elements fail.
+"""
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from reflex_ipc.ggml_types import TYPES
+from reflex_ipc.quants import dequantize
+
+from .references import attention_ref, rms_norm_rope_ref
+
+# byte offsets of the float16 scale fields in each block format
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def rel_err(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf"), float("inf")
+    d = np.linalg.norm(out - ref)
+    n = np.linalg.norm(ref)
+    return float(d / n if n else d), float(np.max(np.abs(out - ref)) if out.size else 0.0)
+
+
+def row(op, case, out, ref, tol):
+    e, m = rel_err(out, ref)
+    return {"op": op, "case": case, "rel_err": e, "max_abs": m, "tol": tol, "ok": bool(e <= tol)}
+
+
+def random_weight(name, rows, cols, rng):
+    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized)."""
+    tid, blk, bsize = TYPES[name]
+    n = rows * cols
+    if name == "F32":
+        w = rng.standard_normal(n).astype(np.float32) * 0.05
+        raw = w.view(np.uint8)
+    elif name == "F16":
+        w = (rng.standard_normal(n) * 0.05).astype(np.float16)
+        raw = w.view(np.uint8)
+    elif name == "BF16":
+        w32 = (rng.standard_normal(n) * 0.05).astype(np.float32)
+        raw = (w32.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        nb = n // blk
+        raw = rng.integers(0, 256, size=(nb, bsize), dtype=np.uint8)
+        for off in F16_FIELDS[name]:
+            s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
+            raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
+        raw = raw.reshape(-1)
+    ref = dequantize(np.ascontiguousarray(raw), tid, n).astype(np.float64).reshape(rows, cols)
+    return np.ascontiguousarray(raw), ref
+
+
+def weights_gguf(tensors):
+    """An open GGUFFile holding tensors {name: (raw bytes, ggml type id, numpy-order shape)}
+    (synthetic.tensors_gguf into a temporary file, unlinked once mapped)."""
+    from reflex_ipc.gguffile import GGUFFile
+
+    from .synthetic import tensors_gguf
+
+    fd, path = tempfile.mkstemp(prefix="reflex-weights-", suffix=".gguf")
+    os.close(fd)
+    try:
+        tensors_gguf(path, tensors)
+        return GGUFFile(path)
+    finally:
+        os.unlink(path)
+
+
+def check_matmul(ops, rng):
+    rows = []
+    M, K = 203, 512
+    tensors = {}
+    refs = {}
+    for name in MM_TYPES:
+        raw, ref = random_weight(name, M, K, rng)
+        tensors[name] = (raw, TYPES[name][0], (M, K))
+        refs[name] = ref
+    f = weights_gguf(tensors)
+    for name in MM_TYPES:
+        w = ops.load_weight(f, name)
+        for N in (1, 3, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
+            rows.append(row("matmul", f"{name} N={N}", out, x.astype(np.float64) @ refs[name].T, 2e-5))
+        # accumulate into an existing output
+        x = rng.standard_normal((2, K)).astype(np.float32)
+        y0 = rng.standard_normal((2, M)).astype(np.float32)
+        y = ops.asarray(y0)
+        ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
+        rows.append(row("matmul", f"{name} accumulate", ops.to_numpy(y),
+                        y0 + x.astype(np.float64) @ refs[name].T, 2e-5))
+        ids = np.array([0, 5, M - 1, 17, 5], dtype=np.int32)
+        out = ops.to_numpy(ops.embed(w, ids, scale=0.5))
+        rows.append(row("get_rows", name, out, refs[name][ids] * 0.5, 1e-6))
+    return rows
+
+
+def check_elementwise(ops, rng):
+    rows = []
+    a = rng.standard_normal((7, 1000)).astype(np.float32)
+    b = rng.standard_normal((7, 1000)).astype(np.float32)
+    v = rng.standard_normal(1000).astype(np.float32)
+    A, B, V = ops.asarray(a), ops.asarray(b), ops.asarray(v)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    rows.append(row("add", "same shape", ops.to_numpy(ops.add(A, B)), a64 + b64, 1e-7))
+    rows.append(row("add", "row bias", ops.to_numpy(ops.add(A, V)), a64 + v, 1e-7))
+    rows.append(row("mul", "same shape", ops.to_numpy(ops.mul(A, B)), a64 * b64, 1e-7))
+    rows.append(row("mul", "row", ops.to_numpy(ops.mul(A, V)), a64 * v, 1e-7))
+    rows.append(row("scale", "", ops.to_numpy(ops.scale(A, 0.37)), a64 * 0.37, 1e-7))
+    big = (a * 40).astype(np.float32)
+    rows.append(row("softcap", "c=30", ops.to_numpy(ops.softcap(ops.asarray(big), 30.0)),
+                    30 * np.tanh(big.astype(np.float64) / 30), 1e-6))
+    silu = a64 / (1 + np.exp(-a64))
+    gelu = 0.5 * a64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (a64 + 0.044715 * a64 ** 3)))
+    rows.append(row("silu", "", ops.to_numpy(ops.silu(A)), silu, 1e-6))
+    rows.append(row("gelu", "tanh", ops.to_numpy(ops.gelu(A)), gelu, 1e-6))
+    rows.append(row("swiglu", "", ops.to_numpy(ops.swiglu(A, B)), silu * b64, 1e-6))
+    rows.append(row("geglu", "", ops.to_numpy(ops.geglu(A, B)), gelu * b64, 1e-6))
+    # norms
+    for dim in (64, 576, 1024, 4096):
+        x = (rng.standard_normal((5, dim)) * 3).astype(np.float32)
+        w = rng.standard_normal(dim).astype(np.float32)
+        x64 = x.astype(np.float64)
+        ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+        rows.append(row("rms_norm", f"dim={dim}", ops.to_numpy(ops.rms_norm(ops.asarray(x), ops.asarray(w), 1e-6)),
+                        ref, 1e-6))
+    # rope
+    for neox in (False, True):
+        for hd, n_rot, ff in ((64, 64, False), (128, 64, False), (128, 128, True)):
+            N, H = 6, 3
+            x = rng.standard_normal((N, H, hd)).astype(np.float32)
+            pos = np.array([0, 1, 7, 100, 2047, 30000], dtype=np.int32)
+            factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if ff else None
+            base, fs = 1e6 if ff else 10000.0, 0.5 if ff else 1.0
+            out = ops.to_numpy(ops.rope(ops.asarray(x), pos, n_rot=n_rot, base=base, freq_scale=fs,
+                                        freq_factors=ops.asarray(factors) if ff else None, neox=neox))
+            ref = x.astype(np.float64).copy()
+            i = np.arange(n_rot // 2)
+            inv = base ** (-2.0 * i / n_rot) * fs
+            if ff:
+                inv = inv / factors
+            ang = pos[:, None].astype(np.float64) * inv[None, :]
+            c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+            ia, ib = (i, i + n_rot // 2) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = ref[..., ia].copy(), ref[..., ib].copy()
+            ref[..., ia] = x0 * c - x1 * s
+            ref[..., ib] = x0 * s + x1 * c
+            rows.append(row("rope", f"{'neox' if neox else 'norm'} hd={hd} n_rot={n_rot} ff={ff}", out, ref, 1e-6))
+    return rows
+
+
+def poison(ops, *shapes):
+    """Put NaN-filled blocks of these shapes on the pool's free lists, so that the next
+    arrays an op allocates with them start as NaN (an element the op does not write fails)."""
+    held = [ops.asarray(np.full(shape, np.nan, np.float32)) for shape in shapes]
+    ops.synchronize()
+    del held
+
+
+def _weights(ops, specs, rng):
+    """{key: (device weight, float64 reference)} for specs {key: (type name, rows, cols)}."""
+    tensors, refs = {}, {}
+    for key, (name, rows, cols) in specs.items():
+        raw, refs[key] = random_weight(name, rows, cols, rng)
+        tensors[key] = (raw, TYPES[name][0], (rows, cols))
+    f = weights_gguf(tensors)
+    return {key: (ops.load_weight(f, key), refs[key]) for key in specs}
+
+
+def check_matmul_n(ops, rng):
+    """matmul_n (mmn kernels): q/k/v-like weights of every type in one launch, output sizes
+    that make blocks straddle two weights; mixed types (grouped launches, plain matmuls)."""
+    rows = []
+    K, Ms = 512, (201, 70, 57)
+    sets = [(t, t, t) for t in MM_TYPES] + [(t, t) for t in ("Q8_0", "Q4_K")]
+    sets += [("Q4_K", "Q4_K", "Q6_K"), ("Q6_K", "Q4_K", "Q6_K"), ("Q8_0", "F16", "Q4_0")]
+    for types in sets:
+        W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
+        ws = [W[f"w{i}"][0] for i in range(len(types))]
+        for N in (1, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X = ops.asarray(x)
+            poison(ops, *[(N, Ms[i]) for i in range(len(types))])
+            outs = ops.matmul_n(X, ws)
+            for i, out in enumerate(outs):
+                ref = x.astype(np.float64) @ W[f"w{i}"][1].T
+                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref, 2e-5))
+                if N in (1, 13):  # within float32 rounding of the plain matmul kernel
+                    rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i} vs matmul",
+                                    ops.to_numpy(out), ops.to_numpy(ops.matmul(X, ws[i])), 1e-6))
+    return rows
+
+
+def check_matmul_glu(ops, rng):
+    """matmul_glu (mmglu kernels): silu and tanh-gelu units of every type; gate and up of
+    different types (two matmuls + swiglu/geglu)."""
+    rows = []
+    K, M = 512, 203
+    pairs = [(t, t) for t in MM_TYPES] + [("Q8_0", "Q4_K"), ("Q4_K", "Q6_K"), ("F16", "BF16")]
+    for g_t, u_t in pairs:
+        W = _weights(ops, {"gate": (g_t, M, K), "up": (u_t, M, K)}, rng)
+        (wg, rg), (wu, ru) = W["gate"], W["up"]
+        for N in (1, 4, 5, 8, 13):
+            x = rng.standard_normal((N, K))
+            x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
+            X = ops.asarray(x)
+            g64, u64 = x.astype(np.float64) @ rg.T, x.astype(np.float64) @ ru.T
+            for act in ("silu", "gelu"):
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
+                if act == "silu":
+                    ref = g64 / (1 + np.exp(-g64)) * u64
+                else:
+                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                case = f"{g_t}/{u_t} {act} N={N}"
+                rows.append(row("matmul_glu", case, out, ref, 2e-5))
+                if N in (1, 13):
+                    glu = ops.swiglu if act == "silu" else ops.geglu
+                    unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
+                    rows.append(row("matmul_glu", case + " vs matmuls+glu", out, unfused, 1e-6))
+    return rows
+
+
+def check_rms_norm_rope(ops, rng):
+    """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
+    pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
+    against rms_norm then rope on the device."""
+    rows = []
+    cases = [  # hd, n_rot, H, freq factors, mscale, weight
+        (128, 128, 16, False, 1.0, True), (128, 64, 8, False, 1.0, True), (64, 64, 3, True, 1.0, True),
+        (256, 256, 4, False, 1.0, True), (256, 128, 2, True, 1.2, True), (80, 48, 5, True, 1.0, False),
+    ]
+    for hd, n_rot, H, ff, mscale, has_w in cases:
+        for neox in (False, True):
+            for N in (1, 5, 13):
+                x = (rng.standard_normal((N, H, hd)) * 3).astype(np.float32)
+                w = rng.uniform(0.5, 1.5, hd).astype(np.float32) if has_w else None
+                factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if ff else None
+                pos = np.array([0, 1, 7, 100, 2047, 30000, 5, 9, 11, 13, 17, 4095, 12345][:N], np.int32)
+                kw = dict(n_rot=n_rot, base=1e6 if ff else 10000.0, freq_scale=0.5 if ff else 1.0,
+                          freq_factors=ops.asarray(factors) if ff else None, neox=neox, mscale=mscale)
+                W = ops.asarray(w) if has_w else None
+                X = ops.asarray(x.copy())  # rotated in place (numpy's asarray would not copy)
+                got = ops.rms_norm_rope(X, W, 1e-6, pos, **kw)
+                case = f"{'neox' if neox else 'norm'} hd={hd} n_rot={n_rot} H={H} N={N} ff={ff} m={mscale} w={has_w}"
+                rows.append({"op": "rms_norm_rope", "case": case + " returns x", "ok": got is X})
+                out = ops.to_numpy(X)
+                ref = rms_norm_rope_ref(x, w, 1e-6, pos, n_rot, kw["base"], kw["freq_scale"], factors, neox,
+                                        mscale)
+                rows.append(row("rms_norm_rope", case, out, ref, 1e-6))
+                unfused = ops.rope(ops.rms_norm(ops.asarray(x.copy()), W, 1e-6), pos, inplace=True, **kw)
+                rows.append(row("rms_norm_rope", case + " vs rms_norm+rope", out, ops.to_numpy(unfused), 1e-6))
+    return rows
+
+
+def check_attention(ops, rng):
+    rows = []
+    n_ctx = 300
+    for hd, Hq, Hkv in ((64, 8, 2), (128, 16, 8), (256, 4, 1)):
+        cache = (ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype), ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype))
+        past = 41
+        N = 23
+        n_kv = past + N
+        k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+        v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+        # the past in one store, the new tokens in another
+        ops.kv_store(*cache, ops.asarray(k[:past]), ops.asarray(v[:past]), np.arange(past))
+        ops.kv_store(*cache, ops.asarray(k[past:]), ops.asarray(v[past:]), np.arange(past, n_kv))
+        Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        kc = ops.to_numpy(cache[0]).astype(np.float64)[:, :n_kv]
+        rows.append(row("kv_store", f"hd={hd}", kc, Kc, 0.0))
+        q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+        pos = np.arange(past, n_kv)
+        scale = 1 / np.sqrt(hd)
+        cases = [("prefill causal", dict(causal=True)),
+                 ("prefill window=16", dict(causal=True, window=16)),
+                 ("prefill softcap=5", dict(causal=True, softcap=5.0))]
+        for name, kw in cases:
+            out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, **kw))
+            ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, kw.get("softcap", 0),
+                                True, kw.get("window", 0), None)
+            rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} {name}", out, ref, 1e-5))
+        # decode: one query at the last position
+        out = ops.to_numpy(ops.attention(ops.asarray(q[-1:]), *cache, pos[-1:], n_kv, scale=scale))
+        ref = attention_ref(q[-1:].astype(np.float64), Kc, Vc, pos[-1:], n_kv, scale, 0, True, 0, None)
+        rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} decode", out, ref, 1e-5))
+        # explicit additive mask, not causal
+        mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
+        mask[:, 0] = 0
+        out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, causal=False,
+                                         mask=ops.asarray(mask)))
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0, False, 0, mask.astype(np.float64))
+        rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, 1e-5))
+    # decode over a long cache (the split-K path: few blocks, many keys), with a window and a mask
+    hd, Hq, Hkv, n_ctx = 128, 8, 2, 2048
+    cache = (ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype), ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype))
+    n_kv = 1500
+    k = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32)
+    ops.kv_store(*cache, ops.asarray(k), ops.asarray(v), np.arange(n_kv))
+    Kc = k.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+    Vc = v.astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+    q = rng.standard_normal((2, Hq, hd)).astype(np.float32)
+    pos = np.array([n_kv - 2, n_kv - 1])
+    for name, kw in (("causal", {}), ("window=300", {"window": 300}), ("softcap=5", {"softcap": 5.0})):
+        out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09, **kw))
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, kw.get("softcap", 0), True,
+                            kw.get("window", 0), None)
+        rows.append(row("attention", f"split-K decode n_kv={n_kv} {name}", out, ref, 1e-5))
+    mask = np.where(rng.random((2, n_kv)) < 0.5, -np.inf, 0.0).astype(np.float32)
+    out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09, causal=False,
+                                     mask=ops.asarray(mask)))
+    ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, 0, False, 0, mask.astype(np.float64))
+    rows.append(row("attention", f"split-K decode n_kv={n_kv} mask", out, ref, 1e-5))
+    return rows
+
+
+def check_sampling(ops, rng):
+    rows = []
+    for n in (1000, 49152, 151936, 262144):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        x[1, 10] = x[1, 20] = x[1].max() + 1  # a tie: the first index wins
+        got = ops.argmax(ops.asarray(x))
+        ref = np.argmax(x, axis=-1)
+        rows.append({"op": "argmax", "case": f"n={n}", "ok": bool(np.array_equal(got, ref)),
+                     "got": got.tolist(), "ref": ref.tolist()})
+        for k in (1, 20, 64):
+            gi = ops.topk(ops.asarray(x[:1]), k)
+            order = np.lexsort((np.arange(n), -x[0]))[:k]
+            rows.append({"op": "topk", "case": f"n={n} k={k}", "ok": bool(np.array_equal(gi, order)),
+                         "got_head": gi[:5].tolist(), "ref_head": order[:5].tolist()})
+    # log-probabilities of chosen tokens (system1): against NumpyOps.logprobs, float64
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    for R, V, n in ((4, 1000, None), (6, 151936, 151900), (1, 262144, None)):
+        x = (rng.standard_normal((R, V)) * 6).astype(np.float32)
+        r_idx = rng.integers(0, R, 9)
+        t_idx = rng.integers(0, n or V, 9)
+        got = ops.logprobs(ops.asarray(x)[0:R], r_idx, t_idx, n=n)
+        ref = NumpyOps().logprobs(x, r_idx, t_idx, n=n)
+        err = float(np.abs(got - ref).max())
+        rows.append({"op": "logprobs", "case": f"R={R} V={V} n={n}", "ok": bool(err < 1e-5),
+                     "max_abs_err": err})
+    return rows
+
+
+def bench_matvec(ops, rng):
+    """GB/s of decode-shaped matvecs (N=1) by type and shape (8 rotating weight copies so
+    that L2 holds less of them)."""
+    out = []
+    drv = ops.rt.drv
+    configs = [("Q8_0", 4096, 4096), ("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q8_0", 1024, 3072),
+               ("Q4_0", 4096, 4096), ("Q4_K", 4096, 4096), ("Q6_K", 4096, 4096), ("F16", 4096, 4096)]
+    for name, M, K in configs:
+        tensors = {}
+        for c in range(8):
+            raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)
+            tensors[f"w{c}"] = (raw, TYPES[name][0], (M, K))
+        f = weights_gguf(tensors)
+        ws = [ops.load_weight(f, f"w{c}") for c in range(8)]
+        x = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
+        y = ops.empty((1, M))
+        for w in ws:
+            ops.matmul(x, w, out=y)
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        reps = 200
+        e0.record(ops.rt.stream)
+        for r in range(reps):
+            ops.matmul(x, ws[r % 8], out=y)
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        ms = e1.time_since(e0) / reps
+        nbytes = len(tensors["w0"][0])
+        out.append({"type": name, "M": M, "K": K, "us": round(ms * 1e3, 2),
+                    "GB_per_s": round(nbytes / (ms / 1e3) / 1e9, 1)})
+    # host-side cost of one launch (pack + cuLaunchKernel), small kernel back to back
+    a = ops.asarray(np.ones(256, np.float32))
+    ops.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        ops.scale(a, 1.0, out=a)
+    t1 = time.perf_counter()
+    ops.synchronize()
+    t2 = time.perf_counter()
+    out.append({"launch_host_us": round((t1 - t0) / 2000 * 1e6, 2),
+                "launch_total_us": round((t2 - t0) / 2000 * 1e6, 2)})
+    return out
+
+
+def run_all(ops, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
+               check_matmul_glu, check_rms_norm_rope):
+        try:
+            rows += fn(ops, rng)
+        except Exception as e:  # a crash is a failed check, reported with the rest
+            import traceback
+
+            rows.append({"op": fn.__name__, "case": "crashed", "ok": False,
+                         "error": "".join(traceback.format_exception(e))[-2000:]})
+    return rows

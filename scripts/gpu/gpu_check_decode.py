@@ -1,0 +1,219 @@
+"""Decode speed of the CUDA ops on a Qwen3-0.6B-shaped model with random Q8_0 weights.
+
+Imported by scripts/gpu/gpu-check. The step is what a qwen3 model does per token with the
+backend ops (16 launches a layer), run two ways: eagerly from Python (one launch per op)
+and as one captured CUDA graph replayed per token (ops.capture). Both read the sampled
+token id back every step, as a real decode loop does, and must produce the same tokens.
+Then the same step with the fused ops (11 launches a layer, as models/qwen3.py now runs):
+its first logits against the unfused step's, and its graph's speed.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from reflex_ipc.testing.opchecks import weights_gguf
+
+D, L, HQ, HKV, HD, FF, V = 1024, 28, 16, 8, 128, 3072, 151936
+Q8 = 8
+
+
+def q8_0(rows, cols, rng):
+    nb = rows * cols // 32
+    raw = rng.integers(-127, 128, size=(nb, 34), dtype=np.int8).view(np.uint8)
+    raw[:, 0:2] = (rng.uniform(0.5, 1.0, nb) * 0.002).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1), Q8, (rows, cols)
+
+
+def build(ops, rng):
+    t = {"token_embd.weight": q8_0(V, D, rng), "output_norm.weight": (np.ones(D, np.float32).view(np.uint8), 0, (D,))}
+    for i in range(L):
+        p = f"blk.{i}."
+        t[p + "attn_q.weight"] = q8_0(HQ * HD, D, rng)
+        t[p + "attn_k.weight"] = q8_0(HKV * HD, D, rng)
+        t[p + "attn_v.weight"] = q8_0(HKV * HD, D, rng)
+        t[p + "attn_output.weight"] = q8_0(D, HQ * HD, rng)
+        t[p + "ffn_gate.weight"] = q8_0(FF, D, rng)
+        t[p + "ffn_up.weight"] = q8_0(FF, D, rng)
+        t[p + "ffn_down.weight"] = q8_0(D, FF, rng)
+        for n, d in (("attn_norm", D), ("ffn_norm", D), ("attn_q_norm", HD), ("attn_k_norm", HD)):
+            w = rng.uniform(0.8, 1.2, d).astype(np.float32)
+            t[p + n + ".weight"] = (w.view(np.uint8), 0, (d,))
+    f = weights_gguf(t)
+    t0 = time.perf_counter()
+    W = {name: ops.load_weight(f, name) for name in t}
+    t_issue = time.perf_counter() - t0
+    arena = next(iter(ops._arenas.values()))
+    arena.wait()
+    from reflex_ipc.cuda.weights import WeightArena
+
+    other = WeightArena(ops.rt, f, mode="staging" if arena.stats.get("mode") == "register" else "register")
+    other.wait()
+    ok = ops.rt.drv.from_device(other.base, (min(arena.nbytes, 1 << 20),), np.uint8)
+    same = ops.rt.drv.from_device(arena.base, (min(arena.nbytes, 1 << 20),), np.uint8)
+    return W, {"weights_bytes": arena.nbytes, "load_weight_calls_ms": round(t_issue * 1e3, 2),
+               "upload": arena.stats, "other_mode": other.stats,
+               "modes_agree_first_MiB": bool(np.array_equal(ok, same))}
+
+
+def make_step(ops, W, cache, ids, pos, skip=(), fused=False, keep=None):
+    """The per-token step; `skip` leaves out classes of ops (for timing ablations only):
+    "attn" (kv_store + attention: q stands in for the output), "small" (q/k norms, rope),
+    "ffn" (the three FFN matvecs and swiglu), "head" (output norm + LM head).
+    fused: the model-level fused ops (matmul_n for q/k/v, rms_norm_rope, matmul_glu: 11
+    launches a layer instead of 16). keep: a list that receives each step's logits."""
+    eps = 1e-6
+    scale = 1 / math.sqrt(HD)
+
+    def step():
+        x = ops.embed(W["token_embd.weight"], ids)
+        for i in range(L):
+            p = f"blk.{i}."
+            h = ops.rms_norm(x, W[p + "attn_norm.weight"], eps)
+            wqkv = [W[p + "attn_q.weight"], W[p + "attn_k.weight"], W[p + "attn_v.weight"]]
+            q, k, v = ops.matmul_n(h, wqkv) if fused else [ops.matmul(h, w) for w in wqkv]
+            q, k, v = q.reshape(1, HQ, HD), k.reshape(1, HKV, HD), v.reshape(1, HKV, HD)
+            if "small" not in skip:
+                if fused:
+                    ops.rms_norm_rope(q, W[p + "attn_q_norm.weight"], eps, pos, base=1e6, neox=True)
+                    ops.rms_norm_rope(k, W[p + "attn_k_norm.weight"], eps, pos, base=1e6, neox=True)
+                else:
+                    q = ops.rms_norm(q, W[p + "attn_q_norm.weight"], eps)
+                    k = ops.rms_norm(k, W[p + "attn_k_norm.weight"], eps)
+                    ops.rope(q, pos, base=1e6, neox=True, inplace=True)
+                    ops.rope(k, pos, base=1e6, neox=True, inplace=True)
+            if "attn" not in skip:
+                ops.kv_store(cache[i][0], cache[i][1], k, v, pos)
+                a = ops.attention(q, cache[i][0], cache[i][1], pos, 0, scale=scale)
+            else:
+                a = q
+            ops.matmul(a.reshape(1, HQ * HD), W[p + "attn_output.weight"], out=x, accumulate=True)
+            if "ffn" not in skip:
+                h = ops.rms_norm(x, W[p + "ffn_norm.weight"], eps)
+                if fused:
+                    f = ops.matmul_glu(h, W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"], act="silu")
+                else:
+                    f = ops.swiglu(ops.matmul(h, W[p + "ffn_gate.weight"]), ops.matmul(h, W[p + "ffn_up.weight"]))
+                ops.matmul(f, W[p + "ffn_down.weight"], out=x, accumulate=True)
+        if "head" not in skip:
+            h = ops.rms_norm(x, W["output_norm.weight"], eps)
+            logits = ops.matmul(h, W["token_embd.weight"])
+            if keep is not None:
+                keep.append(logits)
+            ops.argmax(logits, out=ids)
+
+    return step
+
+
+def run(ops, steps=128):
+    rng = np.random.default_rng(3)
+    W, load = build(ops, rng)
+    # per layer K and V (zeros: defined contents for the deep-context timing)
+    cache = [(ops.zeros((HKV, 1024, HD), "float16"), ops.zeros((HKV, 1024, HD), "float16")) for _ in range(L)]
+    ids = ops.asarray(np.array([1], np.int32))
+    pos = ops.asarray(np.array([0], np.int32))
+    step = make_step(ops, W, cache, ids, pos)
+    res = {"model": "qwen3-0.6B-shaped, random Q8_0", "load": load}
+
+    def eager(n, start_tok):
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([start_tok], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        toks = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            ops.write(pos, np.array([i], np.int32))  # as the engine's decode graph does
+            step()
+            toks.append(int(ops.to_numpy(ids)[0]))
+        return toks, time.perf_counter() - t0
+
+    eager(4, 1)  # warm up
+    toks_e, dt = eager(steps, 1)
+    res["eager_tok_s"] = round(steps / dt, 1)
+    res["eager_ms_per_token"] = round(dt / steps * 1e3, 3)
+
+    ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+    ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+    t0 = time.perf_counter()
+    graph, _ = ops.capture(step)
+    res["graph_capture_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    host = np.empty(1, np.int32)
+
+    def replay(n, start_tok):
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([start_tok], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        toks = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            ops.write(pos, np.array([i], np.int32))
+            graph.launch()
+            ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
+            ops.rt.stream.synchronize()
+            toks.append(int(host[0]))
+        return toks, time.perf_counter() - t0
+
+    replay(4, 1)
+    toks_g, dt = replay(steps, 1)
+    res["graph_tok_s"] = round(steps / dt, 1)
+    res["graph_ms_per_token"] = round(dt / steps * 1e3, 3)
+    res["graph_tokens_match_eager"] = toks_g == toks_e
+    # speed deep into the context (timing only: slots past the first run hold old values)
+    ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+    ops.rt.drv.memcpy_htod(pos.ptr, np.array([896], np.int32))
+    t0 = time.perf_counter()
+    for i in range(64):
+        ops.write(pos, np.array([896 + i], np.int32))
+        graph.launch()
+        ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
+        ops.rt.stream.synchronize()
+    res["graph_tok_s_at_pos_896"] = round(64 / (time.perf_counter() - t0), 1)
+    res["distinct_tokens"] = len(set(toks_e))
+    res["ok"] = toks_g == toks_e
+    graph.close()
+
+    # the same step with the fused ops: first-step logits against the unfused step, then
+    # the graph's speed and tokens
+    def first_logits(fused):
+        keep = []
+        ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+        make_step(ops, W, cache, ids, pos, fused=fused, keep=keep)()
+        return ops.to_numpy(keep[0]).astype(np.float64)
+
+    plain, fused = first_logits(False), first_logits(True)
+    rel = float(np.linalg.norm(fused - plain) / np.linalg.norm(plain))
+    res["fused_first_logits_rel_err"] = rel
+    fstep = make_step(ops, W, cache, ids, pos, fused=True)
+    ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
+    ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
+    fgraph, _ = ops.capture(fstep)
+    graph = fgraph
+    replay(4, 1)
+    toks_fg, dt = replay(steps, 1)
+    res["fused_graph_tok_s"] = round(steps / dt, 1)
+    res["fused_graph_ms_per_token"] = round(dt / steps * 1e3, 3)
+    # greedy tokens on random weights may part at a near-tie: reported, the logits decide
+    res["fused_graph_tokens_match_eager"] = toks_fg == toks_e
+    res["fused_graph_tokens_first_diff"] = next((i for i, (a, b) in enumerate(zip(toks_fg, toks_e)) if a != b), None)
+    fgraph.close()
+    res["ok"] = res["ok"] and rel < 1e-4
+    # ablations: the same graph without one class of ops, ms per replay (timing only)
+    abl = {}
+    variants = [(skip, False) for skip in ((), ("attn",), ("small",), ("ffn",), ("head",),
+                                            ("attn", "small", "ffn", "head"))] + [((), True)]
+    for skip, fused in variants:
+        g, _ = ops.capture(make_step(ops, W, cache, ids, pos, skip, fused=fused))
+        ops.rt.drv.memcpy_htod(pos.ptr, np.array([64], np.int32))
+        for _ in range(3):
+            g.launch()
+        ops.synchronize()
+        e0, e1 = ops.rt.drv.Event(), ops.rt.drv.Event()
+        e0.record(ops.rt.stream)
+        for _ in range(50):
+            g.launch()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        abl["fused" if fused else ("-" + "-".join(skip) if skip else "full")] = round(e1.time_since(e0) / 50, 4)
+        g.close()
+    res["graph_ms_ablation"] = abl
+    return res

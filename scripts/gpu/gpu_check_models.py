@@ -1,0 +1,248 @@
+"""Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu/gpu-check).
+
+For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
+reflex_ipc.testing.synthetic.mixed_model):
+- backend level: the same model module on NumpyOps and on CudaOps. First-step logits
+  must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
+  then one token at a time) must be identical, where a divergence passes only at a
+  near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step). Also the same
+  continuation decoded through one captured CUDA graph per token (ops.capture).
+- engine level, when reflex_ipc.engine exists: load_runner(device="cuda") against
+  device="cpu" (prompt_logits and generate), and `reflex stdio --device cuda` end to end.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
+N_GEN = 32
+
+
+def _batch(ops, ids, pos0):
+    from reflex_ipc.runtime.batch import Batch
+
+    return Batch(ops, ids, list(range(pos0, pos0 + len(ids))))
+
+
+class Session:
+    """One model on one backend, greedy decoding by hand through model.forward."""
+
+    def __init__(self, ops, path, n_ctx=256):
+        from reflex_ipc.gguffile import GGUFFile
+        from reflex_ipc.models import load_model
+
+        self.ops = ops
+        self.f = GGUFFile(path)
+        t0 = time.perf_counter()
+        self.model = load_model(ops, self.f)
+        self.load_s = time.perf_counter() - t0
+        self.cache = self.model.new_state(ops, n_ctx)
+
+    def logits(self, ids, pos0):
+        out = self.model.forward(self.cache, _batch(self.ops, ids, pos0), rows=slice(len(ids) - 1, len(ids)))
+        return self.ops.to_numpy(out)[0].astype(np.float64)
+
+    def greedy(self, prompt, n):
+        lg = self.logits(prompt, 0)
+        first = lg
+        toks = []
+        pos = len(prompt)
+        for _ in range(n):
+            t = int(np.argmax(lg))
+            toks.append(t)
+            lg = self.logits([t], pos)
+            pos += 1
+        return first, toks
+
+
+def near_tie(logits):
+    top2 = np.sort(logits)[-2:]
+    return float(top2[1] - top2[0]) < 0.005 * float(np.max(np.abs(logits)))
+
+
+def graph_greedy(ops, sess, prompt, n):
+    """Prefill eagerly, then decode through runtime.graphs.DecodeGraph (one graph launch a token)."""
+    from reflex_ipc.runtime.graphs import DecodeGraph
+
+    lg = sess.logits(prompt, 0)
+    dec = DecodeGraph(ops, sess.model, sess.cache)
+    toks = [int(np.argmax(lg))]
+    pos = len(prompt)
+    t0 = time.perf_counter()
+    for _ in range(n - 1):
+        dec(toks[-1], pos)
+        toks.append(dec.argmax())
+        pos += 1
+    dt = time.perf_counter() - t0
+    dec.close()
+    return toks, (n - 1) / dt if dt > 0 else None
+
+
+def compare_backend(path, cuda_ops):
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    cpu = Session(NumpyOps(), path)
+    cuda_ops.synchronize()
+    free0 = cuda_ops.rt.mem_info()["free"]
+    n_arenas = len(cuda_ops._arenas)
+    gpu = Session(cuda_ops, path)
+    cuda_ops.synchronize()
+    free1 = cuda_ops.rt.mem_info()["free"]
+    new_arenas = list(cuda_ops._arenas.values())[n_arenas:]
+    file_bytes = sum(t.nbytes for t in gpu.f.tensors.values())
+    weight_bytes = sum(a.nbytes for a in new_arenas) + sum(
+        w.nbytes for w in cuda_ops._extra_weights)
+    kv_bytes = sum(a.nbytes for layer in gpu.cache.layers for a in layer.arrays.values())
+    prompt = [t % cpu.model.hp.n_vocab for t in PROMPT_IDS]
+    l_cpu, t_cpu = cpu.greedy(prompt, N_GEN)
+    t0 = time.perf_counter()
+    l_gpu, t_gpu = gpu.greedy(prompt, N_GEN)
+    eager_s = time.perf_counter() - t0
+    maxabs = float(np.max(np.abs(l_cpu)))
+    logit_err = float(np.max(np.abs(l_cpu - l_gpu)))
+    res = {"file": os.path.basename(path), "arch": cpu.f.architecture,
+           "logits_max_abs_diff": logit_err, "max_abs_logit": maxabs,
+           "logits_ok": logit_err <= 1e-2 * maxabs}
+    res.update(_continuation_verdict(cpu, prompt, t_cpu, t_gpu, "greedy"))
+    res["eager_tok_s_incl_prefill"] = round((N_GEN + 1) / eager_s, 1)
+    # graph decode, from a fresh cache
+    gpu2 = Session(cuda_ops, path)
+    t_graph, tps = graph_greedy(cuda_ops, gpu2, prompt, N_GEN)
+    res.update(_continuation_verdict(cpu, prompt, t_cpu, t_graph, "graph"))
+    res["graph_tok_s"] = round(tps, 1) if tps else None
+    res["vram"] = {"file_tensor_bytes": file_bytes, "weight_bytes_on_gpu": weight_bytes,
+                   "ratio": round(weight_bytes / file_bytes, 4), "kv_cache_bytes": kv_bytes,
+                   "mem_get_info_delta": free0 - free1, "upload": new_arenas[0].stats if new_arenas else None}
+    res["vram_ok"] = weight_bytes <= 1.05 * file_bytes
+    res["ok"] = res["logits_ok"] and res["greedy_ok"] and res["graph_ok"] and res["vram_ok"]
+    res["gpu_load_s"] = round(gpu.load_s, 3)
+    return res
+
+
+def _continuation_verdict(cpu, prompt, ref, got, tag):
+    if got == ref:
+        return {f"{tag}_identical": True, f"{tag}_ok": True}
+    k = next(i for i, (a, b) in enumerate(zip(ref, got)) if a != b) if any(
+        a != b for a, b in zip(ref, got)) else min(len(ref), len(got))
+    # the CPU's logits at the divergence: a near-tie there is acceptable
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    s = Session(NumpyOps(), cpu.f.path)
+    lg = s.logits(prompt + ref[:k], 0)
+    tie = near_tie(lg)
+    return {f"{tag}_identical": False, f"{tag}_diverges_at": k, f"{tag}_near_tie": tie, f"{tag}_ok": tie,
+            f"{tag}_ref": ref, f"{tag}_got": got}
+
+
+def compare_engine(path):
+    from reflex_ipc.engine import load_runner
+
+    cpu = load_runner(path, device="cpu")
+    gpu = load_runner(path, device="cuda")
+    ids = cpu.tokenize("The capital of France is", add_bos=True)
+    l_cpu = np.asarray(cpu.prompt_logits(ids), np.float64)
+    l_gpu = np.asarray(gpu.prompt_logits(ids), np.float64)
+    err = float(np.max(np.abs(l_cpu - l_gpu)))
+    maxabs = float(np.max(np.abs(l_cpu)))
+    g_cpu = cpu.generate("The capital of France is", max_tokens=N_GEN, temperature=0.0)
+    g_gpu = gpu.generate("The capital of France is", max_tokens=N_GEN, temperature=0.0)
+    res = {"backend": gpu.info().get("backend"), "logits_ok": err <= 1e-2 * maxabs,
+           "logits_max_abs_diff": err, "tokens_identical": g_cpu["token_ids"] == g_gpu["token_ids"],
+           "gpu_timings": g_gpu.get("timings"), "text_gpu": g_gpu.get("text", "")[:120]}
+    ok = res["tokens_identical"]
+    if not ok:
+        a, b = g_cpu["token_ids"], g_gpu["token_ids"]
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        lg = np.asarray(cpu.prompt_logits(ids + a[:k]), np.float64)
+        res["diverges_at"], res["near_tie"] = k, near_tie(lg)
+        ok = res["near_tie"]
+    # prefill speed: a 512-token prompt (from an empty cache), CUDA and numpy
+    long_ids = (ids * (512 // len(ids) + 1))[:512]
+    for name, r in (("cuda", gpu), ("cpu", cpu)):
+        r.prompt_logits(long_ids[:16])  # warm
+        t0 = time.perf_counter()
+        r.prompt_logits(long_ids)
+        res[f"prefill_512_ms_{name}"] = round((time.perf_counter() - t0) * 1e3, 1)
+    res["ok"] = res["logits_ok"] and ok and res["backend"] == "cuda"
+    return res
+
+
+def stdio_e2e(path):
+    env = dict(os.environ, REFLEX_T_LAUNCH=str(time.time_ns()))
+    req = json.dumps({"id": 1, "op": "generate", "prompt": "Hello", "max_tokens": 8}) + "\n"
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "cuda", "--model", path],
+                       input=req, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    parsed = []
+    for ln in lines:
+        try:
+            parsed.append(json.loads(ln))
+        except ValueError:
+            parsed.append({"unparsed": ln[:200]})
+    final = [m for m in parsed if m.get("event") == "result" and m.get("id") == 1]
+    ok = p.returncode == 0 and bool(final) and final[-1].get("ok") is True
+    return {"ok": ok, "rc": p.returncode, "wall_s": round(wall, 3), "lines": parsed[-4:],
+            "stderr": p.stderr[-1500:]}
+
+
+def run(model_dir=None):
+    from reflex_ipc.backends.cuda_ops import CudaOps
+    from reflex_ipc.testing.synthetic import mixed_model
+
+    syn = os.environ.get("REFLEX_SYNTH_DIR", "/tmp/reflex-synth")
+    os.makedirs(syn, exist_ok=True)
+    # the project's parity fixtures (tests/data, committed) and, from synthetic.mixed_model,
+    # variants that use every matmul format; their tokenizer: SmolLM2's, via the llama fixture
+    fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "synthetic-*.gguf")))
+    tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf"))
+    paths = []
+    if model_dir:
+        paths += sorted(os.path.join(model_dir, f) for f in os.listdir(model_dir) if f.endswith(".gguf"))
+    paths += fixtures
+    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
+        out = os.path.join(syn, f"allformats-{arch}.gguf")
+        mixed_model(arch, tok, out)
+        paths.append(out)
+    ops = CudaOps()
+    results = []
+    for p in paths:
+        try:
+            results.append(compare_backend(p, ops))
+        except Exception as e:
+            import traceback
+
+            results.append({"file": os.path.basename(p), "ok": False,
+                            "error": "".join(traceback.format_exception(e))[-2500:]})
+    rep = {"models": results}
+    import importlib.util
+
+    have_engine = importlib.util.find_spec("reflex_ipc.engine") is not None
+    if not have_engine:
+        rep["engine"] = {"ok": False, "error": "reflex_ipc.engine does not exist yet"}
+    if have_engine:
+        eng = []
+        for p in paths:
+            try:
+                eng.append({"file": os.path.basename(p), **compare_engine(p)})
+            except Exception as e:
+                import traceback
+
+                eng.append({"file": os.path.basename(p), "ok": False,
+                            "error": "".join(traceback.format_exception(e))[-2500:]})
+        rep["engine"] = {"ok": all(r["ok"] for r in eng), "runs": eng}
+        try:
+            rep["stdio"] = stdio_e2e(paths[0])
+        except Exception as e:
+            rep["stdio"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    rep["ok"] = all(r.get("ok") for r in results) and rep["engine"].get("ok", False) and \
+        rep.get("stdio", {}).get("ok", False)
+    return rep

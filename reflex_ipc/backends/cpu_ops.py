@@ -391,22 +391,30 @@ class CpuOps:
         return y
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """base.py's moe: the routing on the host (base.moe_route), each selected expert's rows
-        through the kernels (weight_rows: only those experts' blocks are read)."""
+        through the kernels (weight_rows: only those experts' blocks are read). w_up None: w_gate
+        holds each expert's gate rows then its up rows (a fused gate_up tensor)."""
         from .base import moe_route
 
         self._eager("moe routing on the host")
         x = self._f32(x)
-        E = router.shape[0]
-        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
-        top, w = moe_route(self.matmul(x, router), n_used, gating, norm, scale, selection_bias)
+        if logits is None:
+            logits = self.matmul(x, router)
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        top, w = moe_route(np.asarray(logits), n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
             h = np.ascontiguousarray(x[rows])
-            g = self.matmul_glu(h, self.weight_rows(w_gate, e * F, F), self.weight_rows(w_up, e * F, F), act=act)
-            y = self.matmul(g, self.weight_rows(w_down, e * D, D))
+            if w_up is None:
+                g, u = self.weight_rows(w_gate, 2 * e * F, F), self.weight_rows(w_gate, (2 * e + 1) * F, F)
+            else:
+                g, u = self.weight_rows(w_gate, e * F, F), self.weight_rows(w_up, e * F, F)
+            y = self.matmul(self.matmul_glu(h, g, u, act=act), self.weight_rows(w_down, e * D, D))
+            if expert_scale is not None:
+                y = y * np.asarray(expert_scale, _F32)[e]
             out[rows] += y * w[rows, slot][:, None]
         return out
 

@@ -3,6 +3,7 @@
 import sys
 
 SKIP = ("prompt", "stream", "cache_prompt")  # one request per process: nothing to reuse
+FLAGS = {"kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
 
 
 def add_arguments(p):
@@ -10,7 +11,7 @@ def add_arguments(p):
     from ._args import PROMPT_HELP
     from ._model import add_common
 
-    add_common(p, Request, skip=SKIP, helps={"stop": "stop string (repeatable)"})
+    add_common(p, Request, skip=SKIP, flags=FLAGS, helps={"stop": "stop string (repeatable)"})
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
@@ -20,7 +21,7 @@ def run(args):
     from ._args import read_text, request
     from ._model import finish, load, run_op
 
-    req = request(generate.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP)
+    req = request(generate.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP, flags=FLAGS)
     runner = load(args, req)
     first = []
 

@@ -3,7 +3,7 @@
 import sys
 
 SKIP = ("prompt", "cache_prompt")  # one request per process: nothing to reuse
-FLAGS = {"candidates": ["--candidate"]}
+FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
 
 
 def add_arguments(p):

@@ -6,7 +6,8 @@ from typing import Annotated, Literal, Optional, Union
 from msgspec import Meta, Struct
 
 from . import MAX_TOKENS
-from ._base import INT64_MAX, ModelName, ModelRequest, NonEmptyStr, Result as _Result, merge, ms
+from ._base import (INT64_MAX, ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    kv_args, merge, ms)
 
 
 class GenerateRequest(ModelRequest, kw_only=True):
@@ -27,6 +28,12 @@ class GenerateRequest(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    kv_import: Annotated[StatePath, Meta(
+        description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
+                    "text after its tokens")] = None
+    kv_export: Annotated[StatePath, Meta(
+        description="save the state to this file once the prompt is evaluated (replaced "
+                    "atomically)")] = None
 
 
 class GenerateResult(_Result, kw_only=True):
@@ -37,6 +44,8 @@ class GenerateResult(_Result, kw_only=True):
     completion_tokens: int
     cached_tokens: Annotated[int, Meta(description="prompt tokens whose state was reused")]
     model: ModelName
+    kv_import: Optional[StateInfo] = None
+    kv_export: Optional[StateInfo] = None
 
 
 class Token(Struct, kw_only=True):
@@ -61,7 +70,7 @@ def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
         req.prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
         top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
         repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel, cache_prompt=req.cache_prompt)
+        should_cancel=should_cancel, cache_prompt=req.cache_prompt, **kv_args(req))
 
 
 def run(call, req) -> dict:

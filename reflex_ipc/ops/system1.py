@@ -1,11 +1,12 @@
 """system1: score candidate continuations of a prompt in one forward pass."""
 
 import time
-from typing import Annotated
+from typing import Annotated, Optional
 
 from msgspec import Meta, Struct
 
-from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, merge, ms
+from ._base import (ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath, kv_args,
+                    merge, ms)
 
 
 class System1Request(ModelRequest, kw_only=True):
@@ -16,6 +17,11 @@ class System1Request(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    kv_import: Annotated[StatePath, Meta(
+        description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
+                    "text after its tokens")] = None
+    kv_export: Annotated[StatePath, Meta(
+        description="save the state (the prompt) to this file (replaced atomically)")] = None
 
 
 class Candidate(Struct):
@@ -34,6 +40,8 @@ class System1Result(_Result, kw_only=True):
     candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
     cached_tokens: Annotated[int, Meta(description="prompt tokens whose state was reused")]
     model: ModelName
+    kv_import: Optional[StateInfo] = None
+    kv_export: Optional[StateInfo] = None
 
 
 Request, Result = System1Request, System1Result
@@ -41,7 +49,7 @@ Request, Result = System1Request, System1Result
 
 def execute(runner, req, *, should_cancel=None) -> dict:
     return runner.system1(req.prompt, list(req.candidates), temperature=req.temperature,
-                          should_cancel=should_cancel, cache_prompt=req.cache_prompt)
+                          should_cancel=should_cancel, cache_prompt=req.cache_prompt, **kv_args(req))
 
 
 def run(call, req) -> dict:

@@ -312,7 +312,7 @@ class Server:
             # "auto" (or "cuda") resolved to a concrete device: cache it under
             # that name too, so naming it later finds this runner.
             real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
-            if real and real != key[1]:
+            if real and real != key[1] and key[1] != "numpy":  # the oracle is not "cpu"
                 self.runners.setdefault((key[0], real) + key[2:], runner)
                 self.infos.setdefault((key[0], real) + key[2:], info)
                 if key[1] == "auto":

@@ -102,15 +102,15 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, CPU_ONLY, load_model
+        from .models import ARCHITECTURES, NUMPY_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
             raise ReflexError("unsupported_architecture",
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
-        if device == "auto" and f.architecture in CPU_ONLY:
-            device = "cpu"  # no CUDA kernels for its recurrent layers yet
+        if device == "auto" and f.architecture in NUMPY_ONLY:
+            device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None

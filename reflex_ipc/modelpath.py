@@ -36,7 +36,20 @@ def resolve_model(model: str | None) -> str:
     if model in ALIASES:
         return ALIASES[model]()
     path = os.path.abspath(os.path.expanduser(model))
-    if not os.path.isfile(path):
+    import stat
+
+    try:
+        st = os.stat(path)  # never blocks, whatever the path names
+    except (OSError, ValueError):
+        st = None
+    if st is None:
         raise ReflexError("model_not_found", f"no such model file or alias: {model!r} "
                           f"(aliases: {', '.join(sorted(ALIASES))})")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReflexError("model_not_found", f"{model!r} is not a regular file "
+                          "(a directory, FIFO, socket or device is never read as a model)")
+    if st.st_size == 0 or path.startswith(("/proc/", "/sys/")):
+        # procfs/sysfs files are "regular" with a size that is not their content
+        raise ReflexError("model_not_found", f"{model!r} is not a model file "
+                          f"({'empty' if st.st_size == 0 else 'a kernel pseudo-file'})")
     return path

@@ -16,6 +16,7 @@ KINDS = (
     "out_of_memory",
     "cuda_error",
     "cancelled",
+    "too_large",
     "internal",
 )
 

@@ -36,6 +36,7 @@ SLICE = 0.25  # seconds between looks at the stop flag while a write waits
 DEFAULT_WRITE_TIMEOUT = 60.0
 DEFAULT_READ_TIMEOUT = 10.0
 DEFAULT_IDLE_TIMEOUT = 10.0
+MAX_RESULT_BYTES = 64 << 20  # one result line, newline included
 
 
 def log(msg: str) -> None:
@@ -456,10 +457,11 @@ class Server:
                  loader=None, resolve=None, identify=None, model_dirs=None, max_models=4,
                  max_model_bytes=32 << 30, write_timeout=DEFAULT_WRITE_TIMEOUT,
                  read_timeout=DEFAULT_READ_TIMEOUT, idle_timeout=DEFAULT_IDLE_TIMEOUT,
-                 leases=None):
+                 leases=None, max_result_bytes=MAX_RESULT_BYTES):
         self.default_model = model
         self.default_device = device or "auto"
         self.max_line_bytes = max_line_bytes
+        self.max_result_bytes = max_result_bytes
         self._loader = loader
         self._resolve = resolve
         # identify(path) -> a hashable identity of the file (default: dev, inode, size,
@@ -787,6 +789,10 @@ class Server:
             traceback.print_exc(file=sys.stderr)
             data = P.encode(P.error_result(rid, op, "internal",
                                            f"the result could not be encoded: {e}", timings))
+        if len(data) > self.max_result_bytes:
+            data = P.encode(P.error_result(
+                rid, op, "too_large", f"the result is {len(data)} bytes; the limit is "
+                f"{self.max_result_bytes}", timings))
         conn.write(data)
 
     # -- ops

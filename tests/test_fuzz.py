@@ -1,0 +1,76 @@
+"""The issue-12 fuzz suite (tests/fuzzlib.py), short mode: a few minutes of seeded request
+lines, GGUF mutations, signals, stalled clients, tokenizer-cache corruption and model files
+changed under a live server, with zero violations allowed. REFLEX_FUZZ=long runs the long
+mode here instead (scripts/fuzz-long also writes its figures to bench/results/)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fuzzlib  # noqa: E402
+
+LONG = os.environ.get("REFLEX_FUZZ") == "long"
+SEED = int(os.environ.get("REFLEX_FUZZ_SEED", "12"))
+
+
+def _run(phase, n=None):
+    counts = {k: 0 for k in fuzzlib.SHORT}
+    base = fuzzlib.LONG if LONG else fuzzlib.SHORT
+    counts[phase] = n or base[phase]
+    res = fuzzlib.run("long" if LONG else "short", SEED, counts)
+    assert res["violations"] == 0, res["violation_samples"][:10]
+    return res
+
+
+def test_fuzz_request_lines():
+    res = _run("lines")
+    assert res["lines"] >= fuzzlib.SHORT["lines"]
+    kinds = res["result_kinds"]
+    for k in ("ok", "parse_error", "invalid_request", "unknown_op", "model_not_found",
+              "line_too_long", "too_large"):
+        assert kinds.get(k), (k, kinds)  # the generator reaches every class
+
+
+def test_fuzz_gguf_mutations():
+    res = _run("gguf")
+    assert res["counts"]["gguf_loaded"] and res["counts"]["gguf_refused"]
+    # validation at load: a file that loads never fails later because of what it says
+    assert not res["counts"].get("gguf_failed_after_load"), res["counts"]
+
+
+def test_fuzz_signals():
+    _run("signals")
+
+
+def test_fuzz_stalled_and_non_reading_clients():
+    _run("clients")
+
+
+def test_fuzz_tokenizer_cache_corruption():
+    res = _run("cache")
+    assert res["counts"]["cache_checks"] >= 2 * fuzzlib.SHORT["cache"]
+
+
+def test_fuzz_files_changed_under_a_live_server():
+    res = _run("files")
+    assert res["counts"]["file_changes"] == (fuzzlib.LONG if LONG else fuzzlib.SHORT)["files"]
+
+
+@pytest.mark.parametrize("arch", fuzzlib.ARCHS)
+def test_tiny_seed_models_are_valid(tmp_path, arch):
+    """The mutation seeds load and generate: a mutation is what makes a file bad."""
+    import numpy as np
+
+    from reflex_ipc.engine import load_runner
+
+    p = tmp_path / f"{arch}.gguf"
+    fuzzlib.write_gguf(p, *fuzzlib.tiny_model(arch, np.random.default_rng(0)))
+    r = load_runner(str(p), device="cpu")
+    try:
+        out = r.generate("Hello world", max_tokens=3)
+        assert out["completion_tokens"] >= 1
+        assert r.tokenize("Hello world")
+    finally:
+        r.close()

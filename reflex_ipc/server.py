@@ -18,6 +18,7 @@ a read lease where the kernel grants one, so a writer that opens or truncates
 it waits until the server has let go of its mapping (see ModelCache).
 """
 
+import math
 import os
 import select
 import signal
@@ -374,6 +375,28 @@ def _tiny_json(v) -> str:
 
 
 _BACKEND_DEVICE = {"numpy": "cpu", "cpu": "cpu", "cuda": "cuda"}
+
+
+def _finite(v) -> bool:
+    """No NaN or infinity anywhere in a result (JSON has no such numbers: msgspec would
+    write null where the schema promises a number)."""
+    t = type(v)
+    if t is float:
+        return v - v == 0.0
+    if t is dict:
+        return all(_finite(x) for x in v.values())
+    if t is list or t is tuple:
+        if v and type(v[0]) is float:  # a vector: one C-speed pass
+            try:
+                return all(map(math.isfinite, v))
+            except TypeError:  # not all numbers: look at each
+                pass
+        return all(_finite(x) for x in v)
+    if hasattr(v, "dtype"):  # numpy
+        import numpy as np
+
+        return bool(np.isfinite(v).all()) if v.dtype.kind in "fc" else True
+    return True
 
 
 def _ms(t0: float, t1: float) -> float:
@@ -759,6 +782,9 @@ class Server:
                 rid, op, params = P.parse_request(line)
                 timings["parse"] = _ms(t0, time.perf_counter())
                 fields = self.dispatch(op, params, rid, conn, timings)
+                if not _finite(fields):
+                    raise ReflexError("gguf_error", "the model computed a non-finite number "
+                                      "(NaN or infinity): its weights are broken")
                 resp = P.result(rid, op, fields, timings)
             except ClientGone:
                 raise

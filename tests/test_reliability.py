@@ -498,3 +498,36 @@ def test_model_truncated_during_a_request_cancels_it_without_sigbus(tmp_path):
         assert "Traceback" not in p.err()
     finally:
         p.close()
+
+
+# ---------------------------------------------------------------- non-finite results (13, the server's guard)
+
+
+def test_non_finite_results_are_an_error_not_null():
+    from test_server import serve_bytes
+
+    class NaNRunner(FakeRunner):
+        def embed(self, texts, **kw):
+            return {"embeddings": [[0.5, float("nan")]], "dim": 2, "timings": {}}
+
+    srv = server.Server(loader=lambda p, d: NaNRunner(p, d), resolve=fake_resolve,
+                        max_line_bytes=1 << 20)
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+        fin.write(lines_of({"id": 1, "op": "embed", "input": "x"}, {"id": 2, "op": "ping"}))
+        fin.seek(0)
+        srv.serve_conn(server.FdConn(fin.fileno(), fout.fileno(), 1 << 20))
+        fout.seek(0)
+        lines = [json.loads(x) for x in fout.read().splitlines()]
+    assert lines[1]["error"]["kind"] == "gguf_error" and "non-finite" in lines[1]["error"]["message"]
+    assert lines[2]["ok"]
+    assert server._finite({"a": [1.0, 2.0], "b": [{"p": 1e308}], "c": None})
+    assert not server._finite({"b": {"c": [[0.5, float("inf")]]}})
+
+
+def test_model_name_that_is_not_a_string():
+    from reflex_ipc.engine import _name_of
+
+    assert _name_of([1, 2], "/x/m.gguf") == "m.gguf"
+    assert _name_of(float("nan"), "/x/m.gguf") == "m.gguf"
+    assert _name_of("", "/x/m.gguf") == "m.gguf"
+    assert _name_of("Tiny", "/x/m.gguf") == "Tiny"

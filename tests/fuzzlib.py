@@ -327,6 +327,7 @@ class Report:
         self.kinds = {}
         self.violations = []
         self.peak_rss_kib = {}
+        self.after_load = {}  # gguf: "kind: message" of failures after a successful load
 
     def add(self, what, n=1):
         self.counts[what] = self.counts.get(what, 0) + n
@@ -718,6 +719,9 @@ def phase_gguf(report, n, seed, work):
                     kind = obj["error"]["kind"]
                     if kind in ("gguf_error", "unsupported_architecture", "out_of_memory"):
                         report.add("gguf_failed_after_load")  # validation missed it at load
+                        msg = obj["error"]["message"]
+                        key = f"{kind}: {msg.split(':')[-1].strip()[:80]}"
+                        report.after_load[key] = report.after_load.get(key, 0) + 1
             srv.check_stderr()
             try:
                 path.unlink()
@@ -1102,6 +1106,7 @@ def run(mode="short", seed=12, counts=None, out=None, log=print):
                                                             key=lambda kv: str(kv[0]))),
         "peak_rss_mib": {k: round(v / 1024, 1) for k, v in report.peak_rss_kib.items()},
         "server_rlimit_as_mib": SERVER_AS_LIMIT >> 20,
+        "gguf_failed_after_load": report.after_load,
         "phase_seconds": times, "elapsed_s": round(time.monotonic() - t0, 1),
         "violation_samples": report.violations[:200],
     }

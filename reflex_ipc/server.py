@@ -511,6 +511,7 @@ class Server:
         self.stopping = False
         self.stop_time = None
         self.file_changing = False
+        self._sigio = False
         self.first_result_done = False
         self.first_token_ms = None
         self.proto = None  # protocol module, imported after the first ready line
@@ -524,6 +525,7 @@ class Server:
         signal.signal(signal.SIGHUP, self._on_sigterm)
         if self.leases and hasattr(signal, "SIGIO"):
             signal.signal(signal.SIGIO, self._on_sigio)
+            self._sigio = True
 
     def _on_sigint(self, signum, frame):
         if self.busy:
@@ -680,7 +682,8 @@ class Server:
             e = None
         if e is None:
             self._evict_stale(path, ident)
-            lease = _take_lease(path, ident) if self.leases else None
+            # a lease only with our SIGIO handler in place (SIGIO's default action kills)
+            lease = _take_lease(path, ident) if self.leases and self._sigio else None
             try:
                 t0 = time.perf_counter()
                 if self._loader is None:

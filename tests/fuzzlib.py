@@ -25,7 +25,7 @@ off the spec.
         [--lines N] [--gguf N] [--signals N] [--clients N] [--cache N] [--files N]
 
 tests/test_fuzz.py runs the short mode in the normal pytest run (REFLEX_FUZZ=long
-there runs the long one); scripts/fuzz-long writes bench/results/fuzz-long.json.
+there runs the long one); scripts/fuzz-long writes bench/results/fuzz-long-DATE.json.
 """
 
 from __future__ import annotations

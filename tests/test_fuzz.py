@@ -1,7 +1,7 @@
 """The issue-12 fuzz suite (tests/fuzzlib.py), short mode: a few minutes of seeded request
 lines, GGUF mutations, signals, stalled clients, tokenizer-cache corruption and model files
 changed under a live server, with zero violations allowed. REFLEX_FUZZ=long runs the long
-mode here instead (scripts/fuzz-long also writes its figures to bench/results/)."""
+mode here instead (scripts/fuzz-long writes its figures to bench/results/fuzz-long-DATE.json)."""
 
 import os
 import sys

@@ -15,7 +15,7 @@ dropped) and within STOP_GRACE seconds of SIGTERM.
 Models are cached by the file's identity (device, inode, size, mtime), at most
 `max_models` of them and `max_model_bytes` of files; each cached file carries
 a read lease where the kernel grants one, so a writer that opens or truncates
-it waits until the server has let go of its mapping (see ModelCache).
+it waits until the server has let go of its mapping (see Server.runner_for).
 """
 
 import math
@@ -164,7 +164,9 @@ class _Writer:
                         if ctl.write_timeout:
                             limit = last + ctl.write_timeout
                         if ctl.stopping:
-                            limit = min(limit, (ctl.stop_time or now) + STOP_GRACE)
+                            if ctl.stop_time is None:  # `shutdown`: the grace starts now
+                                ctl.stop_time = now
+                            limit = min(limit, ctl.stop_time + STOP_GRACE)
                         if now >= limit:
                             self.gone = True
                             why = "stopping" if ctl.stopping else \

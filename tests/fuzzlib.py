@@ -328,6 +328,7 @@ class Report:
         self.violations = []
         self.peak_rss_kib = {}
         self.after_load = {}  # gguf: "kind: message" of failures after a successful load
+        self.rss_series = []  # lines: (lines done, server VmRSS KiB) every ~10k lines
 
     def add(self, what, n=1):
         self.counts[what] = self.counts.get(what, 0) + n
@@ -368,11 +369,11 @@ def schema_ok(obj) -> str | None:
     return None if err is None else f"{err.message} at {list(err.path)}"
 
 
-def peak_rss_kib(pid) -> int:
+def peak_rss_kib(pid, field="VmHWM") -> int:
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -422,8 +423,26 @@ class Server:
         return json.loads(line)
 
     def send_raw(self, data: bytes):
-        self.p.stdin.write(data)
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(data)
+            self.p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the server died: reading its answer says so (EOF)
+
+    def send_async(self, data: bytes):
+        """Write from a thread while the caller reads the answers: a batch bigger than the
+        pipes would otherwise deadlock (and the server would rightly drop us after its
+        --write-timeout)."""
+        import threading
+
+        def send():
+            try:
+                self.send_raw(data)
+            except (BrokenPipeError, OSError):
+                pass  # the server died: the reader sees EOF
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        return t
 
     def response(self, timeout=120):
         tokens = []
@@ -623,7 +642,8 @@ def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
                     kind_want = None
                 elif r < 0.012:  # one unbroken word just over the BPE cap
                     n_ = (1 << 18) + rng.choice([1, 1000])
-                    line = json.dumps({"id": 8, "op": "tokenize", "text": "a" * n_}).encode()
+                    line = json.dumps({"id": 8, "op": "tokenize", "model": str(model_path),
+                                       "text": "a" * n_}).encode()  # a BPE model
                     want, desc, kind_want = 8, "huge single word", "too_large"
                 elif r < 0.015:
                     head = b'{"id": 7, "op": "ping"'
@@ -633,10 +653,12 @@ def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
                     huge = rng.random() < 0.003
                     line, want, desc = gen_request(rng, models, huge=huge)
                     kind_want = None
+                    if len(line) > limit:  # a huge text made the line too long
+                        want, kind_want = None, "line_too_long"
                 eol = b"\r\n" if rng.random() < 0.2 else b"\n"
                 batch.append((line + eol, want, desc, kind_want))
             # a few at once, then read their answers (the pipe holds them)
-            srv.send_raw(b"".join(x[0] for x in batch))
+            sender = srv.send_async(b"".join(x[0] for x in batch))
             for line, want, desc, kind_want in batch:
                 done += 1
                 report.add("lines")
@@ -654,7 +676,10 @@ def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
                 check_result(report, phase, obj, want, desc, tokens)
                 if kind_want and obj.get("error", {}).get("kind") != kind_want:
                     report.violation(phase, f"expected {kind_want}", obj)
+            sender.join(60)
             srv.check_stderr()
+            if done % 10000 < 32:
+                report.rss_series.append((done, peak_rss_kib(srv.p.pid, "VmRSS")))
     finally:
         srv.close()
 
@@ -699,7 +724,7 @@ def phase_gguf(report, n, seed, work):
                      "candidates": ["a", " world"], "temperature": rng.choice([1.0, 1e-30])},
                     {"id": 5, "op": "embed", "model": m, "input": "Hello"},
                     {"id": 6, "op": "detokenize", "model": m, "ids": [1, 2, 3, 200]}]
-            srv.send_raw(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+            sender = srv.send_async(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
             loaded = True
             for k, r in enumerate(reqs):
                 report.add("lines")
@@ -722,6 +747,7 @@ def phase_gguf(report, n, seed, work):
                         msg = obj["error"]["message"]
                         key = f"{kind}: {msg.split(':')[-1].strip()[:80]}"
                         report.after_load[key] = report.after_load.get(key, 0) + 1
+            sender.join(60)
             srv.check_stderr()
             try:
                 path.unlink()
@@ -1107,6 +1133,7 @@ def run(mode="short", seed=12, counts=None, out=None, log=print):
         "peak_rss_mib": {k: round(v / 1024, 1) for k, v in report.peak_rss_kib.items()},
         "server_rlimit_as_mib": SERVER_AS_LIMIT >> 20,
         "gguf_failed_after_load": report.after_load,
+        "lines_server_rss_kib_series": report.rss_series,
         "phase_seconds": times, "elapsed_s": round(time.monotonic() - t0, 1),
         "violation_samples": report.violations[:200],
     }

@@ -48,8 +48,7 @@ def resolve_model(model: str | None) -> str:
     if not stat.S_ISREG(st.st_mode):
         raise ReflexError("model_not_found", f"{model!r} is not a regular file "
                           "(a directory, FIFO, socket or device is never read as a model)")
-    if st.st_size == 0 or path.startswith(("/proc/", "/sys/")):
-        # procfs/sysfs files are "regular" with a size that is not their content
-        raise ReflexError("model_not_found", f"{model!r} is not a model file "
-                          f"({'empty' if st.st_size == 0 else 'a kernel pseudo-file'})")
+    if path.startswith(("/proc/", "/sys/")):
+        # procfs/sysfs files are "regular", with a size that is not their content
+        raise ReflexError("model_not_found", f"{model!r} is a kernel pseudo-file, not a model")
     return path

@@ -209,7 +209,7 @@ def test_sigterm_while_blocked_writing_to_a_stdout_nobody_reads():
         t = time.monotonic()
         p.send_signal(signal.SIGTERM)
         rc = p.wait(15)
-        assert time.monotonic() - t < server.STOP_GRACE + 3
+        assert time.monotonic() - t < server.STOP_GRACE + 8  # a loaded CI machine
         assert rc == 0
         err = p.stderr.read().decode()
         assert "Traceback" not in err and "does not read" in err
@@ -253,7 +253,7 @@ def test_sigterm_while_blocked_writing_to_a_uds_client(sockdir):
         t = time.monotonic()
         p.send_signal(signal.SIGTERM)
         assert p.wait(15) == 0
-        assert time.monotonic() - t < server.STOP_GRACE + 3
+        assert time.monotonic() - t < server.STOP_GRACE + 8  # a loaded CI machine
         bad.close()
     finally:
         rc, err = finish(p)

@@ -769,9 +769,21 @@ def phase_signals(report, n, seed, work, model_path):
         sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
         busy = rng.random() < 0.7
         if busy:
+            # SIGTERM/SIGHUP must find the request running (a signal that comes before
+            # the server has read the line finds it idle: exit at once, as specified), so
+            # those wait for its first token; SIGINT comes at any moment
+            stream = sig != signal.SIGINT or rng.random() < 0.5
             srv.send_raw(json.dumps({"id": 1, "op": "generate", "prompt": "Hello",
-                                     "max_tokens": 400, "stream": rng.random() < 0.5}).encode()
-                         + b"\n")
+                                     "max_tokens": 400, "stream": stream}).encode() + b"\n")
+            if sig != signal.SIGINT:
+                try:
+                    first = srv.read(60)
+                    if first is None or first.get("event") != "token":
+                        report.violation(phase, "no first token", first)
+                    else:
+                        srv.buf = json.dumps(first).encode() + b"\n" + srv.buf  # re-read
+                except TimeoutError as e:
+                    report.violation(phase, "no first token", e)
             time.sleep(rng.uniform(0.0, 0.5))
         t = time.monotonic()
         srv.p.send_signal(sig)

@@ -76,3 +76,29 @@ def test_tiny_seed_models_are_valid(tmp_path, arch):
         assert r.tokenize("Hello world")
     finally:
         r.close()
+
+
+_LAYOUT = {"llama": {}, "qwen2": {"qkv_bias": True, "untied": True}, "qwen3": {"qk_norm": True},
+           "gemma3": {"qk_norm": True, "window": 4, "pattern": 2}}
+
+
+@pytest.mark.parametrize("arch", fuzzlib.ARCHS)
+def test_tiny_seeds_have_the_layout_of_the_shared_writer(tmp_path, arch):
+    """fuzzlib serializes its seeds itself (thousands of mutated files a run, in memory,
+    with a 300-token vocabulary); their tensors and keys are those of the one synthetic
+    writer (reflex_ipc.testing.synthetic.tiny_gguf) for the same architecture."""
+    import numpy as np
+
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing.synthetic import tiny_gguf
+
+    ref = tmp_path / "ref.gguf"
+    tiny_gguf(ref, arch=arch, **_LAYOUT[arch])
+    ours = tmp_path / "ours.gguf"
+    fuzzlib.write_gguf(ours, *fuzzlib.tiny_model(arch, np.random.default_rng(0)))
+    with GGUFFile(str(ref)) as a, GGUFFile(str(ours)) as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, t in a.tensors.items():
+            assert len(t.shape) == len(b.tensors[name].shape), name
+        keys = {k for k in a.metadata if k.startswith(arch + ".")}
+        assert keys <= set(b.metadata), keys - set(b.metadata)

@@ -24,7 +24,8 @@ from reflex_ipc.errors import ReflexError
 
 TESTS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from test_server import FakeRunner, Proc, UdsClient, fake_resolve, lines_of  # noqa: E402
+from reflex_ipc.testing.fake_server import (FakeRunner, Proc, UdsClient,  # noqa: E402
+                                            fake_resolve, lines_of)
 
 DATA = TESTS / "data"
 ENV = dict(os.environ, REFLEX_TOKENIZER_CACHE="0")
@@ -67,8 +68,7 @@ def test_crlf_line_of_exactly_the_limit_through_the_loop():
 
 FAKE = """
 import sys, time
-sys.path.insert(0, {tests!r})
-from test_server import FakeRunner, fake_resolve
+from reflex_ipc.testing.fake_server import FakeRunner, fake_resolve
 from reflex_ipc import server
 
 class Big(FakeRunner):
@@ -86,7 +86,7 @@ sys.exit(server.serve_stdio(srv, False))
 
 
 def fake_argv(delay=0.02, uds=None, **kw):
-    return [sys.executable, "-c", FAKE.format(tests=str(TESTS), delay=delay, uds=uds, kw=kw)]
+    return [sys.executable, "-c", FAKE.format(delay=delay, uds=uds, kw=kw)]
 
 
 @pytest.fixture

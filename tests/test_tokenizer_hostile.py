@@ -108,7 +108,9 @@ def test_result_size_limit_through_the_loop():
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from test_server import lines_of, serve_bytes
+    from test_server import serve_bytes
+
+    from reflex_ipc.testing.fake_server import lines_of
 
     _, lines = serve_bytes(lines_of({"id": 1, "op": "tokenize", "text": "x" * 5000},
                                     {"id": 2, "op": "tokenize", "text": "x" * 10}),

@@ -37,9 +37,12 @@ def test_fuzz_gguf_mutations():
     res = _run("gguf")
     assert res["counts"]["gguf_loaded"] and res["counts"]["gguf_refused"]
     # validation at load: a file that loads never fails later because of what it says;
-    # only weights holding NaN/inf (not scanned at load) show up later, as gguf_error
+    # only what is not scanned at load shows up later, as gguf_error: weights holding
+    # NaN/inf, and an SPM vocabulary without the byte token a text needs (llama.cpp also
+    # finds that out only when it encodes such a byte)
     late = res["gguf_failed_after_load"]
-    assert all(k == "gguf_error: its weights are broken" for k in late), late
+    assert all(k == "gguf_error: its weights are broken" or "has no token for byte" in k
+               for k in late), late
 
 
 def test_fuzz_signals():

@@ -1,15 +1,13 @@
-"""The issue-12 fuzz suite (tests/fuzzlib.py), short mode: a few minutes of seeded request
+"""The issue-12 fuzz suite (reflex_ipc/testing/fuzz.py), short mode: a few minutes of seeded request
 lines, GGUF mutations, signals, stalled clients, tokenizer-cache corruption and model files
 changed under a live server, with zero violations allowed. REFLEX_FUZZ=long runs the long
 mode here instead (scripts/fuzz-long writes its figures to bench/results/fuzz-long-DATE.json)."""
 
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fuzzlib  # noqa: E402
+from reflex_ipc.testing import fuzz as fuzzlib
 
 LONG = os.environ.get("REFLEX_FUZZ") == "long"
 SEED = int(os.environ.get("REFLEX_FUZZ_SEED", "12"))

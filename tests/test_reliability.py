@@ -23,12 +23,24 @@ from reflex_ipc import server
 from reflex_ipc.errors import ReflexError
 
 TESTS = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-from reflex_ipc.testing.fake_server import (FakeRunner, Proc, UdsClient,  # noqa: E402
-                                            fake_resolve, lines_of)
+from reflex_ipc.testing.fake_server import FakeRunner, Proc, UdsClient, fake_resolve, lines_of
 
 DATA = TESTS / "data"
 ENV = dict(os.environ, REFLEX_TOKENIZER_CACHE="0")
+
+
+def _serve_bytes(data: bytes, *, limit=1 << 20, **kw):
+    """The loop over `data` as stdin (a file), with the fake runner; the lines it wrote."""
+    from reflex_ipc.testing.fake_server import fake_loader
+
+    srv = server.Server(loader=fake_loader(), resolve=fake_resolve, max_line_bytes=limit, **kw)
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+        fin.write(data)
+        fin.seek(0)
+        srv.serve_conn(server.FdConn(fin.fileno(), fout.fileno(), limit))
+        fout.seek(0)
+        out = fout.read()
+    return srv, [json.loads(x) for x in out.split(b"\n")[:-1]]
 
 
 # ---------------------------------------------------------------- framing (item 9)
@@ -53,13 +65,11 @@ def test_crlf_does_not_count_toward_the_limit():
 
 
 def test_crlf_line_of_exactly_the_limit_through_the_loop():
-    from test_server import serve_bytes
-
     req = json.dumps({"id": 1, "op": "tokenize", "text": ""}).encode()
     limit = 200
     pad = req[:-1] + b" " * (limit - len(req)) + b"}"
     assert len(pad) == limit
-    _, lines = serve_bytes(pad + b"\r\n" + pad + b" \r\n", limit=limit)
+    _, lines = _serve_bytes(pad + b"\r\n" + pad + b" \r\n", limit=limit)
     assert lines[1]["ok"] and lines[1]["id"] == 1
     assert lines[2]["error"]["kind"] == "line_too_long"
 
@@ -530,8 +540,6 @@ def test_model_truncated_during_a_request_cancels_it_without_sigbus(tmp_path):
 
 
 def test_non_finite_results_are_an_error_not_null():
-    from test_server import serve_bytes
-
     class NaNRunner(FakeRunner):
         def embed(self, texts, **kw):
             return {"embeddings": [[0.5, float("nan")]], "dim": 2, "timings": {}}

@@ -105,15 +105,43 @@ def test_detokenize_output_is_bounded(monkeypatch):
 
 
 def test_result_size_limit_through_the_loop():
-    import sys
+    import json
+    import tempfile
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from test_server import serve_bytes
+    from reflex_ipc import server
+    from reflex_ipc.testing.fake_server import fake_loader, fake_resolve, lines_of
 
-    from reflex_ipc.testing.fake_server import lines_of
+    def serve_bytes(data, limit=1 << 20, **kw):
+        srv = server.Server(loader=fake_loader(), resolve=fake_resolve, max_line_bytes=limit,
+                            **kw)
+        with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+            fin.write(data)
+            fin.seek(0)
+            srv.serve_conn(server.FdConn(fin.fileno(), fout.fileno(), limit))
+            fout.seek(0)
+            return srv, [json.loads(x) for x in fout.read().split(b"\n")[:-1]]
 
     _, lines = serve_bytes(lines_of({"id": 1, "op": "tokenize", "text": "x" * 5000},
                                     {"id": 2, "op": "tokenize", "text": "x" * 10}),
                            max_result_bytes=4000)
     assert lines[1]["error"]["kind"] == "too_large" and lines[1]["id"] == 1
     assert lines[2]["ok"]
+
+
+def test_token_type_longer_than_the_vocabulary(tmp_path):
+    """Found by the long fuzz run: a one-token vocabulary with the full token_type array
+    made the special-token scan look up ids past the vocabulary (IndexError)."""
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz
+
+    kvs, tensors = fuzz.tiny_model("qwen2", np.random.default_rng(0))
+    kvs = [(k, t, (fuzz.STR, ["x"])) if k == "tokenizer.ggml.tokens" else (k, t, v)
+           for k, t, v in kvs]
+    p = fuzz.write_gguf(tmp_path / "m.gguf", kvs, tensors)
+    with GGUFFile(str(p)) as f:
+        tok = load_tokenizer(f)
+        assert tok.n_vocab == 1
+        ids = tok.encode("x<|im_end|>xy", add_bos=False)
+        assert all(0 <= i < 1 for i in ids)
+        assert tok.decode(ids) == "xx"

@@ -146,7 +146,8 @@ class Tokenizer:
         if types is not None and (getattr(types, "elem_type", None) != 5 or types.count < n):
             raise ReflexError("gguf_error", "tokenizer.ggml.token_type must be an int32 array "
                               "as long as the vocabulary")
-        self._types = types.numpy() if types is not None else None
+        # a longer array is allowed; ids past the vocabulary never exist
+        self._types = types.numpy()[:n] if types is not None else None
         self._attr_override: dict = {}
         self._text_memo: dict = {}
         self._piece_memo: dict = {}

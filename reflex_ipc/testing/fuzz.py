@@ -21,7 +21,7 @@ does not match protocol/schema.json, a line answered twice, out of order or not 
 all, a server that dies or hangs, wrong tokens (caches), an exit code or exit time
 off the spec.
 
-    python tests/fuzzlib.py [--mode short|long] [--seed N] [--out FILE.json]
+    python -m reflex_ipc.testing.fuzz [--mode short|long] [--seed N] [--out FILE.json]
         [--lines N] [--gguf N] [--signals N] [--clients N] [--cache N] [--files N]
 
 tests/test_fuzz.py runs the short mode in the normal pytest run (REFLEX_FUZZ=long
@@ -46,8 +46,7 @@ import sys
 import tempfile
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout (schema, tests/data)
 SCHEMA = json.loads((ROOT / "protocol" / "schema.json").read_text())
 
 SHORT = dict(lines=3000, gguf=300, signals=6, clients=2, cache=40, files=8)
@@ -927,7 +926,6 @@ def phase_cache(report, n, seed, work):
     tokens must equal those of the cache-less tokenizer."""
     rng = random.Random(seed)
     phase = "cache"
-    sys.path.insert(0, str(ROOT))
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.tokenizer import load_tokenizer
 
@@ -1025,7 +1023,6 @@ def _damage(f_, rng, files):
 def phase_files(report, n, seed, work):
     rng = random.Random(seed)
     phase = "files"
-    sys.path.insert(0, str(ROOT))
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.tokenizer import load_tokenizer
 

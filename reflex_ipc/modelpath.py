@@ -42,6 +42,16 @@ def resolve_model(model: str | None) -> str:
         st = os.stat(path)  # never blocks, whatever the path names
     except (OSError, ValueError):
         st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        try:
+            found = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        except OSError:
+            found = []
+        inside = (f"; it holds {', '.join(found[:5])}{', ...' if len(found) > 5 else ''}"
+                  if found else "; it holds no .gguf file")
+        raise ReflexError("model_not_found",
+                          f"{model!r} is a directory, not a GGUF file: give the .gguf file's "
+                          f"path{inside}")
     if st is None:
         raise ReflexError("model_not_found", f"no such model file or alias: {model!r} "
                           f"(aliases: {', '.join(sorted(ALIASES))})")

@@ -27,8 +27,7 @@ import time
 
 from . import __version__, phases
 from .errors import ReflexError, error_kind
-
-PROTOCOL = 1
+from .ops import MAX_LINE_BYTES, PROTOCOL
 TOO_LONG = object()  # LineReader.readline(): the line was over the limit
 CHUNK = 1 << 16
 PIPE_CHUNK = 4096  # PIPE_BUF: a write this small never blocks once poll says POLLOUT
@@ -408,12 +407,14 @@ def _ms(t0: float, t1: float) -> float:
 class _Entry:
     """One cached runner: the file it came from (path and identity), its lease fd."""
 
-    __slots__ = ("runner", "info", "path", "ident", "device", "nbytes", "lease_fd", "keys")
+    __slots__ = ("runner", "info", "path", "ident", "device", "nbytes", "lease_fd", "keys",
+                 "lora")
 
     def __init__(self, runner, info, path, ident, device, nbytes, lease_fd):
         self.runner, self.info, self.path, self.ident = runner, info, path, ident
         self.device, self.nbytes, self.lease_fd = device, nbytes, lease_fd
         self.keys = []
+        self.lora = None
 
 
 def file_identity(path):
@@ -478,12 +479,13 @@ class Server:
     `resolve(name) -> path` (default: modelpath.resolve_model).
     """
 
-    def __init__(self, *, model=None, device="auto", max_line_bytes=16 * 1024 * 1024,
-                 loader=None, resolve=None, identify=None, model_dirs=None, max_models=4,
-                 max_model_bytes=32 << 30, write_timeout=DEFAULT_WRITE_TIMEOUT,
+    def __init__(self, *, model=None, device="auto", max_line_bytes=MAX_LINE_BYTES,
+                 loader=None, resolve=None, lora=None, identify=None, model_dirs=None,
+                 max_models=4, max_model_bytes=32 << 30, write_timeout=DEFAULT_WRITE_TIMEOUT,
                  read_timeout=DEFAULT_READ_TIMEOUT, idle_timeout=DEFAULT_IDLE_TIMEOUT,
                  leases=None, max_result_bytes=MAX_RESULT_BYTES):
         self.default_model = model
+        self.default_lora = lora or []  # --lora FILE[:SCALE] for the preloaded model
         self.default_device = device or "auto"
         self.max_line_bytes = max_line_bytes
         self.max_result_bytes = max_result_bytes
@@ -506,7 +508,7 @@ class Server:
         self.infos = {}  # (identity, device) -> runner.info()
         self.paths = {}  # model name -> path (a small memo; aliases and repeated names)
         self._active = None  # key of the active runner
-        self._active_src = None  # (path, device) it was asked for under
+        self._active_src = None  # (path, device, lora) it was asked for under
         self.auto_device = None  # the device "auto" resolved to, once known
         self.busy = False
         self.cancel = False
@@ -517,6 +519,7 @@ class Server:
         self.first_result_done = False
         self.first_token_ms = None
         self.proto = None  # protocol module, imported after the first ready line
+        self.ops = None  # the op registry (reflex_ipc/ops), with it
         self.startup_timings = {}
 
     # -- signals
@@ -569,7 +572,7 @@ class Server:
         self._active = key
         e = self.entries.get(key)
         if e is not None:
-            self._active_src = (e.path, e.device)
+            self._active_src = (e.path, e.device, e.lora)
 
     def _path(self, name):
         path = self.paths.get(name)
@@ -657,15 +660,17 @@ class Server:
         for k in e.keys:  # most recently used last
             self.entries[k] = self.entries.pop(k)
 
-    def runner_for(self, model, device, timings, use_active=True):
+    def runner_for(self, model, device, timings, use_active=True, lora=None):
         """The runner for (model, device), loading it when not cached. Either
         left out means the active model's (with use_active, and one is
-        active), else the server's default (--model / --device). The file is
-        looked at (stat) every time: a file changed since it was loaded is loaded
-        again."""
+        active), else the server's default (--model / --device). lora: a
+        tuple of (adapter path, scale) (load only): the same model with other
+        adapters is another runner, cached under (identity, device, lora). The file
+        is looked at (stat) every time: a file changed since it was loaded is
+        loaded again."""
         src = self._active_src if (use_active and self._active is not None) else None
-        if model is None and device is None and src is not None:
-            path, device = src
+        if model is None and device is None and src is not None and not lora:
+            path, device, lora = src
         else:
             if model is None:
                 path = src[0] if src else self._path(self.default_model)
@@ -677,7 +682,7 @@ class Server:
         if device == "auto" and self.auto_device:
             device = self.auto_device
         ident = self._identify(path)
-        key = (ident, device)
+        key = (ident, device) + ((lora,) if lora else ())
         e = self.entries.get(key)
         if e is not None and e.lease_fd is not None and _lease_broken(e.lease_fd):
             self._evict(e)
@@ -691,8 +696,9 @@ class Server:
                 if self._loader is None:
                     from .engine import load_runner
 
-                    self._loader = lambda p, d: load_runner(p, device=d)
-                runner = self._loader(path, device)
+                    self._loader = lambda p, d, lora=None: load_runner(p, device=d, lora=lora)
+                runner = (self._loader(path, device, lora=list(lora)) if lora
+                          else self._loader(path, device))
                 timings["load"] = _ms(t0, time.perf_counter())
                 info = dict(runner.info())
             except BaseException:
@@ -701,13 +707,14 @@ class Server:
                 raise
             nbytes = ident[2] if isinstance(ident, tuple) and len(ident) == 4 else 0
             e = _Entry(runner, info, path, ident, device, nbytes, lease)
+            e.lora = lora
             self._add(e, key)
             # "auto" (or "cuda") resolved to a concrete device: cache it under
             # that name too, so naming it later finds this runner.
             real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
             if real and real != device:
-                if (ident, real) not in self.entries:
-                    self._add(e, (ident, real))
+                if (ident, real) + key[2:] not in self.entries:
+                    self._add(e, (ident, real) + key[2:])
                 if device == "auto":
                     self.auto_device = real  # what "auto" means on this machine
             self._make_room(e)
@@ -730,11 +737,22 @@ class Server:
     def preload(self):
         """--model: load it (and make it active) before the ready line."""
         timings = {}
-        self.runner_for(self.default_model, self.default_device, timings)
+        lora = None
+        if self.default_lora:
+            from .lora import normalize
+            from .modelpath import resolve_model
+
+            lora = tuple((resolve_model(p), s) for p, s in normalize(self.default_lora))
+        self.runner_for(self.default_model, self.default_device, timings, lora=lora)
         self.startup_timings.update(timings)
 
     def _active_info(self):
         return self.infos.get(self.active, {}) if self.active else {}
+
+    def _models(self) -> list:
+        """hello's `models`: each loaded model once, with the path it was loaded from."""
+        return [{"model": e.info.get("model"), "path": e.path, "device": e.device,
+                 "backend": e.info.get("backend")} for e in self._unique_entries()]
 
     # -- lines
 
@@ -753,8 +771,10 @@ class Server:
             conn.write(self.ready_line())
             if self.proto is None:
                 from . import protocol
+                from .ops import registry
 
                 self.proto = protocol
+                self.ops = registry()
             while not self.stopping:
                 line = conn.reader.readline()
                 if line is None:
@@ -786,7 +806,7 @@ class Server:
             try:
                 rid, op, params = P.parse_request(line)
                 timings["parse"] = _ms(t0, time.perf_counter())
-                fields = self.dispatch(op, params, rid, conn, timings)
+                fields = self.ops[op].run(Call(self, conn, rid, timings), params)
                 if not _finite(fields):
                     raise ReflexError("gguf_error", "the model computed a non-finite number "
                                       "(NaN or infinity): its weights are broken")
@@ -826,106 +846,38 @@ class Server:
                 f"{self.max_result_bytes}", timings))
         conn.write(data)
 
-    # -- ops
 
-    def dispatch(self, op, p, rid, conn, timings) -> dict:
-        if op == "ping":
-            return {}
-        if op == "hello":
-            return self._hello()
-        if op == "shutdown":
-            self.stopping = True
-            return {}
+class Call:
+    """What an op's `run(call, req)` (reflex_ipc/ops) gets from the loop: the server,
+    this request's timings, cancellation, the model lookup, token lines."""
 
-        def should_cancel():
-            return self.cancel or conn.hung_up()
+    def __init__(self, server, conn, rid, timings):
+        self.server, self.conn, self.rid, self.timings = server, conn, rid, timings
 
-        key, runner = self.runner_for(p.model, p.device, timings, use_active=op != "load")
-        info = self.infos[key]
-        if should_cancel():
+    def should_cancel(self) -> bool:
+        return self.server.cancel or self.conn.hung_up()
+
+    def runner(self, req, use_active=True, lora=None):
+        """(key, info, runner) for the request's model and device (Server.runner_for;
+        lora: load's adapters); raises `cancelled` when the request was cancelled while it
+        loaded."""
+        srv = self.server
+        key, runner = srv.runner_for(req.model, req.device, self.timings, use_active=use_active,
+                                     lora=lora)
+        if self.should_cancel():
             raise ReflexError("cancelled", "cancelled before the request ran")
-        if op == "load":
-            cached = "load" not in timings
-            self.active = key
-            return {**info, "cached": cached}
-        model = {"model": info.get("model")}
-        if op == "generate":
-            stop = [p.stop] if isinstance(p.stop, str) else list(p.stop)
+        return key, srv.infos[key], runner
 
-            def on_token(token_id, text):
-                if not self.first_result_done and self.first_token_ms is None:
-                    self.first_token_ms = phases.mark("first_token")
-                if p.stream:
-                    try:
-                        conn.write(self.proto.token_event(rid, int(token_id), text))
-                    except ClientGone:
-                        pass  # should_cancel() now says so
+    def first_token(self) -> None:
+        srv = self.server
+        if not srv.first_result_done and srv.first_token_ms is None:
+            srv.first_token_ms = phases.mark("first_token")
 
-            t = time.perf_counter()
-            out = runner.generate(
-                p.prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
-                repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
-                should_cancel=should_cancel)
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "system1":
-            t = time.perf_counter()
-            out = runner.system1(p.prompt, list(p.candidates), temperature=p.temperature,
-                                 should_cancel=should_cancel)
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "embed":
-            texts = [p.input] if isinstance(p.input, str) else list(p.input)
-            t = time.perf_counter()
-            out = runner.embed(texts, pooling=p.pooling, normalize=p.normalize,
-                               should_cancel=should_cancel)
-            out = dict(out)
-            out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
-                                 for e in out["embeddings"]]
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "tokenize":
-            t = time.perf_counter()
-            ids = runner.tokenize(p.text, add_bos=p.add_bos, parse_special=p.parse_special)
-            timings["tokenize"] = _ms(t, time.perf_counter())
-            return {"token_ids": list(ids), **model}
-        if op == "detokenize":
-            n_vocab = info.get("n_vocab")
-            for i, t in enumerate(p.ids):
-                if n_vocab is not None and t >= n_vocab:
-                    raise ReflexError("invalid_request",
-                                      f"`ids[{i}]`: {t} is out of range (n_vocab {n_vocab})")
-            return {"text": runner.detokenize(list(p.ids)), **model}
-        raise ReflexError("internal", f"op {op!r} has no handler")
-
-    @staticmethod
-    def _merge(out, model, timings, run_ms) -> dict:
-        """The runner's result with its timings folded into ours. prompt_eval
-        and decode are always there: system1's candidate pass counts as its
-        decode; an engine that times only the whole call (embed) gets it as
-        prompt_eval, decode 0."""
-        fields = dict(out)
-        engine_t = fields.pop("timings", None) or {}
-        for k, v in engine_t.items():  # numbers only (ms, or rates such as tokens/s)
-            if k != "total" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                timings[k] = v
-        if "decode" not in timings:
-            timings["decode"] = timings.get("candidates_eval", 0.0)
-        if "prompt_eval" not in timings:
-            timings["prompt_eval"] = round(max(0.0, run_ms - timings["decode"]), 3)
-        fields.update(model)
-        return fields
-
-    def _hello(self) -> dict:
-        info = self._active_info()
-        P = self.proto
-        return {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
-                "backend": info.get("backend"), "model": info.get("model"),
-                "ops": list(P.OPS), "error_kinds": list(P.ERROR_KINDS),
-                "limits": {"max_line_bytes": self.max_line_bytes, "max_tokens": P.MAX_TOKENS},
-                "models": self._models()}
-
-    def _models(self) -> list:
-        return [{"model": e.info.get("model"), "path": e.path, "device": e.device,
-                 "backend": e.info.get("backend")} for e in self._unique_entries()]
+    def emit_token(self, token_id: int, text: str) -> None:
+        try:
+            self.conn.write(self.server.proto.token_event(self.rid, token_id, text))
+        except ClientGone:
+            pass  # should_cancel() now says so
 
 
 # ---------------------------------------------------------------- entry points

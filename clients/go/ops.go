@@ -21,26 +21,35 @@ type GenerateRequest struct {
 	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`
+	CachePrompt   *bool    `json:"cache_prompt,omitempty"` // nil: true (reuse the shared prompt prefix)
+	KVImport      string   `json:"kv_import,omitempty"`    // a saved state to start from; Prompt follows its tokens
+	KVExport      string   `json:"kv_export,omitempty"`    // save the state here once the prompt is evaluated
 	Model         string   `json:"model,omitempty"`
 	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda"
 }
 
 // GenerateResult: generate's result.
 type GenerateResult struct {
-	Text             string  `json:"text"`
-	TokenIDs         []int   `json:"token_ids"`
-	FinishReason     string  `json:"finish_reason"` // "stop", "length" or "stop_string"
-	PromptTokens     int     `json:"prompt_tokens"`
-	CompletionTokens int     `json:"completion_tokens"`
-	Model            string  `json:"model"`
-	Timings          Timings `json:"timings"`
+	Text             string     `json:"text"`
+	TokenIDs         []int      `json:"token_ids"`
+	FinishReason     string     `json:"finish_reason"` // "stop", "length" or "stop_string"
+	PromptTokens     int        `json:"prompt_tokens"`
+	CompletionTokens int        `json:"completion_tokens"`
+	CachedTokens     int        `json:"cached_tokens"` // prompt tokens whose state was reused
+	KVImport         *StateInfo `json:"kv_import,omitempty"`
+	KVExport         *StateInfo `json:"kv_export,omitempty"`
+	Model            string     `json:"model"`
+	Timings          Timings    `json:"timings"`
 }
 
 // System1Request: system1's parameters.
 type System1Request struct {
 	Prompt      string   `json:"prompt"`
 	Candidates  []string `json:"candidates"`
-	Temperature float64  `json:"temperature,omitempty"` // 0: 1.0
+	Temperature float64  `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt *bool    `json:"cache_prompt,omitempty"` // nil: true
+	KVImport    string   `json:"kv_import,omitempty"`
+	KVExport    string   `json:"kv_export,omitempty"`
 	Model       string   `json:"model,omitempty"`
 	Device      string   `json:"device,omitempty"`
 }
@@ -60,8 +69,13 @@ type System1Result struct {
 	BestIdx      int         `json:"best_idx"`
 	Entropy      float64     `json:"entropy"`
 	PromptTokens int         `json:"prompt_tokens"`
-	Model        string      `json:"model"`
-	Timings      Timings     `json:"timings"`
+	// CandidateTokens: the candidates' tokens, all together.
+	CandidateTokens int        `json:"candidate_tokens"`
+	CachedTokens    int        `json:"cached_tokens"` // prompt tokens whose state was reused
+	KVImport        *StateInfo `json:"kv_import,omitempty"`
+	KVExport        *StateInfo `json:"kv_export,omitempty"`
+	Model           string     `json:"model"`
+	Timings         Timings    `json:"timings"`
 }
 
 // EmbedRequest: embed's parameters.
@@ -77,6 +91,7 @@ type EmbedRequest struct {
 type EmbedResult struct {
 	Embeddings [][]float64 `json:"embeddings"`
 	Dim        int         `json:"dim"`
+	NTokens    []int       `json:"n_tokens"` // each input's token count
 	Model      string      `json:"model"`
 	Timings    Timings     `json:"timings"`
 }
@@ -99,14 +114,37 @@ type TokenizeResult struct {
 
 // DetokenizeRequest: detokenize's parameters.
 type DetokenizeRequest struct {
-	IDs    []int  `json:"ids"`
-	Model  string `json:"model,omitempty"`
-	Device string `json:"device,omitempty"`
+	TokenIDs []int `json:"token_ids"`
+	// Special renders control tokens (e.g. <|im_end|>) as their text; false drops them.
+	Special bool   `json:"special,omitempty"`
+	Model   string `json:"model,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // DetokenizeResult: detokenize's result.
 type DetokenizeResult struct {
 	Text    string  `json:"text"`
+	Model   string  `json:"model"`
+	Timings Timings `json:"timings"`
+}
+
+// StateRequest: state_save's and state_load's parameters.
+type StateRequest struct {
+	Path   string `json:"path"`
+	Model  string `json:"model,omitempty"`
+	Device string `json:"device,omitempty"`
+}
+
+// StateInfo describes a saved state file (protocol/STATE.md).
+type StateInfo struct {
+	Path    string `json:"path"`
+	NTokens int    `json:"n_tokens"`
+	Bytes   int64  `json:"bytes,omitempty"` // saves only
+}
+
+// StateResult: state_save's and state_load's result.
+type StateResult struct {
+	StateInfo
 	Model   string  `json:"model"`
 	Timings Timings `json:"timings"`
 }
@@ -146,6 +184,17 @@ func (c *Client) Tokenize(ctx context.Context, req TokenizeRequest) (*TokenizeRe
 // Detokenize returns the text of token ids.
 func (c *Client) Detokenize(ctx context.Context, req DetokenizeRequest) (*DetokenizeResult, error) {
 	return call[DetokenizeResult](ctx, c, "detokenize", req)
+}
+
+// StateSave saves the loop's current state (the tokens it holds) to req.Path.
+func (c *Client) StateSave(ctx context.Context, req StateRequest) (*StateResult, error) {
+	return call[StateResult](ctx, c, "state_save", req)
+}
+
+// StateLoad loads a saved state: a later request whose tokens start with its
+// tokens evaluates only the rest.
+func (c *Client) StateLoad(ctx context.Context, req StateRequest) (*StateResult, error) {
+	return call[StateResult](ctx, c, "state_load", req)
 }
 
 // Ping checks that the server answers (it loads no model).

@@ -5,6 +5,7 @@ package reflex
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,9 +53,13 @@ func TestVectors(t *testing.T) {
 		t.Fatal("protocol/vectors/*.jsonl: no conformance cases found")
 	}
 	c := shared(t)
+	model, err := modelUnderTest(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {
-			cases, err := loadCases(file)
+			cases, err := loadCases(file, model)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,9 +110,17 @@ func TestOtherOps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dt, err := c.Detokenize(ctx, DetokenizeRequest{IDs: tk.TokenIDs})
+	dt, err := c.Detokenize(ctx, DetokenizeRequest{TokenIDs: tk.TokenIDs})
 	if err != nil || dt.Text != "Hello world" {
 		t.Fatalf("detokenize: %v %+v", err, dt)
+	}
+	sp, err := c.Tokenize(ctx, TokenizeRequest{Text: "Hello <|im_end|>"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := c.Detokenize(ctx, DetokenizeRequest{TokenIDs: sp.TokenIDs, Special: true})
+	if err != nil || ds.Text != "Hello <|im_end|>" {
+		t.Fatalf("detokenize special: %v %+v", err, ds)
 	}
 	s1, err := c.System1(ctx, System1Request{Prompt: "Is the sky blue? Answer:", Candidates: []string{" yes", " no"}})
 	if err != nil || len(s1.Candidates) != 2 {
@@ -117,6 +130,34 @@ func TestOtherOps(t *testing.T) {
 	if err != nil || len(e.Embeddings) != 2 || len(e.Embeddings[0]) != e.Dim {
 		t.Fatalf("embed: %v", err)
 	}
+}
+
+func TestSavedState(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.state")
+	full, err := c.Generate(ctx, GenerateRequest{Prompt: "The capital of France is Paris. The capital of Italy is", MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Generate(ctx, GenerateRequest{Prompt: "The capital of France is Paris.", MaxTokens: 1, KVExport: p})
+	if err != nil || a.KVExport == nil || a.KVExport.NTokens != a.PromptTokens {
+		t.Fatalf("kv_export: %v %+v", err, a)
+	}
+	b, err := c.Generate(ctx, GenerateRequest{Prompt: " The capital of Italy is", MaxTokens: 4, KVImport: p})
+	if err != nil || b.KVImport == nil || b.KVImport.NTokens != a.PromptTokens || fmt.Sprint(b.TokenIDs) != fmt.Sprint(full.TokenIDs) {
+		t.Fatalf("kv_import: %v %+v (full %v)", err, b, full.TokenIDs)
+	}
+	s, err := c.StateSave(ctx, StateRequest{Path: filepath.Join(dir, "q.state")})
+	if err != nil || s.NTokens == 0 || s.Bytes == 0 {
+		t.Fatalf("state_save: %v %+v", err, s)
+	}
+	l, err := c.StateLoad(ctx, StateRequest{Path: p})
+	if err != nil || l.NTokens != a.PromptTokens {
+		t.Fatalf("state_load: %v %+v", err, l)
+	}
+	_, err = c.StateLoad(ctx, StateRequest{Path: filepath.Join(dir, "missing.state")})
+	wantKind(t, err, "state_error", "")
 }
 
 func TestErrorsCarryTheKind(t *testing.T) {

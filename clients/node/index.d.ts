@@ -5,7 +5,7 @@ export declare const PROTOCOL: number;
 /** The kinds of protocol error results, plus "connection" for client-side failures. */
 export type ErrorKind =
   | 'parse_error' | 'invalid_request' | 'unknown_op' | 'line_too_long'
-  | 'model_not_found' | 'gguf_error' | 'unsupported_architecture'
+  | 'model_not_found' | 'gguf_error' | 'state_error' | 'unsupported_architecture'
   | 'context_overflow' | 'out_of_memory' | 'cuda_error' | 'cancelled' | 'too_large'
   | 'internal' | 'connection';
 
@@ -19,14 +19,17 @@ export declare class ReflexError extends Error {
 
 export type Id = string | number | null;
 
+/** What runs a model (PROTOCOL.md, "The ready event"). */
+export type Backend = 'numpy' | 'cpu' | 'cuda';
+
 export interface ReadyEvent {
   event: 'ready';
   id: null;
   protocol: number;
   version: string;
   pid: number;
-  /** null until a model is loaded. */
-  backend: string | null;
+  /** The active model's backend: 'numpy' | 'cpu' | 'cuda'; null until a model is loaded. */
+  backend: Backend | null;
   model: string | null;
   [key: string]: unknown;
 }
@@ -53,7 +56,7 @@ export type StreamEvent = TokenEvent | ResultEvent;
 
 /** Every op that uses a model also takes these. */
 export interface ModelParams {
-  /** A GGUF path or an alias (smollm2); default: the active model. */
+  /** A GGUF path or an alias (e.g. smollm2); default: the active model. */
   model?: string;
   /** "auto" (CUDA when usable, else CPU), "cpu" or "cuda". */
   device?: string;
@@ -88,6 +91,12 @@ export interface GenerateParams extends ModelParams {
   /** Default 64. */
   repeat_last_n?: number;
   stop?: string | string[];
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface GenerateResult extends ResultEvent {
@@ -96,6 +105,10 @@ export interface GenerateResult extends ResultEvent {
   finish_reason: 'stop' | 'length' | 'stop_string';
   prompt_tokens: number;
   completion_tokens: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -105,6 +118,12 @@ export interface System1Params extends ModelParams {
   candidates: string[];
   /** Default 1. */
   temperature?: number;
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface System1Candidate {
@@ -120,6 +139,12 @@ export interface System1Result extends ResultEvent {
   best_idx: number;
   entropy: number;
   prompt_tokens: number;
+  /** The candidates' tokens, all together. */
+  candidate_tokens: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -136,6 +161,8 @@ export interface EmbedResult extends ResultEvent {
   /** One vector per input string (a list even for one string). */
   embeddings: number[][];
   dim: number;
+  /** Each input's token count. */
+  n_tokens: number[];
   model: string;
   timings: Timings;
 }
@@ -155,7 +182,9 @@ export interface TokenizeResult extends ResultEvent {
 }
 
 export interface DetokenizeParams extends ModelParams {
-  ids: number[];
+  token_ids: number[];
+  /** Render control tokens (e.g. <|im_end|>) as their text. Default false: dropped. */
+  special?: boolean;
 }
 
 export interface DetokenizeResult extends ResultEvent {
@@ -164,23 +193,45 @@ export interface DetokenizeResult extends ResultEvent {
   timings: Timings;
 }
 
+export interface StateParams extends ModelParams {
+  path: string;
+}
+
+export interface StateResult extends ResultEvent {
+  path: string;
+  n_tokens: number;
+  /** state_save only: the file's size. */
+  bytes?: number;
+  model: string;
+  timings: Timings;
+}
+
+/** kv_import / kv_export in a result. */
+export interface StateFileInfo {
+  path: string;
+  n_tokens: number;
+  bytes?: number;
+}
+
 export interface HelloResult extends ResultEvent {
   protocol: number;
   version: string;
   pid: number;
-  backend: string | null;
+  backend: Backend | null;
   model: string | null;
   ops: string[];
   error_kinds: string[];
   limits: { max_line_bytes: number; max_tokens: number };
-  models: { model: string; path: string; device: string; backend: string }[];
+  models: { model: string; path: string; device: string; backend: Backend }[];
 }
 
 export interface LoadResult extends ResultEvent {
   model: string;
   path: string;
   architecture: string;
-  backend: string;
+  backend: Backend;
+  /** The device it runs on: 'cpu' or 'cuda'. */
+  device: string;
   n_vocab: number;
   n_ctx: number;
   cached: boolean;
@@ -233,6 +284,10 @@ export declare class Reflex {
   embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
   tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;
   detokenize(params: DetokenizeParams, options?: RequestOptions): Promise<DetokenizeResult>;
+  /** Save the loop's current state to params.path (protocol/STATE.md). */
+  stateSave(params: StateParams, options?: RequestOptions): Promise<StateResult>;
+  /** Load a saved state: a later request whose tokens start with its tokens evaluates only the rest. */
+  stateLoad(params: StateParams, options?: RequestOptions): Promise<StateResult>;
   hello(params?: { protocol?: number }, options?: RequestOptions): Promise<HelloResult>;
   load(params?: ModelParams, options?: RequestOptions): Promise<LoadResult>;
   ping(options?: RequestOptions): Promise<ResultEvent>;

@@ -1,30 +1,28 @@
-"""reflex generate: continue a prompt (greedy by default)."""
+"""reflex generate: continue a prompt (greedy by default); the protocol's generate."""
 
 import sys
 
+SKIP = ("prompt", "stream", "cache_prompt")  # one request per process: nothing to reuse
+FLAGS = {"kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt")
+    from ..ops.generate import Request
+    from ._args import PROMPT_HELP
+    from ._model import add_common
+
+    add_common(p, Request, skip=SKIP, flags=FLAGS, helps={"stop": "stop string (repeatable)"})
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
 def run(args):
     from .. import phases
-    from ._model import finish, load
+    from ..ops import generate
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
 
-    runner = load(args)
+    req = request(generate.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP, flags=FLAGS)
+    runner = load(args, req)
     first = []
 
     def on_token(token_id, text):
@@ -34,10 +32,7 @@ def run(args):
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    out = runner.generate(args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                          stop=args.stop, on_token=on_token)
+    out = run_op(runner, lambda: generate.execute(runner, req, on_token=on_token))
     if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]

@@ -51,25 +51,21 @@ def _dir(text):
     return text
 
 
-def _device(text):
-    import argparse
-    import re
-
-    if not re.fullmatch(r"auto|cpu|cuda", text):
-        raise argparse.ArgumentTypeError(f"device must be auto, cpu or cuda, not {text!r}")
-    return text
-
-
 def add_arguments(p, name):
+    from ..ops import DEVICES, MAX_LINE_BYTES
+
     if name == "uds":
         p.add_argument("path", metavar="PATH", help="the socket file to listen on")
         p.add_argument("--mode", type=_mode, default=0o600,
                        help="permissions of the socket file, octal (default 600)")
     p.add_argument("--model", help="load this GGUF path or alias before the ready line")
-    p.add_argument("--device", type=_device, default="auto",
-                   help="auto, cpu or cuda (default auto: CUDA when usable)")
-    p.add_argument("--max-line-bytes", type=_size, default=16 * 1024 * 1024,
-                   help="longest request line, in bytes (default 16 MiB)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="auto: CUDA when usable, else CPU (default: %(default)s)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="with --model: " + "apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
+                   "product scaled by SCALE (default 1); repeatable")
+    p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES,
+                   help="longest request line, in bytes (default: %(default)s = 16 MiB)")
     p.add_argument("--model-dir", type=_dir, action="append", default=[], metavar="DIR",
                    help="a request's `model` path must lie inside DIR (repeatable; "
                    "aliases and --model are always allowed)")
@@ -92,8 +88,12 @@ def add_arguments(p, name):
 def run(args) -> int:
     from .. import server
 
+    if args.lora and args.model is None:
+        sys.stderr.write(f"reflex {args.command}: --lora needs --model\n")
+        return 2
     srv = server.Server(model=args.model, device=args.device,
-                        max_line_bytes=args.max_line_bytes, model_dirs=args.model_dir,
+                        max_line_bytes=args.max_line_bytes, lora=args.lora,
+                        model_dirs=args.model_dir,
                         max_models=args.max_models, max_model_bytes=args.max_model_bytes,
                         write_timeout=args.write_timeout or None,
                         read_timeout=getattr(args, "read_timeout", 0.0) or None,

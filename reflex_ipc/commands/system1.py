@@ -2,22 +2,29 @@
 
 import sys
 
+SKIP = ("prompt", "cache_prompt")  # one request per process: nothing to reuse
+FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
-    p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt")
+    from ..ops.system1 import Request
+    from ._args import PROMPT_HELP
+    from ._model import add_common
+
+    add_common(p, Request, skip=SKIP, flags=FLAGS,
+               helps={"candidates": "a continuation (repeatable; at least one)"})
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
 def run(args):
-    from ._model import finish, load
+    from ..ops import system1
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
 
-    runner = load(args)
-    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature)
+    req = request(system1.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP,
+                  flags=FLAGS)
+    runner = load(args, req)
+    out = run_op(runner, lambda: system1.execute(runner, req))
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Reflex, ReflexError } from '../index.js';
 import { reflexCommand } from './helpers.js';
-import { vectorFiles, loadCases, runCase } from './vectors.js';
+import { vectorFiles, loadCases, modelUnderTest, runCase } from './vectors.js';
 
 const LONG = { prompt: 'Once upon a time, in a land far away,', max_tokens: 256, temperature: 0 };
 let c;
@@ -28,7 +28,7 @@ test('protocol/vectors has cases', () => {
 for (const file of vectorFiles()) {
   test(`vectors: ${path.basename(file)}`, async () => {
     const failures = {};
-    for (const kase of loadCases(file)) {
+    for (const kase of loadCases(file, await modelUnderTest(c))) {
       const bad = await runCase(c, kase);
       if (bad.length) failures[kase.name] = bad;
     }
@@ -48,13 +48,34 @@ test('generate equals the concatenated stream', async () => {
 });
 
 test('the other ops', async () => {
-  const { token_ids: ids } = await c.tokenize({ text: 'Hello world' });
-  assert.equal((await c.detokenize({ ids })).text, 'Hello world');
+  const { token_ids } = await c.tokenize({ text: 'Hello world' });
+  assert.equal((await c.detokenize({ token_ids })).text, 'Hello world');
+  const sp = await c.tokenize({ text: 'Hello <|im_end|>' });
+  assert.equal((await c.detokenize({ token_ids: sp.token_ids, special: true })).text, 'Hello <|im_end|>');
   const s = await c.system1({ prompt: 'Is the sky blue? Answer:', candidates: [' yes', ' no'] });
   assert.equal(s.candidates.length, 2);
   const e = await c.embed({ input: ['a', 'b'] });
   assert.equal(e.embeddings.length, 2);
   assert.equal(e.embeddings[0].length, e.dim);
+});
+
+test('saved state: kv_export, kv_import, stateSave, stateLoad', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'reflex-state-'));
+  try {
+    const p = path.join(dir, 'p.state');
+    const full = await c.generate({ prompt: 'The capital of France is Paris. The capital of Italy is', max_tokens: 4 });
+    const a = await c.generate({ prompt: 'The capital of France is Paris.', max_tokens: 1, kv_export: p });
+    assert.equal(a.kv_export.n_tokens, a.prompt_tokens);
+    const b = await c.generate({ prompt: ' The capital of Italy is', max_tokens: 4, kv_import: p });
+    assert.equal(b.cached_tokens, a.prompt_tokens);
+    assert.deepEqual(b.token_ids, full.token_ids);
+    const saved = await c.stateSave({ path: path.join(dir, 'q.state') });
+    assert.ok(saved.n_tokens > 0 && saved.bytes > 0);
+    assert.equal((await c.stateLoad({ path: p })).n_tokens, a.prompt_tokens);
+    await rejectsKind(c.stateLoad({ path: path.join(dir, 'missing.state') }), 'state_error');
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('errors carry the protocol kind', async () => {

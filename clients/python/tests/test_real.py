@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import reflex_argv, uds_argv
-from vectors import load_cases, run_case, vector_files
+from vectors import load_cases, model_under_test, run_case, vector_files
 
 from reflex_client import AsyncClient, Client, ReflexConnectionError, ReflexError, ReflexTimeout
 
@@ -30,7 +30,7 @@ def test_vector_files_exist():
 @pytest.mark.parametrize("path", vector_files(), ids=os.path.basename)
 def test_vectors(client, path):
     failures = {}
-    for case in load_cases(path):
+    for case in load_cases(path, model_under_test(client)):
         bad = run_case(client, case)
         if bad:
             failures[case["name"]] = bad
@@ -50,11 +50,29 @@ def test_generate_matches_stream(client):
 def test_other_ops(client):
     ids = client.tokenize("Hello world")["token_ids"]
     assert client.detokenize(ids)["text"] == "Hello world"
+    special = client.tokenize("Hello <|im_end|>")["token_ids"]
+    assert client.detokenize(special, special=True)["text"] == "Hello <|im_end|>"
+    assert client.detokenize(token_ids=special)["text"] == "Hello "
     s = client.system1("Is the sky blue? Answer:", [" yes", " no"])
     assert len(s["candidates"]) == 2 and s["best_idx"] in (0, 1)
     e = client.embed(["a", "b"], normalize=True)
     assert len(e["embeddings"]) == 2 and len(e["embeddings"][0]) == e["dim"]
     assert client.hello()["protocol"] == 1
+
+
+def test_saved_state(client, tmp_path):
+    path = str(tmp_path / "p.state")
+    full = client.generate("The capital of France is Paris. The capital of Italy is", max_tokens=4)
+    a = client.generate("The capital of France is Paris.", max_tokens=1, kv_export=path)
+    assert a["kv_export"]["path"] == path and a["kv_export"]["n_tokens"] == a["prompt_tokens"]
+    b = client.generate(" The capital of Italy is", max_tokens=4, kv_import=path)
+    assert b["cached_tokens"] == a["prompt_tokens"] and b["token_ids"] == full["token_ids"]
+    saved = client.state_save(str(tmp_path / "q.state"))
+    assert saved["n_tokens"] > 0 and saved["bytes"] > 0
+    assert client.state_load(path)["n_tokens"] == a["prompt_tokens"]
+    with pytest.raises(ReflexError) as e:
+        client.state_load(str(tmp_path / "missing.state"))
+    assert e.value.kind == "state_error"
 
 
 def test_errors_carry_the_protocol_kind(client):

@@ -1,0 +1,73 @@
+"""What the op modules share: the request base structs, the constrained types,
+and the helpers that fold an engine result into a protocol result."""
+
+import time
+from typing import Annotated, Literal, Optional
+
+from msgspec import Meta, Struct
+
+from . import DEVICES
+
+INT64_MAX = 2**63 - 1
+
+NonEmptyStr = Annotated[str, Meta(min_length=1)]
+Device = Literal[DEVICES]  # type: ignore[valid-type]
+Backend = Literal["numpy", "cpu", "cuda"]
+ModelName = Annotated[Optional[str], Meta(description="the model's general.name; null when none is loaded")]
+
+
+class Request(Struct, forbid_unknown_fields=True, kw_only=True):
+    """An op's parameters (besides `id` and `op`)."""
+
+
+class ModelRequest(Request, kw_only=True):
+    """The parameters of an op that uses a model."""
+
+    model: Optional[Annotated[str, Meta(
+        min_length=1, description="GGUF path or alias; null or absent: the active model, "
+                                  "else the server's default")]] = None
+    device: Optional[Annotated[Device, Meta(
+        description="auto: CUDA when usable, else CPU; null or absent: the active "
+                    "model's device, else the server's --device")]] = None
+
+
+StatePath = Optional[Annotated[str, Meta(min_length=1)]]
+
+
+def kv_args(req) -> dict:
+    """kv_import / kv_export of a generate or system1 request, those given only."""
+    return {k: getattr(req, k) for k in ("kv_import", "kv_export") if getattr(req, k) is not None}
+
+
+class StateInfo(Struct, kw_only=True):
+    """A saved state file (protocol/STATE.md) a request read or wrote."""
+
+    path: Annotated[str, Meta(description="absolute")]
+    n_tokens: Annotated[int, Meta(description="the tokens whose state it holds")]
+    bytes: Optional[Annotated[int, Meta(description="the file's size (written files)")]] = None
+
+
+class Result(Struct, kw_only=True):
+    """A result's op-specific fields (the envelope -- event, id, op, ok, timings --
+    is added by protocol.result). Servers may add fields."""
+
+
+def ms(t0: float, t1: float = None) -> float:
+    return round(((time.perf_counter() if t1 is None else t1) - t0) * 1e3, 3)
+
+
+def merge(out: dict, model_name, timings: dict, run_ms: float) -> dict:
+    """The runner's result with its timings folded into the request's. prompt_eval
+    and decode are always there: system1's candidate pass counts as its decode; an
+    engine that times only the whole call (embed) gets it as prompt_eval, decode 0."""
+    fields = dict(out)
+    engine_t = fields.pop("timings", None) or {}
+    for k, v in engine_t.items():  # numbers only (ms, or rates such as tokens/s)
+        if k != "total" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            timings[k] = v
+    if "decode" not in timings:
+        timings["decode"] = timings.get("candidates_eval", 0.0)
+    if "prompt_eval" not in timings:
+        timings["prompt_eval"] = round(max(0.0, run_ms - timings["decode"]), 3)
+    fields["model"] = model_name
+    return fields

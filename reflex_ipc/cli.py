@@ -131,11 +131,12 @@ def main(argv=None) -> int:
 
         traceback.print_exc()
         rc = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # a vanished reader: nothing left to tell it
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: the fd was closed when we started
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # a vanished reader: nothing left to tell it
     if done is not None:
         done(rc or 0)
     os._exit(rc or 0)

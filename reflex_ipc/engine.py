@@ -140,6 +140,14 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     return runner
 
 
+def _name_of(name, path) -> str:
+    """general.name when it is a non-empty string (a file may hold anything there), else
+    the file's name."""
+    import os
+
+    return name if isinstance(name, str) and name else os.path.basename(path)
+
+
 class _StopText:
     """Generated text released as it becomes final: never past a stop string, and holding
     back any tail that could still become the start of one."""
@@ -213,7 +221,7 @@ class Runner:
         import os
 
         return {
-            "model": self.f.get("general.name") or os.path.basename(self.path),
+            "model": _name_of(self.f.get("general.name"), self.path),
             "path": self.path,
             "architecture": hp.arch,
             "backend": self.ops.name,

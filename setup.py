@@ -1,15 +1,17 @@
-"""Build hook: compiles kernels/*.cu into one fatbin shipped in the package, when wanted.
+"""Build hook: compiles kernels/*.cu into one fatbin (when wanted) and kernels/cpu/*.c into
+one shared library (libreflex_cpu.so), both shipped in the package.
 
-Everything else is declared in pyproject.toml. The kernel build lives in
-kernels/build.py so it can also be run by hand; it decides whether the fatbin is built
-(REFLEX_BUILD_CUDA=1 always, =0 never, unset: when nvcc and an NVIDIA driver are
-present) and prints what it does.
+Everything else is declared in pyproject.toml. The kernel builds live in
+kernels/build.py and kernels/cpu/build.py so they can also be run by hand; kernels/build.py
+decides whether the fatbin is built (REFLEX_BUILD_CUDA=1 always, =0 never, unset: when nvcc
+and an NVIDIA driver are present) and prints what it does.
 """
 import importlib.util
 import os
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,7 +28,15 @@ class BuildWithKernels(build_py):
     def run(self):
         out = os.path.join(HERE, "reflex_ipc", "kernels")
         _load("reflex_kernel_build", "kernels", "build.py").build_if_wanted(out)
+        _load("reflex_cpu_kernel_build", "kernels", "cpu", "build.py").build(out)
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithKernels})
+class PlatformDistribution(Distribution):
+    """The wheel holds a compiled library (libreflex_cpu.so): tag it for this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithKernels}, distclass=PlatformDistribution)

@@ -21,6 +21,7 @@ for a in "$@"; do
 done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/reflex-replay.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+chmod 755 "$WORK"  # mktemp makes it 0700: a test that runs reflex as another user must read the clone
 export REFLEX_CACHE="$WORK/cache"
 unset PYTHONPATH VIRTUAL_ENV REFLEX_MODEL
 fail() { echo "replay: FAILED: $*"; exit 1; }

@@ -26,6 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPT = "The three primary colors are"
 LONG = 2000  # max_tokens of the requests a test cancels (minutes of CPU decode)
+COUNT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # a prompt SmolLM2 continues without ending (counting)
 
 
 def _free_port():
@@ -289,7 +290,7 @@ def test_completion_logprobs_and_infill_follow_the_engine(front, oai, engine):
 
 def test_cancel_by_closing_the_stream(front, oai):
     before = front.health()["cancelled"]
-    stream = oai.completions.create(model="any", prompt=PROMPT, max_tokens=LONG, temperature=0, stream=True)
+    stream = oai.completions.create(model="any", prompt=COUNT, max_tokens=LONG, temperature=0, stream=True)
     got = []
     for chunk in stream:
         got.append(chunk.choices[0].text)
@@ -307,7 +308,7 @@ def test_cancel_by_closing_the_stream(front, oai):
 def test_cancel_by_disconnect_before_the_result(front):
     before = front.health()["cancelled"]
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(front.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": LONG}, timeout=1.5)
+        httpx.post(front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG}, timeout=1.5)
     front.wait(lambda h: not h["queue"]["busy"] and h["cancelled"] == before + 1)
 
 
@@ -369,7 +370,7 @@ def test_queue_full_is_503(front):
     """--queue 1: one request runs, one waits, the next is refused at once."""
     with httpx.Client(timeout=300) as http:
         with http.stream("POST", front.url + "/v1/completions",
-                         json={"prompt": PROMPT, "max_tokens": LONG, "stream": True}) as running:
+                         json={"prompt": COUNT, "max_tokens": LONG, "stream": True}) as running:
             assert running.status_code == 200
             lines = running.iter_lines()
             assert next(lines).startswith("data: ")
@@ -389,7 +390,7 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
     pid = front.health()["engine"]["pid"]
     out = {}
     t = threading.Thread(target=lambda: out.update(r=httpx.post(
-        front.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": LONG}, timeout=300)))
+        front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG}, timeout=300)))
     t.start()
     front.wait(lambda h: h["queue"]["busy"])
     time.sleep(0.3)
@@ -407,7 +408,7 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
     # mid-stream: the headers are out, so the death comes as an error event, which the
     # openai client raises
     oai = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    stream = oai.completions.create(model="any", prompt=PROMPT, max_tokens=LONG, temperature=0, stream=True)
+    stream = oai.completions.create(model="any", prompt=COUNT, max_tokens=LONG, temperature=0, stream=True)
     with pytest.raises(openai.APIError) as e:
         for i, _ in enumerate(stream):
             if i == 1:

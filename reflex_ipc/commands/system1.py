@@ -9,15 +9,33 @@ def add_arguments(p):
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
     p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
     p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
+    p.add_argument("--chat", action="store_true",
+                   help="send PROMPT as a user message through the model's chat template; "
+                        "the candidates continue the assistant's turn")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt; absent or '-': read from stdin")
 
 
 def run(args):
+    from ..errors import ReflexError
     from ._model import finish, load
+    from .generate import read_arg
 
+    prompt = read_arg(args.prompt)
     runner = load(args)
-    out = runner.system1(args.prompt, args.candidate, temperature=args.temperature)
+    try:
+        if args.chat:
+            from ..prepare import chat_text
+
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": prompt})
+            prompt = chat_text(runner, messages)
+        out = runner.system1(prompt, args.candidate, temperature=args.temperature)
+    except ReflexError as e:
+        sys.stderr.write(f"reflex system1: {e.kind}: {e.message}\n")
+        return 2
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

@@ -154,10 +154,11 @@ class Constraint:
         self.field = field
         self.tok = tok
         self.n_vocab = tok.n_vocab
-        llt = lltokenizer(tok)
-        err = llg.LLMatcher.validate_grammar(grammar, llt)
-        if err and not err.startswith("WARNING"):
-            raise ReflexError("invalid_request", f"`{field}`: {_clean(err)}")
+        for t in (None, "tok"):  # the grammar alone first: no tokenizer built for a bad one
+            llt = lltokenizer(tok) if t else None
+            err = llg.LLMatcher.validate_grammar(grammar, llt)
+            if err and not err.startswith("WARNING"):
+                raise ReflexError("invalid_request", f"`{field}`: {_clean(err)}")
         self.m = llg.LLMatcher(llt, grammar, log_level=0)
         if self.m.is_error():
             raise ReflexError("invalid_request", f"`{field}`: {_clean(self.m.get_error())}")

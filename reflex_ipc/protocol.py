@@ -7,10 +7,10 @@ response line. msgspec costs ~13 ms to import, so server.py writes the ready
 line before importing this module.
 """
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from . import __version__
 from .errors import KINDS, ReflexError
@@ -42,8 +42,38 @@ class Load(_ModelRequest, kw_only=True):
     pass
 
 
-class Generate(_ModelRequest, kw_only=True):
-    prompt: str
+class ContentPart(Struct, kw_only=True):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Struct, kw_only=True):
+    """A chat message (protocol/PROTOCOL.md, "Chat"); fields left out stay out of what
+    the template sees (to_builtins drops UNSET), as templates test `'tool_calls' in m`."""
+
+    role: NonEmptyStr
+    content: Union[str, list[ContentPart], None, UnsetType] = UNSET
+    name: Union[str, UnsetType] = UNSET
+    tool_calls: Union[list[dict[str, Any]], None, UnsetType] = UNSET
+    tool_call_id: Union[str, UnsetType] = UNSET
+    reasoning_content: Union[str, None, UnsetType] = UNSET
+
+
+def messages_of(params):
+    """The request's messages as plain dicts (None when it has none)."""
+    m = getattr(params, "messages", None)
+    return None if m is None else msgspec.to_builtins(m)
+
+
+Messages = Annotated[list[Message], Meta(min_length=1)]
+Tools = list[dict[str, Any]]
+MAX_LOGPROBS = 20
+Logprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+
+
+class _Decode(_ModelRequest, kw_only=True):
+    """generate's and infill's sampling, stop, stream and issue-14 parameters."""
+
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)] = 64
     temperature: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.0
     top_k: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
@@ -54,10 +84,41 @@ class Generate(_ModelRequest, kw_only=True):
     repeat_last_n: Annotated[int, Meta(ge=0, le=1048576)] = 64
     stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(max_length=16)]] = []
     stream: bool = False
+    logprobs: Optional[Logprobs] = None
+    cache_prompt: bool = True
+    json_schema: Optional[Union[dict[str, Any], bool]] = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+
+
+class Generate(_Decode, kw_only=True):
+    prompt: Optional[str] = None
+    messages: Optional[Messages] = None
+    tools: Optional[Tools] = None
+    chat_template: Optional[NonEmptyStr] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_generation_prompt: bool = True
+
+
+class ExtraChunk(Struct, forbid_unknown_fields=True, kw_only=True):
+    filename: str = "tmp"
+    text: str = ""
+
+
+class Infill(_Decode, kw_only=True):
+    prefix: str
+    suffix: str = ""
+    input_extra: Annotated[list[ExtraChunk], Meta(max_length=4096)] = []
+    prompt: str = ""
 
 
 class System1(_ModelRequest, kw_only=True):
-    prompt: str
+    prompt: Optional[str] = None
+    messages: Optional[Messages] = None
+    chat_template: Optional[NonEmptyStr] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_generation_prompt: bool = True
+    cache_prompt: bool = True
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
 
@@ -69,7 +130,12 @@ class Embed(_ModelRequest, kw_only=True):
 
 
 class Tokenize(_ModelRequest, kw_only=True):
-    text: str
+    text: Optional[str] = None
+    messages: Optional[Messages] = None
+    tools: Optional[Tools] = None
+    chat_template: Optional[NonEmptyStr] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_generation_prompt: bool = True
     add_bos: bool = False
     parse_special: bool = True
 
@@ -90,6 +156,7 @@ OPS = {
     "hello": Hello,
     "load": Load,
     "generate": Generate,
+    "infill": Infill,
     "system1": System1,
     "embed": Embed,
     "tokenize": Tokenize,
@@ -97,7 +164,11 @@ OPS = {
     "ping": Ping,
     "shutdown": Shutdown,
 }
-MODEL_OPS = frozenset(("load", "generate", "system1", "embed", "tokenize", "detokenize"))
+MODEL_OPS = frozenset(("load", "generate", "infill", "system1", "embed", "tokenize", "detokenize"))
+
+
+_EXACTLY_ONE = {"generate": ("prompt", "messages"), "system1": ("prompt", "messages"),
+                "tokenize": ("text", "messages")}
 
 
 class RequestError(ReflexError):
@@ -145,6 +216,10 @@ def parse_request(line: bytes):
         params = msgspec.convert(obj, cls)
     except msgspec.ValidationError as e:
         raise RequestError("invalid_request", str(e), rid, op) from None
+    pair = _EXACTLY_ONE.get(op)
+    if pair is not None and (getattr(params, pair[0]) is None) == (getattr(params, pair[1]) is None):
+        raise RequestError("invalid_request", f"give exactly one of `{pair[0]}` and `{pair[1]}`",
+                           rid, op)
     if op == "hello" and params.protocol not in (None, PROTOCOL):
         raise RequestError("invalid_request",
                            f"`protocol`: this server speaks {PROTOCOL}, not {params.protocol}",
@@ -179,8 +254,11 @@ def error_result(rid, op, kind: str, message: str, timings: dict) -> dict:
             "error": {"kind": kind, "message": message}, "timings": timings}
 
 
-def token_event(rid, token_id: int, text: str) -> bytes:
-    return _encode({"event": "token", "id": rid, "token_id": token_id, "text": text}) + b"\n"
+def token_event(rid, token_id: int, text: str, logprobs=None) -> bytes:
+    ev = {"event": "token", "id": rid, "token_id": token_id, "text": text}
+    if logprobs is not None:
+        ev["logprobs"] = logprobs
+    return _encode(ev) + b"\n"
 
 
 ERROR_KINDS = list(KINDS)

@@ -431,29 +431,52 @@ class Server:
             self.active = key
             return {**info, "cached": cached}
         model = {"model": info.get("model")}
-        if op == "generate":
-            stop = [p.stop] if isinstance(p.stop, str) else list(p.stop)
+        if op in ("generate", "infill"):
+            from . import prepare
 
-            def on_token(token_id, text):
+            stop = [p.stop] if isinstance(p.stop, str) else list(p.stop)
+            if op == "generate":
+                prompt = prepare.prompt_of(
+                    runner, prompt=p.prompt, messages=self.proto.messages_of(p), tools=p.tools,
+                    chat_template=p.chat_template, add_generation_prompt=p.add_generation_prompt,
+                    chat_template_kwargs=p.chat_template_kwargs)
+            else:
+                prompt = prepare.infill_ids(
+                    runner, p.prefix, p.suffix, prompt=p.prompt, max_tokens=p.max_tokens,
+                    input_extra=[{"filename": c.filename, "text": c.text} for c in p.input_extra])
+            extra = prepare.generate_extras(runner, logprobs=p.logprobs, cache_prompt=p.cache_prompt,
+                                            json_schema=p.json_schema, regex=p.regex,
+                                            grammar=p.grammar)
+
+            def on_token(token_id, text, logprobs=None, **_):
                 if not self.first_result_done and self.first_token_ms is None:
                     self.first_token_ms = phases.mark("first_token")
                 if p.stream:
                     try:
-                        conn.write(self.proto.token_event(rid, int(token_id), text))
+                        conn.write(self.proto.token_event(rid, int(token_id), text, logprobs))
                     except ClientGone:
                         pass  # should_cancel() now says so
 
             t = time.perf_counter()
             out = runner.generate(
-                p.prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
+                prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                 top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
                 repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
-                should_cancel=should_cancel)
+                should_cancel=should_cancel, **extra)
+            if op == "generate":
+                out = prepare.add_tool_calls(dict(out), p.tools)
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "system1":
+            from . import prepare
+
+            prompt = prepare.prompt_of(
+                runner, prompt=p.prompt, messages=self.proto.messages_of(p), chat_template=p.chat_template,
+                add_generation_prompt=p.add_generation_prompt,
+                chat_template_kwargs=p.chat_template_kwargs)
+            kw = {} if p.cache_prompt else {"cache_prompt": False}
             t = time.perf_counter()
-            out = runner.system1(p.prompt, list(p.candidates), temperature=p.temperature,
-                                 should_cancel=should_cancel)
+            out = runner.system1(prompt, list(p.candidates), temperature=p.temperature,
+                                 should_cancel=should_cancel, **kw)
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "embed":
             texts = [p.input] if isinstance(p.input, str) else list(p.input)
@@ -466,6 +489,16 @@ class Server:
             return self._merge(out, model, timings, _ms(t, time.perf_counter()))
         if op == "tokenize":
             t = time.perf_counter()
+            if p.messages is not None or p.text is None:  # messages (parse checked: one of them)
+                from . import prepare
+
+                text = prepare.prompt_of(
+                    runner, prompt=p.text, messages=self.proto.messages_of(p), tools=p.tools,
+                    chat_template=p.chat_template, add_generation_prompt=p.add_generation_prompt,
+                    chat_template_kwargs=p.chat_template_kwargs)
+                ids = runner.tokenize(text, add_bos=None, parse_special=True)
+                timings["tokenize"] = _ms(t, time.perf_counter())
+                return {"token_ids": list(ids), "prompt": text, **model}
             ids = runner.tokenize(p.text, add_bos=p.add_bos, parse_special=p.parse_special)
             timings["tokenize"] = _ms(t, time.perf_counter())
             return {"token_ids": list(ids), **model}

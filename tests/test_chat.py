@@ -75,6 +75,14 @@ def reflex_tok(path):
 _oracles = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_oracles():
+    yield
+    for llm in _oracles.values():
+        llm.close()
+    _oracles.clear()
+
+
 def oracle(path):
     import llama_cpp
 
@@ -222,13 +230,15 @@ def test_bos_as_llama_cpp_server(tmp_path):
     f0 = GGUFFile(src)
     chatml = f0.metadata["tokenizer.chat_template"]
     path = str(tmp_path / "bos.gguf")
-    vg.vocab_gguf(path, meta={"tokenizer.chat_template": chatml,
-                              "tokenizer.ggml.add_bos_token": True})
+    vg.vocab_gguf(path, meta={"tokenizer.chat_template": chatml,  # BOS <|endoftext|>
+                              "tokenizer.ggml.add_bos_token": True,
+                              "tokenizer.ggml.bos_token_id": 0})
     f = GGUFFile(path)
     tok = load_tokenizer(f)
     text = chat.render(tok, f, CONVERSATIONS["one"])
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     want = llm.tokenize(text.encode(), add_bos=True, special=True)
+    llm.close()
     got = chat.chat_prompt(tok, f, CONVERSATIONS["one"])
     assert got == want and got[0] == tok.bos_id and got.count(tok.bos_id) == 1
     got2 = chat.chat_prompt(tok, f, CONVERSATIONS["one"], chat_template="{{ bos_token }}" + chatml)

@@ -16,7 +16,7 @@ func ExampleSpawn() {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	r, err := c.Generate(ctx, reflex.GenerateRequest{Prompt: "The capital of France is", MaxTokens: 8})
+	r, err := c.Chat(ctx, []reflex.Message{{Role: "user", Content: "What is the capital of France?"}}, reflex.GenerateRequest{})
 	if err != nil {
 		log.Fatalf("%s: %v", reflex.Kind(err), err)
 	}

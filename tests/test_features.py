@@ -211,3 +211,24 @@ def test_stdio_infill_logprobs_schema_cached(fim_model):
     assert not r4["ok"] and r4["error"]["kind"] == "invalid_request"
     assert "json_schema" in r4["error"]["message"]
     assert r5["ok"]
+
+
+def test_features_import_nothing_until_used():
+    """A plain generate imports neither jinja2 nor llguidance; messages bring jinja2 only."""
+    code = (
+        "import sys\n"
+        "from reflex_ipc import server, protocol\n"
+        "class Conn:\n"
+        "    out = []\n"
+        "    def write(self, b): self.out.append(b)\n"
+        "    def hung_up(self): return False\n"
+        "s = server.Server(device='cpu'); s.proto = protocol; c = Conn()\n"
+        "s.handle(b'{\"op\":\"generate\",\"prompt\":\"Hi\",\"max_tokens\":1}', c)\n"
+        "print(sorted(m for m in ('jinja2', 'llguidance') if m in sys.modules))\n"
+        "s.handle(b'{\"op\":\"tokenize\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}', c)\n"
+        "print(sorted(m for m in ('jinja2', 'llguidance') if m in sys.modules))\n"
+        "assert all(b'\"ok\":true' in x for x in c.out), c.out\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[]", "['jinja2']"]

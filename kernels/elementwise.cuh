@@ -49,9 +49,6 @@ RX_EXTERN void geglu_f32(const float* g, const float* u, float* y, long long n, 
 RX_EXTERN void copy_f32(const float* a, float* y, long long n) {
     GRID_STRIDE(i, n) y[i] = a[i];
 }
-RX_EXTERN void f16_to_f32(const __half* a, float* y, long long n) {
-    GRID_STRIDE(i, n) y[i] = __half2float(a[i]);
-}
 
 // RMSNorm over rows of length `dim`: y = x / sqrt(mean(x^2) + eps) * w  (w may be null).
 // One block per row.
@@ -63,23 +60,6 @@ RX_EXTERN void rmsnorm_f32(const float* x, const float* w, float* y, int dim, fl
     ss = block_sum(ss);
     const float r = rsqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * r * (w ? w[i] : 1.f);
-}
-
-// LayerNorm over rows: y = (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
-RX_EXTERN void layernorm_f32(const float* x, const float* w, const float* b, float* y, int dim, float eps) {
-    const float* xr = x + (long long)blockIdx.x * dim;
-    float* yr = y + (long long)blockIdx.x * dim;
-    float s = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
-    const float mean = block_sum(s) / dim;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float d = xr[i] - mean;
-        ss += d * d;
-    }
-    const float r = rsqrtf(block_sum(ss) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = (xr[i] - mean) * r * (w ? w[i] : 1.f) + (b ? b[i] : 0.f);
 }
 
 // The rotation of pair i (0 <= i < n_rot/2) at position p: angle
@@ -142,8 +122,3 @@ rmsnorm_rope_f32(float* x, const float* w, const int* pos, int rows, int H, int 
     for (int i = n_rot + lane; i < hd; i += 32) v[i] = v[i] * r * (w ? w[i] : 1.f);
 }
 
-// p[i] += v for i < n (advances device-resident positions between graph replays)
-RX_EXTERN void add_i32(int* p, int v, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) p[i] += v;
-}

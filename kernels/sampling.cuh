@@ -81,50 +81,6 @@ RX_EXTERN void topk_f32(const float* x, const int* idx, int n, int k, int slice,
     }
 }
 
-// Draw one of k candidates (sorted best first) with probabilities softmax(v / temp),
-// truncated by top_p (smallest prefix whose mass reaches top_p) and min_p (p >= min_p * p_max),
-// using the uniform number u in [0, 1). One thread.
-RX_EXTERN void sample_topk(const float* v, const int* idx, int k, float temp, float top_p,
-                           float min_p, float u, int* out) {
-    if (threadIdx.x != 0) return;
-    const float m = v[0];
-    float total = 0.f;
-    int kk = 0;
-    for (; kk < k; kk++) {
-        if (idx[kk] == 0x7fffffff || v[kk] == -INFINITY) break;
-        total += expf((v[kk] - m) / temp);
-    }
-    if (kk == 0) { *out = idx[0] == 0x7fffffff ? 0 : idx[0]; return; }
-    // truncate
-    float mass = 0.f;
-    int keep = 0;
-    for (; keep < kk; keep++) {
-        const float rel = expf((v[keep] - m) / temp);  // p / p_max
-        if (keep > 0 && rel < min_p) break;
-        mass += rel / total;
-        if (mass >= top_p) { keep++; break; }
-    }
-    if (keep == 0) keep = 1;
-    float z = 0.f;
-    for (int j = 0; j < keep; j++) z += expf((v[j] - m) / temp);
-    float target = u * z, run = 0.f;
-    int pick = idx[keep - 1];
-    for (int j = 0; j < keep; j++) {
-        run += expf((v[j] - m) / temp);
-        if (target < run) { pick = idx[j]; break; }
-    }
-    *out = pick;
-}
-
-// logits[ids[j]] penalized for repetition: positive values divided by `penalty`, negative
-// multiplied (each distinct id once: the caller passes unique ids).
-RX_EXTERN void repeat_penalty_f32(float* logits, const int* ids, int n, float penalty) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    float* p = logits + ids[j];
-    *p = *p > 0.f ? *p / penalty : *p * penalty;
-}
-
 // Log-probabilities of chosen tokens: out[k] = x[r, t] - log(sum_j exp(x[r, j])) over the
 // first n columns of row r = rows[k] of x (row stride ld), t = targets[k]. Maximum in float,
 // the sum of exponentials in double (as the CPU backend does it). One block per k.

@@ -1,9 +1,12 @@
-"""The Runner: a loaded model with its tokenizer, backend and KV cache.
+"""The Runner: a loaded model with its tokenizer, backend and executor, and the
+algorithms the protocol's ops run (generate, system1, embed).
 
 `load_runner(model, device, n_ctx)` opens the GGUF, picks the backend (numpy
-on "cpu", the CUDA kernels on "cuda", CUDA when usable on "auto"), loads the
-weights and the tokenizer and allocates one KV cache of n_ctx slots. Every
-request starts from an empty cache.
+on "cpu", the CUDA kernels on "cuda", CUDA when usable on "auto"), loads and
+checks the weights and the tokenizer. The model's state (runtime/state.py) is
+allocated by the executor at the first request, sized to what it needs, and
+outlives requests: a request whose tokens start with the tokens the state holds
+evaluates only the rest (prefix reuse; `cache_prompt=False` starts empty).
 
 Prompts are tokenized as llama.cpp's tools do: special tokens parsed, BOS per
 the GGUF's add_bos flag. Errors are ReflexError with the protocol's kinds.
@@ -16,7 +19,6 @@ import time
 from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
-KV_MIN = 256  # smallest KV cache, in slots
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -137,6 +139,8 @@ class _StopText:
 
 class Runner:
     def __init__(self, path, f, ops, model, tok, n_ctx, load_ms):
+        from .runtime.executor import Executor
+
         self.path, self.f, self.ops, self.model, self.tok = path, f, ops, model, tok
         hp = model.hp
         if n_ctx is None:
@@ -145,24 +149,12 @@ class Runner:
         if n_ctx < 1:
             raise ReflexError("invalid_request", f"n_ctx must be positive, not {n_ctx}")
         self.n_ctx = n_ctx
-        # the KV cache is allocated on first use, sized to what the request needs (a power of
-        # two of at least KV_MIN slots, at most n_ctx) and grown when a later one needs more:
-        # a one-shot `generate --max-tokens 1` does not pay for 4096 slots it never touches
-        self.cache = None
+        self.exec = Executor(ops, model, n_ctx)
         self.n_vocab = tok.n_vocab
         self.n_out = model.output.shape[0]  # LM head rows (a padded vocabulary has more)
         if self.n_out < self.n_vocab:
             raise ReflexError("gguf_error", f"the output layer has {self.n_out} rows for a vocabulary "
                               f"of {self.n_vocab} tokens")
-        self.prefill_chunk = 256 if ops.name == "numpy" else 1024
-        # one-token decode steps from a captured graph where the backend offers it
-        # ($REFLEX_CUDA_GRAPH=0 turns that off)
-        import os
-
-        self.use_graph = os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
-        self._decoder = None
-        self._graph_logits = None
-        self._graphs = None  # the backend's forward_graphs, when it has them
         self.load_ms = load_ms
 
     # -- small things ----------------------------------------------------------------
@@ -175,7 +167,7 @@ class Runner:
             "path": self.path,
             "architecture": hp.arch,
             "backend": self.ops.name,
-            "device": "cuda" if self.ops.name == "cuda" else "cpu",
+            "device": self.ops.device,
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
             "n_ctx_train": hp.n_ctx_train,
@@ -193,33 +185,10 @@ class Runner:
         return self.tok.decode(list(ids))
 
     def close(self):
-        self._drop_graphs()
+        self.exec.close()
         self.f.close()
 
-    # -- forward passes -------------------------------------------------------------
-    def _ensure_cache(self, n_slots):
-        """A KV cache of at least n_slots (<= n_ctx) slots; a larger one replaces a smaller
-        (every request starts from an empty cache, so nothing is copied)."""
-        if self.cache is not None and self.cache.n_ctx >= n_slots:
-            return self.cache
-        cap = KV_MIN
-        while cap < n_slots:
-            cap *= 2
-        cap = min(cap, self.n_ctx)
-        self._drop_graphs()
-        self.cache = None  # the old cache's memory goes back before the new one is taken
-        hp = self.model.hp
-        self.cache = self.ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, cap)
-        return self.cache
-
-    def _drop_graphs(self):
-        """Forget captured graphs (they hold the old cache's addresses)."""
-        for g in (self._decoder, self._graphs):
-            if g is not None and hasattr(g, "close"):
-                g.close()
-        self._decoder = self._graphs = None
-        self._graph_logits = None
-
+    # -- helpers ------------------------------------------------------------------------
     @staticmethod
     def _checker(should_cancel):
         if should_cancel is None:
@@ -231,49 +200,6 @@ class Runner:
 
         return check
 
-    def _forward(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits",
-                 check=None):
-        """model.forward of one batch (see models.common.Batch for the arguments). Backends
-        with forward_graphs (CUDA) replay a captured graph when this batch's shape was run
-        before (small batches); otherwise it runs op by op."""
-        from .models.common import Batch
-
-        if self._graphs is None and self.use_graph and hasattr(self.ops, "forward_graphs"):
-            self._graphs = self.ops.forward_graphs(self.model, self.cache)
-        if self._graphs is not None:
-            if check is not None:
-                check()  # a replay cannot stop between layers
-            out = self._graphs(ids, pos, slots, allowed, key_pos, rows, output)
-            if out is not None:
-                return out
-        b = Batch(self.ops, ids, pos, slots=slots, allowed=allowed, key_pos=key_pos)
-        out = self.model.forward(self.cache, b, rows=rows, output=output, check=check)
-        if self._graphs is not None:
-            self._graphs.saw(b, rows, output)
-        return out
-
-    def _prefill(self, ids, check=None, start=0):
-        """Run ids at positions start.. (slots = positions); the logits after the last one,
-        a backend array [1, V]."""
-        n, step = len(ids), self.prefill_chunk
-        logits = None
-        for a in range(0, n, step):
-            chunk = ids[a:a + step]
-            logits = self._forward(chunk, range(start + a, start + a + len(chunk)),
-                                   rows=slice(len(chunk) - 1, len(chunk)), check=check)
-        return logits
-
-    def _decode_step(self, tid, pos, check):
-        """Logits [1, V] after token tid at position pos (slot pos). Backends with a
-        graph_decoder (CUDA) replay one captured graph per token; per-layer cancellation
-        then gives way to the check between tokens."""
-        if self._decoder is None and self.use_graph and hasattr(self.ops, "graph_decoder"):
-            self._decoder = self.ops.graph_decoder(self.model, self.cache)
-        if self._decoder is not None:
-            self._graph_logits = self._decoder(tid, pos)
-            return self._graph_logits
-        return self._forward([tid], [pos], check=check)
-
     def _row(self, logits):
         """Backend logits [1, V] -> numpy float32 [n_vocab]."""
         return self.ops.to_numpy(logits)[0, :self.n_vocab]
@@ -284,34 +210,70 @@ class Runner:
             raise ReflexError("invalid_request", f"token id {bad[0]} is outside the vocabulary "
                               f"(0..{self.n_vocab - 1})")
 
-    def prompt_logits(self, token_ids):
-        """float32 [n_vocab]: the logits after the last of token_ids, from an empty cache."""
-        ids = [int(i) for i in token_ids]
+    def _prompt_ids(self, prompt):
+        """Token ids of a prompt: a string (tokenized) or a list of ids (checked, used as is)."""
+        if isinstance(prompt, str):
+            ids = self.tok.encode(prompt)
+        else:
+            ids = [int(i) for i in prompt]
+            self._check_ids(ids)
         if not ids:
-            raise ReflexError("invalid_request", "no tokens")
-        self._check_ids(ids)
+            raise ReflexError("invalid_request", "the prompt is empty (no tokens)")
+        return ids
+
+    def _token_text(self, tid):
+        return self.tok.token_bytes(int(tid)).decode("utf-8", "replace")
+
+    def _logprob_entry(self, logits, tid, n, temperature):
+        """{"token_id", "text", "logprob", "top": [...n]} for the chosen token tid: the
+        full-vocabulary log-softmax of logits / temperature (1 when greedy), on the backend."""
+        ops = self.ops
+        z = logits if temperature <= 0.0 or temperature == 1.0 else ops.scale(logits, 1.0 / temperature)
+        top = [int(t) for t in ops.topk(z, n, n=self.n_vocab)]
+        lp = ops.logprobs(z, [0] * (len(top) + 1), [tid, *top], n=self.n_vocab)
+        return {"token_id": int(tid), "text": self._token_text(tid), "logprob": float(lp[0]),
+                "top": [{"token_id": t, "text": self._token_text(t), "logprob": float(v)}
+                        for t, v in zip(top, lp[1:])]}
+
+    def prompt_logits(self, token_ids):
+        """float32 [n_vocab]: the logits after the last of token_ids, from an empty state."""
+        ids = self._prompt_ids(list(token_ids))
         if len(ids) > self.n_ctx:
             raise ReflexError("context_overflow", f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         import numpy as np
 
-        self._ensure_cache(len(ids))
-        return np.asarray(self._row(self._prefill(ids)), dtype=np.float32)
+        logits, _ = self.exec.prefill(ids, reuse=False)
+        return np.asarray(self._row(logits), dtype=np.float32)
 
     # -- generate ------------------------------------------------------------------
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(), on_token=None,
-                 should_cancel=None) -> dict:
-        """Continue `prompt`. Generation ends at an end-of-generation token (not included in
-        token_ids or text; finish_reason "stop"), after max_tokens tokens ("length"), or when
-        the text contains one of `stop` ("stop_string"; the text ends before it, token_ids
-        keep the token that completed it).
+                 should_cancel=None, cache_prompt=True, logprobs=0, constraint=None,
+                 on_logits=None) -> dict:
+        """Continue `prompt` (a string, or a list of token ids used as is). Generation ends at
+        an end-of-generation token (not included in token_ids or text; finish_reason "stop"),
+        after max_tokens tokens ("length"), when the text contains one of `stop`
+        ("stop_string"; the text ends before it, token_ids keep the token that completed
+        it), or when the constraint is done ("stop").
 
-        on_token(token_id, text) is called for each generated token with the text that
-        became final with it ("" while text is held back: an incomplete UTF-8 character or
-        a possible start of a stop string). When generation ends at an end-of-generation
-        token with text still held back, one last call on_token(eog_id, rest) delivers it.
-        The texts of all calls join to the result's text.
+        on_token(token_id, text, **extra) is called for each generated token with the text
+        that became final with it ("" while text is held back: an incomplete UTF-8
+        character or a possible start of a stop string); extra holds `logprobs=entry` when
+        logprobs were asked for. When generation ends at an end-of-generation token with text
+        still held back, one last call on_token(eog_id, rest) delivers it. The texts of all
+        calls join to the result's text.
+
+        cache_prompt: reuse the state of the longest common token prefix with what the
+        previous request left (the result's cached_tokens says how many prompt tokens were
+        not evaluated again). logprobs=N: each generated token's log-probability and the N
+        most likely alternatives (result["logprobs"]). constraint: an object with
+        allowed() -> numpy bool [n_vocab] or None, commit(token_id) and done() -> bool
+        (reflex_ipc's constrained decoding); tokens it disallows get -inf on the backend
+        before selection. on_logits(step, row) receives each step's logits (numpy float32
+        [n_vocab], before the constraint) before the token is chosen.
         """
+        import numpy as np
+
         from .sampling import Sampler, apply_repeat_penalty
 
         t0 = time.perf_counter()
@@ -328,40 +290,61 @@ class Runner:
             raise ReflexError("invalid_request", f"top_k must be >= 0, not {top_k}")
         if repeat_penalty <= 0.0:
             raise ReflexError("invalid_request", f"repeat_penalty must be > 0, not {repeat_penalty}")
+        if not 0 <= int(logprobs) <= 20:
+            raise ReflexError("invalid_request", f"logprobs must be in 0..20, not {logprobs}")
         check = self._checker(should_cancel)
-        ids = self.tok.encode(prompt)
+        ids = self._prompt_ids(prompt)
         t_tok = time.perf_counter()
-        if not ids:
-            raise ReflexError("invalid_request", "the prompt is empty (no tokens)")
         if len(ids) + max_tokens > self.n_ctx:
             raise ReflexError("context_overflow",
                               f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the "
                               f"context of {self.n_ctx}")
-        self._ensure_cache(len(ids) + max_tokens)
+        ops, ex = self.ops, self.exec
         sampler = Sampler(temperature, top_k, top_p, min_p, seed)
+        penalize = repeat_penalty != 1.0 and (repeat_last_n != 0)
         # argmax on the backend unless the logits need host work (penalty, padded vocabulary)
-        fast_greedy = sampler.greedy and repeat_penalty == 1.0 and self.n_out == self.n_vocab
+        on_device = sampler.greedy and not penalize and self.n_out == self.n_vocab
         window = len(ids) + max_tokens if repeat_last_n < 0 else int(repeat_last_n)
         eog = self.tok.eog_ids
         dec = self.tok.stream_decoder()
         st = _StopText(stop)
         out_ids: list = []
+        entries: list = []
         finish = "length"
-        logits = self._prefill(ids, check) if max_tokens > 0 else None
-        t_prompt = time.perf_counter()
-        pos = len(ids)
-        while len(out_ids) < max_tokens:
-            if fast_greedy and logits is self._graph_logits:
-                tid = self._decoder.argmax()  # computed inside the captured step
-            elif fast_greedy:
-                tid = int(self.ops.argmax(logits)[0])
+        cached = 0
+        n_lp = int(logprobs)
+
+        def choose(logits):
+            step = len(out_ids)
+            if on_logits is not None:
+                on_logits(step, np.array(self._row(logits), dtype=np.float32))
+            raw = logits
+            if constraint is not None:
+                allowed = constraint.allowed()
+                if allowed is not None:
+                    bias = np.full((1, logits.shape[-1]), -np.inf, np.float32)
+                    bias[0, :self.n_vocab][np.asarray(allowed, bool)[:self.n_vocab]] = 0.0
+                    logits = ops.add(logits, ops.asarray(bias))
+            if on_device:
+                tid = ex.argmax(logits) if logits is raw else int(ops.argmax(logits)[0])
             else:
                 row = self._row(logits).copy()
-                if window > 0 and repeat_penalty != 1.0:
-                    recent = (ids + out_ids)[-window:]
-                    apply_repeat_penalty(row, recent, repeat_penalty)
+                if penalize and window > 0:
+                    apply_repeat_penalty(row, (ids + out_ids)[-window:], repeat_penalty)
                 tid = sampler(row)
+            if n_lp:
+                entries.append(self._logprob_entry(raw, tid, n_lp, sampler.temperature))
+            return tid
+
+        if max_tokens > 0:
+            logits, cached = ex.prefill(ids, room=max_tokens, reuse=cache_prompt, check=check)
+        t_prompt = time.perf_counter()
+        tokens = ex.decode(logits, choose, check) if max_tokens > 0 else iter(())
+        for tid in tokens:
+            extra = {"logprobs": entries[-1]} if n_lp else {}
             if tid in eog:
+                if n_lp:
+                    entries.pop()  # the end-of-generation token is not part of the output
                 rest, stopped = st.push(dec.flush())
                 finish = "stop_string" if stopped else "stop"
                 rest += "" if stopped else st.rest()
@@ -369,32 +352,33 @@ class Runner:
                     on_token(tid, rest)
                 break
             out_ids.append(tid)
+            if constraint is not None:
+                constraint.commit(tid)
             piece = dec.feed(tid)
-            last = len(out_ids) >= max_tokens
+            done = constraint is not None and constraint.done()
+            last = len(out_ids) >= max_tokens or done
             if last:
                 piece += dec.flush()
             text, stopped = st.push(piece)
             if last and not stopped:
                 text += st.rest()
             if on_token is not None:
-                on_token(tid, text)
+                on_token(tid, text, **extra)
             if stopped:
                 finish = "stop_string"
                 break
             if last:
+                finish = "stop" if done else "length"
                 break
-            if check is not None:
-                check()
-            logits = self._decode_step(tid, pos, check)
-            pos += 1
         t_end = time.perf_counter()
         n_dec = max(len(out_ids) - 1, 0)
-        return {
+        out = {
             "token_ids": out_ids,
             "text": st.text,
             "finish_reason": finish,
             "prompt_tokens": len(ids),
             "completion_tokens": len(out_ids),
+            "cached_tokens": cached,
             "timings": {
                 "tokenize": _ms(t0, t_tok),
                 "prompt_eval": _ms(t_tok, t_prompt),
@@ -403,18 +387,22 @@ class Runner:
                 "decode_tokens_per_s": round(n_dec / (t_end - t_prompt), 3) if n_dec and t_end > t_prompt else None,
             },
         }
+        if n_lp:
+            out["logprobs"] = entries[:len(out_ids)]
+        return out
 
     # -- system1 -------------------------------------------------------------------
-    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None) -> dict:
+    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None, cache_prompt=True) -> dict:
         """Score candidate continuations of `prompt` in one forward pass over all of them.
 
         Every candidate's tokens are stored after the prompt, each attending to the prompt and
         to its own earlier tokens only, at positions continuing from the prompt's end. When
-        prompt and candidates fit one batch (prefill_chunk tokens) they run as one forward
-        pass (timed as prompt_eval; candidates_eval is then 0); otherwise the prompt is
-        prefilled first and the candidates follow in batches. logprob is the sum over a candidate's
-        tokens of the full-vocabulary log-softmax (float64); probability is the softmax of
-        logprob / temperature over the candidates; entropy is theirs, in bits.
+        the prompt tokens not already held (prefix reuse) and the candidates fit one batch
+        they run as one forward pass (timed as prompt_eval; candidates_eval is then 0);
+        otherwise the prompt is prefilled first and the candidates follow in batches. logprob
+        is the sum over a candidate's tokens of the full-vocabulary log-softmax (float64);
+        probability is the softmax of logprob / temperature over the candidates; entropy is
+        theirs, in bits. The state then holds the prompt.
         """
         import numpy as np
 
@@ -424,9 +412,7 @@ class Runner:
         if not temperature > 0.0:
             raise ReflexError("invalid_request", f"temperature must be > 0, not {temperature}")
         check = self._checker(should_cancel)
-        p_ids = self.tok.encode(prompt)
-        if not p_ids:
-            raise ReflexError("invalid_request", "the prompt is empty (no tokens)")
+        p_ids = self._prompt_ids(prompt)
         cand_ids = []
         for i, c in enumerate(candidates):
             if not isinstance(c, str):
@@ -444,7 +430,7 @@ class Runner:
         if P + M > self.n_ctx:
             raise ReflexError("context_overflow", f"{P} prompt tokens + {M} candidate tokens exceed "
                               f"the context of {self.n_ctx}")
-        self._ensure_cache(P + M)
+        ex = self.exec
         # candidate c's token t is stored at slot P + offset_c + t, rotated at position P + t,
         # and sees the prompt and its own tokens up to itself; token t is predicted by the
         # prompt's last logits (t = 0), else by the row of its candidate's token t - 1
@@ -453,34 +439,39 @@ class Runner:
         flat = np.concatenate([np.asarray(t, np.int64) for t in cand_ids])
         starts = within == 0
         key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
-        if P + M <= self.prefill_chunk:
-            # one pass over prompt and candidates: the prompt causal, candidates masked
-            N = P + M
-            allowed = np.zeros((N, N), dtype=bool)
-            allowed[:P, :P] = np.tri(P, dtype=bool)
-            allowed[P:, :P] = True
-            allowed[P:, P:] = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
-            logits = self._forward(np.concatenate([np.asarray(p_ids, np.int64), flat]), key_pos,
-                                   slots=np.arange(N), allowed=allowed, key_pos=key_pos, rows=slice(P - 1, N),
-                                   check=check)
+        mine = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
+        held = ex.begin(p_ids, room=M, reuse=cache_prompt)
+        if P - held + M <= ex.chunk:
+            # one pass over the prompt tokens not held and the candidates: the prompt causal,
+            # candidates masked
+            N = P - held + M
+            allowed = np.zeros((N, P + M), dtype=bool)
+            allowed[:P - held, :P] = np.arange(P)[None, :] <= np.arange(held, P)[:, None]
+            allowed[P - held:, :P] = True
+            allowed[P - held:, P:] = mine
+            logits = ex.forward(np.concatenate([np.asarray(p_ids[held:], np.int64), flat]),
+                                np.concatenate([np.arange(held, P), P + within]),
+                                slots=np.arange(held, P + M), allowed=allowed, key_pos=key_pos,
+                                rows=slice(P - held - 1, N), check=check)
+            ex.state.tokens[:] = p_ids
             # row 0 is the prompt's last token, row r + 1 candidate token r
             lp_tok = self.ops.logprobs(logits, np.where(starts, 0, np.arange(M)), flat, n=self.n_vocab)
             t_prompt = time.perf_counter()
         else:
             lp_tok = np.empty(M)
-            first = self._prefill(p_ids, check)
+            first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check)
             lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],
                                                n=self.n_vocab)
             t_prompt = time.perf_counter()
-            # batches of more than prefill_chunk tokens go in slot order, chunk by chunk: a
-            # token's keys are all in its own or an earlier chunk
-            for a in range(0, M, self.prefill_chunk):
-                e = min(M, a + self.prefill_chunk)
+            # batches of more than one chunk go in slot order, chunk by chunk: a token's keys are
+            # all in its own or an earlier chunk
+            for a in range(0, M, ex.chunk):
+                e = min(M, a + ex.chunk)
                 allowed = np.zeros((e - a, P + e), dtype=bool)
                 allowed[:, :P] = True
-                allowed[:, P:] = (owner[a:e, None] == owner[None, :e]) & (within[None, :e] <= within[a:e, None])
-                rows = self._forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
-                                     allowed=allowed, key_pos=key_pos[:P + e], check=check)
+                allowed[:, P:] = mine[a:e, :e]
+                rows = ex.forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
+                                  allowed=allowed, key_pos=key_pos[:P + e], check=check)
                 r = np.arange(a, e)
                 has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
                 if has_next.size:
@@ -490,11 +481,15 @@ class Runner:
 
         logprob = np.zeros(len(cand_ids))
         np.add.at(logprob, owner, lp_tok)
-        z = logprob / temperature
-        prob = np.exp(z - z.max())
+        # softmax of logprob / temperature, from differences to the best (<= 0): a tiny
+        # temperature sends them to -inf, never to NaN
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            z = (logprob - logprob.max()) / temperature
+        z = np.where(np.isnan(z), -np.inf, z)
+        prob = np.exp(z)
         prob /= prob.sum()
         nz = prob[prob > 0]
-        entropy = float(-(nz * np.log2(nz)).sum())
+        entropy = float(max(0.0, -(nz * np.log2(nz)).sum()))
         out = []
         for c, text in enumerate(candidates):
             n = len(cand_ids[c])
@@ -508,6 +503,7 @@ class Runner:
             "entropy": entropy,
             "prompt_tokens": P,
             "candidate_tokens": M,
+            "cached_tokens": held,
             "timings": {"tokenize": _ms(t0, t_tok), "prompt_eval": _ms(t_tok, t_prompt),
                         "candidates_eval": _ms(t_prompt, t_eval), "total": _ms(t0, t_end)},
         }
@@ -536,17 +532,13 @@ class Runner:
             if len(ids) > self.n_ctx:
                 raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                                   f"context of {self.n_ctx}")
-            self._ensure_cache(len(ids))
             acc = first = last = None
-            for a in range(0, len(ids), self.prefill_chunk):
-                chunk = ids[a:a + self.prefill_chunk]
-                h = self.ops.to_numpy(self._forward(chunk, range(a, a + len(chunk)), output="hidden",
-                                                    check=check))
-                h = h.astype(np.float64)
+            for h in self.exec.hidden(ids, check=check):
+                h = self.ops.to_numpy(h).astype(np.float64)
                 acc = h.sum(axis=0) if acc is None else acc + h.sum(axis=0)
                 first = h[0] if first is None else first
                 last = h[-1]
-            v = {"mean": acc / len(ids) if acc is not None else None, "last": last, "cls": first}[pooling]
+            v = {"mean": acc / len(ids), "last": last, "cls": first}[pooling]
             if normalize:
                 norm = np.linalg.norm(v)
                 v = v / norm if norm > 0 else v

@@ -369,6 +369,15 @@ class GGUFFile:
         t = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensors[name_or_info]
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def bytes_view(self, start, nbytes):
+        """Bytes start..start+nbytes of the file (clipped to its end) as a read-only numpy
+        uint8 view of the mapping (e.g. a run of tensors to upload in one copy)."""
+        import numpy as np
+
+        start = max(0, min(int(start), self.size))
+        return np.frombuffer(self._mm, dtype=np.uint8, count=max(0, min(int(nbytes), self.size - start)),
+                             offset=start)
+
     def close(self):
         mm = getattr(self, "_mm", None)
         if mm is not None:

@@ -84,8 +84,8 @@ def make_step(ops, W, cache, ids, pos, skip=(), fused=False, keep=None):
                     ops.rope(q, pos, base=1e6, neox=True, inplace=True)
                     ops.rope(k, pos, base=1e6, neox=True, inplace=True)
             if "attn" not in skip:
-                ops.kv_store(cache, i, k, v, pos)
-                a = ops.attention(q, cache, i, pos, 0, scale=scale)
+                ops.kv_store(cache[i][0], cache[i][1], k, v, pos)
+                a = ops.attention(q, cache[i][0], cache[i][1], pos, 0, scale=scale)
             else:
                 a = q
             ops.matmul(a.reshape(1, HQ * HD), W[p + "attn_output.weight"], out=x, accumulate=True)
@@ -101,8 +101,7 @@ def make_step(ops, W, cache, ids, pos, skip=(), fused=False, keep=None):
             logits = ops.matmul(h, W["token_embd.weight"])
             if keep is not None:
                 keep.append(logits)
-            ops.argmax_device(logits, out=ids)
-        ops.advance(pos)
+            ops.argmax(logits, out=ids)
 
     return step
 
@@ -110,9 +109,8 @@ def make_step(ops, W, cache, ids, pos, skip=(), fused=False, keep=None):
 def run(ops, steps=128):
     rng = np.random.default_rng(3)
     W, load = build(ops, rng)
-    cache = ops.kv_cache(L, HKV, HD, 1024)
-    for a in (cache.k, cache.v):  # defined contents (zeros) for the deep-context timing
-        ops.rt.drv.memset_d8(a.ptr, 0, a.nbytes)
+    # per layer K and V (zeros: defined contents for the deep-context timing)
+    cache = [(ops.zeros((HKV, 1024, HD), "float16"), ops.zeros((HKV, 1024, HD), "float16")) for _ in range(L)]
     ids = ops.asarray(np.array([1], np.int32))
     pos = ops.asarray(np.array([0], np.int32))
     step = make_step(ops, W, cache, ids, pos)
@@ -123,7 +121,8 @@ def run(ops, steps=128):
         ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
         toks = []
         t0 = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
+            ops.write(pos, np.array([i], np.int32))  # as the engine's decode graph does
             step()
             toks.append(int(ops.to_numpy(ids)[0]))
         return toks, time.perf_counter() - t0
@@ -145,7 +144,8 @@ def run(ops, steps=128):
         ops.rt.drv.memcpy_htod(pos.ptr, np.array([0], np.int32))
         toks = []
         t0 = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
+            ops.write(pos, np.array([i], np.int32))
             graph.launch()
             ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
             ops.rt.stream.synchronize()
@@ -161,7 +161,8 @@ def run(ops, steps=128):
     ops.rt.drv.memcpy_htod(ids.ptr, np.array([1], np.int32))
     ops.rt.drv.memcpy_htod(pos.ptr, np.array([896], np.int32))
     t0 = time.perf_counter()
-    for _ in range(64):
+    for i in range(64):
+        ops.write(pos, np.array([896 + i], np.int32))
         graph.launch()
         ops.rt.drv.memcpy_dtoh_async(host, ids.ptr, ops.rt.stream)
         ops.rt.stream.synchronize()

@@ -26,7 +26,7 @@ N_GEN = 32
 
 
 def _batch(ops, ids, pos0):
-    from reflex_ipc.models.common import Batch
+    from reflex_ipc.runtime.batch import Batch
 
     return Batch(ops, ids, list(range(pos0, pos0 + len(ids))))
 
@@ -43,8 +43,7 @@ class Session:
         t0 = time.perf_counter()
         self.model = load_model(ops, self.f)
         self.load_s = time.perf_counter() - t0
-        hp = self.model.hp
-        self.cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx)
+        self.cache = self.model.new_state(ops, n_ctx)
 
     def logits(self, ids, pos0):
         out = self.model.forward(self.cache, _batch(self.ops, ids, pos0), rows=slice(len(ids) - 1, len(ids)))
@@ -69,9 +68,11 @@ def near_tie(logits):
 
 
 def graph_greedy(ops, sess, prompt, n):
-    """Prefill eagerly, then decode through ops.graph_decoder (one graph launch a token)."""
+    """Prefill eagerly, then decode through runtime.graphs.DecodeGraph (one graph launch a token)."""
+    from reflex_ipc.runtime.graphs import DecodeGraph
+
     lg = sess.logits(prompt, 0)
-    dec = ops.graph_decoder(sess.model, sess.cache)
+    dec = DecodeGraph(ops, sess.model, sess.cache)
     toks = [int(np.argmax(lg))]
     pos = len(prompt)
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def compare_backend(path, cuda_ops):
     file_bytes = sum(t.nbytes for t in gpu.f.tensors.values())
     weight_bytes = sum(a.nbytes for a in new_arenas) + sum(
         w.nbytes for w in cuda_ops._extra_weights)
-    kv_bytes = gpu.cache.k.nbytes + gpu.cache.v.nbytes
+    kv_bytes = sum(a.nbytes for layer in gpu.cache.layers for a in layer.arrays.values())
     prompt = [t % cpu.model.hp.n_vocab for t in PROMPT_IDS]
     l_cpu, t_cpu = cpu.greedy(prompt, N_GEN)
     t0 = time.perf_counter()

@@ -188,27 +188,107 @@ def test_repeat_penalty_changes_greedy_choice(runner):
     assert runner.generate(PROMPT, max_tokens=12, repeat_penalty=1.0)["token_ids"] == greedy
 
 
-def test_kv_cache_is_sized_on_demand_and_grows(tiny, monkeypatch):
-    import reflex_ipc.engine as engine
+def test_state_is_sized_on_demand_and_grows(tiny, monkeypatch):
+    import reflex_ipc.runtime.executor as executor
 
-    monkeypatch.setattr(engine, "KV_MIN", 8)
+    monkeypatch.setattr(executor, "STATE_MIN", 8)
     r = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
     fresh = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
     try:
-        assert r.cache is None  # nothing allocated before the first request
+        assert r.exec.state is None  # nothing allocated before the first request
         short = r.generate(PROMPT, max_tokens=2)
-        assert r.cache.n_ctx == 8  # prompt (5 tokens) + 2 -> the smallest size
-        long = r.generate(PROMPT, max_tokens=20)  # 25 slots: grows to 32
-        assert r.cache.n_ctx == 32
+        assert r.exec.state.n_slots == 8  # prompt (5 tokens) + 2 -> the smallest size
+        long = r.generate(PROMPT, max_tokens=20)  # 25 slots: grows to 32, keeping the prompt
+        assert r.exec.state.n_slots == 32 and long["cached_tokens"] == 4
         assert long["token_ids"] == fresh.generate(PROMPT, max_tokens=20)["token_ids"]
         assert long["token_ids"][:2] == short["token_ids"]
         r.generate(PROMPT, max_tokens=35)  # 40 slots: capped at n_ctx
-        assert r.cache.n_ctx == 40
+        assert r.exec.state.n_slots == 40
         assert r.generate(PROMPT, max_tokens=2)["token_ids"] == short["token_ids"]
-        assert r.cache.n_ctx == 40  # never shrinks
+        assert r.exec.state.n_slots == 40  # never shrinks
     finally:
         r.close()
         fresh.close()
+
+
+def test_prefix_reuse_gives_the_same_results(tiny):
+    """A request that shares a prefix with the previous one evaluates only the rest, and
+    answers exactly what it answers from an empty state."""
+    r = load_runner(tiny["llama"][0], device="cpu", n_ctx=128)
+    fresh = load_runner(tiny["llama"][0], device="cpu", n_ctx=128)
+    try:
+        base = PROMPT + " and then some more words"
+        a = r.generate(base, max_tokens=6)
+        assert a["cached_tokens"] == 0
+        edited = base + " edited"
+        b = r.generate(edited, max_tokens=6, logprobs=3)
+        n_base = len(r.tokenize(base, add_bos=None))
+        assert 0 < b["cached_tokens"] <= n_base
+        ref = fresh.generate(edited, max_tokens=6, logprobs=3, cache_prompt=False)
+        assert b["token_ids"] == ref["token_ids"] and ref["cached_tokens"] == 0
+        for x, y in zip(b["logprobs"], ref["logprobs"]):
+            assert abs(x["logprob"] - y["logprob"]) < 1e-4
+        # the generated tokens are held too: continuing the answer reuses them
+        cont = r.generate(edited + b["text"], max_tokens=3)
+        assert cont["cached_tokens"] >= b["prompt_tokens"]
+        assert cont["token_ids"] == fresh.generate(edited + b["text"], max_tokens=3,
+                                                   cache_prompt=False)["token_ids"]
+        # system1 after generate, and generate after system1
+        s1 = r.system1(edited, [" yes", " no way"])
+        s2 = fresh.system1(edited, [" yes", " no way"], cache_prompt=False)
+        assert s1["cached_tokens"] > 0 and s2["cached_tokens"] == 0
+        for c1, c2 in zip(s1["candidates"], s2["candidates"]):
+            assert abs(c1["logprob"] - c2["logprob"]) < 1e-4
+        again = r.generate(edited, max_tokens=6)
+        assert again["token_ids"] == ref["token_ids"] and again["cached_tokens"] == b["prompt_tokens"] - 1
+    finally:
+        r.close()
+        fresh.close()
+
+
+def test_system1_tiny_temperature_gives_numbers(runner):
+    out = runner.system1(PROMPT, [" a", " b", " c"], temperature=1e-300)
+    probs = [c["probability"] for c in out["candidates"]]
+    assert all(isinstance(p, float) and np.isfinite(p) for p in probs)
+    assert sorted(probs) == [0.0, 0.0, 1.0] and np.isfinite(out["entropy"])
+
+
+def test_logprobs_are_the_full_vocabulary_log_softmax(runner):
+    out = runner.generate(PROMPT, max_tokens=3, logprobs=5, cache_prompt=False)
+    assert len(out["logprobs"]) == 3
+    first = out["logprobs"][0]
+    z = runner.prompt_logits(runner.tokenize(PROMPT, add_bos=None)).astype(np.float64)
+    lse = z.max() + np.log(np.exp(z - z.max()).sum())
+    assert first["token_id"] == out["token_ids"][0]
+    assert abs(first["logprob"] - (z[first["token_id"]] - lse)) < 1e-6
+    assert [t["token_id"] for t in first["top"]] == list(np.argsort(-z, kind="stable")[:5])
+    assert first["top"][0]["token_id"] == first["token_id"]  # greedy picks the best
+
+
+def test_constraint_masks_tokens(runner):
+    allowed_ids = [17, 42, 99]
+
+    class OnlyThese:
+        def __init__(self):
+            self.seen = []
+
+        def allowed(self):
+            m = np.zeros(runner.n_vocab, bool)
+            m[allowed_ids] = True
+            return m
+
+        def commit(self, tid):
+            self.seen.append(tid)
+
+        def done(self):
+            return len(self.seen) >= 4
+
+    c = OnlyThese()
+    out = runner.generate(PROMPT, max_tokens=10, constraint=c)
+    assert out["token_ids"] == c.seen and len(c.seen) == 4 and out["finish_reason"] == "stop"
+    assert set(out["token_ids"]) <= set(allowed_ids)
+    out = runner.generate(PROMPT, max_tokens=10, constraint=OnlyThese(), temperature=0.8, seed=3)
+    assert set(out["token_ids"]) <= set(allowed_ids)
 
 
 def test_context_overflow_and_bad_requests(runner):
@@ -293,9 +373,13 @@ def test_system1_one_batch_equals_separate_scoring(which, request):
 @pytest.mark.parametrize("which", ["runner", "gemma"])
 def test_system1_in_chunks_equals_one_batch(which, request, monkeypatch):
     r = request.getfixturevalue(which)
-    whole = r.system1(PROMPT, CANDS)
-    monkeypatch.setattr(r, "prefill_chunk", 3)  # candidate batches split mid-candidate
-    parts = r.system1(PROMPT, CANDS)
+    whole = r.system1(PROMPT, CANDS, cache_prompt=False)
+    monkeypatch.setattr(r.exec, "chunk", 3)  # candidate batches split mid-candidate
+    parts = r.system1(PROMPT, CANDS, cache_prompt=False)
+    reused = r.system1(PROMPT, CANDS)  # the prompt held: only the candidates run
+    assert reused["cached_tokens"] == len(r.tokenize(PROMPT, add_bos=None)) - 1
+    for a, b in zip(whole["candidates"], reused["candidates"]):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
     for a, b in zip(whole["candidates"], parts["candidates"]):
         assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
 

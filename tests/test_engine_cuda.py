@@ -87,14 +87,15 @@ def test_graph_decoder_equals_eager_steps(pairs):
     for name, (_, gpu) in pairs.items():
         for kw in (dict(max_tokens=16), dict(max_tokens=16, temperature=0.9, seed=3, top_k=40),
                    dict(max_tokens=16, repeat_penalty=1.3)):
-            gpu.use_graph = True
-            a = gpu.generate(PROMPTS[0], **kw)["token_ids"]
-            gpu.use_graph, decoder = False, gpu._decoder
-            gpu._decoder = None
+            ex = gpu.exec
+            ex.use_graphs = True
+            a = gpu.generate(PROMPTS[0], cache_prompt=False, **kw)["token_ids"]
+            ex._drop_graphs()
+            ex.use_graphs = False
             try:
-                b = gpu.generate(PROMPTS[0], **kw)["token_ids"]
+                b = gpu.generate(PROMPTS[0], cache_prompt=False, **kw)["token_ids"]
             finally:
-                gpu.use_graph, gpu._decoder = True, decoder
+                ex.use_graphs = True
             assert a == b, (name, kw, a, b)
 
 
@@ -105,7 +106,7 @@ def test_forward_graph_replays_equal_eager(pairs):
     cands = [" Paris", " London is big", " a city"]
     perm = [2, 0, 1]
     for name, (_, gpu) in pairs.items():
-        gpu._drop_graphs()
+        gpu.exec._drop_graphs()
         for text in PROMPTS:
             eager = [c["logprob"] for c in gpu.system1(text, cands)["candidates"]]
             for _ in range(3):
@@ -117,7 +118,7 @@ def test_forward_graph_replays_equal_eager(pairs):
             first = gpu.generate(text, max_tokens=4)["token_ids"]
             for _ in range(3):
                 assert gpu.generate(text, max_tokens=4)["token_ids"] == first, name
-        fg = gpu._graphs
+        fg = gpu.exec._graphs
         assert fg is not None and fg.captures >= 2 and fg.replays >= 10, (name, fg.captures, fg.replays)
 
 
@@ -128,7 +129,7 @@ def test_bucketed_graphs_serve_prompts_of_other_lengths(pairs):
     prompts = ["The capital of France is", "So the capital of France is", "Tell me: the capital of France is",
                "Well, so tell me: the capital of France is"]
     for name, (cpu, gpu) in pairs.items():
-        gpu._drop_graphs()
+        gpu.exec._drop_graphs()
         for rep in range(2):
             for text in prompts:
                 sa = [c["logprob"] for c in cpu.system1(text, cands)["candidates"]]
@@ -141,6 +142,6 @@ def test_bucketed_graphs_serve_prompts_of_other_lengths(pairs):
                     k = next(i for i, (x, y) in enumerate(zip(ga, gb)) if x != y)
                     z = np.sort(cpu.prompt_logits(ids + ga[:k]))
                     assert z[-1] - z[-2] < 2e-2 * np.abs(z).max(), (name, text, k, ga, gb)
-        fg = gpu._graphs
+        fg = gpu.exec._graphs
         # 4 prompts of nearby lengths fall in one or two buckets: far fewer captures than calls
         assert fg.captures <= 4 and fg.replays >= 8, (name, fg.captures, fg.replays, list(fg.entries))

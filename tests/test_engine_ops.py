@@ -110,12 +110,12 @@ def test_rope(ops, neox, n_rot):
     np.testing.assert_allclose(y, rope_ref(x, pos, n_rot, 500.0, 1.0, neox, ff, 1.5), rtol=1e-4, atol=1e-4)
 
 
-def _filled_cache(ops, n_kv, Hkv=2, hd=8, n_ctx=16, layer=1):
-    cache = ops.kv_cache(3, Hkv, hd, n_ctx)
+def _filled_cache(ops, n_kv, Hkv=2, hd=8, n_slots=16):
+    kc, vc = ops.zeros((Hkv, n_slots, hd), ops.kv_dtype), ops.zeros((Hkv, n_slots, hd), ops.kv_dtype)
     k, v = f32(n_kv, Hkv, hd), f32(n_kv, Hkv, hd)
-    ops.kv_store(cache, layer, k, v, ops.positions(range(n_kv)))
-    np.testing.assert_array_equal(cache.k[layer, :, :n_kv], k.transpose(1, 0, 2))
-    return cache, k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    ops.kv_store(kc, vc, k, v, ops.positions(range(n_kv)))
+    np.testing.assert_array_equal(kc[:, :n_kv], k.transpose(1, 0, 2))
+    return (kc, vc), k.transpose(1, 0, 2), v.transpose(1, 0, 2)
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -125,11 +125,11 @@ def test_attention_causal_prefill_and_decode(ops, window, softcap):
     cache, K, V = _filled_cache(ops, n_kv)
     q = f32(n_kv, 6, 8)  # GQA: 6 query heads over 2 KV heads
     pos = list(range(n_kv))
-    got = ops.attention(q, cache, 1, ops.positions(pos), n_kv, scale=0.3, softcap=softcap, window=window)
+    got = ops.attention(q, *cache, ops.positions(pos), n_kv, scale=0.3, softcap=softcap, window=window)
     ref = attention_ref(q, K, V, pos, n_kv, 0.3, softcap, True, window)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     # decode: the last query alone sees every stored key (or its window)
-    got1 = ops.attention(q[-1:], cache, 1, ops.positions([n_kv - 1]), n_kv, scale=0.3, softcap=softcap,
+    got1 = ops.attention(q[-1:], *cache, ops.positions([n_kv - 1]), n_kv, scale=0.3, softcap=softcap,
                          window=window)
     np.testing.assert_allclose(got1, ref[-1:], rtol=1e-4, atol=1e-5)
 
@@ -143,24 +143,45 @@ def test_attention_explicit_mask(ops):
     allowed[2] = False  # a query that sees nothing gets zeros
     mask = np.where(allowed, 0.0, -np.inf).astype(np.float32)
     pos = [6, 6, 6]
-    got = ops.attention(q, cache, 1, ops.positions(pos), n_kv, scale=0.5, causal=False, mask=ops.asarray(mask))
+    got = ops.attention(q, *cache, ops.positions(pos), n_kv, scale=0.5, causal=False, mask=ops.asarray(mask))
     ref = attention_ref(q, K, V, pos, n_kv, 0.5, causal=False, mask=mask)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     assert np.all(got[2] == 0)
 
 
 def test_kv_store_scattered_slots(ops):
-    cache = ops.kv_cache(1, 2, 4, 10)
+    kc, vc = ops.zeros((2, 10, 4)), ops.zeros((2, 10, 4))
     k, v = f32(3, 2, 4), f32(3, 2, 4)
-    ops.kv_store(cache, 0, k, v, ops.positions([7, 2, 5]))
+    ops.kv_store(kc, vc, k, v, ops.positions([7, 2, 5]))
     for n, slot in enumerate([7, 2, 5]):
-        np.testing.assert_array_equal(cache.k[0, :, slot], k[n])
-        np.testing.assert_array_equal(cache.v[0, :, slot], v[n])
+        np.testing.assert_array_equal(kc[:, slot], k[n])
+        np.testing.assert_array_equal(vc[:, slot], v[n])
 
 
 def test_argmax_first_on_ties(ops):
     x = np.array([[1.0, 3.0, 3.0], [5.0, 0.0, 5.0]], np.float32)
     assert ops.argmax(x).tolist() == [1, 0]
+    out = ops.empty((2,), "int32")
+    assert ops.argmax(x, out=out) is out and ops.to_numpy(out).tolist() == [1, 0]
+
+
+def test_topk_best_first_lower_index_on_ties(ops):
+    x = np.array([[1.0, 3.0, 3.0, -1.0, 7.0]], np.float32)
+    assert ops.topk(x, 3).tolist() == [4, 1, 2]
+    assert ops.topk(x, 9).tolist() == [4, 1, 2, 0, 3]
+    assert ops.topk(x, 2, n=3).tolist() == [1, 2]  # only the first n columns
+    assert ops.topk(x, 0).tolist() == []
+
+
+def test_write_and_copy(ops):
+    a = ops.zeros((3, 4))
+    assert np.all(ops.to_numpy(a) == 0)
+    h = f32(3, 4)
+    ops.write(a, h)
+    b = ops.copy(a, out=ops.empty((3, 4)))
+    np.testing.assert_array_equal(ops.to_numpy(b), h)
+    ops.write(a[1], np.zeros(4, np.float32))  # a leading-axis view is written in place
+    assert np.all(ops.to_numpy(a)[1] == 0) and np.array_equal(ops.to_numpy(a)[0], h[0])
 
 
 def test_asarray_positions_to_numpy(ops):

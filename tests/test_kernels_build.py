@@ -252,6 +252,10 @@ class RecordingRuntime:
             def memset_d32(ptr, value, count):
                 rt.memsets.append((ptr, value, count))
 
+            @staticmethod
+            def memset_d8_async(ptr, value, count, stream):
+                rt.memsets.append((ptr, value, count))
+
         self.drv = Drv()
 
     def kernel(self, name):
@@ -315,27 +319,28 @@ def test_cuda_ops_matmul_and_embed_launches(fake_ops):
 
 def test_cuda_ops_attention_paths(fake_ops):
     ops = fake_ops
-    cache = ops.kv_cache(2, 2, 128, 4096)
+    kc, vc = ops.zeros((2, 4096, 128), "float16"), ops.zeros((2, 4096, 128), "float16")
+    assert ops.rt.memsets[-1] == (vc.ptr, 0, vc.nbytes)
     pos = ops.positions([1000])
     assert ops.rt.copies[-1][0] == pos.ptr and ops.rt.copies[-1][1].tolist() == [1000]
     assert ops.rt.copies[-1][1].dtype.name == "int32" and pos.dtype == "int32"
     q = ops.empty((1, 8, 128))
-    # decode over a long cache: split-K blocks and a combine; causal calls pass n_ctx (graph-safe)
-    ops.attention(q, cache, 1, pos, 1001, scale=0.1)
+    # decode over a long cache: split-K blocks and a combine; causal calls pass n_slots (graph-safe)
+    ops.attention(q, kc, vc, pos, 1001, scale=0.1)
     (n1, g1, b1, a1), (n2, g2, _, a2) = ops.rt.launches[-2:]
     assert n1 == "attention_split_f16kv" and n2 == "attention_combine"
     S = g1[2]
     chunk = a1[-1]
     assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
-    assert a1[1] == cache.k.ptr + cache.layer_bytes  # layer 1
+    assert a1[1] == kc.ptr and a1[2] == vc.ptr
     # prefill: many (head, query) blocks, one kernel
     qq = ops.empty((64, 8, 128))
-    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1)
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
     # an explicit mask keeps the true n_kv (the mask's row length)
     m = ops.empty((64, 64))
-    ops.attention(qq, cache, 0, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
     assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
 
@@ -449,15 +454,15 @@ def _layer_kernels(ops, path):
     at path, launched through the recording runtime."""
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.models import load_model
-    from reflex_ipc.models.common import Batch
+    from reflex_ipc.runtime.batch import Batch
 
     with GGUFFile(path) as f:
         model = load_model(ops, f)
         hp = model.hp
-        cache = ops.kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, 512)
+        state = model.new_state(ops, 512)
         batch = Batch(ops, [5], [7])
         starts = []
-        model.forward(cache, batch, check=lambda: starts.append(len(ops.rt.launches)))
+        model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
     head = {"gemma3": 3}.get(hp.arch, 2)  # output norm, LM head (+ final softcap)
     bounds = starts + [len(names) - head]

@@ -15,7 +15,7 @@ from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.models import load_model
-from reflex_ipc.models.common import Batch
+from reflex_ipc.runtime.batch import Batch
 from reflex_ipc.modelpath import resolve_model
 
 gguf = pytest.importorskip("gguf")
@@ -241,8 +241,8 @@ IDS = [504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 1797, 1918]
 
 
 def _run(ops, model, ids, n_ctx=64, rows=None, output="logits"):
-    cache = ops.kv_cache(model.hp.n_layer, model.hp.n_head_kv, model.hp.head_dim, n_ctx)
-    return cache, model.forward(cache, Batch(ops, ids, range(len(ids))), rows=rows, output=output)
+    state = model.new_state(ops, n_ctx)
+    return state, model.forward(state, Batch(ops, ids, range(len(ids))), rows=rows, output=output)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -34,63 +34,49 @@ device; the numpy backend dequantizes to float32 at load). 1-D tensors (norm
 weights, biases, rope frequency factors) come back as float32 arrays [n] that
 any op taking an array accepts.
 
-KV cache: allocated by the backend (`kv_cache`), one object for all layers:
-K and V each [n_layers, n_kv_heads, n_ctx, head_dim] (float32 on numpy,
-float16 on CUDA), attributes n_layers, n_kv_heads, head_dim, n_ctx. Rows are
-addressed by *slot* (0..n_ctx-1). In ordinary use a token's slot is its
-position; system1 stores candidates at slots after the prompt while their
-rope positions restart at the prompt end for each candidate, and passes an
-explicit mask. The engine tracks how many slots are filled (`n_kv`);
-the cache itself holds no length.
+State: models own it (reflex_ipc/runtime/state.py). Its arrays are allocated
+with `zeros(shape, dtype)`: an attention layer's K [n_kv_heads, n_slots, head_dim]
+and V [n_kv_heads, n_slots, head_dim_v], in the backend's `kv_dtype` (float32 on
+numpy, float16 on CUDA). Rows are addressed by *slot* (0..n_slots-1). In ordinary
+use a token's slot is its position; system1 stores candidates at slots after the
+prompt while their rope positions restart at the prompt end for each candidate,
+and passes an explicit mask. The executor tracks which slots are filled; the
+arrays hold no length.
 
 Attention semantics (`attention`): for query n and head h, with
 g = Hq / Hkv query heads per KV head (GQA; Hq % Hkv == 0) and kv head h // g:
-    s[j] = scale * dot(q[n, h], K[layer, h // g, j])       j = 0..n_kv-1
+    s[j] = scale * dot(q[n, h], K[h // g, j])       j = 0..n_kv-1
     if softcap > 0: s[j] = softcap * tanh(s[j] / softcap)
     if mask is not None: s[j] += mask[n, j]
     keys visible: lo <= j <= hi, hi = pos[n] if causal else n_kv - 1,
                   lo = pos[n] - window + 1 if window > 0 else 0 (clamped to 0)
-    out[n, h] = sum_j softmax(s over visible j)[j] * V[layer, h // g, j]
+    out[n, h] = sum_j softmax(s over visible j)[j] * V[h // g, j]
 A query with no visible key (all masked with -inf) gets zeros. `pos` here are
 the queries' *slots* (equal to positions in ordinary use). With an explicit
-mask the engine passes causal=False, window=0 and encodes everything in the
+mask the caller passes causal=False, window=0 and encodes everything in the
 mask: float32 [N, n_kv], 0 for visible and -inf for hidden, made with
-`asarray` from numpy.
+`asarray` from numpy (runtime.batch.attention_mask).
+
+Backend attributes: `name` ("numpy", "cpu", "cuda": the protocol's `backend`),
+`device` ("cpu" or "cuda"), `kv_dtype` (the state's dtype), `prefill_chunk`
+(tokens per prefill batch). A backend that can replay work from a captured graph
+also has `capture(fn) -> (graph, result)`: fn's launches recorded, `graph.launch()`
+replays them with the same arguments and buffers, `graph.close()` frees it
+(runtime/graphs.py uses it; what changes between replays must live in arrays
+updated with `write` before each launch).
 """
 
 from __future__ import annotations
 
 # The op names every backend must provide (see Ops for their contracts).
 OPS = (
-    "empty", "asarray", "to_numpy", "synchronize", "positions",
+    "empty", "zeros", "asarray", "to_numpy", "write", "copy", "synchronize", "positions",
     "load_weight", "matmul", "matmul_n", "matmul_glu", "embed",
     "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
     "rms_norm", "rope", "rms_norm_rope",
-    "kv_cache", "kv_store", "attention",
-    "argmax", "logprobs",
+    "kv_store", "attention",
+    "argmax", "topk", "logprobs",
 )
-
-
-# Optional ops an engine uses when a backend has them (checked with hasattr):
-#   graph_decoder(model, cache) -> dec: dec(token_id, pos) returns the logits [1, V] of one
-#       ordinary decode step (slot == pos) replayed from a captured graph; dec.argmax() is
-#       the greedy token of the last step; dec.close().
-#   forward_graphs(model, cache) -> fg: fg(ids, pos, slots, allowed, key_pos, rows, output)
-#       replays a captured model.forward for a batch shape seen before (fg.saw(batch, rows,
-#       output) records an eager run), or returns None: run it eagerly; fg.close().
-OPTIONAL_OPS = ("graph_decoder", "forward_graphs")
-
-
-def attention_mask(allowed, pos, key_pos, window=0):
-    """The additive mask `attention` takes (float32: 0 visible, -inf hidden) for the bool
-    visibility `allowed` [N, n_kv], narrowed to a sliding window on positions when window
-    > 0: query n sees key j only while pos[n] - key_pos[j] < window."""
-    import numpy as np
-
-    vis = allowed
-    if window > 0:
-        vis = vis & ((np.asarray(pos)[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < window)
-    return np.where(vis, np.float32(0), np.float32(-np.inf))
 
 
 def missing_ops(backend) -> list[str]:
@@ -117,14 +103,21 @@ def check_glu(w_gate, w_up, act):
 class Ops:
     """The contract. Backends need not inherit from this class; they must match it.
 
-    `name` is "numpy" or "cuda": runner.info()["backend"] (and the protocol's `backend`).
+    Attributes: see the module docstring (name, device, kv_dtype, prefill_chunk).
     """
 
     name = "abstract"
+    device = "cpu"
+    kv_dtype = "float32"
+    prefill_chunk = 256
 
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
         """An uninitialised array of `shape` (int or tuple) and dtype "float32"/"int32"/"float16"."""
+        raise NotImplementedError
+
+    def zeros(self, shape, dtype="float32"):
+        """An array of `shape` filled with zeros (the state's arrays)."""
         raise NotImplementedError
 
     def asarray(self, a, dtype=None):
@@ -134,6 +127,15 @@ class Ops:
 
     def to_numpy(self, x):
         """Backend array -> numpy array with the same shape and dtype (waits for the device)."""
+        raise NotImplementedError
+
+    def write(self, dst, host):
+        """Copy numpy array `host` (dst's size; cast to dst's dtype) into the existing backend
+        array dst, in stream order without waiting; returns dst."""
+        raise NotImplementedError
+
+    def copy(self, src, out):
+        """out[...] = src for backend arrays of one shape and dtype; returns out."""
         raise NotImplementedError
 
     def synchronize(self):
@@ -232,24 +234,27 @@ class Ops:
         raise NotImplementedError
 
     # -- attention ---------------------------------------------------------------
-    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
-        """Allocate the KV cache (module docstring). Contents start undefined."""
+    def kv_store(self, k_cache, v_cache, k, v, slots):
+        """Write k [N, Hkv, dk], v [N, Hkv, dv] into k_cache[:, slots[n]], v_cache[:, slots[n]]
+        (a layer's state arrays [Hkv, n_slots, d])."""
         raise NotImplementedError
 
-    def kv_store(self, cache, layer, k, v, slots):
-        """Write k, v float32 [N, Hkv, hd] into K[layer, :, slots[n]], V[layer, :, slots[n]]."""
-        raise NotImplementedError
-
-    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+    def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
-        """q float32 [N, Hq, hd] over slots 0..n_kv-1 of the cache layer -> float32 [N, Hq, hd]
-        (semantics in the module docstring). Store the batch's own k/v (kv_store) first."""
+        """q float32 [N, Hq, hd] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
+        [N, Hq, hd] (semantics in the module docstring). Store the batch's own k/v first."""
         raise NotImplementedError
 
     # -- selection ---------------------------------------------------------------
-    def argmax(self, logits):
-        """Index of the largest value in each row of float32 [..., V]: numpy int array [...]
-        (first index on ties)."""
+    def argmax(self, logits, out=None):
+        """Index of the largest value in each row of float32 [..., V] (first index on ties): a
+        numpy int array [...] (waits for the device), or, given `out` (a backend int32 array
+        of one entry per row), written there without waiting (a captured graph can hold it)."""
+        raise NotImplementedError
+
+    def topk(self, logits, k, n=None):
+        """The k largest of the first n columns (default: all) of one row of logits ([V] or
+        [1, V]), best first (lower index first on ties): numpy int64 [min(k, n)]."""
         raise NotImplementedError
 
     def logprobs(self, logits, rows, targets, n=None):

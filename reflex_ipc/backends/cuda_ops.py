@@ -15,7 +15,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import attention_mask, check_glu, check_matmul_n
+from .base import check_glu, check_matmul_n
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -36,19 +36,11 @@ def _ew_grid(n):
     return (max(1, min((n + EW_BLOCK - 1) // EW_BLOCK, 8192)), 1, 1)
 
 
-class KVCache:
-    """float16 K and V caches, each [n_layers, n_kv_heads, n_ctx, head_dim]."""
-
-    def __init__(self, ops, n_layers, n_kv_heads, head_dim, n_ctx):
-        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
-        shape = (n_layers, n_kv_heads, n_ctx, head_dim)
-        self.k = ops.empty(shape, "float16")
-        self.v = ops.empty(shape, "float16")
-        self.layer_bytes = n_kv_heads * n_ctx * head_dim * 2
-
-
 class CudaOps:
     name = "cuda"
+    device = "cuda"
+    kv_dtype = "float16"
+    prefill_chunk = 1024
 
     def __init__(self):
         self.rt = _cuda_runtime()
@@ -74,6 +66,27 @@ class CudaOps:
         # reused later in the same capture (safe: the captured kernels run in stream order),
         # and none is handed to work outside the graph, which replays may overwrite at any time
         return DeviceArray.empty(self.pool if self._graph is None else self._graph.pool, shape, dtype)
+
+    def zeros(self, shape, dtype="float32"):
+        out = self.empty(shape, dtype)
+        if out.nbytes:
+            self.rt.drv.memset_d8_async(out.ptr, 0, out.nbytes, self.rt.stream)
+        return out
+
+    def write(self, dst, host):
+        a = np.ascontiguousarray(host, dtype=dst.dtype)
+        if a.size != dst.size:
+            raise ValueError(f"write: {a.shape} into {dst.shape}")
+        if a.nbytes:
+            self.rt.drv.memcpy_htod_async(dst.ptr, a, self.rt.stream)
+        return dst
+
+    def copy(self, src, out):
+        if src.nbytes != out.nbytes:
+            raise ValueError(f"copy: {src.shape} {src.dtype} into {out.shape} {out.dtype}")
+        if src.nbytes:
+            self.rt.drv.memcpy_dtod_async(out.ptr, src.ptr, src.nbytes, self.rt.stream)
+        return out
 
     def capture(self, fn):
         """Run fn() under CUDA stream capture and return (graph, fn's result): graph.launch()
@@ -320,15 +333,6 @@ class CudaOps:
                               out.ptr, dim, float(eps))
         return out
 
-    def layer_norm(self, x, w, b, eps):
-        dim = x.shape[-1]
-        out = self.empty(x.shape)
-        rows = x.size // dim
-        threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
-        self.k("layernorm_f32")((rows, 1, 1), (threads, 1, 1), x.ptr, w.ptr if w is not None else 0,
-                                b.ptr if b is not None else 0, out.ptr, dim, float(eps))
-        return out
-
     def positions(self, pos):
         """int32 device array of positions (a list / range / numpy array)."""
         if isinstance(pos, DeviceArray):
@@ -370,30 +374,26 @@ class CudaOps:
         return x
 
     # -- attention ---------------------------------------------------------------
-    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
-        return KVCache(self, n_layers, n_kv_heads, head_dim, n_ctx)
-
-    def kv_store(self, cache, layer, k, v, pos):
-        """Write k, v [N, Hkv, hd] into layer `layer` of the cache at positions pos."""
+    def kv_store(self, k_cache, v_cache, k, v, slots):
+        """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots."""
         N, Hkv, hd = k.shape
-        pos = self.positions(pos)
-        off = layer * cache.layer_bytes
-        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr, cache.k.ptr + off,
-                           cache.v.ptr + off, pos.ptr, N, Hkv, hd, cache.n_ctx)
+        slots = self.positions(slots)
+        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr, k_cache.ptr, v_cache.ptr,
+                           slots.ptr, N, Hkv, hd, k_cache.shape[1])
 
-    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+    def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
-        """q [N, Hq, hd] over keys 0..n_kv-1 of the cache layer -> [N, Hq, hd]."""
+        """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
         pos = self.positions(pos)
         out = self.empty(q.shape)
-        off = layer * cache.layer_bytes
+        Hkv, ctx = k_cache.shape[0], k_cache.shape[1]
         if causal and mask is None:
             # keys 0..pos[n] are the visible ones whatever n_kv is (pos[n] < n_kv): passing
-            # n_ctx keeps the launch arguments position-free, so a captured graph replays
-            n_kv = cache.n_ctx
+            # n_slots keeps the launch arguments position-free, so a captured graph replays
+            n_kv = ctx
         n_kv = int(n_kv)
         mptr = mask.ptr if mask is not None else 0
         if N * Hq < ATT_SPLIT_BELOW and n_kv > ATT_CHUNK:
@@ -403,57 +403,27 @@ class CudaOps:
             S = -(-n_kv // chunk)
             ml = self.empty((N * Hq * S * 2,))
             acc = self.empty((N * Hq * S * hd,))
-            self.k("attention_split_f16kv")((Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, cache.k.ptr + off,
-                                            cache.v.ptr + off, ml.ptr, acc.ptr, pos.ptr, mptr, Hq,
-                                            cache.n_kv_heads, hd, cache.n_ctx, n_kv, float(scale),
+            self.k("attention_split_f16kv")((Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr,
+                                            v_cache.ptr, ml.ptr, acc.ptr, pos.ptr, mptr, Hq,
+                                            Hkv, hd, ctx, n_kv, float(scale),
                                             float(softcap), 1 if causal else 0, int(window), chunk)
             self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
                                         out.ptr, Hq, hd, S)
             return out
-        self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, cache.k.ptr + off, cache.v.ptr + off,
-                                  out.ptr, pos.ptr, mptr, Hq, cache.n_kv_heads, hd, cache.n_ctx, n_kv,
+        self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
+                                  out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
         return out
 
-    def graph_decoder(self, model, cache):
-        """A one-token decode step replayed from a captured CUDA graph (not part of base.py's
-        contract: an engine uses it when the backend has it).
-
-            dec = ops.graph_decoder(model, cache)
-            logits = dec(token_id, pos)     # float32 device array [1, n_vocab]
-            next_id = dec.argmax()          # greedy: the argmax is already in the graph
-
-        The first call captures model.forward for a single ordinary (causal, slot == pos)
-        token; later calls copy the token id and position to the device and replay all the
-        step's kernels with one launch. The returned logits buffer is reused by every call.
-        """
-        return GraphDecoder(self, model, cache)
-
-    def forward_graphs(self, model, cache):
-        """Captured replays of model.forward for batch shapes seen before (not part of base.py's
-        contract: an engine uses it when the backend has it).
-
-            fg = ops.forward_graphs(model, cache)
-            out = fg(ids, pos, slots, allowed, key_pos, rows, output)   # None: run it eagerly
-            fg.saw(batch, rows, output)   # after an eager run: the next one of that shape captures
-
-        Batches of up to 64 tokens whose kept rows end at the last token (a prefill chunk's
-        last row; system1's one pass) are padded to a bucket of 8-64 tokens (see
-        ForwardGraphs). The second time a bucket comes, its forward is captured with the
-        batch's data in device buffers of its own; later calls copy their ids, positions,
-        slots and masks in and replay it. Larger batches stay eager: their GPU time dwarfs
-        the launch cost that a graph saves. The returned array is reused by the next call
-        of the same shape."""
-        return ForwardGraphs(self, model, cache)
-
     # -- sampling ----------------------------------------------------------------
-    def argmax(self, logits):
-        """Index of the largest value of each row, as a numpy int array (waits for the device)."""
+    def argmax(self, logits, out=None):
+        """Index of the largest value of each row: a numpy int array (waits for the device),
+        or written to the int32 device array `out` (no wait; a captured graph can hold it)."""
         n = logits.shape[-1]
         rows = logits.size // n
-        out = self.empty((rows,), "int32")
-        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
-        return self.to_numpy(out).reshape(logits.shape[:-1])
+        dev = out if out is not None else self.empty((rows,), "int32")
+        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, dev.ptr)
+        return dev if out is not None else self.to_numpy(dev).reshape(logits.shape[:-1])
 
     def logprobs(self, logits, rows, targets, n=None):
         V = logits.shape[-1]
@@ -467,233 +437,24 @@ class CudaOps:
         self.k("logprob_rows")((K, 1, 1), (1024, 1, 1), logits.ptr, V, dev.ptr, dev.ptr + 4 * K, n, out.ptr)
         return self.to_numpy(out)
 
-    def argmax_device(self, logits, out=None):
-        """Like argmax, but the indices stay on the device (int32 [rows]): a decode loop can
-        feed them straight to embed, and a captured graph can include it."""
-        n = logits.shape[-1]
-        rows = logits.size // n
-        out = out if out is not None else self.empty((rows,), "int32")
-        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, out.ptr)
-        return out
-
-    def advance(self, pos, by=1):
-        """pos += by on the device (int32 array), e.g. positions between graph replays."""
-        self.k("add_i32")(((pos.size + 255) // 256, 1, 1), (256, 1, 1), pos.ptr, int(by), pos.size)
-        return pos
-
-    def topk(self, logits, k):
-        """(values, indices) of the k largest of a 1-D logits array, best first (device arrays)."""
-        n = logits.size
-        k = max(1, min(k, n, TOPK_MAX))
+    def topk(self, logits, k, n=None):
+        """The k best of the first n columns of one row, best first: numpy int64 [k]."""
+        n = logits.shape[-1] if n is None else int(n)
+        k = max(0, min(int(k), n, TOPK_MAX))
+        if not k:
+            return np.empty(0, np.int64)
         nb = (n + TOPK_SLICE - 1) // TOPK_SLICE
         cv = self.empty((nb * k,))
         ci = self.empty((nb * k,), "int32")
         self.k("topk_f32")((nb, 1, 1), (256, 1, 1), logits.ptr, 0, n, k, TOPK_SLICE, cv.ptr, ci.ptr)
-        if nb == 1:
-            return cv, ci
-        m = nb * k
-        if m > TOPK_SLICE:
-            raise ValueError(f"top-k of {k} over {n} values needs {m} candidates (at most {TOPK_SLICE})")
-        v2 = self.empty((k,))
-        i2 = self.empty((k,), "int32")
-        self.k("topk_f32")((1, 1, 1), (1024, 1, 1), cv.ptr, ci.ptr, m, k, m, v2.ptr, i2.ptr)
-        return v2, i2
-
-    def sample_topk(self, logits, k, temperature, top_p=1.0, min_p=0.0, u=0.5):
-        """Draw a token among the k best with softmax(logits / temperature), top-p and min-p
-        truncation, using the uniform number u; returns the token id (int)."""
-        v, i = self.topk(logits, k)
-        out = self.empty((1,), "int32")
-        self.k("sample_topk")((1, 1, 1), (32, 1, 1), v.ptr, i.ptr, v.size, float(temperature),
-                              float(top_p), float(min_p), float(u), out.ptr)
-        return int(self.to_numpy(out)[0])
-
-
-class GraphDecoder:
-    """See CudaOps.graph_decoder."""
-
-    def __init__(self, ops, model, cache):
-        self.ops, self.model, self.cache = ops, model, cache
-        self.ids = ops.empty((1,), "int32")
-        self.pos = ops.empty((1,), "int32")
-        self.next_id = ops.empty((1,), "int32")
-        self._host = np.empty(2, np.int32)
-        self._out = np.empty(1, np.int32)
-        self.graph = None
-        self.logits = None
-
-    def _batch(self):
-        from ..models.common import Batch
-
-        b = Batch.__new__(Batch)  # a causal one-token batch whose ids and position live on the device
-        b.ids, b.n, b.pos, b.slots, b.n_kv = self.ids, 1, self.pos, self.pos, self.cache.n_ctx
-        b.pos_np = b.slots_np = None
-        b.allowed = b.key_pos = None
-        b._ops, b._masks = self.ops, {}
-        return b
-
-    def __call__(self, token, pos):
-        ops = self.ops
-        drv, stream = ops.rt.drv, ops.rt.stream
-        self._host[0], self._host[1] = token, pos
-        drv.memcpy_htod_async(self.ids.ptr, self._host[:1], stream)
-        drv.memcpy_htod_async(self.pos.ptr, self._host[1:], stream)
-        if self.graph is None:
-            batch = self._batch()
-
-            def step():
-                out = self.model.forward(self.cache, batch)
-                ops.argmax_device(out, out=self.next_id)
-                return out
-
-            self.graph, self.logits = ops.capture(step)
-        self.graph.launch()
-        return self.logits
-
-    def argmax(self):
-        """The argmax of the last call's logits (computed inside the graph), as an int."""
-        self.ops.rt.drv.memcpy_dtoh_async(self._out, self.next_id.ptr, self.ops.rt.stream)
-        self.ops.rt.stream.synchronize()
-        return int(self._out[0])
-
-    def close(self):
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
-
-
-class _GraphBatch:
-    """A Batch whose ids, positions, slots and masks live in fixed device buffers."""
-
-    def __init__(self, ops, n, n_kv, masked, windows, own_slots):
-        self.n, self.n_kv = n, n_kv
-        self.ids = ops.empty((n,), "int32")
-        self.pos = ops.empty((n,), "int32")
-        self.slots = ops.empty((n,), "int32") if own_slots else self.pos
-        self.allowed = True if masked else None
-        self._masks = {w: ops.empty((n, n_kv)) for w in windows} if masked else {}
-
-    def attention_args(self, window=0):
-        if self.allowed is None:
-            return {"causal": True, "window": window, "mask": None}
-        return {"causal": False, "window": 0, "mask": self._masks[window]}
-
-    def fill(self, ops, batch_ids, pos, slots, masks):
-        """Copy a call's data into the buffers (host arrays; masks: window -> float32)."""
-        drv, stream = ops.rt.drv, ops.rt.stream
-        drv.memcpy_htod_async(self.ids.ptr, batch_ids, stream)
-        drv.memcpy_htod_async(self.pos.ptr, pos, stream)
-        if self.slots is not self.pos:
-            drv.memcpy_htod_async(self.slots.ptr, slots, stream)
-        for w, m in masks.items():
-            drv.memcpy_htod_async(self._masks[w].ptr, m, stream)
-
-
-class ForwardGraphs:
-    """See CudaOps.forward_graphs.
-
-    Shapes are bucketed: a batch of n tokens runs as one of BUCKETS tokens, the real ones
-    last in batch order and padding tokens first, so that prompts of different lengths
-    share a graph. Padding tokens are stored at cache slots after every real one, which
-    no real token can see (causal: later slots; masked: -inf), and their rows of the
-    output are not returned. A shape is then (bucket, rows kept from the end, masked,
-    output)."""
-
-    BUCKETS = (8, 16, 24, 32, 48, 64)
-    MAX_GRAPHS = 8
-
-    def __init__(self, ops, model, cache):
-        from collections import OrderedDict
-
-        self.ops, self.model, self.cache = ops, model, cache
-        self.entries = OrderedDict()  # key -> (graph, batch, out)
-        self.seen = {}  # key -> the sliding windows the model asked masks for
-        self.failed = set()  # keys whose capture failed: always eager
-        self.captures = 0
-        self.replays = 0
-
-    def _plan(self, n, pos, slots, masked, rows, output):
-        """(key, bucket) for a batch, or None when it is not replayed from a graph."""
-        if rows is None or rows.stop != n or not 0 <= (rows.start or 0) < n or n > self.BUCKETS[-1]:
-            return None
-        nb = next(b for b in self.BUCKETS if b >= n)
-        if masked:  # system1's one pass: slots 0..n-1, padding at n..nb-1
-            if slots is None or not np.array_equal(slots, np.arange(n)):
-                return None
-        elif slots is not None or int(pos.max()) + (nb - n) >= self.cache.n_ctx:
-            return None
-        return (nb, n - (rows.start or 0), masked, output), nb
-
-    def saw(self, batch, rows=None, output="logits"):
-        """Record an eager run's shape, so that its next occurrence is captured."""
-        own = batch.slots is not batch.pos
-        plan = self._plan(batch.n, batch.pos_np, batch.slots_np if own else None, batch.allowed is not None,
-                          rows, output)
-        if plan is not None:
-            self.seen.setdefault(plan[0], tuple(batch._masks))
-
-    def __call__(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits"):
-        ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
-        n = ids.size
-        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
-        if slots is not None:
-            slots = np.ascontiguousarray(slots, dtype=np.int32).reshape(-1)
-        masked = allowed is not None
-        plan = self._plan(n, pos, slots, masked, rows, output) if n else None
-        if plan is None:
-            return None
-        key, nb = plan
-        entry = self.entries.get(key)
-        if entry is None:
-            windows = self.seen.get(key)
-            if windows is None or key in self.failed:
-                return None
-            data = self._padded(nb, ids, pos, allowed, key_pos, windows)
-            try:
-                entry = self._capture(key, nb, masked, windows, data)
-            except Exception:
-                self.failed.add(key)  # e.g. a mask window the eager run did not show: stay eager
-                return None
-        else:
-            self.entries.move_to_end(key)
-            entry[1].fill(self.ops, *self._padded(nb, ids, pos, allowed, key_pos, tuple(entry[1]._masks)))
-        entry[0].launch()
-        self.replays += 1
-        return entry[2]
-
-    @staticmethod
-    def _padded(nb, ids, pos, allowed, key_pos, windows):
-        """Host arrays for a bucket of nb: (ids, positions, slots, masks by window)."""
-        n = ids.size
-        pad = nb - n
-        ids_p = np.concatenate([np.zeros(pad, np.int32), ids])
-        if allowed is None:  # causal: padding after the last real slot (slots = positions)
-            pos_p = np.concatenate([int(pos.max()) + 1 + np.arange(pad, dtype=np.int32), pos])
-            return ids_p, pos_p, pos_p, {}
-        pos_p = np.concatenate([np.zeros(pad, np.int32), pos])
-        slots_p = np.concatenate([np.arange(n, nb, dtype=np.int32), np.arange(n, dtype=np.int32)])
-        masks = {}
-        for w in windows:
-            m = np.full((nb, nb), -np.inf, dtype=np.float32)
-            m[pad:, :n] = attention_mask(allowed, pos, key_pos, w)
-            m[np.arange(pad), n + np.arange(pad)] = 0  # a padding token sees only itself
-            masks[w] = m
-        return ids_p, pos_p, slots_p, masks
-
-    def _capture(self, key, nb, masked, windows, data):
-        ops = self.ops
-        batch = _GraphBatch(ops, nb, nb if masked else self.cache.n_ctx, masked, windows, masked)
-        batch.fill(ops, *data)
-        rows = slice(nb - key[1], nb)
-        graph, out = ops.capture(lambda: self.model.forward(self.cache, batch, rows=rows, output=key[3]))
-        while len(self.entries) >= self.MAX_GRAPHS:
-            _, (old, _, _) = self.entries.popitem(last=False)
-            old.close()
-        self.entries[key] = (graph, batch, out)
-        self.captures += 1
-        return self.entries[key]
-
-    def close(self):
-        for graph, _, _ in self.entries.values():
-            graph.close()
-        self.entries.clear()
+        if nb > 1:
+            m = nb * k
+            if m > TOPK_SLICE:  # more candidates than one block holds: sort on the host
+                row = self.to_numpy(logits).reshape(-1)[:n]
+                idx = np.argpartition(-row, k - 1)[:k]
+                return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
+            v2 = self.empty((k,))
+            i2 = self.empty((k,), "int32")
+            self.k("topk_f32")((1, 1, 1), (1024, 1, 1), cv.ptr, ci.ptr, m, k, m, v2.ptr, i2.ptr)
+            ci = i2
+        return self.to_numpy(ci)[:k].astype(np.int64)

@@ -30,26 +30,6 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _LOAD_CHUNK = 1 << 16  # elements dequantized per step when loading a matrix
 
 
-class KVCache:
-    """K and V, each float32 [n_layers, n_kv_heads, n_ctx, head_dim]."""
-
-    def __init__(self, n_layers, n_kv_heads, head_dim, n_ctx):
-        self.n_layers, self.n_kv_heads, self.head_dim, self.n_ctx = n_layers, n_kv_heads, head_dim, n_ctx
-        shape = (n_layers, n_kv_heads, n_ctx, head_dim)
-        # np.zeros maps pages lazily, so an unused context costs nothing; but numpy asks for
-        # transparent huge pages on big arrays, and then the first token stored in each
-        # (layer, head) row zeroes 2 MiB: seconds on a first prompt on some machines.
-        # Small pages make that first touch proportional to what is stored.
-        hugepage = _set_hugepage(False)
-        try:
-            self.k = np.zeros(shape, _F32)
-            self.v = np.zeros(shape, _F32)
-        except MemoryError:
-            raise ReflexError("out_of_memory", f"KV cache of 2 x {shape} float32 does not fit") from None
-        finally:
-            _set_hugepage(hugepage)
-
-
 def _set_hugepage(enabled):
     """numpy's madvise(MADV_HUGEPAGE) switch for new arrays; returns the previous setting."""
     try:
@@ -104,6 +84,9 @@ def _default_blas_threads():
 
 class NumpyOps:
     name = "numpy"
+    device = "cpu"
+    kv_dtype = "float32"
+    prefill_chunk = 256
 
     def __init__(self, blas_threads="default"):
         self._rope_memo = None  # (pos array, params, rotation): q and k share positions
@@ -116,6 +99,27 @@ class NumpyOps:
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
         return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype="float32"):
+        # np.zeros maps pages lazily, so an unused context costs nothing; but numpy asks for
+        # transparent huge pages on big arrays, and then the first token stored in each
+        # (layer, head) row zeroes 2 MiB: seconds on a first prompt on some machines.
+        # Small pages make that first touch proportional to what is stored.
+        hugepage = _set_hugepage(False)
+        try:
+            return np.zeros(shape, dtype)
+        except MemoryError:
+            raise ReflexError("out_of_memory", f"{shape} {dtype} does not fit in memory") from None
+        finally:
+            _set_hugepage(hugepage)
+
+    def write(self, dst, host):
+        np.copyto(dst, np.asarray(host).reshape(dst.shape), casting="same_kind")
+        return dst
+
+    def copy(self, src, out):
+        np.copyto(out, src)
+        return out
 
     def asarray(self, a, dtype=None):
         a = np.asarray(a)
@@ -274,32 +278,29 @@ class NumpyOps:
         return x
 
     # -- attention ---------------------------------------------------------------
-    def kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx):
-        return KVCache(n_layers, n_kv_heads, head_dim, n_ctx)
-
-    def kv_store(self, cache, layer, k, v, slots):
+    def kv_store(self, k_cache, v_cache, k, v, slots):
         if len(slots) == 1:  # decode
             slot = int(slots[0])
-            cache.k[layer, :, slot] = k[0]
-            cache.v[layer, :, slot] = v[0]
+            k_cache[:, slot] = k[0]
+            v_cache[:, slot] = v[0]
             return
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         n = len(slots)
         if n and slots[-1] - slots[0] == n - 1 and (n == 1 or np.all(np.diff(slots) == 1)):
             sl = slice(int(slots[0]), int(slots[0]) + n)  # contiguous: a plain slice copy
-            cache.k[layer, :, sl] = k.transpose(1, 0, 2)
-            cache.v[layer, :, sl] = v.transpose(1, 0, 2)
+            k_cache[:, sl] = k.transpose(1, 0, 2)
+            v_cache[:, sl] = v.transpose(1, 0, 2)
         else:
-            cache.k[layer][:, slots] = k.transpose(1, 0, 2)
-            cache.v[layer][:, slots] = v.transpose(1, 0, 2)
+            k_cache[:, slots] = k.transpose(1, 0, 2)
+            v_cache[:, slots] = v.transpose(1, 0, 2)
 
-    def attention(self, q, cache, layer, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+    def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None):
         N, Hq, hd = q.shape
-        Hkv = cache.n_kv_heads
+        Hkv = k_cache.shape[0]
         g = Hq // Hkv
-        K = cache.k[layer, :, :n_kv]  # [Hkv, n_kv, hd]
-        V = cache.v[layer, :, :n_kv]
+        K = k_cache[:, :n_kv]  # [Hkv, n_kv, hd]
+        V = v_cache[:, :n_kv]
         if N == 1 and mask is None and (window <= 0 or n_kv <= window) and (
                 not causal or int(pos[0]) >= n_kv - 1):
             # decode: one query that sees every stored key
@@ -351,8 +352,21 @@ class NumpyOps:
         return bias
 
     # -- selection ---------------------------------------------------------------
-    def argmax(self, logits):
-        return np.argmax(np.asarray(logits), axis=-1)
+    def argmax(self, logits, out=None):
+        idx = np.argmax(np.asarray(logits), axis=-1)
+        if out is None:
+            return idx
+        out[...] = idx.reshape(out.shape)
+        return out
+
+    def topk(self, logits, k, n=None):
+        row = np.asarray(logits).reshape(-1)
+        row = row[:n] if n is not None else row
+        k = max(0, min(int(k), row.size))
+        if not k:
+            return np.empty(0, np.int64)
+        idx = np.argpartition(-row, k - 1)[:k]
+        return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
 
     def logprobs(self, logits, rows, targets, n=None):
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)

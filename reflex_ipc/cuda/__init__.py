@@ -11,9 +11,8 @@ Nothing is compiled at run time: the module is the fatbin nvcc built with the
 package (kernels/build.py), holding machine code for each supported architecture.
 
 For the engine: `start_init(index)` as early as possible (cli.py does it for the model
-commands unless --device cpu), `resolve_device("auto"|"cpu"|"cuda"|"cuda:N")` to pick
-the backend (auto: CUDA when pycuda imports and a GPU initializes), then
-`reflex_ipc.backends.cuda_ops.CudaOps()`.
+commands unless --device cpu), then `reflex_ipc.backends.cuda_ops.CudaOps()` (which
+joins it; engine.make_backend picks the backend for a --device value).
 """
 
 import os
@@ -224,32 +223,11 @@ def _pop_at_exit(ctx):
         pass
 
 
-def available() -> bool:
-    """True when CUDA initialized and the kernels loaded (waits for the init thread)."""
-    try:
-        runtime()
-        return True
-    except Exception:
-        return False
-
-
 def device_index(device: str) -> int:
     """0 for "cuda"/"auto", N for "cuda:N"."""
     if device.startswith("cuda:"):
         return int(device[5:])
     return 0
-
-
-def resolve_device(device: str = "auto") -> str:
-    """"cpu" or "cuda" for a --device value. auto: CUDA when pycuda imports, the kernels
-    were built and a GPU initializes (waits for the init thread), else cpu. An explicit
-    cuda only starts the init; a failure surfaces as ReflexError('cuda_error') at runtime()."""
-    if device == "cpu":
-        return "cpu"
-    start_init(device_index(device))
-    if device != "auto":
-        return "cuda"
-    return "cuda" if available() else "cpu"
 
 
 def init_timings() -> dict:

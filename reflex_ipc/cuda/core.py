@@ -17,16 +17,16 @@ MM_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k"
 SIGNATURES = {
     "add_f32": "QQQq", "mul_f32": "QQQq", "scale_f32": "QfQq",
     "add_row_f32": "QQQqi", "mul_row_f32": "QQQqi", "softcap_f32": "QfQq",
-    "silu_f32": "QQq", "gelu_f32": "QQq", "copy_f32": "QQq", "f16_to_f32": "QQq",
+    "silu_f32": "QQq", "gelu_f32": "QQq", "copy_f32": "QQq",
     "swiglu_f32": "QQQqiii", "geglu_f32": "QQQqiii",
-    "rmsnorm_f32": "QQQif", "layernorm_f32": "QQQQif",
+    "rmsnorm_f32": "QQQif",
     "rope_f32": "QQiiiiffQif",
     "rmsnorm_rope_f32": "QQQiiififfQif",
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
-    "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ", "sample_topk": "QQiffffQ",
-    "repeat_penalty_f32": "QQif", "add_i32": "Qii", "logprob_rows": "QqQQiQ",
+    "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ",
+    "logprob_rows": "QqQQiQ",
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):
@@ -50,10 +50,6 @@ class Kernel:
 
     def __call__(self, grid, block, *args, shared=0):
         self._launch(grid, block, self.pack(*args), shared, self.stream)
-
-    def launch_packed(self, grid, block, packed, shared=0):
-        """Launch with arguments packed once beforehand (self.pack(...))."""
-        self._launch(grid, block, packed, shared, self.stream)
 
 
 class Pool:

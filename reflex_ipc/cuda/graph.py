@@ -31,17 +31,13 @@ def _check(rc, what):
 
 
 class Graph:
-    """with Graph.capture(stream_handle) as g: <launch kernels>; then g.launch()."""
+    """with Graph(stream_handle) as g: <launch kernels>; then g.launch()."""
 
     def __init__(self, stream_handle):
         self.stream = ctypes.c_void_p(stream_handle)
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
         self.pool = None  # the graph's private memory pool (CudaOps.capture), freed by close()
-
-    @classmethod
-    def capture(cls, stream_handle):
-        return cls(stream_handle)
 
     def __enter__(self):
         _check(_cuda().cuStreamBeginCapture_v2(self.stream, CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")

@@ -44,13 +44,9 @@ class WeightArena:
         return self.base + (info.offset - self.start)
 
     def _upload(self):
-        import numpy as np
-
         self.rt.ctx.push()
         try:
-            src = np.frombuffer(self.f._mm, dtype=np.uint8, count=self.nbytes if
-                                self.start + self.nbytes <= self.f.size else self.f.size - self.start,
-                                offset=self.start)
+            src = self.f.bytes_view(self.start, self.nbytes)
             if self.mode == "register" and src.size:
                 try:
                     self._upload_registered(src)

@@ -6,7 +6,7 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def load_model(ops, f):
-    """The Model for GGUFFile f, its weights loaded through backend `ops`."""
+    """The Model for GGUFFile f, its weights checked and loaded through backend `ops`."""
     import importlib
 
     arch = f.architecture

@@ -1,16 +1,26 @@
-"""What the architecture modules share: hyperparameters, tensor loading, the batch.
+"""What the architecture modules share: checked hyperparameters, checked tensors, the
+state declaration, attention over a layer's state.
 
 Hyperparameters come only from GGUF metadata, with llama.cpp's key names and
-defaults. A model module defines `class Model` with
+defaults, and are checked when read: a value of the wrong type, NaN or
+infinite, out of range, or inconsistent with another is refused at load with a
+`gguf_error` naming the key (an unsupported feature: `unsupported_architecture`).
+Keys llama.cpp reads per layer (head counts, feed-forward length) may be arrays
+of n_layer values; they are lists here (`hp.n_head_l[i]`), and each layer's
+values sit on its weights namespace.
 
-    Model(ops, f)                      load weights through the backend `ops`
-    model.forward(cache, batch, rows=None, output="logits", check=None)
+A model module defines `class Model(Decoder)` with
 
-`forward` runs `batch` (token ids at given positions, stored at given cache
-slots) through every layer, then keeps the rows `rows` (a slice; None = all)
-and returns the final-normed hidden states [R, n_embd] (output="hidden") or
-the logits [R, n_vocab] (output="logits"). `check()`, when given, is called
-before every layer (cancellation).
+    Model(ops, f)                 load (and check) weights through the backend `ops`
+    model.state_spec()            one runtime.state spec per layer (Decoder: attention K/V)
+    model.new_state(ops, n_slots) a runtime.state.State for n_slots tokens
+    model.forward(state, batch, rows=None, output="logits", check=None)
+
+`forward` runs `batch` (runtime.batch.Batch: token ids at given positions, stored at
+given state slots) through every layer, then keeps the rows `rows` (a slice; None
+= all) and returns the final-normed hidden states [R, n_embd] (output="hidden") or
+the logits [R, n_vocab] (output="logits"). `check()`, when given, is called before
+every layer (cancellation).
 """
 
 from __future__ import annotations
@@ -18,62 +28,156 @@ from __future__ import annotations
 import math
 
 from ..errors import ReflexError
+from ..runtime.state import State, attention_spec
+
+MAX_LAYERS = 4096
+MAX_DIM = 1 << 20  # widths (embedding, feed-forward)
+MAX_HEADS = 1 << 12
+MAX_HEAD_DIM = 1 << 12
+MAX_CTX = 1 << 24
+
+
+def _bad(key, msg):
+    return ReflexError("gguf_error", f"metadata key {key}: {msg}")
 
 
 class HParams:
-    """The hyperparameters every decoder here needs, from `{arch}.*` keys."""
+    """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
     def __init__(self, f):
         self.arch = arch = f.architecture
-
-        def get(key, default=None, required=False):
-            v = f.get(f"{arch}.{key}", default)
-            if v is None and required:
-                raise ReflexError("gguf_error", f"metadata key {arch}.{key} is missing")
-            return v
-
-        def scalar(key, default=None, required=False):
-            v = get(key, default, required)
-            if isinstance(v, list):  # per-layer arrays: only uniform ones are supported here
-                if not v or any(x != v[0] for x in v):
-                    raise ReflexError("unsupported_architecture",
-                                      f"{arch}.{key} varies per layer ({v[:8]}...)")
-                v = v[0]
-            return v
-
-        self.n_layer = int(scalar("block_count", required=True))
-        self.n_embd = int(scalar("embedding_length", required=True))
-        self.n_ff = int(scalar("feed_forward_length", required=True))
-        self.n_head = int(scalar("attention.head_count", required=True))
-        self.n_head_kv = int(scalar("attention.head_count_kv", self.n_head))
-        if self.n_head <= 0 or self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            raise ReflexError("gguf_error", f"{self.n_head} heads cannot share {self.n_head_kv} KV heads")
-        self.head_dim = int(scalar("attention.key_length", self.n_embd // self.n_head))
-        self.head_dim_v = int(scalar("attention.value_length", self.n_embd // self.n_head))
-        if self.head_dim_v != self.head_dim:
-            raise ReflexError("unsupported_architecture",
-                              f"key length {self.head_dim} != value length {self.head_dim_v}")
-        self.n_rot = int(scalar("rope.dimension_count", self.head_dim))
-        self.eps = float(scalar("attention.layer_norm_rms_epsilon", required=True))
-        self.rope_base = float(scalar("rope.freq_base", 10000.0))
-        scaling = get("rope.scaling.type", "linear")
+        self._f = f
+        self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
+        self.n_embd = self.int("embedding_length", required=True, lo=1, hi=MAX_DIM)
+        self.n_ff_l = self.per_layer("feed_forward_length", required=True, lo=0, hi=MAX_DIM)
+        self.n_head_l = self.per_layer("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
+        self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l, lo=1, hi=MAX_HEADS)
+        for i, (h, hkv) in enumerate(zip(self.n_head_l, self.n_head_kv_l)):
+            if h % hkv:
+                raise _bad(f"{arch}.attention.head_count_kv", f"layer {i}: {h} heads cannot share {hkv} KV heads")
+        self.n_head, self.n_head_kv, self.n_ff = self.n_head_l[0], self.n_head_kv_l[0], max(self.n_ff_l)
+        self.head_dim = self.int("attention.key_length", default=self.n_embd // self.n_head, lo=1, hi=MAX_HEAD_DIM)
+        self.head_dim_v = self.int("attention.value_length", default=self.n_embd // self.n_head, lo=1,
+                                   hi=MAX_HEAD_DIM)
+        self.n_rot = self.int("rope.dimension_count", default=self.head_dim, lo=0, hi=self.head_dim)
+        if self.n_rot % 2:
+            raise _bad(f"{arch}.rope.dimension_count", f"{self.n_rot} is odd (rope rotates pairs)")
+        self.eps = self.float("attention.layer_norm_rms_epsilon", required=True, gt=0.0, hi=1.0)
+        self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
+        scaling = self.str("rope.scaling.type", default="linear")
         if scaling not in ("none", "linear"):
             raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported")
-        factor = scalar("rope.scaling.factor") or scalar("rope.scale_linear") or 0.0
+        factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
+            self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
-        self.n_ctx_train = int(scalar("context_length", 0) or 0)
-        self.attn_scale = float(scalar("attention.scale", 0.0) or 0.0)
-        self.final_softcap = float(scalar("final_logit_softcapping", 0.0) or 0.0)
+        self.n_ctx_train = self.int("context_length", default=0, lo=0, hi=MAX_CTX)
+        self.attn_scale = self.float("attention.scale", default=0.0, lo=0.0)
+        self.final_softcap = self.float("final_logit_softcapping", default=0.0, lo=0.0)
         tokens = f.metadata.get("tokenizer.ggml.tokens")
-        self.n_vocab = int(scalar("vocab_size", 0) or (len(tokens) if tokens is not None else 0))
-        self._get = get
+        n_tok = getattr(tokens, "count", 0) if tokens is not None else 0
+        self.n_vocab = self.int("vocab_size", default=0, lo=0, hi=1 << 31) or int(n_tok)
+
+    # -- typed, checked getters ----------------------------------------------------------
+    def _raw(self, key, default, required):
+        k = f"{self.arch}.{key}"
+        v = self._f.metadata.get(k)
+        if v is None:
+            if required:
+                raise ReflexError("gguf_error", f"metadata key {k} is missing")
+            return k, default
+        return k, v
+
+    def int(self, key, default=None, required=False, lo=None, hi=None):
+        """An integer key within [lo, hi]."""
+        k, v = self._raw(key, default, required)
+        return _check_int(k, v, lo, hi)
+
+    def float(self, key, default=None, required=False, lo=None, gt=None, hi=None):
+        """A finite number key: >= lo, > gt, <= hi."""
+        k, v = self._raw(key, default, required)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _bad(k, f"expected a number, got {_type_name(v)}")
+        v = float(v)
+        if not math.isfinite(v):
+            raise _bad(k, f"{v} is not finite")
+        if (lo is not None and v < lo) or (gt is not None and v <= gt) or (hi is not None and v > hi):
+            rng = f"{'>= ' + str(lo) if lo is not None else '> ' + str(gt) if gt is not None else ''}" + \
+                  (f", <= {hi}" if hi is not None else "")
+            raise _bad(k, f"{v} is out of range ({rng})")
+        return v
+
+    def str(self, key, default=None, required=False):
+        k, v = self._raw(key, default, required)
+        if v is not None and not isinstance(v, str):
+            raise _bad(k, f"expected a string, got {_type_name(v)}")
+        return v
+
+    def bool(self, key, default=False):
+        k, v = self._raw(key, default, False)
+        if not isinstance(v, bool):
+            raise _bad(k, f"expected a bool, got {_type_name(v)}")
+        return v
+
+    def per_layer(self, key, default=None, required=False, lo=None, hi=None):
+        """A key llama.cpp reads per layer: a scalar (every layer) or an array of n_layer
+        integers. A list of n_layer ints."""
+        k, v = self._raw(key, default, required)
+        from ..gguffile import ArrayValue
+
+        if isinstance(v, ArrayValue):
+            if v.count != self.n_layer:
+                raise _bad(k, f"an array of {v.count} values for {self.n_layer} layers")
+            v = v.tolist()
+        if isinstance(v, list):
+            if len(v) != self.n_layer:
+                raise _bad(k, f"{len(v)} values for {self.n_layer} layers")
+            return [_check_int(f"{k}[{i}]", x, lo, hi) for i, x in enumerate(v)]
+        return [_check_int(k, v, lo, hi)] * self.n_layer
+
+    def layer_flags(self, key, default=None):
+        """A per-layer array of flags (bool or int), or None when absent or a scalar."""
+        k, v = self._raw(key, default, False)
+        from ..gguffile import ArrayValue
+
+        if v is None or (not isinstance(v, (ArrayValue, list)) and not isinstance(v, str)):
+            return None
+        if isinstance(v, ArrayValue):
+            if v.count > MAX_LAYERS:
+                raise _bad(k, f"an array of {v.count} values")
+            v = v.tolist()
+        if not isinstance(v, list) or any(isinstance(x, (list, str, float)) for x in v):
+            raise _bad(k, f"expected an array of flags, got {_type_name(v)}")
+        return [bool(x) for x in v]
 
     def get(self, key, default=None):
-        return self._get(key, default)
+        """An unchecked value (arrays as lists): prefer the typed getters."""
+        return self._f.get(f"{self.arch}.{key}", default)
+
+
+def _type_name(v):
+    from ..gguffile import ArrayValue
+
+    if isinstance(v, ArrayValue):
+        return f"an array of {v.count}"
+    return "an array" if isinstance(v, list) else type(v).__name__
+
+
+def _check_int(k, v, lo, hi):
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and math.isfinite(v) and v == int(v):
+            v = int(v)  # an integral float (some converters write floats)
+        else:
+            raise _bad(k, f"expected an integer, got {_type_name(v) if not isinstance(v, float) else v}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise _bad(k, f"{v} is out of range [{lo}, {hi}]")
+    return v
 
 
 class Weights:
-    """Loads tensors of f through the backend, with a clear error for a missing one."""
+    """Loads tensors of f through the backend, checking presence and shape first.
+
+    `w(name, shape)`: shape in numpy order ((rows, cols) for matrices, (n,) for vectors),
+    an entry None where any positive size is accepted (a padded vocabulary)."""
 
     def __init__(self, ops, f):
         self.ops, self.f = ops, f
@@ -81,61 +185,50 @@ class Weights:
     def has(self, name):
         return name in self.f.tensors
 
-    def __call__(self, name, optional=False):
-        if name not in self.f.tensors:
+    def __call__(self, name, shape, optional=False):
+        t = self.f.tensors.get(name)
+        if t is None:
             if optional:
                 return None
             raise ReflexError("gguf_error", f"tensor {name!r} is missing from {self.f.path}")
+        got = tuple(int(d) for d in reversed(t.shape))
+        if len(got) > len(shape) and all(d == 1 for d in got[:len(got) - len(shape)]):
+            got = got[len(got) - len(shape):]  # leading 1s: ggml's trailing dims
+        if len(got) != len(shape) or any(d <= 0 or (s is not None and d != s) for d, s in zip(got, shape)):
+            want = "x".join("*" if s is None else str(s) for s in shape)
+            raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
+                              f"expected {want}")
         return self.ops.load_weight(self.f, name)
 
-    def output(self):
+    def output(self, n_embd):
         """The LM head: output.weight, else the tied token embedding (llama.cpp's fallback)."""
-        return self("output.weight") if self.has("output.weight") else self("token_embd.weight")
+        name = "output.weight" if self.has("output.weight") else "token_embd.weight"
+        return self(name, (None, n_embd))
 
 
-class Batch:
-    """Tokens to run: ids, rope positions, cache slots, and who may attend to whom.
+class Decoder:
+    """What every decoder here shares: an attention K/V state per layer, of the layer's
+    own KV head count (`layers[i].n_head_kv`)."""
 
-    Ordinary (causal) batches have slots == positions. A masked batch (system1)
-    gives `allowed`, a numpy bool [N, n_kv] (query n may see slot j), and
-    `key_pos`, the position of every slot 0..n_kv-1 (for sliding windows).
-    """
+    def state_spec(self):
+        hp = self.hp
+        return [attention_spec(L.n_head_kv, hp.head_dim, hp.head_dim_v) for L in self.layers]
 
-    def __init__(self, ops, ids, pos, slots=None, allowed=None, key_pos=None):
-        import numpy as np
+    def new_state(self, ops, n_slots, n_seq=1):
+        return State(ops, self.state_spec(), n_slots, n_seq)
 
-        self.ids = np.asarray(ids, dtype=np.int32).reshape(-1)
-        self.n = len(self.ids)
-        pos_np = np.asarray(pos, dtype=np.int32).reshape(-1)
-        slots_np = pos_np if slots is None else np.asarray(slots, dtype=np.int32).reshape(-1)
-        self.pos_np, self.slots_np = pos_np, slots_np
-        self.n_kv = int(slots_np.max()) + 1 if self.n else 0
-        self.pos = ops.positions(pos_np)
-        self.slots = self.pos if slots is None else ops.positions(slots_np)
-        self.allowed, self.key_pos = allowed, key_pos
-        self._ops = ops
-        self._masks = {}
-
-    def attention_args(self, window=0):
-        """Keyword arguments for ops.attention: causal (with an optional sliding window) or an
-        explicit additive mask built from `allowed` (and the window, on key positions)."""
-        if self.allowed is None:
-            return {"causal": True, "window": window, "mask": None}
-        m = self._masks.get(window)
-        if m is None:
-            from ..backends.base import attention_mask
-
-            m = self._ops.asarray(attention_mask(self.allowed, self.pos_np, self.key_pos, window))
-            self._masks[window] = m
-        return {"causal": False, "window": 0, "mask": m}
+    def state_bytes(self, n_slots, itemsize=2):
+        """Bytes of the state for n_slots tokens (known before anything is allocated)."""
+        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
 
 
-def attention_block(ops, hp, cache, layer, batch, q, k, v, *, scale, window=0, softcap=0.0):
-    """Store k, v [N, Hkv, hd] at the batch's slots, attend with q [N, Hq, hd] -> [N, Hq*hd]."""
-    ops.kv_store(cache, layer, k, v, batch.slots)
-    out = ops.attention(q, cache, layer, batch.slots, batch.n_kv, scale=scale, softcap=softcap,
+def attention_block(ops, layer, batch, q, k, v, *, scale, window=0, softcap=0.0):
+    """Store k, v [N, Hkv, hd] at the batch's slots of a layer's state, attend with q
+    [N, Hq, hd] -> [N, Hq*hd_v]."""
+    ops.kv_store(layer.k, layer.v, k, v, batch.slots)
+    out = ops.attention(q, layer.k, layer.v, batch.slots, batch.n_kv, scale=scale, softcap=softcap,
                         **batch.attention_args(window))
-    return out.reshape(batch.n, hp.n_head * hp.head_dim)
+    return out.reshape(batch.n, q.shape[1] * layer.v.shape[2])
 
 
 def linear(ops, x, w, b=None):
@@ -157,6 +250,13 @@ def residual(ops, x, a, w, b=None):
     else:
         ops.add(x, linear(ops, a, w, b), out=x)
     return x
+
+
+def same_head_dims(hp):
+    """unsupported_architecture unless K and V heads have one width (the attention op's)."""
+    if hp.head_dim_v != hp.head_dim:
+        raise ReflexError("unsupported_architecture",
+                          f"key length {hp.head_dim} != value length {hp.head_dim_v}")
 
 
 def default_attn_scale(hp):

@@ -2,39 +2,47 @@
 
 Optional pieces llama.cpp also accepts for this architecture: q/k/v and output
 biases, Llama-3 rope frequency factors (rope_freqs.weight). Subclasses switch
-on neox rope (qwen2) and per-head q/k RMSNorm (qwen3).
+on neox rope (qwen2) and per-head q/k RMSNorm (qwen3). Head counts and the
+feed-forward width may differ per layer.
 """
 
 from types import SimpleNamespace
 
-from .common import HParams, Weights, attention_block, bias, default_attn_scale, residual
+from .common import Decoder, HParams, Weights, attention_block, bias, default_attn_scale, residual, same_head_dims
 
 
-class Model:
+class Model(Decoder):
     rope_neox = False  # llama.cpp rope type: "norm" (pairs 2i, 2i+1)
     qk_norm = False  # RMSNorm over each head of q and k before rope
 
     def __init__(self, ops, f):
         self.ops = ops
         self.hp = hp = HParams(f)
+        same_head_dims(hp)
         w = Weights(ops, f)
-        self.tok_embd = w("token_embd.weight")
-        self.output_norm = w("output_norm.weight")
-        self.output = w.output()
-        self.rope_factors = w("rope_freqs.weight", optional=True)
+        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
+        self.output_norm = w("output_norm.weight", (hp.n_embd,))
+        self.output = w.output(hp.n_embd)
+        self.rope_factors = w("rope_freqs.weight", (hp.n_rot // 2,), optional=True)
         self.scale = default_attn_scale(hp)
-        self.layers = [self._load_layer(w, f"blk.{i}.") for i in range(hp.n_layer)]
+        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
 
-    def _load_layer(self, w, p):
+    def _load_layer(self, w, i):
+        hp, p = self.hp, f"blk.{i}."
+        H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim, hp.n_embd, hp.n_ff_l[i]
         return SimpleNamespace(
-            attn_norm=w(p + "attn_norm.weight"),
-            wq=w(p + "attn_q.weight"), wk=w(p + "attn_k.weight"), wv=w(p + "attn_v.weight"),
-            bq=w(p + "attn_q.bias", True), bk=w(p + "attn_k.bias", True), bv=w(p + "attn_v.bias", True),
-            q_norm=w(p + "attn_q_norm.weight") if self.qk_norm else None,
-            k_norm=w(p + "attn_k_norm.weight") if self.qk_norm else None,
-            wo=w(p + "attn_output.weight"), bo=w(p + "attn_output.bias", True),
-            ffn_norm=w(p + "ffn_norm.weight"),
-            gate=w(p + "ffn_gate.weight"), up=w(p + "ffn_up.weight"), down=w(p + "ffn_down.weight"),
+            n_head=H, n_head_kv=Hkv,
+            attn_norm=w(p + "attn_norm.weight", (E,)),
+            wq=w(p + "attn_q.weight", (H * hd, E)), wk=w(p + "attn_k.weight", (Hkv * hd, E)),
+            wv=w(p + "attn_v.weight", (Hkv * hd, E)),
+            bq=w(p + "attn_q.bias", (H * hd,), True), bk=w(p + "attn_k.bias", (Hkv * hd,), True),
+            bv=w(p + "attn_v.bias", (Hkv * hd,), True),
+            q_norm=w(p + "attn_q_norm.weight", (hd,)) if self.qk_norm else None,
+            k_norm=w(p + "attn_k_norm.weight", (hd,)) if self.qk_norm else None,
+            wo=w(p + "attn_output.weight", (E, H * hd)), bo=w(p + "attn_output.bias", (E,), True),
+            ffn_norm=w(p + "ffn_norm.weight", (E,)),
+            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
+            down=w(p + "ffn_down.weight", (E, F)),
         )
 
     def _rope_args(self):
@@ -48,19 +56,19 @@ class Model:
             return self.ops.rms_norm_rope(x, norm, self.hp.eps, batch.pos, **self._rope_args())
         return self.ops.rope(x, batch.pos, inplace=True, **self._rope_args())
 
-    def forward(self, cache, batch, rows=None, output="logits", check=None):
+    def forward(self, state, batch, rows=None, output="logits", check=None):
         ops, hp, N = self.ops, self.hp, batch.n
         x = ops.embed(self.tok_embd, batch.ids)  # a fresh array: the residual adds go into it
-        for i, L in enumerate(self.layers):
+        for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
             h = ops.rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
-            q = bias(ops, q, L.bq).reshape(N, hp.n_head, hp.head_dim)
-            k = bias(ops, k, L.bk).reshape(N, hp.n_head_kv, hp.head_dim)
-            v = bias(ops, v, L.bv).reshape(N, hp.n_head_kv, hp.head_dim)
+            q = bias(ops, q, L.bq).reshape(N, L.n_head, hp.head_dim)
+            k = bias(ops, k, L.bk).reshape(N, L.n_head_kv, hp.head_dim)
+            v = bias(ops, v, L.bv).reshape(N, L.n_head_kv, hp.head_dim)
             q, k = self._qk(q, L.q_norm, batch), self._qk(k, L.k_norm, batch)
-            a = attention_block(ops, hp, cache, i, batch, q, k, v, scale=self.scale)
+            a = attention_block(ops, S, batch, q, k, v, scale=self.scale)
             residual(ops, x, a, L.wo, L.bo)
             h = ops.rms_norm(x, L.ffn_norm, hp.eps)
             residual(ops, x, ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)

@@ -1,0 +1,178 @@
+"""The executor: runs a model over its state.
+
+It owns what every algorithm (generate, system1, embed, ...) needs below the
+level of tokens and text: the state (allocated at first use, sized to what is
+asked — a power of two of at least STATE_MIN slots, at most n_ctx — and grown
+keeping what it holds), batching and chunked prefill, the decode loop, prefix
+reuse between requests, and captured-graph replays on backends that can capture
+(`ops.capture`). Algorithms call `prefill`, `decode`, `forward` and `argmax`;
+models see only `forward(state, batch, ...)`.
+"""
+
+from __future__ import annotations
+
+import os
+
+STATE_MIN = 256  # smallest state, in slots
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Executor:
+    def __init__(self, ops, model, n_ctx):
+        self.ops, self.model, self.n_ctx = ops, model, int(n_ctx)
+        self.chunk = ops.prefill_chunk
+        self.state = None
+        # captured graphs where the backend can capture ($REFLEX_CUDA_GRAPH=0 turns them off)
+        self.use_graphs = hasattr(ops, "capture") and os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
+        self._decoder = None  # graphs.DecodeGraph
+        self._graphs = None  # graphs.ForwardGraphs
+        self._graph_logits = None
+
+    # -- state -------------------------------------------------------------------
+    def reserve(self, n_slots):
+        """A state of at least n_slots (<= n_ctx) slots. A larger one replaces a smaller,
+        keeping the tokens it holds."""
+        st = self.state
+        if st is not None and st.n_slots >= n_slots:
+            return st
+        cap = STATE_MIN
+        while cap < n_slots:
+            cap *= 2
+        cap = min(cap, self.n_ctx)
+        self._drop_graphs()  # they hold the old state's addresses
+        if st is not None and st.tokens:
+            self.state = st.grown(cap)
+        else:
+            self.state = None  # the old state's memory goes back before the new one is taken
+            self.state = self.model.new_state(self.ops, cap)
+        return self.state
+
+    @property
+    def tokens(self):
+        """The token ids whose state is held (positions 0..len-1)."""
+        return self.state.tokens if self.state is not None else []
+
+    def forget(self):
+        """Hold no tokens (the next request starts from an empty state)."""
+        if self.state is not None:
+            self.state.clear()
+
+    def close(self):
+        self._drop_graphs()
+        self.state = None
+
+    def _drop_graphs(self):
+        for g in (self._decoder, self._graphs):
+            if g is not None:
+                g.close()
+        self._decoder = self._graphs = None
+        self._graph_logits = None
+
+    # -- forward passes -------------------------------------------------------------
+    def forward(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits",
+                check=None):
+        """model.forward over one batch (runtime.batch.Batch has the arguments) on the current
+        state. Small batch shapes seen before replay a captured graph where the backend
+        can capture; otherwise the model runs op by op."""
+        from .batch import Batch
+
+        if self._graphs is None and self.use_graphs:
+            from .graphs import ForwardGraphs
+
+            self._graphs = ForwardGraphs(self.ops, self.model, self.state)
+        if self._graphs is not None:
+            if check is not None:
+                check()  # a replay cannot stop between layers
+            out = self._graphs(ids, pos, slots, allowed, key_pos, rows, output)
+            if out is not None:
+                return out
+        b = Batch(self.ops, ids, pos, slots=slots, allowed=allowed, key_pos=key_pos)
+        out = self.model.forward(self.state, b, rows=rows, output=output, check=check)
+        if self._graphs is not None:
+            self._graphs.saw(b, rows, output)
+        return out
+
+    def begin(self, ids, *, room=0, reuse=True):
+        """Prepare the state for a request whose tokens start with `ids`: keep the longest
+        common prefix of the held tokens and ids (with reuse; at most len(ids) - 1, so that
+        the last id is evaluated and gives logits), drop the rest, and make room for
+        len(ids) + room tokens. Returns how many leading ids are held."""
+        n = len(ids)
+        held = 0
+        if self.state is not None:
+            held = min(common_prefix(self.state.tokens, ids), n - 1) if reuse else 0
+            if not self.state.truncate(held):
+                held = 0
+        self.reserve(n + room)
+        return held
+
+    def prefill(self, ids, *, room=0, reuse=True, check=None):
+        """Make the state hold `ids`, with room for `room` more tokens after them. Returns
+        (the logits after the last id [1, V] as a backend array, how many leading ids were
+        already held and not evaluated again; see `begin`)."""
+        ids = [int(i) for i in ids]
+        held = self.begin(ids, room=room, reuse=reuse)
+        st = self.state
+        logits = None
+        for a in range(held, len(ids), self.chunk):
+            chunk = ids[a:a + self.chunk]
+            logits = self.forward(chunk, range(a, a + len(chunk)), rows=slice(len(chunk) - 1, len(chunk)),
+                                  check=check)
+            st.tokens.extend(chunk)
+        return logits, held
+
+    def hidden(self, ids, check=None):
+        """The final-normed hidden states of every id, evaluated from an empty state: yields a
+        backend array [n, n_embd] per chunk. The state then holds ids."""
+        ids = [int(i) for i in ids]
+        self.begin(ids, reuse=False)
+        st = self.state
+        for a in range(0, len(ids), self.chunk):
+            chunk = ids[a:a + self.chunk]
+            yield self.forward(chunk, range(a, a + len(chunk)), output="hidden", check=check)
+            st.tokens.extend(chunk)
+
+    def step(self, token, check=None):
+        """Evaluate one token after the held ones (slot = position = len(tokens)): its logits
+        [1, V]. Backends that capture replay one graph per step; per-layer cancellation then
+        gives way to the check between tokens."""
+        st = self.state
+        pos = len(st.tokens)
+        if pos >= st.n_slots:
+            st = self.reserve(pos + 1)
+        if self._decoder is None and self.use_graphs:
+            from .graphs import DecodeGraph
+
+            self._decoder = DecodeGraph(self.ops, self.model, st)
+        if self._decoder is not None:
+            logits = self._graph_logits = self._decoder(token, pos)
+        else:
+            logits = self.forward([token], [pos], check=check)
+        st.tokens.append(int(token))
+        return logits
+
+    def decode(self, logits, choose, check=None):
+        """The decode loop: yields choose(logits) for the logits after the held tokens, then,
+        each time the consumer asks for the next token, evaluates the last one and chooses
+        again. A consumer that stops asking leaves its last token unevaluated (not held)."""
+        while True:
+            token = choose(logits)
+            yield token
+            if check is not None:
+                check()
+            logits = self.step(token, check)
+
+    def argmax(self, logits) -> int:
+        """The greedy token of logits [1, V] (computed inside the decode graph when these are
+        its logits)."""
+        if logits is self._graph_logits and self._decoder is not None:
+            return self._decoder.argmax()
+        return int(self.ops.argmax(logits)[0])

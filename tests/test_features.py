@@ -113,7 +113,7 @@ def test_logprobs_streamed_and_zero(twin):
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24},
     "country": {"enum": ["France", "Germany", "Italy"]},
-    "population_millions": {"type": "number", "minimum": 0, "maximum": 40}},
+    "population_millions": {"type": "integer", "minimum": 0, "maximum": 40}},
     "required": ["city", "country", "population_millions"], "additionalProperties": False}
 
 
@@ -194,7 +194,7 @@ def test_stdio_infill_logprobs_schema_cached(fim_model):
          "logprobs": 2, "stream": True},
         {"id": 2, "op": "infill", "prefix": "def f(x):\n    return ", "suffix": "\n", "max_tokens": 4},
         {"id": 3, "op": "generate", "prompt": "Answer:", "max_tokens": 20,
-         "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+         "json_schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}},
                          "required": ["a"], "additionalProperties": False}},
         {"id": 4, "op": "generate", "prompt": "x", "json_schema": {"type": "nope"}},
         {"id": 5, "op": "generate", "prompt": "Answer:", "max_tokens": 2},

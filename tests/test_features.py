@@ -232,3 +232,35 @@ def test_features_import_nothing_until_used():
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["[]", "['jinja2']"]
+
+
+def _cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "reflex_ipc", *args], input=stdin,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT, REFLEX_DETACH="0"))
+
+
+def test_cli_chat_stdin_schema_infill(fim_model):
+    p = _cli("generate", "--device", "cpu", "--chat", "--max-tokens", "16",
+             "What is the capital of France?")
+    assert p.returncode == 0 and "Paris" in p.stdout, p.stderr
+    p = _cli("generate", "--device", "cpu", "--chat", "--json", "--max-tokens", "16",
+             stdin="What is the capital of France?")
+    assert p.returncode == 0 and "Paris" in json.loads(p.stdout)["text"], p.stderr
+    schema = '{"type":"object","properties":{"city":{"type":"string","maxLength":12}},' \
+             '"required":["city"],"additionalProperties":false}'
+    p = _cli("generate", "--device", "cpu", "--chat", "--json", "--json-schema", schema,
+             "--logprobs", "1", "--max-tokens", "30", "Capital of France as JSON?")
+    out = json.loads(p.stdout)
+    assert out["finish_reason"] == "stop" and "city" in json.loads(out["text"])
+    assert len(out["logprobs"]) == out["completion_tokens"]
+    p = _cli("system1", "--device", "cpu", "--chat", "What is the capital of France?",
+             "--candidate", "Paris", "--candidate", "London", "--candidate", "Berlin")
+    assert p.returncode == 0 and p.stdout.startswith("*") and "'Paris'" in p.stdout.splitlines()[0]
+    p = _cli("infill", "--device", "cpu", "--prefix", "def f(", "--suffix", ")")
+    assert p.returncode == 1 and "invalid_request" in p.stderr and "fill-in-the-middle" in p.stderr
+    p = _cli("infill", "--device", "cpu", "--model", fim_model, "--json", "--max-tokens", "3",
+             "--prefix", "def f(", "--suffix", ")")
+    assert p.returncode == 0 and json.loads(p.stdout)["completion_tokens"] >= 1, p.stderr
+    p = _cli("generate", "--device", "cpu", "--regex", "(a", "x")
+    assert p.returncode == 1 and "`regex`" in p.stderr

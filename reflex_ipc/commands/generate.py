@@ -55,7 +55,6 @@ def sampling_kwargs(args) -> dict:
 
 def run(args):
     from .. import phases
-    from ..errors import ReflexError
     from ._model import finish, load
 
     prompt = read_arg(args.prompt)
@@ -72,29 +71,26 @@ def run(args):
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    try:
-        from .. import prepare
+    from .. import prepare
+    from ..errors import ReflexError
 
-        if args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt})
-            prompt = prepare.chat_text(runner, messages, chat_template=args.chat_template)
-        schema = None
-        if args.json_schema is not None:
-            import json
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": prompt})
+        prompt = prepare.chat_text(runner, messages, chat_template=args.chat_template)
+    schema = None
+    if args.json_schema is not None:
+        import json
 
-            try:
-                schema = json.loads(read_arg(args.json_schema))
-            except ValueError as e:
-                raise ReflexError("invalid_request", f"`json_schema`: not JSON: {e}") from None
-        extra = prepare.generate_extras(
-            runner, logprobs=args.logprobs, json_schema=schema, regex=args.regex,
-            grammar=read_arg(args.grammar) if args.grammar is not None else None)
-        out = runner.generate(prompt, max_tokens=args.max_tokens, on_token=on_token,
-                              **sampling_kwargs(args), **extra)
-    except ReflexError as e:
-        sys.stderr.write(f"reflex generate: {e.kind}: {e.message}\n")
-        return 2
+        try:
+            schema = json.loads(read_arg(args.json_schema))
+        except ValueError as e:
+            raise ReflexError("invalid_request", f"`json_schema`: not JSON: {e}") from None
+    extra = prepare.generate_extras(
+        runner, logprobs=args.logprobs, json_schema=schema, regex=args.regex,
+        grammar=read_arg(args.grammar) if args.grammar is not None else None)
+    out = runner.generate(prompt, max_tokens=args.max_tokens, on_token=on_token,
+                          **sampling_kwargs(args), **extra)
     if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]

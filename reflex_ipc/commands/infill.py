@@ -19,7 +19,6 @@ def add_arguments(p):
 
 
 def run(args):
-    from ..errors import ReflexError
     from ._model import finish, load
     from .generate import read_arg, sampling_kwargs
 
@@ -34,16 +33,12 @@ def run(args):
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    try:
-        from ..prepare import infill_ids
+    from ..prepare import infill_ids
 
-        ids = infill_ids(runner, read_arg(args.prefix), read_arg(args.suffix), input_extra=extra,
-                         max_tokens=args.max_tokens)
-        out = runner.generate(ids, max_tokens=args.max_tokens, on_token=on_token,
-                              **sampling_kwargs(args))
-    except ReflexError as e:
-        sys.stderr.write(f"reflex infill: {e.kind}: {e.message}\n")
-        return 2
+    ids = infill_ids(runner, read_arg(args.prefix), read_arg(args.suffix), input_extra=extra,
+                     max_tokens=args.max_tokens)
+    out = runner.generate(ids, max_tokens=args.max_tokens, on_token=on_token,
+                          **sampling_kwargs(args))
     if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} "

@@ -19,23 +19,18 @@ def add_arguments(p):
 
 
 def run(args):
-    from ..errors import ReflexError
     from ._model import finish, load
     from .generate import read_arg
 
     prompt = read_arg(args.prompt)
     runner = load(args)
-    try:
-        if args.chat:
-            from ..prepare import chat_text
+    if args.chat:
+        from ..prepare import chat_text
 
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            messages.append({"role": "user", "content": prompt})
-            prompt = chat_text(runner, messages)
-        out = runner.system1(prompt, args.candidate, temperature=args.temperature)
-    except ReflexError as e:
-        sys.stderr.write(f"reflex system1: {e.kind}: {e.message}\n")
-        return 2
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": prompt})
+        prompt = chat_text(runner, messages)
+    out = runner.system1(prompt, args.candidate, temperature=args.temperature)
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

@@ -19,7 +19,7 @@ from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.modelpath import resolve_model
 from reflex_ipc.tokenizer import load_tokenizer
 
-jsonschema = pytest.importorskip("jsonschema")  # in the test extra: never skips in CI
+import jsonschema  # noqa: E402  (the test extra)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ the bytes.split one that `reflex inspect` uses).
 
 The default file is llama.cpp's ggml-vocab-qwen2.gguf (a real Qwen2 vocabulary:
 151,936 tokens, 151,387 merges), taken from the llama-cpp-python 0.3.36 sdist,
-downloaded once with pip into ~/.cache/reflex-ipc/ by tests/sdist.py. The
+downloaded once with pip into ~/.cache/reflex-ipc/ by reflex_ipc.testing.sdist. The
 SmolLM2 model (real tensors) is measured too. Target: reflex inspect <= 5% of
 GGUFReader's process.
 
@@ -43,9 +43,9 @@ assert len(vocab) > 0
 
 
 def qwen2_vocab_gguf() -> str:
-    """ggml-vocab-qwen2.gguf from the llama-cpp-python sdist, fetched and cached by tests/sdist.py."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from sdist import vocab_models_dir
+    """ggml-vocab-qwen2.gguf from the llama-cpp-python sdist, fetched and cached by
+    reflex_ipc.testing.sdist."""
+    from reflex_ipc.testing.sdist import vocab_models_dir
 
     return os.path.join(vocab_models_dir(), "ggml-vocab-qwen2.gguf")
 

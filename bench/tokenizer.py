@@ -60,8 +60,7 @@ print(json.dumps({"imports_ms": (t1 - t0) * 1e3, "open_ms": (t2 - t1) * 1e3,
 
 
 def vocabularies():
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from sdist import vocab_models_dir  # noqa: E402
+    from reflex_ipc.testing.sdist import vocab_models_dir
 
     d = vocab_models_dir()
     out = {n: os.path.join(d, f"ggml-vocab-{n}.gguf")

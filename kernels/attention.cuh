@@ -54,6 +54,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const __half
     const __half* vb = vc + (long long)kvh * ctx * hd;
     const float* mrow = mask ? mask + (long long)n * n_kv : nullptr;
     for (int j = lo + warp; j <= hi; j += ATT_WARPS) {
+        if (mrow && mrow[j] == -INFINITY) continue;  // hidden: no dot product (same result)
         const __half* kr = kb + (long long)j * hd;
         float s = 0.f;
 #pragma unroll

@@ -18,6 +18,7 @@ COMMANDS = {
     "embed": ("embed", "pooled hidden-state embeddings"),
     "tokenize": ("tokenize", "tokenize text with the model's tokenizer"),
     "inspect": ("inspect", "show a GGUF file's architecture, hyperparameters and tensors"),
+    "check": ("check", "greedy generation checked against a reference file (for CI)"),
     "smoke": ("smoke", "load the CUDA kernels, launch one, report timings"),
     "doctor": ("doctor", "report GPU, driver, pycuda, kernel images, NVML"),
     "bench": ("bench", "cold-start, warm and decode benchmarks"),
@@ -25,7 +26,7 @@ COMMANDS = {
 
 
 # commands that load a model: CUDA init starts on a thread before anything else (cuda/__init__.py)
-_MODEL_COMMANDS = ("stdio", "uds", "generate", "infill", "system1", "embed")
+_MODEL_COMMANDS = ("stdio", "uds", "generate", "infill", "system1", "embed", "check")
 
 
 def _device_arg(args):

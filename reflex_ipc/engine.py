@@ -149,6 +149,8 @@ class Runner:
         if n_ctx < 1:
             raise ReflexError("invalid_request", f"n_ctx must be positive, not {n_ctx}")
         self.n_ctx = n_ctx
+        if hasattr(model, "configure"):
+            model.configure(n_ctx)  # what depends on the context the engine runs with (LongRoPE)
         self.exec = Executor(ops, model, n_ctx)
         self.n_vocab = tok.n_vocab
         self.n_out = model.output.shape[0]  # LM head rows (a padded vocabulary has more)

@@ -369,6 +369,18 @@ class GGUFFile:
         t = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensors[name_or_info]
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def identity(self) -> str:
+        """The model's identity: a digest (BLAKE2b, 128 bits, hex) of everything before the
+        tensor data — the header, every metadata key and value, the tensor directory (names,
+        shapes, types, offsets). Two files with the same identity hold the same model
+        description; the weights' bytes are not read (cheap: a few ms for a large vocabulary)."""
+        import hashlib
+
+        ident = getattr(self, "_identity", None)
+        if ident is None:
+            ident = self._identity = hashlib.blake2b(self._mm[:self.data_offset], digest_size=16).hexdigest()
+        return ident
+
     def bytes_view(self, start, nbytes):
         """Bytes start..start+nbytes of the file (clipped to its end) as a read-only numpy
         uint8 view of the mapping (e.g. a run of tensors to upload in one copy)."""

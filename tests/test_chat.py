@@ -9,14 +9,25 @@ The non-SmolLM2 ones run on vocabulary-only GGUFs (tests/vocabgguf.py) whose
 vocabulary has that format's special tokens.
 """
 
+import os
+
 import pytest
 
-import vocabgguf as vg
+from reflex_ipc.testing import vocab as vg
 
 from reflex_ipc import chat
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.usefixtures("smollm2", "llama_cpp")
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat_templates")
+
+
+def template(name):
+    with open(os.path.join(TEMPLATES, name + ".jinja"), encoding="utf-8") as fh:
+        return fh.read()
+
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -47,7 +58,7 @@ def models(tmp_path_factory):
     out = {"chatml": (vg.smollm2_path(), None)}
     d = tmp_path_factory.mktemp("chat")
     for name, (tname, extra, meta) in FORMATS.items():
-        src = vg.template(tname)
+        src = template(tname)
         path = str(d / f"{name}.gguf")
         ids = vg.vocab_gguf(path, extra, {"tokenizer.chat_template": src})
         if name == "llama3":

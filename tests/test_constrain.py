@@ -10,6 +10,7 @@ invalid_request naming the field.
 import json
 import re
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.modelpath import resolve_model
 from reflex_ipc.tokenizer import load_tokenizer
 
-import jsonschema  # noqa: E402  (the test extra)
+pytestmark = pytest.mark.usefixtures("smollm2")
 
 
 @pytest.fixture(scope="module")

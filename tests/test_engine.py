@@ -5,7 +5,6 @@ device selection and the CLI commands."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -14,21 +13,16 @@ import pytest
 
 from reflex_ipc.engine import _StopText, load_runner
 from reflex_ipc.errors import ReflexError
+from reflex_ipc.testing.references import reference_logits
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_models import CONFIGS, reference_logits, tiny_gguf  # noqa: E402
+pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its tokenizer
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine_models")
-    out = {}
-    for name in ("llama", "gemma3"):
-        path = d / f"{name}.gguf"
-        out[name] = (str(path), tiny_gguf(path, **CONFIGS[name]), CONFIGS[name])
-    return out
+def tiny(tiny_models):
+    return {name: tiny_models[name] for name in ("llama", "gemma3")}
 
 
 @pytest.fixture(scope="module")
@@ -425,8 +419,7 @@ def test_embed_pooling_matches_reference(runner, tiny, pooling):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
-def test_embed_matches_llama_cpp(tiny, runner, pooling):
-    llama_cpp = pytest.importorskip("llama_cpp")
+def test_embed_matches_llama_cpp(tiny, runner, pooling, llama_cpp):
     kind = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
             "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS}[pooling]
     llm = llama_cpp.Llama(tiny["llama"][0], embedding=True, pooling_type=kind, n_ctx=64, verbose=False)

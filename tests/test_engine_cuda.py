@@ -6,15 +6,12 @@ the whole module is skipped with the reason the backend gave.
 
 import glob
 import os
-import sys
 
 import numpy as np
 import pytest
 
 from reflex_ipc.engine import load_runner, make_backend
 from reflex_ipc.errors import ReflexError
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 try:
     make_backend("cuda")
@@ -29,28 +26,13 @@ PROMPTS = ["The capital of France is",
            "Hello world, this is a somewhat longer prompt that passes a small sliding window"]
 
 
-def _models(tmp_path_factory):
-    paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
-    try:  # the tiny models borrow SmolLM2's tokenizer
-        from reflex_ipc.modelpath import resolve_model
-
-        resolve_model(None)
-    except ReflexError:
-        return paths
-    from test_models import CONFIGS, tiny_gguf
-
-    d = tmp_path_factory.mktemp("cuda_models")
-    for name, cfg in CONFIGS.items():
-        p = d / f"{name}.gguf"
-        tiny_gguf(p, **cfg)
-        paths.append(str(p))
-    return paths
-
-
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
+def pairs(tiny_models):
+    """{file name: (cpu runner, cuda runner)} for the parity fixtures and the tiny models."""
+    paths = sorted(glob.glob(os.path.join(DATA, "synthetic-*.gguf")))
+    paths += [path for path, _, _ in tiny_models.values()]
     out = {}
-    for p in _models(tmp_path_factory):
+    for p in paths:
         out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),
                                     load_runner(p, device="cuda", n_ctx=256))
     return out

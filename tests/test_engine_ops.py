@@ -1,17 +1,13 @@
 """The numpy backend ops against straightforward float64 references (base.py semantics)."""
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
 from reflex_ipc.backends.base import OPS, missing_ops
 from reflex_ipc.backends.numpy_ops import NumpyOps
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from gpu_check_ops import attention_ref  # noqa: E402  (base.py's formula in float64)
+from reflex_ipc.testing.references import attention_ref  # base.py's formula in float64
 
 rng = np.random.default_rng(1234)
 

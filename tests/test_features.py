@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-import vocabgguf as vg
+from reflex_ipc.testing import vocab as vg
 
 from reflex_ipc import prepare
 from reflex_ipc.engine import load_runner
@@ -25,9 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYN = os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf")
 
 
+pytestmark = pytest.mark.usefixtures("smollm2")
+
+
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
-    from record_goldens import f32_twin
+    from reflex_ipc.testing.synthetic import f32_twin
 
     return f32_twin(SYN, str(tmp_path_factory.mktemp("twin") / "twin.gguf"))
 
@@ -63,11 +66,9 @@ def test_prefix_reuse_gives_identical_results(twin):
 
 # -- logprobs -------------------------------------------------------------------------
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_logprobs_match_llama_cpp_f32_twin(twin, temperature):
+def test_logprobs_match_llama_cpp_f32_twin(twin, temperature, llama_cpp):
     """Each entry is log_softmax(logits / T) of llama.cpp's logits for the same tokens
     (exact arithmetic: F32 weights, F32 KV cache), within 1e-3."""
-    import llama_cpp
-
     r = load_runner(twin, device="cpu", n_ctx=256)
     prompt = "The quick brown fox jumps over the lazy dog, and then"
     n = 5
@@ -157,12 +158,12 @@ def test_tool_call_parsed(smol):
 # -- infill ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fim_model(tmp_path_factory):
-    from make_synthetic import build
+    from reflex_ipc.testing.synthetic import parity_model
 
     d = tmp_path_factory.mktemp("fimmodel")
     vocab = str(d / "vocab.gguf")
     vg.vocab_gguf(vocab, vg.FIM_QWEN)
-    return build("llama", str(d / "fim-llama.gguf"), vocab_paths={"gpt2": vocab})
+    return parity_model("llama", str(d / "fim-llama.gguf"), vocab_paths={"gpt2": vocab})
 
 
 def test_infill_runs_with_the_layout(fim_model):

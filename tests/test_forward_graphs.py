@@ -3,9 +3,6 @@
 batch it builds, run through the numpy backend, must give the unpadded batch's rows.
 (The capture and replay themselves run in tests/test_engine_cuda.py on a GPU.)"""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
@@ -13,15 +10,12 @@ from reflex_ipc.engine import load_runner
 from reflex_ipc.runtime.batch import Batch
 from reflex_ipc.runtime.graphs import ForwardGraphs
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_models import CONFIGS, tiny_gguf  # noqa: E402
+pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its tokenizer
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
-def runner(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("fg") / f"{request.param}.gguf"
-    tiny_gguf(path, **CONFIGS[request.param])
-    r = load_runner(str(path), device="cpu", n_ctx=128)
+def runner(request, tiny_models):
+    r = load_runner(tiny_models[request.param][0], device="cpu", n_ctx=128)
     r.exec.reserve(128)
     r.state = r.exec.state
     yield r

@@ -1,23 +1,20 @@
 """The fused ops (matmul_n, matmul_glu, rms_norm_rope, the residual matmul) on the numpy
 backend: exactly the unfused op sequences they stand for, and right against float64
 references, on weights loaded from GGUF blocks of several formats. The CUDA kernels
-behind them are checked on a GPU host (scripts/gpu_check_ops.py) and their launches in
-tests/test_kernels_build.py."""
+behind them are checked on a GPU host (reflex_ipc/testing/opchecks.py, run by
+scripts/gpu/gpu-check) and their launches in tests/test_kernels_build.py."""
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
 from reflex_ipc.backends.numpy_ops import NumpyOps
+from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.models.common import linear, residual
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from gpu_check_ops import FakeGGUF, random_weight, rms_norm_rope_ref  # noqa: E402
-
-from reflex_ipc.ggml_types import TYPES  # noqa: E402
+from reflex_ipc.testing import opchecks
+from reflex_ipc.testing.opchecks import random_weight, weights_gguf
+from reflex_ipc.testing.references import rms_norm_rope_ref
 
 rng = np.random.default_rng(77)
 FORMATS = ["F32", "F16", "Q8_0", "Q4_K"]
@@ -39,7 +36,7 @@ def weights(ops):
             raw, ref = random_weight(fmt, rows, cols, rng)
             tensors[f"{fmt}.{name}"] = (raw, TYPES[fmt][0], (rows, cols))
             refs[(fmt, name)] = ref
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     return {key: (ops.load_weight(f, f"{key[0]}.{key[1]}"), ref) for key, ref in refs.items()}
 
 
@@ -168,12 +165,10 @@ def test_residual_matmul_is_the_separate_add(ops, weights, with_bias):
 
 
 def test_gpu_checks_of_the_fused_ops_pass_on_numpy(ops):
-    """scripts/gpu_check_ops.py's checks of the fused kernels, run on the numpy backend:
+    """opchecks' checks of the fused kernels (the GPU ones), run on the numpy backend:
     the checks themselves (references, tolerances, poisoning) hold on the oracle."""
-    import gpu_check_ops
-
     check_rng = np.random.default_rng(5)
-    for check in (gpu_check_ops.check_matmul_n, gpu_check_ops.check_matmul_glu,
-                  gpu_check_ops.check_rms_norm_rope):
+    for check in (opchecks.check_matmul_n, opchecks.check_matmul_glu,
+                  opchecks.check_rms_norm_rope):
         rows = check(ops, check_rng)
         assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]

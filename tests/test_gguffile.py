@@ -18,7 +18,6 @@ from gguf import GGUFValueType as VT
 from reflex_ipc import gguffile
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.gguffile import ArrayValue, GGUFError, GGUFFile
-from reflex_ipc.modelpath import resolve_model
 
 SCALAR_FMT = {VT.UINT8: "B", VT.INT8: "b", VT.UINT16: "H", VT.INT16: "h", VT.UINT32: "I",
               VT.INT32: "i", VT.FLOAT32: "f", VT.BOOL: "?", VT.UINT64: "Q", VT.INT64: "q",
@@ -199,8 +198,8 @@ def write(path, data):
 
 # -- against the reader -------------------------------------------------------------------------
 
-def test_smollm2_matches_reader():
-    version, alignment, _ = assert_same_as_reader(resolve_model(None), cache=True)
+def test_smollm2_matches_reader(smollm2):
+    version, alignment, _ = assert_same_as_reader(smollm2, cache=True)
     assert version == 3 and alignment == 32
 
 
@@ -398,7 +397,7 @@ def test_errors_in_values(tmp_path):
     expect_error(tmp_path, build([], scalar_q)[0], "q.shape")
 
 
-def test_open_does_not_import_numpy():
+def test_open_does_not_import_numpy(smollm2):
     """Opening (as reflex inspect does) stays numpy-free; the split walk is used."""
     code = ("import sys\n"
             "from reflex_ipc.gguffile import GGUFFile\n"
@@ -407,7 +406,7 @@ def test_open_does_not_import_numpy():
             "assert t.count > 2048 and type(t.lengths) is list, t\n"
             "assert 'numpy' not in sys.modules\n"
             "print(len(t.raw_strings()))\n")
-    out = subprocess.run([sys.executable, "-c", code, resolve_model(None)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, smollm2], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 49152

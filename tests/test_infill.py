@@ -12,12 +12,14 @@ and SmolLM2 itself, which has none.
 
 import pytest
 
-import vocabgguf as vg
+from reflex_ipc.testing import vocab as vg
 
 from reflex_ipc import infill
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.usefixtures("smollm2", "llama_cpp")
 
 PREFIX = "def fib(n):\n    \"\"\"Fibonacci, naïve 🙂\"\"\"\n    if n < 2:\n        return n\n    "
 SUFFIX = "\n\nprint(fib(10))  # <|fim_middle|> is text here\n"

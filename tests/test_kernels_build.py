@@ -1,7 +1,7 @@
 """The CUDA kernels compile with nvcc, build.py behaves, the fatbin holds the expected
 images, and the CUDA backend's host-side code (argument packing, arrays, the fatbin
 reader) is right. Everything here runs without a GPU; the kernels' numerics are
-checked on a GPU host by scripts/gpu-check."""
+checked on a GPU host by scripts/gpu/gpu-check."""
 
 import importlib.util
 import json
@@ -225,7 +225,7 @@ def test_smoke_and_doctor_report_without_cuda():
                            env=env, cwd=ROOT, timeout=120)
         rep = json.loads(p.stdout.strip().splitlines()[-1])
         if importlib.util.find_spec("pycuda") is not None:
-            continue  # a GPU machine: scripts/gpu-check covers it
+            continue  # a GPU machine: scripts/gpu/gpu-check covers it
         assert p.returncode == 1 and rep["ok"] is False
         text = json.dumps(rep)
         assert "CUDA" in text or "pycuda" in text
@@ -345,13 +345,12 @@ def test_cuda_ops_attention_paths(fake_ops):
     assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
 
 
-def test_cuda_ops_load_weight_keeps_blocks(fake_ops):
+def test_cuda_ops_load_weight_keeps_blocks(fake_ops, smollm2):
     from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
     from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.modelpath import resolve_model
 
     ops = fake_ops
-    with GGUFFile(resolve_model(None)) as f:
+    with GGUFFile(smollm2) as f:
         t = f.tensors["blk.0.attn_q.weight"]
         w = ops.load_weight(f, t.name)
         assert isinstance(w, DeviceWeight) and w.shape == (t.shape[1], t.shape[0])

@@ -12,7 +12,6 @@ from reflex_ipc import quants
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.gguffile import GGUFFile
-from reflex_ipc.modelpath import resolve_model
 
 # byte ranges of each block format's float16 scale fields (Q8_K's scale is a float32)
 F16_FIELDS = {
@@ -156,8 +155,8 @@ def test_dequantize_tensor_shapes(tmp_path):
             assert_bits_equal(got, want)
 
 
-def test_smollm2_tensors_match_gguf_reader():
-    path = resolve_model(None)
+def test_smollm2_tensors_match_gguf_reader(smollm2):
+    path = smollm2
     reader = gguf.GGUFReader(path)
     by_type = {}
     for t in reader.tensors:

@@ -2,8 +2,8 @@
 
 The fake runner makes these tests fast and deterministic (timed tokens, forced
 failures). test_server_real.py drives the real `reflex stdio` / `reflex uds`
-with the CPU engine and SmolLM2. The `Proc`/`UdsClient` helpers here are
-shared with it.
+with the CPU engine and SmolLM2. The fake runner and the `Proc`/`UdsClient`
+clients live in reflex_ipc.testing.fake_server (the fake subprocesses import it).
 """
 
 import json
@@ -21,100 +21,8 @@ import time
 import pytest
 
 from reflex_ipc import server
-from reflex_ipc.errors import ReflexError
-
-TESTS = pathlib.Path(__file__).resolve().parent
-SCHEMA = json.loads((TESTS.parent / "protocol" / "schema.json").read_text())
-
-
-class FakeRunner:
-    """Runner API stand-in. One token per prompt character (cycled), `delay`
-    seconds apart. Prompt "boom" raises RuntimeError, "oom" MemoryError."""
-
-    n_ctx = 8192
-
-    def __init__(self, path, device, delay=0.0):
-        self.path, self.device, self.delay = path, device, delay
-        self.calls = []
-
-    def info(self):
-        return {"model": "fake-" + os.path.basename(self.path), "path": self.path,
-                "architecture": "fake", "backend": "fake", "n_vocab": 1000,
-                "n_ctx": self.n_ctx, "device": self.device}
-
-    def tokenize(self, text, *, add_bos=False, parse_special=True):
-        return ([1] if add_bos else []) + [ord(c) % 1000 for c in text]
-
-    def detokenize(self, ids):
-        return "".join(chr(i) for i in ids)
-
-    def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
-                 min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None):
-        self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               stop=list(stop)))
-        if prompt == "boom":
-            raise RuntimeError("boom")
-        if prompt == "oom":
-            raise MemoryError()
-        if prompt == "unencodable":
-            return {"text": object(), "timings": {}}
-        if len(prompt) + max_tokens > self.n_ctx:
-            raise ReflexError("context_overflow", f"{len(prompt)} + {max_tokens} > {self.n_ctx}")
-        text, ids, finish = "", [], "length"
-        src = prompt or "x"
-        for k in range(max_tokens):
-            if should_cancel and should_cancel():
-                raise ReflexError("cancelled", "cancelled")
-            if self.delay:
-                time.sleep(self.delay)
-            ch = src[k % len(src)]
-            ids.append(ord(ch) % 1000)
-            if any((text + ch).endswith(s) for s in stop):
-                finish = "stop_string"
-                break
-            text += ch
-            if on_token:
-                on_token(ord(ch) % 1000, ch)
-        return {"token_ids": ids, "text": text, "finish_reason": finish,
-                "prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
-
-    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None):
-        if should_cancel and should_cancel():
-            raise ReflexError("cancelled", "cancelled")
-        c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
-              "mean_logprob": -1.0, "probability": 1.0 / len(candidates)} for t in candidates]
-        return {"candidates": c, "best_idx": 0, "entropy": 0.5, "prompt_tokens": len(prompt),
-                "timings": {"prompt_eval": 1.0, "total": 1.0}}
-
-    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
-        import numpy as np
-
-        e = np.ones((len(texts), 4), dtype=np.float32)
-        if normalize:
-            e /= 2.0
-        return {"embeddings": e, "dim": 4, "timings": {"prompt_eval": 0.2, "total": 0.2}}
-
-
-def fake_loader(delay=0.0, loads=None):
-    def load(path, device):
-        if loads is not None:
-            loads.append((path, device))
-        if path.endswith(".bad"):
-            raise ReflexError("gguf_error", "not a GGUF file")
-        return FakeRunner(path, device, delay)
-    return load
-
-
-def fake_resolve(name):
-    if name is None or name == "smollm2":
-        return "/models/default.gguf"
-    if name.startswith("/models/"):
-        return name
-    raise ReflexError("model_not_found", f"no such model {name!r}")
+from reflex_ipc.testing.fake_server import (FakeRunner, Proc, UdsClient, check_schema, fake_loader,
+                                            fake_resolve, lines_of, stop)
 
 
 # ---------------------------------------------------------------- in-process
@@ -133,17 +41,6 @@ def serve_bytes(data: bytes, *, limit=1 << 20, loads=None, **kw):
     assert out.endswith(b"\n")
     lines = [json.loads(x) for x in out.split(b"\n")[:-1]]
     return srv, lines
-
-
-def lines_of(*reqs) -> bytes:
-    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in reqs)
-
-
-def check_schema(obj):
-    import jsonschema
-
-    sub = {"$ref": "#/$defs/response", "$defs": SCHEMA["$defs"]}
-    jsonschema.validate(obj, sub)
 
 
 def test_ready_then_one_result_per_request():
@@ -329,128 +226,9 @@ def test_tiny_json_ready_line_matches_json():
 # ---------------------------------------------------------------- subprocess helpers
 
 
-class Proc:
-    """A server subprocess speaking JSON lines on its stdin/stdout."""
-
-    def __init__(self, argv, env=None, ready=True, stdin=subprocess.PIPE):
-        self.stderr = tempfile.TemporaryFile()
-        self.p = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=self.stderr,
-                                  env=env, cwd=str(TESTS.parent))
-        self.buf = b""
-        self.ready = self.read(timeout=120) if ready else None
-        if ready:
-            assert self.ready["event"] == "ready", self.ready
-
-    def send(self, *reqs):
-        self.p.stdin.write(lines_of(*reqs))
-        self.p.stdin.flush()
-
-    def read_line(self, timeout=60):
-        fd = self.p.stdout.fileno()
-        end = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError(f"no line in {timeout}s; stderr: {self.err()[-2000:]}")
-            data = os.read(fd, 1 << 16)
-            if not data:
-                return None
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def read(self, timeout=60):
-        line = self.read_line(timeout)
-        return None if line is None else json.loads(line)
-
-    def response(self, timeout=120):
-        """(token events, result) of the next request."""
-        tokens = []
-        while True:
-            obj = self.read(timeout)
-            assert obj is not None, "EOF before the result; stderr: " + self.err()[-2000:]
-            if obj["event"] == "result":
-                return tokens, obj
-            assert obj["event"] == "token", obj
-            tokens.append(obj)
-
-    def request(self, req, timeout=120):
-        self.send(req)
-        return self.response(timeout)
-
-    def err(self) -> str:
-        self.stderr.seek(0)
-        return self.stderr.read().decode("utf-8", "replace")
-
-    def wait(self, timeout=30):
-        return self.p.wait(timeout)
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
-        for f in (self.p.stdin, self.p.stdout):
-            try:
-                if f:
-                    f.close()
-            except OSError:
-                pass
-        self.stderr.close()
-
-
-class UdsClient:
-    def __init__(self, path, timeout=120):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                self.s.connect(str(path))
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.02)
-        self.buf = b""
-        self.ready = self.read(timeout)
-        assert self.ready["event"] == "ready"
-
-    def send(self, *reqs):
-        self.s.sendall(lines_of(*reqs))
-
-    def read(self, timeout=60):
-        end = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([self.s], [], [], left)[0]:
-                raise TimeoutError(f"no line in {timeout}s")
-            data = self.s.recv(1 << 16)
-            if not data:
-                return None
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def response(self, timeout=120):
-        tokens = []
-        while True:
-            obj = self.read(timeout)
-            assert obj is not None
-            if obj["event"] == "result":
-                return tokens, obj
-            tokens.append(obj)
-
-    def request(self, req, timeout=120):
-        self.send(req)
-        return self.response(timeout)
-
-    def close(self):
-        self.s.close()
-
-
 FAKE_MAIN = """
 import sys
-sys.path.insert(0, {tests!r})
-from test_server import FakeRunner, fake_resolve
+from reflex_ipc.testing.fake_server import FakeRunner, fake_resolve
 from reflex_ipc import server
 srv = server.Server(loader=lambda p, d: FakeRunner(p, d, delay={delay!r}), resolve=fake_resolve,
                     max_line_bytes={limit!r})
@@ -461,7 +239,7 @@ sys.exit(server.serve_stdio(srv, False))
 
 
 def fake_argv(delay=0.02, limit=16 << 20, uds=None):
-    code = FAKE_MAIN.format(tests=str(TESTS), delay=delay, limit=limit, uds=uds)
+    code = FAKE_MAIN.format(delay=delay, limit=limit, uds=uds)
     return [sys.executable, "-c", code]
 
 
@@ -542,15 +320,15 @@ def test_fake_subprocess_stdout_closed_without_stream(fake):
 
 
 def test_fake_subprocess_stray_stdout_writes_go_to_stderr():
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "from test_server import FakeRunner, fake_resolve\n"
+    code = ("import sys\n"
+            "from reflex_ipc.testing.fake_server import FakeRunner, fake_resolve\n"
             "from reflex_ipc import server\n"
             "class Noisy(FakeRunner):\n"
             "    def tokenize(self, text, **kw):\n"
             "        print('stray print'); import os; os.write(1, b'stray fd1\\n')\n"
             "        return super().tokenize(text, **kw)\n"
             "srv = server.Server(loader=lambda p, d: Noisy(p, d), resolve=fake_resolve)\n"
-            "sys.exit(server.serve_stdio(srv, False))\n") % str(TESTS)
+            "sys.exit(server.serve_stdio(srv, False))\n")
     p = Proc([sys.executable, "-c", code])
     try:
         _, res = p.request({"id": 1, "op": "tokenize", "text": "a"})
@@ -580,16 +358,6 @@ def start_fake_uds(path, delay=0.02):
         assert time.monotonic() < end
         time.sleep(0.01)
     return p
-
-
-def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    rc = p.wait(20)
-    out = p.stdout.read()
-    p.stdout.close()
-    p.stderr.close()
-    return rc, out
 
 
 def test_uds_mode_connections_in_turn_and_cleanup(sockdir):
@@ -690,7 +458,7 @@ def test_uds_refuses_a_path_that_is_not_a_socket(sockdir):
 
 def test_uds_mode_option(sockdir):
     path = sockdir / "s"
-    code = FAKE_MAIN.format(tests=str(TESTS), delay=0, limit=1 << 20, uds=str(path)).replace(
+    code = FAKE_MAIN.format(delay=0, limit=1 << 20, uds=str(path)).replace(
         "0o600", "0o660")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)

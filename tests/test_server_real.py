@@ -12,11 +12,8 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import stat
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 
@@ -24,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_server import Proc, UdsClient, check_schema, lines_of, stop
+from reflex_ipc.testing.fake_server import Proc, UdsClient, check_schema, lines_of, stop
+
+pytestmark = pytest.mark.usefixtures("smollm2")  # the model every test here serves
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VECTOR_FILES = sorted((ROOT / "protocol" / "vectors").glob("*.jsonl"))

@@ -9,18 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdist import vocab_models_dir
-
 from reflex_ipc.cli import main as cli_main
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.gguffile import GGUFFile
 from reflex_ipc.modelpath import resolve_model
+from reflex_ipc.testing.sdist import vocab_models_dir
 from reflex_ipc.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def smol():
-    return load_tokenizer(GGUFFile(resolve_model("smollm2")))
+def smol(smollm2):
+    return load_tokenizer(GGUFFile(smollm2))
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +205,7 @@ def test_cli_missing_model(capsys):
     assert "model_not_found" in capsys.readouterr().err
 
 
-def test_load_path_imports_no_gguf():
+def test_load_path_imports_no_gguf(smollm2):
     code = ("import sys\nfrom reflex_ipc.gguffile import GGUFFile\n"
             "from reflex_ipc.modelpath import resolve_model\n"
             "from reflex_ipc.tokenizer import load_tokenizer\n"
@@ -219,7 +218,7 @@ def test_load_path_imports_no_gguf():
 
 
 # -- disk cache of the lookup index ----------------------------------------------------
-def test_index_cache(tmp_path, monkeypatch):
+def test_index_cache(tmp_path, monkeypatch, smollm2):
     from reflex_ipc.tokenizer import vocab
 
     monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
@@ -242,7 +241,7 @@ def test_index_cache(tmp_path, monkeypatch):
     assert files[0].stat().st_size % 8 == 0 and files[0].stat().st_size > 8 * 40000
 
 
-def test_index_cache_off(tmp_path, monkeypatch):
+def test_index_cache_off(tmp_path, monkeypatch, smollm2):
     monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
     monkeypatch.setenv("REFLEX_TOKENIZER_CACHE", "0")
     tok = load_tokenizer(GGUFFile(resolve_model("smollm2")))

@@ -71,7 +71,7 @@ from __future__ import annotations
 # The op names every backend must provide (see Ops for their contracts).
 OPS = (
     "empty", "zeros", "asarray", "to_numpy", "write", "copy", "synchronize", "positions",
-    "load_weight", "matmul", "matmul_n", "matmul_glu", "embed",
+    "load_weight", "weight_rows", "matmul", "matmul_n", "matmul_glu", "moe", "embed",
     "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
     "rms_norm", "rope", "rms_norm_rope",
     "kv_store", "attention",
@@ -90,6 +90,30 @@ def check_matmul_n(ws):
         raise ValueError(f"matmul_n takes 1 to 3 weights, not {len(ws)}")
     if any(w.shape[1] != ws[0].shape[1] for w in ws):
         raise ValueError(f"matmul_n: weights of different widths {[tuple(w.shape) for w in ws]}")
+
+
+def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None):
+    """The routing of `moe` on the host: (top [N, n_used] expert ids best first, w [N, n_used]
+    their float32 weights) from float32 router logits [N, E]."""
+    import numpy as np
+
+    logits = np.asarray(logits, np.float32)
+    if gating == "softmax":
+        z = logits - logits.max(axis=-1, keepdims=True)
+        probs = np.exp(z)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    elif gating == "sigmoid":
+        probs = np.float32(1) / (np.float32(1) + np.exp(-logits))
+    else:
+        raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
+    sel = probs if selection_bias is None else probs + np.asarray(selection_bias, np.float32)
+    top = np.argsort(-sel, axis=-1, kind="stable")[:, :n_used]
+    w = np.take_along_axis(probs, top, axis=-1)
+    if norm:
+        w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.float32(6.103515625e-5))
+    if scale not in (0.0, 1.0):
+        w = w * np.float32(scale)
+    return top, w.astype(np.float32)
 
 
 def check_glu(w_gate, w_up, act):
@@ -153,6 +177,12 @@ class Ops:
         (models check presence with `name in f.tensors` first)."""
         raise NotImplementedError
 
+    def weight_rows(self, w, start, n):
+        """Rows start..start+n-1 of weight handle w [M, K] as a weight handle [n, K] sharing
+        its storage (a fused q/k/v or gate/up tensor split into its parts; one expert of a
+        3-D expert tensor)."""
+        raise NotImplementedError
+
     # -- linear algebra ----------------------------------------------------------
     def matmul(self, x, w, out=None, accumulate=False):
         """x float32 [..., K] times weight handle w [M, K]: y[..., m] = sum_k x[..., k] w[m, k]
@@ -168,6 +198,21 @@ class Ops:
         """A gated unit: swiglu(matmul(x, w_gate), matmul(x, w_up)) for act="silu",
         geglu(...) (tanh gelu) for act="gelu". w_gate and w_up have one shape [M, K];
         float32 [..., M]."""
+        raise NotImplementedError
+
+    def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+            selection_bias=None, act="silu"):
+        """A mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it:
+            logits = matmul(x, router)               router [E, K]: E experts
+            probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid")
+            top    = the n_used largest of probs (+ selection_bias [E], for choosing only),
+                     best first, lower index first on ties
+            w      = probs[top], divided by max(sum(w), 2^-14) when norm, times scale
+                     (unless scale is 0 or 1)
+            out[n] = sum_k w[n, k] * down_e(glu(gate_e(x[n]), up_e(x[n])))   e = top[n, k]
+        w_gate, w_up are the 3-D expert tensors as weight handles [E*F, K] (expert e's rows
+        e*F..e*F+F-1), w_down [E*K', F]; glu is swiglu (act "silu") or geglu ("gelu").
+        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):

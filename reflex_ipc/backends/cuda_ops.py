@@ -15,7 +15,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n
+from .base import check_glu, check_matmul_n, moe_route
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -180,6 +180,14 @@ class CudaOps:
         return self.asarray(dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).reshape(shape))
 
     # -- linear algebra ------------------------------------------------------------
+    def weight_rows(self, w, start, n):
+        if not 0 <= start and start + n <= w.shape[0]:
+            raise ValueError(f"weight_rows: rows {start}..{start + n} of {w.shape[0]}")
+        if isinstance(w, DeviceWeight):
+            return DeviceWeight(w.ptr + start * w.row_bytes, (n, w.shape[1]), w.ggml_type, w.type_name,
+                                w.row_bytes, f"{w.name}[{start}:{start + n}]", w.owner)
+        return w[start:start + n]  # a float array (a weight kept as float32)
+
     @staticmethod
     def _mm_shape(x, w):
         """(M, K, N) of x [..., K] times weight w [M, K], after checking they fit."""
@@ -252,6 +260,29 @@ class CudaOps:
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
+        return out
+
+    def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+            selection_bias=None, act="silu"):
+        """Routed on the host (the router's logits cross, N x E floats), then each token's
+        selected experts through the quantized matmul kernels on views of the expert tensors:
+        only those experts' blocks are read. It waits for the device, so a model using it is
+        not captured in a graph (models mark that with `capturable = False`)."""
+        E = router.shape[0]
+        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
+        top, w = moe_route(self.to_numpy(self.matmul(x, router)), n_used, gating, norm, scale, selection_bias)
+        out = self.zeros((x.shape[0], D))
+
+        def rows(wt, e, n):
+            return self.weight_rows(wt, e * n, n)
+
+        for n in range(x.shape[0]):
+            xn, on = x[n:n + 1], out[n:n + 1]
+            for k in range(top.shape[1]):
+                e = int(top[n, k])
+                y = self.matmul(self.matmul_glu(xn, rows(w_gate, e, F), rows(w_up, e, F), act=act),
+                                rows(w_down, e, D))
+                self.add(on, self.scale(y, float(w[n, k])), out=on)
         return out
 
     def embed(self, w, ids, scale=1.0):

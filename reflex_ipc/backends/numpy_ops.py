@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n
+from .base import check_glu, check_matmul_n, moe_route
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -163,6 +163,11 @@ class NumpyOps:
                                     (r1 - r0) * cols).reshape(r1 - r0, cols)
         return out
 
+    def weight_rows(self, w, start, n):
+        if not 0 <= start and start + n <= w.shape[0]:
+            raise ValueError(f"weight_rows: rows {start}..{start + n} of {w.shape[0]}")
+        return w[start:start + n]
+
     # -- linear algebra ----------------------------------------------------------
     def matmul(self, x, w, out=None, accumulate=False):
         if x.shape[-1] != w.shape[1]:
@@ -184,6 +189,20 @@ class NumpyOps:
         check_glu(w_gate, w_up, act)
         glu = self.swiglu if act == "silu" else self.geglu
         return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
+
+    def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+            selection_bias=None, act="silu"):
+        E = router.shape[0]
+        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
+        top, w = moe_route(x @ router.T, n_used, gating, norm, scale, selection_bias)
+        out = np.zeros((x.shape[0], D), _F32)
+        glu = self.swiglu if act == "silu" else self.geglu
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            h = x[rows]
+            y = glu(h @ w_gate[e * F:(e + 1) * F].T, h @ w_up[e * F:(e + 1) * F].T) @ w_down[e * D:(e + 1) * D].T
+            out[rows] += y * w[rows, slot][:, None]
+        return out
 
     def embed(self, w, ids, scale=1.0):
         rows = w[np.asarray(ids, dtype=np.int64).reshape(-1)]

@@ -29,9 +29,10 @@ class Model(Decoder):
 
     def _load_layer(self, w, i):
         hp, p = self.hp, f"blk.{i}."
-        H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim, hp.n_embd, hp.n_ff_l[i]
+        H, Hkv, hd, E = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim, hp.n_embd
         return SimpleNamespace(
             n_head=H, n_head_kv=Hkv,
+            **self._load_ffn(w, i),
             attn_norm=w(p + "attn_norm.weight", (E,)),
             wq=w(p + "attn_q.weight", (H * hd, E)), wk=w(p + "attn_k.weight", (Hkv * hd, E)),
             wv=w(p + "attn_v.weight", (Hkv * hd, E)),
@@ -41,9 +42,17 @@ class Model(Decoder):
             k_norm=w(p + "attn_k_norm.weight", (hd,)) if self.qk_norm else None,
             wo=w(p + "attn_output.weight", (E, H * hd)), bo=w(p + "attn_output.bias", (E,), True),
             ffn_norm=w(p + "ffn_norm.weight", (E,)),
-            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
-            down=w(p + "ffn_down.weight", (E, F)),
         )
+
+    def _load_ffn(self, w, i):
+        """The feed-forward's tensors of layer i (a gated SwiGLU here)."""
+        p, E, F = f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
+        return dict(gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
+                    down=w(p + "ffn_down.weight", (E, F)))
+
+    def _ffn(self, x, h, L):
+        """x += the feed-forward of h (the normed x), in place."""
+        residual(self.ops, x, self.ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
 
     def _rope_args(self):
         hp = self.hp
@@ -70,8 +79,7 @@ class Model(Decoder):
             q, k = self._qk(q, L.q_norm, batch), self._qk(k, L.k_norm, batch)
             a = attention_block(ops, S, batch, q, k, v, scale=self.scale)
             residual(ops, x, a, L.wo, L.bo)
-            h = ops.rms_norm(x, L.ffn_norm, hp.eps)
-            residual(ops, x, ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
+            self._ffn(x, ops.rms_norm(x, L.ffn_norm, hp.eps), L)
         if rows is not None:
             x = x[rows]
         x = ops.rms_norm(x, self.output_norm, hp.eps)

@@ -31,7 +31,8 @@ class Executor:
         self.chunk = ops.prefill_chunk
         self.state = None
         # captured graphs where the backend can capture ($REFLEX_CUDA_GRAPH=0 turns them off)
-        self.use_graphs = hasattr(ops, "capture") and os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0"
+        self.use_graphs = (hasattr(ops, "capture") and getattr(model, "capturable", True)
+                           and os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0")
         self._decoder = None  # graphs.DecodeGraph
         self._graphs = None  # graphs.ForwardGraphs
         self._graph_logits = None

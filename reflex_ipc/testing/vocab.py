@@ -1,20 +1,14 @@
-"""Vocabulary-only GGUFs for the chat-template, infill and constraint tests.
+"""Vocabulary-only GGUFs for the chat-template, infill and feature tests (issue 14).
 
 `vocab_gguf(path, extra=..., meta=...)` writes SmolLM2's gpt2 BPE vocabulary
 (read with reflex's GGUFFile, written with gguf.GGUFWriter) plus `extra`
 tokens appended at the end, a chat template and whatever tokenizer.* keys
 `meta` sets, under architecture `llama` with the shape keys llama.cpp reads
-before it loads a vocabulary (scripts/make_synthetic.write_shape). No tensors:
+before it loads a vocabulary (synthetic.write_shape). No tensors:
 llama.cpp opens it with vocab_only=True, reflex with load_tokenizer.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
 
 CONTROL, USER_DEFINED = 3, 4
 
@@ -28,13 +22,6 @@ QWEN3 = [(t, USER_DEFINED) for t in ("<think>", "</think>", "<tool_call>", "</to
 FIM_QWEN = [(t, CONTROL) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
                                    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
 
-TEMPLATES = os.path.join(HERE, "data", "chat_templates")
-
-
-def template(name: str) -> str:
-    with open(os.path.join(TEMPLATES, name + ".jinja"), encoding="utf-8") as fh:
-        return fh.read()
-
 
 def smollm2_path():
     from reflex_ipc.modelpath import resolve_model
@@ -42,16 +29,17 @@ def smollm2_path():
     return resolve_model("smollm2")
 
 
-def vocab_gguf(path, extra=(), meta=None, drop=()):
+def vocab_gguf(path, extra=(), meta=None, drop=(), src=None):
     """Write the GGUF; returns {text: id} of the extra tokens. meta: {key: value}
-    (bool/int/str) set or replaced; keys named in drop are left out."""
+    (bool/int/str) set or replaced; keys named in drop are left out. src: the GGUF whose
+    gpt2 vocabulary is copied (default SmolLM2's)."""
     import gguf
     from gguf import GGUFValueType as VT
-    from make_synthetic import write_shape
 
-    from reflex_ipc.gguffile import GGUFFile
+    from ..gguffile import GGUFFile
+    from .synthetic import write_shape
 
-    src = GGUFFile(smollm2_path())
+    src = GGUFFile(src or smollm2_path())
     md = src.metadata
     tokens = md["tokenizer.ggml.tokens"].raw_strings()
     types = [int(x) for x in md["tokenizer.ggml.token_type"].numpy()]

@@ -1,17 +1,22 @@
-"""Per-kernel checks of the CUDA backend against numpy references, on random inputs.
+"""Per-op checks of a backend against float64 references, on random inputs.
 
-Imported by scripts/gpu-check (on a GPU host). Each check returns a row
+Run on the CUDA backend by scripts/gpu/gpu-check (on a GPU host) and, for the fused ops,
+on the numpy backend by tests/test_fused_ops.py. Each check returns a row
 {"op", "case", "rel_err", "max_abs", "tol", "ok"}; rel_err = ||out - ref|| / ||ref||
 against a float64 reference. Outputs are poisoned (NaN) before each launch where the
 op writes into a caller buffer, so unwritten elements fail.
 """
 
+import os
+import tempfile
 import time
 
 import numpy as np
 
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.quants import dequantize
+
+from .references import attention_ref, rms_norm_rope_ref
 
 # byte offsets of the float16 scale fields in each block format
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -58,31 +63,20 @@ def random_weight(name, rows, cols, rng):
     return np.ascontiguousarray(raw), ref
 
 
-class FakeGGUF:
-    """Just enough of GGUFFile for WeightArena / load_weight: one data section in memory."""
+def weights_gguf(tensors):
+    """An open GGUFFile holding tensors {name: (raw bytes, ggml type id, numpy-order shape)}
+    (synthetic.tensors_gguf into a temporary file, unlinked once mapped)."""
+    from reflex_ipc.gguffile import GGUFFile
 
-    def __init__(self, tensors):
-        from reflex_ipc.gguffile import TensorInfo
+    from .synthetic import tensors_gguf
 
-        import mmap
-
-        blobs = []
-        off = 0
-        self.tensors = {}
-        for name, (raw, tid, shape) in tensors.items():
-            off = (off + 31) // 32 * 32
-            n_el = int(np.prod(shape))
-            self.tensors[name] = TensorInfo(name, tuple(reversed(shape)), tid, off, raw.nbytes, n_el)
-            blobs.append((off, raw))
-            off += raw.nbytes
-        self.size = max(off, 32)
-        self._mm = mmap.mmap(-1, self.size)
-        for o, raw in blobs:
-            self._mm[o:o + raw.nbytes] = raw.tobytes()
-        self.data_offset = 0
-
-    def tensor_data(self, t):
-        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+    fd, path = tempfile.mkstemp(prefix="reflex-weights-", suffix=".gguf")
+    os.close(fd)
+    try:
+        tensors_gguf(path, tensors)
+        return GGUFFile(path)
+    finally:
+        os.unlink(path)
 
 
 def check_matmul(ops, rng):
@@ -94,7 +88,7 @@ def check_matmul(ops, rng):
         raw, ref = random_weight(name, M, K, rng)
         tensors[name] = (raw, TYPES[name][0], (M, K))
         refs[name] = ref
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     for name in MM_TYPES:
         w = ops.load_weight(f, name)
         for N in (1, 3, 4, 5, 8, 13):
@@ -182,7 +176,7 @@ def _weights(ops, specs, rng):
     for key, (name, rows, cols) in specs.items():
         raw, refs[key] = random_weight(name, rows, cols, rng)
         tensors[key] = (raw, TYPES[name][0], (rows, cols))
-    f = FakeGGUF(tensors)
+    f = weights_gguf(tensors)
     return {key: (ops.load_weight(f, key), refs[key]) for key in specs}
 
 
@@ -240,25 +234,6 @@ def check_matmul_glu(ops, rng):
     return rows
 
 
-def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, mscale):
-    x = x.astype(np.float64)
-    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    out = y.copy()
-    half = n_rot // 2
-    i = np.arange(half)
-    inv = base ** (-2.0 * i / n_rot) * freq_scale
-    if factors is not None:
-        inv = inv / factors
-    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-    out[..., a] = (y[..., a] * c - y[..., b] * s) * mscale
-    out[..., b] = (y[..., a] * s + y[..., b] * c) * mscale
-    return out
-
-
 def check_rms_norm_rope(ops, rng):
     """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
     pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
@@ -289,35 +264,6 @@ def check_rms_norm_rope(ops, rng):
                 unfused = ops.rope(ops.rms_norm(ops.asarray(x.copy()), W, 1e-6), pos, inplace=True, **kw)
                 rows.append(row("rms_norm_rope", case + " vs rms_norm+rope", out, ops.to_numpy(unfused), 1e-6))
     return rows
-
-
-def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
-    """base.py's attention formula in float64, query by query and head by head (also the
-    numpy backend's reference in tests/test_engine_ops.py)."""
-    q, K, V = (np.asarray(a, np.float64) for a in (q, K, V))
-    N, Hq, hd = q.shape
-    Hkv = K.shape[0]
-    g = Hq // Hkv
-    out = np.zeros((N, Hq, hd))
-    for n in range(N):
-        for h in range(Hq):
-            s = (K[h // g, :n_kv] @ q[n, h]) * scale
-            if softcap:
-                s = softcap * np.tanh(s / softcap)
-            j = np.arange(n_kv)
-            keep = np.ones(n_kv, bool)
-            if causal:
-                keep &= j <= pos[n]
-            if window:
-                keep &= j > pos[n] - window
-            if mask is not None:
-                s = s + mask[n, :n_kv]
-            s = np.where(keep, s, -np.inf)
-            if np.all(np.isneginf(s)):
-                continue
-            p = np.exp(s - s.max())
-            out[n, h] = (p / p.sum()) @ V[h // g, :n_kv]
-    return out
 
 
 def check_attention(ops, rng):
@@ -424,7 +370,7 @@ def bench_matvec(ops, rng):
         for c in range(8):
             raw, _ = random_weight(name, M, K, rng) if c == 0 else (tensors["w0"][0], None)
             tensors[f"w{c}"] = (raw, TYPES[name][0], (M, K))
-        f = FakeGGUF(tensors)
+        f = weights_gguf(tensors)
         ws = [ops.load_weight(f, f"w{c}") for c in range(8)]
         x = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
         y = ops.empty((1, M))

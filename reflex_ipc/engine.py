@@ -19,7 +19,6 @@ import time
 from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def _ms(t0, t1=None):
@@ -28,6 +27,8 @@ def _ms(t0, t1=None):
 
 def make_backend(device):
     """The backend ops object for a device name ("auto", "cpu", "cuda")."""
+    from .ops import DEVICES
+
     if device not in DEVICES:
         raise ReflexError("invalid_request", f"device {device!r} is not one of {', '.join(DEVICES)}")
     if device == "cpu":
@@ -183,8 +184,9 @@ class Runner:
     def tokenize(self, text, *, add_bos=False, parse_special=True) -> list:
         return self.tok.encode(text, add_bos=add_bos, parse_special=parse_special)
 
-    def detokenize(self, ids) -> str:
-        return self.tok.decode(list(ids))
+    def detokenize(self, ids, *, special=False) -> str:
+        """The text of token ids; control tokens (e.g. <|im_end|>) rendered when special."""
+        return self.tok.decode(list(ids), special=special)
 
     def close(self):
         self.exec.close()
@@ -278,22 +280,12 @@ class Runner:
 
         from .sampling import Sampler, apply_repeat_penalty
 
+        # the parameters' ranges are the protocol's (reflex_ipc/ops/generate.py), checked when a
+        # request or the CLI's options are decoded; here only what depends on the model
         t0 = time.perf_counter()
         if isinstance(stop, str):
             stop = (stop,)
         max_tokens = int(max_tokens)
-        if max_tokens < 0:
-            raise ReflexError("invalid_request", f"max_tokens must be >= 0, not {max_tokens}")
-        if top_p <= 0.0 or top_p > 1.0:
-            raise ReflexError("invalid_request", f"top_p must be in (0, 1], not {top_p}")
-        if not 0.0 <= min_p <= 1.0:
-            raise ReflexError("invalid_request", f"min_p must be in [0, 1], not {min_p}")
-        if top_k < 0:
-            raise ReflexError("invalid_request", f"top_k must be >= 0, not {top_k}")
-        if repeat_penalty <= 0.0:
-            raise ReflexError("invalid_request", f"repeat_penalty must be > 0, not {repeat_penalty}")
-        if logprobs is not None and not 0 <= int(logprobs) <= 20:
-            raise ReflexError("invalid_request", f"logprobs must be in 0..20, not {logprobs}")
         check = self._checker(should_cancel)
         ids = self._prompt_ids(prompt)
         t_tok = time.perf_counter()

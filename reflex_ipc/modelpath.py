@@ -36,6 +36,16 @@ def resolve_model(model: str | None) -> str:
     if model in ALIASES:
         return ALIASES[model]()
     path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isdir(path):
+        try:
+            found = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        except OSError:
+            found = []
+        inside = (f"; it holds {', '.join(found[:5])}{', ...' if len(found) > 5 else ''}"
+                  if found else "; it holds no .gguf file")
+        raise ReflexError("model_not_found",
+                          f"{model!r} is a directory, not a GGUF file: give the .gguf file's "
+                          f"path{inside}")
     if not os.path.isfile(path):
         raise ReflexError("model_not_found", f"no such model file or alias: {model!r} "
                           f"(aliases: {', '.join(sorted(ALIASES))})")

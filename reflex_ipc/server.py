@@ -18,8 +18,7 @@ import time
 
 from . import __version__, phases
 from .errors import ReflexError, error_kind
-
-PROTOCOL = 1
+from .ops import MAX_LINE_BYTES, PROTOCOL
 TOO_LONG = object()  # LineReader.readline(): the line was over the limit
 CHUNK = 1 << 16
 
@@ -230,7 +229,7 @@ class Server:
     `resolve(name) -> path` (default: modelpath.resolve_model).
     """
 
-    def __init__(self, *, model=None, device="auto", max_line_bytes=16 * 1024 * 1024,
+    def __init__(self, *, model=None, device="auto", max_line_bytes=MAX_LINE_BYTES,
                  loader=None, resolve=None):
         self.default_model = model
         self.default_device = device or "auto"
@@ -248,6 +247,7 @@ class Server:
         self.first_result_done = False
         self.first_token_ms = None
         self.proto = None  # protocol module, imported after the first ready line
+        self.ops = None  # the op registry (reflex_ipc/ops), with it
         self.startup_timings = {}
 
     # -- signals
@@ -344,8 +344,10 @@ class Server:
             conn.write(self.ready_line())
             if self.proto is None:
                 from . import protocol
+                from .ops import registry
 
                 self.proto = protocol
+                self.ops = registry()
             while not self.stopping:
                 line = conn.reader.readline()
                 if line is None:
@@ -375,7 +377,7 @@ class Server:
             try:
                 rid, op, params = P.parse_request(line)
                 timings["parse"] = _ms(t0, time.perf_counter())
-                fields = self.dispatch(op, params, rid, conn, timings)
+                fields = self.ops[op].run(Call(self, conn, rid, timings), params)
                 resp = P.result(rid, op, fields, timings)
             except ClientGone:
                 raise
@@ -408,145 +410,36 @@ class Server:
                                            f"the result could not be encoded: {e}", timings))
         conn.write(data)
 
-    # -- ops
 
-    def dispatch(self, op, p, rid, conn, timings) -> dict:
-        if op == "ping":
-            return {}
-        if op == "hello":
-            return self._hello()
-        if op == "shutdown":
-            self.stopping = True
-            return {}
+class Call:
+    """What an op's `run(call, req)` (reflex_ipc/ops) gets from the loop: the server,
+    this request's timings, cancellation, the model lookup, token lines."""
 
-        def should_cancel():
-            return self.cancel or conn.hung_up()
+    def __init__(self, server, conn, rid, timings):
+        self.server, self.conn, self.rid, self.timings = server, conn, rid, timings
 
-        key, runner = self.runner_for(p.model, p.device, timings, use_active=op != "load")
-        info = self.infos[key]
-        if should_cancel():
+    def should_cancel(self) -> bool:
+        return self.server.cancel or self.conn.hung_up()
+
+    def runner(self, req, use_active=True):
+        """(key, info, runner) for the request's model and device (Server.runner_for);
+        raises `cancelled` when the request was cancelled while it loaded."""
+        srv = self.server
+        key, runner = srv.runner_for(req.model, req.device, self.timings, use_active=use_active)
+        if self.should_cancel():
             raise ReflexError("cancelled", "cancelled before the request ran")
-        if op == "load":
-            cached = "load" not in timings
-            self.active = key
-            return {**info, "cached": cached}
-        model = {"model": info.get("model")}
-        if op in ("generate", "infill"):
-            from . import prepare
+        return key, srv.infos[key], runner
 
-            stop = [p.stop] if isinstance(p.stop, str) else list(p.stop)
-            if op == "generate":
-                prompt = prepare.prompt_of(
-                    runner, prompt=p.prompt, messages=self.proto.messages_of(p), tools=p.tools,
-                    chat_template=p.chat_template, add_generation_prompt=p.add_generation_prompt,
-                    chat_template_kwargs=p.chat_template_kwargs)
-            else:
-                prompt = prepare.infill_ids(
-                    runner, p.prefix, p.suffix, prompt=p.prompt, max_tokens=p.max_tokens,
-                    input_extra=[{"filename": c.filename, "text": c.text} for c in p.input_extra])
-            extra = prepare.generate_extras(runner, logprobs=p.logprobs, cache_prompt=p.cache_prompt,
-                                            json_schema=p.json_schema, regex=p.regex,
-                                            grammar=p.grammar)
+    def first_token(self) -> None:
+        srv = self.server
+        if not srv.first_result_done and srv.first_token_ms is None:
+            srv.first_token_ms = phases.mark("first_token")
 
-            def on_token(token_id, text, logprobs=None, **_):
-                if not self.first_result_done and self.first_token_ms is None:
-                    self.first_token_ms = phases.mark("first_token")
-                if p.stream:
-                    try:
-                        conn.write(self.proto.token_event(rid, int(token_id), text, logprobs))
-                    except ClientGone:
-                        pass  # should_cancel() now says so
-
-            t = time.perf_counter()
-            out = runner.generate(
-                prompt, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                top_p=p.top_p, min_p=p.min_p, seed=p.seed, repeat_penalty=p.repeat_penalty,
-                repeat_last_n=p.repeat_last_n, stop=stop, on_token=on_token,
-                should_cancel=should_cancel, **extra)
-            if op == "generate":
-                out = prepare.add_tool_calls(dict(out), p.tools)
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "system1":
-            from . import prepare
-
-            prompt = prepare.prompt_of(
-                runner, prompt=p.prompt, messages=self.proto.messages_of(p), chat_template=p.chat_template,
-                add_generation_prompt=p.add_generation_prompt,
-                chat_template_kwargs=p.chat_template_kwargs)
-            kw = {} if p.cache_prompt else {"cache_prompt": False}
-            t = time.perf_counter()
-            out = runner.system1(prompt, list(p.candidates), temperature=p.temperature,
-                                 should_cancel=should_cancel, **kw)
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "embed":
-            texts = [p.input] if isinstance(p.input, str) else list(p.input)
-            t = time.perf_counter()
-            out = runner.embed(texts, pooling=p.pooling, normalize=p.normalize,
-                               should_cancel=should_cancel)
-            out = dict(out)
-            out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
-                                 for e in out["embeddings"]]
-            return self._merge(out, model, timings, _ms(t, time.perf_counter()))
-        if op == "tokenize":
-            t = time.perf_counter()
-            if p.messages is not None or p.text is None:  # messages (parse checked: one of them)
-                from . import prepare
-
-                text = prepare.prompt_of(
-                    runner, prompt=p.text, messages=self.proto.messages_of(p), tools=p.tools,
-                    chat_template=p.chat_template, add_generation_prompt=p.add_generation_prompt,
-                    chat_template_kwargs=p.chat_template_kwargs)
-                ids = runner.tokenize(text, add_bos=None, parse_special=True)
-                timings["tokenize"] = _ms(t, time.perf_counter())
-                return {"token_ids": list(ids), "prompt": text, **model}
-            ids = runner.tokenize(p.text, add_bos=p.add_bos, parse_special=p.parse_special)
-            timings["tokenize"] = _ms(t, time.perf_counter())
-            return {"token_ids": list(ids), **model}
-        if op == "detokenize":
-            n_vocab = info.get("n_vocab")
-            for i, t in enumerate(p.ids):
-                if n_vocab is not None and t >= n_vocab:
-                    raise ReflexError("invalid_request",
-                                      f"`ids[{i}]`: {t} is out of range (n_vocab {n_vocab})")
-            return {"text": runner.detokenize(list(p.ids)), **model}
-        raise ReflexError("internal", f"op {op!r} has no handler")
-
-    @staticmethod
-    def _merge(out, model, timings, run_ms) -> dict:
-        """The runner's result with its timings folded into ours. prompt_eval
-        and decode are always there: system1's candidate pass counts as its
-        decode; an engine that times only the whole call (embed) gets it as
-        prompt_eval, decode 0."""
-        fields = dict(out)
-        engine_t = fields.pop("timings", None) or {}
-        for k, v in engine_t.items():  # numbers only (ms, or rates such as tokens/s)
-            if k != "total" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                timings[k] = v
-        if "decode" not in timings:
-            timings["decode"] = timings.get("candidates_eval", 0.0)
-        if "prompt_eval" not in timings:
-            timings["prompt_eval"] = round(max(0.0, run_ms - timings["decode"]), 3)
-        fields.update(model)
-        return fields
-
-    def _hello(self) -> dict:
-        info = self._active_info()
-        P = self.proto
-        return {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
-                "backend": info.get("backend"), "model": info.get("model"),
-                "ops": list(P.OPS), "error_kinds": list(P.ERROR_KINDS),
-                "limits": {"max_line_bytes": self.max_line_bytes, "max_tokens": P.MAX_TOKENS},
-                "models": self._models()}
-
-    def _models(self) -> list:
-        out, seen = [], set()
-        for key, runner in self.runners.items():
-            if id(runner) not in seen:
-                seen.add(id(runner))
-                info = self.infos[key]
-                out.append({"model": info.get("model"), "path": key[0], "device": key[1],
-                            "backend": info.get("backend")})
-        return out
+    def emit_token(self, token_id: int, text: str, logprobs=None) -> None:
+        try:
+            self.conn.write(self.server.proto.token_event(self.rid, token_id, text, logprobs))
+        except ClientGone:
+            pass  # should_cancel() now says so
 
 
 # ---------------------------------------------------------------- entry points

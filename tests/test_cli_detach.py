@@ -50,7 +50,7 @@ def test_error_status_passes_through():
     p = _spawn("system1", "--device", "cpu", "--model", "/nonexistent.gguf", "Hi",
                "--candidate", " a")
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 1
+    assert p.returncode == 2  # model_not_found: an input error (README, exit codes)
     assert b"model_not_found" in err and out == b""
 
 

@@ -292,10 +292,8 @@ def test_context_overflow_and_bad_requests(runner):
     with pytest.raises(ReflexError) as e:
         runner.generate(" the" * 100, max_tokens=1)
     assert e.value.kind == "context_overflow"
-    for kw in ({"max_tokens": -1}, {"top_p": 0.0}, {"min_p": 2.0}, {"top_k": -1}):
-        with pytest.raises(ReflexError) as e:
-            runner.generate(PROMPT, **kw)
-        assert e.value.kind == "invalid_request"
+    # parameter ranges (max_tokens, top_p, ...) are the protocol's, checked once when a request
+    # or the CLI's options are decoded (tests/test_protocol.py, tests/test_cli.py)
     with pytest.raises(ReflexError) as e:
         runner.generate("", max_tokens=1)
     assert e.value.kind == "invalid_request"
@@ -489,4 +487,4 @@ def test_cli_generate_system1_embed(tiny, runner):
     emb = json.loads(p.stdout)["embeddings"]
     assert len(emb) == 2 and len(emb[0]) == 32
     p = _cli("system1", "--model", path, "--device", "cpu", PROMPT, "--candidate", "")
-    assert p.returncode == 1 and "invalid_request" in p.stderr
+    assert p.returncode == 2 and "invalid_request" in p.stderr  # README, exit codes

@@ -74,7 +74,7 @@ def test_vector_files_well_formed():
 # Kinds decided from the line alone; the rest need a model (model_not_found,
 # context_overflow, ids past n_vocab).
 LINE_KINDS = {"parse_error", "invalid_request", "unknown_op"}
-NEEDS_MODEL = {"detokenize, id past the vocabulary", "generate, empty prompt",
+NEEDS_MODEL = {"detokenize, id past the vocabulary",
                # chat.jsonl: checked once the model's template / vocabulary is at hand
                "message without content", "template raises",
                "template does not compile", "tools with prompt", "infill without FIM tokens",
@@ -134,6 +134,50 @@ def test_schema_matches_structs():
         assert f"result_{op}" in defs
 
 
+def test_schema_json_is_the_registry():
+    """protocol/schema.json is what `python -m reflex_ipc.ops.schema` writes from the op
+    structs: edit the structs and regenerate, never the file."""
+    from reflex_ipc.ops import schema
+
+    assert (ROOT / "schema.json").read_text(encoding="utf-8") == schema.text(), (
+        "protocol/schema.json is stale: run python -m reflex_ipc.ops.schema")
+    assert schema.main(["--check", "--out", str(ROOT / "schema.json")]) == 0
+
+
+def test_registry_modules():
+    from reflex_ipc import ops
+
+    reg = ops.registry()
+    assert tuple(reg) == ops.NAMES == tuple(protocol.OPS)
+    for name, mod in reg.items():
+        assert mod.__name__ == f"reflex_ipc.ops.{name}"
+        assert issubclass(mod.Request, msgspec.Struct) and issubclass(mod.Result, msgspec.Struct)
+        assert callable(mod.run) and mod.__doc__
+        assert protocol.OPS[name] is mod.Request
+    for dead in ("VERSION", "DEFAULT_MAX_LINE_BYTES", "MODEL_OPS", "MAX_TOKENS", "PROTOCOL"):
+        assert not hasattr(protocol, dead), dead
+
+
+def test_constants_import_nothing():
+    """The ready line and argparse read reflex_ipc.ops' constants before msgspec loads."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from reflex_ipc.ops import PROTOCOL, MAX_LINE_BYTES, DEVICES; "
+            "from reflex_ipc import server; "
+            "print(int('msgspec' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
+
+
+def test_detokenize_names():
+    _, _, d = protocol.parse_request(b'{"op": "detokenize", "token_ids": [1, 2]}')
+    assert (d.token_ids, d.special) == ([1, 2], False)
+    with pytest.raises(protocol.RequestError) as ei:
+        protocol.parse_request(b'{"op": "detokenize", "ids": [1]}')
+    assert ei.value.kind == "invalid_request" and "renamed `token_ids`" in ei.value.message
+
+
 def test_id_echo_and_ranges():
     assert protocol.parse_request(b'{"id": 9223372036854775807, "op": "ping"}')[0] == 2**63 - 1
     assert protocol.parse_request(b'{"id": "", "op": "ping"}')[0] == ""
@@ -177,7 +221,8 @@ json_values = st.recursive(
 field_names = st.sampled_from(
     ["id", "op", "prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
      "repeat_penalty", "repeat_last_n", "stop", "stream", "candidates", "input", "pooling",
-     "normalize", "text", "add_bos", "parse_special", "ids", "model", "device", "protocol", "zzz"])
+     "normalize", "text", "add_bos", "parse_special", "token_ids", "special", "ids", "model", "device",
+     "protocol", "zzz"])
 requests = st.dictionaries(field_names, json_values, max_size=6) | st.builds(lambda op, d: {**d, "op": op}, st.sampled_from(list(protocol.OPS)),
                               st.dictionaries(field_names, json_values, max_size=5))
 
@@ -212,7 +257,7 @@ def test_random_bytes_never_escape(data):
 
 def test_struct_decoding_forbids_unknown():
     with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({"zzz": 1}, protocol.Ping)
+        msgspec.convert({"zzz": 1}, protocol.OPS["ping"])
 
 
 edge_values = st.sampled_from(

@@ -46,7 +46,7 @@ def serve_bytes(data: bytes, *, limit=1 << 20, loads=None, **kw):
 def test_ready_then_one_result_per_request():
     reqs = [{"id": 1, "op": "ping"}, {"id": "h", "op": "hello"}, {"op": "ping"},
             {"id": 2, "op": "tokenize", "text": "ab", "add_bos": True},
-            {"id": 3, "op": "detokenize", "ids": [97, 98]}]
+            {"id": 3, "op": "detokenize", "token_ids": [97, 98]}]
     srv, out = serve_bytes(lines_of(*reqs))
     assert out[0]["event"] == "ready" and out[0]["protocol"] == 1 and out[0]["id"] is None
     assert out[0]["model"] is None and out[0]["pid"] == os.getpid()
@@ -66,12 +66,12 @@ def test_ready_then_one_result_per_request():
 def test_generate_params_reach_the_runner_and_stream():
     req = {"id": 7, "op": "generate", "prompt": "abc", "max_tokens": 5, "temperature": 0.5,
            "top_k": 3, "top_p": 0.9, "min_p": 0.1, "seed": 11, "repeat_penalty": 1.2,
-           "repeat_last_n": 8, "stop": "ca", "stream": True}
+           "repeat_last_n": 8, "stop": "ca", "stream": True, "cache_prompt": False}
     srv, out = serve_bytes(lines_of(req))
     runner = next(iter(srv.runners.values()))
     assert runner.calls == [dict(prompt="abc", max_tokens=5, temperature=0.5, top_k=3, top_p=0.9,
                                  min_p=0.1, seed=11, repeat_penalty=1.2, repeat_last_n=8,
-                                 stop=["ca"])]
+                                 stop=["ca"], cache_prompt=False)]
     tokens, res = out[1:-1], out[-1]
     assert [t["event"] for t in tokens] == ["token"] * len(tokens)
     assert all(t["id"] == 7 for t in tokens)
@@ -111,7 +111,7 @@ def test_errors_do_not_stop_the_loop(capfd):
             {"id": 3, "op": "generate", "prompt": "x", "max_tokens": 9000},
             {"id": 4, "op": "tokenize", "text": "x", "model": "nope"},
             {"id": 5, "op": "tokenize", "text": "x", "model": "/models/x.bad"},
-            {"id": 6, "op": "detokenize", "ids": [999, 1000]},
+            {"id": 6, "op": "detokenize", "token_ids": [999, 1000]},
             {"id": 8, "op": "generate", "prompt": "unencodable"},
             {"id": 7, "op": "ping"}]
     _, out = serve_bytes(lines_of(*reqs))
@@ -119,7 +119,7 @@ def test_errors_do_not_stop_the_loop(capfd):
     assert kinds == [(None, "parse_error"), (None, "parse_error"), (1, "internal"),
                      (2, "out_of_memory"), (3, "context_overflow"), (4, "model_not_found"),
                      (5, "gguf_error"), (6, "invalid_request"), (8, "internal"), (7, None)]
-    assert "ids[1]" in out[8]["error"]["message"]
+    assert "token_ids[1]" in out[8]["error"]["message"]
     assert out[3]["op"] == "generate"
     err = capfd.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err  # internal: traceback on stderr

@@ -58,19 +58,30 @@ def dotted(obj, key):
     return obj
 
 
-def case_line(case) -> bytes:
+def case_line(case, model) -> bytes:
+    """The case's line, "$MODEL" replaced with `model` (protocol/vectors/README.md)."""
     if "request_base64" in case:
         raw = base64.b64decode(case["request_base64"])
     elif isinstance(case["request"], str):
         raw = case["request"].encode("utf-8")
     else:
-        raw = json.dumps(case["request"], ensure_ascii=False).encode("utf-8")
+        req = dict(case["request"])
+        if req.get("model") == "$MODEL":
+            req["model"] = model
+        raw = json.dumps(req, ensure_ascii=False).encode("utf-8")
     return raw + b"\n"
 
 
-def send_case(p, case):
-    p.p.stdin.write(case_line(case))
+def send_case(p, case, model):
+    p.p.stdin.write(case_line(case, model))
     p.p.stdin.flush()
+
+
+def model_under_test(p) -> str:
+    """The server's default model, as the vectors' "$MODEL" stands for it."""
+    _, res = p.request({"op": "load"})
+    assert res["ok"], res
+    return res["path"]
 
 
 def check_case(case, tokens, res):
@@ -108,9 +119,10 @@ def check_case(case, tokens, res):
 
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
 def test_vectors(srv, path):
+    model = model_under_test(srv)
     for line in path.read_text(encoding="utf-8").splitlines():
         case = json.loads(line)
-        send_case(srv, case)
+        send_case(srv, case, model)
         tokens, res = srv.response(timeout=300)
         try:
             check_case(case, tokens, res)
@@ -148,10 +160,10 @@ def test_model_loaded_before_ready(srv):
     assert r["timings"]["process_start_to_ready"] >= r["timings"]["load"]
 
 
-def test_bad_model_at_startup_exits_1_without_ready():
+def test_bad_model_at_startup_exits_2_without_ready():
     p = stdio("--model", "/nonexistent/m.gguf", ready=False)
     try:
-        assert p.wait(60) == 1
+        assert p.wait(60) == 2  # model_not_found: an input error (README, exit codes)
         assert p.p.stdout.read() == b""
         assert "model_not_found" in p.err()
     finally:
@@ -201,7 +213,7 @@ small_values = st.sampled_from(
 keys = st.sampled_from(
     ["id", "op", "prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
      "repeat_penalty", "repeat_last_n", "stop", "stream", "candidates", "input", "pooling",
-     "normalize", "text", "add_bos", "parse_special", "ids", "model", "device", "protocol", "x"])
+     "normalize", "text", "add_bos", "parse_special", "token_ids", "special", "model", "device", "protocol", "x"])
 ops = st.sampled_from(["hello", "load", "generate", "system1", "embed", "tokenize",
                        "detokenize", "ping", "nope", 5, None])
 # generate always gets a max_tokens from the pool (valid ones are 1 and 2), so
@@ -375,10 +387,11 @@ def test_uds_real_engine(tmp_path):
         assert time.monotonic() - t < 30
         assert b.request({"id": 3, "op": "tokenize", "text": "Hello world"})[1]["token_ids"] == [
             19556, 905]
+        model = b.request({"op": "load"})[1]["path"]
         for vf in VECTOR_FILES:  # every vector over the socket too
             for line in vf.read_text(encoding="utf-8").splitlines():
                 case = json.loads(line)
-                b.s.sendall(case_line(case))
+                b.s.sendall(case_line(case, model))
                 tokens, res = b.response(timeout=300)
                 check_case(case, tokens, res)
         b.close()

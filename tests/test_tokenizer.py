@@ -180,15 +180,15 @@ def test_cli_json(smol, capsys):
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(x) for x in lines] == [
-        {"text": "Hello world", "ids": smol.encode("Hello world")},
-        {"text": "<|im_end|>x", "ids": [2] + smol.encode("x")},
+        {"text": "Hello world", "token_ids": smol.encode("Hello world")},
+        {"text": "<|im_end|>x", "token_ids": [2] + smol.encode("x")},
     ]
 
 
 def test_cli_flags(smol, capsys):
     assert cli_main(["tokenize", "--json", "--bos", "--no-special", "<|im_end|>"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["ids"] == [smol.bos_id] + smol.encode("<|im_end|>", parse_special=False)
+    assert got["token_ids"] == [smol.bos_id] + smol.encode("<|im_end|>", parse_special=False)
 
 
 def test_cli_listing(smol, capsys):
@@ -201,7 +201,7 @@ def test_cli_listing(smol, capsys):
 
 
 def test_cli_missing_model(capsys):
-    assert cli_main(["tokenize", "--model", "/nonexistent.gguf", "x"]) == 1
+    assert cli_main(["tokenize", "--model", "/nonexistent.gguf", "x"]) == 2  # an input error (README, exit codes)
     assert "model_not_found" in capsys.readouterr().err
 
 

@@ -104,7 +104,7 @@ type GenerateResult struct {
 	FinishReason     string         `json:"finish_reason"` // "stop", "length" or "stop_string"
 	PromptTokens     int            `json:"prompt_tokens"`
 	CompletionTokens int            `json:"completion_tokens"`
-	CachedTokens     int            `json:"cached_tokens"`
+	CachedTokens     int            `json:"cached_tokens"` // prompt tokens whose state was reused
 	Logprobs         []LogprobEntry `json:"logprobs,omitempty"`
 	ToolCalls        []ToolCall     `json:"tool_calls,omitempty"` // with Tools, when the model called one
 	Content          string         `json:"content,omitempty"`    // with ToolCalls: the text outside them
@@ -143,7 +143,8 @@ type System1Request struct {
 	Prompt      string    `json:"prompt,omitempty"`
 	Messages    []Message `json:"messages,omitempty"`
 	Candidates  []string  `json:"candidates"`
-	Temperature float64   `json:"temperature,omitempty"` // 0: 1.0
+	Temperature float64   `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt *bool     `json:"cache_prompt,omitempty"` // nil: true
 	Model       string    `json:"model,omitempty"`
 	Device      string    `json:"device,omitempty"`
 }
@@ -163,8 +164,11 @@ type System1Result struct {
 	BestIdx      int         `json:"best_idx"`
 	Entropy      float64     `json:"entropy"`
 	PromptTokens int         `json:"prompt_tokens"`
-	Model        string      `json:"model"`
-	Timings      Timings     `json:"timings"`
+	// CandidateTokens: the candidates' tokens, all together.
+	CandidateTokens int     `json:"candidate_tokens"`
+	CachedTokens    int     `json:"cached_tokens"` // prompt tokens whose state was reused
+	Model           string  `json:"model"`
+	Timings         Timings `json:"timings"`
 }
 
 // EmbedRequest: embed's parameters.
@@ -180,6 +184,7 @@ type EmbedRequest struct {
 type EmbedResult struct {
 	Embeddings [][]float64 `json:"embeddings"`
 	Dim        int         `json:"dim"`
+	NTokens    []int       `json:"n_tokens"` // each input's token count
 	Model      string      `json:"model"`
 	Timings    Timings     `json:"timings"`
 }
@@ -205,9 +210,11 @@ type TokenizeResult struct {
 
 // DetokenizeRequest: detokenize's parameters.
 type DetokenizeRequest struct {
-	IDs    []int  `json:"ids"`
-	Model  string `json:"model,omitempty"`
-	Device string `json:"device,omitempty"`
+	TokenIDs []int `json:"token_ids"`
+	// Special renders control tokens (e.g. <|im_end|>) as their text; false drops them.
+	Special bool   `json:"special,omitempty"`
+	Model   string `json:"model,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // DetokenizeResult: detokenize's result.

@@ -53,9 +53,13 @@ func TestVectors(t *testing.T) {
 		t.Fatal("protocol/vectors/*.jsonl: no conformance cases found")
 	}
 	c := shared(t)
+	model, err := modelUnderTest(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {
-			cases, err := loadCases(file)
+			cases, err := loadCases(file, model)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,9 +110,17 @@ func TestOtherOps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dt, err := c.Detokenize(ctx, DetokenizeRequest{IDs: tk.TokenIDs})
+	dt, err := c.Detokenize(ctx, DetokenizeRequest{TokenIDs: tk.TokenIDs})
 	if err != nil || dt.Text != "Hello world" {
 		t.Fatalf("detokenize: %v %+v", err, dt)
+	}
+	sp, err := c.Tokenize(ctx, TokenizeRequest{Text: "Hello <|im_end|>"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := c.Detokenize(ctx, DetokenizeRequest{TokenIDs: sp.TokenIDs, Special: true})
+	if err != nil || ds.Text != "Hello <|im_end|>" {
+		t.Fatalf("detokenize special: %v %+v", err, ds)
 	}
 	s1, err := c.System1(ctx, System1Request{Prompt: "Is the sky blue? Answer:", Candidates: []string{" yes", " no"}})
 	if err != nil || len(s1.Candidates) != 2 {

@@ -39,7 +39,37 @@ func vectorFiles() []string {
 	return files
 }
 
-func loadCases(path string) ([]vectorCase, error) {
+// modelUnderTest is the path of the server's default model: what a case's
+// "model": "$MODEL" stands for (protocol/vectors/README.md).
+func modelUnderTest(ctx context.Context, c *Client) (string, error) {
+	ev, err := c.Request(ctx, "load", map[string]any{})
+	if err != nil {
+		return "", err
+	}
+	var r struct {
+		Path string `json:"path"`
+	}
+	if err := ev.Decode(&r); err != nil {
+		return "", err
+	}
+	return r.Path, nil
+}
+
+// withModel replaces a request object's "model": "$MODEL" with model.
+func withModel(req json.RawMessage, model string) (json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(req, &obj) != nil || string(obj["model"]) != `"$MODEL"` {
+		return req, nil
+	}
+	m, err := json.Marshal(model)
+	if err != nil {
+		return nil, err
+	}
+	obj["model"] = m
+	return json.Marshal(obj)
+}
+
+func loadCases(path, model string) ([]vectorCase, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -55,6 +85,13 @@ func loadCases(path string) ([]vectorCase, error) {
 		var c vectorCase
 		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
 			return nil, err
+		}
+		if c.Request != nil {
+			req, err := withModel(c.Request, model)
+			if err != nil {
+				return nil, err
+			}
+			c.Request = req
 		}
 		out = append(out, c)
 	}

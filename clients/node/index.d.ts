@@ -19,14 +19,17 @@ export declare class ReflexError extends Error {
 
 export type Id = string | number | null;
 
+/** What runs a model (PROTOCOL.md, "The ready event"). */
+export type Backend = 'numpy' | 'cpu' | 'cuda';
+
 export interface ReadyEvent {
   event: 'ready';
   id: null;
   protocol: number;
   version: string;
   pid: number;
-  /** null until a model is loaded. */
-  backend: string | null;
+  /** The active model's backend: 'numpy' | 'cpu' | 'cuda'; null until a model is loaded. */
+  backend: Backend | null;
   model: string | null;
   [key: string]: unknown;
 }
@@ -114,7 +117,7 @@ export type StreamEvent = TokenEvent | ResultEvent;
 
 /** Every op that uses a model also takes these. */
 export interface ModelParams {
-  /** A GGUF path or an alias (smollm2); default: the active model. */
+  /** A GGUF path or an alias (e.g. smollm2); default: the active model. */
   model?: string;
   /** "auto" (CUDA when usable, else CPU), "cpu" or "cuda". */
   device?: string;
@@ -158,8 +161,8 @@ export interface GenerateResult extends ResultEvent {
   finish_reason: 'stop' | 'length' | 'stop_string';
   prompt_tokens: number;
   completion_tokens: number;
-  /** Prompt tokens reused from the previous request (not evaluated again). */
-  cached_tokens?: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
   /** With logprobs: one entry per generated token. */
   logprobs?: LogprobEntry[];
   /** With tools, when the model called one (Hermes/Qwen <tool_call> or Llama 3 JSON). */
@@ -176,6 +179,8 @@ export interface System1Params extends ModelParams, ChatParams {
   candidates: string[];
   /** Default 1. */
   temperature?: number;
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
 }
 
 export interface System1Candidate {
@@ -191,6 +196,10 @@ export interface System1Result extends ResultEvent {
   best_idx: number;
   entropy: number;
   prompt_tokens: number;
+  /** The candidates' tokens, all together. */
+  candidate_tokens: number;
+  /** Prompt tokens whose state was reused (not evaluated again). */
+  cached_tokens: number;
   model: string;
   timings: Timings;
 }
@@ -207,6 +216,8 @@ export interface EmbedResult extends ResultEvent {
   /** One vector per input string (a list even for one string). */
   embeddings: number[][];
   dim: number;
+  /** Each input's token count. */
+  n_tokens: number[];
   model: string;
   timings: Timings;
 }
@@ -247,7 +258,9 @@ export interface InfillParams extends ModelParams, DecodeParams {
 }
 
 export interface DetokenizeParams extends ModelParams {
-  ids: number[];
+  token_ids: number[];
+  /** Render control tokens (e.g. <|im_end|>) as their text. Default false: dropped. */
+  special?: boolean;
 }
 
 export interface DetokenizeResult extends ResultEvent {
@@ -260,19 +273,21 @@ export interface HelloResult extends ResultEvent {
   protocol: number;
   version: string;
   pid: number;
-  backend: string | null;
+  backend: Backend | null;
   model: string | null;
   ops: string[];
   error_kinds: string[];
   limits: { max_line_bytes: number; max_tokens: number };
-  models: { model: string; path: string; device: string; backend: string }[];
+  models: { model: string; path: string; device: string; backend: Backend }[];
 }
 
 export interface LoadResult extends ResultEvent {
   model: string;
   path: string;
   architecture: string;
-  backend: string;
+  backend: Backend;
+  /** The device it runs on: 'cpu' or 'cuda'. */
+  device: string;
   n_vocab: number;
   n_ctx: number;
   cached: boolean;

@@ -1,16 +1,80 @@
-"""What the model commands (generate, system1, embed) share: load, then report."""
+"""What the model commands (generate, system1, embed) share: the common options,
+load, the context hints, then report."""
 
 import sys
 
+MODEL_HELP = {"model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2",
+              "device": "auto: CUDA when usable, else CPU; default: auto"}
 
-def load(args):
-    """The runner for --model/--device/--n-ctx, with its phase mark."""
+
+def _positive(text):
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return n
+
+
+def add_common(p, cls, **kw):
+    """The op's options (from its Request struct), --n-ctx and --json."""
+    from ._args import add_options
+
+    add_options(p, cls, helps={**MODEL_HELP, **kw.pop("helps", {})}, **kw)
+    p.add_argument("--n-ctx", type=_positive, default=None, metavar="N",
+                   help="context size in tokens; default: the model's trained context, "
+                        "at most 4096 (above the trained context: a warning)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout "
+                   "(errors too: {\"error\": {\"kind\", \"message\"}})")
+
+
+def load(args, req=None):
+    """The runner for the request's model/device (default: args.model/args.device) and
+    --n-ctx, with its phase mark; warns when --n-ctx is above the model's trained context."""
     from .. import phases
     from ..engine import load_runner
 
-    runner = load_runner(args.model, device=args.device, n_ctx=args.n_ctx)
+    model, device = (req.model, req.device) if req is not None else (args.model, args.device)
+    runner = load_runner(model, device=device or "auto", n_ctx=args.n_ctx)
     phases.mark("runner_loaded")
+    train = runner.info().get("n_ctx_train")
+    if args.n_ctx and train and args.n_ctx > train:
+        sys.stderr.write(f"reflex {args.command}: warning: --n-ctx {args.n_ctx} is above the "
+                         f"model's trained context ({train}); output past {train} tokens "
+                         "may degrade\n")
     return runner
+
+
+def run_op(runner, fn):
+    """fn(); a context_overflow error names --n-ctx."""
+    from ..errors import ReflexError
+
+    try:
+        return fn()
+    except ReflexError as e:
+        if e.kind != "context_overflow":
+            raise
+        train = runner.info().get("n_ctx_train")
+        hint = f"--n-ctx is {runner.n_ctx}"
+        if train and train > runner.n_ctx:
+            hint += f"; the model was trained on {train}: a larger --n-ctx (up to {train}) fits more"
+        raise ReflexError("context_overflow", f"{e.message} ({hint})") from None
+
+
+def _enc_hook(obj):
+    tolist = getattr(obj, "tolist", None)  # numpy arrays and scalars
+    if tolist is not None:
+        return tolist()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def write_json(obj) -> None:
+    import msgspec
+
+    sys.stdout.buffer.write(msgspec.json.encode(obj, enc_hook=_enc_hook) + b"\n")
 
 
 def finish(runner, out, as_json) -> bool:
@@ -28,7 +92,5 @@ def finish(runner, out, as_json) -> bool:
         out["timings"]["cuda"] = {**{k: round(v, 2) for k, v in cuda.init_timings().items()},
                                   "upload": runner.ops.upload_stats()}
     if as_json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
+        write_json(out)
     return as_json

@@ -30,7 +30,9 @@ DEFAULT_CANDIDATES = (" Paris", " London", " Berlin")
 def add_arguments(p):
     p.add_argument("mode", choices=["cold", "warm", "decode", "all"])
     p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    from ..ops import DEVICES
+
+    p.add_argument("--device", default="auto", choices=DEVICES, help="default: %(default)s")
     p.add_argument("--runs", type=int, default=10, help="cold processes / warm requests (default 10)")
     p.add_argument("--op", default="generate", choices=["generate", "system1"], help="cold: which op")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)

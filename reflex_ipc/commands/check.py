@@ -21,7 +21,9 @@ TOP_K = 8
 
 def add_arguments(p):
     p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"],
+    from ..ops import DEVICES
+
+    p.add_argument("--device", default="auto", choices=DEVICES,
                    help="backend (default: %(default)s)")
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt (default: %(default)s)")

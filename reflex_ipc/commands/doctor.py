@@ -1,5 +1,9 @@
-"""reflex doctor: what the CUDA backend would find here: GPU, driver, pycuda, the
-kernel images in the package and the one the driver would load, NVML."""
+"""reflex doctor: what reflex would use here. The CPU path (numpy, the default model, the
+backend `--device auto` would pick) and what the CUDA backend would find: GPU, driver,
+pycuda, the kernel images in the package and the one the driver would load, NVML.
+
+Exit 0 when a model can run here (the CPU path is enough: no GPU is not a failure);
+1 when it cannot (numpy missing, the default model not found)."""
 
 import json
 import os
@@ -54,6 +58,26 @@ def _nvml():
     return out
 
 
+def _cpu():
+    """numpy and the default model: what every backend needs."""
+    out = {}
+    try:
+        import numpy
+
+        out["numpy"] = {"version": numpy.__version__}
+    except Exception as e:
+        out["numpy"] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        from ..modelpath import DEFAULT_ALIAS, resolve_model
+
+        out["default_model"] = {"name": os.environ.get("REFLEX_MODEL") or DEFAULT_ALIAS,
+                                "path": resolve_model(None)}
+    except Exception as e:
+        out["default_model"] = {"error": getattr(e, "message", None) or str(e)}
+    out["ok"] = "version" in out["numpy"] and "path" in out["default_model"]
+    return out
+
+
 def collect():
     from .. import cuda
     from ..cuda.fatbin import FatbinError, chosen_image, read_images
@@ -85,7 +109,10 @@ def collect():
                        "memory": rt.mem_info(), "init": cuda.init_timings()}
     except Exception as e:
         rep["cuda"] = {"ok": False, "error": getattr(e, "message", None) or str(e)}
-    rep["ok"] = bool(rep["cuda"].get("ok"))
+    rep["cpu"] = _cpu()
+    # what --device auto picks (engine.make_backend): CUDA when it starts, else numpy
+    rep["auto_backend"] = "cuda" if rep["cuda"].get("ok") else "numpy"
+    rep["ok"] = rep["cpu"]["ok"]
     return rep
 
 
@@ -98,7 +125,13 @@ def run(args) -> int:
         sys.stdout.write(json.dumps(rep) + "\n")
     else:
         k = rep["kernels"]
+        cpu = rep["cpu"]
         print(f"python    {rep['python']} on {rep['platform']}")
+        print(f"numpy     {cpu['numpy'].get('version') or 'MISSING: ' + cpu['numpy']['error']}")
+        dm = cpu["default_model"]
+        print(f"model     {dm['name'] + ' = ' + dm['path'] if 'path' in dm else 'NOT FOUND: ' + dm['error']}")
+        print(f"auto      --device auto uses the {rep['auto_backend']} backend"
+              + ("" if rep["auto_backend"] == "cuda" else " (CPU; CUDA is unavailable, see below)"))
         print(f"kernels   {'built for ' + ', '.join(k.get('images', [])) if k['built'] else 'NOT BUILT: ' + k.get('reason', '')}")
         print(f"pycuda    {rep['pycuda'].get('version') or rep['pycuda'].get('error')}")
         nv = rep["nvml"]
@@ -113,6 +146,7 @@ def run(args) -> int:
                   f"loads {c['image']} (binary version {c['loaded_binary_version']})")
         else:
             print(f"cuda      unavailable: {c['error']}")
+        print("ok: a model can run here" if rep["ok"] else "NOT OK: no model can run here")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if rep["ok"] else 1)  # driver teardown stays off the clock

@@ -1,23 +1,28 @@
-"""reflex embed: pooled final hidden states of texts."""
+"""reflex embed: pooled final hidden states of texts; the protocol's embed."""
 
 import sys
 
+SKIP = ("input",)
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--pooling", default="mean", choices=["mean", "last", "cls"])
-    p.add_argument("--normalize", action="store_true", help="L2-normalize each embedding")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("texts", nargs="+")
+    from ..ops.embed import Request
+    from ._model import add_common
+
+    add_common(p, Request, skip=SKIP)
+    p.add_argument("texts", nargs="*", metavar="TEXT",
+                   help="the texts; '-' or none: one text read from stdin")
 
 
 def run(args):
-    from ._model import finish, load
+    from ..ops import embed
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
 
-    runner = load(args)
-    out = runner.embed(args.texts, pooling=args.pooling, normalize=args.normalize)
+    texts = [read_text(t, "TEXT") if t == "-" else t for t in args.texts] or [read_text(None, "TEXT")]
+    req = request(embed.Request, args, {"input": texts}, skip=SKIP, names={"input": "TEXT"})
+    runner = load(args, req)
+    out = run_op(runner, lambda: embed.execute(runner, req))
     if finish(runner, out, args.json):
         return 0
     for v in out["embeddings"]:

@@ -1,96 +1,106 @@
-"""reflex generate: continue a prompt (greedy by default), or answer it as a chat turn."""
+"""reflex generate: continue a prompt (greedy by default), or answer it as a chat turn;
+the protocol's generate."""
 
 import sys
 
+# one request per process: nothing to reuse, nothing to stream; the chat and constraint
+# fields have the hand-written options below
+SKIP = ("prompt", "stream", "cache_prompt", "messages", "tools", "chat_template",
+        "chat_template_kwargs", "add_generation_prompt", "json_schema", "grammar")
+NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "json_schema": "--json-schema",
+         "grammar": "--grammar", "chat_template": "--chat-template"}
 
-def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--max-tokens", type=int, default=64)
-    add_sampling(p)
+
+def add_chat_arguments(p):
     p.add_argument("--chat", action="store_true",
                    help="send PROMPT as a user message through the model's chat template")
     p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
-    p.add_argument("--chat-template", metavar="JINJA", help="with --chat: this template instead "
-                                                            "of the GGUF's")
+    p.add_argument("--chat-template", metavar="JINJA",
+                   help="with --chat: this template instead of the GGUF's (text, or @FILE)")
+
+
+def add_constraint_arguments(p):
     p.add_argument("--json-schema", metavar="SCHEMA",
                    help="constrain the output to this JSON Schema (JSON text, or @FILE)")
-    p.add_argument("--regex", help="constrain the output to this regular expression")
-    p.add_argument("--grammar", metavar="LARK", help="constrain the output to this Lark grammar "
-                                                     "(text, or @FILE)")
-    p.add_argument("--logprobs", type=int, metavar="N", default=None,
-                   help="with --json: per token log-probability and the N most likely (0-20)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt", nargs="?", default=None,
-                   help="the prompt; absent or '-': read from stdin (no size limit)")
+    p.add_argument("--grammar", metavar="LARK",
+                   help="constrain the output to this Lark grammar (text, or @FILE)")
 
 
-def add_sampling(p):
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+def add_arguments(p):
+    from ..ops.generate import Request
+    from ._args import PROMPT_HELP
+    from ._model import add_common
+
+    add_common(p, Request, skip=SKIP, helps={
+        "stop": "stop string (repeatable)",
+        "logprobs": "with --json: each token's log-probability and the N most likely "
+                    "(0 <= n <= 20)"})
+    add_chat_arguments(p)
+    add_constraint_arguments(p)
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
 def read_arg(value):
-    """TEXT, or the contents of FILE for @FILE, or stdin for None / '-'."""
-    if value is None or value == "-":
-        return sys.stdin.read()
-    if value.startswith("@"):
+    """TEXT, or the contents of FILE for @FILE."""
+    if value is not None and value.startswith("@"):
         with open(value[1:], encoding="utf-8") as fh:
             return fh.read()
     return value
 
 
-def sampling_kwargs(args) -> dict:
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                min_p=args.min_p, seed=args.seed, repeat_penalty=args.repeat_penalty,
-                repeat_last_n=args.repeat_last_n, stop=args.stop)
+def chat_fields(args, text, text_field="prompt") -> dict:
+    """The request's text field, or with --chat its messages (and --chat-template)."""
+    from ..errors import ReflexError
+
+    if not args.chat:
+        for opt in ("system", "chat_template"):
+            if getattr(args, opt, None) is not None:
+                raise ReflexError("invalid_request",
+                                  f"--{opt.replace('_', '-')} needs --chat")
+        return {text_field: text}
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": text})
+    out = {"messages": messages}
+    if getattr(args, "chat_template", None) is not None:
+        out["chat_template"] = read_arg(args.chat_template)
+    return out
+
+
+def constraint_fields(args) -> dict:
+    from ..errors import ReflexError
+
+    out = {}
+    if args.json_schema is not None:
+        import json
+
+        try:
+            out["json_schema"] = json.loads(read_arg(args.json_schema))
+        except ValueError as e:
+            raise ReflexError("invalid_request", f"--json-schema: not JSON: {e}") from None
+    if args.grammar is not None:
+        out["grammar"] = read_arg(args.grammar)
+    return out
 
 
 def run(args):
     from .. import phases
-    from ._model import finish, load
+    from ..ops import generate
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
 
-    prompt = read_arg(args.prompt)
-    if args.system is not None and not args.chat:
-        sys.stderr.write("reflex generate: --system needs --chat\n")
-        return 2
-    runner = load(args)
+    given = {**chat_fields(args, read_text(args.prompt)), **constraint_fields(args)}
+    req = request(generate.Request, args, given, skip=SKIP, names=NAMES)
+    runner = load(args, req)
     first = []
 
-    def on_token(token_id, text, **extra):
+    def on_token(token_id, text, **_):
         if not first:
             first.append(phases.mark("first_token"))
         if not args.json and text:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    from .. import prepare
-    from ..errors import ReflexError
-
-    if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        messages.append({"role": "user", "content": prompt})
-        prompt = prepare.chat_text(runner, messages, chat_template=args.chat_template)
-    schema = None
-    if args.json_schema is not None:
-        import json
-
-        try:
-            schema = json.loads(read_arg(args.json_schema))
-        except ValueError as e:
-            raise ReflexError("invalid_request", f"`json_schema`: not JSON: {e}") from None
-    extra = prepare.generate_extras(
-        runner, logprobs=args.logprobs, json_schema=schema, regex=args.regex,
-        grammar=read_arg(args.grammar) if args.grammar is not None else None)
-    out = runner.generate(prompt, max_tokens=args.max_tokens, on_token=on_token,
-                          **sampling_kwargs(args), **extra)
+    out = run_op(runner, lambda: generate.execute(runner, req, on_token=on_token))
     if not finish(runner, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]

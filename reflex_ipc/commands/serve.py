@@ -29,25 +29,18 @@ def _size(text):
     return n
 
 
-def _device(text):
-    import argparse
-    import re
-
-    if not re.fullmatch(r"auto|cpu|cuda", text):
-        raise argparse.ArgumentTypeError(f"device must be auto, cpu or cuda, not {text!r}")
-    return text
-
-
 def add_arguments(p, name):
+    from ..ops import DEVICES, MAX_LINE_BYTES
+
     if name == "uds":
         p.add_argument("path", metavar="PATH", help="the socket file to listen on")
         p.add_argument("--mode", type=_mode, default=0o600,
                        help="permissions of the socket file, octal (default 600)")
     p.add_argument("--model", help="load this GGUF path or alias before the ready line")
-    p.add_argument("--device", type=_device, default="auto",
-                   help="auto, cpu or cuda (default auto: CUDA when usable)")
-    p.add_argument("--max-line-bytes", type=_size, default=16 * 1024 * 1024,
-                   help="longest request line, in bytes (default 16 MiB)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="auto: CUDA when usable, else CPU (default: %(default)s)")
+    p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES,
+                   help="longest request line, in bytes (default: %(default)s = 16 MiB)")
 
 
 def run(args) -> int:

@@ -1,5 +1,9 @@
 """reflex smoke: load the kernel fatbin, launch one kernel, check its answer, and report
-which image the driver chose and the time from process start to the result."""
+which image the driver chose and the time from process start to the result.
+
+Exit 0: the kernel ran and was right. 3: CUDA is not available here (no pycuda, no
+driver, no GPU): nothing to test; the CPU backend does not use the kernels.
+1: CUDA is available and the check failed."""
 
 import json
 import os
@@ -18,6 +22,9 @@ def run(args) -> int:
     import numpy as np
 
     report = {"ok": False}
+    if not cuda.pycuda_installed():
+        report.update(cuda_available=False, error="pycuda is not installed")
+        return _report(args, report)
     try:
         rt = cuda.runtime()
         phases.mark("cuda_ready")
@@ -47,6 +54,19 @@ def run(args) -> int:
         })
     except Exception as e:
         report["error"] = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
+        report["cuda_available"] = not _no_cuda(e)
+    return _report(args, report)
+
+
+def _no_cuda(e) -> bool:
+    """Whether the failure says CUDA is absent (no driver, no device) rather than broken."""
+    text = f"{type(e).__name__}: {getattr(e, 'message', None) or e}".lower()
+    return any(s in text for s in ("no cuda-capable device", "cuda_error_no_device",
+                                   "libcuda", "cuinit failed", "no device", "driver"))
+
+
+def _report(args, report) -> int:
+    absent = report.get("cuda_available") is False
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
@@ -54,8 +74,11 @@ def run(args) -> int:
             print(f"ok: {report['device']} (cc {report['compute_capability']}), image {report['image']}"
                   f"{' (JIT!)' if report['jit'] else ''}, argmax correct, "
                   f"{report['process_start_to_result_ms']} ms from process start")
+        elif absent:
+            print(f"CUDA is not available here ({report['error']}): nothing to test. The CPU "
+                  "backend does not use these kernels; `reflex doctor` checks the CPU path.")
         else:
             print("FAILED: " + report.get("error", f"argmax gave {report.get('result')}"))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if report["ok"] else 1)  # driver teardown stays off the clock
+    os._exit(0 if report["ok"] else 3 if absent else 1)  # driver teardown stays off the clock

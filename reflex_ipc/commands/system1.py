@@ -1,36 +1,36 @@
-"""reflex system1: score candidate continuations of a prompt in one forward pass."""
+"""reflex system1: score candidate continuations of a prompt (or, with --chat, of the
+assistant's turn) in one forward pass; the protocol's system1."""
 
 import sys
 
+SKIP = ("prompt", "cache_prompt", "messages", "chat_template", "chat_template_kwargs",
+        "add_generation_prompt")  # one request per process: nothing to reuse
+FLAGS = {"candidates": ["--candidate"]}
+NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "chat_template": "--chat-template"}
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--temperature", type=float, default=1.0, help="for the candidate probabilities")
-    p.add_argument("--candidate", action="append", required=True, help="a continuation (repeatable)")
-    p.add_argument("--chat", action="store_true",
-                   help="send PROMPT as a user message through the model's chat template; "
-                        "the candidates continue the assistant's turn")
-    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("prompt", nargs="?", default=None,
-                   help="the prompt; absent or '-': read from stdin")
+    from ..ops.system1 import Request
+    from ._args import PROMPT_HELP
+    from ._model import add_common
+    from .generate import add_chat_arguments
+
+    add_common(p, Request, skip=SKIP, flags=FLAGS,
+               helps={"candidates": "a continuation (repeatable; at least one)"})
+    add_chat_arguments(p)
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
 def run(args):
-    from ._model import finish, load
-    from .generate import read_arg
+    from ..ops import system1
+    from ._args import read_text, request
+    from ._model import finish, load, run_op
+    from .generate import chat_fields
 
-    prompt = read_arg(args.prompt)
-    runner = load(args)
-    if args.chat:
-        from ..prepare import chat_text
-
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        messages.append({"role": "user", "content": prompt})
-        prompt = chat_text(runner, messages)
-    out = runner.system1(prompt, args.candidate, temperature=args.temperature)
+    req = request(system1.Request, args, chat_fields(args, read_text(args.prompt)), skip=SKIP,
+                  flags=FLAGS, names=NAMES)
+    runner = load(args, req)
+    out = run_op(runner, lambda: system1.execute(runner, req))
     if finish(runner, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):

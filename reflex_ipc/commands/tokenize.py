@@ -1,35 +1,52 @@
-"""reflex tokenize: token ids of each TEXT with the model's tokenizer."""
+"""reflex tokenize: token ids of each TEXT with the model's tokenizer (no weights loaded);
+the protocol's tokenize."""
 
 import json
 import sys
 
+SKIP = ("text", "device", "messages", "tools", "chat_template", "chat_template_kwargs",
+        "add_generation_prompt")  # chat: the protocol's tokenize (or generate --chat)
+FLAGS = {"add_bos": ["--bos", "--add-bos"], "parse_special": ["--no-special"]}
+HELPS = {"add_bos": "prepend the BOS token",
+         "parse_special": "treat special-token text (e.g. <|im_end|>) as plain text",
+         "model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2"}
+
 
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
-    p.add_argument("--no-special", action="store_true",
-                   help="treat special-token text (e.g. <|im_end|>) as plain text")
-    p.add_argument("--bos", action="store_true", help="prepend the BOS token")
+    from ..ops.tokenize import Request
+    from ._args import add_options
+
+    add_options(p, Request, skip=SKIP, flags=FLAGS, helps=HELPS)
     p.add_argument("--json", action="store_true",
-                   help='one line per TEXT: {"text": ..., "ids": [...]}')
-    p.add_argument("text", nargs="+", metavar="TEXT")
+                   help='one line per TEXT: {"text": ..., "token_ids": [...]}')
+    p.add_argument("text", nargs="*", metavar="TEXT",
+                   help="the texts; '-' or none: one text read from stdin")
 
 
 def run(args) -> int:
+    from ..ops import tokenize
+    from ._args import read_text, request
+
+    texts = [read_text(t, "TEXT") if t == "-" else t for t in args.text] or [read_text(None, "TEXT")]
+    reqs = [request(tokenize.Request, args, {"text": t}, skip=SKIP, flags=FLAGS) for t in texts]
+
     import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
 
     from ..gguffile import GGUFFile
     from ..modelpath import resolve_model
     from ..tokenizer import load_tokenizer
+    from ._model import write_json
 
-    f = GGUFFile(resolve_model(args.model))
+    f = GGUFFile(resolve_model(reqs[0].model))
     tok = load_tokenizer(f)
     out = sys.stdout
-    for text in args.text:
-        ids = tok.encode(text, add_bos=args.bos, parse_special=not args.no_special)
+    for req in reqs:
+        ids = tok.encode(req.text, add_bos=req.add_bos, parse_special=req.parse_special)
         if args.json:
-            out.write(json.dumps({"text": text, "ids": ids}, ensure_ascii=False) + "\n")
+            out.flush()
+            write_json({"text": req.text, "token_ids": ids})
             continue
-        out.write(f"{json.dumps(text, ensure_ascii=False)}: {len(ids)} tokens\n")
+        out.write(f"{json.dumps(req.text, ensure_ascii=False)}: {len(ids)} tokens\n")
         for i in ids:
             piece = tok.token_bytes(i)
             try:

@@ -31,22 +31,22 @@ class FakeRunner:
 
     def info(self):
         return {"model": "fake-" + os.path.basename(self.path), "path": self.path,
-                "architecture": "fake", "backend": "fake", "n_vocab": 1000,
+                "architecture": "fake", "backend": "numpy", "n_vocab": 1000,
                 "n_ctx": self.n_ctx, "device": self.device}
 
     def tokenize(self, text, *, add_bos=False, parse_special=True):
         return ([1] if add_bos else []) + [ord(c) % 1000 for c in text]
 
-    def detokenize(self, ids):
+    def detokenize(self, ids, *, special=False):
         return "".join(chr(i) for i in ids)
 
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
                  min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None):
+                 on_token=None, should_cancel=None, cache_prompt=True):
         self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               stop=list(stop)))
+                               stop=list(stop), cache_prompt=cache_prompt))
         if prompt == "boom":
             raise RuntimeError("boom")
         if prompt == "oom":
@@ -71,15 +71,17 @@ class FakeRunner:
             if on_token:
                 on_token(ord(ch) % 1000, ch)
         return {"token_ids": ids, "text": text, "finish_reason": finish,
-                "prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                "prompt_tokens": len(prompt), "completion_tokens": len(ids), "cached_tokens": 0,
                 "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
 
-    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None):
+    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None,
+                cache_prompt=True):
         if should_cancel and should_cancel():
             raise ReflexError("cancelled", "cancelled")
         c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
               "mean_logprob": -1.0, "probability": 1.0 / len(candidates)} for t in candidates]
         return {"candidates": c, "best_idx": 0, "entropy": 0.5, "prompt_tokens": len(prompt),
+                "candidate_tokens": sum(len(x["token_ids"]) for x in c), "cached_tokens": 0,
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
     def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
@@ -88,7 +90,8 @@ class FakeRunner:
         e = np.ones((len(texts), 4), dtype=np.float32)
         if normalize:
             e /= 2.0
-        return {"embeddings": e, "dim": 4, "timings": {"prompt_eval": 0.2, "total": 0.2}}
+        return {"embeddings": e, "dim": 4, "n_tokens": [len(t) for t in texts],
+                "timings": {"prompt_eval": 0.2, "total": 0.2}}
 
 
 def fake_loader(delay=0.0, loads=None):

@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Reflex, ReflexError } from '../index.js';
 import { reflexCommand } from './helpers.js';
-import { vectorFiles, loadCases, runCase } from './vectors.js';
+import { vectorFiles, loadCases, modelUnderTest, runCase } from './vectors.js';
 
 const LONG = { prompt: 'Once upon a time, in a land far away,', max_tokens: 256, temperature: 0 };
 let c;
@@ -28,7 +28,7 @@ test('protocol/vectors has cases', () => {
 for (const file of vectorFiles()) {
   test(`vectors: ${path.basename(file)}`, async () => {
     const failures = {};
-    for (const kase of loadCases(file)) {
+    for (const kase of loadCases(file, await modelUnderTest(c))) {
       const bad = await runCase(c, kase);
       if (bad.length) failures[kase.name] = bad;
     }
@@ -48,8 +48,10 @@ test('generate equals the concatenated stream', async () => {
 });
 
 test('the other ops', async () => {
-  const { token_ids: ids } = await c.tokenize({ text: 'Hello world' });
-  assert.equal((await c.detokenize({ ids })).text, 'Hello world');
+  const { token_ids } = await c.tokenize({ text: 'Hello world' });
+  assert.equal((await c.detokenize({ token_ids })).text, 'Hello world');
+  const sp = await c.tokenize({ text: 'Hello <|im_end|>' });
+  assert.equal((await c.detokenize({ token_ids: sp.token_ids, special: true })).text, 'Hello <|im_end|>');
   const s = await c.system1({ prompt: 'Is the sky blue? Answer:', candidates: [' yes', ' no'] });
   assert.equal(s.candidates.length, 2);
   const e = await c.embed({ input: ['a', 'b'] });

@@ -17,8 +17,20 @@ export function vectorFiles() {
   return fs.readdirSync(vectorsDir).filter((f) => f.endsWith('.jsonl')).sort().map((f) => path.join(vectorsDir, f));
 }
 
-export function loadCases(file) {
-  return fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+// The cases of a file, a request's "model": "$MODEL" replaced with `model`: the model
+// under test (the server's default model's path; see modelUnderTest).
+export function loadCases(file, model) {
+  const cases = fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+  for (const c of cases) {
+    const r = c.request;
+    if (r && typeof r === 'object' && r.model === '$MODEL') r.model = model;
+  }
+  return cases;
+}
+
+/** The path of the server's default model: what "$MODEL" stands for in a case. */
+export async function modelUnderTest(client) {
+  return (await client.load({})).path;
 }
 
 // An id the server echoes: a string or an integer in [-2^63, 2^63).

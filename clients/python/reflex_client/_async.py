@@ -153,6 +153,11 @@ class AsyncClient:
             result = ev
         return result
 
+    def events(self, op, params=None, *, timeout=None):
+        """Any op as an async iterator: its token events (when `params` ask to stream),
+        then its result. Closing the iterator early cancels the request."""
+        return self._events(op, dict(params or {}), timeout)
+
     def stream(self, prompt=None, *, timeout=None, **params):
         """generate with stream: true; yields the token events, then the result.
         Closing the iterator early cancels the generation."""
@@ -193,8 +198,10 @@ class AsyncClient:
     async def tokenize(self, text=None, *, timeout=None, **params):
         return await self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    async def detokenize(self, ids=None, *, timeout=None, **params):
-        return await self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+    async def detokenize(self, token_ids=None, *, timeout=None, **params):
+        """token_ids: as tokenize returns them; special=True renders control tokens
+        (e.g. <|im_end|>) as their text instead of dropping them."""
+        return await self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     async def hello(self, *, timeout=None, **params):
         return await self.request("hello", params, timeout=timeout)

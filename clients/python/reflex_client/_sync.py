@@ -264,8 +264,10 @@ class Client:
     def tokenize(self, text=None, *, timeout=None, **params):
         return self.request("tokenize", {**given(text=text), **params}, timeout=timeout)
 
-    def detokenize(self, ids=None, *, timeout=None, **params):
-        return self.request("detokenize", {**given(ids=ids), **params}, timeout=timeout)
+    def detokenize(self, token_ids=None, *, timeout=None, **params):
+        """token_ids: as tokenize returns them; special=True renders control tokens
+        (e.g. <|im_end|>) as their text instead of dropping them."""
+        return self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
     def hello(self, *, timeout=None, **params):
         return self.request("hello", params, timeout=timeout)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from conftest import reflex_argv, uds_argv
-from vectors import load_cases, run_case, vector_files
+from vectors import load_cases, model_under_test, run_case, vector_files
 
 from reflex_client import AsyncClient, Client, ReflexConnectionError, ReflexError, ReflexTimeout
 
@@ -31,7 +31,7 @@ def test_vector_files_exist():
 @pytest.mark.parametrize("path", vector_files(), ids=os.path.basename)
 def test_vectors(client, path):
     failures = {}
-    for case in load_cases(path):
+    for case in load_cases(path, model_under_test(client)):
         bad = run_case(client, case)
         if bad:
             failures[case["name"]] = bad
@@ -51,6 +51,9 @@ def test_generate_matches_stream(client):
 def test_other_ops(client):
     ids = client.tokenize("Hello world")["token_ids"]
     assert client.detokenize(ids)["text"] == "Hello world"
+    special = client.tokenize("Hello <|im_end|>")["token_ids"]
+    assert client.detokenize(special, special=True)["text"] == "Hello <|im_end|>"
+    assert client.detokenize(token_ids=special)["text"] == "Hello "
     s = client.system1("Is the sky blue? Answer:", [" yes", " no"])
     assert len(s["candidates"]) == 2 and s["best_idx"] in (0, 1)
     e = client.embed(["a", "b"], normalize=True)

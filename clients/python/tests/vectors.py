@@ -21,9 +21,21 @@ def vector_files():
     return sorted(glob.glob(os.path.join(VECTORS, "*.jsonl")))
 
 
-def load_cases(path):
+def load_cases(path, model):
+    """The cases of a file, a request's "model": "$MODEL" replaced with `model`: the model
+    under test (model_under_test)."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        cases = [json.loads(line) for line in f if line.strip()]
+    for case in cases:
+        req = case.get("request")
+        if isinstance(req, dict) and req.get("model") == "$MODEL":
+            req["model"] = model
+    return cases
+
+
+def model_under_test(client):
+    """The path of the server's default model: what "$MODEL" stands for in a case."""
+    return client.load()["path"]
 
 
 def _valid_id(v):

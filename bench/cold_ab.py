@@ -1,0 +1,100 @@
+"""Benchmark: the CLI's cold paths, two source trees A/B alternated run by run.
+
+For each tree (a folder put first on PYTHONPATH, so its reflex_ipc is imported by the
+`reflex` console script), alternately:
+
+  * `reflex stdio` (no model): ms from spawn to the ready line;
+  * `reflex generate --max-tokens 1 --device cpu --json PROMPT`: wall ms of the process
+    and its phase marks (main_args_parsed, first_token; launch = $REFLEX_T_LAUNCH);
+
+and the paired ratio B/A of each. Results: one JSON file with every sample.
+
+    python bench/cold_ab.py --a /tmp/tree-main --b . --runs 12 --out bench/results/x.json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from reflex_ipc.commands.bench import cpu_model  # noqa: E402
+
+PROMPT = "The capital of France is"
+
+
+def ready_ms(tree):
+    env = dict(os.environ, PYTHONPATH=tree, REFLEX_T_LAUNCH=str(time.time_ns()))
+    env.pop("REFLEX_MODEL", None)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(["reflex", "stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         env=env)
+    line = p.stdout.readline()
+    t = (time.perf_counter() - t0) * 1e3
+    p.stdin.close()
+    p.wait()
+    assert json.loads(line)["event"] == "ready"
+    return t
+
+
+def generate(tree):
+    env = dict(os.environ, PYTHONPATH=tree, REFLEX_T_LAUNCH=str(time.time_ns()), REFLEX_DETACH="0")
+    env.pop("REFLEX_MODEL", None)
+    t0 = time.perf_counter()
+    out = subprocess.run(["reflex", "generate", "--max-tokens", "1", "--device", "cpu", "--json",
+                          PROMPT], capture_output=True, env=env, check=True).stdout
+    wall = (time.perf_counter() - t0) * 1e3
+    ph = json.loads(out)["timings"]["phases"]
+    return {"wall": wall, "main_args_parsed": ph.get("main_args_parsed"),
+            "first_token": ph.get("first_token")}
+
+
+def summary(a, b):
+    ratios = [y / x for x, y in zip(a, b) if x and y]
+    return {"a_p50": round(statistics.median(a), 3), "b_p50": round(statistics.median(b), 3),
+            "ratio_b_over_a_p50": round(statistics.median(ratios), 4),
+            "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True, help="tree A (the baseline)")
+    p.add_argument("--b", required=True, help="tree B (the change)")
+    p.add_argument("--runs", type=int, default=12, help="pairs (default: %(default)s)")
+    p.add_argument("--a-commit", help="tree A's commit, when it is not a git checkout")
+    p.add_argument("--b-commit", help="tree B's commit, when it is not a git checkout")
+    p.add_argument("--out", help="write the results JSON here")
+    args = p.parse_args()
+    trees = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b)}
+    samples = {k: {"ready": [], "wall": [], "main_args_parsed": [], "first_token": []}
+               for k in trees}
+    for i in range(args.runs):
+        order = ("a", "b") if i % 2 == 0 else ("b", "a")
+        for k in order:
+            samples[k]["ready"].append(ready_ms(trees[k]))
+        for k in order:
+            for name, v in generate(trees[k]).items():
+                samples[k][name].append(v)
+    def commit(tree):
+        r = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
+        return r.stdout.strip() or None
+    res = {"benchmark": "cold_ab", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+                       "load_avg": os.getloadavg()},
+           "trees": {k: {"path": v, "commit": getattr(args, f"{k}_commit") or commit(v)}
+                     for k, v in trees.items()},
+           "runs": args.runs, "prompt": PROMPT,
+           "summary": {m: summary(samples["a"][m], samples["b"][m]) for m in samples["a"]},
+           "samples_ms": samples}
+    text = json.dumps(res, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(json.dumps(res["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""The Starlette application of `reflex http` (routes, auth, body limit, SSE, disconnects)."""
+
+import asyncio
+import contextlib
+import hmac
+import os
+import sys
+import traceback
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from . import api
+from .api import HTTPError
+from .engine import EngineUnavailable, QueueFull, ReflexError
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content):
+        return orjson.dumps(content)
+
+
+def error_response(e: HTTPError):
+    return JSON(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _wait_disconnect(receive):
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events. The client's disconnect is watched for the whole stream (whatever
+    ASGI version the server speaks), and the body iterator is closed as soon as it comes,
+    which cancels the engine's request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, **kw):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kw)
+
+    async def __call__(self, scope, receive, send):
+        stream = asyncio.ensure_future(self.stream_response(send))
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({stream, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (stream, watch):
+                t.cancel()
+            await asyncio.gather(stream, watch, return_exceptions=True)
+            await self.body_iterator.aclose()
+
+
+def sse(obj):
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class Front:
+    def __init__(self, engine, *, api_key=None, max_body_bytes=8 << 20, chat_max_tokens=512,
+                 retry_after=1):
+        self.engine = engine
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.chat_max_tokens = chat_max_tokens
+        self.retry_after = retry_after
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def model_id(self):
+        info = self.engine.info or {}
+        path = info.get("path")
+        if path:
+            name = os.path.basename(path)
+            return name[:-5] if name.endswith(".gguf") else name
+        return self.engine.model or "default"
+
+    def check_auth(self, request):
+        if self.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(self, request):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise self._too_large()
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self):
+        return HTTPError(413, f"the request body exceeds {self.max_body_bytes} bytes (--max-body-bytes)",
+                         code="request_too_large")
+
+    def busy_error(self):
+        return HTTPError(503, "the engine's queue is full; retry later", type="server_error",
+                         code="queue_full", headers={"Retry-After": str(self.retry_after)})
+
+    async def _first(self, request, op, params):
+        """Start a request in the engine and wait for its first event (a token, or the
+        result), watching for the client's disconnect meanwhile (which cancels it).
+        Returns (first event, the rest as an async iterator); engine errors raise HTTPError."""
+        events = self.engine.events(op, params)
+        task = asyncio.current_task()
+        gone = []
+
+        async def watch():  # one task: on disconnect it cancels this one, inside the engine call
+            await _wait_disconnect(request.receive)
+            gone.append(True)
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            ev = await events.__anext__()
+        except ReflexError as e:
+            await events.aclose()
+            raise api.engine_error(e.kind, e.message, op) from None
+        except BaseException:
+            await events.aclose()
+            raise
+        finally:
+            watcher.cancel()
+        if gone:  # the result came as the client left: nobody to send it to
+            await events.aclose()
+            raise asyncio.CancelledError()
+        return ev, events
+
+    async def call(self, request, op, params):
+        """A request run to its result (no streaming); HTTPError on failure."""
+        ev, events = await self._first(request, op, params)
+        await events.aclose()
+        return ev
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def health(self, request):
+        h = self.engine.health()
+        if self.engine.state == "dead" and not self.engine.busy and self.engine.waiting == 0:
+            asyncio.ensure_future(self.engine.start())  # a probe counts as the next request
+        return JSON(h, status_code=200 if h["status"] == "ok" else 503)
+
+    async def models(self, request):
+        self.check_auth(request)
+        return JSON({"object": "list", "data": [self._model_obj()]})
+
+    async def model(self, request):
+        self.check_auth(request)
+        mid = request.path_params["model"]
+        if mid != self.model_id():
+            raise HTTPError(404, f"no model {mid!r} (this front serves {self.model_id()!r})",
+                            param="model", code="model_not_found")
+        return JSON(self._model_obj())
+
+    def _model_obj(self):
+        info = self.engine.info or {}
+        return {"id": self.model_id(), "object": "model", "created": 0, "owned_by": "reflex",
+                "name": info.get("model"), "backend": info.get("backend"), "n_ctx": info.get("n_ctx")}
+
+    async def completions(self, request):
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), api.CompletionRequest)
+        op, params = api.completion_params(req)
+        return await self._generate(request, op, params, req, chat=False)
+
+    async def chat(self, request):
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), api.ChatRequest)
+        op, params = api.chat_params(req, self.chat_max_tokens)
+        return await self._generate(request, op, params, req, chat=True)
+
+    async def _generate(self, request, op, params, req, *, chat):
+        model = self.model_id()
+        if not req.stream:
+            result = await self.call(request, op, params)
+            return JSON((api.chat_response if chat else api.completion_response)(result, model))
+        params["stream"] = True
+        ev, events = await self._first(request, op, params)
+        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        gen = (self._chat_stream if chat else self._completion_stream)(ev, events, rid, model, include_usage)
+        return EventStream(gen)
+
+    async def _engine_stream(self, first, events):
+        """The engine's events (first, then the rest) for an SSE generator; an error after
+        the headers went out becomes one `data: {"error": ...}` event."""
+        try:
+            yield first
+            async for ev in events:
+                yield ev
+        except ReflexError as e:
+            yield {"error": api.engine_error(e.kind, e.message, None).body()["error"]}
+        except EngineUnavailable as e:
+            yield {"error": HTTPError(503, f"the engine died: {e}", code="engine_died").body()["error"]}
+        finally:
+            await events.aclose()
+
+    async def _completion_stream(self, first, events, rid, model, include_usage):
+        import time
+
+        created = int(time.time())
+        offset = 0
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    yield sse(ev)
+                    break
+                if ev.get("event") == "token":
+                    lp = None
+                    if ev.get("logprobs") is not None:
+                        lp = api.completion_logprobs(api._entries(ev["logprobs"]), offset)
+                    offset += len(ev.get("text", ""))
+                    if ev.get("text") or lp is not None:
+                        yield sse({**base, "choices": [{"index": 0, "text": ev.get("text", ""),
+                                                        "logprobs": lp, "finish_reason": None}]})
+                    continue
+                fr = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
+                yield sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": fr}]})
+                if include_usage:
+                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+        yield b"data: [DONE]\n\n"
+
+    async def _chat_stream(self, first, events, rid, model, include_usage):
+        import time
+
+        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+        def chunk(delta, finish=None, lp=None):
+            return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+
+        yield chunk({"role": "assistant", "content": ""})
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    yield sse(ev)
+                    break
+                if ev.get("event") == "token":
+                    lp = None
+                    if ev.get("logprobs") is not None:
+                        lp = api.chat_logprobs(api._entries(ev["logprobs"]))
+                    if ev.get("text") or lp is not None:
+                        yield chunk({"content": ev.get("text", "")}, lp=lp)
+                    continue
+                finish = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
+                calls = api.tool_calls(ev)
+                if calls:
+                    yield chunk({"tool_calls": calls})
+                    finish = "tool_calls"
+                yield chunk({}, finish)
+                if include_usage:
+                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+        yield b"data: [DONE]\n\n"
+
+    async def embeddings(self, request):
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), api.EmbeddingRequest)
+        result = await self.call(request, "embed", {"input": req.input, "pooling": "mean", "normalize": True})
+        return JSON(api.embedding_response(result, self.model_id(), req.encoding_format, req.dimensions))
+
+    async def infill(self, request):
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), api.InfillRequest)
+        op, params = api.infill_params(req)
+        model = self.model_id()
+        if not req.stream:
+            return JSON(api.infill_response(await self.call(request, op, params), model))
+        params["stream"] = True
+        ev, events = await self._first(request, op, params)
+
+        async def gen():
+            async with contextlib.aclosing(self._engine_stream(ev, events)) as evs:
+                async for e in evs:
+                    if "error" in e:
+                        yield sse(e)
+                        return
+                    if e.get("event") == "token":
+                        if e.get("text"):
+                            yield sse({"content": e["text"], "stop": False})
+                    else:
+                        yield sse(api.infill_response(e, model))
+
+        return EventStream(gen())
+
+
+def build_app(front: Front):
+    def guard(handler):
+        async def endpoint(request):
+            try:
+                return await handler(request)
+            except HTTPError as e:
+                return error_response(e)
+            except QueueFull:
+                return error_response(front.busy_error())
+            except EngineUnavailable as e:
+                return error_response(HTTPError(503, f"the engine is unavailable: {e} (the next request "
+                                                "starts or reconnects it)", code="engine_died",
+                                                headers={"Retry-After": str(front.retry_after)}))
+            except (asyncio.CancelledError, ClientDisconnect):
+                return Response(status_code=499)  # the client went away: nobody reads this
+
+        return endpoint
+
+    async def http_error(request, exc):
+        return error_response(HTTPError(exc.status_code, exc.detail or "error",
+                                        code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)))
+
+    async def server_error(request, exc):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        return error_response(HTTPError(500, f"internal error in the HTTP front: {type(exc).__name__} "
+                                        "(the traceback is in its log)", code="internal_error"))
+
+    routes = [
+        Route("/health", guard(front.health), methods=["GET"]),
+        Route("/v1/models", guard(front.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", guard(front.model), methods=["GET"]),
+        Route("/v1/completions", guard(front.completions), methods=["POST"]),
+        Route("/v1/chat/completions", guard(front.chat), methods=["POST"]),
+        Route("/v1/embeddings", guard(front.embeddings), methods=["POST"]),
+        Route("/infill", guard(front.infill), methods=["POST"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.ensure_future(front.engine.start())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await front.engine.close()
+
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: http_error, Exception: server_error})

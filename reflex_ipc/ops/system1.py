@@ -1,0 +1,66 @@
+"""system1: score candidate continuations of a prompt or a chat conversation in one forward pass."""
+
+import time
+from typing import Annotated, Optional
+
+from msgspec import Meta, Struct
+
+from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
+                    NonEmptyStr, Result as _Result, TemplateKwargs, chat_prompt, exactly_one,
+                    merge, ms)
+
+
+EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
+
+
+class System1Request(ModelRequest, kw_only=True):
+    prompt: Optional[Annotated[str, Meta(
+        min_length=1, description="the text the candidates continue (exactly one of this "
+                                  "and messages)")]] = None
+    messages: Optional[Messages] = None
+    chat_template: Optional[ChatTemplate] = None
+    chat_template_kwargs: Optional[TemplateKwargs] = None
+    add_generation_prompt: AddGenerationPrompt = True
+    candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
+    temperature: Annotated[float, Meta(gt=0.0, le=100.0,
+                                       description="for the candidate probabilities")] = 1.0
+    cache_prompt: Annotated[bool, Meta(
+        description="reuse the state of the longest token prefix shared with the previous "
+                    "request (cached_tokens in the result)")] = True
+
+    def __post_init__(self):
+        exactly_one(self, *EXACTLY_ONE)
+
+
+class Candidate(Struct):
+    text: str
+    token_ids: list[int]
+    logprob: float
+    mean_logprob: float
+    probability: float
+
+
+class System1Result(_Result, kw_only=True):
+    candidates: list[Candidate]
+    best_idx: Annotated[int, Meta(ge=0)]
+    entropy: float
+    prompt_tokens: int
+    candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
+    cached_tokens: Annotated[int, Meta(ge=0, description="prompt tokens whose state was reused")]
+    model: ModelName
+
+
+Request, Result = System1Request, System1Result
+
+
+def execute(runner, req, *, should_cancel=None) -> dict:
+    return runner.system1(chat_prompt(runner, req), list(req.candidates),
+                          temperature=req.temperature, should_cancel=should_cancel,
+                          cache_prompt=req.cache_prompt)
+
+
+def run(call, req) -> dict:
+    _, info, runner = call.runner(req)
+    t = time.perf_counter()
+    out = execute(runner, req, should_cancel=call.should_cancel)
+    return merge(out, info.get("model"), call.timings, ms(t))

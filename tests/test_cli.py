@@ -1,0 +1,144 @@
+"""The model commands' command line (issue 13): the protocol's structs check every
+option before a model loads, the prompt from stdin, --json errors, exit codes, doctor
+and smoke on a machine without CUDA.
+
+A nonexistent --model proves the order: a value checked after loading would fail
+with model_not_found instead of invalid_request. The runs that load a model use the
+synthetic GGUF in tests/data (a few MB, loads in well under a second)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from reflex_ipc.cli import exit_code
+from reflex_ipc.errors import KINDS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf")
+NOWHERE = "/nonexistent/reflex/model.gguf"
+
+
+def reflex(*args, stdin=b"", env=None):
+    e = dict(os.environ, PYTHONPATH=ROOT, REFLEX_DETACH="0", **(env or {}))
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", *args], input=stdin,
+                       capture_output=True, env=e, cwd=ROOT, timeout=120)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+@pytest.mark.parametrize("args,option", [
+    (["generate", "--max-tokens", "0", "hi"], "--max-tokens"),
+    (["generate", "--max-tokens", "-1", "hi"], "--max-tokens"),
+    (["generate", "--max-tokens", "131073", "hi"], "--max-tokens"),
+    (["generate", "--temperature", "-1", "hi"], "--temperature"),
+    (["generate", "--top-p", "2", "hi"], "--top-p"),
+    (["generate", "--top-p", "0", "hi"], "--top-p"),
+    (["generate", "--min-p", "1.5", "hi"], "--min-p"),
+    (["generate", "--seed", "-3", "hi"], "--seed"),
+    (["generate", "--repeat-penalty", "0", "hi"], "--repeat-penalty"),
+    (["generate", "--stop", "", "hi"], "--stop"),
+    (["generate", ""], "PROMPT"),
+    (["system1", "hi"], "--candidate"),
+    (["system1", "--candidate", "", "hi"], "--candidate"),
+    (["system1", "--candidate", "a", "--temperature", "0", "hi"], "--temperature"),
+    (["system1", "--candidate", "a", ""], "PROMPT"),
+    (["embed", ""], "TEXT"),
+])
+def test_checked_before_the_model_loads(args, option):
+    rc, out, err = reflex(*args, "--model", NOWHERE, "--device", "cpu")
+    assert rc == 2, err
+    assert f"invalid_request: {option}" in err and "model_not_found" not in err
+    assert out == ""
+
+
+def test_json_errors_are_one_object():
+    rc, out, err = reflex("generate", "--json", "--max-tokens", "0", "--model", NOWHERE, "hi")
+    assert rc == 2
+    assert json.loads(out) == {"error": {"kind": "invalid_request",
+                                         "message": "--max-tokens: Expected `int` >= 1"}}
+    rc, out, _ = reflex("generate", "--json", "--bogus", "hi")  # argparse's own errors too
+    assert rc == 2 and json.loads(out)["error"]["kind"] == "invalid_request"
+    rc, out, _ = reflex("embed", "--json", "--model", NOWHERE, "x")
+    assert rc == 2 and json.loads(out)["error"]["kind"] == "model_not_found"
+    rc, out, _ = reflex("generate", "--json", "--model", TINY, "--device", "cpu",
+                        "--n-ctx", "8", "--max-tokens", "20", "Hello")
+    e = json.loads(out)["error"]
+    assert rc == 2 and e["kind"] == "context_overflow" and "--n-ctx" in e["message"]
+
+
+def test_a_directory_as_model(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"")
+    rc, _, err = reflex("generate", "--model", str(tmp_path), "hi")
+    assert rc == 2 and "is a directory" in err and "m.gguf" in err
+
+
+def test_prompt_from_stdin():
+    base = ["generate", "--json", "--model", TINY, "--device", "cpu", "--max-tokens", "2"]
+    rc, arg_out, err = reflex(*base, "Hello there")
+    assert rc == 0, err
+    for args, stdin in ((["-"], b"Hello there\n"), ([], b"Hello there")):
+        rc, out, err = reflex(*base, *args, stdin=stdin)
+        assert rc == 0, err
+        assert json.loads(out)["token_ids"] == json.loads(arg_out)["token_ids"]
+        assert json.loads(out)["prompt_tokens"] == json.loads(arg_out)["prompt_tokens"]
+
+
+def test_prompt_over_the_argv_limit():
+    """A prompt too long for argv (128 KiB per argument) goes through stdin."""
+    prompt = ("word " * 40000).encode()
+    rc, out, err = reflex("tokenize", "--json", "--model", TINY, stdin=prompt)
+    assert rc == 0, err
+    assert json.loads(out)["text"] == prompt.decode()
+
+
+def test_n_ctx_above_the_trained_context_warns():
+    rc, out, err = reflex("generate", "--json", "--model", TINY, "--device", "cpu",
+                          "--max-tokens", "1", "--n-ctx", "1000000", "Hello")
+    assert rc == 0 and "warning: --n-ctx 1000000 is above the model's trained context" in err
+    assert json.loads(out)["completion_tokens"] == 1
+
+
+def test_tokenize_json_is_compact_and_named_like_the_protocol():
+    rc, out, _ = reflex("tokenize", "--json", "--model", TINY, "ab")
+    assert rc == 0 and out.startswith('{"text":"ab","token_ids":[') and " " not in out.strip()
+
+
+def test_help_shows_defaults():
+    rc, out, _ = reflex("generate", "--help")
+    assert rc == 0
+    for text in ("default: 64", "default: 0.0", "default: 1.0", "default: auto",
+                 "default: none", "1 <= n <= 131072"):
+        assert text in " ".join(out.split()), text
+
+
+def test_exit_codes():
+    assert [k for k in KINDS if exit_code(k) == 2] == [
+        "invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+        "context_overflow"]
+    assert exit_code("cancelled") == 130 and exit_code("internal") == 1
+
+
+def test_doctor_reports_the_cpu_path():
+    """Exit 0 when a model can run here, CUDA or not; 1 when none can."""
+    rc, out, err = reflex("doctor", env={"REFLEX_MODEL": TINY})
+    assert rc == 0, out + err
+    assert "numpy " in out and TINY in out and "--device auto uses the" in out
+    rc, out, _ = reflex("doctor", "--json", env={"REFLEX_MODEL": TINY})
+    rep = json.loads(out)
+    assert rc == 0 and rep["ok"] and rep["cpu"]["ok"]
+    assert rep["auto_backend"] == ("cuda" if rep["cuda"]["ok"] else "numpy")
+    rc, out, _ = reflex("doctor", "--json", env={"REFLEX_MODEL": NOWHERE})
+    assert rc == 1 and not json.loads(out)["ok"]
+
+
+def test_smoke_without_cuda_is_not_a_failure():
+    rc, out, err = reflex("smoke", "--json")
+    rep = json.loads(out)
+    if rep.get("cuda_available") is False:  # this machine (and CI) have no GPU
+        assert rc == 3 and not rep["ok"]
+        rc, out, err = reflex("smoke")
+        assert rc == 3 and "FAILED" not in out + err and "CUDA is not available" in out
+    else:
+        assert rc == (0 if rep["ok"] else 1), out + err

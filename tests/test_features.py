@@ -219,11 +219,12 @@ def test_features_import_nothing_until_used():
     code = (
         "import sys\n"
         "from reflex_ipc import server, protocol\n"
+        "from reflex_ipc.ops import registry\n"
         "class Conn:\n"
         "    out = []\n"
         "    def write(self, b): self.out.append(b)\n"
         "    def hung_up(self): return False\n"
-        "s = server.Server(device='cpu'); s.proto = protocol; c = Conn()\n"
+        "s = server.Server(device='cpu'); s.proto, s.ops = protocol, registry(); c = Conn()\n"
         "s.handle(b'{\"op\":\"generate\",\"prompt\":\"Hi\",\"max_tokens\":1}', c)\n"
         "print(sorted(m for m in ('jinja2', 'llguidance') if m in sys.modules))\n"
         "s.handle(b'{\"op\":\"tokenize\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}', c)\n"
@@ -259,9 +260,10 @@ def test_cli_chat_stdin_schema_infill(fim_model):
              "--candidate", "Paris", "--candidate", "London", "--candidate", "Berlin")
     assert p.returncode == 0 and p.stdout.startswith("*") and "'Paris'" in p.stdout.splitlines()[0]
     p = _cli("infill", "--device", "cpu", "--prefix", "def f(", "--suffix", ")")
-    assert p.returncode == 1 and "invalid_request" in p.stderr and "fill-in-the-middle" in p.stderr
+    # invalid_request: exit 2 (README, "Exit codes")
+    assert p.returncode == 2 and "invalid_request" in p.stderr and "fill-in-the-middle" in p.stderr
     p = _cli("infill", "--device", "cpu", "--model", fim_model, "--json", "--max-tokens", "3",
              "--prefix", "def f(", "--suffix", ")")
     assert p.returncode == 0 and json.loads(p.stdout)["completion_tokens"] >= 1, p.stderr
     p = _cli("generate", "--device", "cpu", "--regex", "(a", "x")
-    assert p.returncode == 1 and "`regex`" in p.stderr
+    assert p.returncode == 2 and "`regex`" in p.stderr

@@ -206,7 +206,7 @@ class UsageError(Exception):
 
 # Exit codes (README, "Exit codes"): 0 ok; 2 the command line or its input (the model
 # file included) is wrong; 130 interrupted; 1 any other failure.
-INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+INPUT_KINDS = ("invalid_request", "model_not_found", "gguf_error", "state_error", "unsupported_architecture",
                "context_overflow")
 
 

@@ -56,8 +56,10 @@ def make_backend(device):
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e
 
 
-def load_runner(model=None, device="auto", n_ctx=None):
-    """A Runner for `model` (path, alias or None for the default) on `device`."""
+def load_runner(model=None, device="auto", n_ctx=None, lora=None):
+    """A Runner for `model` (path, alias or None for the default) on `device`, with LoRA
+    adapters `lora` (a list of "FILE[:SCALE]" strings, {"path", "scale"} dicts or (path,
+    scale) pairs; reflex_ipc/lora.py) applied at load."""
     t0 = time.perf_counter()
     gpu = False
     if device in ("auto", "cuda"):
@@ -74,6 +76,7 @@ def load_runner(model=None, device="auto", n_ctx=None):
     path = resolve_model(model)
     f = GGUFFile(path)
     phases.mark("gguf_open")
+    adapters = []
     try:
         from .models import ARCHITECTURES, load_model
         from .tokenizer import load_tokenizer
@@ -84,17 +87,31 @@ def load_runner(model=None, device="auto", n_ctx=None):
                               f"(supported: {', '.join(ARCHITECTURES)})")
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
+        lora_set = None
+        if lora:
+            from . import lora as lora_mod
+
+            adapters = lora_mod.open_adapters(lora_mod.normalize(lora), f)
         ops = make_backend(device)
         phases.mark("backend_ready")  # with CUDA: the init thread joined, kernels loaded
-        net = load_model(ops, f)
+        if adapters:
+            lora_set = lora_mod.LoraSet(ops, adapters)
+        net = load_model(ops, f, lora_set)
         phases.mark("weights_loaded")  # with CUDA: uploaded
+        runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
     except BaseException:
+        for a in adapters:
+            a.close()
         f.close()
         raise
     finally:
         if gpu:
             cuda.startup_done()
-    return Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
+    if adapters:
+        runner.lora = adapters
+        runner.lora_mode = lora_set.mode
+        runner.adapters = [(lora_mod.digest(a), a.scale) for a in adapters]
+    return runner
 
 
 class _StopText:
@@ -159,6 +176,10 @@ class Runner:
             raise ReflexError("gguf_error", f"the output layer has {self.n_out} rows for a vocabulary "
                               f"of {self.n_vocab} tokens")
         self.load_ms = load_ms
+        self.adapters = []  # [(adapter digest, scale)] of LoRA adapters applied at load
+        self.lora = []  # their lora.Adapter objects (open until close: runtime mode reads them)
+        self.lora_mode = None
+        self._identity = None
 
     # -- small things ----------------------------------------------------------------
     def info(self) -> dict:
@@ -179,6 +200,7 @@ class Runner:
             "n_head": hp.n_head,
             "n_head_kv": hp.n_head_kv,
             "load_ms": self.load_ms,
+            "lora": [{"path": a.path, "scale": a.scale} for a in self.lora],
         }
 
     def tokenize(self, text, *, add_bos=False, parse_special=True) -> list:
@@ -190,7 +212,114 @@ class Runner:
 
     def close(self):
         self.exec.close()
+        for a in self.lora:
+            a.close()
         self.f.close()
+
+    # -- saved state (runtime/statefile.py, protocol/STATE.md) ---------------------------
+    def identity(self):
+        """(model digest, adapter digest) that a saved state must carry to load here."""
+        if self._identity is None:
+            from .runtime.statefile import adapter_digest, model_digest
+
+            self._identity = (model_digest(self.f), adapter_digest(self.adapters))
+        return self._identity
+
+    def save_state(self, path) -> dict:
+        """Write the state's tokens and arrays to `path` (atomically replaced). Returns
+        {"path", "n_tokens", "bytes", "timings": {"state_save"}}."""
+        from .runtime import statefile
+
+        t0 = time.perf_counter()
+        path = statefile.resolve_path(path)
+        st = self.exec.state
+        if st is None or not st.tokens:
+            raise ReflexError("invalid_request", "the state holds no tokens to save")
+        tokens, arrays = st.snapshot()
+        layers = [(spec.kind, [(name, arrays[i][name], spec.slot_axis(name) if spec.kind == "slot" else None)
+                               for name in spec.arrays]) for i, spec in enumerate(st.specs)]
+        digest, adig = self.identity()
+        size = statefile.write_state(path, digest=digest, adapters_digest=adig, arch=self.model.hp.arch,
+                                     tokens=tokens, layers=layers)
+        return {"path": path, "n_tokens": len(tokens), "bytes": size, "timings": {"state_save": _ms(t0)}}
+
+    def _open_state(self, path):
+        """A StateFile checked against this runner: structure (state_error) and identity,
+        context and layout (invalid_request naming the mismatch)."""
+        from .runtime import statefile
+
+        sf = statefile.StateFile(statefile.resolve_path(path))
+        try:
+            self._check_state(sf)
+        except BaseException:
+            sf.close()
+            raise
+        return sf
+
+    def _check_state(self, sf):
+        import os
+
+        def bad(msg):
+            return ReflexError("invalid_request", f"{sf.path}: {msg}")
+
+        arch = self.model.hp.arch
+        if sf.arch != arch:
+            raise bad(f"the state was saved by a {sf.arch!r} model; this model's architecture is {arch!r}")
+        digest, adig = self.identity()
+        if sf.digest != digest:
+            raise bad(f"the state was saved by another model (model digest {sf.digest.hex()[:16]}, "
+                      f"{os.path.basename(self.path)} has {digest.hex()[:16]})")
+        if sf.adapters_digest != adig:
+            raise bad("the state was saved with other LoRA adapters or scales than this model has loaded")
+        if sf.n_tokens > self.n_ctx:
+            raise bad(f"the state holds {sf.n_tokens} tokens; n_ctx {self.n_ctx} is too small")
+        specs = self.model.state_spec()
+        if len(specs) != len(sf.layers):
+            raise bad(f"{len(sf.layers)} layers of state; the model has {len(specs)}")
+        for i, (spec, (kind, arrays)) in enumerate(zip(specs, sf.layers)):
+            names = [e.name for e in arrays]
+            if kind != spec.kind or sorted(names) != sorted(spec.arrays):
+                raise bad(f"layer {i}: {kind} state {names}; the model keeps {spec.kind} state "
+                          f"{sorted(spec.arrays)}")
+            for e in arrays:
+                want = spec.shape(e.name, sf.n_tokens) if kind == "slot" else spec.shape(e.name, 1)[1:]
+                axis = spec.slot_axis(e.name) if kind == "slot" else None
+                if tuple(e.shape) != tuple(want) or e.slot_axis != axis:
+                    raise bad(f"layer {i} array {e.name!r}: shape {e.shape}; the model's is {want}")
+        if sf.tokens and max(sf.tokens) >= self.n_vocab:
+            raise ReflexError("state_error", f"{sf.path}: token id {max(sf.tokens)} is outside the vocabulary")
+
+    def _restore(self, sf, room=0):
+        """Make the executor's state hold the saved tokens and arrays, with room for `room`
+        more tokens (so that the request that follows needs no larger state)."""
+        ex = self.exec
+        ex.forget()
+        st = ex.reserve(max(sf.n_tokens + room, 1))
+        sf.restore(st)
+
+    def load_state(self, path) -> dict:
+        """Load a saved state (the next request whose tokens start with its tokens evaluates
+        only the rest). Returns {"path", "n_tokens", "timings": {"state_load"}}."""
+        t0 = time.perf_counter()
+        with self._open_state(path) as sf:
+            self._restore(sf)
+            return {"path": sf.path, "n_tokens": sf.n_tokens, "timings": {"state_load": _ms(t0)}}
+
+    def _continuation_ids(self, text):
+        """Token ids of text that follows saved tokens: a string, tokenized as text that
+        continues other text (no BOS, no SentencePiece space prefix), or ids (checked)."""
+        if isinstance(text, str):
+            tok = self.tok
+            if not getattr(tok, "add_space_prefix", False):
+                return tok.encode(text, add_bos=False)
+            tok.add_space_prefix = False
+            try:
+                return tok.encode(text, add_bos=False)
+            finally:
+                tok.add_space_prefix = True
+        ids = [int(i) for i in text]
+        self._check_ids(ids)
+        return ids
 
     # -- helpers ------------------------------------------------------------------------
     @staticmethod
@@ -253,7 +382,7 @@ class Runner:
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(), on_token=None,
                  should_cancel=None, cache_prompt=True, logprobs=None, constraint=None,
-                 on_logits=None) -> dict:
+                 on_logits=None, kv_import=None, kv_export=None) -> dict:
         """Continue `prompt` (a string, or a list of token ids used as is). Generation ends at
         an end-of-generation token (not included in token_ids or text; finish_reason "stop"),
         after max_tokens tokens ("length"), when the text contains one of `stop`
@@ -275,6 +404,12 @@ class Runner:
         (reflex_ipc's constrained decoding); tokens it disallows get -inf on the backend
         before selection. on_logits(step, row) receives each step's logits (numpy float32
         [n_vocab], before the constraint) before the token is chosen.
+
+        kv_import: a saved state file (protocol/STATE.md) to start from; `prompt` is then the
+        text (or ids) that follows its tokens, tokenized without BOS, and only that is
+        evaluated. kv_export: a file to save the state to once the prompt is evaluated
+        (before generating). The result then has "kv_import"/"kv_export": {"path",
+        "n_tokens"[, "bytes"]} and timings state_load/state_save.
         """
         import numpy as np
 
@@ -287,12 +422,23 @@ class Runner:
             stop = (stop,)
         max_tokens = int(max_tokens)
         check = self._checker(should_cancel)
-        ids = self._prompt_ids(prompt)
-        t_tok = time.perf_counter()
-        if len(ids) + max_tokens > self.n_ctx:
-            raise ReflexError("context_overflow",
-                              f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the "
-                              f"context of {self.n_ctx}")
+        extra_out, extra_t = {}, {}
+        sf = self._open_state(kv_import) if kv_import is not None else None
+        try:
+            ids = sf.tokens + self._continuation_ids(prompt) if sf is not None else self._prompt_ids(prompt)
+            t_tok = time.perf_counter()
+            if len(ids) + max_tokens > self.n_ctx:
+                raise ReflexError("context_overflow",
+                                  f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the "
+                                  f"context of {self.n_ctx}")
+            if sf is not None:
+                self._restore(sf, room=len(ids) - sf.n_tokens + max_tokens)
+                cache_prompt = True  # the imported tokens are the prefix to keep
+                extra_out["kv_import"] = {"path": sf.path, "n_tokens": sf.n_tokens}
+                extra_t["state_load"] = _ms(t_tok)
+        finally:
+            if sf is not None:
+                sf.close()
         ops, ex = self.ops, self.exec
         sampler = Sampler(temperature, top_k, top_p, min_p, seed)
         penalize = repeat_penalty != 1.0 and (repeat_last_n != 0)
@@ -331,8 +477,12 @@ class Runner:
                 entries.append(self._logprob_entry(raw, tid, n_lp, sampler.temperature))
             return tid
 
-        if max_tokens > 0:
+        if max_tokens > 0 or kv_export is not None:
             logits, cached = ex.prefill(ids, room=max_tokens, reuse=cache_prompt, check=check)
+        if kv_export is not None:
+            saved = self.save_state(kv_export)
+            extra_t.update(saved.pop("timings"))
+            extra_out["kv_export"] = saved
         t_prompt = time.perf_counter()
         tokens = ex.decode(logits, choose, check) if max_tokens > 0 else iter(())
         for tid in tokens:
@@ -384,10 +534,13 @@ class Runner:
         }
         if want_lp:
             out["logprobs"] = entries[:len(out_ids)]
+        out.update(extra_out)
+        out["timings"].update(extra_t)
         return out
 
     # -- system1 -------------------------------------------------------------------
-    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None, cache_prompt=True) -> dict:
+    def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None, cache_prompt=True,
+                kv_import=None, kv_export=None) -> dict:
         """Score candidate continuations of `prompt` in one forward pass over all of them.
 
         Every candidate's tokens are stored after the prompt, each attending to the prompt and
@@ -398,6 +551,10 @@ class Runner:
         is the sum over a candidate's tokens of the full-vocabulary log-softmax (float64);
         probability is the softmax of logprob / temperature over the candidates; entropy is
         theirs, in bits. The state then holds the prompt.
+
+        kv_import / kv_export: as for generate (the prompt is then the text after the saved
+        tokens; each candidate is tokenized with it, without BOS); the export holds the
+        prompt.
         """
         import numpy as np
 
@@ -407,12 +564,36 @@ class Runner:
         if not temperature > 0.0:
             raise ReflexError("invalid_request", f"temperature must be > 0, not {temperature}")
         check = self._checker(should_cancel)
-        p_ids = self._prompt_ids(prompt)
+        extra_out, extra_t = {}, {}
+        sf = self._open_state(kv_import) if kv_import is not None else None
+        try:
+            return self._system1(prompt, candidates, temperature, check, cache_prompt, sf, kv_export,
+                                 extra_out, extra_t, t0)
+        finally:
+            if sf is not None:
+                sf.close()
+
+    def _system1(self, prompt, candidates, temperature, check, cache_prompt, sf, kv_export, extra_out,
+                 extra_t, t0):
+        import numpy as np
+
+        if sf is not None:
+            if not isinstance(prompt, str):
+                raise ReflexError("invalid_request", "the prompt must be a string")
+            prefix = sf.tokens
+
+            def encode(text):
+                return prefix + self._continuation_ids(text)
+
+            p_ids = encode(prompt)
+        else:
+            encode = self.tok.encode
+            p_ids = self._prompt_ids(prompt)
         cand_ids = []
         for i, c in enumerate(candidates):
             if not isinstance(c, str):
                 raise ReflexError("invalid_request", f"candidate {i} is not a string")
-            full = self.tok.encode(prompt + c)
+            full = encode(prompt + c)
             if full[:len(p_ids)] != p_ids:
                 raise ReflexError("invalid_request",
                                   f"candidate {i} ({c[:40]!r}) changes the tokenization of the prompt: "
@@ -426,6 +607,12 @@ class Runner:
             raise ReflexError("context_overflow", f"{P} prompt tokens + {M} candidate tokens exceed "
                               f"the context of {self.n_ctx}")
         ex = self.exec
+        if sf is not None:
+            t_imp = time.perf_counter()
+            self._restore(sf, room=P - sf.n_tokens + M)
+            cache_prompt = True
+            extra_out["kv_import"] = {"path": sf.path, "n_tokens": sf.n_tokens}
+            extra_t["state_load"] = _ms(t_imp)
         # candidate c's token t is stored at slot P + offset_c + t, rotated at position P + t,
         # and sees the prompt and its own tokens up to itself; token t is predicted by the
         # prompt's last logits (t = 0), else by the row of its candidate's token t - 1
@@ -491,8 +678,13 @@ class Runner:
             out.append({"text": text, "token_ids": [int(x) for x in cand_ids[c]],
                         "logprob": float(logprob[c]), "mean_logprob": float(logprob[c] / n),
                         "probability": float(prob[c])})
+        if kv_export is not None:
+            saved = self.save_state(kv_export)
+            extra_t.update(saved.pop("timings"))
+            extra_out["kv_export"] = saved
         t_end = time.perf_counter()
         return {
+            **extra_out,
             "candidates": out,
             "best_idx": int(np.argmax(logprob)),
             "entropy": entropy,
@@ -500,7 +692,7 @@ class Runner:
             "candidate_tokens": M,
             "cached_tokens": held,
             "timings": {"tokenize": _ms(t0, t_tok), "prompt_eval": _ms(t_tok, t_prompt),
-                        "candidates_eval": _ms(t_prompt, t_eval), "total": _ms(t0, t_end)},
+                        "candidates_eval": _ms(t_prompt, t_eval), "total": _ms(t0, t_end), **extra_t},
         }
 
     # -- embed ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ KINDS = (
     "line_too_long",
     "model_not_found",
     "gguf_error",
+    "state_error",
     "unsupported_architecture",
     "context_overflow",
     "out_of_memory",

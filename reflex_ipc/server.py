@@ -230,8 +230,9 @@ class Server:
     """
 
     def __init__(self, *, model=None, device="auto", max_line_bytes=MAX_LINE_BYTES,
-                 loader=None, resolve=None):
+                 loader=None, resolve=None, lora=None):
         self.default_model = model
+        self.default_lora = lora or []  # --lora FILE[:SCALE] for the preloaded model
         self.default_device = device or "auto"
         self.max_line_bytes = max_line_bytes
         self._loader = loader
@@ -277,12 +278,14 @@ class Server:
             path = self.paths[name] = self._resolve(name)
         return path
 
-    def runner_for(self, model, device, timings, use_active=True):
+    def runner_for(self, model, device, timings, use_active=True, lora=None):
         """The runner for (model, device), loading it when not cached. Either
         left out means the active model's (with use_active, and one is
-        active), else the server's default (--model / --device)."""
+        active), else the server's default (--model / --device). lora: a
+        tuple of (adapter path, scale) (load only): the same model with other
+        adapters is another runner, cached under (path, device, lora)."""
         active = self.active if use_active else None
-        if model is None and device is None and active is not None:
+        if model is None and device is None and active is not None and not lora:
             key = active
         else:
             if model is None:
@@ -293,15 +296,15 @@ class Server:
                 device = active[1] if active else self.default_device
             if device == "auto" and self.auto_device:
                 device = self.auto_device
-            key = (path, device)
+            key = (path, device) + ((lora,) if lora else ())
         runner = self.runners.get(key)
         if runner is None:
             t0 = time.perf_counter()
             if self._loader is None:
                 from .engine import load_runner
 
-                self._loader = lambda p, d: load_runner(p, device=d)
-            runner = self._loader(key[0], key[1])
+                self._loader = lambda p, d, lora=None: load_runner(p, device=d, lora=lora)
+            runner = self._loader(key[0], key[1], lora=list(lora)) if lora else self._loader(key[0], key[1])
             timings["load"] = _ms(t0, time.perf_counter())
             info = dict(runner.info())
             self.runners[key] = runner
@@ -310,8 +313,8 @@ class Server:
             # that name too, so naming it later finds this runner.
             real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
             if real and real != key[1]:
-                self.runners.setdefault((key[0], real), runner)
-                self.infos.setdefault((key[0], real), info)
+                self.runners.setdefault((key[0], real) + key[2:], runner)
+                self.infos.setdefault((key[0], real) + key[2:], info)
                 if key[1] == "auto":
                     self.auto_device = real  # what "auto" means on this machine
         if self.active is None:
@@ -321,7 +324,13 @@ class Server:
     def preload(self):
         """--model: load it (and make it active) before the ready line."""
         timings = {}
-        self.runner_for(self.default_model, self.default_device, timings)
+        lora = None
+        if self.default_lora:
+            from .lora import normalize
+            from .modelpath import resolve_model
+
+            lora = tuple((resolve_model(p), s) for p, s in normalize(self.default_lora))
+        self.runner_for(self.default_model, self.default_device, timings, lora=lora)
         self.startup_timings.update(timings)
 
     def _active_info(self):
@@ -421,11 +430,13 @@ class Call:
     def should_cancel(self) -> bool:
         return self.server.cancel or self.conn.hung_up()
 
-    def runner(self, req, use_active=True):
-        """(key, info, runner) for the request's model and device (Server.runner_for);
-        raises `cancelled` when the request was cancelled while it loaded."""
+    def runner(self, req, use_active=True, lora=None):
+        """(key, info, runner) for the request's model and device (Server.runner_for;
+        lora: load's adapters); raises `cancelled` when the request was cancelled while it
+        loaded."""
         srv = self.server
-        key, runner = srv.runner_for(req.model, req.device, self.timings, use_active=use_active)
+        key, runner = srv.runner_for(req.model, req.device, self.timings, use_active=use_active,
+                                     lora=lora)
         if self.should_cancel():
             raise ReflexError("cancelled", "cancelled before the request ran")
         return key, srv.infos[key], runner

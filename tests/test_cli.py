@@ -115,7 +115,7 @@ def test_help_shows_defaults():
 
 def test_exit_codes():
     assert [k for k in KINDS if exit_code(k) == 2] == [
-        "invalid_request", "model_not_found", "gguf_error", "unsupported_architecture",
+        "invalid_request", "model_not_found", "gguf_error", "state_error", "unsupported_architecture",
         "context_overflow"]
     assert exit_code("cancelled") == 130 and exit_code("internal") == 1
 

@@ -120,7 +120,7 @@ def test_vector_against_schema(case):
 def test_schema_matches_structs():
     """Every op's request schema names exactly the struct's fields."""
     defs = SCHEMA["$defs"]
-    assert [r["$ref"].rsplit("_", 1)[1] for r in defs["request"]["oneOf"]] == list(protocol.OPS)
+    assert [r["$ref"].removeprefix("#/$defs/request_") for r in defs["request"]["oneOf"]] == list(protocol.OPS)
     for op, cls in protocol.OPS.items():
         sch = defs[f"request_{op}"]
         assert set(sch["properties"]) - {"id", "op"} == set(cls.__struct_fields__), op
@@ -222,7 +222,7 @@ field_names = st.sampled_from(
     ["id", "op", "prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
      "repeat_penalty", "repeat_last_n", "stop", "stream", "candidates", "input", "pooling",
      "normalize", "text", "add_bos", "parse_special", "token_ids", "special", "ids", "model", "device",
-     "protocol", "zzz"])
+     "protocol", "path", "kv_import", "kv_export", "lora", "zzz"])
 requests = st.dictionaries(field_names, json_values, max_size=6) | st.builds(lambda op, d: {**d, "op": op}, st.sampled_from(list(protocol.OPS)),
                               st.dictionaries(field_names, json_values, max_size=5))
 

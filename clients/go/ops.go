@@ -93,6 +93,8 @@ type GenerateRequest struct {
 	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`
+	KVImport      string   `json:"kv_import,omitempty"` // a saved state to start from; Prompt follows its tokens
+	KVExport      string   `json:"kv_export,omitempty"` // save the state here once the prompt is evaluated
 	Model         string   `json:"model,omitempty"`
 	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda"
 }
@@ -108,6 +110,8 @@ type GenerateResult struct {
 	Logprobs         []LogprobEntry `json:"logprobs,omitempty"`
 	ToolCalls        []ToolCall     `json:"tool_calls,omitempty"` // with Tools, when the model called one
 	Content          string         `json:"content,omitempty"`    // with ToolCalls: the text outside them
+	KVImport         *StateInfo     `json:"kv_import,omitempty"`
+	KVExport         *StateInfo     `json:"kv_export,omitempty"`
 	Model            string         `json:"model"`
 	Timings          Timings        `json:"timings"`
 }
@@ -145,6 +149,8 @@ type System1Request struct {
 	Candidates  []string  `json:"candidates"`
 	Temperature float64   `json:"temperature,omitempty"`  // 0: 1.0
 	CachePrompt *bool     `json:"cache_prompt,omitempty"` // nil: true
+	KVImport    string    `json:"kv_import,omitempty"`
+	KVExport    string    `json:"kv_export,omitempty"`
 	Model       string    `json:"model,omitempty"`
 	Device      string    `json:"device,omitempty"`
 }
@@ -165,10 +171,12 @@ type System1Result struct {
 	Entropy      float64     `json:"entropy"`
 	PromptTokens int         `json:"prompt_tokens"`
 	// CandidateTokens: the candidates' tokens, all together.
-	CandidateTokens int     `json:"candidate_tokens"`
-	CachedTokens    int     `json:"cached_tokens"` // prompt tokens whose state was reused
-	Model           string  `json:"model"`
-	Timings         Timings `json:"timings"`
+	CandidateTokens int        `json:"candidate_tokens"`
+	CachedTokens    int        `json:"cached_tokens"` // prompt tokens whose state was reused
+	KVImport        *StateInfo `json:"kv_import,omitempty"`
+	KVExport        *StateInfo `json:"kv_export,omitempty"`
+	Model           string     `json:"model"`
+	Timings         Timings    `json:"timings"`
 }
 
 // EmbedRequest: embed's parameters.
@@ -220,6 +228,27 @@ type DetokenizeRequest struct {
 // DetokenizeResult: detokenize's result.
 type DetokenizeResult struct {
 	Text    string  `json:"text"`
+	Model   string  `json:"model"`
+	Timings Timings `json:"timings"`
+}
+
+// StateRequest: state_save's and state_load's parameters.
+type StateRequest struct {
+	Path   string `json:"path"`
+	Model  string `json:"model,omitempty"`
+	Device string `json:"device,omitempty"`
+}
+
+// StateInfo describes a saved state file (protocol/STATE.md).
+type StateInfo struct {
+	Path    string `json:"path"`
+	NTokens int    `json:"n_tokens"`
+	Bytes   int64  `json:"bytes,omitempty"` // saves only
+}
+
+// StateResult: state_save's and state_load's result.
+type StateResult struct {
+	StateInfo
 	Model   string  `json:"model"`
 	Timings Timings `json:"timings"`
 }
@@ -281,6 +310,17 @@ func (c *Client) Tokenize(ctx context.Context, req TokenizeRequest) (*TokenizeRe
 // Detokenize returns the text of token ids.
 func (c *Client) Detokenize(ctx context.Context, req DetokenizeRequest) (*DetokenizeResult, error) {
 	return call[DetokenizeResult](ctx, c, "detokenize", req)
+}
+
+// StateSave saves the loop's current state (the tokens it holds) to req.Path.
+func (c *Client) StateSave(ctx context.Context, req StateRequest) (*StateResult, error) {
+	return call[StateResult](ctx, c, "state_save", req)
+}
+
+// StateLoad loads a saved state: a later request whose tokens start with its
+// tokens evaluates only the rest.
+func (c *Client) StateLoad(ctx context.Context, req StateRequest) (*StateResult, error) {
+	return call[StateResult](ctx, c, "state_load", req)
 }
 
 // Ping checks that the server answers (it loads no model).

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,6 +159,34 @@ func TestChatInfillLogprobsSchema(t *testing.T) {
 	}
 	_, err = c.Chat(ctx, capital, GenerateRequest{DecodeOptions: DecodeOptions{JSONSchema: map[string]any{"type": "nope"}}})
 	wantKind(t, err, "invalid_request", "json_schema")
+}
+
+func TestSavedState(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.state")
+	full, err := c.Generate(ctx, GenerateRequest{Prompt: "The capital of France is Paris. The capital of Italy is", MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Generate(ctx, GenerateRequest{Prompt: "The capital of France is Paris.", MaxTokens: 1, KVExport: p})
+	if err != nil || a.KVExport == nil || a.KVExport.NTokens != a.PromptTokens {
+		t.Fatalf("kv_export: %v %+v", err, a)
+	}
+	b, err := c.Generate(ctx, GenerateRequest{Prompt: " The capital of Italy is", MaxTokens: 4, KVImport: p})
+	if err != nil || b.KVImport == nil || b.KVImport.NTokens != a.PromptTokens || fmt.Sprint(b.TokenIDs) != fmt.Sprint(full.TokenIDs) {
+		t.Fatalf("kv_import: %v %+v (full %v)", err, b, full.TokenIDs)
+	}
+	s, err := c.StateSave(ctx, StateRequest{Path: filepath.Join(dir, "q.state")})
+	if err != nil || s.NTokens == 0 || s.Bytes == 0 {
+		t.Fatalf("state_save: %v %+v", err, s)
+	}
+	l, err := c.StateLoad(ctx, StateRequest{Path: p})
+	if err != nil || l.NTokens != a.PromptTokens {
+		t.Fatalf("state_load: %v %+v", err, l)
+	}
+	_, err = c.StateLoad(ctx, StateRequest{Path: filepath.Join(dir, "missing.state")})
+	wantKind(t, err, "state_error", "")
 }
 
 func TestErrorsCarryTheKind(t *testing.T) {

@@ -5,7 +5,7 @@ export declare const PROTOCOL: number;
 /** The kinds of protocol error results, plus "connection" for client-side failures. */
 export type ErrorKind =
   | 'parse_error' | 'invalid_request' | 'unknown_op' | 'line_too_long'
-  | 'model_not_found' | 'gguf_error' | 'unsupported_architecture'
+  | 'model_not_found' | 'gguf_error' | 'state_error' | 'unsupported_architecture'
   | 'context_overflow' | 'out_of_memory' | 'cuda_error' | 'cancelled' | 'internal'
   | 'connection';
 
@@ -153,6 +153,10 @@ export interface GenerateParams extends ModelParams, ChatParams, DecodeParams {
   /** Default 64. */
   repeat_last_n?: number;
   stop?: string | string[];
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface GenerateResult extends ResultEvent {
@@ -169,6 +173,8 @@ export interface GenerateResult extends ResultEvent {
   tool_calls?: ToolCall[];
   /** With tool_calls: the text outside them. */
   content?: string;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -181,6 +187,10 @@ export interface System1Params extends ModelParams, ChatParams {
   temperature?: number;
   /** Default true: reuse the state of the prompt prefix shared with the previous request. */
   cache_prompt?: boolean;
+  /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
+  kv_import?: string | null;
+  /** Save the state to this file once the prompt is evaluated. */
+  kv_export?: string | null;
 }
 
 export interface System1Candidate {
@@ -200,6 +210,8 @@ export interface System1Result extends ResultEvent {
   candidate_tokens: number;
   /** Prompt tokens whose state was reused (not evaluated again). */
   cached_tokens: number;
+  kv_import?: StateFileInfo;
+  kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
@@ -267,6 +279,26 @@ export interface DetokenizeResult extends ResultEvent {
   text: string;
   model: string;
   timings: Timings;
+}
+
+export interface StateParams extends ModelParams {
+  path: string;
+}
+
+export interface StateResult extends ResultEvent {
+  path: string;
+  n_tokens: number;
+  /** state_save only: the file's size. */
+  bytes?: number;
+  model: string;
+  timings: Timings;
+}
+
+/** kv_import / kv_export in a result. */
+export interface StateFileInfo {
+  path: string;
+  n_tokens: number;
+  bytes?: number;
 }
 
 export interface HelloResult extends ResultEvent {
@@ -346,6 +378,10 @@ export declare class Reflex {
   embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
   tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;
   detokenize(params: DetokenizeParams, options?: RequestOptions): Promise<DetokenizeResult>;
+  /** Save the loop's current state to params.path (protocol/STATE.md). */
+  stateSave(params: StateParams, options?: RequestOptions): Promise<StateResult>;
+  /** Load a saved state: a later request whose tokens start with its tokens evaluates only the rest. */
+  stateLoad(params: StateParams, options?: RequestOptions): Promise<StateResult>;
   hello(params?: { protocol?: number }, options?: RequestOptions): Promise<HelloResult>;
   load(params?: ModelParams, options?: RequestOptions): Promise<LoadResult>;
   ping(options?: RequestOptions): Promise<ResultEvent>;

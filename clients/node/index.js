@@ -232,6 +232,8 @@ export class Reflex {
   embed(params, opts) { return this.request('embed', params, opts); }
   tokenize(params, opts) { return this.request('tokenize', params, opts); }
   detokenize(params, opts) { return this.request('detokenize', params, opts); }
+  stateSave(params, opts) { return this.request('state_save', params, opts); }
+  stateLoad(params, opts) { return this.request('state_load', params, opts); }
   hello(params, opts) { return this.request('hello', params, opts); }
   load(params, opts) { return this.request('load', params, opts); }
   ping(opts) { return this.request('ping', {}, opts); }

@@ -79,6 +79,11 @@ OPS = (
 )
 
 
+# Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
+# models are refused on it at load). The numpy backend has them; CUDA does not yet.
+MLA_OPS = ("split", "concat", "head_matmul")
+
+
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]
@@ -92,9 +97,11 @@ def check_matmul_n(ws):
         raise ValueError(f"matmul_n: weights of different widths {[tuple(w.shape) for w in ws]}")
 
 
-def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None):
+def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None, groups=None):
     """The routing of `moe` on the host: (top [N, n_used] expert ids best first, w [N, n_used]
-    their float32 weights) from float32 router logits [N, E]."""
+    their float32 weights) from float32 router logits [N, E]. groups (G, G_used): the experts
+    form G consecutive groups; a group's score is the sum of its two best selection values,
+    and only the G_used best groups' experts may be chosen (DeepSeek-V3's grouped routing)."""
     import numpy as np
 
     logits = np.asarray(logits, np.float32)
@@ -107,6 +114,15 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     else:
         raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
     sel = probs if selection_bias is None else probs + np.asarray(selection_bias, np.float32)
+    if groups is not None and groups[0] > 1:
+        G, G_used = groups
+        N, E = sel.shape
+        g = sel.reshape(N, G, E // G)
+        score = -np.sort(-g, axis=-1)[:, :, :2].sum(axis=-1)  # [N, G]
+        keep = np.argsort(-score, axis=-1, kind="stable")[:, :G_used]
+        hidden = np.ones((N, G), bool)
+        np.put_along_axis(hidden, keep, False, axis=-1)
+        sel = np.where(np.repeat(hidden, E // G, axis=-1), np.float32(-np.inf), sel)
     top = np.argsort(-sel, axis=-1, kind="stable")[:, :n_used]
     w = np.take_along_axis(probs, top, axis=-1)
     if norm:
@@ -201,18 +217,23 @@ class Ops:
         raise NotImplementedError
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """A mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it:
             logits = matmul(x, router)               router [E, K]: E experts
             probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid")
             top    = the n_used largest of probs (+ selection_bias [E], for choosing only),
-                     best first, lower index first on ties
+                     best first, lower index first on ties; with groups (G, G_used) only among
+                     the G_used groups of experts whose two best values sum highest (moe_route)
             w      = probs[top], divided by max(sum(w), 2^-14) when norm, times scale
                      (unless scale is 0 or 1)
             out[n] = sum_k w[n, k] * down_e(glu(gate_e(x[n]), up_e(x[n])))   e = top[n, k]
         w_gate, w_up are the 3-D expert tensors as weight handles [E*F, K] (expert e's rows
         e*F..e*F+F-1), w_down [E*K', F]; glu is swiglu (act "silu") or geglu ("gelu").
-        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts."""
+        x float32 [N, K] -> float32 [N, K']. A backend reads only the selected experts.
+        Variants (gemma4): `logits` float32 [N, E] given instead of a router (router None);
+        w_up None when w_gate holds each expert's gate and up rows together ([E*2F, K]: expert
+        e's gate at rows 2eF..2eF+F-1, its up right after); expert_scale [E] multiplies expert
+        e's output (a per-expert scale of the down projection)."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):
@@ -260,7 +281,7 @@ class Ops:
         raise NotImplementedError
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotary embedding of x float32 [N, H, hd] at positions pos [N].
 
         For i in 0..n_rot/2-1 (n_rot defaults to hd; dims >= n_rot pass through):
@@ -268,6 +289,14 @@ class Ops:
             normal (llama.cpp "norm"): the pair is (2i, 2i+1)
             neox:                      the pair is (i, i + n_rot/2)
             (x_a, x_b) -> ((x_a cos - x_b sin) * mscale, (x_a sin + x_b cos) * mscale)
+        yarn (ext_factor, n_ctx_orig, beta_fast, beta_slow), ext_factor != 0: YaRN as ggml's
+        rope computes it: with theta_e = theta / freq_scale (extrapolated) and the correction
+        range [lo, hi] = [max(0, floor(d(beta_fast))), min(n_rot - 1, ceil(d(beta_slow)))],
+        d(b) = n_rot * ln(n_ctx_orig / (2 pi b)) / (2 ln base),
+            ramp  = (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor
+            theta = theta * (1 - ramp) + theta_e * ramp
+            mscale = mscale * (1 + 0.1 ln(1 / freq_scale))
+        A backend without YaRN raises unsupported_architecture for ext_factor != 0.
         Returns a new array, or rotates x itself when inplace."""
         raise NotImplementedError
 
@@ -281,13 +310,31 @@ class Ops:
     # -- attention ---------------------------------------------------------------
     def kv_store(self, k_cache, v_cache, k, v, slots):
         """Write k [N, Hkv, dk], v [N, Hkv, dv] into k_cache[:, slots[n]], v_cache[:, slots[n]]
-        (a layer's state arrays [Hkv, n_slots, d])."""
+        (a layer's state arrays [Hkv, n_slots, d]). v_cache and v None: keys only (an MLA
+        latent, whose values are a prefix of the keys)."""
         raise NotImplementedError
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
-        """q float32 [N, Hq, hd] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
-        [N, Hq, hd] (semantics in the module docstring). Store the batch's own k/v first."""
+                  mask=None, v_dim=None):
+        """q float32 [N, Hq, dk] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
+        [N, Hq, dv] (semantics in the module docstring). Store the batch's own k/v first.
+        v_cache None: the values are the first v_dim dims of the keys (multi-head latent
+        attention's latent, one KV head); a backend may support only v_cache given."""
+        raise NotImplementedError
+
+    # -- multi-head latent attention (MLA_OPS: optional) ---------------------------------
+    def split(self, x, sizes):
+        """x [..., sum(sizes)] -> [x[..., :s0], x[..., s0:s0+s1], ...] as separate contiguous
+        arrays."""
+        raise NotImplementedError
+
+    def concat(self, xs):
+        """Arrays of one leading shape [..., d_i] -> [..., sum(d_i)] along the last axis."""
+        raise NotImplementedError
+
+    def head_matmul(self, x, w):
+        """A weight per head: x float32 [N, H, K] and weight handle w [H*M, K] (a 3-D tensor
+        [H, M, K]) -> float32 [N, H, M], y[n, h] = w[h] @ x[n, h]."""
         raise NotImplementedError
 
     # -- selection ---------------------------------------------------------------

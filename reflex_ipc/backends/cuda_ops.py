@@ -263,25 +263,31 @@ class CudaOps:
         return out
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """Routed on the host (the router's logits cross, N x E floats), then each token's
         selected experts through the quantized matmul kernels on views of the expert tensors:
         only those experts' blocks are read. It waits for the device, so a model using it is
         not captured in a graph (models mark that with `capturable = False`)."""
-        E = router.shape[0]
-        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
-        top, w = moe_route(self.to_numpy(self.matmul(x, router)), n_used, gating, norm, scale, selection_bias)
+        if logits is None:
+            logits = self.matmul(x, router)
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        top, w = moe_route(self.to_numpy(logits), n_used, gating, norm, scale,
+                           None if selection_bias is None else self.to_numpy(selection_bias), groups)
+        if expert_scale is not None:
+            w = w * self.to_numpy(expert_scale)[top]
         out = self.zeros((x.shape[0], D))
 
-        def rows(wt, e, n):
-            return self.weight_rows(wt, e * n, n)
+        def rows(wt, start, n):
+            return self.weight_rows(wt, start, n)
 
         for n in range(x.shape[0]):
             xn, on = x[n:n + 1], out[n:n + 1]
             for k in range(top.shape[1]):
                 e = int(top[n, k])
-                y = self.matmul(self.matmul_glu(xn, rows(w_gate, e, F), rows(w_up, e, F), act=act),
-                                rows(w_down, e, D))
+                g, u = (rows(w_gate, 2 * e * F, F), rows(w_gate, (2 * e + 1) * F, F)) if w_up is None else \
+                    (rows(w_gate, e * F, F), rows(w_up, e * F, F))
+                y = self.matmul(self.matmul_glu(xn, g, u, act=act), rows(w_down, e * D, D))
                 self.add(on, self.scale(y, float(w[n, k])), out=on)
         return out
 
@@ -371,8 +377,11 @@ class CudaOps:
         return self.asarray(np.asarray(pos, dtype=np.int32))
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
+        if yarn is not None and yarn[0] != 0.0:
+            raise ReflexError("unsupported_architecture", "YaRN rope scaling has no CUDA kernel yet "
+                              "(use --device cpu)")
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
         pos = self.positions(pos)
@@ -413,8 +422,11 @@ class CudaOps:
                            slots.ptr, N, Hkv, hd, k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
+                  mask=None, v_dim=None):
         """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
+        if v_cache is None:
+            raise ReflexError("unsupported_architecture", "latent attention (values inside the keys) has "
+                              "no CUDA kernel yet (use --device cpu)")
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")

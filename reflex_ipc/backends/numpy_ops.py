@@ -191,16 +191,24 @@ class NumpyOps:
         return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu"):
-        E = router.shape[0]
-        F, D = w_gate.shape[0] // E, w_down.shape[0] // E
-        top, w = moe_route(x @ router.T, n_used, gating, norm, scale, selection_bias)
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+        if logits is None:
+            logits = x @ router.T
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
         glu = self.swiglu if act == "silu" else self.geglu
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
             h = x[rows]
-            y = glu(h @ w_gate[e * F:(e + 1) * F].T, h @ w_up[e * F:(e + 1) * F].T) @ w_down[e * D:(e + 1) * D].T
+            if w_up is None:
+                g, u = w_gate[2 * e * F:(2 * e + 1) * F], w_gate[(2 * e + 1) * F:(2 * e + 2) * F]
+            else:
+                g, u = w_gate[e * F:(e + 1) * F], w_up[e * F:(e + 1) * F]
+            y = glu(h @ g.T, h @ u.T) @ w_down[e * D:(e + 1) * D].T
+            if expert_scale is not None:
+                y = y * expert_scale[e]
             out[rows] += y * w[rows, slot][:, None]
         return out
 
@@ -252,18 +260,30 @@ class NumpyOps:
             y *= w
         return y
 
-    def _rotation(self, pos, hd, n_rot, base, freq_scale, freq_factors, neox, mscale):
+    def _rotation(self, pos, hd, n_rot, base, freq_scale, freq_factors, neox, mscale, yarn=None):
         """(perm, cos, sin) with rope(x) = x * cos + x[..., perm] * sin over the last axis:
         perm swaps each rotated pair, sin carries the pair's sign, dims >= n_rot pass through.
         Memoized for the last positions array (q and k of every layer share it)."""
-        params = (hd, n_rot, base, freq_scale, id(freq_factors), neox, mscale)
+        params = (hd, n_rot, base, freq_scale, id(freq_factors), neox, mscale, yarn)
         memo = self._rope_memo
         if memo is not None and memo[0] is pos and memo[1] == params:
             return memo[2]
         half = n_rot // 2
-        inv = np.power(float(base), -2.0 * np.arange(half) / n_rot) * freq_scale
+        inv = np.power(float(base), -2.0 * np.arange(half) / n_rot)
         if freq_factors is not None:
             inv = inv / np.asarray(freq_factors, np.float64)
+        if yarn is not None and yarn[0] != 0.0:
+            ext_factor, n_ctx_orig, beta_fast, beta_slow = yarn
+
+            def corr_dim(b):
+                return n_rot * math.log(n_ctx_orig / (b * 2 * math.pi)) / (2 * math.log(base))
+
+            lo, hi = max(0.0, math.floor(corr_dim(beta_fast))), min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+            ramp = (1 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor
+            inv = inv * freq_scale * (1 - ramp) + inv * ramp
+            mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+        else:
+            inv = inv * freq_scale
         ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]  # [N, half]
         c, sn = np.cos(ang) * mscale, np.sin(ang) * mscale
         cos = np.ones((len(ang), hd))
@@ -279,10 +299,10 @@ class NumpyOps:
         return rot
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
         hd = x.shape[-1]
         perm, cos, sin = self._rotation(pos, hd, hd if n_rot is None else n_rot, base, freq_scale,
-                                        freq_factors, neox, mscale)
+                                        freq_factors, neox, mscale, tuple(yarn) if yarn is not None else None)
         y = x * cos
         y += x[..., perm] * sin
         if inplace:
@@ -298,6 +318,9 @@ class NumpyOps:
 
     # -- attention ---------------------------------------------------------------
     def kv_store(self, k_cache, v_cache, k, v, slots):
+        if v_cache is None:  # keys only (an MLA latent)
+            self.kv_store(k_cache, k_cache[:, :, :0], k, k[:, :, :0], slots)
+            return
         if len(slots) == 1:  # decode
             slot = int(slots[0])
             k_cache[:, slot] = k[0]
@@ -314,12 +337,13 @@ class NumpyOps:
             v_cache[:, slots] = v.transpose(1, 0, 2)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
+                  mask=None, v_dim=None):
         N, Hq, hd = q.shape
         Hkv = k_cache.shape[0]
         g = Hq // Hkv
         K = k_cache[:, :n_kv]  # [Hkv, n_kv, hd]
-        V = v_cache[:, :n_kv]
+        V = v_cache[:, :n_kv] if v_cache is not None else k_cache[:, :n_kv, :v_dim]
+        dv = V.shape[-1]
         if N == 1 and mask is None and (window <= 0 or n_kv <= window) and (
                 not causal or int(pos[0]) >= n_kv - 1):
             # decode: one query that sees every stored key
@@ -329,7 +353,7 @@ class NumpyOps:
             s -= np.maximum.reduce(s, axis=-1, keepdims=True)
             np.exp(s, out=s)
             s /= np.add.reduce(s, axis=-1, keepdims=True)
-            return (s @ V).reshape(1, Hq, hd)
+            return (s @ V).reshape(1, Hq, dv)
         qg = q.reshape(N, Hkv, g, hd).transpose(1, 0, 2, 3).reshape(Hkv, N * g, hd)
         s = (qg * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, N*g, n_kv]
         s = s.reshape(Hkv, N, g, n_kv)
@@ -348,8 +372,8 @@ class NumpyOps:
         denom = np.add.reduce(p, axis=-1, keepdims=True)
         denom[denom == 0] = 1
         p /= denom
-        o = p.reshape(Hkv, N * g, n_kv) @ V  # [Hkv, N*g, hd]
-        return np.ascontiguousarray(o.reshape(Hkv, N, g, hd).transpose(1, 0, 2, 3)).reshape(N, Hq, hd)
+        o = p.reshape(Hkv, N * g, n_kv) @ V  # [Hkv, N*g, dv]
+        return np.ascontiguousarray(o.reshape(Hkv, N, g, dv).transpose(1, 0, 2, 3)).reshape(N, Hq, dv)
 
     def _visibility(self, pos, n_kv, causal, window):
         """Additive float32 [N, 1, n_kv] bias hiding keys outside [lo, hi] (base.py), or None
@@ -369,6 +393,27 @@ class NumpyOps:
             bias = np.where(vis, _F32(0), _F32(-np.inf))[:, None, :]
         self._vis_memo = (pos, key, bias)
         return bias
+
+    # -- multi-head latent attention ---------------------------------------------------
+    def split(self, x, sizes):
+        if sum(sizes) != x.shape[-1]:
+            raise ValueError(f"split: sizes {list(sizes)} of {x.shape[-1]} columns")
+        out, a = [], 0
+        for n in sizes:
+            out.append(np.ascontiguousarray(x[..., a:a + n]))
+            a += n
+        return out
+
+    def concat(self, xs):
+        return np.concatenate(xs, axis=-1)
+
+    def head_matmul(self, x, w):
+        N, H, K = x.shape
+        if w.shape[1] != K or w.shape[0] % H:
+            raise ValueError(f"head_matmul: x {x.shape} with weight {w.shape}")
+        M = w.shape[0] // H
+        y = np.matmul(x.transpose(1, 0, 2), w.reshape(H, M, K).transpose(0, 2, 1))  # [H, N, M]
+        return np.ascontiguousarray(y.transpose(1, 0, 2))
 
     # -- selection ---------------------------------------------------------------
     def argmax(self, logits, out=None):

@@ -27,6 +27,9 @@ def add_common(p, cls, **kw):
     p.add_argument("--n-ctx", type=_positive, default=None, metavar="N",
                    help="context size in tokens; default: the model's trained context, "
                         "at most 4096 (above the trained context: a warning)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
+                   "product scaled by SCALE (default 1); repeatable")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout "
                    "(errors too: {\"error\": {\"kind\", \"message\"}})")
 
@@ -38,7 +41,8 @@ def load(args, req=None):
     from ..engine import load_runner
 
     model, device = (req.model, req.device) if req is not None else (args.model, args.device)
-    runner = load_runner(model, device=device or "auto", n_ctx=args.n_ctx)
+    runner = load_runner(model, device=device or "auto", n_ctx=args.n_ctx,
+                         lora=getattr(args, "lora", None))
     phases.mark("runner_loaded")
     train = runner.info().get("n_ctx_train")
     if args.n_ctx and train and args.n_ctx > train:

@@ -9,6 +9,7 @@ SKIP = ("prompt", "stream", "cache_prompt", "messages", "tools", "chat_template"
         "chat_template_kwargs", "add_generation_prompt", "json_schema", "grammar")
 NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "json_schema": "--json-schema",
          "grammar": "--grammar", "chat_template": "--chat-template"}
+FLAGS = {"kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
 
 
 def add_chat_arguments(p):
@@ -31,7 +32,7 @@ def add_arguments(p):
     from ._args import PROMPT_HELP
     from ._model import add_common
 
-    add_common(p, Request, skip=SKIP, helps={
+    add_common(p, Request, skip=SKIP, flags=FLAGS, helps={
         "stop": "stop string (repeatable)",
         "logprobs": "with --json: each token's log-probability and the N most likely "
                     "(0 <= n <= 20)"})
@@ -89,7 +90,7 @@ def run(args):
     from ._model import finish, load, run_op
 
     given = {**chat_fields(args, read_text(args.prompt)), **constraint_fields(args)}
-    req = request(generate.Request, args, given, skip=SKIP, names=NAMES)
+    req = request(generate.Request, args, given, skip=SKIP, flags=FLAGS, names=NAMES)
     runner = load(args, req)
     first = []
 

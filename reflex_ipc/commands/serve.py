@@ -39,6 +39,9 @@ def add_arguments(p, name):
     p.add_argument("--model", help="load this GGUF path or alias before the ready line")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when usable, else CPU (default: %(default)s)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="with --model: " + "apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
+                   "product scaled by SCALE (default 1); repeatable")
     p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES,
                    help="longest request line, in bytes (default: %(default)s = 16 MiB)")
 
@@ -46,8 +49,11 @@ def add_arguments(p, name):
 def run(args) -> int:
     from .. import server
 
+    if args.lora and args.model is None:
+        sys.stderr.write(f"reflex {args.command}: --lora needs --model\n")
+        return 2
     srv = server.Server(model=args.model, device=args.device,
-                        max_line_bytes=args.max_line_bytes)
+                        max_line_bytes=args.max_line_bytes, lora=args.lora)
     preload = args.model is not None
     if args.command == "stdio":
         return server.serve_stdio(srv, preload)

@@ -5,7 +5,7 @@ import sys
 
 SKIP = ("prompt", "cache_prompt", "messages", "chat_template", "chat_template_kwargs",
         "add_generation_prompt")  # one request per process: nothing to reuse
-FLAGS = {"candidates": ["--candidate"]}
+FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
 NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "chat_template": "--chat-template"}
 
 

@@ -277,6 +277,7 @@ _KINDS = {
     "context_overflow": (400, "context_length_exceeded"),
     "model_not_found": (404, "model_not_found"),
     "gguf_error": (500, "model_error"),
+    "state_error": (500, "state_error"),  # saved state files: no HTTP route reaches them yet
     "unsupported_architecture": (500, "model_error"),
     "out_of_memory": (503, "out_of_memory"),
     "cuda_error": (500, "cuda_error"),

@@ -2,15 +2,23 @@
 
 from ..errors import ReflexError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4")
 
 
-def load_model(ops, f):
-    """The Model for GGUFFile f, its weights checked and loaded through backend `ops`."""
+def load_model(ops, f, lora=None):
+    """The Model for GGUFFile f, its weights checked and loaded through backend `ops`, with
+    LoRA adapters (a reflex_ipc.lora.LoraSet) applied when given."""
     import importlib
 
     arch = f.architecture
     if arch not in ARCHITECTURES:
         raise ReflexError("unsupported_architecture",
                           f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-    return importlib.import_module(f".{arch}", __name__).Model(ops, f)
+    model = importlib.import_module(f".{arch}", __name__).Model(ops, f, lora)
+    if lora is not None:
+        lora.check_used()
+        if lora.runtime:  # low-rank terms added at run time: the model's matmuls go through LoraOps
+            from ..lora import LoraOps
+
+            model.ops = LoraOps(ops)
+    return model

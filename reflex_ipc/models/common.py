@@ -11,7 +11,8 @@ values sit on its weights namespace.
 
 A model module defines `class Model(Decoder)` with
 
-    Model(ops, f)                 load (and check) weights through the backend `ops`
+    Model(ops, f, lora=None)      load (and check) weights through the backend `ops`, with
+                                  LoRA adapters (reflex_ipc.lora.LoraSet) when given
     model.state_spec()            one runtime.state spec per layer (Decoder: attention K/V)
     model.new_state(ops, n_slots) a runtime.state.State for n_slots tokens
     model.forward(state, batch, rows=None, output="logits", check=None)
@@ -44,7 +45,7 @@ def _bad(key, msg):
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f):
+    def __init__(self, f, rope_scalings=("none", "linear")):
         self.arch = arch = f.architecture
         self._f = f
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
@@ -64,9 +65,9 @@ class HParams:
             raise _bad(f"{arch}.rope.dimension_count", f"{self.n_rot} is odd (rope rotates pairs)")
         self.eps = self.float("attention.layer_norm_rms_epsilon", required=True, gt=0.0, hi=1.0)
         self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
-        scaling = self.str("rope.scaling.type", default="linear")
-        if scaling not in ("none", "linear"):
-            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported")
+        self.rope_scaling = scaling = self.str("rope.scaling.type", default="linear")
+        if scaling not in rope_scalings:  # a model that reads YaRN's keys asks for "yarn"
+            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported for {arch}")
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
@@ -179,8 +180,8 @@ class Weights:
     `w(name, shape)`: shape in numpy order ((rows, cols) for matrices, (n,) for vectors),
     an entry None where any positive size is accepted (a padded vocabulary)."""
 
-    def __init__(self, ops, f):
-        self.ops, self.f = ops, f
+    def __init__(self, ops, f, lora=None):
+        self.ops, self.f, self.lora = ops, f, lora  # lora: a reflex_ipc.lora.LoraSet or None
 
     def has(self, name):
         return name in self.f.tensors
@@ -198,7 +199,19 @@ class Weights:
             want = "x".join("*" if s is None else str(s) for s in shape)
             raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
                               f"expected {want}")
-        return self.ops.load_weight(self.f, name)
+        w = self.ops.load_weight(self.f, name)
+        if self.lora is not None and len(shape) == 2:
+            w = self.lora.apply(name, w)
+        return w
+
+    def rows(self, w, start, n):
+        """ops.weight_rows for a weight this loaded: rows start..start+n-1 of a fused tensor
+        (with LoRA applied at run time, the adapters' B rows go with them)."""
+        terms = getattr(w, "terms", None)  # a lora.LoraWeight
+        if terms is None:
+            return self.ops.weight_rows(w, start, n)
+        return type(w)(self.ops.weight_rows(w.base, start, n),
+                       [(a, self.ops.weight_rows(b, start, n), c) for a, b, c in terms])
 
     def output(self, n_embd):
         """The LM head: output.weight, else the tied token embedding (llama.cpp's fallback)."""

@@ -25,11 +25,11 @@ from .common import Decoder, HParams, Weights, attention_block, same_head_dims
 
 
 class Model(Decoder):
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         self.ops = ops
         self.hp = hp = HParams(f)
         same_head_dims(hp)
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)

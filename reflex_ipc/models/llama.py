@@ -15,11 +15,11 @@ class Model(Decoder):
     rope_neox = False  # llama.cpp rope type: "norm" (pairs 2i, 2i+1)
     qk_norm = False  # RMSNorm over each head of q and k before rope
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         self.ops = ops
         self.hp = hp = HParams(f)
         same_head_dims(hp)
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)

@@ -16,11 +16,11 @@ from .common import Decoder, HParams, Weights, attention_block, default_attn_sca
 
 
 class Model(Decoder):
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         self.ops = ops
         self.hp = hp = HParams(f)
         same_head_dims(hp)
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -42,8 +42,8 @@ class Model(Decoder):
         H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim, hp.n_embd, hp.n_ff_l[i]
         if w.has(p + "attn_qkv.weight"):
             qkv = w(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, E))
-            wq, wk, wv = (ops.weight_rows(qkv, 0, H * hd), ops.weight_rows(qkv, H * hd, Hkv * hd),
-                          ops.weight_rows(qkv, (H + Hkv) * hd, Hkv * hd))
+            wq, wk, wv = (w.rows(qkv, 0, H * hd), w.rows(qkv, H * hd, Hkv * hd),
+                          w.rows(qkv, (H + Hkv) * hd, Hkv * hd))
         else:
             wq, wk, wv = (w(p + "attn_q.weight", (H * hd, E)), w(p + "attn_k.weight", (Hkv * hd, E)),
                           w(p + "attn_v.weight", (Hkv * hd, E)))
@@ -53,7 +53,7 @@ class Model(Decoder):
             attn_norm=w(p + "attn_norm.weight", (E,)),
             wo=w(p + "attn_output.weight", (E, H * hd)),
             ffn_norm=w(p + "ffn_norm.weight", (E,)),
-            gate=ops.weight_rows(up, 0, F), up=ops.weight_rows(up, F, F),
+            gate=w.rows(up, 0, F), up=w.rows(up, F, F),
             down=w(p + "ffn_down.weight", (E, F)),
         )
 

@@ -15,12 +15,15 @@ from .qwen3 import Model as _Qwen3
 class Model(_Qwen3):
     capturable = False  # the experts are routed on the host (backends' moe op)
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         from .common import HParams
 
         hp = HParams(f)
         self.n_expert = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
         self.n_used = hp.per_layer("expert_used_count", required=True, lo=1, hi=self.n_expert)
+        if len(set(self.n_used)) > 1:  # llama.cpp would route every layer with layer 0's count
+            raise ReflexError("unsupported_architecture", f"metadata key {hp.arch}.expert_used_count: "
+                              f"different counts per layer {self.n_used} are not supported")
         n_ff_exp = hp.per_layer("expert_feed_forward_length", default=0, lo=0, hi=1 << 20)
         self.n_ff_exp = [x or hp.n_ff_l[i] // self.n_used[i] for i, x in enumerate(n_ff_exp)]
         if not all(self.n_ff_exp):

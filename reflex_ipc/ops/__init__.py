@@ -20,7 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")  # `device` of a request, --device of every co
 BACKENDS = ("numpy", "cpu", "cuda")  # what ready/hello/load report as `backend`
 
 NAMES = ("hello", "load", "generate", "infill", "system1", "embed", "tokenize", "detokenize",
-         "ping", "shutdown")
+         "state_save", "state_load", "ping", "shutdown")
 
 _registry = None
 

@@ -89,6 +89,22 @@ def chat_prompt(runner, req, text_field: str = "prompt") -> str:
         chat_template_kwargs=req.chat_template_kwargs)
 
 
+StatePath = Optional[Annotated[str, Meta(min_length=1)]]
+
+
+def kv_args(req) -> dict:
+    """kv_import / kv_export of a generate or system1 request, those given only."""
+    return {k: getattr(req, k) for k in ("kv_import", "kv_export") if getattr(req, k) is not None}
+
+
+class StateInfo(Struct, kw_only=True):
+    """A saved state file (protocol/STATE.md) a request read or wrote."""
+
+    path: Annotated[str, Meta(description="absolute")]
+    n_tokens: Annotated[int, Meta(description="the tokens whose state it holds")]
+    bytes: Optional[Annotated[int, Meta(description="the file's size (written files)")]] = None
+
+
 class Result(Struct, kw_only=True):
     """A result's op-specific fields (the envelope -- event, id, op, ok, timings --
     is added by protocol.result). Servers may add fields."""

@@ -7,8 +7,8 @@ from msgspec import Meta, Struct
 
 from . import MAX_TOKENS
 from ._base import (INT64_MAX, AddGenerationPrompt, ChatTemplate, Messages, ModelName,
-                    ModelRequest, NonEmptyStr, Result as _Result, TemplateKwargs, Tools,
-                    chat_prompt, exactly_one, merge, ms)
+                    ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs,
+                    Tools, chat_prompt, exactly_one, kv_args, merge, ms)
 
 MAX_LOGPROBS = 20
 
@@ -55,6 +55,12 @@ class GenerateRequest(DecodeRequest, kw_only=True):
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
     add_generation_prompt: AddGenerationPrompt = True
+    kv_import: Annotated[StatePath, Meta(
+        description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
+                    "text after its tokens")] = None
+    kv_export: Annotated[StatePath, Meta(
+        description="save the state to this file once the prompt is evaluated (replaced "
+                    "atomically)")] = None
 
     def __post_init__(self):
         exactly_one(self, *EXACTLY_ONE)
@@ -87,7 +93,9 @@ class ToolCall(Struct, kw_only=True):
     function: ToolCallFunction
 
 
-class GenerateResult(_Result, kw_only=True):
+class DecodeResult(_Result, kw_only=True):
+    """generate's and infill's result fields."""
+
     text: str
     token_ids: list[int]
     finish_reason: Literal["stop", "length", "stop_string"]
@@ -100,6 +108,11 @@ class GenerateResult(_Result, kw_only=True):
     tool_calls: Annotated[list[ToolCall], Meta(
         description="with tools: the calls parsed from the text")] = []
     content: Annotated[str, Meta(description="with tool_calls: the text outside them")] = ""
+
+
+class GenerateResult(DecodeResult, kw_only=True):
+    kv_import: Optional[StateInfo] = None
+    kv_export: Optional[StateInfo] = None
 
 
 class Token(Struct, kw_only=True):
@@ -120,7 +133,7 @@ def stops(req) -> list:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop)
 
 
-def decode(runner, req, prompt, *, on_token=None, should_cancel=None) -> dict:
+def decode(runner, req, prompt, *, on_token=None, should_cancel=None, **kw) -> dict:
     """runner.generate of `prompt` (text or token ids) with the request's decoding
     parameters (generate and infill; the CLI calls this too)."""
     from .. import prepare
@@ -132,7 +145,7 @@ def decode(runner, req, prompt, *, on_token=None, should_cancel=None) -> dict:
         prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
         top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
         repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel, **extra)
+        should_cancel=should_cancel, **extra, **kw)
 
 
 def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
@@ -140,7 +153,8 @@ def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
     `messages` the prompt is the rendered conversation, with `tools` the result gets the
     parsed tool_calls."""
     prompt = chat_prompt(runner, req)
-    out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel)
+    out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel,
+                 **kv_args(req))
     if req.tools:
         from .. import prepare
 

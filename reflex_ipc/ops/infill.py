@@ -6,7 +6,7 @@ from typing import Annotated
 from msgspec import Meta, Struct
 
 from ._base import merge, ms
-from .generate import DecodeRequest, GenerateResult, decode, token_callback
+from .generate import DecodeRequest, DecodeResult, decode, token_callback
 
 
 class ExtraChunk(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -25,7 +25,7 @@ class InfillRequest(DecodeRequest, kw_only=True):
                                             "middle")] = ""
 
 
-class InfillResult(GenerateResult, kw_only=True):
+class InfillResult(DecodeResult, kw_only=True):
     pass
 
 

@@ -2,14 +2,24 @@
 
 from typing import Annotated
 
-from msgspec import Meta
+from msgspec import Meta, Struct
 
-from ._base import ModelName, ModelRequest, Result as _Result
+from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result
 from .hello import BackendName
 
 
+class LoraAdapter(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A LoRA adapter in llama.cpp's GGUF adapter format."""
+
+    path: Annotated[NonEmptyStr, Meta(description="resolved like model")]
+    scale: Annotated[float, Meta(ge=-100.0, le=100.0, description="multiplies the adapter's "
+                                                                   "product")] = 1.0
+
+
 class LoadRequest(ModelRequest, kw_only=True):
-    pass
+    lora: Annotated[list[LoraAdapter], Meta(
+        max_length=16, description="adapters applied at load; the same model with other "
+                                   "adapters is another cached model")] = []
 
 
 class LoadResult(_Result, kw_only=True):
@@ -21,6 +31,7 @@ class LoadResult(_Result, kw_only=True):
     n_vocab: int
     n_ctx: int
     cached: bool
+    lora: list[LoraAdapter] = []
 
 
 Request, Result = LoadRequest, LoadResult
@@ -28,6 +39,11 @@ Request, Result = LoadRequest, LoadResult
 
 def run(call, req) -> dict:
     # not the active model: `model` absent means the server's default
-    key, info, _ = call.runner(req, use_active=False)
+    lora = None
+    if req.lora:
+        from ..modelpath import resolve_model
+
+        lora = tuple((resolve_model(a.path), float(a.scale)) for a in req.lora)
+    key, info, _ = call.runner(req, use_active=False, lora=lora)
     call.server.active = key
     return {**info, "cached": "load" not in call.timings}

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 from msgspec import Meta, Struct
 
 from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
-                    NonEmptyStr, Result as _Result, TemplateKwargs, chat_prompt, exactly_one,
-                    merge, ms)
+                    NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs, chat_prompt,
+                    exactly_one, kv_args, merge, ms)
 
 
 EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
@@ -27,6 +27,11 @@ class System1Request(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    kv_import: Annotated[StatePath, Meta(
+        description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
+                    "text after its tokens")] = None
+    kv_export: Annotated[StatePath, Meta(
+        description="save the state (the prompt) to this file (replaced atomically)")] = None
 
     def __post_init__(self):
         exactly_one(self, *EXACTLY_ONE)
@@ -48,6 +53,8 @@ class System1Result(_Result, kw_only=True):
     candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
     cached_tokens: Annotated[int, Meta(ge=0, description="prompt tokens whose state was reused")]
     model: ModelName
+    kv_import: Optional[StateInfo] = None
+    kv_export: Optional[StateInfo] = None
 
 
 Request, Result = System1Request, System1Result
@@ -56,7 +63,7 @@ Request, Result = System1Request, System1Result
 def execute(runner, req, *, should_cancel=None) -> dict:
     return runner.system1(chat_prompt(runner, req), list(req.candidates),
                           temperature=req.temperature, should_cancel=should_cancel,
-                          cache_prompt=req.cache_prompt)
+                          cache_prompt=req.cache_prompt, **kv_args(req))
 
 
 def run(call, req) -> dict:

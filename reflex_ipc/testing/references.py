@@ -145,3 +145,18 @@ def reference_logits(t, cfg, ids, hidden=False):
     if cfg.get("final_softcap"):
         logits = cfg["final_softcap"] * np.tanh(logits / cfg["final_softcap"])
     return logits
+
+
+def ggml_cpu_gelu(a):
+    """The tanh GELU as llama.cpp's CPU backend evaluates it (GGML_GELU_FP16): the input
+    rounded to float16, looked up in a float16 table of gelu, except x <= -10 (0) and
+    x >= 10 (x). Tests that compare a GELU model with llama.cpp put this in place of the
+    numpy backend's exact gelu, so that the comparison measures the model, not that table."""
+    a = np.asarray(a, np.float32)
+    h = a.astype(np.float16).astype(np.float32)
+    # in float32, as x + c x^3 (this form matched llama.cpp's table best on the gemma4 models;
+    # the fp16 rounding of the result flips with the last bit of the float32 value)
+    y = np.float32(0.5) * h * (np.float32(1) + np.tanh(np.float32(math.sqrt(2 / math.pi)) *
+                                                      (h + np.float32(0.044715) * h * h * h)))
+    y = y.astype(np.float16).astype(np.float32)
+    return np.where(a <= -10, np.float32(0), np.where(a >= 10, a, y)).astype(np.float32)

@@ -734,6 +734,257 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
 
 
 # ---------------------------------------------------------------------------------------
+# the float-weight models of the attention-side families (qwen3moe, phi3, deepseek2):
+# tests/test_families.py checks them against llama.cpp. F32 weights, SmolLM2's tokenizer.
+FAMILY_CONFIGS = {
+    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=16,
+                     n_expert=8, n_used=2, n_ff_exp=24),
+    "phi3_fused_long": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=True,
+                            n_ctx_orig=64),
+    "phi3_split_short": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=False,
+                             n_ctx_orig=4096),
+    # DeepSeek-V2-Lite-like: plain attn_q, softmax gating, one leading dense layer, YaRN
+    "deepseek2_v2": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=0, kv_lora=16, nope=8,
+                         rope=8, v_dim=12, n_ff=48, n_dense=1, n_expert=8, n_used=2, n_ff_exp=16, n_shared=1,
+                         gating=1, norm=False, w_scale=1.0, yarn=(4.0, 0.0707, 32)),
+    # DeepSeek-V3-like: q LoRA, sigmoid gating with a selection bias, grouped routing, scale
+    "deepseek2_v3": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=24, kv_lora=16, nope=8,
+                         rope=8, v_dim=8, n_ff=48, n_dense=1, n_expert=8, n_used=3, n_ff_exp=16, n_shared=1,
+                         gating=2, norm=True, w_scale=2.5, groups=(4, 2), probs_bias=True,
+                         yarn=(8.0, 0.1, 16)),
+    # Gemma 4 (dense text): sliding/global layers with their own head widths, rope bases and
+    # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
+    "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
+                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,), fused=False),
+    # Gemma 4 26B-A4B-like: experts beside the dense FFN on some layers (gate/up fused on one)
+    "gemma4_moe": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, False, True], window=4, fused=False, n_expert=8, n_used=2,
+                       n_ff_exp=32, moe_layers=(0, 2), fused_exps=(2,), seed=2),
+    # Gemma 4 E2B-like: per-layer embeddings, the last layers sharing earlier layers' KV
+    "gemma4_e2b": dict(arch="gemma4", n_layer=5, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                       n_ff=64, swa=[True, True, False, True, False], window=4, fused=False, n_pl=8,
+                       shared_kv=2, seed=3),
+    "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
+                             head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
+}
+
+
+def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None, n_ff=48, n_expert=8,
+                n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
+                v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
+                probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
+                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
+                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0):
+    """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
+    with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
+    `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
+    removes), `shapes` {tensor: numpy shape} overrides tensor shapes, `extra` {tensor: shape}
+    adds tensors. n_used may be a per-layer
+    list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
+    (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
+    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps), n_pl
+    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0"):
+    matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
+    import gguf
+    import gguf.quants
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    E, H = n_embd, n_head
+    hd = head_dim or E // H
+    kv = {"block_count": n_layer, "context_length": n_ctx_train, "embedding_length": E,
+          "feed_forward_length": n_ff, "attention.head_count": H, "attention.head_count_kv": n_head_kv,
+          "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
+    if arch == "qwen3moe":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd, "rope.freq_base": 1e6,
+                   "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp})
+    elif arch == "phi3":
+        kv.update({"rope.dimension_count": hd, "rope.scaling.original_context_length": n_ctx_orig,
+                   "rope.scaling.attn_factor": 1.19, "attention.layer_norm_rms_epsilon": 1e-5})
+    elif arch == "deepseek2":
+        kv.update({"attention.head_count_kv": 1, "attention.key_length": kv_lora + rope,
+                   "attention.value_length": kv_lora, "attention.key_length_mla": nope + rope,
+                   "attention.value_length_mla": v_dim, "rope.dimension_count": rope,
+                   "attention.q_lora_rank": q_lora, "attention.kv_lora_rank": kv_lora,
+                   "leading_dense_block_count": n_dense, "expert_count": n_expert, "expert_used_count": n_used,
+                   "expert_feed_forward_length": n_ff_exp, "expert_shared_count": n_shared})
+        if gating is not None:
+            kv["expert_gating_func"] = gating
+        if norm is not None:
+            kv["expert_weights_norm"] = norm
+        if w_scale is not None:
+            kv["expert_weights_scale"] = w_scale
+        if groups:
+            kv["expert_group_count"], kv["expert_group_used_count"] = groups
+        if yarn:
+            kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": yarn[0],
+                       "rope.scaling.yarn_log_multiplier": yarn[1],
+                       "rope.scaling.original_context_length": yarn[2]})
+    elif arch == "gemma4":
+        kv.update({"attention.key_length": hd, "attention.value_length": hd,
+                   "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa,
+                   "rope.dimension_count": hd, "rope.dimension_count_swa": head_dim_swa,
+                   "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
+                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": n_pl,
+                   "attention.shared_kv_layers": shared_kv or None,
+                   "final_logit_softcapping": 15.0})
+        if moe_layers:
+            kv.update({"expert_count": n_expert, "expert_used_count": n_used,
+                       "expert_feed_forward_length": n_ff_exp})
+    else:
+        raise ValueError(f"no family recipe for {arch!r}")
+    kv.update(keys or {})
+
+    w = gguf.GGUFWriter(str(path), arch)
+    write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    for k, v in kv.items():
+        if v is None:
+            continue
+        name = f"{arch}.{k}"
+        if isinstance(v, bool):
+            w.add_bool(name, v)
+        elif isinstance(v, str):
+            w.add_string(name, v)
+        elif isinstance(v, float):
+            w.add_float32(name, v)
+        elif isinstance(v, list):
+            w.add_array(name, v)
+        else:
+            w.add_uint32(name, v)
+
+    quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
+
+    def add(name, shape, scale, offset=0.0):
+        shape = (shapes or {}).get(name, shape)
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name in drop:
+            return
+        if quant is not None and len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[quant][0] == 0:
+            w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(name, a)
+
+    def norm_w(name, n):
+        add(name, (n,), 0.1, 1.0)
+
+    V = TINY_N_VOCAB
+    for name, shape in (extra or {}).items():
+        add(name, shape, 0.1)
+    add("token_embd.weight", (V, E), 1.0)
+    norm_w("output_norm.weight", E)
+    if arch == "gemma4":
+        if n_pl:
+            add("per_layer_token_embd.weight", (V, n_layer * n_pl), 0.3)
+            add("per_layer_model_proj.weight", (n_layer * n_pl, E), 1 / math.sqrt(E))
+            norm_w("per_layer_proj_norm.weight", n_pl)
+        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused,
+                       moe_layers, fused_exps, n_expert, n_ff_exp, n_pl)
+        finish(w)
+        return str(path)
+    if arch != "qwen3moe":
+        add("output.weight", (V, E), 1 / math.sqrt(E))
+    if arch == "phi3":
+        add("rope_factors_long.weight", (hd // 2,), 0.5, 2.0)
+        add("rope_factors_short.weight", (hd // 2,), 0.2, 1.1)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        norm_w(p + "attn_norm.weight", E)
+        if arch == "deepseek2":
+            qd = nope + rope
+            if q_lora:
+                add(p + "attn_q_a.weight", (q_lora, E), 1 / math.sqrt(E))
+                norm_w(p + "attn_q_a_norm.weight", q_lora)
+                add(p + "attn_q_b.weight", (H * qd, q_lora), 1 / math.sqrt(q_lora))
+            else:
+                add(p + "attn_q.weight", (H * qd, E), 1 / math.sqrt(E))
+            add(p + "attn_kv_a_mqa.weight", (kv_lora + rope, E), 1 / math.sqrt(E))
+            norm_w(p + "attn_kv_a_norm.weight", kv_lora)
+            add(p + "attn_k_b.weight", (H, kv_lora, nope), 1 / math.sqrt(nope))
+            add(p + "attn_v_b.weight", (H, v_dim, kv_lora), 1 / math.sqrt(kv_lora))
+            add(p + "attn_output.weight", (E, H * v_dim), 1 / math.sqrt(H * v_dim))
+        elif arch == "phi3" and fused:
+            add(p + "attn_qkv.weight", ((H + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+        if arch == "qwen3moe":
+            norm_w(p + "attn_q_norm.weight", hd)
+            norm_w(p + "attn_k_norm.weight", hd)
+        if arch != "deepseek2":
+            add(p + "attn_output.weight", (E, H * hd), 1 / math.sqrt(H * hd))
+        norm_w(p + "ffn_norm.weight", E)
+        if arch == "phi3":
+            add(p + "ffn_up.weight", (2 * n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        elif arch == "deepseek2" and i < n_dense:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        else:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            if probs_bias:
+                add(p + "exp_probs_b.bias", (n_expert,), 0.3)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), 1 / math.sqrt(n_ff_exp))
+            if arch == "deepseek2":
+                S = n_ff_exp * n_shared
+                add(p + "ffn_gate_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (S, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, S), 1 / math.sqrt(S))
+    finish(w)
+    return str(path)
+
+
+def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused, moe_layers,
+                   fused_exps, X, Fe, n_pl):
+    add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        d = hd_swa if swa[i] else hd
+        Hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
+        norm_w(p + "attn_norm.weight", E)
+        if fused:
+            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * d, E), 1 / math.sqrt(E))
+        else:
+            add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
+            if i not in no_v:
+                add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
+        norm_w(p + "attn_q_norm.weight", d)
+        norm_w(p + "attn_k_norm.weight", d)
+        add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))
+        norm_w(p + "post_attention_norm.weight", E)
+        norm_w(p + "ffn_norm.weight", E)
+        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+        add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        norm_w(p + "post_ffw_norm.weight", E)
+        add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
+        if n_pl:
+            add(p + "inp_gate.weight", (n_pl, E), 0.2 / math.sqrt(E))  # O(1) inputs to its gelu
+            add(p + "proj.weight", (E, n_pl), 1 / math.sqrt(n_pl))
+            norm_w(p + "post_norm.weight", E)
+        if i in moe_layers:
+            add(p + "ffn_gate_inp.weight", (X, E), 1.0)
+            add(p + "ffn_gate_inp.scale", (E,), 0.3, 1.0)
+            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                norm_w(p + n + ".weight", E)
+            if i in fused_exps:
+                add(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E), 1 / math.sqrt(E))
+            else:
+                add(p + "ffn_gate_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (X, E, Fe), 1 / math.sqrt(Fe))
+            add(p + "ffn_down_exps.scale", (X,), 0.3, 1.0)
+
+
+# ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):
     """The CLI; qwen2_vocab: the default of qwen3-shaped --vocab and dump-vocab --out."""

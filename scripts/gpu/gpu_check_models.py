@@ -1,12 +1,18 @@
 """Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu/gpu-check).
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
-reflex_ipc.testing.synthetic.mixed_model):
+reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
+synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4 dense/MoE/fused qkv; Q8_0 where rows
+allow, else F32)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
   near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step). Also the same
-  continuation decoded through one captured CUDA graph per token (ops.capture).
+  continuation decoded through one captured CUDA graph per token (ops.capture), except for
+  models marked `capturable = False` (host-routed experts).
+- deepseek2 (latent attention, YaRN) and gemma4 with per-layer embeddings need ops CUDA
+  lacks yet (base.MLA_OPS): loading them on CUDA must fail with unsupported_architecture
+  (checked as such, `expected_refusal`).
 - engine level, when reflex_ipc.engine exists: load_runner(device="cuda") against
   device="cpu" (prompt_logits and generate), and `reflex stdio --device cuda` end to end.
 """
@@ -113,10 +119,13 @@ def compare_backend(path, cuda_ops):
     res.update(_continuation_verdict(cpu, prompt, t_cpu, t_gpu, "greedy"))
     res["eager_tok_s_incl_prefill"] = round((N_GEN + 1) / eager_s, 1)
     # graph decode, from a fresh cache
-    gpu2 = Session(cuda_ops, path)
-    t_graph, tps = graph_greedy(cuda_ops, gpu2, prompt, N_GEN)
-    res.update(_continuation_verdict(cpu, prompt, t_cpu, t_graph, "graph"))
-    res["graph_tok_s"] = round(tps, 1) if tps else None
+    if getattr(gpu.model, "capturable", True):
+        gpu2 = Session(cuda_ops, path)
+        t_graph, tps = graph_greedy(cuda_ops, gpu2, prompt, N_GEN)
+        res.update(_continuation_verdict(cpu, prompt, t_cpu, t_graph, "graph"))
+        res["graph_tok_s"] = round(tps, 1) if tps else None
+    else:
+        res.update(graph_ok=True, graph_skipped="capturable = False")
     res["vram"] = {"file_tensor_bytes": file_bytes, "weight_bytes_on_gpu": weight_bytes,
                    "ratio": round(weight_bytes / file_bytes, 4), "kv_cache_bytes": kv_bytes,
                    "mem_get_info_delta": free0 - free1, "upload": new_arenas[0].stats if new_arenas else None}
@@ -139,6 +148,21 @@ def _continuation_verdict(cpu, prompt, ref, got, tag):
     tie = near_tie(lg)
     return {f"{tag}_identical": False, f"{tag}_diverges_at": k, f"{tag}_near_tie": tie, f"{tag}_ok": tie,
             f"{tag}_ref": ref, f"{tag}_got": got}
+
+
+def expect_refusal(path, cuda_ops):
+    """A model the CUDA backend cannot run yet must be refused at load, as unsupported."""
+    from reflex_ipc.errors import ReflexError
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+
+    res = {"file": os.path.basename(path), "expected_refusal": True}
+    with GGUFFile(path) as f:
+        try:
+            load_model(cuda_ops, f)
+        except ReflexError as e:
+            return {**res, "ok": e.kind == "unsupported_architecture", "error": f"{e.kind}: {e.message}"}
+    return {**res, "ok": False, "error": "loaded on CUDA without the latent attention ops"}
 
 
 def compare_engine(path):
@@ -212,8 +236,17 @@ def run(model_dir=None):
         out = os.path.join(syn, f"allformats-{arch}.gguf")
         mixed_model(arch, tok, out)
         paths.append(out)
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    def refused(cfg):  # what needs the numpy-only ops (base.MLA_OPS)
+        return cfg["arch"] == "deepseek2" or cfg.get("n_pl", 0) > 0
+
+    for name, cfg in FAMILY_CONFIGS.items():
+        if not refused(cfg):
+            paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
     ops = CudaOps()
-    results = []
+    results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
+               for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]
     for p in paths:
         try:
             results.append(compare_backend(p, ops))

@@ -81,6 +81,25 @@ test('chat, infill, logprobs, json_schema', async () => {
   await rejectsKind(c.chat(capital, { json_schema: { type: 'nope' } }), 'invalid_request', /json_schema/);
 });
 
+test('saved state: kv_export, kv_import, stateSave, stateLoad', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'reflex-state-'));
+  try {
+    const p = path.join(dir, 'p.state');
+    const full = await c.generate({ prompt: 'The capital of France is Paris. The capital of Italy is', max_tokens: 4 });
+    const a = await c.generate({ prompt: 'The capital of France is Paris.', max_tokens: 1, kv_export: p });
+    assert.equal(a.kv_export.n_tokens, a.prompt_tokens);
+    const b = await c.generate({ prompt: ' The capital of Italy is', max_tokens: 4, kv_import: p });
+    assert.equal(b.cached_tokens, a.prompt_tokens);
+    assert.deepEqual(b.token_ids, full.token_ids);
+    const saved = await c.stateSave({ path: path.join(dir, 'q.state') });
+    assert.ok(saved.n_tokens > 0 && saved.bytes > 0);
+    assert.equal((await c.stateLoad({ path: p })).n_tokens, a.prompt_tokens);
+    await rejectsKind(c.stateLoad({ path: path.join(dir, 'missing.state') }), 'state_error');
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('errors carry the protocol kind', async () => {
   await rejectsKind(c.request('frobnicate'), 'unknown_op');
   await rejectsKind(c.generate({ prompt: 'x', max_tokens: 0 }), 'invalid_request', /max_tokens/);

@@ -203,6 +203,14 @@ class AsyncClient:
         (e.g. <|im_end|>) as their text instead of dropping them."""
         return await self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
+    async def state_save(self, path=None, *, timeout=None, **params):
+        """Save the loop's current state (the tokens it holds) to path (protocol/STATE.md)."""
+        return await self.request("state_save", {**given(path=path), **params}, timeout=timeout)
+
+    async def state_load(self, path=None, *, timeout=None, **params):
+        """Load a saved state: a later request whose tokens start with its tokens evaluates only the rest."""
+        return await self.request("state_load", {**given(path=path), **params}, timeout=timeout)
+
     async def hello(self, *, timeout=None, **params):
         return await self.request("hello", params, timeout=timeout)
 

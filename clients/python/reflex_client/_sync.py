@@ -269,6 +269,14 @@ class Client:
         (e.g. <|im_end|>) as their text instead of dropping them."""
         return self.request("detokenize", {**given(token_ids=token_ids), **params}, timeout=timeout)
 
+    def state_save(self, path=None, *, timeout=None, **params):
+        """Save the loop's current state (the tokens it holds) to path (protocol/STATE.md)."""
+        return self.request("state_save", {**given(path=path), **params}, timeout=timeout)
+
+    def state_load(self, path=None, *, timeout=None, **params):
+        """Load a saved state: a later request whose tokens start with its tokens evaluates only the rest."""
+        return self.request("state_load", {**given(path=path), **params}, timeout=timeout)
+
     def hello(self, *, timeout=None, **params):
         return self.request("hello", params, timeout=timeout)
 

@@ -61,6 +61,21 @@ def test_other_ops(client):
     assert client.hello()["protocol"] == 1
 
 
+def test_saved_state(client, tmp_path):
+    path = str(tmp_path / "p.state")
+    full = client.generate("The capital of France is Paris. The capital of Italy is", max_tokens=4)
+    a = client.generate("The capital of France is Paris.", max_tokens=1, kv_export=path)
+    assert a["kv_export"]["path"] == path and a["kv_export"]["n_tokens"] == a["prompt_tokens"]
+    b = client.generate(" The capital of Italy is", max_tokens=4, kv_import=path)
+    assert b["cached_tokens"] == a["prompt_tokens"] and b["token_ids"] == full["token_ids"]
+    saved = client.state_save(str(tmp_path / "q.state"))
+    assert saved["n_tokens"] > 0 and saved["bytes"] > 0
+    assert client.state_load(path)["n_tokens"] == a["prompt_tokens"]
+    with pytest.raises(ReflexError) as e:
+        client.state_load(str(tmp_path / "missing.state"))
+    assert e.value.kind == "state_error"
+
+
 def test_errors_carry_the_protocol_kind(client):
     with pytest.raises(ReflexError) as ei:
         client.request("frobnicate")

@@ -1,0 +1,28 @@
+"""state_load: load a saved state (protocol/STATE.md): a later request whose tokens start with its tokens evaluates only the rest."""
+
+import time
+from typing import Annotated
+
+from msgspec import Meta
+
+from ._base import ModelName, ModelRequest, Result as _Result, merge, ms
+
+
+class StateLoadRequest(ModelRequest, kw_only=True):
+    path: Annotated[str, Meta(min_length=1, description="the state file; resolved like model paths")]
+
+
+class StateLoadResult(_Result, kw_only=True):
+    path: Annotated[str, Meta(description="absolute")]
+    n_tokens: Annotated[int, Meta(ge=0, description="the tokens whose state it holds")]
+    model: ModelName
+
+
+Request, Result = StateLoadRequest, StateLoadResult
+
+
+def run(call, req) -> dict:
+    _, info, runner = call.runner(req)
+    t = time.perf_counter()
+    out = runner.load_state(req.path)
+    return merge(out, info.get("model"), call.timings, ms(t))

@@ -1,0 +1,338 @@
+"""Saved state (runtime/statefile.py, protocol/STATE.md): generate(P + T) equals
+import(export(P)) + generate(T) token for token on every architecture's synthetic model
+and SmolLM2; identity mismatches are invalid_request naming the mismatch; truncated or
+corrupt files are state_error, never a crash; the CLI and the protocol ops."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reflex_ipc.engine import load_runner
+from reflex_ipc.errors import ReflexError
+from reflex_ipc.runtime import statefile
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+SYNTH = {a: os.path.join(DATA, f"synthetic-{a}.gguf") for a in ("llama", "qwen2", "qwen3", "gemma3")}
+MODELS = [*SYNTH.values(), "smollm2"]
+P = "The quick brown fox jumps over the lazy dog." * 3
+T = " Once upon a time"
+N_CTX = 256
+
+
+def env():
+    e = dict(os.environ)
+    e.pop("REFLEX_MODEL", None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, smollm2):
+    """{model: (state file of P, P's ids, T's ids)} exported by generate(P, kv_export)."""
+    d = tmp_path_factory.mktemp("states")
+    out = {}
+    for m in MODELS:
+        r = load_runner(m, device="cpu", n_ctx=N_CTX)
+        try:
+            path = str(d / (os.path.basename(m) + ".state"))
+            res = r.generate(P, max_tokens=2, kv_export=path)
+            p_ids = r.tok.encode(P)
+            assert res["kv_export"] == {"path": path, "n_tokens": len(p_ids), "bytes": os.path.getsize(path)}
+            out[m] = (path, p_ids, r._continuation_ids(T))
+        finally:
+            r.close()
+    return out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_generate_import_equals_full_prompt(model, saved):
+    path, p_ids, t_ids = saved[model]
+    r = load_runner(model, device="cpu", n_ctx=N_CTX)
+    try:
+        ref = r.generate(p_ids + t_ids, max_tokens=10, cache_prompt=False)
+    finally:
+        r.close()
+    r = load_runner(model, device="cpu", n_ctx=N_CTX)  # a fresh process's state
+    try:
+        out = r.generate(T, max_tokens=10, kv_import=path)
+        assert out["token_ids"] == ref["token_ids"]
+        assert out["prompt_tokens"] == len(p_ids) + len(t_ids)
+        assert out["cached_tokens"] == len(p_ids)  # only T was evaluated
+        assert out["kv_import"] == {"path": path, "n_tokens": len(p_ids)}
+        assert out["timings"]["state_load"] >= 0
+        # system1 from the import scores as system1 on the full prompt
+        cands = [" there", " was a", "!"]
+        a = r.system1(T, cands, kv_import=path)
+        assert a["cached_tokens"] == len(p_ids)
+    finally:
+        r.close()
+    r = load_runner(model, device="cpu", n_ctx=N_CTX)
+    try:
+        assert r.tok.encode(P + T) == p_ids + t_ids  # P and T chosen so: system1 takes text
+        b = r.system1(P + T, cands)
+    finally:
+        r.close()
+    for x, y in zip(a["candidates"], b["candidates"]):
+        assert x["token_ids"] == y["token_ids"]
+        assert x["logprob"] == pytest.approx(y["logprob"], rel=1e-4, abs=1e-3)
+
+
+def test_round_trip_is_bit_exact(saved, tmp_path):
+    """numpy: the arrays read back are the arrays written (float32 both ways)."""
+    path, p_ids, _ = saved[SYNTH["qwen3"]]
+    r = load_runner(SYNTH["qwen3"], device="cpu", n_ctx=N_CTX)
+    try:
+        r.load_state(path)
+        tokens, layers = r.exec.state.snapshot()
+        assert tokens == p_ids
+        again = str(tmp_path / "again.state")
+        r.save_state(again)
+        with open(path, "rb") as a, open(again, "rb") as b:
+            assert a.read() == b.read()
+    finally:
+        r.close()
+
+
+def test_float16_state_loads_into_float32(saved, tmp_path):
+    """A state saved by a float16 backend (CUDA) loads on numpy within float16 rounding."""
+    path, p_ids, t_ids = saved[SYNTH["llama"]]
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    try:
+        r.load_state(path)
+        tokens, layers = r.exec.state.snapshot()
+        half = str(tmp_path / "half.state")
+        digest, adig = r.identity()
+        specs = r.exec.state.specs
+        statefile.write_state(half, digest=digest, adapters_digest=adig, arch="llama", tokens=tokens,
+                              layers=[(s.kind, [(n, layers[i][n].astype(np.float16), s.slot_axis(n))
+                                                for n in s.arrays]) for i, s in enumerate(specs)])
+        with statefile.StateFile(half) as sf:
+            assert {e.dtype for _, arr in sf.layers for e in arr} == {"float16"}
+        r.exec.forget()
+        r.load_state(half)
+        _, back = r.exec.state.snapshot()
+        for x, y in zip(layers, back):
+            for n in x:
+                assert y[n].dtype == np.float32
+                np.testing.assert_allclose(y[n], x[n], rtol=1e-3, atol=1e-3)
+        out = r.generate(T, max_tokens=4, kv_import=half)
+        assert out["cached_tokens"] == len(p_ids)
+    finally:
+        r.close()
+
+
+# -- identity ---------------------------------------------------------------------------------
+def _kind_msg(fn):
+    with pytest.raises(ReflexError) as e:
+        fn()
+    return e.value.kind, e.value.message
+
+
+def test_mismatches_are_invalid_request(saved, tmp_path):
+    llama = saved[SYNTH["llama"]][0]
+    r = load_runner(SYNTH["qwen3"], device="cpu", n_ctx=N_CTX)
+    try:
+        kind, msg = _kind_msg(lambda: r.generate(T, kv_import=llama))
+        assert kind == "invalid_request" and "'llama'" in msg and "'qwen3'" in msg
+    finally:
+        r.close()
+    # same architecture, another model
+    r = load_runner("smollm2", device="cpu", n_ctx=N_CTX)
+    try:
+        kind, msg = _kind_msg(lambda: r.system1(T, ["x"], kv_import=llama))
+        assert kind == "invalid_request" and "another model" in msg
+    finally:
+        r.close()
+    # the context is too small for the saved tokens
+    n = len(saved[SYNTH["llama"]][1])
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=n - 1)
+    try:
+        kind, msg = _kind_msg(lambda: r.load_state(llama))
+        assert kind == "invalid_request" and "n_ctx" in msg and "too small" in msg
+        assert r.exec.tokens == []
+    finally:
+        r.close()
+    # other adapters
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    try:
+        r.adapters = [(b"\1" * 16, 1.0)]
+        r._identity = None
+        kind, msg = _kind_msg(lambda: r.load_state(llama))
+        assert kind == "invalid_request" and "LoRA" in msg
+    finally:
+        r.close()
+
+
+def test_save_errors(tmp_path):
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    try:
+        assert _kind_msg(lambda: r.save_state(str(tmp_path / "x")))[0] == "invalid_request"  # empty
+        r.generate("Hi", max_tokens=1)
+        kind, _ = _kind_msg(lambda: r.save_state(str(tmp_path / "no" / "dir" / "x")))
+        assert kind == "state_error"
+        assert _kind_msg(lambda: r.save_state(str(tmp_path)))[0] == "state_error"  # a directory
+        target = tmp_path / "s.state"
+        target.write_bytes(b"old")
+        r.save_state(str(target))
+        assert target.read_bytes()[:8] == statefile.MAGIC
+        assert sorted(os.listdir(tmp_path)) == ["s.state"]  # nothing else written, no temp left
+        assert _kind_msg(lambda: r.load_state(str(tmp_path / "missing")))[0] == "state_error"
+    finally:
+        r.close()
+
+
+# -- corrupt and truncated files --------------------------------------------------------------
+class _Bytes(bytes):
+    def __repr__(self):  # hypothesis prints the arguments of a failing example
+        return f"<{len(self)} bytes of a state file>"
+
+
+@pytest.fixture(scope="module")
+def good_bytes(saved):
+    with open(saved[SYNTH["llama"]][0], "rb") as f:
+        return _Bytes(f.read())
+
+
+@pytest.fixture(scope="module")
+def fuzz_runner():
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    yield r
+    r.close()
+
+
+def _try_load(r, data, tmp):
+    p = os.path.join(tmp, "fuzz.state")
+    r.exec.forget()
+    with open(p, "wb") as f:
+        f.write(data)
+    try:
+        r.load_state(p)
+    except ReflexError as e:
+        assert e.kind in ("state_error", "invalid_request"), e
+        assert r.exec.tokens == []  # nothing half-loaded is left as valid
+        return e.kind
+    return "ok"
+
+
+def test_truncated_everywhere(good_bytes, fuzz_runner, tmp_path):
+    H = struct.unpack_from("<I", good_bytes, 12)[0]
+    cuts = sorted({0, 1, 7, 8, 50, statefile.FIXED.size, H - 1, H, len(good_bytes) - 1,
+                   *range(0, len(good_bytes), max(1, len(good_bytes) // 40))})
+    for n in cuts:
+        if n < len(good_bytes):
+            assert _try_load(fuzz_runner, good_bytes[:n], str(tmp_path)) == "state_error", n
+
+
+def test_header_byte_flips_are_state_errors(good_bytes, fuzz_runner, tmp_path):
+    H = struct.unpack_from("<I", good_bytes, 12)[0]
+    for i in range(H):
+        b = bytearray(good_bytes)
+        b[i] ^= 0x41
+        assert _try_load(fuzz_runner, bytes(b), str(tmp_path)) == "state_error", i
+
+
+def _recrc(b):
+    """Recompute both CRCs so that a mutation reaches the structural checks."""
+    if len(b) < statefile.FIXED.size:
+        return bytes(b)
+    H = struct.unpack_from("<I", b, 12)[0]
+    if not statefile.FIXED.size + 8 <= H <= len(b):
+        return bytes(b)
+    n = struct.unpack_from("<I", b, 48)[0]
+    t0 = (H + 63) // 64 * 64
+    if t0 + 4 * n <= len(b):
+        struct.pack_into("<I", b, H - 8, zlib.crc32(bytes(b[t0:t0 + 4 * n])))
+    struct.pack_into("<I", b, H - 4, zlib.crc32(bytes(b[:H - 4])))
+    return bytes(b)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzzed_headers_never_crash(good_bytes, fuzz_runner, tmp_path, data):
+    b = bytearray(good_bytes)
+    H = struct.unpack_from("<I", b, 12)[0]
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, H + 63 + 4 * 8))  # the header and the token ids
+        b[min(i, len(b) - 1)] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        b = b[:data.draw(st.integers(0, len(b)))]
+    if data.draw(st.booleans()):
+        b = bytearray(_recrc(b))
+    _try_load(fuzz_runner, bytes(b), str(tmp_path))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(blob=st.binary(max_size=400))
+def test_random_files_are_state_errors(fuzz_runner, tmp_path, blob):
+    assert _try_load(fuzz_runner, statefile.MAGIC + struct.pack("<I", 1) + blob, str(tmp_path)) == "state_error"
+
+
+# -- CLI and protocol -------------------------------------------------------------------------
+def _cli(*args):
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", *args], capture_output=True, text=True, env=env(),
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cli_export_import(tmp_path, saved):
+    m = SYNTH["qwen2"]
+    path = str(tmp_path / "cli.state")
+    rc, out, err = _cli("generate", "--device", "cpu", "--model", m, "--n-ctx", str(N_CTX), "--json",
+                        "--max-tokens", "3", "--export-kv", path, P)
+    assert rc == 0, err
+    assert json.loads(out)["kv_export"]["path"] == path
+    rc, out, err = _cli("generate", "--device", "cpu", "--model", m, "--n-ctx", str(N_CTX), "--json",
+                        "--max-tokens", "10", "--import-kv", path, T)
+    assert rc == 0, err
+    got = json.loads(out)
+    r = load_runner(m, device="cpu", n_ctx=N_CTX)
+    try:
+        ref = r.generate(saved[m][1] + saved[m][2], max_tokens=10)
+    finally:
+        r.close()
+    assert got["token_ids"] == ref["token_ids"] and got["cached_tokens"] == len(saved[m][1])
+    rc, out, err = _cli("system1", "--device", "cpu", "--model", m, "--n-ctx", str(N_CTX), "--json",
+                        "--import-kv", path, "--candidate", " a", "--candidate", " b", T)
+    assert rc == 0, err
+    assert json.loads(out)["cached_tokens"] == len(saved[m][1])
+    rc, out, err = _cli("generate", "--device", "cpu", "--model", SYNTH["llama"], "--import-kv", path, "x")
+    assert rc == 2 and "invalid_request" in err and "'qwen2'" in err
+    with open(path, "r+b") as f:
+        f.truncate(300)
+    rc, out, err = _cli("generate", "--device", "cpu", "--model", m, "--import-kv", path, "x")
+    assert rc == 2 and "state_error" in err and "Traceback" not in err
+
+
+def test_protocol_ops(tmp_path, saved):
+    m = SYNTH["llama"]
+    path, p_ids, t_ids = saved[m]
+    out = str(tmp_path / "proto.state")
+    reqs = [
+        {"id": 1, "op": "generate", "prompt": T, "max_tokens": 6, "kv_import": path},
+        {"id": 2, "op": "state_save", "path": out},
+        {"id": 3, "op": "state_load", "path": path},
+        {"id": 4, "op": "system1", "prompt": T, "candidates": [" x", " y"], "kv_import": path,
+         "kv_export": out},
+        {"id": 5, "op": "state_load", "path": str(tmp_path / "nope")},
+        {"id": 6, "op": "state_save"},
+        {"id": 7, "op": "hello"},
+    ]
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", m],
+                       input="".join(json.dumps(q) + "\n" for q in reqs), capture_output=True, text=True,
+                       env=env(), timeout=120)
+    lines = [json.loads(x) for x in p.stdout.splitlines()][1:]
+    by = {x["id"]: x for x in lines}
+    assert by[1]["ok"] and by[1]["cached_tokens"] == len(p_ids)
+    assert by[2]["ok"] and by[2]["n_tokens"] == len(p_ids) + len(t_ids) + 5
+    assert by[3]["ok"] and by[3]["n_tokens"] == len(p_ids)
+    assert by[4]["ok"] and by[4]["kv_export"]["n_tokens"] > len(p_ids)
+    assert by[5]["error"]["kind"] == "state_error"
+    assert by[6]["error"]["kind"] == "invalid_request"
+    assert {"state_save", "state_load"} <= set(by[7]["ops"]) and "state_error" in by[7]["error_kinds"]

@@ -19,6 +19,7 @@ import time
 from .errors import ReflexError
 
 DEFAULT_N_CTX = 4096
+SEQ_GROUP = 16  # system1 on recurrent models: candidates per batch (each holds a copy of the state)
 
 
 def _ms(t0, t1=None):
@@ -78,13 +79,15 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, load_model
+        from .models import ARCHITECTURES, CPU_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
             raise ReflexError("unsupported_architecture",
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
+        if device == "auto" and f.architecture in CPU_ONLY:
+            device = "cpu"  # no CUDA kernels for its recurrent layers yet
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None
@@ -555,6 +558,10 @@ class Runner:
         kv_import / kv_export: as for generate (the prompt is then the text after the saved
         tokens; each candidate is tokenized with it, without BOS); the export holds the
         prompt.
+
+        On a model with recurrent layers (per-sequence state) the prompt is prefilled first,
+        its state copied to one sequence per candidate, and the candidates run as one batch
+        (SEQ_GROUP candidates at a time, which bounds the copies held), each from its own copy.
         """
         import numpy as np
 
@@ -622,8 +629,9 @@ class Runner:
         starts = within == 0
         key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
         mine = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
-        held = ex.begin(p_ids, room=M, reuse=cache_prompt)
-        if P - held + M <= ex.chunk:
+        recurrent = ex.recurrent
+        held = ex.begin(p_ids, room=M, reuse=cache_prompt) if not recurrent else 0
+        if not recurrent and P - held + M <= ex.chunk:
             # one pass over the prompt tokens not held and the candidates: the prompt causal,
             # candidates masked
             N = P - held + M
@@ -640,25 +648,39 @@ class Runner:
             lp_tok = self.ops.logprobs(logits, np.where(starts, 0, np.arange(M)), flat, n=self.n_vocab)
             t_prompt = time.perf_counter()
         else:
+            # recurrent layers: the prompt's state computed once (sequence 0), then copied to
+            # sequence j + 1 for the j-th candidate of a group of at most SEQ_GROUP (fork); a
+            # group's candidates run as one batch, each from its own copy
             lp_tok = np.empty(M)
-            first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check)
+            C = len(cand_ids)
+            group = min(C, SEQ_GROUP) if recurrent else C
+            first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check,
+                                     n_seq=group + 1 if recurrent else 1)
             lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],
                                                n=self.n_vocab)
             t_prompt = time.perf_counter()
-            # batches of more than one chunk go in slot order, chunk by chunk: a token's keys are
-            # all in its own or an earlier chunk
-            for a in range(0, M, ex.chunk):
-                e = min(M, a + ex.chunk)
-                allowed = np.zeros((e - a, P + e), dtype=bool)
-                allowed[:, :P] = True
-                allowed[:, P:] = mine[a:e, :e]
-                rows = ex.forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
-                                  allowed=allowed, key_pos=key_pos[:P + e], check=check)
-                r = np.arange(a, e)
-                has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
-                if has_next.size:
-                    lp_tok[r[has_next] + 1] = self.ops.logprobs(rows, has_next, flat[r[has_next] + 1],
-                                                                n=self.n_vocab)
+            cstart = np.append(np.flatnonzero(starts), M)  # candidate c's tokens: cstart[c]..cstart[c+1]
+            for c0 in range(0, C, group):
+                c1 = min(C, c0 + group)
+                seqs = None
+                if recurrent:
+                    ex.state.fork(0, range(1, c1 - c0 + 1))
+                    seqs = owner - c0 + 1
+                # batches of more than one chunk go in slot order, chunk by chunk: a token's keys
+                # are all in its own or an earlier chunk
+                for a in range(cstart[c0], cstart[c1], ex.chunk):
+                    e = min(cstart[c1], a + ex.chunk)
+                    allowed = np.zeros((e - a, P + e), dtype=bool)
+                    allowed[:, :P] = True
+                    allowed[:, P:] = mine[a:e, :e]
+                    rows = ex.forward(flat[a:e], key_pos[P + a:P + e], slots=P + np.arange(a, e),
+                                      allowed=allowed, key_pos=key_pos[:P + e], check=check,
+                                      seqs=None if seqs is None else seqs[a:e])
+                    r = np.arange(a, e)
+                    has_next = np.flatnonzero((r + 1 < M) & ~starts[np.minimum(r + 1, M - 1)])
+                    if has_next.size:
+                        lp_tok[r[has_next] + 1] = self.ops.logprobs(rows, has_next, flat[r[has_next] + 1],
+                                                                    n=self.n_vocab)
         t_eval = time.perf_counter()
 
         logprob = np.zeros(len(cand_ids))

@@ -78,6 +78,11 @@ OPS = (
     "argmax", "topk", "logprobs",
 )
 
+# Ops of recurrent layers (linear attention, state-space models). Optional: a backend without
+# them cannot run the architectures that need them, and those refuse to load on it
+# (`unsupported_architecture`, via `require_ops`).
+RECURRENT_OPS = ("sigmoid", "softplus", "columns", "ssm_conv", "delta_net", "ssm_scan")
+
 
 # Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
 # models are refused on it at load). The numpy backend has them; CUDA does not yet.
@@ -87,6 +92,29 @@ MLA_OPS = ("split", "concat", "head_matmul")
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]
+
+
+def require_ops(backend, names, arch):
+    """ReflexError unsupported_architecture unless `backend` has every op in names."""
+    lacking = [n for n in names if not callable(getattr(backend, n, None))]
+    if lacking:
+        from ..errors import ReflexError
+
+        raise ReflexError("unsupported_architecture",
+                          f"{arch} needs the ops {', '.join(lacking)}, which the {getattr(backend, 'name', '?')} "
+                          f"backend does not have yet (use the cpu device)")
+
+
+def seq_groups(seqs, n):
+    """[(sequence, token indices in batch order)] for per-token sequence ids seqs (None: all n
+    tokens belong to sequence 0), sequences in order of first appearance."""
+    import numpy as np
+
+    if seqs is None:
+        return [(0, np.arange(n))]
+    seqs = np.asarray(seqs).reshape(-1)
+    _, first = np.unique(seqs, return_index=True)
+    return [(int(seqs[i]), np.flatnonzero(seqs == seqs[i])) for i in sorted(first)]
 
 
 def check_matmul_n(ws):
@@ -247,7 +275,8 @@ class Ops:
         raise NotImplementedError
 
     def mul(self, a, b, out=None):
-        """a * b with add's broadcasting."""
+        """a * b with add's broadcasting, or b [a.shape[0], 1] scaling each row of a 2-D a
+        (a per-token gate)."""
         raise NotImplementedError
 
     def scale(self, a, s, out=None):
@@ -335,6 +364,52 @@ class Ops:
     def head_matmul(self, x, w):
         """A weight per head: x float32 [N, H, K] and weight handle w [H*M, K] (a 3-D tensor
         [H, M, K]) -> float32 [N, H, M], y[n, h] = w[h] @ x[n, h]."""
+        raise NotImplementedError
+
+    # -- recurrent layers (RECURRENT_OPS: optional) ---------------------------------------
+    # Per-sequence state arrays (runtime.state.SeqSpec) have a leading axis of n_seq; these
+    # ops update the state of each token's sequence in place. `seqs` gives each token's
+    # sequence (a host int sequence [N]; None: every token is in sequence 0); the tokens of
+    # one sequence are processed in batch order, sequences independently (system1 runs every
+    # candidate, each in its own sequence, in one batch).
+    def sigmoid(self, a):
+        """1 / (1 + exp(-a))."""
+        raise NotImplementedError
+
+    def softplus(self, a):
+        """log(1 + exp(a)), and a itself where a > 20 (ggml's)."""
+        raise NotImplementedError
+
+    def columns(self, x, start, n):
+        """A new contiguous array x[..., start:start+n] (split a fused projection's output)."""
+        raise NotImplementedError
+
+    def ssm_conv(self, x, state, w, seqs=None):
+        """Causal depthwise convolution with state. x float32 [N, C]; state [n_seq, K-1, C] (the
+        last K-1 inputs of each sequence); w [C, K] (the conv weight as load_weight returns it).
+        For a sequence's tokens t = 0..T-1 with xx = concat(state[s], x[tokens of s]):
+            y[t, c] = sum_k w[c, k] * xx[t + k, c]
+        then state[s] = the last K-1 rows of xx. Returns float32 [N, C] (no bias, no activation)."""
+        raise NotImplementedError
+
+    def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
+        """The gated delta rule (Gated DeltaNet). q, k float32 [N, Hk, D]; v [N, Hv, D]; g [N, Hv]
+        (log decay); beta [N, Hv]; state [n_seq, Hv, D, D] (value x key). Value head h reads
+        q/k head h % Hk (ggml's tiled broadcast). For each token, in order, with S = state[s, h]:
+            S = exp(g) * S
+            S = S + beta * (v - S k) k^T
+            out[n, h] = scale * S q
+        Returns float32 [N, Hv, D]. Backends may run a sequence's tokens in the chunked
+        (parallel) form; it equals the sequential one within float32 rounding."""
+        raise NotImplementedError
+
+    def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
+        """The Mamba-2 selective scan. x float32 [N, H, P]; dt [N, H] (positive: after softplus);
+        A [H]; B, C [N, G, Ns]; state [n_seq, H, P, Ns]; head h reads group h // (H / G). For
+        each token, in order, with S = state[s, h]:
+            S = exp(dt * A) * S + (dt * x) B^T
+            y[n, h] = S C (+ D[h] * x[n, h] when D [H] is given)
+        Returns float32 [N, H, P]; a chunked form is allowed as for delta_net."""
         raise NotImplementedError
 
     # -- selection ---------------------------------------------------------------

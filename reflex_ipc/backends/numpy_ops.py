@@ -23,11 +23,39 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, moe_route
+from .base import check_glu, check_matmul_n, moe_route, seq_groups
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _LOAD_CHUNK = 1 << 16  # elements dequantized per step when loading a matrix
+SCAN_CHUNK = 64  # tokens per chunk of the parallel form of delta_net / ssm_scan
+
+
+def _chunk_scan(q, k, v, g, beta, S):
+    """One chunk of a gated linear recurrence in the parallel form, float64, all heads at once.
+    q, k [H, L, Dk]; v [H, L, Dv]; g [H, L] log decays; beta [H, L] (the delta rule) or None
+    (plain accumulation); S [H, Dv, Dk] the state before the chunk. With G_t = cumsum(g)_t:
+        S_t = exp(G_t) S + sum_{i<=t} exp(G_t - G_i) u_i k_i^T,   out_t = S_t q_t
+    where u_i = v_i without the delta rule, and with it the solution of the unit lower
+    triangular system u_t = beta_t (v_t - exp(G_t) S k_t - sum_{i<t} exp(G_t - G_i) (k_i.k_t) u_i).
+    Returns (out [H, L, Dv], the state after the chunk)."""
+    L = q.shape[1]
+    G = np.cumsum(g, axis=1)
+    diff = G[:, :, None] - G[:, None, :]  # [H, t, i]
+    lower = np.tril(np.ones((L, L), bool))
+    decay = np.exp(np.where(lower, diff, -np.inf))  # i <= t
+    gt = np.exp(G)[:, :, None]
+    if beta is None:
+        u = v
+    else:
+        b = beta[:, :, None]
+        a = b * (decay * np.tril(np.ones((L, L)), -1)) * (k @ k.transpose(0, 2, 1))  # i < t
+        m = np.eye(L) + a
+        u = np.linalg.solve(m, b * v) - np.linalg.solve(m, b * gt * k) @ S.transpose(0, 2, 1)
+    out = gt * (q @ S.transpose(0, 2, 1)) + (decay * (q @ k.transpose(0, 2, 1))) @ u
+    w = np.exp(G[:, -1:] - G)[:, :, None]  # [H, L, 1]
+    S = np.exp(G[:, -1])[:, None, None] * S + u.transpose(0, 2, 1) @ (w * k)
+    return out, S
 
 
 def _set_hugepage(enabled):
@@ -414,6 +442,76 @@ class NumpyOps:
         M = w.shape[0] // H
         y = np.matmul(x.transpose(1, 0, 2), w.reshape(H, M, K).transpose(0, 2, 1))  # [H, N, M]
         return np.ascontiguousarray(y.transpose(1, 0, 2))
+
+    # -- recurrent layers ----------------------------------------------------------------
+    def sigmoid(self, a):
+        return _F32(1) / (_F32(1) + np.exp(-a))
+
+    def softplus(self, a):
+        with np.errstate(over="ignore"):
+            return np.where(a > 20, a, np.log1p(np.exp(np.minimum(a, 20)))).astype(_F32)
+
+    def columns(self, x, start, n):
+        if not 0 <= start and start + n <= x.shape[-1]:
+            raise ValueError(f"columns: {start}..{start + n} of {x.shape[-1]}")
+        return np.ascontiguousarray(x[..., start:start + n])
+
+    def ssm_conv(self, x, state, w, seqs=None):
+        K = w.shape[1]
+        out = np.empty(x.shape, _F32)
+        for s, idx in seq_groups(seqs, x.shape[0]):
+            xx = np.concatenate([state[s], x[idx]])  # [K-1+T, C]
+            T = len(idx)
+            y = xx[0:T] * w[:, 0]
+            for j in range(1, K):
+                y += xx[j:j + T] * w[:, j]
+            out[idx] = y
+            state[s] = xx[T:]
+        return out
+
+    def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
+        Hk, Hv = q.shape[1], v.shape[1]
+        rep = np.arange(Hv) % Hk
+        out = np.empty(v.shape, _F32)
+        for s, idx in seq_groups(seqs, v.shape[0]):
+            qs, ks = q[idx][:, rep] * _F32(scale), k[idx][:, rep]
+            if len(idx) == 1:  # decode: one step, float32
+                S = state[s]
+                S *= np.exp(g[idx[0]])[:, None, None]
+                kt = ks[0][:, :, None]  # [Hv, D, 1]
+                d = (v[idx[0]] - (S @ kt)[:, :, 0]) * beta[idx[0]][:, None]
+                S += d[:, :, None] * kt.transpose(0, 2, 1)
+                out[idx[0]] = (S @ qs[0][:, :, None])[:, :, 0]
+                continue
+            out[idx] = self._scan(qs, ks, v[idx], g[idx], beta[idx], state, s)
+        return out
+
+    def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
+        H, G = x.shape[1], B.shape[1]
+        grp = np.arange(H) // (H // G)
+        out = np.empty(x.shape, _F32)
+        for s, idx in seq_groups(seqs, x.shape[0]):
+            xs, dts = x[idx], dt[idx]
+            y = self._scan(C[idx][:, grp], B[idx][:, grp], xs * dts[:, :, None], dts * A, None, state, s)
+            out[idx] = y if D is None else y + xs * D[:, None]
+        return out
+
+    def _scan(self, q, k, v, g, beta, state, s):
+        """Tokens [T, H, ...] of one sequence through _chunk_scan, SCAN_CHUNK at a time; updates
+        state[s]. float32 [T, H, Dv]."""
+        f64 = np.float64
+        tr = lambda a: np.ascontiguousarray(a.transpose(1, 0, *range(2, a.ndim)), dtype=f64)  # noqa: E731
+        q, k, v, g = tr(q), tr(k), tr(v), tr(g)
+        beta = tr(beta) if beta is not None else None
+        S = state[s].astype(f64)
+        T = q.shape[1]
+        out = np.empty((q.shape[0], T, v.shape[2]))
+        for a in range(0, T, SCAN_CHUNK):
+            e = min(T, a + SCAN_CHUNK)
+            out[:, a:e], S = _chunk_scan(q[:, a:e], k[:, a:e], v[:, a:e], g[:, a:e],
+                                         beta[:, a:e] if beta is not None else None, S)
+        state[s] = S
+        return out.transpose(1, 0, 2).astype(_F32)
 
     # -- selection ---------------------------------------------------------------
     def argmax(self, logits, out=None):

@@ -45,16 +45,20 @@ def _bad(key, msg):
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f, rope_scalings=("none", "linear")):
+    def __init__(self, f, rope_scalings=("none", "linear"), attention_free_layers=False):
+        """rope_scalings: the rope.scaling.type values the architecture handles.
+        attention_free_layers: a per-layer head_count_kv of 0 marks a layer without attention
+        (granitehybrid's recurrent layers); otherwise every layer needs at least one KV head."""
         self.arch = arch = f.architecture
         self._f = f
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
         self.n_embd = self.int("embedding_length", required=True, lo=1, hi=MAX_DIM)
         self.n_ff_l = self.per_layer("feed_forward_length", required=True, lo=0, hi=MAX_DIM)
         self.n_head_l = self.per_layer("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
-        self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l, lo=1, hi=MAX_HEADS)
+        self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l,
+                                          lo=0 if attention_free_layers else 1, hi=MAX_HEADS)
         for i, (h, hkv) in enumerate(zip(self.n_head_l, self.n_head_kv_l)):
-            if h % hkv:
+            if hkv and h % hkv:
                 raise _bad(f"{arch}.attention.head_count_kv", f"layer {i}: {h} heads cannot share {hkv} KV heads")
         self.n_head, self.n_head_kv, self.n_ff = self.n_head_l[0], self.n_head_kv_l[0], max(self.n_ff_l)
         self.head_dim = self.int("attention.key_length", default=self.n_embd // self.n_head, lo=1, hi=MAX_HEAD_DIM)

@@ -6,7 +6,11 @@ a padded graph bucket) gives `allowed`, a numpy bool [N, n_kv] (query n may
 see slot j), and `key_pos`, the position of every slot 0..n_kv-1 (for sliding
 windows); it then attends through an explicit additive mask.
 
-Models read `ids`, `pos`, `slots`, `n`, `n_kv` and call `attention_args(window)`.
+A batch may span several sequences of per-sequence state (recurrent layers):
+`seqs`, a numpy int32 [N] or None (every token in sequence 0), gives each token's;
+system1 runs each candidate in its own sequence, forked from the prompt's.
+
+Models read `ids`, `pos`, `slots`, `seqs`, `n`, `n_kv` and call `attention_args(window)`.
 A batch built with `Batch.fixed` keeps its ids, positions, slots and masks in
 device buffers of its own that `fill` overwrites: a captured graph replays with
 new data.
@@ -28,7 +32,8 @@ def attention_mask(allowed, pos, key_pos, window=0):
 
 
 class Batch:
-    def __init__(self, ops, ids, pos, slots=None, allowed=None, key_pos=None):
+    def __init__(self, ops, ids, pos, slots=None, allowed=None, key_pos=None, seqs=None):
+        self.seqs = None if seqs is None else np.asarray(seqs, dtype=np.int32).reshape(-1)
         self.ids = np.asarray(ids, dtype=np.int32).reshape(-1)
         self.n = len(self.ids)
         pos_np = np.asarray(pos, dtype=np.int32).reshape(-1)
@@ -52,7 +57,7 @@ class Batch:
         b.ids = ops.empty((n,), "int32")
         b.pos = ops.empty((n,), "int32")
         b.slots = ops.empty((n,), "int32") if own_slots else b.pos
-        b.pos_np = b.slots_np = b.allowed = b.key_pos = None
+        b.pos_np = b.slots_np = b.allowed = b.key_pos = b.seqs = None
         b._ops = ops
         b.masks = {w: ops.empty((n, n_kv)) for w in windows} if masked else {}
         return b

@@ -38,22 +38,29 @@ class Executor:
         self._graph_logits = None
 
     # -- state -------------------------------------------------------------------
-    def reserve(self, n_slots):
-        """A state of at least n_slots (<= n_ctx) slots. A larger one replaces a smaller,
-        keeping the tokens it holds."""
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model keeps per-sequence state (which prefix reuse cannot truncate)."""
+        return any(s.kind == "seq" for s in self.model.state_spec())
+
+    def reserve(self, n_slots, n_seq=1):
+        """A state of at least n_slots (<= n_ctx) slots and n_seq sequences. A larger one
+        replaces a smaller, keeping the tokens it holds."""
         st = self.state
-        if st is not None and st.n_slots >= n_slots:
+        if st is not None and st.n_slots >= n_slots and st.n_seq >= n_seq:
             return st
         cap = STATE_MIN
         while cap < n_slots:
             cap *= 2
-        cap = min(cap, self.n_ctx)
+        cap = max(min(cap, self.n_ctx), st.n_slots if st is not None else 0)
+        n_seq = max(n_seq, st.n_seq if st is not None else 1)
         self._drop_graphs()  # they hold the old state's addresses
         if st is not None and st.tokens:
-            self.state = st.grown(cap)
+            self.state = st.grown(cap, n_seq)
         else:
             self.state = None  # the old state's memory goes back before the new one is taken
-            self.state = self.model.new_state(self.ops, cap)
+            self.state = self.model.new_state(self.ops, cap, n_seq) if n_seq > 1 else \
+                self.model.new_state(self.ops, cap)
         return self.state
 
     @property
@@ -79,12 +86,15 @@ class Executor:
 
     # -- forward passes -------------------------------------------------------------
     def forward(self, ids, pos, slots=None, allowed=None, key_pos=None, rows=None, output="logits",
-                check=None):
+                check=None, seqs=None):
         """model.forward over one batch (runtime.batch.Batch has the arguments) on the current
         state. Small batch shapes seen before replay a captured graph where the backend
         can capture; otherwise the model runs op by op."""
         from .batch import Batch
 
+        if seqs is not None:  # several sequences: always op by op
+            b = Batch(self.ops, ids, pos, slots=slots, allowed=allowed, key_pos=key_pos, seqs=seqs)
+            return self.model.forward(self.state, b, rows=rows, output=output, check=check)
         if self._graphs is None and self.use_graphs:
             from .graphs import ForwardGraphs
 
@@ -101,7 +111,7 @@ class Executor:
             self._graphs.saw(b, rows, output)
         return out
 
-    def begin(self, ids, *, room=0, reuse=True):
+    def begin(self, ids, *, room=0, reuse=True, n_seq=1):
         """Prepare the state for a request whose tokens start with `ids`: keep the longest
         common prefix of the held tokens and ids (with reuse; at most len(ids) - 1, so that
         the last id is evaluated and gives logits), drop the rest, and make room for
@@ -112,15 +122,15 @@ class Executor:
             held = min(common_prefix(self.state.tokens, ids), n - 1) if reuse else 0
             if not self.state.truncate(held):
                 held = 0
-        self.reserve(n + room)
+        self.reserve(n + room, n_seq)
         return held
 
-    def prefill(self, ids, *, room=0, reuse=True, check=None):
+    def prefill(self, ids, *, room=0, reuse=True, check=None, n_seq=1):
         """Make the state hold `ids`, with room for `room` more tokens after them. Returns
         (the logits after the last id [1, V] as a backend array, how many leading ids were
         already held and not evaluated again; see `begin`)."""
         ids = [int(i) for i in ids]
-        held = self.begin(ids, room=room, reuse=reuse)
+        held = self.begin(ids, room=room, reuse=reuse, n_seq=n_seq)
         st = self.state
         logits = None
         for a in range(held, len(ids), self.chunk):

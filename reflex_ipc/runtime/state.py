@@ -114,12 +114,11 @@ class State:
         n = max(0, min(int(n), len(self.tokens)))
         if n == len(self.tokens):
             return True
-        if self.recurrent and n > 0:
-            n = 0
-        self.tokens = self.tokens[:n]
-        if n == 0:
+        kept = 0 if self.recurrent else n
+        self.tokens = self.tokens[:kept]
+        if kept == 0:
             self.clear()
-        return n == len(self.tokens)
+        return kept == n
 
     def clear(self):
         """Hold no tokens; per-sequence state back to zeros (a new sequence starts from it)."""
@@ -131,14 +130,15 @@ class State:
                 for a in layer.arrays.values():
                     self.ops.write(a, np.zeros(a.shape, layer.spec.dtype))
 
-    def grown(self, n_slots):
-        """A State of n_slots slots (>= this one's) holding this one's tokens and rows."""
-        new = State(self.ops, self.specs, n_slots, self.n_seq, self.dtype)
+    def grown(self, n_slots, n_seq=None):
+        """A State of n_slots slots and n_seq sequences (>= this one's) holding this one's
+        tokens, rows and sequences."""
+        new = State(self.ops, self.specs, n_slots, max(self.n_seq, n_seq or 0), self.dtype)
         n = len(self.tokens)
         for old_l, new_l in zip(self.layers, new.layers):
             for name, a in old_l.arrays.items():
                 if old_l.spec.kind == "seq":
-                    self.ops.copy(a, out=new_l.arrays[name])
+                    self.ops.copy(a, out=new_l.arrays[name][:self.n_seq])
                 elif n:
                     _copy_slots(self.ops, a, new_l.arrays[name], old_l.spec.slot_axis(name), n)
         new.tokens = list(self.tokens)

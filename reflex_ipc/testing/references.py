@@ -160,3 +160,41 @@ def ggml_cpu_gelu(a):
                                                       (h + np.float32(0.044715) * h * h * h)))
     y = y.astype(np.float16).astype(np.float32)
     return np.where(a <= -10, np.float32(0), np.where(a >= 10, a, y)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# recurrent layers: plain sequential float64 references of the backend ops (base.py)
+def ssm_conv_reference(x, state, w):
+    """One sequence: y [T, C] and the new state [K-1, C] (float64)."""
+    x, state, w = (np.asarray(a, np.float64) for a in (x, state, w))
+    K = w.shape[1]
+    xx = np.concatenate([state, x])
+    y = np.stack([(xx[t:t + K] * w.T).sum(axis=0) for t in range(len(x))])
+    return y, xx[len(x):]
+
+
+def delta_net_reference(q, k, v, g, beta, S, scale):
+    """One sequence, token by token: out [T, Hv, D] and the final state [Hv, D, D] (float64)."""
+    q, k, v, g, beta, S = (np.array(a, np.float64) for a in (q, k, v, g, beta, S))
+    Hk, Hv = q.shape[1], v.shape[1]
+    out = np.zeros(v.shape)
+    for t in range(len(v)):
+        for h in range(Hv):
+            kk, qq = k[t, h % Hk], q[t, h % Hk]
+            S[h] *= np.exp(g[t, h])
+            S[h] += beta[t, h] * np.outer(v[t, h] - S[h] @ kk, kk)
+            out[t, h] = scale * (S[h] @ qq)
+    return out, S
+
+
+def ssm_scan_reference(x, dt, A, B, C, S, D=None):
+    """One sequence of the Mamba-2 scan, token by token: y [T, H, P], final state [H, P, Ns]."""
+    x, dt, A, B, C, S = (np.array(a, np.float64) for a in (x, dt, A, B, C, S))
+    H, G = x.shape[1], B.shape[1]
+    y = np.zeros(x.shape)
+    for t in range(len(x)):
+        for h in range(H):
+            gi = h // (H // G)
+            S[h] = np.exp(dt[t, h] * A[h]) * S[h] + dt[t, h] * np.outer(x[t, h], B[t, gi])
+            y[t, h] = S[h] @ C[t, gi] + (0.0 if D is None else D[h] * x[t, h])
+    return y, S

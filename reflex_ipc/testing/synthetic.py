@@ -19,12 +19,15 @@ decoder's shape keys, the writer's finish):
 - `tiny_gguf`: float-weight models for the model and engine tests (tests/test_models.py,
   tests/test_engine.py ...), returning the float64 weights for the references of
   reflex_ipc.testing.references.
+- `hybrid_gguf` / `granite_gguf`: tiny F32 recurrent hybrids (qwen35, qwen35moe; granitehybrid
+  dense and MoE) with llama.cpp's names and keys, for tests/test_hybrid.py (HYBRID_CONFIGS,
+  GRANITE_CONFIGS).
 - `tensors_gguf`: just the given raw tensors (the op checks' hand-made weight blocks).
 
 Every recipe is deterministic (fixed seeds): its output is byte-for-byte reproducible.
 Weight scales keep activations sane: logits with a real spread, neither ~0 nor inf.
 
-    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,dump-vocab} ...
+    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,hybrid,dump-vocab} ...
 """
 
 import argparse
@@ -985,6 +988,217 @@ def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa,
 
 
 # ---------------------------------------------------------------------------------------
+# recurrent hybrids (F32 weights: the file is its own F32 twin for llama.cpp)
+HYBRID_CONFIGS = {
+    # 4 layers: DeltaNet, attention, DeltaNet, attention (full_attention_interval 2);
+    # 4 value heads over 2 key heads (ggml's tiled sharing), partial rope (8 of 16 dims)
+    "qwen35": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                   n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=2, sections=[2, 1, 1, 0]),
+    # the layer kinds as an explicit array (attention first and last); fused attn_qkv
+    "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                         n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
+                         sections=[2, 1, 1, 0], seed=1, fused_qkv=True),
+    # qwen35moe: 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
+    "qwen35moe": dict(arch="qwen35moe", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                      n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=4, sections=[2, 1, 1, 0], seed=2,
+                      n_expert=4, n_used=2, n_ff_exp=32, n_ff_sh=64),
+}
+
+
+def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+                n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
+                sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
+                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False):
+    """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
+    weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
+    flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
+    `meta` {key suffix: value} adds or overrides keys (bad-input tests); `drop` omits tensors.
+    The projections back into the residual stream get `gain` times 1/sqrt(fan_in), so that the
+    layers outweigh the (tied) input embedding and greedy decoding does not loop at once."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": n_embd,
+            "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
+            "attention.key_length": head_dim, "attention.value_length": head_dim,
+            "rope.dimension_count": n_rot, "rope.freq_base": float(rope_base),
+            "attention.layer_norm_rms_epsilon": float(eps), "rope.dimension_sections": list(sections),
+            "ssm.conv_kernel": d_conv, "ssm.inner_size": d_state * n_v, "ssm.state_size": d_state,
+            "ssm.time_step_rank": n_v, "ssm.group_count": n_k}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used, "expert_feed_forward_length": n_ff_exp,
+                     "expert_shared_feed_forward_length": n_ff_sh})
+    if recurrent is not None:
+        keys["attention.recurrent_layers"] = [bool(r) for r in recurrent]
+    elif interval is not None:
+        keys["full_attention_interval"] = interval
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    if recurrent is None:
+        recurrent = [(i + 1) % (interval or 4) != 0 for i in range(n_layer)]
+    recurrent = list(recurrent[:n_layer]) + [False] * (n_layer - len(recurrent))  # a bad-input file
+    E, hd, d = n_embd, head_dim, d_state
+    conv_dim, vd = 2 * d * n_k + d * n_v, d * n_v
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0):
+        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), embd_std)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        add(p + "post_attention_norm.weight", (E,), 0.1, 1.0)
+        if recurrent[i]:
+            add(p + "attn_qkv.weight", (conv_dim, E), 1 / math.sqrt(E))
+            add(p + "attn_gate.weight", (vd, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (conv_dim, d_conv), 0.5)
+            add(p + "ssm_dt.bias", (n_v,), 0.5)
+            tensors[p + "ssm_a"] = a = -np.exp(0.5 * rng.standard_normal(n_v)).astype(np.float32)
+            if p + "ssm_a" not in drop:
+                w.add_tensor(p + "ssm_a", a)
+            add(p + "ssm_beta.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_alpha.weight", (n_v, E), 1 / math.sqrt(E))
+            add(p + "ssm_norm.weight", (d,), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, vd), gain / math.sqrt(vd))
+        else:
+            if fused_qkv:
+                add(p + "attn_qkv.weight", ((2 * n_head + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
+            else:
+                add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+                add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), gain / math.sqrt(n_ff_exp))
+            add(p + "ffn_gate_inp_shexp.weight", (E,), 1 / math.sqrt(E))
+            add(p + "ffn_gate_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_shexp.weight", (E, n_ff_sh), gain / math.sqrt(n_ff_sh))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
+GRANITE_CONFIGS = {
+    # Mamba-2, attention, Mamba-2, attention; dense SwiGLU; rope; Granite's four scales
+    "granitehybrid": dict(n_layer=4, kv=[0, 2, 0, 2]),
+    # attention first, MoE (4 experts, 2 used) with a shared expert, NoPE (rope.scaling.finetuned false)
+    "granitehybrid_moe": dict(n_layer=4, kv=[2, 0, 0, 2], n_expert=4, n_used=2, n_ff=32, n_ff_shexp=64,
+                              rope=False, seed=3),
+}
+
+
+def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128, d_conv=4, d_state=16,
+                 n_ssm_head=8, n_group=2, n_expert=0, n_used=0, n_ff_shexp=0, rope=True, eps=1e-5,
+                 embedding_scale=2.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.2, seed=0,
+                 tokenizer=None, meta=None, drop=(), gain=4.0):
+    """Write a random-weight `granitehybrid` (Mamba-2 + attention; head_count_kv 0 marks a Mamba
+    layer) with llama.cpp's tensor names and keys, F32 weights, the tokenizer of `tokenizer`
+    (default SmolLM2); dense FFN, or MoE with n_expert > 0 (shared expert with n_ff_shexp)."""
+    import gguf
+
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    arch = "granitehybrid"
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
+    E, hd, di = n_embd, n_embd // n_head, 2 * n_embd
+    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": E, "feed_forward_length": n_ff,
+            "attention.head_count": n_head, "attention.head_count_kv": list(kv), "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": float(eps), "ssm.conv_kernel": d_conv, "ssm.inner_size": di,
+            "ssm.state_size": d_state, "ssm.time_step_rank": n_ssm_head, "ssm.group_count": n_group,
+            "embedding_scale": float(embedding_scale), "residual_scale": float(residual_scale),
+            "logit_scale": float(logit_scale), "attention.scale": float(attention_scale),
+            "rope.scaling.finetuned": bool(rope)}
+    if n_expert:
+        keys.update({"expert_count": n_expert, "expert_used_count": n_used})
+        if n_ff_shexp:
+            keys["expert_shared_feed_forward_length"] = n_ff_shexp
+    keys.update(meta or {})
+    for k, v in keys.items():
+        if isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        elif isinstance(v, bool):
+            w.add_bool(f"{arch}.{k}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    cd = di + 2 * n_group * d_state
+    tensors = {}
+
+    def add(name, shape, scale, offset=0.0, data=None):
+        a = data if data is not None else (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, a)
+        tensors[name] = a
+
+    add("token_embd.weight", (n_vocab, E), 0.5 / embedding_scale)
+    add("output_norm.weight", (E,), 0.1, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
+        if kv[i] == 0:
+            add(p + "ssm_in.weight", (2 * di + 2 * n_group * d_state + n_ssm_head, E), 1 / math.sqrt(E))
+            add(p + "ssm_conv1d.weight", (cd, d_conv), 0.5)
+            add(p + "ssm_conv1d.bias", (cd,), 0.1)
+            add(p + "ssm_dt.bias", (n_ssm_head,), 0.5)
+            add(p + "ssm_a", None, 0, data=-np.exp(0.5 * rng.standard_normal((n_ssm_head, 1))).astype(np.float32))
+            add(p + "ssm_d", (n_ssm_head, 1), 0.5, 1.0)
+            add(p + "ssm_norm.weight", (n_group, di // n_group), 0.1, 1.0)
+            add(p + "ssm_out.weight", (E, di), gain / math.sqrt(di))
+        else:
+            add(p + "attn_q.weight", (n_head * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_k.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_v.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
+            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
+        add(p + "ffn_norm.weight", (E,), 0.1, 1.0)
+        if n_expert:
+            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
+            add(p + "ffn_gate_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff), gain / math.sqrt(n_ff))
+            if n_ff_shexp:
+                add(p + "ffn_gate_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_up_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
+                add(p + "ffn_down_shexp.weight", (E, n_ff_shexp), gain / math.sqrt(n_ff_shexp))
+        else:
+            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
+            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+    finish(w)
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------
 # the command line (scripts/fixtures/make_gguf.py)
 def main(argv=None, qwen2_vocab=None):
     """The CLI; qwen2_vocab: the default of qwen3-shaped --vocab and dump-vocab --out."""
@@ -1010,6 +1224,10 @@ def main(argv=None, qwen2_vocab=None):
     p.add_argument("--vocab", default=qwen2_vocab, required=qwen2_vocab is None,
                    help=f"GGUF or dump-vocab .npz with the Qwen2 vocabulary (default: {qwen2_vocab})")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("hybrid", help="a tiny F32 recurrent hybrid (qwen35, qwen35moe, granitehybrid)")
+    p.add_argument("out")
+    p.add_argument("--config", required=True, choices=sorted(HYBRID_CONFIGS) + sorted(GRANITE_CONFIGS))
+    p.add_argument("--tokenizer", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
     p = sub.add_parser("dump-vocab", help="save a GGUF's tokenizer as a compact .npz (for qwen3-shaped)")
     p.add_argument("gguf", help="e.g. llama.cpp's models/ggml-vocab-qwen2.gguf")
     p.add_argument("--out", default=qwen2_vocab, required=qwen2_vocab is None)
@@ -1029,6 +1247,12 @@ def main(argv=None, qwen2_vocab=None):
         from reflex_ipc.modelpath import resolve_model
 
         print(tokenizer_only(a.src or resolve_model("smollm2"), a.out))
+    elif a.cmd == "hybrid":
+        if a.config in HYBRID_CONFIGS:
+            hybrid_gguf(a.out, tokenizer=a.tokenizer, **HYBRID_CONFIGS[a.config])
+        else:
+            granite_gguf(a.out, tokenizer=a.tokenizer, **GRANITE_CONFIGS[a.config])
+        print(a.out)
     elif a.cmd == "qwen3-shaped":
         t0 = time.perf_counter()
         qwen3_shaped(a.out, a.type, a.vocab, a.seed)

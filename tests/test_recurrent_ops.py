@@ -1,0 +1,116 @@
+"""The recurrent-layer ops of the numpy backend (ssm_conv, delta_net, ssm_scan) against plain
+sequential float64 references (reflex_ipc.testing.references): the chunked (parallel) form of
+a long prefill, the one-step form of decode, several sequences in one batch, and a prefill
+followed by decode steps."""
+
+import numpy as np
+import pytest
+
+from reflex_ipc.backends.numpy_ops import SCAN_CHUNK, NumpyOps
+from reflex_ipc.testing.references import delta_net_reference, ssm_conv_reference, ssm_scan_reference
+
+F32 = np.float32
+
+
+def _l2(x):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+
+def _gdn_inputs(rng, T, Hk=2, Hv=4, D=16):
+    q = _l2(rng.standard_normal((T, Hk, D))).astype(F32)
+    k = _l2(rng.standard_normal((T, Hk, D))).astype(F32)
+    v = rng.standard_normal((T, Hv, D)).astype(F32)
+    g = -np.abs(rng.standard_normal((T, Hv)) * 0.3).astype(F32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((T, Hv))))).astype(F32)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("T", [1, 5, SCAN_CHUNK, 2 * SCAN_CHUNK + 17])
+def test_delta_net_matches_sequential_reference(T):
+    rng = np.random.default_rng(T)
+    q, k, v, g, beta = _gdn_inputs(rng, T)
+    S0 = (0.3 * rng.standard_normal((1, 4, 16, 16))).astype(F32)
+    ops = NumpyOps()
+    state = S0.copy()
+    out = ops.delta_net(q, k, v, g, beta, state, scale=0.25)
+    ref, S = delta_net_reference(q, k, v, g, beta, S0[0], 0.25)
+    np.testing.assert_allclose(out, ref, atol=2e-5 * max(1.0, np.abs(ref).max()))
+    np.testing.assert_allclose(state[0], S, atol=2e-5 * max(1.0, np.abs(S).max()))
+
+
+def test_delta_net_prefill_then_steps_and_sequences():
+    """A chunked prefill then one-step decode equals the sequential reference; tokens of two
+    sequences interleaved in one batch each see only their own state."""
+    rng = np.random.default_rng(7)
+    T = 90
+    q, k, v, g, beta = _gdn_inputs(rng, T)
+    ops = NumpyOps()
+    state = np.zeros((3, 4, 16, 16), F32)
+    outs = [ops.delta_net(q[:80], k[:80], v[:80], g[:80], beta[:80], state, scale=0.25)]
+    for t in range(80, T):
+        outs.append(ops.delta_net(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], state, scale=0.25))
+    ref, S = delta_net_reference(q, k, v, g, beta, np.zeros((4, 16, 16)), 0.25)
+    np.testing.assert_allclose(np.concatenate(outs), ref, atol=2e-5 * np.abs(ref).max())
+    # two sequences forked from the state: interleaved tokens, sequence ids 1 and 2
+    state[1] = state[2] = state[0]
+    base = state[0].copy()
+    seqs = np.array([1, 2, 2, 1, 2, 1, 1])
+    q2, k2, v2, g2, b2 = _gdn_inputs(rng, len(seqs))
+    out = ops.delta_net(q2, k2, v2, g2, b2, state, seqs=seqs, scale=0.25)
+    for s in (1, 2):
+        sel = seqs == s
+        r, Sr = delta_net_reference(q2[sel], k2[sel], v2[sel], g2[sel], b2[sel], base, 0.25)
+        np.testing.assert_allclose(out[sel], r, atol=2e-5 * np.abs(r).max())
+        np.testing.assert_allclose(state[s], Sr, atol=2e-5 * np.abs(Sr).max())
+
+
+@pytest.mark.parametrize("T", [1, 3, 40])
+def test_ssm_conv_matches_reference_and_keeps_state(T):
+    rng = np.random.default_rng(T)
+    C, K = 12, 4
+    x = rng.standard_normal((T, C)).astype(F32)
+    w = rng.standard_normal((C, K)).astype(F32)
+    s0 = rng.standard_normal((2, K - 1, C)).astype(F32)
+    ops = NumpyOps()
+    state = s0.copy()
+    y = ops.ssm_conv(x, state, w, seqs=[1] * T)
+    ref, sref = ssm_conv_reference(x, s0[1], w)
+    np.testing.assert_allclose(y, ref, atol=1e-5)
+    np.testing.assert_allclose(state[1], sref, atol=0)
+    np.testing.assert_array_equal(state[0], s0[0])  # another sequence is untouched
+    # split in two calls: the state carries over
+    state = s0.copy()
+    y1 = ops.ssm_conv(x[:T // 2], state, w)
+    y2 = ops.ssm_conv(x[T // 2:], state, w)
+    ref0, _ = ssm_conv_reference(x, s0[0], w)
+    np.testing.assert_allclose(np.concatenate([y1, y2]), ref0, atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 9, SCAN_CHUNK + 30])
+def test_ssm_scan_matches_sequential_reference(T):
+    rng = np.random.default_rng(100 + T)
+    H, P, G, Ns = 4, 8, 2, 16
+    x = rng.standard_normal((T, H, P)).astype(F32)
+    dt = np.log1p(np.exp(rng.standard_normal((T, H)))).astype(F32)
+    A = -np.exp(rng.standard_normal(H)).astype(F32)
+    B = rng.standard_normal((T, G, Ns)).astype(F32)
+    C = rng.standard_normal((T, G, Ns)).astype(F32)
+    D = rng.standard_normal(H).astype(F32)
+    S0 = (0.3 * rng.standard_normal((1, H, P, Ns))).astype(F32)
+    state = S0.copy()
+    y = NumpyOps().ssm_scan(x, dt, A, B, C, state, D=D)
+    ref, S = ssm_scan_reference(x, dt, A, B, C, S0[0], D)
+    np.testing.assert_allclose(y, ref, atol=2e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(state[0], S, atol=2e-5 * np.abs(S).max())
+
+
+def test_softplus_sigmoid_columns():
+    ops = NumpyOps()
+    a = np.array([-30, -1, 0, 1, 19.9, 25], F32)
+    np.testing.assert_allclose(ops.softplus(a), np.where(a > 20, a, np.log1p(np.exp(a.astype(np.float64)))),
+                               rtol=1e-6)
+    np.testing.assert_allclose(ops.sigmoid(a), 1 / (1 + np.exp(-a.astype(np.float64))), rtol=1e-6)
+    x = np.arange(24, dtype=F32).reshape(2, 3, 4)
+    c = ops.columns(x, 1, 2)
+    assert c.flags.c_contiguous and c.shape == (2, 3, 2)
+    np.testing.assert_array_equal(c, x[..., 1:3])

@@ -44,7 +44,7 @@ def _start_cuda_init(args):
     """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
     unless --device cpu."""
     dev = _device_arg(args)
-    if dev == "cpu":
+    if dev in ("cpu", "numpy"):
         return
     from .cuda import device_index, start_init
 
@@ -71,7 +71,7 @@ def _detach_wanted(args) -> bool:
     env = os.environ.get("REFLEX_DETACH")
     if env in ("0", "1"):
         return env == "1" and bool(args) and args[0] in _ONE_SHOT
-    if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) == "cpu":
+    if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) in ("cpu", "numpy"):
         return False
     from .cuda import pycuda_installed
 
@@ -132,11 +132,12 @@ def main(argv=None) -> int:
 
         traceback.print_exc()
         rc = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # a vanished reader: nothing left to tell it
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: the fd was closed when we started
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # a vanished reader: nothing left to tell it
     if done is not None:
         done(rc or 0)
     os._exit(rc or 0)

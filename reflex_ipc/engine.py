@@ -1,9 +1,9 @@
 """The Runner: a loaded model with its tokenizer, backend and executor, and the
 algorithms the protocol's ops run (generate, system1, embed).
 
-`load_runner(model, device, n_ctx)` opens the GGUF, picks the backend (numpy
-on "cpu", the CUDA kernels on "cuda", CUDA when usable on "auto"), loads and
-checks the weights and the tokenizer. The model's state (runtime/state.py) is
+`load_runner(model, device, n_ctx)` opens the GGUF, picks the backend (the
+compiled CPU kernels on "cpu", the numpy oracle on "numpy", the CUDA kernels on
+"cuda", CUDA when usable else cpu on "auto"), loads and checks the weights and the tokenizer. The model's state (runtime/state.py) is
 allocated by the executor at the first request, sized to what it needs, and
 outlives requests: a request whose tokens start with the tokens the state holds
 evaluates only the rest (prefix reuse; `cache_prompt=False` starts empty).
@@ -26,32 +26,55 @@ def _ms(t0, t1=None):
     return round(((time.perf_counter() if t1 is None else t1) - t0) * 1e3, 3)
 
 
+def _cpu_backend():
+    """The compiled CPU backend, else (kernels not built or not loadable) the numpy one, with a
+    warning that says why (once per process)."""
+    from .backends import cpu_ops
+
+    ok, why = cpu_ops.available()
+    if ok:
+        try:
+            return cpu_ops.CpuOps()
+        except ReflexError:  # the user's settings (a bad $REFLEX_CPU_THREADS)
+            raise
+        except Exception as e:  # the library misbehaves: say so, run on numpy
+            why = f"{type(e).__name__}: {e}"
+    from .backends.numpy_ops import NumpyOps
+
+    if not getattr(cpu_ops, "_warned", False):
+        import sys
+
+        cpu_ops._warned = True
+        print(f"reflex: warning: the CPU kernels are unavailable ({why}); using the numpy backend",
+              file=sys.stderr)
+    return NumpyOps()
+
+
 def make_backend(device):
-    """The backend ops object for a device name ("auto", "cpu", "cuda")."""
+    """The backend ops object for a device name: "cpu" (the compiled kernels), "numpy" (the
+    oracle), "cuda", or "auto" (CUDA when usable, else cpu)."""
     from .ops import DEVICES
 
     if device not in DEVICES:
         raise ReflexError("invalid_request", f"device {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "cpu":
+    if device == "numpy":
         from .backends.numpy_ops import NumpyOps
 
         return NumpyOps()
+    if device == "cpu":
+        return _cpu_backend()
     from . import cuda
 
     started = cuda.start_init()
     if device == "auto" and not started:  # pycuda is not installed
-        from .backends.numpy_ops import NumpyOps
-
-        return NumpyOps()
+        return _cpu_backend()
     try:
         from .backends.cuda_ops import CudaOps
 
         return CudaOps()
     except Exception as e:
         if device == "auto":
-            from .backends.numpy_ops import NumpyOps
-
-            return NumpyOps()
+            return _cpu_backend()
         if isinstance(e, ReflexError):
             raise
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e
@@ -79,15 +102,15 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, CPU_ONLY, load_model
+        from .models import ARCHITECTURES, NUMPY_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
             raise ReflexError("unsupported_architecture",
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
-        if device == "auto" and f.architecture in CPU_ONLY:
-            device = "cpu"  # no CUDA kernels for its recurrent layers yet
+        if device == "auto" and f.architecture in NUMPY_ONLY:
+            device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None
@@ -115,6 +138,14 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
         runner.lora_mode = lora_set.mode
         runner.adapters = [(lora_mod.digest(a), a.scale) for a in adapters]
     return runner
+
+
+def _name_of(name, path) -> str:
+    """general.name when it is a non-empty string (a file may hold anything there), else
+    the file's name."""
+    import os
+
+    return name if isinstance(name, str) and name else os.path.basename(path)
 
 
 class _StopText:
@@ -190,7 +221,7 @@ class Runner:
         import os
 
         return {
-            "model": self.f.get("general.name") or os.path.basename(self.path),
+            "model": _name_of(self.f.get("general.name"), self.path),
             "path": self.path,
             "architecture": hp.arch,
             "backend": self.ops.name,

@@ -17,6 +17,7 @@ KINDS = (
     "out_of_memory",
     "cuda_error",
     "cancelled",
+    "too_large",
     "internal",
 )
 

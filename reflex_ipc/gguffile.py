@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 import sys
 from itertools import accumulate, repeat
@@ -175,15 +176,24 @@ class GGUFFile:
     def __init__(self, path: str):
         self.path = os.fspath(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError as e:
-            raise GGUFError(f"cannot open: {e.strerror}", path=self.path) from None
+            # O_NONBLOCK: opening a FIFO must not wait for a writer
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except (OSError, ValueError) as e:
+            raise GGUFError(f"cannot open: {getattr(e, 'strerror', None) or e}",
+                            path=self.path) from None
         try:
-            self.size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFError("not a regular file", path=self.path)
+            self.size = st.st_size
             if self.size < 24:
                 raise GGUFError(f"file is {self.size} bytes, too short for a GGUF header",
                                 field="header", offset=0, path=self.path)
-            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            try:
+                self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:  # sysfs and the like cannot be mapped
+                raise GGUFError(f"cannot map: {getattr(e, 'strerror', None) or e}",
+                                path=self.path) from None
         finally:
             os.close(fd)
         try:

@@ -36,7 +36,13 @@ def resolve_model(model: str | None) -> str:
     if model in ALIASES:
         return ALIASES[model]()
     path = os.path.abspath(os.path.expanduser(model))
-    if os.path.isdir(path):
+    import stat
+
+    try:
+        st = os.stat(path)  # never blocks, whatever the path names
+    except (OSError, ValueError):
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         try:
             found = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
         except OSError:
@@ -46,7 +52,13 @@ def resolve_model(model: str | None) -> str:
         raise ReflexError("model_not_found",
                           f"{model!r} is a directory, not a GGUF file: give the .gguf file's "
                           f"path{inside}")
-    if not os.path.isfile(path):
+    if st is None:
         raise ReflexError("model_not_found", f"no such model file or alias: {model!r} "
                           f"(aliases: {', '.join(sorted(ALIASES))})")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReflexError("model_not_found", f"{model!r} is not a regular file "
+                          "(a directory, FIFO, socket or device is never read as a model)")
+    if path.startswith(("/proc/", "/sys/")):
+        # procfs/sysfs files are "regular", with a size that is not their content
+        raise ReflexError("model_not_found", f"{model!r} is a kernel pseudo-file, not a model")
     return path

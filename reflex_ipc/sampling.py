@@ -29,7 +29,16 @@ class Sampler:
         self.top_k = int(top_k)
         self.top_p = float(top_p)
         self.min_p = float(min_p)
-        self.rng = np.random.default_rng(seed)
+        self._seed = seed
+        self._rng = None
+
+    @property
+    def rng(self):
+        """The seeded generator, made at the first draw: numpy.random is not imported by
+        greedy decoding (it costs ~20 ms of a cold start)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
+        return self._rng
 
     @property
     def greedy(self):

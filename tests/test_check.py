@@ -33,7 +33,7 @@ def _summary(out):
 
 def test_reference_format(ref):
     r = json.loads(ref.read_text())
-    assert r["format"] == "reflex-check" and r["version"] == 1 and r["backend"] == "numpy"
+    assert r["format"] == "reflex-check" and r["version"] == 1 and r["backend"] == "cpu"  # auto, no GPU
     assert len(r["model"]["identity"]) == 32 and r["model"]["architecture"] == "llama"
     for p in r["prompts"]:
         assert len(p["steps"]) == len(p["token_ids"]) == 6

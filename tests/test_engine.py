@@ -27,14 +27,14 @@ def tiny(tiny_models):
 
 @pytest.fixture(scope="module")
 def runner(tiny):
-    r = load_runner(tiny["llama"][0], device="cpu", n_ctx=96)
+    r = load_runner(tiny["llama"][0], device="numpy", n_ctx=96)
     yield r
     r.close()
 
 
 @pytest.fixture(scope="module")
 def gemma(tiny):
-    r = load_runner(tiny["gemma3"][0], device="cpu", n_ctx=96)
+    r = load_runner(tiny["gemma3"][0], device="numpy", n_ctx=96)
     yield r
     r.close()
 
@@ -186,8 +186,8 @@ def test_state_is_sized_on_demand_and_grows(tiny, monkeypatch):
     import reflex_ipc.runtime.executor as executor
 
     monkeypatch.setattr(executor, "STATE_MIN", 8)
-    r = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
-    fresh = load_runner(tiny["llama"][0], device="cpu", n_ctx=40)
+    r = load_runner(tiny["llama"][0], device="numpy", n_ctx=40)
+    fresh = load_runner(tiny["llama"][0], device="numpy", n_ctx=40)
     try:
         assert r.exec.state is None  # nothing allocated before the first request
         short = r.generate(PROMPT, max_tokens=2)
@@ -208,8 +208,8 @@ def test_state_is_sized_on_demand_and_grows(tiny, monkeypatch):
 def test_prefix_reuse_gives_the_same_results(tiny):
     """A request that shares a prefix with the previous one evaluates only the rest, and
     answers exactly what it answers from an empty state."""
-    r = load_runner(tiny["llama"][0], device="cpu", n_ctx=128)
-    fresh = load_runner(tiny["llama"][0], device="cpu", n_ctx=128)
+    r = load_runner(tiny["llama"][0], device="numpy", n_ctx=128)
+    fresh = load_runner(tiny["llama"][0], device="numpy", n_ctx=128)
     try:
         base = PROMPT + " and then some more words"
         a = r.generate(base, max_tokens=6)
@@ -456,7 +456,7 @@ def test_device_selection(tiny):
             load_runner(tiny["llama"][0], device="cuda")
         assert e.value.kind == "cuda_error"
         r = load_runner(tiny["llama"][0], device="auto", n_ctx=32)
-        assert r.info()["backend"] == "numpy"
+        assert r.info()["backend"] == "cpu"  # no GPU: the compiled CPU kernels
         r.close()
 
 

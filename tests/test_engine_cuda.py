@@ -33,7 +33,7 @@ def pairs(tiny_models):
     paths += [path for path, _, _ in tiny_models.values()]
     out = {}
     for p in paths:
-        out[os.path.basename(p)] = (load_runner(p, device="cpu", n_ctx=256),
+        out[os.path.basename(p)] = (load_runner(p, device="numpy", n_ctx=256),
                                     load_runner(p, device="cuda", n_ctx=256))
     return out
 

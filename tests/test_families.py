@@ -111,7 +111,7 @@ def test_greedy_matches_llama_cpp(models, name, llama_cpp, ggml_gelu):
     """32 greedy tokens identical to llama.cpp's, except from a step where llama.cpp's top two
     are within 0.2% of max|logit| of each other (a near-tie either side may break)."""
     path = models[name]
-    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    runner = load_runner(path, device="numpy", n_ctx=N_CTX)
     try:
         got = runner.generate(list(IDS[:6]), max_tokens=32)["token_ids"]
         eog = runner.tok.eog_ids
@@ -134,7 +134,7 @@ def test_greedy_matches_llama_cpp(models, name, llama_cpp, ggml_gelu):
 @pytest.mark.parametrize("name", NAMES)
 def test_system1_logprobs_match_llama_cpp(models, name, llama_cpp, ggml_gelu):
     path = models[name]
-    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    runner = load_runner(path, device="numpy", n_ctx=N_CTX)
     try:
         res = runner.system1(PROMPT, CANDIDATES)
         p_ids = runner._prompt_ids(PROMPT)
@@ -154,17 +154,17 @@ def _cli(*args):
 @pytest.mark.parametrize("name", NAMES)
 def test_cli_generate_and_embed(models, name):
     path = models[name]
-    common = ("--model", path, "--device", "cpu", "--n-ctx", str(N_CTX))
+    common = ("--model", path, "--device", "numpy", "--n-ctx", str(N_CTX))
     p = _cli("generate", *common, "--max-tokens", "6", "--json", PROMPT)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    runner = load_runner(path, device="numpy", n_ctx=N_CTX)
     try:
         assert out["token_ids"] == runner.generate(PROMPT, max_tokens=6)["token_ids"]
         emb = runner.embed(["a b", "c"], pooling="mean")["embeddings"]
     finally:
         runner.close()
-    p = _cli("embed", "--model", path, "--device", "cpu", "--json", "a b", "c")
+    p = _cli("embed", "--model", path, "--device", "numpy", "--json", "a b", "c")
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)["embeddings"]
     assert len(got) == 2 and len(got[0]) == FAMILY_CONFIGS[name]["n_embd"]
@@ -179,13 +179,13 @@ def test_stdio_generate_system1_embed(models, name):
     reqs = [{"id": 1, "op": "generate", "prompt": PROMPT, "max_tokens": 5, "stream": True},
             {"id": 2, "op": "system1", "prompt": PROMPT, "candidates": CANDIDATES},
             {"id": 3, "op": "embed", "input": ["a b", "c"]}, {"id": 4, "op": "shutdown"}]
-    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", path],
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "numpy", "--model", path],
                        input="".join(json.dumps(r) + "\n" for r in reqs), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr
     res = {m["id"]: m for m in map(json.loads, p.stdout.splitlines()) if m.get("event") == "result"}
     assert all(res[i]["ok"] for i in (1, 2, 3, 4)), res
-    runner = load_runner(path, device="cpu")
+    runner = load_runner(path, device="numpy")
     try:
         assert res[1]["token_ids"] == runner.generate(PROMPT, max_tokens=5)["token_ids"]
         want = runner.system1(PROMPT, CANDIDATES)["candidates"]
@@ -436,8 +436,8 @@ def test_state_reuse_and_growth(models, name):
     """Prefix reuse and a state grown past 256 slots (the latent / shared-KV layouts copied
     by State.grown) give what a fresh runner gives."""
     ids = [(i * 7919) % 40000 + 100 for i in range(300)]
-    a = load_runner(models[name], device="cpu", n_ctx=1024)
-    b = load_runner(models[name], device="cpu", n_ctx=1024)
+    a = load_runner(models[name], device="numpy", n_ctx=1024)
+    b = load_runner(models[name], device="numpy", n_ctx=1024)
     try:
         a.generate(ids[:20], max_tokens=2)
         assert a.exec.state.n_slots == 256

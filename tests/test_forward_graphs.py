@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("smollm2")  # the tiny models borrow its to
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
 def runner(request, tiny_models):
-    r = load_runner(tiny_models[request.param][0], device="cpu", n_ctx=128)
+    r = load_runner(tiny_models[request.param][0], device="numpy", n_ctx=128)
     r.exec.reserve(128)
     r.state = r.exec.state
     yield r

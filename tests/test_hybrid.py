@@ -40,7 +40,7 @@ def models(tmp_path_factory, smollm2):
 
 @pytest.fixture(scope="module", params=["qwen35", "qwen35moe", "granitehybrid_moe"])
 def runner(models, request):
-    r = load_runner(models[request.param], device="cpu", n_ctx=1024)
+    r = load_runner(models[request.param], device="numpy", n_ctx=1024)
     r.name = request.param
     yield r
     r.close()
@@ -251,9 +251,9 @@ def test_stdio_generate_stream_and_system1(models):
     import subprocess
     import sys
 
-    reqs = [dict(id=1, op="generate", model=models["granitehybrid"], device="cpu", prompt="Hello", max_tokens=4,
+    reqs = [dict(id=1, op="generate", model=models["granitehybrid"], device="numpy", prompt="Hello", max_tokens=4,
                  stream=True),
-            dict(id=2, op="system1", model=models["granitehybrid"], device="cpu", prompt="Hello",
+            dict(id=2, op="system1", model=models["granitehybrid"], device="numpy", prompt="Hello",
                  candidates=[" a", " b c"]),
             dict(id=3, op="generate", model=models["qwen35"], device="auto", prompt="Hello", max_tokens=3)]
     p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio"], input="".join(json.dumps(r) + "\n" for r in reqs),

@@ -62,7 +62,7 @@ def test_greedy_equals_llama_cpp(arch, mode, adapters, monkeypatch):
         by_adapters.setdefault(tuple(map(tuple, case["adapters"])), []).append(case)
     for combo, cases in by_adapters.items():
         lora = [{"path": adapters[arch][k], "scale": s} for k, s in combo]
-        r = load_runner(BASE[arch], device="cpu", n_ctx=128, lora=lora)
+        r = load_runner(BASE[arch], device="numpy", n_ctx=128, lora=lora)
         try:
             assert r.lora_mode == mode
             assert r.info()["lora"] == [{"path": a["path"], "scale": float(a["scale"])} for a in lora]
@@ -75,10 +75,10 @@ def test_greedy_equals_llama_cpp(arch, mode, adapters, monkeypatch):
 
 def test_adapter_changes_output_and_scale_zero_does_not(adapters):
     ids = GOLDEN["models"]["llama"]["cases"][0]["prompt_ids"]
-    r = load_runner(BASE["llama"], device="cpu", n_ctx=128)
+    r = load_runner(BASE["llama"], device="numpy", n_ctx=128)
     base = r.generate(ids, max_tokens=8)["token_ids"]
     r.close()
-    r = load_runner(BASE["llama"], device="cpu", n_ctx=128, lora=[adapters["llama"]["a"] + ":0"])
+    r = load_runner(BASE["llama"], device="numpy", n_ctx=128, lora=[adapters["llama"]["a"] + ":0"])
     assert r.generate(ids, max_tokens=8)["token_ids"] == base
     r.close()
     assert GOLDEN["models"]["llama"]["cases"][0]["tokens"][:8] != base
@@ -92,17 +92,17 @@ def _err(fn):
 
 def test_mismatches(adapters, tmp_path):
     # another architecture
-    kind, msg = _err(lambda: load_runner(BASE["llama"], device="cpu", lora=[adapters["qwen3"]["a"]]))
+    kind, msg = _err(lambda: load_runner(BASE["llama"], device="numpy", lora=[adapters["qwen3"]["a"]]))
     assert kind == "invalid_request" and "'qwen3'" in msg and "'llama'" in msg
     # same architecture, other shapes (qwen3's tensors relabelled as llama)
     bad = write_lora(BASE["qwen3"], str(tmp_path / "shape.gguf"), arch="llama")
-    kind, msg = _err(lambda: load_runner(BASE["llama"], device="cpu", lora=[bad]))
+    kind, msg = _err(lambda: load_runner(BASE["llama"], device="numpy", lora=[bad]))
     assert kind == "invalid_request" and "do not fit" in msg
     # not an adapter
-    kind, msg = _err(lambda: load_runner(BASE["llama"], device="cpu", lora=[BASE["llama"]]))
+    kind, msg = _err(lambda: load_runner(BASE["llama"], device="numpy", lora=[BASE["llama"]]))
     assert kind == "invalid_request" and "not an adapter" in msg
     # missing file
-    assert _err(lambda: load_runner(BASE["llama"], device="cpu", lora=[str(tmp_path / "no.gguf")]))[0] == \
+    assert _err(lambda: load_runner(BASE["llama"], device="numpy", lora=[str(tmp_path / "no.gguf")]))[0] == \
         "model_not_found"
     # a tensor the base lacks, and a lone lora_a
     import gguf
@@ -125,17 +125,17 @@ def test_mismatches(adapters, tmp_path):
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        kind, msg = _err(lambda: load_runner(BASE["llama"], device="cpu", lora=[str(tmp_path / name)]))
+        kind, msg = _err(lambda: load_runner(BASE["llama"], device="numpy", lora=[str(tmp_path / name)]))
         assert (kind, want[1] in msg) == (want[0], True), msg
     # a bad scale
-    assert _err(lambda: load_runner(BASE["llama"], device="cpu",
+    assert _err(lambda: load_runner(BASE["llama"], device="numpy",
                                     lora=[{"path": adapters["llama"]["a"], "scale": float("nan")}]))[0] == \
         "invalid_request"
 
 
 def test_state_identity_includes_adapters(adapters, tmp_path):
     path = str(tmp_path / "s.state")
-    r = load_runner(BASE["llama"], device="cpu", n_ctx=128, lora=[adapters["llama"]["a"]])
+    r = load_runner(BASE["llama"], device="numpy", n_ctx=128, lora=[adapters["llama"]["a"]])
     try:
         r.generate("Once upon a time", max_tokens=2, kv_export=path)
         out = r.generate(" there", max_tokens=2, kv_import=path)
@@ -143,7 +143,7 @@ def test_state_identity_includes_adapters(adapters, tmp_path):
     finally:
         r.close()
     for lora in ([], [adapters["llama"]["a"] + ":0.5"], [adapters["llama"]["b"]]):
-        r = load_runner(BASE["llama"], device="cpu", n_ctx=128, lora=lora)
+        r = load_runner(BASE["llama"], device="numpy", n_ctx=128, lora=lora)
         try:
             kind, msg = _err(lambda: r.load_state(path))
             assert kind == "invalid_request" and "LoRA" in msg
@@ -154,10 +154,10 @@ def test_state_identity_includes_adapters(adapters, tmp_path):
 def test_cli_and_protocol(adapters):
     case = next(c for c in GOLDEN["models"]["qwen3"]["cases"] if c["adapters"] == [["a", 0.5]])
     text = "Once upon a time"
-    r = load_runner(BASE["qwen3"], device="cpu", n_ctx=128)
+    r = load_runner(BASE["qwen3"], device="numpy", n_ctx=128)
     assert r.tok.encode(text) == case["prompt_ids"]
     r.close()
-    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "generate", "--device", "cpu", "--model", BASE["qwen3"],
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "generate", "--device", "numpy", "--model", BASE["qwen3"],
                         "--lora", adapters["qwen3"]["a"] + ":0.5", "--max-tokens", str(GOLDEN["steps"]), "--json",
                         text], capture_output=True, text=True, env=env(), timeout=120)
     assert p.returncode == 0, p.stderr
@@ -168,7 +168,7 @@ def test_cli_and_protocol(adapters):
             {"id": 3, "op": "load", "model": BASE["qwen3"], "device": "cpu",
              "lora": [{"path": adapters["llama"]["a"]}]},
             {"id": 4, "op": "load", "model": BASE["qwen3"], "device": "cpu", "lora": [{"path": "x", "scale": 1e9}]}]
-    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "cpu"],
+    p = subprocess.run([sys.executable, "-m", "reflex_ipc", "stdio", "--device", "numpy"],
                        input="".join(json.dumps(q) + "\n" for q in reqs), capture_output=True, text=True,
                        env=env(), timeout=120)
     by = {x["id"]: x for x in map(json.loads, p.stdout.splitlines()[1:])}

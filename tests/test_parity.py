@@ -17,6 +17,17 @@ two llama.cpp references:
    - logits after the prompt within 1e-3 * max|logit|;
    - greedy 32 tokens identical, a divergence passing only at a top-2 gap < 0.5%.
 
+Every test runs on both CPU backends: `numpy` (the float32 oracle, held to all of the
+above) and `cpu` (the compiled kernels). The cpu backend rounds activations to int8 per
+block and keeps an F16 KV cache, as llama.cpp does, so its reference is llama.cpp on the
+quantized model (1.); against exact arithmetic (2.) it is held to the quantized bounds
+(logit_bound, tie_rel), i.e. to llama.cpp's own distance from exact arithmetic. Against
+quantized llama.cpp two independent roundings of that size meet (ours and llama.cpp's), so
+its logit bound there is CPU_NOISE_FACTOR (2.0, about sqrt(2) with a margin) times the noise.
+Measured on these goldens (commit of issue 18): cpu vs exact 0.64-1.31x rounding_noise,
+cpu vs quantized llama.cpp 0.55-1.53x.
+$REFLEX_PARITY_DEVICES (default "numpy,cpu") narrows the list.
+
 rounding_noise (recorded per prompt) is max|quantized llama.cpp - exact llama.cpp| /
 max|logit| (rounding_noise_top: over llama.cpp's 20 best tokens). llama.cpp rounds
 activations to 8 bits in quantized matmuls (F16 for F16 weights and the KV cache); on these
@@ -40,10 +51,11 @@ LOGIT_REL_TOL = 1e-2   # vs quantized llama.cpp: the floor of the logit bound,
 NOISE_FACTOR = 1.5     # ... which is at least this times llama.cpp's rounding noise
 EXACT_REL_TOL = 1e-3   # vs exact llama.cpp
 TIE_REL = 0.005        # near-tie threshold (a fraction of max|logit|), the floor vs quantized
+CPU_NOISE_FACTOR = 2.0  # the cpu backend vs quantized llama.cpp: two roundings of that noise
 
 
-def logit_bound(p):
-    return max(LOGIT_REL_TOL, NOISE_FACTOR * p["rounding_noise"])
+def logit_bound(p, factor=NOISE_FACTOR):
+    return max(LOGIT_REL_TOL, factor * p["rounding_noise"])
 
 
 def tie_rel(p):
@@ -60,8 +72,9 @@ def _goldens():
 
 
 GOLDEN = _goldens()
-CASES = [pytest.param(name, i, id=f"{name}-{p['kind']}")
-         for name, g in GOLDEN.items() for i, p in enumerate(g["prompts"])]
+DEVICES = [d for d in os.environ.get("REFLEX_PARITY_DEVICES", "numpy,cpu").split(",") if d]
+CASES = [pytest.param(name, i, dev, id=f"{dev}-{name}-{p['kind']}")
+         for dev in DEVICES for name, g in GOLDEN.items() for i, p in enumerate(g["prompts"])]
 
 
 # --- the rules (pure functions, checked on their own below) ---------------------------
@@ -141,8 +154,8 @@ def _model_path(g):
     return os.path.join(ROOT, g["model"])
 
 
-def runner_for(name):
-    if name not in _RUNNERS:
+def runner_for(name, device="numpy"):
+    if (name, device) not in _RUNNERS:
         from reflex_ipc.engine import load_runner
 
         g = GOLDEN[name]
@@ -152,8 +165,10 @@ def runner_for(name):
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         assert h.hexdigest() == g["sha256"], f"{path} is not the file the golden {name} was recorded on"
-        _RUNNERS[name] = load_runner(path, device="cpu", n_ctx=g["settings"]["n_ctx"])
-    return _RUNNERS[name]
+        r = load_runner(path, device=device, n_ctx=g["settings"]["n_ctx"])
+        assert r.ops.name == device, f"asked for the {device} backend, got {r.ops.name}"
+        _RUNNERS[name, device] = r
+    return _RUNNERS[name, device]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,13 +180,13 @@ def _close_runners():
     _GREEDY.clear()
 
 
-def greedy_output(name, i):
+def greedy_output(name, i, device="numpy"):
     """The engine's greedy continuation of prompt i (computed once for both references)."""
-    if (name, i) not in _GREEDY:
+    if (name, i, device) not in _GREEDY:
         g = GOLDEN[name]
-        _GREEDY[name, i] = runner_for(name).generate(g["prompts"][i]["text"], max_tokens=g["steps"],
-                                                     temperature=0.0)
-    return _GREEDY[name, i]
+        _GREEDY[name, i, device] = runner_for(name, device).generate(g["prompts"][i]["text"],
+                                                                     max_tokens=g["steps"], temperature=0.0)
+    return _GREEDY[name, i, device]
 
 
 def _first_logits(name, p, key="first_logits"):
@@ -180,41 +195,42 @@ def _first_logits(name, p, key="first_logits"):
 
 
 # --- parity --------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,i", CASES)
-def test_tokenization(name, i):
+@pytest.mark.parametrize("name,i,device", CASES)
+def test_tokenization(name, i, device):
     p = GOLDEN[name]["prompts"][i]
-    ids = runner_for(name).tokenize(p["text"], add_bos=p["add_bos"], parse_special=True)
+    ids = runner_for(name, device).tokenize(p["text"], add_bos=p["add_bos"], parse_special=True)
     assert ids == p["ids"]
 
 
-@pytest.mark.parametrize("name,i", CASES)
-def test_first_logits(name, i):
+@pytest.mark.parametrize("name,i,device", CASES)
+def test_first_logits(name, i, device):
     p = GOLDEN[name]["prompts"][i]
     ref = _first_logits(name, p)
-    ours = runner_for(name).prompt_logits(p["ids"])
+    ours = runner_for(name, device).prompt_logits(p["ids"])
     err = logit_error(ours, ref)
-    bound = logit_bound(p)
+    bound = logit_bound(p, NOISE_FACTOR if device == "numpy" else CPU_NOISE_FACTOR)
     assert err <= bound, (f"max|diff| / max|logit| = {err:.3g} (bound {bound:.3g}; llama.cpp's "
                           f"rounding noise {p['rounding_noise']:.3g}); argmax ours "
                           f"{int(np.argmax(ours))} llama.cpp {int(np.argmax(ref))}")
 
 
-@pytest.mark.parametrize("name,i", CASES)
-def test_first_logits_exact(name, i):
+@pytest.mark.parametrize("name,i,device", CASES)
+def test_first_logits_exact(name, i, device):
     p = GOLDEN[name]["prompts"][i]
     ref = _first_logits(name, p, "exact_logits")
-    ours = runner_for(name).prompt_logits(p["ids"])
+    ours = runner_for(name, device).prompt_logits(p["ids"])
     err = logit_error(ours, ref)
-    assert err <= EXACT_REL_TOL, (f"max|diff| / max|logit| = {err:.3g} vs llama.cpp in exact arithmetic "
-                                  f"(limit {EXACT_REL_TOL}); argmax ours {int(np.argmax(ours))} "
-                                  f"llama.cpp {int(np.argmax(ref))}")
+    limit = EXACT_REL_TOL if device == "numpy" else logit_bound(p)
+    assert err <= limit, (f"max|diff| / max|logit| = {err:.3g} vs llama.cpp in exact arithmetic "
+                          f"(limit {limit:.3g}); argmax ours {int(np.argmax(ours))} "
+                          f"llama.cpp {int(np.argmax(ref))}")
 
 
-@pytest.mark.parametrize("name,i", CASES)
-def test_greedy(name, i):
+@pytest.mark.parametrize("name,i,device", CASES)
+def test_greedy(name, i, device):
     g = GOLDEN[name]
     p = g["prompts"][i]
-    out = greedy_output(name, i)
+    out = greedy_output(name, i, device)
     assert out["prompt_tokens"] == len(p["ids"]), "the prompt was tokenized differently"
     ok, msg = greedy_verdict(p["steps"], out["token_ids"], out["finish_reason"], g["eog_ids"],
                              tie=tie_rel(p))
@@ -223,12 +239,13 @@ def test_greedy(name, i):
         assert out["text"] == p["greedy_text"]
 
 
-@pytest.mark.parametrize("name,i", CASES)
-def test_greedy_exact(name, i):
+@pytest.mark.parametrize("name,i,device", CASES)
+def test_greedy_exact(name, i, device):
     g = GOLDEN[name]
     p = g["prompts"][i]
-    out = greedy_output(name, i)
-    ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"])
+    out = greedy_output(name, i, device)
+    tie = TIE_REL if device == "numpy" else tie_rel(p)
+    ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"], tie=tie)
     assert ok, msg
 
 

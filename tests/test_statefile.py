@@ -103,7 +103,7 @@ def test_round_trip_is_bit_exact(saved, tmp_path):
 def test_float16_state_loads_into_float32(saved, tmp_path):
     """A state saved by a float16 backend (CUDA) loads on numpy within float16 rounding."""
     path, p_ids, t_ids = saved[SYNTH["llama"]]
-    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    r = load_runner(SYNTH["llama"], device="numpy", n_ctx=N_CTX)
     try:
         r.load_state(path)
         tokens, layers = r.exec.state.snapshot()

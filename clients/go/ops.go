@@ -96,7 +96,7 @@ type GenerateRequest struct {
 	KVImport      string   `json:"kv_import,omitempty"` // a saved state to start from; Prompt follows its tokens
 	KVExport      string   `json:"kv_export,omitempty"` // save the state here once the prompt is evaluated
 	Model         string   `json:"model,omitempty"`
-	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda"
+	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda", "numpy"
 }
 
 // GenerateResult: generate's result.

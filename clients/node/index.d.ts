@@ -6,8 +6,8 @@ export declare const PROTOCOL: number;
 export type ErrorKind =
   | 'parse_error' | 'invalid_request' | 'unknown_op' | 'line_too_long'
   | 'model_not_found' | 'gguf_error' | 'state_error' | 'unsupported_architecture'
-  | 'context_overflow' | 'out_of_memory' | 'cuda_error' | 'cancelled' | 'internal'
-  | 'connection';
+  | 'context_overflow' | 'out_of_memory' | 'cuda_error' | 'cancelled' | 'too_large'
+  | 'internal' | 'connection';
 
 export declare class ReflexError extends Error {
   constructor(kind: ErrorKind | string, message: string, response?: ResultEvent | null, options?: { cause?: unknown });

@@ -29,6 +29,28 @@ def _size(text):
     return n
 
 
+def _seconds(text):
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return v
+
+
+def _dir(text):
+    import argparse
+    import os
+
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"not a directory: {text!r}")
+    return text
+
+
 def add_arguments(p, name):
     from ..ops import DEVICES, MAX_LINE_BYTES
 
@@ -44,6 +66,23 @@ def add_arguments(p, name):
                    "product scaled by SCALE (default 1); repeatable")
     p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES,
                    help="longest request line, in bytes (default: %(default)s = 16 MiB)")
+    p.add_argument("--model-dir", type=_dir, action="append", default=[], metavar="DIR",
+                   help="a request's `model` path must lie inside DIR (repeatable; "
+                   "aliases and --model are always allowed)")
+    p.add_argument("--max-models", type=_size, default=4,
+                   help="models kept loaded at once (default 4; least recently used go)")
+    p.add_argument("--max-model-bytes", type=_size, default=32 << 30,
+                   help="total size of the model files kept loaded (default 32 GiB)")
+    p.add_argument("--write-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="drop a client that reads nothing of a result for this long "
+                   "(default 60; 0: never)")
+    if name == "uds":
+        p.add_argument("--read-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                       help="drop a client that sends part of a line and then nothing for "
+                       "this long (default 10; 0: never)")
+        p.add_argument("--idle-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                       help="drop an idle client after this long while another client "
+                       "waits to connect (default 10; 0: never)")
 
 
 def run(args) -> int:
@@ -53,12 +92,20 @@ def run(args) -> int:
         sys.stderr.write(f"reflex {args.command}: --lora needs --model\n")
         return 2
     srv = server.Server(model=args.model, device=args.device,
-                        max_line_bytes=args.max_line_bytes, lora=args.lora)
+                        max_line_bytes=args.max_line_bytes, lora=args.lora,
+                        model_dirs=args.model_dir,
+                        max_models=args.max_models, max_model_bytes=args.max_model_bytes,
+                        write_timeout=args.write_timeout or None,
+                        read_timeout=getattr(args, "read_timeout", 0.0) or None,
+                        idle_timeout=getattr(args, "idle_timeout", 0.0) or None)
     preload = args.model is not None
-    if args.command == "stdio":
-        return server.serve_stdio(srv, preload)
     try:
+        if args.command == "stdio":
+            return server.serve_stdio(srv, preload)
         return server.serve_uds(srv, args.path, args.mode, preload)
     except server.StartupError as e:
-        sys.stderr.write(f"reflex uds: {e}\n")
+        try:
+            sys.stderr.write(f"reflex {args.command}: {e}\n")
+        except (OSError, ValueError):
+            pass
         return 1

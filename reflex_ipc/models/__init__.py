@@ -4,9 +4,10 @@ from ..errors import ReflexError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4",
                  "qwen35", "qwen35moe", "granitehybrid")
-# Architectures whose ops (backends.base.RECURRENT_OPS) only the numpy backend has so far: device
-# "auto" runs them on the CPU; an explicit CUDA device refuses them (unsupported_architecture).
-CPU_ONLY = ("qwen35", "qwen35moe", "granitehybrid")
+# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) only the numpy backend has so far:
+# device "auto" runs them there; an explicit cpu or cuda device refuses them
+# (unsupported_architecture, naming the missing ops).
+NUMPY_ONLY = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
 
 
 def load_model(ops, f, lora=None):

@@ -41,7 +41,7 @@ def _bad(key, msg):
 class Model:
     capturable = False  # the experts are routed on the host (backends' moe op)
 
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]
         if missing:
             raise ReflexError("unsupported_architecture", f"deepseek2 (latent attention) needs ops the "
@@ -52,7 +52,7 @@ class Model:
         self._read_attention_keys(f)
         self._read_moe_keys(f)
         self._rope_setup()
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)

@@ -44,7 +44,7 @@ def _unsupported(what):
 
 
 class Model:
-    def __init__(self, ops, f):
+    def __init__(self, ops, f, lora=None):
         self.ops = ops
         self.hp = hp = HParams(f)
         a = hp.arch
@@ -83,7 +83,7 @@ class Model:
         self.rope_base_swa = hp.float("rope.freq_base_swa", default=hp.rope_base, gt=0.0)
         self.embd_scale = math.sqrt(hp.n_embd)
         self.n_expert = None  # read with the first mixture-of-experts layer
-        w = Weights(ops, f)
+        w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)

@@ -16,7 +16,7 @@ here, its name in NAMES, a section in PROTOCOL.md, the clients.
 PROTOCOL = 1  # the protocol version (ready, hello)
 MAX_LINE_BYTES = 16 * 1024 * 1024  # default --max-line-bytes
 MAX_TOKENS = 131072  # the largest max_tokens of generate
-DEVICES = ("auto", "cpu", "cuda")  # `device` of a request, --device of every command
+DEVICES = ("auto", "cpu", "cuda", "numpy")  # `device` of a request, --device of every command
 BACKENDS = ("numpy", "cpu", "cuda")  # what ready/hello/load report as `backend`
 
 NAMES = ("hello", "load", "generate", "infill", "system1", "embed", "tokenize", "detokenize",

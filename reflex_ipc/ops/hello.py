@@ -62,14 +62,8 @@ def run(call, req) -> dict:
     from .. import __version__
 
     srv = call.server
-    info = srv.infos[srv.active] if srv.active else {}
-    models, seen = [], set()
-    for key, runner in srv.runners.items():
-        if id(runner) not in seen:
-            seen.add(id(runner))
-            i = srv.infos[key]
-            models.append({"model": i.get("model"), "path": key[0], "device": key[1],
-                           "backend": i.get("backend")})
+    info = srv.infos.get(srv.active, {}) if srv.active else {}
+    models = srv._models()  # keys are file identities: the entries know their paths
     return {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
             "backend": info.get("backend"), "model": info.get("model"), "ops": list(NAMES),
             "error_kinds": list(KINDS),

@@ -9,5 +9,7 @@ imported by the runtime (nothing under reflex_ipc outside this package imports i
   numpy backend by tests/test_fused_ops.py and on the GPU by scripts/gpu/gpu-check;
   `weights_gguf` loads hand-made weight blocks through a real GGUFFile.
 - fake_server: a Runner stand-in and subprocess/socket clients for the server tests.
+- fuzz: the issue-12 fault and hostile-input suite (tests/test_fuzz.py runs its short mode,
+  scripts/fuzz-long its long one).
 - sdist: llama.cpp's tokenizer vectors and vocab-only GGUFs from the llama-cpp-python sdist.
 """

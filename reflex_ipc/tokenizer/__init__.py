@@ -61,14 +61,54 @@ _EOG_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
 _ALWAYS_RENDER = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 _ISSPACE = " \t\n\v\f\r"  # C isspace, what llama.cpp strips for lstrip/rstrip
 
+# Work and memory bounds (protocol/PROTOCOL.md, "Bounds"). Merging one piece costs about
+# 10 us and 200 bytes per character here, so one unbroken piece is capped: a BPE
+# pre-token (one piece of the pre-tokenizer's split; natural text never comes near) and
+# an SPM fragment (SPM merges all the text between special tokens at once, as llama.cpp
+# does, so its cap is higher). Below the caps the tokens are llama.cpp's, exactly; above
+# them the request fails with `too_large` rather than answering something else.
+MAX_BPE_PIECE = 1 << 18  # characters
+MAX_SPM_PIECE = 1 << 20  # characters
+MAX_DECODE_BYTES = 16 << 20  # detokenized text
+
+
+def too_large(what: str, n: int, limit: int):
+    return ReflexError("too_large", f"{what} is {n} long; the limit is {limit}")
+
 
 def _str(v) -> str:
     return v if isinstance(v, str) else ""
 
 
+def numeric_array(meta, key, n, what="a numeric array"):
+    """metadata[key] as a numpy view, None when absent; gguf_error naming the key when it
+    is not a numeric array of at least n elements (a string, a number, nested arrays)."""
+    from ..gguffile import ArrayValue
+
+    v = meta.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, ArrayValue):
+        raise ReflexError("gguf_error", f"{key} must be {what}, not a {type(v).__name__}")
+    try:
+        arr = v.numpy()
+    except TypeError:
+        raise ReflexError("gguf_error", f"{key} must be {what}, not an array of "
+                          f"{_VALUE_TYPE_NAMES.get(v.elem_type, v.elem_type)}") from None
+    if len(arr) < n:
+        raise ReflexError("gguf_error", f"{key} has {len(arr)} elements for a vocabulary of {n}")
+    return arr
+
+
+_VALUE_TYPE_NAMES = {8: "string", 9: "array"}
+
+
 def load_tokenizer(f):
     """A Tokenizer for the open GGUFFile `f` (raises ReflexError on unsupported vocabularies)."""
     model = f.metadata.get("tokenizer.ggml.model")
+    if model is not None and not isinstance(model, str):
+        raise ReflexError("gguf_error", "tokenizer.ggml.model must be a string, not a "
+                          f"{type(model).__name__}")
     if model == "gpt2" or model == "gemma4":
         from .bpe import BPETokenizer
 
@@ -103,10 +143,11 @@ class Tokenizer:
         self.vocab = StrIndex(f._mm, tokens, first=False,
                               cache_file=cache_file(f, tokens, "tokens"))
         types = meta.get("tokenizer.ggml.token_type")
-        if types is not None and (getattr(types, "count", 0) < n or types.elem_type != 5):
+        if types is not None and (getattr(types, "elem_type", None) != 5 or types.count < n):
             raise ReflexError("gguf_error", "tokenizer.ggml.token_type must be an int32 array "
                               "as long as the vocabulary")
-        self._types = types.numpy() if types is not None else None
+        # a longer array is allowed; ids past the vocabulary never exist
+        self._types = types.numpy()[:n] if types is not None else None
         self._attr_override: dict = {}
         self._text_memo: dict = {}
         self._piece_memo: dict = {}
@@ -348,7 +389,7 @@ class Tokenizer:
         elif a & A_NORMAL:
             b = self._normal_piece(i)
         elif a & A_BYTE:
-            b = bytes([int(self.token_text(i)[3:5], 16)])
+            b = _byte_of(self.token_text(i))
         else:
             b = b""
         self._piece_memo[key] = b
@@ -363,6 +404,7 @@ class Tokenizer:
         """llama_detokenize(remove_special=False, unparse_special=special)."""
         parts = []
         first = True
+        total = 0
         for i in ids:
             i = int(i)
             self.token_text(i)
@@ -371,6 +413,9 @@ class Tokenizer:
                 p = p[1:]
             first = False
             parts.append(p)
+            total += len(p)
+            if total > MAX_DECODE_BYTES:
+                raise too_large("the detokenized text (bytes)", total, MAX_DECODE_BYTES)
         b = b"".join(parts)
         if self.clean_spaces and b:
             b = _clean_spaces(b)
@@ -385,6 +430,16 @@ class Tokenizer:
 
     def stream_decoder(self, special: bool = False) -> "StreamDecoder":
         return StreamDecoder(self, special)
+
+
+def _byte_of(text: str) -> bytes:
+    """A byte token's byte: its text is <0xNN>; a file that lies gets the text itself."""
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        try:
+            return bytes([int(text[3:5], 16)])
+        except ValueError:
+            pass
+    return text.encode("utf-8")
 
 
 def _clean_spaces(b: bytes) -> bytes:

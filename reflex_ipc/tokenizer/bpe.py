@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 
 from ..errors import ReflexError
-from . import Tokenizer, pretok
+from . import MAX_BPE_PIECE, Tokenizer, pretok, too_large
 
 
 _MEMO_MAX = 1 << 17  # memo tables are dropped when they grow past this (long-lived servers)
@@ -98,6 +98,8 @@ class BPETokenizer(Tokenizer):
             for word in pretok.split(fr, self._regexes):
                 ids = self._words.get(word)
                 if ids is None:
+                    if len(word) > MAX_BPE_PIECE:
+                        raise too_large("a pre-token (characters)", len(word), MAX_BPE_PIECE)
                     if len(self._words) >= _MEMO_MAX:
                         self._words.clear()
                     ids = self._words[word] = self._word_ids(word)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 
 from ..errors import ReflexError
-from . import Tokenizer
+from . import MAX_SPM_PIECE, Tokenizer, too_large
 
 
 class SPMTokenizer(Tokenizer):
@@ -27,12 +27,14 @@ class SPMTokenizer(Tokenizer):
     escape_whitespaces = True
 
     def __init__(self, f):
-        scores = f.metadata.get("tokenizer.ggml.scores")
-        self._scores = scores.numpy() if scores is not None else None
+        from . import numeric_array
+
+        tokens = f.metadata.get("tokenizer.ggml.tokens")
+        n = tokens.count if getattr(tokens, "elem_type", None) == 8 else 0
+        self._scores = numeric_array(f.metadata, "tokenizer.ggml.scores", n,
+                                     "an array of float32 scores")
         self._bytes: dict = {}
         super().__init__(f, (1, 2, 0))
-        if self._scores is not None and len(self._scores) < self.n_vocab:
-            raise ReflexError("gguf_error", "tokenizer.ggml.scores is shorter than the vocabulary")
 
     def _flag_defaults(self):
         self.add_bos = True
@@ -49,6 +51,9 @@ class SPMTokenizer(Tokenizer):
                 out.append(fr)
                 prev_special = True
                 continue
+            if len(fr) > MAX_SPM_PIECE:
+                raise too_large("text between special tokens (characters)", len(fr),
+                                MAX_SPM_PIECE)
             if self.add_space_prefix and prev_special:
                 fr = " " + fr
             self._encode_text(fr.replace(" ", "\u2581"), out)
@@ -111,8 +116,8 @@ class SPMTokenizer(Tokenizer):
             if t < 0:
                 t = self.vocab.find(bytes([c]))
             if t < 0:
-                raise ReflexError("invalid_request",
-                                  f"the vocabulary has no token for byte 0x{c:02X}")
+                raise ReflexError("gguf_error", "the vocabulary (tokenizer.ggml.tokens) has no "
+                                  f"token for byte 0x{c:02X}")
             self._bytes[c] = t
         return t
 

@@ -8,11 +8,16 @@ sorts the hashes once. A lookup hashes the query the same way, binary-searches
 the sorted hashes, and compares the candidates' bytes with the query; results
 are memoized, so the cost is paid once per distinct string asked for.
 
-The sorted hashes of a file's arrays are kept in a small disk cache (a raw
-uint64 file per array under $REFLEX_CACHE or ~/.cache/reflex-ipc/tokenizer,
-named by the file's path, size, mtime and the array's offset), so later
-processes read them instead of hashing and sorting again. Set
-REFLEX_TOKENIZER_CACHE=0 to disable it; any cache I/O error just means no cache.
+The sorted hashes of a file's arrays are kept in a small disk cache (one file
+per array under $REFLEX_CACHE or ~/.cache/reflex-ipc/tokenizer, named by the
+file's path, device, inode, size, mtime and the array's offset), so later
+processes read them instead of hashing and sorting again. The name only finds
+the entry; what makes it trusted is its header: the CRC-32 of the array's
+bytes in the GGUF (so a file rewritten in place with the same size and mtime
+is caught) and the CRC-32 of the cached hashes (so a corrupted or truncated
+cache file is caught). Any mismatch means the index is built again and the
+entry rewritten. Set REFLEX_TOKENIZER_CACHE=0 to disable it; any cache I/O
+error just means no cache.
 """
 
 from __future__ import annotations
@@ -54,17 +59,14 @@ class StrIndex:
         self.lengths = arr.lengths
         self._bits = max(1, (len(starts) - 1).bit_length())
         keys = None
+        src_crc = None
         if cache_file is not None:
-            try:
-                keys = np.fromfile(cache_file, dtype="<u8")
-            except (OSError, ValueError):
-                keys = None
-            if keys is not None and len(keys) != len(starts):
-                keys = None
+            src_crc = _source_crc(mm, arr)
+            keys = _read_cache(cache_file, len(starts), src_crc)
         if keys is None:
             keys = self._build(mm)
             if cache_file is not None:
-                _write_atomic(cache_file, keys)
+                _write_atomic(cache_file, keys, src_crc)
         self._skeys = keys
         # plain memoryviews: item access and bisect on them are several times
         # cheaper than numpy scalar indexing and searchsorted
@@ -138,6 +140,37 @@ def _items(a):
     return memoryview(np.ascontiguousarray(a, dtype=np.int64))
 
 
+_MAGIC = b"RXSIDX02"
+_HEADER = 32  # magic, count u64, source crc u32, keys crc u32, 8 bytes reserved
+
+
+def _source_crc(mm, arr) -> int:
+    """CRC-32 of the array's bytes in the file (all its elements, lengths included)."""
+    import zlib
+
+    return zlib.crc32(memoryview(mm)[arr.offset:arr.offset + arr.nbytes])
+
+
+def _read_cache(path: str, count: int, src_crc: int):
+    """The cached sorted keys, or None when the entry is missing, of another array, or
+    corrupt (any mismatch: magic, count, the source's CRC, the keys' CRC, the size)."""
+    import struct
+    import zlib
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_HEADER + 8 * count + 1)
+    except OSError:
+        return None
+    if len(data) != _HEADER + 8 * count or data[:8] != _MAGIC:
+        return None
+    n, scrc, kcrc = struct.unpack_from("<QII", data, 8)
+    body = memoryview(data)[_HEADER:]
+    if n != count or scrc != src_crc or zlib.crc32(body) != kcrc:
+        return None
+    return np.frombuffer(data, dtype="<u8", offset=_HEADER, count=count)
+
+
 def cache_file(f, arr, what: str) -> str | None:
     """The disk-cache file for the index of string array `arr` of GGUFFile `f`, or None."""
     if os.environ.get("REFLEX_TOKENIZER_CACHE", "1") == "0":
@@ -149,18 +182,29 @@ def cache_file(f, arr, what: str) -> str | None:
     import zlib
 
     path = os.path.realpath(f.path)
-    ident = f"{path}|{st.st_size}|{st.st_mtime_ns}|{arr.offset}|{arr.count}|{what}|v1"
+    ident = (f"{path}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{arr.offset}|"
+             f"{arr.count}|{what}|v2")
     base = os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                          "reflex-ipc")
     name = f"{os.path.basename(path)[:64]}.{what}.{zlib.crc32(ident.encode()):08x}.u64"
     return os.path.join(base, "tokenizer", name)
 
 
-def _write_atomic(path: str, keys) -> None:
+def _write_atomic(path: str, keys, src_crc: int) -> None:
+    import struct
+    import zlib
+
+    body = np.ascontiguousarray(keys, dtype="<u8").tobytes()
+    head = _MAGIC + struct.pack("<QII8x", len(keys), src_crc, zlib.crc32(body))
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        keys.tofile(tmp)
+        with open(tmp, "wb") as fh:
+            fh.write(head)
+            fh.write(body)
         os.replace(tmp, path)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

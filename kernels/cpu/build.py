@@ -1,0 +1,133 @@
+"""Compile the CPU kernels (kernels/cpu/*.c) into one shared library (run by setup.py, or by hand).
+
+    python3 kernels/cpu/build.py [OUT_DIR]      (default: reflex_ipc/kernels/)
+
+The library, libreflex_cpu.so, holds a portable C path for every kernel and, on
+x86-64, AVX2+FMA+F16C and AVX-512 VNNI versions of the hot ones (each source file
+compiled with its own -m flags; ops.c picks one at first use from the CPU's
+features). Compiler: $CC, else cc/gcc/clang on PATH. cpu_build.json (next to the
+library) records what was built or why nothing was; without a compiler, or when
+the compile fails, the build succeeds with a warning and the package falls back
+to the numpy backend at run time (reflex_ipc/backends/cpu_ops.py says so once).
+REFLEX_CPU_BUILD=strict turns a failed build into an error (CI).
+"""
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB = "libreflex_cpu.so"
+BUILD_JSON = "cpu_build.json"
+CFLAGS = ["-O3", "-std=c11", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-Wall",
+          "-Wno-unused-function"]
+
+
+def find_cc():
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc.split()[0]):
+            return cc
+    return None
+
+
+def units():
+    """(source, extra flags, object name) for every translation unit of this machine."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread"], "ops.o")]
+    if x86:
+        isa = ["-mavx2", "-mfma", "-mf16c"]
+        out.append(("x86.c", isa, "x86_avx2.o"))
+        out.append(("x86.c", isa + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+                                    "-DRX_VNNI"], "x86_vnni.o"))
+    return out
+
+
+def sources():
+    return sorted(f for f in os.listdir(HERE) if f.endswith((".c", ".h")))
+
+
+def _write_json(out_dir, info):
+    with open(os.path.join(out_dir, BUILD_JSON), "w") as fh:
+        json.dump(info, fh, indent=1, sort_keys=True)
+
+
+def _up_to_date(out_dir):
+    lib = os.path.join(out_dir, LIB)
+    try:
+        t = os.path.getmtime(lib)
+    except OSError:
+        return False
+    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__)]
+    return all(os.path.getmtime(p) <= t for p in here)
+
+
+def build(out_dir=None, force=False):
+    """Build the library into out_dir; returns the cpu_build.json dict."""
+    out_dir = out_dir or os.path.join(os.path.dirname(os.path.dirname(HERE)), "reflex_ipc", "kernels")
+    os.makedirs(out_dir, exist_ok=True)
+    strict = os.environ.get("REFLEX_CPU_BUILD", "") == "strict"
+    if not force and _up_to_date(out_dir):
+        with open(os.path.join(out_dir, BUILD_JSON)) as fh:
+            return json.load(fh)
+    cc = find_cc()
+    info = {"built": False, "library": LIB, "machine": platform.machine(), "sources": sources()}
+    if cc is None:
+        info["reason"] = "no C compiler (set CC, or install gcc)"
+        _fail(out_dir, info, strict)
+        return info
+    info["cc"] = cc
+    with tempfile.TemporaryDirectory() as tmp:
+        objs = []
+        for src, flags, obj in units():
+            cmd = [*cc.split(), *CFLAGS, *flags, "-c", os.path.join(HERE, src), "-o", os.path.join(tmp, obj)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode and "-DRX_VNNI" in flags:
+                info["skipped"] = f"{obj}: {r.stderr.strip()[-400:]}"  # an old compiler: AVX2 only
+                continue
+            if r.returncode:
+                info["reason"] = f"{' '.join(cmd)}\n{r.stderr[-2000:]}"
+                _fail(out_dir, info, strict)
+                return info
+            objs.append(os.path.join(tmp, obj))
+        if not any(o.endswith("x86_vnni.o") for o in objs):
+            info["defines"] = "RX_NO_VNNI"
+            r = subprocess.run([*cc.split(), *CFLAGS, "-pthread", "-DRX_NO_VNNI", "-c",
+                                os.path.join(HERE, "ops.c"), "-o", os.path.join(tmp, "ops.o")],
+                               capture_output=True, text=True)
+            if r.returncode:
+                info["reason"] = r.stderr[-2000:]
+                _fail(out_dir, info, strict)
+                return info
+        tmp_lib = os.path.join(tmp, LIB)
+        cmd = [*cc.split(), "-shared", "-pthread", *objs, "-o", tmp_lib, "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            info["reason"] = f"{' '.join(cmd)}\n{r.stderr[-2000:]}"
+            _fail(out_dir, info, strict)
+            return info
+        shutil.move(tmp_lib, os.path.join(out_dir, LIB))
+    info["built"] = True
+    info["objects"] = [os.path.basename(o) for o in objs]
+    _write_json(out_dir, info)
+    return info
+
+
+def _fail(out_dir, info, strict):
+    try:
+        os.remove(os.path.join(out_dir, LIB))
+    except OSError:
+        pass
+    _write_json(out_dir, info)
+    msg = f"reflex-ipc: the CPU kernels were not built: {info['reason']}"
+    if strict:
+        raise SystemExit(msg)
+    print(f"warning: {msg}\n(the cpu device falls back to the numpy backend)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    res = build(sys.argv[1] if len(sys.argv) > 1 else None, force=True)
+    print(json.dumps(res, indent=1))
+    sys.exit(0 if res.get("built") else 1)

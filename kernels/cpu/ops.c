@@ -1,0 +1,779 @@
+/* reflex-ipc CPU backend: the thread pool and the op drivers called from Python
+ * (reflex_ipc/backends/cpu_ops.py, through ctypes).
+ *
+ * Thread pool: nth-1 workers plus the calling thread. A job is n_chunks
+ * independent chunks; every thread claims chunks with one compare-and-swap on
+ * a word holding (generation, n_chunks, next chunk), so a thread that the OS
+ * deschedules (a busy neighbour on its core) simply claims fewer chunks instead
+ * of holding everyone at a barrier. Workers spin briefly for the next job, then
+ * sleep on a futex; the caller spins briefly for the last chunk, then sleeps, so
+ * its core goes idle and the scheduler can move a preempted worker onto it.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rx_cpu.h"
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define RX_EXPORT __attribute__((visibility("default")))
+
+static rx_isa T;
+static int T_ready;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* one op at a time */
+
+/* ------------------------------------------------------------------ cpu features */
+static void init_isa(void) {
+    if (T_ready) return;
+    rx_fill_generic(&T);
+#if defined(__x86_64__) || defined(_M_X64)
+    void rx_fill_avx512vnni(rx_isa *t) __attribute__((weak));
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const char *force = getenv("REFLEX_CPU_ISA"); /* "generic" / "avx2": for tests */
+    if (force && !strcmp(force, "generic")) avx2 = 0;
+    if (avx2) {
+        int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512bw");
+        if (force && !strcmp(force, "avx2")) vnni = 0;
+#ifdef RX_NO_VNNI
+        vnni = 0;
+#endif
+        if (vnni) rx_fill_avx512vnni(&T);
+        else rx_fill_avx2(&T);
+    }
+#endif
+    T_ready = 1;
+}
+
+/* ------------------------------------------------------------------ futex / sleep */
+static void wait_word(_Atomic uint32_t *w, uint32_t val) {
+#if defined(__linux__)
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+#else
+    (void)w; (void)val;
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+#endif
+}
+
+static void wake_word(_Atomic uint32_t *w) {
+#if defined(__linux__)
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+#else
+    (void)w;
+#endif
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ thread pool */
+typedef void (*chunk_fn)(void *ctx, int64_t chunk);
+
+#define GEN_SHIFT 40
+#define N_SHIFT 20
+#define FIELD (((uint64_t)1 << 20) - 1)
+#define MAX_CHUNKS ((int64_t)FIELD)
+
+static _Atomic uint64_t g_job;        /* gen:24 | n_chunks:20 | next:20 */
+static _Atomic uint32_t g_gen;        /* futex word: bumped once per job */
+static _Atomic uint32_t g_done;       /* futex word: chunks finished in the current job */
+static _Atomic int g_sleepers, g_main_waiting, g_quit;
+static chunk_fn _Atomic g_fn;
+static void *_Atomic g_ctx;
+static int g_nth = 1;                 /* threads incl. the caller */
+static pthread_t *g_workers;
+static int g_n_workers;
+static int64_t g_spin_ns = 150000;    /* workers: spin this long for the next job */
+static int64_t g_wait_spin_ns = 30000; /* caller: spin this long for the last chunk */
+
+static void run_chunks(uint32_t gen) {
+    uint64_t v = atomic_load(&g_job);
+    for (;;) {
+        if ((uint32_t)(v >> GEN_SHIFT) != (gen & 0xffffff)) return;
+        uint64_t n = (v >> N_SHIFT) & FIELD, i = v & FIELD;
+        if (i >= n) return;
+        if (!atomic_compare_exchange_weak(&g_job, &v, v + 1)) continue;
+        chunk_fn fn = atomic_load_explicit(&g_fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&g_ctx, memory_order_relaxed);
+        fn(ctx, (int64_t)i);
+        uint32_t d = atomic_fetch_add(&g_done, 1) + 1;
+        if (d == n && atomic_load(&g_main_waiting)) wake_word(&g_done);
+        v = atomic_load(&g_job);
+    }
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    uint32_t seen = atomic_load(&g_gen);
+    for (;;) {
+        uint32_t g;
+        int64_t t0 = now_ns();
+        int spins = 0;
+        while ((g = atomic_load(&g_gen)) == seen) {
+            cpu_relax();
+            if (++spins == 256) {
+                spins = 0;
+                sched_yield(); /* a thread that shares this core (the caller, a neighbour) goes first */
+                if (now_ns() - t0 > g_spin_ns) {
+                    atomic_fetch_add(&g_sleepers, 1);
+                    while ((g = atomic_load(&g_gen)) == seen && !atomic_load(&g_quit)) wait_word(&g_gen, seen);
+                    atomic_fetch_sub(&g_sleepers, 1);
+                    break;
+                }
+            }
+        }
+        if (atomic_load(&g_quit)) return NULL;
+        seen = g;
+        run_chunks(g);
+    }
+}
+
+static void pool_stop(void) {
+    if (!g_n_workers) return;
+    atomic_store(&g_quit, 1);
+    atomic_fetch_add(&g_gen, 1);
+    wake_word(&g_gen);
+    for (int i = 0; i < g_n_workers; i++) pthread_join(g_workers[i], NULL);
+    free(g_workers);
+    g_workers = NULL;
+    g_n_workers = 0;
+    atomic_store(&g_quit, 0);
+}
+
+static void pool_start(void) {
+    if (g_n_workers == g_nth - 1) return;
+    pool_stop();
+    if (g_nth <= 1) return;
+    g_workers = calloc((size_t)g_nth - 1, sizeof *g_workers);
+    for (int i = 0; i < g_nth - 1; i++) {
+        if (pthread_create(&g_workers[i], NULL, worker_main, NULL)) break;
+        g_n_workers++;
+    }
+}
+
+/* Contention: when the caller keeps waiting longer for other threads' last chunks than it
+ * worked itself (their cores are taken by other processes), the next jobs run on the
+ * caller alone for a while, then the pool is tried again. */
+static int g_straggles;      /* consecutive jobs where waiting exceeded working */
+static int64_t g_solo_jobs;  /* jobs left to run on the caller alone */
+static int64_t g_solo_total; /* jobs run alone since load (reported) */
+
+RX_EXPORT int64_t rx_solo_jobs(void) { return g_solo_total; }
+
+/* Run fn(ctx, c) for c in [0, n): on the pool when parallel is set and n > 1. */
+static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
+    if (n <= 0) return;
+    if (parallel && g_solo_jobs > 0) {
+        g_solo_jobs--;
+        g_solo_total++;
+        parallel = 0;
+    }
+    if (!parallel || n == 1 || g_nth <= 1) {
+        for (int64_t c = 0; c < n; c++) fn(ctx, c);
+        return;
+    }
+    pool_start();
+    if (!g_n_workers) {
+        for (int64_t c = 0; c < n; c++) fn(ctx, c);
+        return;
+    }
+    if (n > MAX_CHUNKS) { /* beyond the job word's field: run inline (our drivers stay below) */
+        for (int64_t c = 0; c < n; c++) fn(ctx, c);
+        return;
+    }
+    atomic_store_explicit(&g_fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&g_ctx, ctx, memory_order_relaxed);
+    atomic_store(&g_done, 0);
+    uint32_t gen = atomic_load(&g_gen) + 1;
+    atomic_store(&g_job, ((uint64_t)(gen & 0xffffff) << GEN_SHIFT) | ((uint64_t)n << N_SHIFT));
+    atomic_store(&g_gen, gen);
+    if (atomic_load(&g_sleepers)) wake_word(&g_gen);
+    int64_t t_start = now_ns();
+    run_chunks(gen);
+    /* wait for chunks other threads claimed */
+    int64_t t0 = now_ns();
+    int spins = 0;
+    while (atomic_load(&g_done) < (uint32_t)n) {
+        cpu_relax();
+        if (++spins == 64) {
+            spins = 0;
+            sched_yield();
+            if (now_ns() - t0 > g_wait_spin_ns) {
+                atomic_store(&g_main_waiting, 1);
+                uint32_t d;
+                while ((d = atomic_load(&g_done)) < (uint32_t)n) wait_word(&g_done, d);
+                atomic_store(&g_main_waiting, 0);
+                break;
+            }
+        }
+    }
+    int64_t t_end = now_ns();
+    if (t_end - t0 > (t0 - t_start) + 20000) { /* waited more than worked (+20 us) */
+        if (++g_straggles >= 4) {
+            g_solo_jobs = 512; /* a few decode steps alone, then try the pool again */
+            g_straggles = 0;
+        }
+    } else {
+        g_straggles = 0;
+    }
+}
+
+RX_EXPORT int rx_set_threads(int n) {
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    if (n < 1) n = 1;
+    if (n > 256) n = 256;
+    if (n != g_nth) {
+        pool_stop();
+        g_nth = n;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return g_nth;
+}
+
+RX_EXPORT int rx_threads(void) { return g_nth; }
+
+RX_EXPORT void rx_set_spin(int64_t worker_ns, int64_t wait_ns) {
+    if (worker_ns >= 0) g_spin_ns = worker_ns;
+    if (wait_ns >= 0) g_wait_spin_ns = wait_ns;
+}
+
+RX_EXPORT const char *rx_isa_name(void) {
+    init_isa();
+    return T.name;
+}
+
+RX_EXPORT int rx_abi_version(void) { return 1; }
+
+/* ------------------------------------------------------------------ scratch */
+static void *g_scratch[3];
+static size_t g_scratch_cap[3];
+
+static void *scratch(int i, size_t bytes) {
+    if (bytes > g_scratch_cap[i]) {
+        free(g_scratch[i]);
+        size_t cap = bytes + bytes / 2 + 4096;
+        g_scratch[i] = aligned_alloc(64, (cap + 63) / 64 * 64);
+        g_scratch_cap[i] = g_scratch[i] ? cap : 0;
+    }
+    return g_scratch[i];
+}
+
+static _Thread_local float *tl_buf;
+static _Thread_local size_t tl_cap;
+
+static float *thread_buf(size_t n) {
+    if (n > tl_cap) {
+        free(tl_buf);
+        tl_cap = n + 1024;
+        tl_buf = malloc(tl_cap * sizeof(float));
+    }
+    return tl_buf;
+}
+
+/* ------------------------------------------------------------------ matmul */
+/* A weight: `M` rows of `K` values of ggml type `type`, row r at data + r * row_bytes. */
+typedef struct {
+    int64_t type;
+    const uint8_t *data;
+    int64_t M, K, row_bytes;
+} rx_weight;
+
+static int act_format(int64_t type) {
+    switch (type) {
+    case RX_F32: case RX_F16: case RX_BF16: return RX_ACT_F32;
+    case RX_Q4_0: case RX_Q4_1: case RX_Q5_0: case RX_Q5_1: case RX_Q8_0: return RX_ACT_A32;
+    case RX_Q4_K: case RX_Q5_K: case RX_Q6_K: case RX_Q8_K: return RX_ACT_A256;
+    default: return RX_ACT_NONE;
+    }
+}
+
+RX_EXPORT int rx_act_format(int64_t type) { return act_format(type); }
+
+typedef struct {
+    const float *x;
+    int64_t N, K, ldx;
+    int fmt;
+    void *out;
+    int64_t rows_per_chunk;
+} quant_job;
+
+static void quant_chunk(void *p, int64_t c) {
+    quant_job *j = p;
+    int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+    if (r1 > j->N) r1 = j->N;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + r * j->ldx;
+        if (j->fmt == RX_ACT_A32) T.quant_a32(x, (rx_a32 *)j->out + r * (j->K / 32), j->K);
+        else T.quant_a256(x, (rx_a256 *)j->out + r * (j->K / 256), j->K);
+    }
+}
+
+static size_t act_row_bytes(int fmt, int64_t K) {
+    if (fmt == RX_ACT_A32) return (size_t)(K / 32) * sizeof(rx_a32);
+    if (fmt == RX_ACT_A256) return (size_t)(K / 256) * sizeof(rx_a256);
+    return (size_t)K * sizeof(float);
+}
+
+/* the activations x [N, K] in `fmt`: x itself for F32 (when contiguous), else a scratch copy */
+static const void *prepare(int slot, int fmt, const float *x, int64_t N, int64_t K, int64_t ldx) {
+    if (fmt == RX_ACT_F32) {
+        if (ldx == K) return x;
+        float *y = scratch(slot, (size_t)N * K * sizeof(float));
+        for (int64_t r = 0; r < N; r++) memcpy(y + r * K, x + r * ldx, (size_t)K * sizeof(float));
+        return y;
+    }
+    void *y = scratch(slot, (size_t)N * act_row_bytes(fmt, K));
+    quant_job j = {x, N, K, ldx, fmt, y, 1};
+    int64_t work = N * K;
+    j.rows_per_chunk = N >= 4 * g_nth ? (N + 4 * g_nth - 1) / (4 * g_nth) : 1;
+    pool_run(quant_chunk, &j, (N + j.rows_per_chunk - 1) / j.rows_per_chunk, work >= 32768);
+    return y;
+}
+
+typedef struct {
+    int nw, mode, accumulate;
+    int64_t N, K;
+    const rx_weight *w[3];
+    const void *a[3];
+    size_t a_row[3];
+    float *y[3];
+    int64_t row0[4];      /* start of each weight in the concatenated row space */
+    int64_t rows, rows_per_chunk;
+} mm_job;
+
+#define SQRT_2_OVER_PI 0.79788456080286535588f
+
+static inline float act_silu(float g) { return g / (1.f + expf(-g)); }
+static inline float act_gelu(float g) {
+    return 0.5f * g * (1.f + tanhf(SQRT_2_OVER_PI * (g + 0.044715f * g * g * g)));
+}
+
+static void mm_chunk(void *p, int64_t c) {
+    mm_job *j = p;
+    int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+    if (r1 > j->rows) r1 = j->rows;
+    if (j->mode) { /* gated unit: rows of gate and up together */
+        const rx_weight *wg = j->w[0], *wu = j->w[1];
+        rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
+        rx_dot2_fn dg2 = T.dot2[wg->type], du2 = T.dot2[wu->type];
+        for (int64_t n = 0; n < j->N;) {
+            const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
+            const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
+            float *y = j->y[0] + n * wg->M;
+            if (dg2 && du2 && n + 1 < j->N) { /* two rows of activations at a time */
+                float g[2], u[2];
+                for (int64_t r = r0; r < r1; r++) {
+                    dg2(j->K, wg->data + r * wg->row_bytes, ag, ag + j->a_row[0], g);
+                    du2(j->K, wu->data + r * wu->row_bytes, au, au + j->a_row[1], u);
+                    y[r] = (j->mode == 1 ? act_silu(g[0]) : act_gelu(g[0])) * u[0];
+                    y[wg->M + r] = (j->mode == 1 ? act_silu(g[1]) : act_gelu(g[1])) * u[1];
+                }
+                n += 2;
+                continue;
+            }
+            for (int64_t r = r0; r < r1; r++) {
+                float gv = dg(j->K, wg->data + r * wg->row_bytes, ag);
+                float uv = du(j->K, wu->data + r * wu->row_bytes, au);
+                y[r] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+            }
+            n += 1;
+        }
+        return;
+    }
+    for (int i = 0; i < j->nw; i++) {
+        int64_t a0 = r0 > j->row0[i] ? r0 : j->row0[i];
+        int64_t a1 = r1 < j->row0[i + 1] ? r1 : j->row0[i + 1];
+        if (a0 >= a1) continue;
+        const rx_weight *w = j->w[i];
+        rx_dot_fn dot = T.dot[w->type];
+        rx_dot2_fn dot2 = T.dot2[w->type];
+        int64_t base = j->row0[i];
+        for (int64_t n = 0; n < j->N;) {
+            const uint8_t *a = (const uint8_t *)j->a[i] + n * j->a_row[i];
+            float *y = j->y[i] + n * w->M - base;
+            if (dot2 && n + 1 < j->N) {
+                float s2[2];
+                for (int64_t r = a0; r < a1; r++) {
+                    dot2(j->K, w->data + (r - base) * w->row_bytes, a, a + j->a_row[i], s2);
+                    if (j->accumulate) { y[r] += s2[0]; y[w->M + r] += s2[1]; }
+                    else { y[r] = s2[0]; y[w->M + r] = s2[1]; }
+                }
+                n += 2;
+                continue;
+            }
+            if (j->accumulate) {
+                for (int64_t r = a0; r < a1; r++) y[r] += dot(j->K, w->data + (r - base) * w->row_bytes, a);
+            } else {
+                for (int64_t r = a0; r < a1; r++) y[r] = dot(j->K, w->data + (r - base) * w->row_bytes, a);
+            }
+            n += 1;
+        }
+    }
+}
+
+/* y_i [N, M_i] = x [N, K] (row stride ldx) times w_i^T for the nw (1..3) weights.
+ * mode 1 / 2: a gated unit, y_0 = silu / gelu(x w_0^T) * (x w_1^T).
+ * accumulate: y_i += the product (mode 0 only). Returns 0, or -1 for an unsupported type. */
+RX_EXPORT int rx_matmul(int64_t N, int64_t K, const float *x, int64_t ldx, int64_t nw,
+                        const rx_weight *w0, const rx_weight *w1, const rx_weight *w2,
+                        float *y0, float *y1, float *y2, int64_t mode, int64_t accumulate) {
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.nw = (int)nw; j.mode = (int)mode; j.accumulate = (int)accumulate; j.N = N; j.K = K;
+    j.w[0] = w0; j.w[1] = w1; j.w[2] = w2;
+    j.y[0] = y0; j.y[1] = y1; j.y[2] = y2;
+    int fmts[3], slot_of_fmt[4] = {-1, -1, -1, -1}, used = 0;
+    for (int i = 0; i < j.nw; i++) {
+        fmts[i] = act_format(j.w[i]->type);
+        if (!fmts[i] || !T.dot[j.w[i]->type]) {
+            pthread_mutex_unlock(&g_lock);
+            return -1;
+        }
+        if (slot_of_fmt[fmts[i]] < 0) {
+            slot_of_fmt[fmts[i]] = used;
+            j.a[i] = prepare(used++, fmts[i], x, N, K, ldx);
+            if (!j.a[i]) { pthread_mutex_unlock(&g_lock); return -2; }
+        } else {
+            for (int k = 0; k < i; k++) if (fmts[k] == fmts[i]) j.a[i] = j.a[k];
+        }
+        j.a_row[i] = fmts[i] == RX_ACT_F32 ? (size_t)K * sizeof(float) : act_row_bytes(fmts[i], K);
+        j.row0[i + 1] = j.row0[i] + j.w[i]->M;
+    }
+    j.rows = j.mode ? j.w[0]->M : j.row0[j.nw];
+    /* chunks: about 8 per thread for one row of activations; at least 4 rows each */
+    int64_t per = (j.rows + 8 * g_nth - 1) / (8 * g_nth);
+    if (N > 1) per = N >= 64 ? 8 : 16;
+    if (per < 4) per = 4;
+    per = (per + 3) & ~(int64_t)3;
+    j.rows_per_chunk = per;
+    int64_t n_chunks = (j.rows + per - 1) / per;
+    /* small products are not worth waking the pool */
+    double work = (double)N * (double)j.rows * (double)K;
+    pool_run(mm_chunk, &j, n_chunks, work >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+/* One weight row dotted with one float32 activation row, through the same kernels
+ * (activation quantization included): for the kernel tests. */
+RX_EXPORT float rx_dot(const rx_weight *w, int64_t row, const float *x) {
+    float y = 0.f;
+    rx_weight sub = *w;
+    sub.data = w->data + row * w->row_bytes;
+    sub.M = 1;
+    if (rx_matmul(1, w->K, x, w->K, 1, &sub, NULL, NULL, &y, NULL, NULL, 0, 0)) return NAN;
+    return y;
+}
+
+/* ------------------------------------------------------------------ norms, rope */
+typedef struct {
+    int64_t N, H, hd, n_rot;
+    const int32_t *pos;
+    double base, freq_scale, mscale;
+    const float *ff;
+    int neox;
+} rope_params;
+
+static float *g_rope_tab;   /* [N, n_rot/2] cos, then sin */
+static size_t g_rope_cap;
+static rope_params g_rope_key;
+static int32_t *g_rope_pos;
+static size_t g_rope_pos_cap;
+static int g_rope_valid;
+static float g_rope_ff[512]; /* the frequency factors the table was made with */
+
+static const float *rope_table(const rope_params *p) {
+    int64_t half = p->n_rot / 2, N = p->N;
+    if (g_rope_valid && g_rope_key.N == N && g_rope_key.n_rot == p->n_rot && g_rope_key.base == p->base &&
+        g_rope_key.freq_scale == p->freq_scale && g_rope_key.mscale == p->mscale &&
+        (g_rope_key.ff == NULL) == (p->ff == NULL) &&
+        (p->ff == NULL || !memcmp(g_rope_ff, p->ff, (size_t)half * sizeof(float))) &&
+        !memcmp(g_rope_pos, p->pos, (size_t)N * sizeof(int32_t)))
+        return g_rope_tab;
+    size_t need = (size_t)N * half * 2;
+    if (need > g_rope_cap) {
+        free(g_rope_tab);
+        g_rope_tab = malloc(need * sizeof(float));
+        g_rope_cap = need;
+    }
+    if ((size_t)N > g_rope_pos_cap) {
+        free(g_rope_pos);
+        g_rope_pos = malloc((size_t)N * sizeof(int32_t));
+        g_rope_pos_cap = (size_t)N;
+    }
+    double inv[512];
+    for (int64_t i = 0; i < half && i < 512; i++) {
+        inv[i] = pow(p->base, -2.0 * (double)i / (double)p->n_rot) * p->freq_scale;
+        if (p->ff) inv[i] /= (double)p->ff[i];
+    }
+    for (int64_t n = 0; n < N; n++) {
+        float *c = g_rope_tab + (size_t)n * half * 2, *s = c + half;
+        for (int64_t i = 0; i < half; i++) {
+            double a = (double)p->pos[n] * inv[i];
+            c[i] = (float)(cos(a) * p->mscale);
+            s[i] = (float)(sin(a) * p->mscale);
+        }
+    }
+    memcpy(g_rope_pos, p->pos, (size_t)N * sizeof(int32_t));
+    if (p->ff) memcpy(g_rope_ff, p->ff, (size_t)half * sizeof(float));
+    g_rope_key = *p;
+    g_rope_valid = 1;
+    return g_rope_tab;
+}
+
+static void rms_row(const float *x, float *y, const float *w, int64_t D, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
+    float ms = (float)(ss / (double)D) + eps;
+    float r = 1.f / sqrtf(ms);
+    if (w) for (int64_t i = 0; i < D; i++) y[i] = (x[i] * r) * w[i];
+    else for (int64_t i = 0; i < D; i++) y[i] = x[i] * r;
+}
+
+/* y [R, D] = rms_norm(x [R, D]) * w (w may be NULL; y may be x) */
+RX_EXPORT void rx_rms_norm(const float *x, float *y, const float *w, int64_t R, int64_t D, float eps) {
+    for (int64_t r = 0; r < R; r++) rms_row(x + r * D, y + r * D, w, D, eps);
+}
+
+static void rope_row(float *v, const float *c, const float *s, int64_t half, int neox) {
+    for (int64_t i = 0; i < half; i++) {
+        int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float xa = v[a], xb = v[b];
+        v[a] = xa * c[i] - xb * s[i];
+        v[b] = xa * s[i] + xb * c[i];
+    }
+}
+
+/* In place on x [N, H, hd]: optional per-head RMSNorm (norm != 0; w may be NULL), then
+ * rotary at pos [N] over the first n_rot dims of each head. */
+RX_EXPORT void rx_norm_rope(float *x, int64_t N, int64_t H, int64_t hd, const int32_t *pos, int64_t n_rot,
+                            double base, double freq_scale, const float *ff, int64_t neox, double mscale,
+                            int64_t norm, const float *w, float eps) {
+    pthread_mutex_lock(&g_lock);
+    rope_params p = {N, H, hd, n_rot, pos, base, freq_scale, mscale, ff, (int)neox};
+    const float *tab = rope_table(&p);
+    int64_t half = n_rot / 2;
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = tab + (size_t)n * half * 2, *s = c + half;
+        for (int64_t h = 0; h < H; h++) {
+            float *v = x + (n * H + h) * hd;
+            if (norm) rms_row(v, v, w, hd, eps);
+            rope_row(v, c, s, half, (int)neox);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ------------------------------------------------------------------ KV cache, attention */
+/* Write k [N, Hkv, hdk], v [N, Hkv, hdv] into kc [Hkv, n_slots, hdk], vc [Hkv, n_slots, hdv]
+ * at slots[n]; f16: the caches hold float16. */
+RX_EXPORT void rx_kv_store(void *kc, void *vc, const float *k, const float *v, const int32_t *slots,
+                           int64_t N, int64_t Hkv, int64_t n_slots, int64_t hdk, int64_t hdv, int64_t f16) {
+    init_isa();
+    for (int64_t n = 0; n < N; n++) {
+        int64_t s = slots[n];
+        for (int64_t h = 0; h < Hkv; h++) {
+            const float *ks = k + (n * Hkv + h) * hdk, *vs = v + (n * Hkv + h) * hdv;
+            size_t kr = (size_t)(h * n_slots + s), vr = kr;
+            if (f16) {
+                T.to_f16(ks, (uint16_t *)kc + kr * hdk, hdk);
+                T.to_f16(vs, (uint16_t *)vc + vr * hdv, hdv);
+            } else {
+                memcpy((float *)kc + kr * hdk, ks, (size_t)hdk * sizeof(float));
+                memcpy((float *)vc + vr * hdv, vs, (size_t)hdv * sizeof(float));
+            }
+        }
+    }
+}
+
+typedef struct {
+    const float *q;
+    const void *kc, *vc;
+    float *out;
+    const int32_t *pos;
+    const float *mask;
+    int64_t N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window;
+    float scale, softcap;
+    int causal, f16;
+} attn_job;
+
+static void attn_chunk(void *p, int64_t c) {
+    attn_job *j = p;
+    int64_t n = c / j->Hq, h = c % j->Hq;
+    int64_t g = j->Hq / j->Hkv, kvh = h / g;
+    const float *q = j->q + (n * j->Hq + h) * j->hdk;
+    float *o = j->out + (n * j->Hq + h) * j->hdv;
+    int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
+    if (hi > j->n_kv - 1) hi = j->n_kv - 1;
+    int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    memset(o, 0, (size_t)j->hdv * sizeof(float));
+    if (hi < lo) return;
+    float *s = thread_buf((size_t)(hi - lo + 1));
+    const float *mrow = j->mask ? j->mask + n * j->n_kv : NULL;
+    float mx = -INFINITY;
+    size_t kbase = (size_t)kvh * j->n_slots;
+    for (int64_t t = lo; t <= hi; t++) {
+        float v;
+        if (mrow && mrow[t] == -INFINITY) { s[t - lo] = -INFINITY; continue; } /* hidden: no dot */
+        if (j->f16) v = T.dot_f32_f16(q, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk);
+        else v = T.dot_f32(q, (const float *)j->kc + (kbase + t) * j->hdk, j->hdk);
+        v *= j->scale;
+        if (j->softcap > 0.f) v = j->softcap * tanhf(v / j->softcap);
+        if (mrow) v += mrow[t];
+        s[t - lo] = v;
+        if (v > mx) mx = v;
+    }
+    if (mx == -INFINITY) return; /* nothing visible: zeros */
+    float sum = 0.f;
+    for (int64_t t = lo; t <= hi; t++) {
+        float e = s[t - lo] == -INFINITY ? 0.f : expf(s[t - lo] - mx);
+        s[t - lo] = e;
+        sum += e;
+    }
+    for (int64_t t = lo; t <= hi; t++) {
+        float pw = s[t - lo];
+        if (pw == 0.f) continue;
+        if (j->f16) T.axpy_f16(o, pw, (const uint16_t *)j->vc + (kbase + t) * j->hdv, j->hdv);
+        else T.axpy_f32(o, pw, (const float *)j->vc + (kbase + t) * j->hdv, j->hdv);
+    }
+    float inv = 1.f / sum;
+    for (int64_t i = 0; i < j->hdv; i++) o[i] *= inv;
+}
+
+/* out [N, Hq, hdv] = attention of q [N, Hq, hdk] over slots 0..n_kv-1 (backends/base.py) */
+RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
+                            const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
+                            int64_t hdk, int64_t hdv, int64_t n_kv, float scale, float softcap,
+                            int64_t causal, int64_t window, int64_t f16) {
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
+                  scale, softcap, (int)causal, (int)f16};
+    double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
+    pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* float32 -> float16 / float16 -> float32 (tests, host copies) */
+RX_EXPORT void rx_to_f16(const float *x, uint16_t *y, int64_t n) {
+    init_isa();
+    T.to_f16(x, y, n);
+}
+
+/* ------------------------------------------------------------------ small ops */
+/* out [N, K] = rows ids[n] of w, dequantized, times scale */
+RX_EXPORT int rx_embed(const rx_weight *w, const int32_t *ids, int64_t N, float *out, float scale) {
+    for (int64_t n = 0; n < N; n++) {
+        if (ids[n] < 0 || ids[n] >= w->M) return -1;
+        float *y = out + n * w->K;
+        rx_dequant_row((int)w->type, w->data + (int64_t)ids[n] * w->row_bytes, y, w->K);
+        if (scale != 1.f) for (int64_t i = 0; i < w->K; i++) y[i] *= scale;
+    }
+    return 0;
+}
+
+/* out[i] = a[i] op b[i % nb] (nb == n, or a row broadcast over the rows): 0 add, 1 mul */
+RX_EXPORT void rx_binary(int64_t op, const float *a, const float *b, float *out, int64_t n, int64_t nb) {
+    if (nb == n) {
+        if (op == 0) for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+        return;
+    }
+    for (int64_t r = 0; r < n; r += nb) {
+        if (op == 0) for (int64_t i = 0; i < nb; i++) out[r + i] = a[r + i] + b[i];
+        else for (int64_t i = 0; i < nb; i++) out[r + i] = a[r + i] * b[i];
+    }
+}
+
+/* out = f(a): 0 scale (a * p), 1 softcap (p * tanh(a / p)), 2 silu, 3 gelu (tanh),
+ * 4 swiglu silu(a) * b, 5 geglu gelu(a) * b */
+RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, int64_t n, float p) {
+    switch (op) {
+    case 0: for (int64_t i = 0; i < n; i++) out[i] = a[i] * p; break;
+    case 1: for (int64_t i = 0; i < n; i++) out[i] = tanhf(a[i] / p) * p; break;
+    case 2: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]); break;
+    case 3: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]); break;
+    case 4: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]) * b[i]; break;
+    case 5: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]) * b[i]; break;
+    default: break;
+    }
+}
+
+RX_EXPORT void rx_copy(const void *src, void *dst, int64_t bytes) { memmove(dst, src, (size_t)bytes); }
+
+/* out[r] = the first index of the largest value of row r of x [rows, V] (NaN never wins) */
+RX_EXPORT void rx_argmax(const float *x, int64_t rows, int64_t V, int32_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * V;
+        int64_t best = 0;
+        float bv = v[0];
+        for (int64_t i = 1; i < V; i++)
+            if (v[i] > bv || (bv != bv && v[i] == v[i])) { bv = v[i]; best = i; }
+        out[r] = (int32_t)best;
+    }
+}
+
+/* ------------------------------------------------------------------ recorded graphs */
+/* A captured op sequence: rows of 24 int64, [op, args...] with the arguments of the
+ * exported function of that op (doubles stored as their bits). */
+enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY,
+       OP_ARGMAX };
+
+static inline double as_d(int64_t v) { double d; memcpy(&d, &v, 8); return d; }
+#define P(i) ((void *)(intptr_t)a[i])
+
+RX_EXPORT int rx_run(const int64_t *cmds, int64_t n, int64_t stride) {
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t *a = cmds + c * stride;
+        switch (a[0]) {
+        case OP_MATMUL:
+            if (rx_matmul(a[1], a[2], P(3), a[4], a[5], P(6), P(7), P(8), P(9), P(10), P(11), a[12], a[13]))
+                return -1;
+            break;
+        case OP_NORM_ROPE:
+            rx_norm_rope(P(1), a[2], a[3], a[4], P(5), a[6], as_d(a[7]), as_d(a[8]), P(9), a[10], as_d(a[11]),
+                         a[12], P(13), (float)as_d(a[14]));
+            break;
+        case OP_RMS: rx_rms_norm(P(1), P(2), P(3), a[4], a[5], (float)as_d(a[6])); break;
+        case OP_KV_STORE: rx_kv_store(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9], a[10], a[11]); break;
+        case OP_ATTN:
+            rx_attention(P(1), P(2), P(3), P(4), P(5), P(6), a[7], a[8], a[9], a[10], a[11], a[12], a[13],
+                         (float)as_d(a[14]), (float)as_d(a[15]), a[16], a[17], a[18]);
+            break;
+        case OP_ARGMAX: rx_argmax(P(1), a[2], a[3], P(4)); break;
+        case OP_EMBED: if (rx_embed(P(1), P(2), a[3], P(4), (float)as_d(a[5]))) return -1; break;
+        case OP_BINARY: rx_binary(a[1], P(2), P(3), P(4), a[5], a[6]); break;
+        case OP_UNARY: rx_unary(a[1], P(2), P(3), P(4), a[5], (float)as_d(a[6])); break;
+        case OP_COPY: rx_copy(P(1), P(2), a[3]); break;
+        default: return -2;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* reflex-ipc CPU kernels: shared declarations.
+ *
+ * Weight blocks are the GGUF's own bytes (ggml block layouts, little-endian),
+ * read in place from the file mapping. Activations are quantized per row into
+ * one of two internal formats before a quantized dot product:
+ *   A32:  per 32 values {float d; float s; int8 q[32]} with x ~= d*q and
+ *         s = d * sum(q)   (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights)
+ *   A256: per 256 values {float d; int16 bsum[16]; int8 q[256]}, bsum[g] the sum
+ *         of q over the g-th group of 16   (for Q4_K, Q5_K, Q6_K, Q8_K weights)
+ * F32/F16/BF16 weights take the float32 activations as they are.
+ */
+#ifndef RX_CPU_H
+#define RX_CPU_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+/* ggml type ids */
+enum {
+    RX_F32 = 0, RX_F16 = 1, RX_Q4_0 = 2, RX_Q4_1 = 3, RX_Q5_0 = 6, RX_Q5_1 = 7, RX_Q8_0 = 8,
+    RX_Q4_K = 12, RX_Q5_K = 13, RX_Q6_K = 14, RX_Q8_K = 15, RX_BF16 = 30, RX_NTYPES = 31
+};
+
+/* activation formats */
+enum { RX_ACT_NONE = 0, RX_ACT_F32 = 1, RX_ACT_A32 = 2, RX_ACT_A256 = 3 };
+
+typedef struct { float d; float s; int8_t q[32]; } rx_a32;
+typedef struct { float d; int16_t bsum[16]; int8_t q[256]; } rx_a256;
+
+/* ggml blocks */
+typedef uint16_t rx_half;
+typedef struct { rx_half d; uint8_t qs[16]; } rx_q4_0;
+typedef struct { rx_half d, m; uint8_t qs[16]; } rx_q4_1;
+typedef struct { rx_half d; uint8_t qh[4]; uint8_t qs[16]; } rx_q5_0;
+typedef struct { rx_half d, m; uint8_t qh[4]; uint8_t qs[16]; } rx_q5_1;
+typedef struct { rx_half d; int8_t qs[32]; } rx_q8_0;
+typedef struct { rx_half d, dmin; uint8_t scales[12]; uint8_t qs[128]; } rx_q4_k;
+typedef struct { rx_half d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } rx_q5_k;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; rx_half d; } rx_q6_k;
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } rx_q8_k;
+
+/* a dot product of one weight row (n values) with one prepared activation row */
+typedef float (*rx_dot_fn)(int64_t n, const void *w, const void *a);
+/* the same weight row with two activation rows (its blocks unpacked once): s[0], s[1] */
+typedef void (*rx_dot2_fn)(int64_t n, const void *w, const void *a0, const void *a1, float *s);
+
+typedef struct {
+    const char *name;
+    rx_dot_fn dot[RX_NTYPES];
+    rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
+    void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
+    void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
+    /* attention helpers: float32 or float16 rows */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+} rx_isa;
+
+void rx_fill_generic(rx_isa *t);
+void rx_dequant_row(int type, const void *src, float *y, int64_t k);
+#if defined(__x86_64__) || defined(_M_X64)
+void rx_fill_avx2(rx_isa *t);
+void rx_fill_avx512vnni(rx_isa *t);
+#endif
+
+/* scalar half <-> float (portable) */
+static inline float rx_h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    union { uint32_t u; float f; } v = {bits};
+    return v.f;
+}
+
+static inline uint16_t rx_f2h(float f) { /* round to nearest even */
+    union { float f; uint32_t u; } v = {f};
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* overflow -> inf */
+    if (ax < 0x38800000u) { /* subnormal or zero in half */
+        if (ax < 0x33000000u) return (uint16_t)sign;
+        uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000u) >> 13), rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+static inline float rx_bf2f(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+static inline void rx_k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+#endif

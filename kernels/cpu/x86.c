@@ -1,0 +1,522 @@
+/* x86-64 kernels (AVX2 + FMA + F16C), built twice by build.py: as rx_fill_avx2, and with
+ * RX_VNNI as rx_fill_avx512vnni, where the int8 pair sums use VPDPBUSD (AVX512-VNNI on
+ * 256-bit vectors, AVX512VL) instead of VPMADDUBSW + VPMADDWD.
+ *
+ * The scheme (as in ggml's x86 code, written here from the formats): unpack a weight
+ * block's 4/5/6-bit values into 32 bytes, multiply them with the int8 activations as
+ * u8 x s8 pairs summed into int32, and scale the int32 sums by the two float scales. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "rx_cpu.h"
+
+#ifdef RX_VNNI
+#define RX_FILL rx_fill_avx512vnni
+#define RX_NAME "avx512vnni"
+#else
+#define RX_FILL rx_fill_avx2
+#define RX_NAME "avx2"
+#endif
+
+static inline float hsum8(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline float half1(rx_half h) { return _cvtsh_ss(h); }
+
+/* sum of u8 x s8 products, 4 adjacent pairs per int32 lane */
+static inline __m256i dot_us(__m256i u, __m256i s) {
+#ifdef RX_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* s8 x s8: move the sign of a onto b so the left factor is unsigned */
+static inline __m256i dot_ss(__m256i a, __m256i b) {
+    return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: the 16 low nibbles, then the 16 high ones */
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t x; memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
+    b = _mm256_or_si256(b, bit);
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+static float dot_q4_0(int64_t n, const void *w, const void *a) {
+    const rx_q4_0 *x = w; const rx_a32 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i off = _mm256_set1_epi8(8);
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = _mm256_sub_epi8(nibbles32(x[b].qs), off);
+        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
+        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
+    }
+    return hsum8(acc);
+}
+
+/* two activation rows per weight block (batches): the unpacked block is reused */
+#define DOT2_A32(NAME, TYPE, UNPACK, DOT, HAS_M)                                                   \
+    static void NAME(int64_t n, const void *w, const void *a0, const void *a1, float *out) {        \
+        const TYPE *x = w; const rx_a32 *y0 = a0, *y1 = a1;                                         \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
+        float m0 = 0.f, m1 = 0.f;                                                                   \
+        for (int64_t b = 0; b < n / 32; b++) {                                                      \
+            __m256i q = UNPACK;                                                                     \
+            float d = half1(x[b].d);                                                                \
+            __m256 s0 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y0[b].q)));  \
+            __m256 s1 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y1[b].q)));  \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * y0[b].d), s0, acc0);                          \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * y1[b].d), s1, acc1);                          \
+            if (HAS_M) {                                                                            \
+                float m = half1(x[b].d2m);                                                          \
+                m0 += m * y0[b].s;                                                                  \
+                m1 += m * y1[b].s;                                                                  \
+            }                                                                                       \
+        }                                                                                           \
+        out[0] = hsum8(acc0) + m0;                                                                  \
+        out[1] = hsum8(acc1) + m1;                                                                  \
+    }
+
+static float dot_q4_1(int64_t n, const void *w, const void *a) {
+    const rx_q4_1 *x = w; const rx_a32 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = nibbles32(x[b].qs);
+        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
+        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
+        accm += half1(x[b].m) * y[b].s;
+    }
+    return hsum8(acc) + accm;
+}
+
+static float dot_q5_0(int64_t n, const void *w, const void *a) {
+    const rx_q5_0 *x = w; const rx_a32 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = nibbles32(x[b].qs);
+        /* value - 16: a clear fifth bit makes the byte nibble | 0xF0 (nibble - 16) */
+        __m256i hi = _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0));
+        q = _mm256_or_si256(q, hi);
+        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
+        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
+    }
+    return hsum8(acc);
+}
+
+static float dot_q5_1(int64_t n, const void *w, const void *a) {
+    const rx_q5_1 *x = w; const rx_a32 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = nibbles32(x[b].qs);
+        q = _mm256_or_si256(q, _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
+        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
+        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
+        accm += half1(x[b].m) * y[b].s;
+    }
+    return hsum8(acc) + accm;
+}
+
+static float dot_q8_0(int64_t n, const void *w, const void *a) {
+    const rx_q8_0 *x = w; const rx_a32 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
+        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
+    }
+    return hsum8(acc);
+}
+
+#define d2m d /* Q4_0, Q5_0, Q8_0 have no m: the HAS_M branch is compiled out */
+DOT2_A32(dot2_q4_0, rx_q4_0, _mm256_sub_epi8(nibbles32(x[b].qs), _mm256_set1_epi8(8)), dot_ss, 0)
+DOT2_A32(dot2_q8_0, rx_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), dot_ss, 0)
+DOT2_A32(dot2_q5_0, rx_q5_0,
+         _mm256_or_si256(nibbles32(x[b].qs), _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0))),
+         dot_ss, 0)
+#undef d2m
+#define d2m m
+DOT2_A32(dot2_q4_1, rx_q4_1, nibbles32(x[b].qs), dot_us, 1)
+DOT2_A32(dot2_q5_1, rx_q5_1,
+         _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
+#undef d2m
+
+/* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
+static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
+    int summ = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t d, m;
+        rx_k4_scale_min(j, scales, &d, &m);
+        sc[j] = d;
+        summ += m * (bsum[2 * j] + bsum[2 * j + 1]);
+    }
+    return summ;
+}
+
+/* u8 x s8 over 32 bytes, each 16-bit pair sum times a per-lane int16 scale -> 8 int32 */
+static inline __m256i dot_us_scaled(__m256i u, __m256i s, __m256i scale16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+
+static float dot_q4_k(int64_t n, const void *w, const void *a) {
+    const rx_q4_k *x = w; const rx_a256 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[8];
+        int summ = k_scales(x[b].scales, y[b].bsum, sc);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i p0 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j));
+            __m256i p1 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j + 32));
+            sumi = _mm256_add_epi32(sumi, dot_us_scaled(lo, p0, _mm256_set1_epi16(sc[2 * j])));
+            sumi = _mm256_add_epi32(sumi, dot_us_scaled(hi, p1, _mm256_set1_epi16(sc[2 * j + 1])));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * half1(x[b].d)), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * half1(x[b].dmin) * (float)summ;
+    }
+    return hsum8(acc) - accm;
+}
+
+static float dot_q5_k(int64_t n, const void *w, const void *a) {
+    const rx_q5_k *x = w; const rx_a256 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[8];
+        int summ = k_scales(x[b].scales, y[b].bsum, sc);
+        __m256i hb = _mm256_loadu_si256((const __m256i *)x[b].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), one);
+            __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j + 1)), one);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h1, 4));
+            __m256i p0 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j));
+            __m256i p1 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j + 32));
+            sumi = _mm256_add_epi32(sumi, dot_us_scaled(lo, p0, _mm256_set1_epi16(sc[2 * j])));
+            sumi = _mm256_add_epi32(sumi, dot_us_scaled(hi, p1, _mm256_set1_epi16(sc[2 * j + 1])));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * half1(x[b].d)), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * half1(x[b].dmin) * (float)summ;
+    }
+    return hsum8(acc) - accm;
+}
+
+static float dot_q6_k(int64_t n, const void *w, const void *a) {
+    const rx_q6_k *x = w; const rx_a256 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    float accc = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const int8_t *sc = x[b].scales;
+        int corr = 0; /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
+        for (int g = 0; g < 16; g++) corr += sc[g] * y[b].bsum[g];
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h;
+            const int8_t *p = y[b].q + 128 * h;
+            const int8_t *s = sc + 8 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int i = 0; i < 4; i++) {
+                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
+                __m256i pv = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
+                sumi = _mm256_add_epi32(sumi, dot_us_scaled(q[i], pv, scale));
+            }
+        }
+        float d = y[b].d * half1(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accc += d * 32.f * (float)corr;
+    }
+    return hsum8(acc) - accc;
+}
+
+static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_q4_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float accm0 = 0.f, accm1 = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[8], sc1[8];
+        int summ0 = k_scales(x[b].scales, y0[b].bsum, sc);
+        int summ1 = k_scales(x[b].scales, y1[b].bsum, sc1);
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            s0 = _mm256_add_epi32(s0, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j)), c0));
+            s0 = _mm256_add_epi32(s0, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j + 32)), c1));
+            s1 = _mm256_add_epi32(s1, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j)), c0));
+            s1 = _mm256_add_epi32(s1, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j + 32)), c1));
+        }
+        float d = half1(x[b].d), dmin = half1(x[b].dmin);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[b].d * d), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[b].d * d), _mm256_cvtepi32_ps(s1), acc1);
+        accm0 += y0[b].d * dmin * (float)summ0;
+        accm1 += y1[b].d * dmin * (float)summ1;
+    }
+    out[0] = hsum8(acc0) - accm0;
+    out[1] = hsum8(acc1) - accm1;
+}
+
+static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_q6_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float accc0 = 0.f, accc1 = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const int8_t *sc = x[b].scales;
+        int corr0 = 0, corr1 = 0;
+        for (int g = 0; g < 16; g++) {
+            corr0 += sc[g] * y0[b].bsum[g];
+            corr1 += sc[g] * y1[b].bsum[g];
+        }
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h;
+            const int8_t *p0 = y0[b].q + 128 * h, *p1 = y1[b].q + 128 * h;
+            const int8_t *s = sc + 8 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int i = 0; i < 4; i++) {
+                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
+                s0 = _mm256_add_epi32(s0, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p0 + 32 * i)), scale));
+                s1 = _mm256_add_epi32(s1, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p1 + 32 * i)), scale));
+            }
+        }
+        float d = half1(x[b].d), d0 = y0[b].d * d, d1 = y1[b].d * d;
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(s1), acc1);
+        accc0 += d0 * 32.f * (float)corr0;
+        accc1 += d1 * 32.f * (float)corr1;
+    }
+    out[0] = hsum8(acc0) - accc0;
+    out[1] = hsum8(acc1) - accc1;
+}
+
+static float dot_q8_k(int64_t n, const void *w, const void *a) {
+    const rx_q8_k *x = w; const rx_a256 *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i p = _mm256_loadu_si256((const __m256i *)(y[b].q + 32 * j));
+            sumi = _mm256_add_epi32(sumi, dot_ss(q, p));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[b].d * y[b].d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+static float dot_f32(const float *x, const float *y, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+static inline __m256 load_h8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m256 load_bf8(const uint16_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+static float dot_f32_f16(const float *x, const uint16_t *y, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_h8(y + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load_h8(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_h8(y + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += x[i] * half1(y[i]);
+    return s;
+}
+
+static float dot_f32w(int64_t n, const void *w, const void *a) { return dot_f32(w, a, n); }
+static float dot_f16w(int64_t n, const void *w, const void *a) { return dot_f32_f16(a, w, n); }
+
+static float dot_bf16w(int64_t n, const void *w, const void *a) {
+    const uint16_t *x = w; const float *y = a;
+    __m256 a0 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_bf8(x + i), _mm256_loadu_ps(y + i), a0);
+    float s = hsum8(a0);
+    for (; i < n; i++) s += rx_bf2f(x[i]) * y[i];
+    return s;
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_h8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * half1(x[i]);
+}
+
+static void to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = rx_f2h(x[i]);
+}
+
+/* round x * id to int8 in 32 bytes (values within [-127, 127]) */
+static inline __m256i quant32(const float *x, __m256 id) {
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    __m256i w0 = _mm256_packs_epi32(i0, i1), w1 = _mm256_packs_epi32(i2, i3);
+    __m256i b = _mm256_packs_epi16(w0, w1);
+    /* packs interleaves the 128-bit lanes: restore element order */
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline float amax_n(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline int hsum_i8x32(__m256i q) {
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+    return _mm_cvtsi128_si32(r);
+}
+
+static void quant_a32(const float *x, rx_a32 *y, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        float amax = amax_n(x, 32);
+        float d = amax / 127.f, id = d ? 1.f / d : 0.f;
+        __m256i q = quant32(x, _mm256_set1_ps(id));
+        _mm256_storeu_si256((__m256i *)y[b].q, q);
+        y[b].d = d;
+        y[b].s = d * (float)hsum_i8x32(q);
+    }
+}
+
+static void quant_a256(const float *x, rx_a256 *y, int64_t n) {
+    for (int64_t b = 0; b < n / 256; b++, x += 256) {
+        float amax = amax_n(x, 256);
+        float d = amax / 127.f, id = d ? 1.f / d : 0.f;
+        __m256 vid = _mm256_set1_ps(id);
+        for (int j = 0; j < 8; j++) {
+            __m256i q = quant32(x + 32 * j, vid);
+            _mm256_storeu_si256((__m256i *)(y[b].q + 32 * j), q);
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q); /* 16 pair sums */
+            __m128i lo = _mm256_castsi256_si128(s16), hi = _mm256_extracti128_si256(s16, 1);
+            __m128i ones = _mm_set1_epi16(1);
+            __m128i a = _mm_madd_epi16(lo, ones), c = _mm_madd_epi16(hi, ones);
+            a = _mm_hadd_epi32(a, c); /* [g0 a, g0 b, g1 a, g1 b] */
+            a = _mm_hadd_epi32(a, a);
+            y[b].bsum[2 * j] = (int16_t)_mm_cvtsi128_si32(a);
+            y[b].bsum[2 * j + 1] = (int16_t)_mm_extract_epi32(a, 1);
+        }
+        y[b].d = d;
+    }
+}
+
+void RX_FILL(rx_isa *t) {
+    t->name = RX_NAME;
+    t->dot[RX_Q4_0] = dot_q4_0;
+    t->dot[RX_Q4_1] = dot_q4_1;
+    t->dot[RX_Q5_0] = dot_q5_0;
+    t->dot[RX_Q5_1] = dot_q5_1;
+    t->dot[RX_Q8_0] = dot_q8_0;
+    t->dot[RX_Q4_K] = dot_q4_k;
+    t->dot[RX_Q5_K] = dot_q5_k;
+    t->dot[RX_Q6_K] = dot_q6_k;
+    t->dot[RX_Q8_K] = dot_q8_k;
+    t->dot[RX_F32] = dot_f32w;
+    t->dot[RX_F16] = dot_f16w;
+    t->dot[RX_BF16] = dot_bf16w;
+    t->dot2[RX_Q4_0] = dot2_q4_0;
+    t->dot2[RX_Q4_1] = dot2_q4_1;
+    t->dot2[RX_Q5_0] = dot2_q5_0;
+    t->dot2[RX_Q5_1] = dot2_q5_1;
+    t->dot2[RX_Q8_0] = dot2_q8_0;
+    t->dot2[RX_Q4_K] = dot2_q4_k;
+    t->dot2[RX_Q6_K] = dot2_q6_k;
+    t->quant_a32 = quant_a32;
+    t->quant_a256 = quant_a256;
+    t->dot_f32 = dot_f32;
+    t->dot_f32_f16 = dot_f32_f16;
+    t->axpy_f32 = axpy_f32;
+    t->axpy_f16 = axpy_f16;
+    t->to_f16 = to_f16;
+}

@@ -1,0 +1,720 @@
+"""The backend ops (base.py) on the CPU with the compiled kernels (kernels/cpu/*.c).
+
+Arrays are numpy arrays, as on the numpy backend; what differs is where the time
+goes. Weights stay the GGUF's own blocks, read in place from the file mapping
+(no dequantization and no copy at load: a weight handle is the tensor's address,
+type and row stride). `matmul` rounds each row of activations to int8 blocks
+(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, 256 values
+with group sums for the K-quants, as ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
+and runs integer dot products on the packed weights; F32/F16/BF16 weights take
+the float32 activations as they are. Norms, rotary, the KV store and attention
+are C loops as well; the KV cache is float16 (`kv_dtype`).
+
+Numerics: the numpy backend (float32 dequantized weights, float32 KV) stays the
+oracle. The activation rounding adds a relative error of about 0.5/127 per block
+to each product, and the float16 KV cache about 2^-11 per value; the tests bound
+the resulting differences (tests/test_cpu_ops.py, tests/test_parity.py).
+
+The library is loaded with ctypes at first use. When it is missing or fails to
+load, `available()` says why and the engine falls back to the numpy backend with
+one warning (engine.make_backend).
+
+Threads: a pool of (physical cores) threads in C, spin-then-sleep, with chunks
+claimed one at a time so that a core taken by another process slows us down in
+proportion instead of stalling every op at a barrier. $REFLEX_CPU_THREADS sets
+the count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import numpy as np
+
+from .base import check_glu, check_matmul_n
+
+_F32 = np.float32
+_LIB_NAME = "libreflex_cpu.so"
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_lib = None
+_lib_error = None
+
+# ggml types the kernels read in place (others are dequantized to float32 at load)
+NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30})
+
+_i64, _f32c, _f64, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_void_p
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("type", _i64), ("data", _vp), ("M", _i64), ("K", _i64), ("row_bytes", _i64)]
+
+
+_SIGNATURES = {
+    "rx_set_threads": ([ctypes.c_int], ctypes.c_int),
+    "rx_threads": ([], ctypes.c_int),
+    "rx_set_spin": ([_i64, _i64], None),
+    "rx_isa_name": ([], ctypes.c_char_p),
+    "rx_abi_version": ([], ctypes.c_int),
+    "rx_act_format": ([_i64], ctypes.c_int),
+    "rx_matmul": ([_i64, _i64, _vp, _i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64], ctypes.c_int),
+    "rx_dot": ([_vp, _i64, _vp], _f32c),
+    "rx_rms_norm": ([_vp, _vp, _vp, _i64, _i64, _f32c], None),
+    "rx_norm_rope": ([_vp, _i64, _i64, _i64, _vp, _i64, _f64, _f64, _vp, _i64, _f64, _i64, _vp, _f32c],
+                     None),
+    "rx_kv_store": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64], None),
+    "rx_attention": ([_vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c,
+                      _i64, _i64, _i64], None),
+    "rx_to_f16": ([_vp, _vp, _i64], None),
+    "rx_embed": ([_vp, _vp, _i64, _vp, _f32c], ctypes.c_int),
+    "rx_binary": ([_i64, _vp, _vp, _vp, _i64, _i64], None),
+    "rx_unary": ([_i64, _vp, _vp, _vp, _i64, _f32c], None),
+    "rx_copy": ([_vp, _vp, _i64], None),
+    "rx_run": ([_vp, _i64, _i64], ctypes.c_int),
+    "rx_argmax": ([_vp, _i64, _i64, _vp], None),
+}
+
+# op codes of recorded graphs (kernels/cpu/ops.c, rx_run): the C function of each
+_OPS = {1: "rx_matmul", 2: "rx_norm_rope", 3: "rx_rms_norm", 4: "rx_kv_store", 5: "rx_attention",
+        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy", 10: "rx_argmax"}
+MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY, ARGMAX = range(1, 11)
+_CMD_WIDTH = 24
+
+
+def library_path():
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels", _LIB_NAME)
+
+
+def load_library():
+    """The ctypes library (loaded once), or None; `_lib_error` then says why."""
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    path = library_path()
+    if not os.path.exists(path):
+        _lib_error = (f"{path} is missing (the package was installed without building the CPU kernels; "
+                      "build them with `python3 kernels/cpu/build.py`)")
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        if lib.rx_abi_version() != 1:
+            raise OSError(f"ABI version {lib.rx_abi_version()}, expected 1 (rebuild the kernels)")
+    except (OSError, AttributeError) as e:
+        _lib_error = f"{path} could not be loaded: {e}"
+        return None
+    _lib = lib
+    return lib
+
+
+def available():
+    """(True, isa name) when the kernels load, else (False, why)."""
+    lib = load_library()
+    if lib is None:
+        return False, _lib_error
+    return True, lib.rx_isa_name().decode()
+
+
+def physical_cores():
+    """Cores this process may run on, counting SMT siblings once (Linux sysfs; else the CPU count)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as fh:
+                cores.add(fh.read().strip())
+        except OSError:
+            cores.add(str(c))
+    return max(1, len(cores))
+
+
+def _ptr(a):
+    return a.ctypes.data
+
+
+class CpuWeight:
+    """A weight handle: `shape` (rows, cols) of ggml type `ggml_type`, read in place from
+    `raw` (the mapping, or a float32 array for types the kernels do not read)."""
+
+    __slots__ = ("shape", "ggml_type", "raw", "row_bytes", "desc", "ptr", "dense")
+
+    def __init__(self, raw, ggml_type, rows, cols, row_bytes):
+        self.shape = (rows, cols)
+        self.ggml_type = ggml_type
+        self.raw = raw
+        self.row_bytes = row_bytes
+        self.desc = _Weight(ggml_type, raw.ctypes.data, rows, cols, row_bytes)
+        self.ptr = ctypes.addressof(self.desc)
+        # F32 weights: numpy's BLAS on a view of the mapping for batches
+        self.dense = raw.view(_F32).reshape(rows, cols) if ggml_type == 0 else None
+
+    @property
+    def ndim(self):
+        return 2
+
+    def rows(self, ids):
+        """Rows `ids` dequantized to float32 [len(ids), cols]."""
+        from ..quants import dequantize
+
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self.dense is not None:
+            return self.dense[ids]
+        blocks = self.raw.reshape(self.shape[0], self.row_bytes)[ids]
+        return dequantize(blocks.reshape(-1), self.ggml_type, len(ids) * self.shape[1]).reshape(
+            len(ids), self.shape[1])
+
+
+class CpuOps:
+    name = "cpu"
+    device = "cpu"
+    kv_dtype = "float16"
+    prefill_chunk = 512
+
+    def __init__(self, threads=None, kv_dtype=None):
+        lib = load_library()
+        if lib is None:
+            raise RuntimeError(_lib_error)
+        self._lib = lib
+        if threads is None:
+            env = os.environ.get("REFLEX_CPU_THREADS", "").strip()
+            try:
+                threads = int(env) if env else physical_cores()
+            except ValueError:
+                from ..errors import ReflexError
+
+                raise ReflexError("invalid_request", f"REFLEX_CPU_THREADS={env!r} is not a number of "
+                                  "threads") from None
+        self.threads = lib.rx_set_threads(max(1, int(threads)))
+        self.isa = lib.rx_isa_name().decode()
+        if kv_dtype is not None:
+            if kv_dtype not in ("float16", "float32"):
+                raise ValueError(f"kv_dtype must be float16 or float32, not {kv_dtype!r}")
+            self.kv_dtype = kv_dtype
+        self._fns = {code: getattr(lib, fn) for code, fn in _OPS.items()}
+        self._rec = None  # while recording a graph: [(op code, args)]
+        self._keep = None  # ... and the buffers its commands point into
+        self._consts = None  # ... and the constants converted from host data
+        self._rec_bad = None  # ... or why the step cannot be replayed
+        self._last_bad = None
+
+    def set_threads(self, n):
+        self.threads = self._lib.rx_set_threads(max(1, int(n)))
+        return self.threads
+
+    # -- the C calls, recorded while capturing ---------------------------------------
+    def _c(self, code, *args):
+        if self._rec is not None:
+            self._rec.append((code, args))
+        rc = self._fns[code](*args)
+        if rc:  # matmul, embed: 0 or a negative error (the others return None)
+            from ..errors import ReflexError
+
+            if code == MATMUL and rc == -2:
+                raise ReflexError("out_of_memory", "cpu matmul: no memory for the activation buffer")
+            raise ReflexError("internal", f"cpu kernel {_OPS[code]} failed ({rc})")
+        return rc
+
+    def _new(self, shape, dtype=_F32):
+        if self._keep is None:
+            return np.empty(shape, dtype)
+        # Recording: a graph keeps its arrays for as long as it lives, so memory that the
+        # recorded code no longer references (no Python object left: nothing later in the
+        # recording can read it) is handed out again, as replays run the same order.
+        import sys
+
+        dt = np.dtype(dtype)
+        nbytes = max(1, math.prod(shape if isinstance(shape, tuple) else (shape,)) * dt.itemsize)
+        best = None
+        for b in self._keep:  # base buffers; 3 references: the list, b, getrefcount's argument
+            if b.nbytes >= nbytes and sys.getrefcount(b) <= 3 and (best is None or b.nbytes < best.nbytes):
+                best = b
+        if best is None:
+            best = np.empty((nbytes + 63) // 64 * 64, np.uint8)
+            self._keep.append(best)
+        return best[:nbytes].view(dt).reshape(shape)
+
+    def _eager(self, why):
+        """A step done in numpy: a recording that contains it cannot be replayed."""
+        if self._rec is not None and self._rec_bad is None:
+            self._rec_bad = self._last_bad = why
+
+    def _f32(self, x):
+        """x as a C-contiguous float32 array."""
+        if x.dtype != _F32 or not x.flags.c_contiguous:
+            self._eager("a non-contiguous or non-float32 input")
+            x = np.ascontiguousarray(x, dtype=_F32)
+        return x
+
+    # -- memory ------------------------------------------------------------------
+    def empty(self, shape, dtype="float32"):
+        return self._new(shape, dtype)
+
+    def zeros(self, shape, dtype="float32"):
+        from .numpy_ops import NumpyOps
+
+        return NumpyOps.zeros(self, shape, dtype)  # lazily mapped, small pages (see there)
+
+    def asarray(self, a, dtype=None):
+        a = np.asarray(a)
+        if dtype is None:
+            dtype = np.int32 if a.dtype.kind in "iub" else _F32
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def synchronize(self):
+        pass
+
+    def positions(self, pos):
+        if isinstance(pos, np.ndarray) and pos.dtype == np.int32 and pos.flags.c_contiguous:
+            return pos.reshape(-1)
+        a = np.ascontiguousarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
+        if self._consts is not None:  # recording: a host list is a constant of the graph
+            self._consts.append(a)
+        return a
+
+    def write(self, dst, host):
+        np.copyto(dst, np.asarray(host).reshape(dst.shape), casting="same_kind")
+        return dst
+
+    def copy(self, src, out):
+        if (src.dtype == out.dtype and src.shape == out.shape and src.flags.c_contiguous
+                and out.flags.c_contiguous):
+            self._c(COPY, src.ctypes.data, out.ctypes.data, src.nbytes)
+        else:
+            self._eager("copy between different layouts")
+            out[...] = src
+        return out
+
+    # -- weights -----------------------------------------------------------------
+    def load_weight(self, f, name):
+        from ..ggml_types import BY_ID
+        from ..quants import dequantize
+
+        t = f.tensors[name]
+        shape = tuple(reversed(t.shape))
+        raw = f.tensor_data(t)
+        if len(shape) < 2:
+            return np.array(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32).reshape(shape)
+        rows, cols = math.prod(shape[:-1]), shape[-1]
+        if t.ggml_type not in NATIVE_TYPES:  # e.g. Q2_K, Q3_K, IQ4_*: float32 once, at load
+            data = np.ascontiguousarray(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32)
+            return CpuWeight(data.view(np.uint8), 0, rows, cols, cols * 4)
+        _, blk, bsize = BY_ID[t.ggml_type]
+        if cols % blk or raw.size != rows * (cols // blk) * bsize:
+            from ..errors import ReflexError
+
+            raise ReflexError("gguf_error", f"tensor {name!r}: {cols} columns of {BY_ID[t.ggml_type][0]} are not "
+                              f"whole {blk}-value blocks, or its data size does not match")
+        return CpuWeight(raw, t.ggml_type, rows, cols, cols // blk * bsize)
+
+    def weight_rows(self, w, start, n):
+        start, n = int(start), int(n)
+        if not (0 <= start and n >= 0 and start + n <= w.shape[0]):
+            raise ValueError(f"weight_rows: rows {start}..{start + n} of {w.shape[0]}")
+        rb = w.row_bytes
+        return CpuWeight(w.raw[start * rb:(start + n) * rb], w.ggml_type, n, w.shape[1], rb)
+
+    # -- linear algebra ----------------------------------------------------------
+    @staticmethod
+    def _check(x, w, what="matmul"):
+        if x.shape[-1] != w.shape[1]:
+            raise ValueError(f"{what}: x has {x.shape[-1]} columns, weight expects {w.shape[1]}")
+
+    def matmul(self, x, w, out=None, accumulate=False):
+        self._check(x, w)
+        if accumulate and out is None:
+            raise ValueError("matmul: accumulate=True needs out")
+        x = self._f32(x)
+        K, M = x.shape[-1], w.shape[0]
+        N = x.size // K if K else 0
+        if w.dense is not None and N > 4 and self._rec is None:  # float32 weights: BLAS
+            y = x @ w.dense.T
+            if accumulate:
+                out += y
+                return out
+            if out is not None:
+                out[...] = y
+                return out
+            return y
+        y = out if out is not None and out.flags.c_contiguous and out.dtype == _F32 else None
+        if y is None:
+            y = self._new(x.shape[:-1] + (M,))
+            if accumulate:
+                self._eager("accumulate into a non-contiguous out")
+                y[...] = out
+        if N:
+            self._c(MATMUL, N, K, x.ctypes.data, K, 1, w.ptr, None, None, y.ctypes.data, None, None, 0,
+                    1 if accumulate else 0)
+        if out is not None and y is not out:
+            out[...] = y
+            return out
+        return y
+
+    def matmul_n(self, x, ws):
+        check_matmul_n(ws)
+        for w in ws:
+            self._check(x, w, "matmul_n")
+        x = self._f32(x)
+        K = x.shape[-1]
+        N = x.size // K if K else 0
+        if any(w.dense is not None for w in ws) and N > 4 and self._rec is None:
+            return [self.matmul(x, w) for w in ws]
+        lead = x.shape[:-1]
+        ys = [self._new(lead + (w.shape[0],)) for w in ws]
+        if N:
+            p = [w.ptr for w in ws] + [None] * (3 - len(ws))
+            yp = [y.ctypes.data for y in ys] + [None] * (3 - len(ws))
+            self._c(MATMUL, N, K, x.ctypes.data, K, len(ws), p[0], p[1], p[2], yp[0], yp[1], yp[2], 0, 0)
+        return ys
+
+    def matmul_glu(self, x, w_gate, w_up, act="silu"):
+        check_glu(w_gate, w_up, act)
+        self._check(x, w_gate, "matmul_glu")
+        x = self._f32(x)
+        K = x.shape[-1]
+        N = x.size // K if K else 0
+        if (w_gate.dense is not None or w_up.dense is not None) and N > 4 and self._rec is None:
+            glu = self.swiglu if act == "silu" else self.geglu
+            return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
+        y = self._new(x.shape[:-1] + (w_gate.shape[0],))
+        if N:
+            self._c(MATMUL, N, K, x.ctypes.data, K, 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data, None, None,
+                    1 if act == "silu" else 2, 0)
+        return y
+
+    def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+        """base.py's moe: the routing on the host (base.moe_route), each selected expert's rows
+        through the kernels (weight_rows: only those experts' blocks are read). w_up None: w_gate
+        holds each expert's gate rows then its up rows (a fused gate_up tensor)."""
+        from .base import moe_route
+
+        self._eager("moe routing on the host")
+        x = self._f32(x)
+        if logits is None:
+            logits = self.matmul(x, router)
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        top, w = moe_route(np.asarray(logits), n_used, gating, norm, scale, selection_bias, groups)
+        out = np.zeros((x.shape[0], D), _F32)
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            h = np.ascontiguousarray(x[rows])
+            if w_up is None:
+                g, u = self.weight_rows(w_gate, 2 * e * F, F), self.weight_rows(w_gate, (2 * e + 1) * F, F)
+            else:
+                g, u = self.weight_rows(w_gate, e * F, F), self.weight_rows(w_up, e * F, F)
+            y = self.matmul(self.matmul_glu(h, g, u, act=act), self.weight_rows(w_down, e * D, D))
+            if expert_scale is not None:
+                y = y * np.asarray(expert_scale, _F32)[e]
+            out[rows] += y * w[rows, slot][:, None]
+        return out
+
+    def embed(self, w, ids, scale=1.0):
+        if not isinstance(w, CpuWeight):
+            self._eager("embedding from an array")
+            rows = np.array(np.asarray(w)[np.asarray(ids, np.int64).reshape(-1)], dtype=_F32)
+            return rows * _F32(scale) if scale != 1.0 else rows
+        ids = self.positions(ids)
+        N, (M, K) = len(ids), w.shape
+        if N and (int(ids.min()) < 0 or int(ids.max()) >= M):
+            raise ValueError(f"embed: token ids outside 0..{M - 1}")
+        out = self._new((N, K))
+        if w.ggml_type in NATIVE_TYPES and (N <= 8 or self._rec is not None):
+            self._c(EMBED, w.ptr, ids.ctypes.data, N, out.ctypes.data, float(scale))
+            return out
+        out[...] = w.rows(ids)  # many rows: numpy's dequantizer (threaded, exact)
+        if scale != 1.0:
+            out *= _F32(scale)
+        return out
+
+    # -- element-wise ------------------------------------------------------------
+    def _binary(self, code, a, b, out):
+        """a + b / a * b with base.py's broadcasting (b has a's shape or is a row)."""
+        if (a.dtype == _F32 and b.dtype == _F32 and a.flags.c_contiguous and b.flags.c_contiguous
+                and (b.shape == a.shape or (b.ndim == 1 and b.shape[0] == a.shape[-1]))
+                and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
+            y = self._new(a.shape) if out is None else out
+            if a.size:
+                self._c(BINARY, code, a.ctypes.data, b.ctypes.data, y.ctypes.data, a.size, b.size)
+            return y
+        self._eager("element-wise op on other shapes or dtypes")
+        f = np.add if code == 0 else np.multiply
+        return f(a, b, out=out) if out is not None else f(a, b)
+
+    def _unary(self, code, a, b=None, p=0.0, out=None):
+        if (a.dtype == _F32 and a.flags.c_contiguous and (b is None or (
+                b.shape == a.shape and b.dtype == _F32 and b.flags.c_contiguous))
+                and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
+            y = self._new(a.shape) if out is None else out
+            if a.size:
+                self._c(UNARY, code, a.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data, a.size,
+                        float(p))
+            return y
+        self._eager("element-wise op on other layouts")
+        a = np.asarray(a, dtype=_F32)
+        if code == 0:
+            y = a * _F32(p)
+        elif code == 1:
+            y = np.tanh(a / _F32(p)) * _F32(p)
+        else:
+            g = a / (_F32(1) + np.exp(-a)) if code in (2, 4) else _F32(0.5) * a * (_F32(1) + np.tanh(
+                _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)))
+            y = g * b if code >= 4 else g
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def add(self, a, b, out=None):
+        return self._binary(0, a, b, out)
+
+    def mul(self, a, b, out=None):
+        return self._binary(1, a, b, out)
+
+    def scale(self, a, s, out=None):
+        return self._unary(0, a, p=s, out=out)
+
+    def softcap(self, a, cap, out=None):
+        return self._unary(1, a, p=cap, out=out)
+
+    def silu(self, a):
+        return self._unary(2, a)
+
+    def gelu(self, a):
+        return self._unary(3, a)
+
+    def swiglu(self, g, u):
+        return self._unary(4, g, u)
+
+    def geglu(self, g, u):
+        return self._unary(5, g, u)
+
+    # -- normalization, rotary -------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        x = self._f32(x)
+        D = x.shape[-1]
+        if w is not None:
+            w = self._f32(w)
+            if w.shape[-1] != D:
+                raise ValueError(f"rms_norm: weight of {w.shape[-1]} for rows of {D}")
+        y = self._new(x.shape)
+        if x.size:
+            self._c(RMS, x.ctypes.data, y.ctypes.data, None if w is None else w.ctypes.data, x.size // D, D,
+                    float(eps))
+        return y
+
+    def _rope(self, x, pos, w, eps, norm, n_rot, base, freq_scale, freq_factors, neox, mscale):
+        N, H, hd = x.shape
+        n_rot = hd if n_rot is None else int(n_rot)
+        if n_rot > hd or n_rot % 2 or n_rot > 1024:
+            raise ValueError(f"rope: n_rot {n_rot} for heads of {hd}")
+        pos = self.positions(pos)
+        if len(pos) != N:
+            raise ValueError(f"rope: {len(pos)} positions for {N} rows")
+        ff = None
+        if freq_factors is not None:
+            ff = self._f32(freq_factors)
+            if ff.size < n_rot // 2:
+                raise ValueError(f"rope: {ff.size} frequency factors for {n_rot // 2} pairs")
+        if w is not None:
+            w = self._f32(w)
+        if x.size:
+            self._c(NORM_ROPE, x.ctypes.data, N, H, hd, pos.ctypes.data, n_rot, float(base), float(freq_scale),
+                    None if ff is None else ff.ctypes.data, 1 if neox else 0, float(mscale), 1 if norm else 0,
+                    None if w is None else w.ctypes.data, float(eps))
+        return x
+
+    def _inplace_target(self, x):
+        """(array to rotate, whether it must be copied back into x)."""
+        if x.dtype == _F32 and x.flags.c_contiguous:
+            return x, False
+        self._eager("rotary on a non-contiguous array")
+        return np.array(x, dtype=_F32, order="C"), True
+
+    def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
+             neox=False, mscale=1.0, inplace=False):
+        if inplace:
+            y, back = self._inplace_target(x)
+        else:
+            src = self._f32(x)
+            y, back = self._new(src.shape), False
+            self.copy(src, y)
+        self._rope(y, pos, None, 0.0, False, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        if back:
+            x[...] = y
+            return x
+        return y
+
+    def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
+                      freq_factors=None, neox=False, mscale=1.0):
+        y, back = self._inplace_target(x)
+        self._rope(y, pos, w, eps, True, n_rot, base, freq_scale, freq_factors, neox, mscale)
+        if back:
+            x[...] = y
+        return x
+
+    # -- attention ---------------------------------------------------------------
+    @staticmethod
+    def _kv_f16(kc, vc):
+        if kc.dtype != vc.dtype or kc.dtype not in (np.float16, np.float32):
+            raise ValueError(f"KV arrays must both be float16 or float32, not {kc.dtype}/{vc.dtype}")
+        if not (kc.flags.c_contiguous and vc.flags.c_contiguous) or kc.ndim != 3 or vc.ndim != 3:
+            raise ValueError("KV arrays must be contiguous [n_kv_heads, n_slots, head_dim]")
+        return 1 if kc.dtype == np.float16 else 0
+
+    def kv_store(self, k_cache, v_cache, k, v, slots):
+        """Write k [N, Hkv, hd_k], v [N, Hkv, hd_v] into k_cache [Hkv, n_slots, hd_k] and
+        v_cache [Hkv, n_slots, hd_v] at slots[n] (a layer's state arrays)."""
+        f16 = self._kv_f16(k_cache, v_cache)
+        Hkv, n_slots, hdk = k_cache.shape
+        hdv = v_cache.shape[2]
+        k, v = self._f32(k), self._f32(v)
+        slots = self.positions(slots)
+        N = len(slots)
+        if k.size != N * Hkv * hdk or v.size != N * Hkv * hdv:
+            raise ValueError(f"kv_store: k {k.shape} / v {v.shape} for {N} slots of {Hkv} heads")
+        if N and self._rec is None and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+            raise ValueError(f"kv_store: slots outside 0..{n_slots - 1}")
+        self._c(KV_STORE, k_cache.ctypes.data, v_cache.ctypes.data, k.ctypes.data, v.ctypes.data,
+                slots.ctypes.data, N, Hkv, n_slots, hdk, hdv, f16)
+
+    def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
+                  mask=None):
+        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v]."""
+        f16 = self._kv_f16(k_cache, v_cache)
+        q = self._f32(q)
+        N, Hq, hdk = q.shape
+        Hkv, n_slots, _ = k_cache.shape
+        hdv = v_cache.shape[2]
+        if Hq % Hkv or k_cache.shape[2] != hdk:
+            raise ValueError(f"attention: q {q.shape} against a cache of {k_cache.shape}")
+        n_kv = int(n_kv)
+        if not 0 <= n_kv <= n_slots:
+            raise ValueError(f"attention: n_kv {n_kv} outside 0..{n_slots}")
+        pos = self.positions(pos)
+        m = None
+        if mask is not None:
+            m = self._f32(mask)
+            if m.shape != (N, n_kv):
+                raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
+        out = self._new((N, Hq, hdv))
+        self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
+                float(softcap), 1 if causal else 0, int(window), f16)
+        return out
+
+    # -- selection ---------------------------------------------------------------
+    def argmax(self, logits, out=None):
+        if out is None:
+            return np.argmax(np.asarray(logits), axis=-1)
+        x = self._f32(logits)
+        V = x.shape[-1]
+        rows = x.size // V if V else 0
+        if out.dtype != np.int32 or not out.flags.c_contiguous or out.size != rows:
+            raise ValueError(f"argmax: out must be int32 with one entry per row ({rows})")
+        if rows:
+            self._c(ARGMAX, x.ctypes.data, rows, V, out.ctypes.data)
+        return out
+
+    def topk(self, logits, k, n=None):
+        row = np.asarray(logits).reshape(-1)
+        row = row[:n] if n is not None else row
+        k = max(0, min(int(k), row.size))
+        if not k:
+            return np.empty(0, np.int64)
+        idx = np.argpartition(-row, k - 1)[:k]
+        return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
+
+    def logprobs(self, logits, rows, targets, n=None):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+        z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
+        out = np.empty(len(rows))
+        for r in np.unique(rows):
+            zr = z[r].astype(np.float64)
+            m = zr.max()
+            lse = m + np.log(np.exp(zr - m).sum())
+            sel = rows == r
+            out[sel] = zr[targets[sel]] - lse
+        return out
+
+    # -- graphs ------------------------------------------------------------------
+    def record(self, fn):
+        """Run fn() (ops on this backend) and record the C calls it makes: (Graph, fn's result),
+        or (None, result) when a step ran in numpy instead (the result is right, but the step
+        cannot be replayed)."""
+        if self._rec is not None:
+            raise RuntimeError("record: already recording")
+        self._rec, self._keep, self._consts, self._rec_bad = [], [], [], None
+        try:
+            result = fn()
+            rec, keep, bad = self._rec, self._keep + self._consts, self._rec_bad
+        finally:
+            self._rec = self._keep = self._consts = self._rec_bad = None
+        if bad is not None:
+            return None, result
+        return Graph(self._lib, rec, keep), result
+
+    def capture(self, fn):
+        """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
+        arrays (the runtime writes new inputs into them first), in one call. When fn did
+        something in numpy that a replay would miss (a mixture of experts' routing, say), the
+        graph runs fn again at each launch and copies its result into the first one's array."""
+        graph, result = self.record(fn)
+        if graph is None:
+            graph = EagerGraph(fn, result, self._last_bad)
+        return graph, result
+
+
+class EagerGraph:
+    """capture's fallback for steps that cannot be recorded: launch() runs the step again and
+    copies its result into the array the capture returned."""
+
+    def __init__(self, fn, result, why):
+        self.fn, self.result, self.why = fn, result, why
+
+    def launch(self):
+        np.copyto(self.result, self.fn())
+
+    replay = launch
+
+    def close(self):
+        self.fn = self.result = None
+
+
+class Graph:
+    """A recorded op sequence: one C call (rx_run) replays it."""
+
+    def __init__(self, lib, rec, keep):
+        import struct
+
+        cmds = np.zeros((max(1, len(rec)), _CMD_WIDTH), np.int64)
+        for i, (code, args) in enumerate(rec):
+            cmds[i, 0] = code
+            for j, a in enumerate(args, 1):
+                if a is None:
+                    continue
+                if isinstance(a, float):
+                    a = struct.unpack("<q", struct.pack("<d", a))[0]
+                cmds[i, j] = int(a)
+        self.cmds, self.n, self.keep, self._run = cmds, len(rec), keep, lib.rx_run
+
+    def launch(self):
+        rc = self._run(self.cmds.ctypes.data, self.n, _CMD_WIDTH)
+        if rc:
+            raise ValueError(f"graph replay failed ({rc}): a token id out of range?")
+
+    replay = launch
+
+    def close(self):
+        self.cmds = self.keep = None
+        self.n = 0

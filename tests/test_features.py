@@ -69,7 +69,7 @@ def test_prefix_reuse_gives_identical_results(twin):
 def test_logprobs_match_llama_cpp_f32_twin(twin, temperature, llama_cpp):
     """Each entry is log_softmax(logits / T) of llama.cpp's logits for the same tokens
     (exact arithmetic: F32 weights, F32 KV cache), within 1e-3."""
-    r = load_runner(twin, device="cpu", n_ctx=256)
+    r = load_runner(twin, device="numpy", n_ctx=256)  # the numpy oracle: llama.cpp parity
     prompt = "The quick brown fox jumps over the lazy dog, and then"
     n = 5
     out = r.generate(prompt, max_tokens=10, temperature=temperature, seed=3, logprobs=n,
@@ -243,27 +243,29 @@ def _cli(*args, stdin=None):
 
 
 def test_cli_chat_stdin_schema_infill(fim_model):
-    p = _cli("generate", "--device", "cpu", "--chat", "--max-tokens", "16",
+    # the numpy oracle: on the cpu backend greedy SmolLM2 may open its answer differently
+    # (the first token is a close call: "The" at logprob -1.88)
+    p = _cli("generate", "--device", "numpy", "--chat", "--max-tokens", "16",
              "What is the capital of France?")
     assert p.returncode == 0 and "Paris" in p.stdout, p.stderr
-    p = _cli("generate", "--device", "cpu", "--chat", "--json", "--max-tokens", "16",
+    p = _cli("generate", "--device", "numpy", "--chat", "--json", "--max-tokens", "16",
              stdin="What is the capital of France?")
     assert p.returncode == 0 and "Paris" in json.loads(p.stdout)["text"], p.stderr
     schema = '{"type":"object","properties":{"city":{"type":"string","maxLength":12}},' \
              '"required":["city"],"additionalProperties":false}'
-    p = _cli("generate", "--device", "cpu", "--chat", "--json", "--json-schema", schema,
+    p = _cli("generate", "--device", "numpy", "--chat", "--json", "--json-schema", schema,
              "--logprobs", "1", "--max-tokens", "30", "Capital of France as JSON?")
     out = json.loads(p.stdout)
     assert out["finish_reason"] == "stop" and "city" in json.loads(out["text"])
     assert len(out["logprobs"]) == out["completion_tokens"]
-    p = _cli("system1", "--device", "cpu", "--chat", "What is the capital of France?",
+    p = _cli("system1", "--device", "numpy", "--chat", "What is the capital of France?",
              "--candidate", "Paris", "--candidate", "London", "--candidate", "Berlin")
     assert p.returncode == 0 and p.stdout.startswith("*") and "'Paris'" in p.stdout.splitlines()[0]
-    p = _cli("infill", "--device", "cpu", "--prefix", "def f(", "--suffix", ")")
+    p = _cli("infill", "--device", "numpy", "--prefix", "def f(", "--suffix", ")")
     # invalid_request: exit 2 (README, "Exit codes")
     assert p.returncode == 2 and "invalid_request" in p.stderr and "fill-in-the-middle" in p.stderr
-    p = _cli("infill", "--device", "cpu", "--model", fim_model, "--json", "--max-tokens", "3",
+    p = _cli("infill", "--device", "numpy", "--model", fim_model, "--json", "--max-tokens", "3",
              "--prefix", "def f(", "--suffix", ")")
     assert p.returncode == 0 and json.loads(p.stdout)["completion_tokens"] >= 1, p.stderr
-    p = _cli("generate", "--device", "cpu", "--regex", "(a", "x")
+    p = _cli("generate", "--device", "numpy", "--regex", "(a", "x")
     assert p.returncode == 2 and "`regex`" in p.stderr

@@ -14,6 +14,7 @@ COMMANDS = {
     "uds": ("serve", "serve JSON lines on a Unix domain socket"),
     "http": ("http", "OpenAI-compatible HTTP front over a `reflex uds` engine (extra: http)"),
     "generate": ("generate", "generate a continuation of a prompt"),
+    "infill": ("infill", "fill in the middle between a prefix and a suffix (FIM models)"),
     "system1": ("system1", "score candidate continuations in one forward pass"),
     "embed": ("embed", "pooled hidden-state embeddings"),
     "tokenize": ("tokenize", "tokenize text with the model's tokenizer"),
@@ -26,7 +27,7 @@ COMMANDS = {
 
 
 # commands that load a model: CUDA init starts on a thread before anything else (cuda/__init__.py)
-_MODEL_COMMANDS = ("stdio", "uds", "generate", "system1", "embed", "check")
+_MODEL_COMMANDS = ("stdio", "uds", "generate", "infill", "system1", "embed", "check")
 
 
 def _device_arg(args):
@@ -61,7 +62,7 @@ def _usage(out):
 
 
 # one-shot commands whose process may hand its exit to a detached child (see _detach)
-_ONE_SHOT = ("generate", "system1", "embed")
+_ONE_SHOT = ("generate", "infill", "system1", "embed")
 
 
 def _detach_wanted(args) -> bool:

@@ -396,7 +396,7 @@ class Runner:
         full-vocabulary log-softmax of logits / temperature (1 when greedy), on the backend."""
         ops = self.ops
         z = logits if temperature <= 0.0 or temperature == 1.0 else ops.scale(logits, 1.0 / temperature)
-        top = [int(t) for t in ops.topk(z, n, n=self.n_vocab)]
+        top = [int(t) for t in ops.topk(z, n, n=self.n_vocab)] if n > 0 else []
         lp = ops.logprobs(z, [0] * (len(top) + 1), [tid, *top], n=self.n_vocab)
         return {"token_id": int(tid), "text": self._token_text(tid), "logprob": float(lp[0]),
                 "top": [{"token_id": t, "text": self._token_text(t), "logprob": float(v)}
@@ -415,7 +415,7 @@ class Runner:
     # -- generate ------------------------------------------------------------------
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(), on_token=None,
-                 should_cancel=None, cache_prompt=True, logprobs=0, constraint=None,
+                 should_cancel=None, cache_prompt=True, logprobs=None, constraint=None,
                  on_logits=None, kv_import=None, kv_export=None) -> dict:
         """Continue `prompt` (a string, or a list of token ids used as is). Generation ends at
         an end-of-generation token (not included in token_ids or text; finish_reason "stop"),
@@ -432,8 +432,8 @@ class Runner:
 
         cache_prompt: reuse the state of the longest common token prefix with what the
         previous request left (the result's cached_tokens says how many prompt tokens were
-        not evaluated again). logprobs=N: each generated token's log-probability and the N
-        most likely alternatives (result["logprobs"]). constraint: an object with
+        not evaluated again). logprobs=N (0-20; None: none): each generated token's
+        log-probability and the N most likely alternatives (result["logprobs"]). constraint: an object with
         allowed() -> numpy bool [n_vocab] or None, commit(token_id) and done() -> bool
         (reflex_ipc's constrained decoding); tokens it disallows get -inf on the backend
         before selection. on_logits(step, row) receives each step's logits (numpy float32
@@ -486,7 +486,8 @@ class Runner:
         entries: list = []
         finish = "length"
         cached = 0
-        n_lp = int(logprobs)
+        want_lp = logprobs is not None
+        n_lp = int(logprobs) if want_lp else 0
 
         def choose(logits):
             step = len(out_ids)
@@ -506,7 +507,7 @@ class Runner:
                 if penalize and window > 0:
                     apply_repeat_penalty(row, (ids + out_ids)[-window:], repeat_penalty)
                 tid = sampler(row)
-            if n_lp:
+            if want_lp:
                 entries.append(self._logprob_entry(raw, tid, n_lp, sampler.temperature))
             return tid
 
@@ -519,9 +520,9 @@ class Runner:
         t_prompt = time.perf_counter()
         tokens = ex.decode(logits, choose, check) if max_tokens > 0 else iter(())
         for tid in tokens:
-            extra = {"logprobs": entries[-1]} if n_lp else {}
+            extra = {"logprobs": entries[-1]} if want_lp else {}
             if tid in eog:
-                if n_lp:
+                if want_lp:
                     entries.pop()  # the end-of-generation token is not part of the output
                 rest, stopped = st.push(dec.flush())
                 finish = "stop_string" if stopped else "stop"
@@ -565,7 +566,7 @@ class Runner:
                 "decode_tokens_per_s": round(n_dec / (t_end - t_prompt), 3) if n_dec and t_end > t_prompt else None,
             },
         }
-        if n_lp:
+        if want_lp:
             out["logprobs"] = entries[:len(out_ids)]
         out.update(extra_out)
         out["timings"].update(extra_t)

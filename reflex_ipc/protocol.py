@@ -104,5 +104,8 @@ def error_result(rid, op, kind: str, message: str, timings: dict) -> dict:
             "error": {"kind": kind, "message": message}, "timings": timings}
 
 
-def token_event(rid, token_id: int, text: str) -> bytes:
-    return _encode({"event": "token", "id": rid, "token_id": token_id, "text": text}) + b"\n"
+def token_event(rid, token_id: int, text: str, logprobs=None) -> bytes:
+    ev = {"event": "token", "id": rid, "token_id": token_id, "text": text}
+    if logprobs is not None:
+        ev["logprobs"] = logprobs
+    return _encode(ev) + b"\n"

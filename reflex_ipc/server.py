@@ -875,9 +875,9 @@ class Call:
         if not srv.first_result_done and srv.first_token_ms is None:
             srv.first_token_ms = phases.mark("first_token")
 
-    def emit_token(self, token_id: int, text: str) -> None:
+    def emit_token(self, token_id: int, text: str, logprobs=None) -> None:
         try:
-            self.conn.write(self.server.proto.token_event(self.rid, token_id, text))
+            self.conn.write(self.server.proto.token_event(self.rid, token_id, text, logprobs))
         except ClientGone:
             pass  # should_cancel() now says so
 

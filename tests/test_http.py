@@ -279,13 +279,49 @@ def test_completion_logprobs_and_infill_follow_the_engine(front, oai, engine):
     has_infill = _engine_has(engine, "infill", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=1)
     r = httpx.post(front.url + "/infill", json={"input_prefix": "def add(a, b):\n    return ",
                                                 "input_suffix": "\n", "n_predict": 4}, timeout=300)
-    if has_infill:
-        assert r.status_code in (200, 400), r.text  # 400: a model without FIM tokens (SmolLM2 has them)
-        if r.status_code == 200:
-            assert isinstance(r.json()["content"], str) and r.json()["stop"] is True
+    if has_infill:  # SmolLM2 has no FIM tokens: the engine's invalid_request, a 400
+        err = _assert_error_shape(r, 400)
+        assert "fill-in-the-middle" in err["message"]
     else:
         err = _assert_error_shape(r, 400, "unsupported_parameter")
         assert "not supported by this engine yet" in err["message"]
+
+
+def test_the_engine_has_the_issue14_fields(engine):
+    """This engine has messages, logprobs, json_schema, tools and infill, so the tests above
+    take their live branches (the fallbacks are for an older engine behind --connect)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    assert _engine_has(engine, "generate", messages=msgs, max_tokens=1)
+    assert _engine_has(engine, "generate", prompt=PROMPT, max_tokens=1, logprobs=2)
+    assert _engine_has(engine, "generate", messages=msgs, max_tokens=1, json_schema={"type": "object"})
+    assert _engine_has(engine, "generate", messages=msgs, max_tokens=1,
+                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert _engine_has(engine, "infill", prefix="def f(", suffix=")", max_tokens=1)
+
+
+def test_infill_on_a_fim_model(tmp_path, smollm2):
+    """/infill through the engine's infill op on a model with FIM tokens (a synthetic one
+    with Qwen2.5-Coder's): llama.cpp server's answer shape, the engine's text."""
+    from reflex_ipc.testing import vocab as vg
+    from reflex_ipc.testing.synthetic import parity_model
+
+    vocab = str(tmp_path / "vocab.gguf")
+    vg.vocab_gguf(vocab, vg.FIM_QWEN)
+    model = parity_model("llama", str(tmp_path / "fim.gguf"), vocab_paths={"gpt2": vocab})
+    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 4}
+    f = Front(["--device", "cpu", "--model", model])
+    try:
+        r = httpx.post(f.url + "/infill", json=body, timeout=300)
+    finally:
+        f.close()
+    assert r.status_code == 200, r.text
+    c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", model),
+                     env=_env(), ready_timeout=180)
+    try:
+        ref = c.request("infill", {"prefix": body["input_prefix"], "suffix": "\n", "max_tokens": 4})
+    finally:
+        c.close()
+    assert r.json()["content"] == ref["text"] and isinstance(r.json()["stop"], bool)
 
 
 def test_cancel_by_closing_the_stream(front, oai):

@@ -8,6 +8,9 @@ parameter list.
   example's keys are a subset, as the document says the engine may add keys);
 * every op has a request and a result example, and its section lists exactly the
   fields of its Request struct (reflex_ipc/ops/<op>.py).
+
+SmolLM2 has no fill-in-the-middle tokens: infill's examples run on a second server
+whose default model is a synthetic one with Qwen2.5-Coder's FIM tokens.
 """
 
 import json
@@ -100,11 +103,12 @@ def test_each_op_section_lists_its_struct_fields(op):
 
 
 class Server:
-    def __init__(self):
+    def __init__(self, model=None):
         env = dict(os.environ)
         env.pop("REFLEX_MODEL", None)
-        self.p = subprocess.Popen(["reflex", "stdio", "--device", "cpu"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, env=env)
+        self.p = subprocess.Popen(["reflex", "stdio", "--device", "cpu",
+                                   *(["--model", model] if model else [])],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.buf = b""
         self.ready = self.line()
 
@@ -129,9 +133,22 @@ class Server:
         return lines
 
 
-def test_examples_against_the_server(smollm2):
-    """The default model (SmolLM2: the `smollm2` fixture skips, in CI fails, without it)."""
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory, smollm2):
+    from reflex_ipc.testing import vocab as vg
+    from reflex_ipc.testing.synthetic import parity_model
+
+    d = tmp_path_factory.mktemp("fimmodel")
+    vocab = str(d / "vocab.gguf")
+    vg.vocab_gguf(vocab, vg.FIM_QWEN)
+    return parity_model("llama", str(d / "fim-llama.gguf"), vocab_paths={"gpt2": vocab})
+
+
+def test_examples_against_the_server(smollm2, fim_model):
+    """The default model (SmolLM2: the `smollm2` fixture skips, in CI fails, without it);
+    infill on a model with FIM tokens."""
     srv = Server()
+    fim = None
     try:
         validate(srv.ready, "response")
         shutdown = None
@@ -144,7 +161,11 @@ def test_examples_against_the_server(smollm2):
             if req["op"] == "shutdown":
                 shutdown = (req, example)
                 continue
-            lines = srv.request(req)
+            if req["op"] == "infill":
+                fim = fim or Server(fim_model)
+                lines = fim.request(req)
+            else:
+                lines = srv.request(req)
             res = lines[-1]
             assert res["ok"], (req, res)
             for line in lines:
@@ -163,6 +184,7 @@ def test_examples_against_the_server(smollm2):
         assert res["ok"] and set(res) == set(example[0])
         assert srv.p.wait(timeout=60) == 0
     finally:
-        if srv.p.poll() is None:
-            srv.p.kill()
-            srv.p.wait()
+        for s in (srv, fim):
+            if s is not None and s.p.poll() is None:
+                s.p.kill()
+                s.p.wait()

@@ -68,6 +68,21 @@ type Event struct {
 // Decode unmarshals the whole line into v (a struct or a map).
 func (e Event) Decode(v any) error { return json.Unmarshal(e.Raw, v) }
 
+// TokenLogprobs is a token event's logprobs entry (nil when the request did
+// not ask for logprobs, or e is not a token event).
+func (e Event) TokenLogprobs() *LogprobEntry {
+	if e.Event != "token" {
+		return nil
+	}
+	var v struct {
+		Logprobs *LogprobEntry `json:"logprobs"`
+	}
+	if json.Unmarshal(e.Raw, &v) != nil {
+		return nil
+	}
+	return v.Logprobs
+}
+
 // Options configures Spawn.
 type Options struct {
 	Command       string        // default "reflex"

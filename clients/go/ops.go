@@ -9,9 +9,81 @@ import "context"
 // Timings are the result's milliseconds (parse, total, load, prompt_eval, decode, ...).
 type Timings map[string]float64
 
-// GenerateRequest: generate's parameters.
+// Message is one chat message. Content is a string (or nil); ToolCalls and
+// ToolCallID carry a tool round-trip to the template.
+type Message struct {
+	Role       string     `json:"role"`
+	Content    any        `json:"content"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+	Name       string     `json:"name,omitempty"`
+}
+
+// Tool is an OpenAI-style function tool.
+type Tool struct {
+	Type     string       `json:"type"` // "function"
+	Function ToolFunction `json:"function"`
+}
+
+// ToolFunction describes a callable function; Parameters is a JSON Schema.
+type ToolFunction struct {
+	Name        string         `json:"name"`
+	Description string         `json:"description,omitempty"`
+	Parameters  map[string]any `json:"parameters,omitempty"`
+}
+
+// ToolCall is a call the model made (results) or made earlier (messages).
+type ToolCall struct {
+	ID       string           `json:"id,omitempty"`
+	Type     string           `json:"type"` // "function"
+	Function ToolCallFunction `json:"function"`
+}
+
+// ToolCallFunction: the function's name and its arguments as JSON text.
+type ToolCallFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// TopLogprob is one of the most likely tokens at a step.
+type TopLogprob struct {
+	TokenID int     `json:"token_id"`
+	Text    string  `json:"text"`
+	Logprob float64 `json:"logprob"`
+}
+
+// LogprobEntry is a generated token's log-probability (softmax after the
+// temperature, before truncation) with the N most likely tokens.
+type LogprobEntry struct {
+	TokenID int          `json:"token_id"`
+	Text    string       `json:"text"`
+	Logprob float64      `json:"logprob"`
+	Top     []TopLogprob `json:"top"`
+}
+
+// Decode options shared by generate and infill.
+type DecodeOptions struct {
+	Logprobs    *int   `json:"logprobs,omitempty"`     // nil: none; 0-20
+	CachePrompt *bool  `json:"cache_prompt,omitempty"` // nil: true
+	JSONSchema  any    `json:"json_schema,omitempty"`  // a JSON Schema (map or json.RawMessage)
+	Regex       string `json:"regex,omitempty"`
+	Grammar     string `json:"grammar,omitempty"` // Lark syntax
+}
+
+// ChatOptions: what a request with Messages may add.
+type ChatOptions struct {
+	Tools               []Tool         `json:"tools,omitempty"`
+	ChatTemplate        string         `json:"chat_template,omitempty"`
+	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs,omitempty"`
+	AddGenerationPrompt *bool          `json:"add_generation_prompt,omitempty"` // nil: true
+}
+
+// GenerateRequest: generate's parameters. Exactly one of Prompt and Messages.
 type GenerateRequest struct {
-	Prompt        string   `json:"prompt"`
+	Prompt   string    `json:"prompt,omitempty"`
+	Messages []Message `json:"messages,omitempty"`
+	ChatOptions
+	DecodeOptions
 	MaxTokens     int      `json:"max_tokens,omitempty"`     // 0: 64
 	Temperature   float64  `json:"temperature,omitempty"`    // 0: greedy
 	TopK          int      `json:"top_k,omitempty"`          // 0: off
@@ -21,37 +93,66 @@ type GenerateRequest struct {
 	RepeatPenalty float64  `json:"repeat_penalty,omitempty"` // 0: 1.0
 	RepeatLastN   *int     `json:"repeat_last_n,omitempty"`  // nil: 64
 	Stop          []string `json:"stop,omitempty"`
-	CachePrompt   *bool    `json:"cache_prompt,omitempty"` // nil: true (reuse the shared prompt prefix)
-	KVImport      string   `json:"kv_import,omitempty"`    // a saved state to start from; Prompt follows its tokens
-	KVExport      string   `json:"kv_export,omitempty"`    // save the state here once the prompt is evaluated
+	KVImport      string   `json:"kv_import,omitempty"` // a saved state to start from; Prompt follows its tokens
+	KVExport      string   `json:"kv_export,omitempty"` // save the state here once the prompt is evaluated
 	Model         string   `json:"model,omitempty"`
 	Device        string   `json:"device,omitempty"` // "": the active model's, else "auto"; "cpu", "cuda", "numpy"
 }
 
 // GenerateResult: generate's result.
 type GenerateResult struct {
-	Text             string     `json:"text"`
-	TokenIDs         []int      `json:"token_ids"`
-	FinishReason     string     `json:"finish_reason"` // "stop", "length" or "stop_string"
-	PromptTokens     int        `json:"prompt_tokens"`
-	CompletionTokens int        `json:"completion_tokens"`
-	CachedTokens     int        `json:"cached_tokens"` // prompt tokens whose state was reused
-	KVImport         *StateInfo `json:"kv_import,omitempty"`
-	KVExport         *StateInfo `json:"kv_export,omitempty"`
-	Model            string     `json:"model"`
-	Timings          Timings    `json:"timings"`
+	Text             string         `json:"text"`
+	TokenIDs         []int          `json:"token_ids"`
+	FinishReason     string         `json:"finish_reason"` // "stop", "length" or "stop_string"
+	PromptTokens     int            `json:"prompt_tokens"`
+	CompletionTokens int            `json:"completion_tokens"`
+	CachedTokens     int            `json:"cached_tokens"` // prompt tokens whose state was reused
+	Logprobs         []LogprobEntry `json:"logprobs,omitempty"`
+	ToolCalls        []ToolCall     `json:"tool_calls,omitempty"` // with Tools, when the model called one
+	Content          string         `json:"content,omitempty"`    // with ToolCalls: the text outside them
+	KVImport         *StateInfo     `json:"kv_import,omitempty"`
+	KVExport         *StateInfo     `json:"kv_export,omitempty"`
+	Model            string         `json:"model"`
+	Timings          Timings        `json:"timings"`
 }
 
-// System1Request: system1's parameters.
+// InfillRequest: infill's parameters (fill in the middle; models with FIM tokens).
+type InfillRequest struct {
+	Prefix        string       `json:"prefix"`
+	Suffix        string       `json:"suffix"`
+	InputExtra    []ExtraChunk `json:"input_extra,omitempty"`
+	Prompt        string       `json:"prompt,omitempty"`
+	MaxTokens     int          `json:"max_tokens,omitempty"`
+	Temperature   float64      `json:"temperature,omitempty"`
+	TopK          int          `json:"top_k,omitempty"`
+	TopP          float64      `json:"top_p,omitempty"`
+	MinP          float64      `json:"min_p,omitempty"`
+	Seed          *int64       `json:"seed,omitempty"`
+	RepeatPenalty float64      `json:"repeat_penalty,omitempty"`
+	RepeatLastN   *int         `json:"repeat_last_n,omitempty"`
+	Stop          []string     `json:"stop,omitempty"`
+	DecodeOptions
+	Model  string `json:"model,omitempty"`
+	Device string `json:"device,omitempty"`
+}
+
+// ExtraChunk is another file given to infill as context.
+type ExtraChunk struct {
+	Filename string `json:"filename,omitempty"`
+	Text     string `json:"text"`
+}
+
+// System1Request: system1's parameters. Exactly one of Prompt and Messages.
 type System1Request struct {
-	Prompt      string   `json:"prompt"`
-	Candidates  []string `json:"candidates"`
-	Temperature float64  `json:"temperature,omitempty"`  // 0: 1.0
-	CachePrompt *bool    `json:"cache_prompt,omitempty"` // nil: true
-	KVImport    string   `json:"kv_import,omitempty"`
-	KVExport    string   `json:"kv_export,omitempty"`
-	Model       string   `json:"model,omitempty"`
-	Device      string   `json:"device,omitempty"`
+	Prompt      string    `json:"prompt,omitempty"`
+	Messages    []Message `json:"messages,omitempty"`
+	Candidates  []string  `json:"candidates"`
+	Temperature float64   `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt *bool     `json:"cache_prompt,omitempty"` // nil: true
+	KVImport    string    `json:"kv_import,omitempty"`
+	KVExport    string    `json:"kv_export,omitempty"`
+	Model       string    `json:"model,omitempty"`
+	Device      string    `json:"device,omitempty"`
 }
 
 // Candidate is one scored candidate of system1.
@@ -96,9 +197,11 @@ type EmbedResult struct {
 	Timings    Timings     `json:"timings"`
 }
 
-// TokenizeRequest: tokenize's parameters.
+// TokenizeRequest: tokenize's parameters. Exactly one of Text and Messages.
 type TokenizeRequest struct {
-	Text         string `json:"text"`
+	Text     string    `json:"text,omitempty"`
+	Messages []Message `json:"messages,omitempty"`
+	ChatOptions
 	AddBOS       bool   `json:"add_bos,omitempty"`
 	ParseSpecial *bool  `json:"parse_special,omitempty"` // nil: true
 	Model        string `json:"model,omitempty"`
@@ -108,6 +211,7 @@ type TokenizeRequest struct {
 // TokenizeResult: tokenize's result.
 type TokenizeResult struct {
 	TokenIDs []int   `json:"token_ids"`
+	Prompt   string  `json:"prompt,omitempty"` // with Messages: the rendered conversation
 	Model    string  `json:"model"`
 	Timings  Timings `json:"timings"`
 }
@@ -165,6 +269,28 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (*GenerateRe
 func (c *Client) Stream(ctx context.Context, req GenerateRequest) (*Stream, error) {
 	return c.start(ctx, "generate", req, true)
 }
+
+// Chat runs generate on a conversation rendered with the model's chat template.
+func (c *Client) Chat(ctx context.Context, messages []Message, req GenerateRequest) (*GenerateResult, error) {
+	req.Prompt, req.Messages = "", messages
+	return call[GenerateResult](ctx, c, "generate", req)
+}
+
+// Infill fills in the middle between Prefix and Suffix.
+func (c *Client) Infill(ctx context.Context, req InfillRequest) (*GenerateResult, error) {
+	return call[GenerateResult](ctx, c, "infill", req)
+}
+
+// StreamInfill runs infill with stream: true (read it as Stream's).
+func (c *Client) StreamInfill(ctx context.Context, req InfillRequest) (*Stream, error) {
+	return c.start(ctx, "infill", req, true)
+}
+
+// Intp and Boolp make the pointer fields (Logprobs, CachePrompt, ...).
+func Intp(v int) *int { return &v }
+
+// Boolp returns a pointer to v.
+func Boolp(v bool) *bool { return &v }
 
 // System1 scores each candidate as a continuation of the prompt.
 func (c *Client) System1(ctx context.Context, req System1Request) (*System1Result, error) {

@@ -4,6 +4,7 @@ package reflex
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -130,6 +131,34 @@ func TestOtherOps(t *testing.T) {
 	if err != nil || len(e.Embeddings) != 2 || len(e.Embeddings[0]) != e.Dim {
 		t.Fatalf("embed: %v", err)
 	}
+}
+
+func TestChatInfillLogprobsSchema(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	capital := []Message{{Role: "user", Content: "What is the capital of France?"}}
+	r, err := c.Chat(ctx, capital, GenerateRequest{MaxTokens: 16})
+	if err != nil || !strings.Contains(r.Text, "Paris") || r.FinishReason != "stop" {
+		t.Fatalf("chat: %v %+v", err, r)
+	}
+	tk, err := c.Tokenize(ctx, TokenizeRequest{Messages: capital})
+	if err != nil || !strings.HasSuffix(tk.Prompt, "<|im_start|>assistant\n") || len(tk.TokenIDs) != r.PromptTokens {
+		t.Fatalf("tokenize messages: %v %+v", err, tk)
+	}
+	_, err = c.Infill(ctx, InfillRequest{Prefix: "def f(", Suffix: ")"})
+	wantKind(t, err, "invalid_request", "fill-in-the-middle")
+	lp, err := c.Chat(ctx, capital, GenerateRequest{MaxTokens: 3, DecodeOptions: DecodeOptions{Logprobs: Intp(2)}})
+	if err != nil || len(lp.Logprobs) != 3 || len(lp.Logprobs[0].Top) != 2 {
+		t.Fatalf("logprobs: %v %+v", err, lp)
+	}
+	schema := map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 20}},
+		"required": []string{"city"}, "additionalProperties": false}
+	js, err := c.Chat(ctx, capital, GenerateRequest{MaxTokens: 40, DecodeOptions: DecodeOptions{JSONSchema: schema}})
+	var obj map[string]any
+	if err != nil || js.FinishReason != "stop" || json.Unmarshal([]byte(js.Text), &obj) != nil {
+		t.Fatalf("json_schema: %v %+v", err, js)
+	}
+	_, err = c.Chat(ctx, capital, GenerateRequest{DecodeOptions: DecodeOptions{JSONSchema: map[string]any{"type": "nope"}}})
+	wantKind(t, err, "invalid_request", "json_schema")
 }
 
 func TestSavedState(t *testing.T) {

@@ -39,7 +39,68 @@ export interface TokenEvent {
   id: Id;
   token_id: number;
   text: string;
+  /** The token's entry when the request asked for logprobs. */
+  logprobs?: LogprobEntry;
   [key: string]: unknown;
+}
+
+/** A chat message; other keys (tool_calls, tool_call_id, name, ...) go to the template as they are. */
+export interface Message {
+  role: 'system' | 'user' | 'assistant' | 'tool' | string;
+  content: string | null | { type: 'text'; text: string }[];
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+  [key: string]: unknown;
+}
+
+/** An OpenAI-style function tool. */
+export interface Tool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: Record<string, unknown> };
+}
+
+export interface ToolCall {
+  id?: string;
+  type: 'function';
+  /** arguments: JSON text. */
+  function: { name: string; arguments: string | Record<string, unknown> };
+}
+
+export interface TopLogprob {
+  token_id: number;
+  text: string;
+  logprob: number;
+}
+
+/** One generated token's log-probability (softmax after temperature, before truncation) and the N most likely. */
+export interface LogprobEntry extends TopLogprob {
+  top: TopLogprob[];
+}
+
+/** What chat requests add (generate, system1, tokenize with messages). */
+export interface ChatParams {
+  /** Instead of prompt/text: rendered with the model's chat template. */
+  messages?: Message[];
+  tools?: Tool[];
+  /** A Jinja template instead of the GGUF's. */
+  chat_template?: string;
+  /** More template variables, e.g. { enable_thinking: false }. */
+  chat_template_kwargs?: Record<string, unknown>;
+  /** Default true. */
+  add_generation_prompt?: boolean;
+}
+
+/** Constraints and extras of generate and infill. */
+export interface DecodeParams {
+  /** 0-20: per-token log-probabilities and the N most likely tokens. */
+  logprobs?: number;
+  /** Default true: reuse the previous request's prompt prefix. */
+  cache_prompt?: boolean;
+  /** A JSON Schema the output must match (at most one of json_schema, regex, grammar). */
+  json_schema?: Record<string, unknown> | boolean;
+  regex?: string;
+  /** Lark syntax. */
+  grammar?: string;
 }
 
 export interface ResultEvent {
@@ -72,8 +133,9 @@ export interface Timings {
   [key: string]: number | undefined;
 }
 
-export interface GenerateParams extends ModelParams {
-  prompt: string;
+export interface GenerateParams extends ModelParams, ChatParams, DecodeParams {
+  /** Exactly one of prompt and messages. */
+  prompt?: string;
   /** Default 64. */
   max_tokens?: number;
   /** Default 0 (greedy). */
@@ -91,8 +153,6 @@ export interface GenerateParams extends ModelParams {
   /** Default 64. */
   repeat_last_n?: number;
   stop?: string | string[];
-  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
-  cache_prompt?: boolean;
   /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
   kv_import?: string | null;
   /** Save the state to this file once the prompt is evaluated. */
@@ -107,14 +167,21 @@ export interface GenerateResult extends ResultEvent {
   completion_tokens: number;
   /** Prompt tokens whose state was reused (not evaluated again). */
   cached_tokens: number;
+  /** With logprobs: one entry per generated token. */
+  logprobs?: LogprobEntry[];
+  /** With tools, when the model called one (Hermes/Qwen <tool_call> or Llama 3 JSON). */
+  tool_calls?: ToolCall[];
+  /** With tool_calls: the text outside them. */
+  content?: string;
   kv_import?: StateFileInfo;
   kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
 }
 
-export interface System1Params extends ModelParams {
-  prompt: string;
+export interface System1Params extends ModelParams, ChatParams {
+  /** Exactly one of prompt and messages. */
+  prompt?: string;
   candidates: string[];
   /** Default 1. */
   temperature?: number;
@@ -167,8 +234,9 @@ export interface EmbedResult extends ResultEvent {
   timings: Timings;
 }
 
-export interface TokenizeParams extends ModelParams {
-  text: string;
+export interface TokenizeParams extends ModelParams, ChatParams {
+  /** Exactly one of text and messages. */
+  text?: string;
   /** Default false. */
   add_bos?: boolean;
   /** Default true. */
@@ -177,8 +245,28 @@ export interface TokenizeParams extends ModelParams {
 
 export interface TokenizeResult extends ResultEvent {
   token_ids: number[];
+  /** With messages: the rendered conversation. */
+  prompt?: string;
   model: string;
   timings: Timings;
+}
+
+export interface InfillParams extends ModelParams, DecodeParams {
+  prefix: string;
+  suffix?: string;
+  /** Other files of the project as context. */
+  input_extra?: { filename?: string; text: string }[];
+  /** Text after the prefix (special tokens parsed). */
+  prompt?: string;
+  max_tokens?: number;
+  temperature?: number;
+  top_k?: number;
+  top_p?: number;
+  min_p?: number;
+  seed?: number | null;
+  repeat_penalty?: number;
+  repeat_last_n?: number;
+  stop?: string | string[];
 }
 
 export interface DetokenizeParams extends ModelParams {
@@ -280,6 +368,12 @@ export declare class Reflex {
   generate(params: GenerateParams, options?: RequestOptions): Promise<GenerateResult>;
   /** generate with stream: true: yields token events, then the result; breaking out of the loop cancels. */
   stream(params: GenerateParams, options?: RequestOptions): AsyncGenerator<StreamEvent, void, undefined>;
+  /** generate on a conversation (messages rendered with the model's chat template). */
+  chat(messages: Message[], params?: Omit<GenerateParams, 'prompt' | 'messages'>, options?: RequestOptions): Promise<GenerateResult>;
+  streamChat(messages: Message[], params?: Omit<GenerateParams, 'prompt' | 'messages'>, options?: RequestOptions): AsyncGenerator<StreamEvent, void, undefined>;
+  /** Fill in the middle (models with FIM tokens); the result is generate's. */
+  infill(params: InfillParams, options?: RequestOptions): Promise<GenerateResult>;
+  streamInfill(params: InfillParams, options?: RequestOptions): AsyncGenerator<StreamEvent, void, undefined>;
   system1(params: System1Params, options?: RequestOptions): Promise<System1Result>;
   embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
   tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;

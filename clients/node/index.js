@@ -218,6 +218,16 @@ export class Reflex {
   }
 
   generate(params, opts) { return this.request('generate', params, opts); }
+  /** generate on a conversation: messages rendered with the model's chat template. */
+  chat(messages, params = {}, opts) { return this.request('generate', { ...params, messages }, opts); }
+  /** chat with stream: true. */
+  streamChat(messages, params = {}, opts = {}) { return this.stream({ ...params, messages }, opts); }
+  /** Fill in the middle between prefix and suffix (models with FIM tokens). */
+  infill(params, opts) { return this.request('infill', params, opts); }
+  /** infill with stream: true. */
+  streamInfill(params = {}, { signal, timeout } = {}) {
+    return this._events('infill', { ...params, stream: true }, signal, timeout);
+  }
   system1(params, opts) { return this.request('system1', params, opts); }
   embed(params, opts) { return this.request('embed', params, opts); }
   tokenize(params, opts) { return this.request('tokenize', params, opts); }

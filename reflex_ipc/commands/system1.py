@@ -1,18 +1,23 @@
-"""reflex system1: score candidate continuations of a prompt in one forward pass."""
+"""reflex system1: score candidate continuations of a prompt (or, with --chat, of the
+assistant's turn) in one forward pass; the protocol's system1."""
 
 import sys
 
-SKIP = ("prompt", "cache_prompt")  # one request per process: nothing to reuse
+SKIP = ("prompt", "cache_prompt", "messages", "chat_template", "chat_template_kwargs",
+        "add_generation_prompt")  # one request per process: nothing to reuse
 FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
+NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "chat_template": "--chat-template"}
 
 
 def add_arguments(p):
     from ..ops.system1 import Request
     from ._args import PROMPT_HELP
     from ._model import add_common
+    from .generate import add_chat_arguments
 
     add_common(p, Request, skip=SKIP, flags=FLAGS,
                helps={"candidates": "a continuation (repeatable; at least one)"})
+    add_chat_arguments(p)
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
 
 
@@ -20,9 +25,10 @@ def run(args):
     from ..ops import system1
     from ._args import read_text, request
     from ._model import finish, load, run_op
+    from .generate import chat_fields
 
-    req = request(system1.Request, args, {"prompt": read_text(args.prompt)}, skip=SKIP,
-                  flags=FLAGS)
+    req = request(system1.Request, args, chat_fields(args, read_text(args.prompt)), skip=SKIP,
+                  flags=FLAGS, names=NAMES)
     runner = load(args, req)
     out = run_op(runner, lambda: system1.execute(runner, req))
     if finish(runner, out, args.json):

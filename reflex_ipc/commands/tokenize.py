@@ -4,7 +4,8 @@ the protocol's tokenize."""
 import json
 import sys
 
-SKIP = ("text", "device")
+SKIP = ("text", "device", "messages", "tools", "chat_template", "chat_template_kwargs",
+        "add_generation_prompt")  # chat: the protocol's tokenize (or generate --chat)
 FLAGS = {"add_bos": ["--bos", "--add-bos"], "parse_special": ["--no-special"]}
 HELPS = {"add_bos": "prepend the BOS token",
          "parse_special": "treat special-token text (e.g. <|im_end|>) as plain text",

@@ -2,9 +2,9 @@
 and the helpers that fold an engine result into a protocol result."""
 
 import time
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from . import DEVICES
 
@@ -29,6 +29,64 @@ class ModelRequest(Request, kw_only=True):
     device: Optional[Annotated[Device, Meta(
         description="auto: CUDA when usable, else CPU; null or absent: the active "
                     "model's device, else the server's --device")]] = None
+
+
+class ContentPart(Struct, kw_only=True):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Struct, kw_only=True):
+    """A chat message (protocol/PROTOCOL.md, "Chat"); fields left out stay out of what
+    the template sees (messages_of drops UNSET), as templates test `'tool_calls' in m`."""
+
+    role: NonEmptyStr
+    content: Union[str, list[ContentPart], None, UnsetType] = UNSET
+    name: Union[str, UnsetType] = UNSET
+    tool_calls: Union[list[dict[str, Any]], None, UnsetType] = UNSET
+    tool_call_id: Union[str, UnsetType] = UNSET
+    reasoning_content: Union[str, None, UnsetType] = UNSET
+
+
+Messages = Annotated[list[Message], Meta(
+    min_length=1, description="a conversation rendered with the model's chat template "
+                              "(exactly one of this and the text)")]
+Tools = Annotated[list[dict[str, Any]], Meta(
+    description="OpenAI function tools, passed to the template (with messages)")]
+ChatTemplate = Annotated[str, Meta(min_length=1, description="a Jinja template used instead "
+                                                             "of the GGUF's")]
+TemplateKwargs = Annotated[dict[str, Any], Meta(
+    description="extra variables for the template (e.g. enable_thinking)")]
+AddGenerationPrompt = Annotated[bool, Meta(
+    description="end the rendered conversation with the assistant's turn opening")]
+
+
+def messages_of(req):
+    """The request's messages as plain dicts (None when it has none); unset fields dropped."""
+    m = getattr(req, "messages", None)
+    if m is None:
+        return None
+    import msgspec
+
+    return msgspec.to_builtins(m)
+
+
+def exactly_one(req, a: str, b: str) -> None:
+    """ValueError (msgspec makes it a ValidationError: invalid_request) unless exactly
+    one of the fields `a` and `b` is given."""
+    if (getattr(req, a) is None) == (getattr(req, b) is None):
+        raise ValueError(f"give exactly one of `{a}` and `{b}`")
+
+
+def chat_prompt(runner, req, text_field: str = "prompt") -> str:
+    """The request's text, or its messages rendered with the model's chat template."""
+    from .. import prepare
+
+    return prepare.prompt_of(
+        runner, prompt=getattr(req, text_field), messages=messages_of(req),
+        tools=getattr(req, "tools", None), chat_template=req.chat_template,
+        add_generation_prompt=req.add_generation_prompt,
+        chat_template_kwargs=req.chat_template_kwargs)
 
 
 StatePath = Optional[Annotated[str, Meta(min_length=1)]]

@@ -65,6 +65,12 @@ def build() -> dict:
             "properties": {"id": _ref("id"), "op": {"const": op}, **req["properties"]},
             "required": ["op", *req.get("required", [])],
             "additionalProperties": False}
+        pair = getattr(mod, "EXACTLY_ONE", None)
+        if pair:
+            a, b = pair
+            requests[op]["oneOf"] = [
+                {"required": [a], "properties": {a: {"type": "string"}, b: {"type": "null"}}},
+                {"required": [b], "properties": {b: {"type": "array"}, a: {"type": "null"}}}]
         res = take(mod.Result)
         results[op] = {
             "type": "object",

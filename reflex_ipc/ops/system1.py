@@ -1,16 +1,26 @@
-"""system1: score candidate continuations of a prompt in one forward pass."""
+"""system1: score candidate continuations of a prompt or a chat conversation in one forward pass."""
 
 import time
 from typing import Annotated, Optional
 
 from msgspec import Meta, Struct
 
-from ._base import (ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath, kv_args,
-                    merge, ms)
+from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
+                    NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs, chat_prompt,
+                    exactly_one, kv_args, merge, ms)
+
+
+EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
 
 
 class System1Request(ModelRequest, kw_only=True):
-    prompt: NonEmptyStr
+    prompt: Optional[Annotated[str, Meta(
+        min_length=1, description="the text the candidates continue (exactly one of this "
+                                  "and messages)")]] = None
+    messages: Optional[Messages] = None
+    chat_template: Optional[ChatTemplate] = None
+    chat_template_kwargs: Optional[TemplateKwargs] = None
+    add_generation_prompt: AddGenerationPrompt = True
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0,
                                        description="for the candidate probabilities")] = 1.0
@@ -22,6 +32,9 @@ class System1Request(ModelRequest, kw_only=True):
                     "text after its tokens")] = None
     kv_export: Annotated[StatePath, Meta(
         description="save the state (the prompt) to this file (replaced atomically)")] = None
+
+    def __post_init__(self):
+        exactly_one(self, *EXACTLY_ONE)
 
 
 class Candidate(Struct):
@@ -38,7 +51,7 @@ class System1Result(_Result, kw_only=True):
     entropy: float
     prompt_tokens: int
     candidate_tokens: Annotated[int, Meta(description="the candidates' tokens, all together")]
-    cached_tokens: Annotated[int, Meta(description="prompt tokens whose state was reused")]
+    cached_tokens: Annotated[int, Meta(ge=0, description="prompt tokens whose state was reused")]
     model: ModelName
     kv_import: Optional[StateInfo] = None
     kv_export: Optional[StateInfo] = None
@@ -48,8 +61,9 @@ Request, Result = System1Request, System1Result
 
 
 def execute(runner, req, *, should_cancel=None) -> dict:
-    return runner.system1(req.prompt, list(req.candidates), temperature=req.temperature,
-                          should_cancel=should_cancel, cache_prompt=req.cache_prompt, **kv_args(req))
+    return runner.system1(chat_prompt(runner, req), list(req.candidates),
+                          temperature=req.temperature, should_cancel=should_cancel,
+                          cache_prompt=req.cache_prompt, **kv_args(req))
 
 
 def run(call, req) -> dict:

@@ -298,6 +298,39 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
 
 
 
+def f32_twin(src, dst):
+    """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    r = gguf.GGUFReader(src)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment", "general.file_type"):
+            continue
+        vt = VT(f.types[0])
+        if vt == VT.ARRAY:
+            st = VT(f.types[1])
+            val = ([bytes(f.parts[i]) for i in f.data] if st == VT.STRING
+                   else [x.item() for i in f.data for x in f.parts[i]])
+            w.add_key_value(key, val, vt, sub_type=st)
+        elif vt == VT.STRING:
+            w.add_key_value(key, bytes(f.parts[f.data[0]]), vt)
+        else:
+            w.add_key_value(key, f.parts[f.data[0]][0].item(), vt)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
+                                                  dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def tensors_gguf(path, tensors, arch="llama"):
     """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
     shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block

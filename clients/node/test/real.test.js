@@ -59,6 +59,28 @@ test('the other ops', async () => {
   assert.equal(e.embeddings[0].length, e.dim);
 });
 
+test('chat, infill, logprobs, json_schema', async () => {
+  const capital = [{ role: 'user', content: 'What is the capital of France?' }];
+  const r = await c.chat(capital, { max_tokens: 16 });
+  assert.match(r.text, /Paris/);
+  assert.equal(r.finish_reason, 'stop');
+  let streamed = '';
+  for await (const ev of c.streamChat(capital, { max_tokens: 16 })) if (ev.event === 'token') streamed += ev.text;
+  assert.equal(streamed, r.text);
+  const t = await c.tokenize({ messages: capital });
+  assert.ok(t.prompt.endsWith('<|im_start|>assistant\n'));
+  assert.equal(t.token_ids.length, r.prompt_tokens);
+  await rejectsKind(c.infill({ prefix: 'def f(', suffix: ')' }), 'invalid_request', /fill-in-the-middle/);
+  const lp = await c.chat(capital, { max_tokens: 3, logprobs: 2 });
+  assert.equal(lp.logprobs.length, 3);
+  assert.equal(lp.logprobs[0].top.length, 2);
+  const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 20 } }, required: ['city'], additionalProperties: false };
+  const js = await c.chat(capital, { json_schema: schema, max_tokens: 40 });
+  assert.equal(js.finish_reason, 'stop');
+  assert.equal(typeof JSON.parse(js.text).city, 'string');
+  await rejectsKind(c.chat(capital, { json_schema: { type: 'nope' } }), 'invalid_request', /json_schema/);
+});
+
 test('saved state: kv_export, kv_import, stateSave, stateLoad', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'reflex-state-'));
   try {

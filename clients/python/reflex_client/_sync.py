@@ -232,6 +232,28 @@ class Client:
     def generate(self, prompt=None, *, timeout=None, **params):
         return self.request("generate", {**given(prompt=prompt), **params}, timeout=timeout)
 
+    def chat(self, messages, *, tools=None, json_schema=None, logprobs=None, timeout=None, **params):
+        """generate on a conversation: `messages` ([{"role", "content"}, ...]) rendered
+        with the model's chat template. `tools` (OpenAI function tools): a result
+        whose output calls one has `tool_calls` and `content`. `json_schema`
+        constrains the output; `logprobs` (0-20) adds per-token log-probabilities."""
+        return self.request("generate", {**given(messages=messages, tools=tools, json_schema=json_schema,
+                                                         logprobs=logprobs), **params}, timeout=timeout)
+
+    def stream_chat(self, messages, *, timeout=None, **params):
+        """chat with stream: true (token events, then the result)."""
+        return self._events("generate", {**given(messages=messages), **params, "stream": True}, timeout)
+
+    def infill(self, prefix, suffix="", *, input_extra=None, timeout=None, **params):
+        """Fill in the middle between `prefix` and `suffix` (models with FIM tokens);
+        input_extra: [{"filename", "text"}, ...] of other files as context."""
+        return self.request("infill", {"prefix": prefix, "suffix": suffix,
+                                            **given(input_extra=input_extra), **params}, timeout=timeout)
+
+    def stream_infill(self, prefix, suffix="", *, input_extra=None, timeout=None, **params):
+        return self._events("infill", {"prefix": prefix, "suffix": suffix, **given(input_extra=input_extra),
+                                        **params, "stream": True}, timeout)
+
     def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
         return self.request("system1", {**given(prompt=prompt, candidates=candidates), **params}, timeout=timeout)
 

@@ -1,6 +1,7 @@
 """The client against the real server (`reflex stdio`, or $REFLEX_CMD)."""
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +178,28 @@ def test_async_client():
                 proc.wait(timeout=30)
 
     asyncio.run(main())
+
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_infill_logprobs_schema(client):
+    r = client.chat(CAPITAL, max_tokens=16)
+    assert "Paris" in r["text"] and r["finish_reason"] == "stop"
+    streamed = "".join(ev["text"] for ev in client.stream_chat(CAPITAL, max_tokens=16)
+                       if ev["event"] == "token")
+    assert streamed == r["text"]
+    t = client.tokenize(messages=CAPITAL)
+    assert t["prompt"].endswith("<|im_start|>assistant\n") and len(t["token_ids"]) == r["prompt_tokens"]
+    with pytest.raises(ReflexError) as ei:
+        client.infill("def f(", ")")
+    assert ei.value.kind == "invalid_request" and "fill-in-the-middle" in ei.value.message
+    lp = client.chat(CAPITAL, max_tokens=3, logprobs=2)
+    assert len(lp["logprobs"]) == 3 and len(lp["logprobs"][0]["top"]) == 2
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    js = client.chat(CAPITAL, json_schema=schema, max_tokens=40)
+    assert js["finish_reason"] == "stop" and isinstance(json.loads(js["text"])["city"], str)
+    with pytest.raises(ReflexError) as ei:
+        client.chat(CAPITAL, json_schema={"type": "nope"})
+    assert ei.value.kind == "invalid_request" and "json_schema" in ei.value.message

@@ -1,0 +1,49 @@
+"""reflex infill: fill in the middle between --prefix and --suffix (models with FIM
+tokens); the protocol's infill."""
+
+import sys
+
+SKIP = ("stream", "cache_prompt", "prefix", "suffix", "input_extra", "json_schema", "grammar")
+NAMES = {"prefix": "--prefix", "suffix": "--suffix", "input_extra": "--extra",
+         "json_schema": "--json-schema", "grammar": "--grammar"}
+
+
+def add_arguments(p):
+    from ..ops.infill import Request
+    from ._model import add_common
+    from .generate import add_constraint_arguments
+
+    add_common(p, Request, skip=SKIP, helps={"stop": "stop string (repeatable)"})
+    add_constraint_arguments(p)
+    p.add_argument("--prefix", required=True, help="text before the cursor (@FILE reads a file)")
+    p.add_argument("--suffix", default="", help="text after the cursor (@FILE reads a file)")
+    p.add_argument("--extra", action="append", default=[], metavar="FILE",
+                   help="another file of the project as context (repeatable)")
+
+
+def run(args):
+    from ..ops import infill
+    from ._args import request
+    from ._model import finish, load, run_op
+    from .generate import constraint_fields, read_arg
+
+    extra = []
+    for path in args.extra:
+        with open(path, encoding="utf-8") as fh:
+            extra.append({"filename": path, "text": fh.read()})
+    given = {"prefix": read_arg(args.prefix), "suffix": read_arg(args.suffix),
+             "input_extra": extra, **constraint_fields(args)}
+    req = request(infill.Request, args, given, skip=SKIP, names=NAMES)
+    runner = load(args, req)
+
+    def on_token(token_id, text, **_):
+        if not args.json and text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    out = run_op(runner, lambda: infill.execute(runner, req, on_token=on_token))
+    if not finish(runner, out, args.json):
+        sys.stdout.write("\n")
+        sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} "
+                         f"generated, finish {out['finish_reason']}]\n")
+    return 0

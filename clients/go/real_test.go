@@ -135,9 +135,9 @@ func TestOtherOps(t *testing.T) {
 
 func TestChatInfillLogprobsSchema(t *testing.T) {
 	c, ctx := shared(t), context.Background()
-	capital := []Message{{Role: "user", Content: "What is the capital of France?"}}
-	r, err := c.Chat(ctx, capital, GenerateRequest{MaxTokens: 16})
-	if err != nil || !strings.Contains(r.Text, "Paris") || r.FinishReason != "stop" {
+	capital := []Message{{Role: "user", Content: "Name the three primary colors."}}
+	r, err := c.Chat(ctx, capital, GenerateRequest{MaxTokens: 24})
+	if err != nil || !strings.Contains(r.Text, "Red") || r.FinishReason != "stop" {
 		t.Fatalf("chat: %v %+v", err, r)
 	}
 	tk, err := c.Tokenize(ctx, TokenizeRequest{Messages: capital})

@@ -181,15 +181,16 @@ def test_async_client():
 
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+COLORS = [{"role": "user", "content": "Name the three primary colors."}]
 
 
 def test_chat_infill_logprobs_schema(client):
-    r = client.chat(CAPITAL, max_tokens=16)
-    assert "Paris" in r["text"] and r["finish_reason"] == "stop"
-    streamed = "".join(ev["text"] for ev in client.stream_chat(CAPITAL, max_tokens=16)
+    r = client.chat(COLORS, max_tokens=24)
+    assert "Red" in r["text"] and r["finish_reason"] == "stop"
+    streamed = "".join(ev["text"] for ev in client.stream_chat(COLORS, max_tokens=24)
                        if ev["event"] == "token")
     assert streamed == r["text"]
-    t = client.tokenize(messages=CAPITAL)
+    t = client.tokenize(messages=COLORS)
     assert t["prompt"].endswith("<|im_start|>assistant\n") and len(t["token_ids"]) == r["prompt_tokens"]
     with pytest.raises(ReflexError) as ei:
         client.infill("def f(", ")")

@@ -43,7 +43,9 @@ SENTENCES = [
     "Prefer metric units, and give temperatures in degrees Celsius.",
     "When a question is ambiguous, pick the most common reading and answer that.",
 ]
-QUESTION = "\nQuestion: Which city is the capital of France?\nAnswer:"
+# starts with a space: after the system prompt's final "." no vocabulary here merges it (a
+# leading newline merges into ".\n" in Qwen's BPE)
+QUESTION = " Question: Which city is the capital of France?\nAnswer:"
 CANDIDATES = (" Paris", " London", " Berlin")
 
 
@@ -60,10 +62,15 @@ def system_prompt(model, n_tokens):
         while len(tok.encode(text)) < n_tokens:
             text += SENTENCES[i % len(SENTENCES)] + "\n"
             i += 1
-        n = len(tok.encode(text))
-        joined = tok.encode(text + QUESTION)
-        assert joined[:n] == tok.encode(text), "the question changes the system prompt's tokens"
-        return text, n, len(joined) - n
+        # the end of the system prompt where the question's tokens do not merge into it
+        # ("\n" + "\nQuestion" merges in some BPE vocabularies, e.g. Qwen's)
+        for end in ("", "\n", " ."):
+            t = text.rstrip("\n") + end
+            n = len(tok.encode(t))
+            joined = tok.encode(t + QUESTION)
+            if joined[:n] == tok.encode(t):
+                return t, n, len(joined) - n
+        raise AssertionError("the question changes the system prompt's tokens")
 
 
 def main(argv=None):

@@ -102,7 +102,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, NUMPY_ONLY, load_model
+        from .models import ARCHITECTURES, NO_CUDA, NUMPY_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
@@ -111,6 +111,8 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
                               f"(supported: {', '.join(ARCHITECTURES)})")
         if device == "auto" and f.architecture in NUMPY_ONLY:
             device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
+        elif device == "auto" and f.architecture in NO_CUDA:
+            device = "cpu"
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None

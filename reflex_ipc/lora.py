@@ -216,8 +216,25 @@ class LoraSet:
                 w += np.float32(c) * (B @ A)
             return w
         self.runtime = True
-        return LoraWeight(w, [(ops.load_weight(a.f, ta.name), ops.load_weight(a.f, tb.name), float(c))
-                              for a, (ta, tb), c in terms])
+        return LoraWeight(w, [self._pair(a, ta, tb, c) for a, (ta, tb), c in terms])
+
+    def _pair(self, a, ta, tb, c):
+        """(A, B, c) as backend weights. A backend whose matmul wants an inner dimension of a
+        multiple of 8 (CUDA's kernels) gets the rank padded with zero rows of A and zero
+        columns of B (the same product), through its `host_weight`."""
+        ops = self.ops
+        rank = ta.shape[1]  # ggml [n_in, rank]
+        if rank % 8 and hasattr(ops, "host_weight"):
+            import numpy as np
+
+            A, B = _host(a.f, ta), _host(a.f, tb)  # [r, n_in], [n_out, r]
+            r8 = -(-rank // 8) * 8
+            Ap = np.zeros((r8, A.shape[1]), np.float32)
+            Ap[:rank] = A
+            Bp = np.zeros((B.shape[0], r8), np.float32)
+            Bp[:, :rank] = B
+            return ops.host_weight(Ap, ta.name), ops.host_weight(Bp, tb.name), float(c)
+        return ops.load_weight(a.f, ta.name), ops.load_weight(a.f, tb.name), float(c)
 
     def check_used(self):
         unused = sorted(self.names() - self.used)

@@ -180,6 +180,14 @@ class CudaOps:
         return self.asarray(dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).reshape(shape))
 
     # -- linear algebra ------------------------------------------------------------
+    def host_weight(self, a, name):
+        """A float32 host matrix [rows, cols] as an F32 weight handle on the device (small
+        matrices made at load: LoRA's padded low-rank factors)."""
+        a = np.ascontiguousarray(a, np.float32)
+        dev = self.asarray(a, "float32")
+        self._extra_weights.append(dev)
+        return DeviceWeight(dev.ptr, a.shape, F32, "F32", a.shape[1] * 4, name, None)
+
     def weight_rows(self, w, start, n):
         if not 0 <= start and start + n <= w.shape[0]:
             raise ValueError(f"weight_rows: rows {start}..{start + n} of {w.shape[0]}")

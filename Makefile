@@ -12,8 +12,8 @@ install:
 	@bash scripts/setup-check python
 	@echo "== CUDA kernels: built only when something will use them (see kernels/build.py)"
 	@$(PY) kernels/build.py --auto >/dev/null
-	@echo "== pip install -e . (reflex-ipc and its runtime dependencies: numpy, orjson, msgspec)"
-	@$(PIP) -e .
+	@echo "== pip install -e '.[chat]' (reflex-ipc, its runtime dependencies numpy, orjson, msgspec, and jinja2 for --chat)"
+	@$(PIP) -e '.[chat]'
 	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
 	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
 

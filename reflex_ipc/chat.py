@@ -108,9 +108,19 @@ def _raise_exception(message):
     raise _TemplateRaised(str(message))
 
 
+def _need_jinja2():
+    """invalid_request naming the extra when jinja2 (the `chat` extra) is not installed."""
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise ReflexError("invalid_request", "chat templates (`messages`, --chat) need jinja2: "
+                          "pip install 'reflex-ipc[chat]'") from None
+
+
 @lru_cache(maxsize=8)
 def compile_template(source: str):
     """The compiled jinja2 template (cached by source: compiled once per model)."""
+    _need_jinja2()
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -159,6 +169,7 @@ def special_text(tok, tid) -> str:
 def render(tok, f, messages, *, tools=None, add_generation_prompt=True, chat_template=None,
            chat_template_kwargs=None) -> str:
     """The rendered prompt text (before llama.cpp's BOS/EOS stripping)."""
+    _need_jinja2()
     import jinja2
 
     messages = validate_messages(messages)

@@ -5,7 +5,7 @@ short question Q, run
 
   full     reflex OP "SYS+Q"                           (the whole prompt evaluated)
   import   reflex OP --import-kv SYS.state "Q"         (SYS's state loaded, Q evaluated)
-  import_pageable   the same with REFLEX_STATE_PINNED=0 (no page-locked staging buffer)
+  import_pinned     the same with REFLEX_STATE_PINNED=1 (through a page-locked staging buffer)
   empty    reflex OP "Q"                               (the target's base: a short prompt)
   peer     $PEER -m M -n 1 -ngl 99 "SYS+Q"             (llama-simple on the full prompt)
 
@@ -26,10 +26,8 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -109,8 +107,8 @@ def main(argv=None):
         variants = {
             "full": (reflex + [op, *dev, *extra, full], None),
             "import": (reflex + [op, *dev, *extra, "--import-kv", state, QUESTION], None),
-            "import_pageable": (reflex + [op, *dev, *extra, "--import-kv", state, QUESTION],
-                                {"REFLEX_STATE_PINNED": "0"}),
+            "import_pinned": (reflex + [op, *dev, *extra, "--import-kv", state, QUESTION],
+                              {"REFLEX_STATE_PINNED": "1"}),
             "empty": (reflex + [op, *dev, *extra, QUESTION], None),
         }
         if a.peer:
@@ -150,7 +148,7 @@ def main(argv=None):
             "failures": {k: sum(r["rc"] != 0 for r in v) for k, v in runs.items()},
             "ratios_of_medians": {"import/empty (target <= 1.1)": ratio("import", "empty"),
                                   "full/import": ratio("full", "import"),
-                                  "import_pageable/import": ratio("import_pageable", "import"),
+                                  "import_pinned/import": ratio("import_pinned", "import"),
                                   "peer/import": ratio("peer", "import"),
                                   "peer/full": ratio("peer", "full")},
             "commands": {k: (c if isinstance(c, str) else shlex.join(c))[:400] for k, (c, _) in variants.items()},

@@ -315,7 +315,8 @@ class StateFile:
         """Write the saved arrays into `state` (a runtime.state.State with at least n_tokens
         slots and the same layer layout: checked by the caller) and set its tokens. On a
         backend with page-locked host memory (CUDA) the data goes through one page-locked
-        buffer when `pinned` (default: $REFLEX_STATE_PINNED, on unless "0")."""
+        buffer when `pinned` (default: $REFLEX_STATE_PINNED, off unless "1": on the H200 the
+        copy into that buffer cost more than the asynchronous upload saved, bench/README.md)."""
         from .state import _write_slots
 
         ops, n = state.ops, self.n_tokens
@@ -323,7 +324,7 @@ class StateFile:
         base = 0
         buf = None
         if pinned is None:
-            pinned = os.environ.get("REFLEX_STATE_PINNED", "1") != "0"
+            pinned = os.environ.get("REFLEX_STATE_PINNED", "0") == "1"
         drv = getattr(getattr(ops, "rt", None), "drv", None)
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):
             import numpy as np

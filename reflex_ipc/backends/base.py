@@ -160,6 +160,37 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     return top, w.astype(np.float32)
 
 
+def host_topk(logits, k, n=None):
+    """`topk` on the host: the k largest of the first n columns of one row, best first,
+    lower index first on ties (numpy int64)."""
+    import numpy as np
+
+    row = np.asarray(logits).reshape(-1)
+    row = row[:n] if n is not None else row
+    k = max(0, min(int(k), row.size))
+    if not k:
+        return np.empty(0, np.int64)
+    idx = np.argpartition(-row, k - 1)[:k]
+    return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
+
+
+def host_logprobs(logits, rows, targets, n=None):
+    """`logprobs` on the host (float64 sums; each distinct row's normalizer once)."""
+    import numpy as np
+
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+    z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
+    out = np.empty(len(rows))
+    for r in np.unique(rows):
+        zr = z[r].astype(np.float64)
+        m = zr.max()
+        lse = m + np.log(np.exp(zr - m).sum())
+        sel = rows == r
+        out[sel] = zr[targets[sel]] - lse
+    return out
+
+
 def check_glu(w_gate, w_up, act):
     """ValueError unless matmul_glu's weights have one shape and act is silu or gelu."""
     if act not in ("silu", "gelu"):

@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from .base import check_glu, check_matmul_n
+from .base import check_glu, check_matmul_n, host_logprobs, host_topk
 
 _F32 = np.float32
 _LIB_NAME = "libreflex_cpu.so"
@@ -626,26 +626,10 @@ class CpuOps:
         return out
 
     def topk(self, logits, k, n=None):
-        row = np.asarray(logits).reshape(-1)
-        row = row[:n] if n is not None else row
-        k = max(0, min(int(k), row.size))
-        if not k:
-            return np.empty(0, np.int64)
-        idx = np.argpartition(-row, k - 1)[:k]
-        return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
+        return host_topk(logits, k, n)
 
     def logprobs(self, logits, rows, targets, n=None):
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        targets = np.asarray(targets, dtype=np.int64).reshape(-1)
-        z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
-        out = np.empty(len(rows))
-        for r in np.unique(rows):
-            zr = z[r].astype(np.float64)
-            m = zr.max()
-            lse = m + np.log(np.exp(zr - m).sum())
-            sel = rows == r
-            out[sel] = zr[targets[sel]] - lse
-        return out
+        return host_logprobs(logits, rows, targets, n)
 
     # -- graphs ------------------------------------------------------------------
     def record(self, fn):

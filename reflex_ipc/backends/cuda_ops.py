@@ -15,7 +15,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, moe_route
+from .base import check_glu, check_matmul_n, host_topk, moe_route
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -501,9 +501,7 @@ class CudaOps:
         if nb > 1:
             m = nb * k
             if m > TOPK_SLICE:  # more candidates than one block holds: sort on the host
-                row = self.to_numpy(logits).reshape(-1)[:n]
-                idx = np.argpartition(-row, k - 1)[:k]
-                return idx[np.lexsort((idx, -row[idx]))].astype(np.int64)
+                return host_topk(self.to_numpy(logits), k, n)
             v2 = self.empty((k,))
             i2 = self.empty((k,), "int32")
             self.k("topk_f32")((1, 1, 1), (1024, 1, 1), cv.ptr, ci.ptr, m, k, m, v2.ptr, i2.ptr)

@@ -89,6 +89,69 @@ RECURRENT_OPS = ("sigmoid", "softplus", "columns", "ssm_conv", "delta_net", "ssm
 MLA_OPS = ("split", "concat", "head_matmul")
 
 
+# Fused ops a backend may provide (CudaOps does) to cut the kernels of a decode step. Models
+# do not call them directly but through the functions of the same name below, which run the
+# backend's version when it has one and fusion is on, else the sequence of plain ops that
+# defines them (what numpy and cpu compute). REFLEX_FUSE=0 turns them off (A/B runs).
+FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store")
+
+
+def fusion_on() -> bool:
+    """False when $REFLEX_FUSE is "0": models then run the plain ops' sequence."""
+    import os
+
+    return os.environ.get("REFLEX_FUSE", "1") != "0"
+
+
+def _fused(ops, name, weights=()):
+    """The backend's fused op `name`, or None (fusion off, no such op, or a LoRA weight among
+    `weights`, whose low-rank terms only the plain matmuls of a LoraOps add)."""
+    if not fusion_on() or any(getattr(w, "terms", None) is not None for w in weights):
+        return None
+    f = getattr(ops, name, None)
+    return f if callable(f) else None
+
+
+def rms_norm_matmul_n(ops, x, w_norm, eps, ws):
+    """matmul_n(rms_norm(x, w_norm, eps), ws): the norm folded into the products (the normed
+    x itself is not returned)."""
+    f = _fused(ops, "rms_norm_matmul_n", ws)
+    if f is not None:
+        return f(x, w_norm, eps, ws)
+    return ops.matmul_n(ops.rms_norm(x, w_norm, eps), ws)
+
+
+def rms_norm_matmul_glu(ops, x, w_norm, eps, w_gate, w_up, act="silu"):
+    """matmul_glu(rms_norm(x, w_norm, eps), w_gate, w_up, act)."""
+    f = _fused(ops, "rms_norm_matmul_glu", (w_gate, w_up))
+    if f is not None:
+        return f(x, w_norm, eps, w_gate, w_up, act=act)
+    return ops.matmul_glu(ops.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
+
+
+def qk_rope_kv_store(ops, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,
+                     **rope):
+    """q [N, Hq, hd] and k [N, Hkv, hd] rotated in place (after a per-head rms_norm with q_norm /
+    k_norm [hd] or None when `norm`), then k and v [N, Hkv, dv] stored at `slots` of a layer's
+    K/V: exactly
+        q = rms_norm_rope(q, q_norm, eps, pos, **rope)   (rope(q, pos, inplace=True, **rope) when not norm)
+        k = rms_norm_rope(k, k_norm, eps, pos, **rope)   (likewise)
+        kv_store(k_cache, v_cache, k, v, slots)
+    rope: rope's keyword arguments (n_rot, base, freq_scale, freq_factors, neox, mscale).
+    Returns (q, k)."""
+    f = _fused(ops, "qk_rope_kv_store")
+    if f is not None and v_cache is not None and not rope.get("yarn"):
+        return f(q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, norm=norm, **rope)
+    if norm:
+        q = ops.rms_norm_rope(q, q_norm, eps, pos, **rope)
+        k = ops.rms_norm_rope(k, k_norm, eps, pos, **rope)
+    else:
+        q = ops.rope(q, pos, inplace=True, **rope)
+        k = ops.rope(k, pos, inplace=True, **rope)
+    ops.kv_store(k_cache, v_cache, k, v, slots)
+    return q, k
+
+
 def missing_ops(backend) -> list[str]:
     """The names in OPS that `backend` does not provide (empty when it conforms)."""
     return [name for name in OPS if not callable(getattr(backend, name, None))]

@@ -23,6 +23,7 @@ MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
+QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -269,6 +270,79 @@ class CudaOps:
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
         return out
+
+    # -- fused decode ops (base.FUSED_OPS; models reach them through base's functions) --------
+    def rms_norm_matmul_n(self, x, w_norm, eps, ws):
+        """matmul_n(rms_norm(x, w_norm, eps), ws). One token: one launch per block format
+        (mmnorm1_*), each warp folding the norm into its row's dot product. More tokens:
+        the two ops."""
+        check_matmul_n(ws)
+        for w in ws:
+            self._mm_shape(x, w)
+        K = x.shape[-1]
+        if x.size != K or (w_norm is not None and w_norm.shape != (K,)):
+            return self.matmul_n(self.rms_norm(x, w_norm, eps), ws)
+        by_type = {}
+        for i, w in enumerate(ws):
+            by_type.setdefault(w.ggml_type, []).append(i)
+        outs = [None] * len(ws)
+        for idx in by_type.values():
+            group = [ws[i] for i in idx]
+            ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
+            pad = [0] * (3 - len(group))
+            Ms = [w.shape[0] for w in group] + pad
+            grid = ((sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
+            self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")(
+                grid, (32 * MM_ROWS, 1, 1), *[w.ptr for w in group], *pad, x.ptr,
+                w_norm.ptr if w_norm is not None else 0, float(eps), *[y.ptr for y in ys], *pad, K, *Ms,
+                group[0].row_bytes)
+            for i, y in zip(idx, ys):
+                outs[i] = y
+        return outs
+
+    def rms_norm_matmul_glu(self, x, w_norm, eps, w_gate, w_up, act="silu"):
+        """matmul_glu(rms_norm(x, w_norm, eps), w_gate, w_up, act): one launch (mmgnorm1_*)
+        for one token with gate and up of one block format, else the two ops."""
+        check_glu(w_gate, w_up, act)
+        M, K, N = self._mm_shape(x, w_gate)
+        self._mm_shape(x, w_up)
+        if N != 1 or w_gate.ggml_type != w_up.ggml_type or (w_norm is not None and w_norm.shape != (K,)):
+            return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
+        out = self.empty(x.shape[:-1] + (M,))
+        self.k(f"mmgnorm1_{MM_KERNEL[w_gate.ggml_type]}")(
+            ((M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr, x.ptr,
+            w_norm.ptr if w_norm is not None else 0, float(eps), out.ptr, K, M, w_gate.row_bytes,
+            0 if act == "silu" else 1)
+        return out
+
+    def qk_rope_kv_store(self, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,
+                         n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None, neox=False,
+                         mscale=1.0):
+        """base.qk_rope_kv_store in one launch: q and k [N, H, hd] normed (when norm) and
+        rotated in place, k and v written to the f16 K/V [Hkv, n_slots, d] at slots."""
+        N, Hq, hd = q.shape
+        Nk, Hkv, hdk = k.shape
+        Nv, Hv, dv = v.shape
+        n_rot = hd if n_rot is None else n_rot
+        if (Nk, hdk) != (N, hd) or (Nv, Hv) != (N, Hkv) or n_rot % 2 or not 0 < n_rot <= hd:
+            raise ValueError(f"qk_rope_kv_store: q {q.shape}, k {k.shape}, v {v.shape}, n_rot {n_rot}")
+        if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or v_cache.shape[:2] != k_cache.shape[:2] \
+                or v_cache.shape[2] != dv:
+            raise ValueError(f"qk_rope_kv_store: K/V {k_cache.shape}, {v_cache.shape} for k {k.shape}, v {v.shape}")
+        for nw in (q_norm, k_norm):
+            if norm and nw is not None and nw.shape != (hd,):
+                raise ValueError(f"qk_rope_kv_store: norm weight {nw.shape} for head dim {hd}")
+        pos, slots = self.positions(pos), self.positions(slots)
+        rows = N * (Hq + Hkv)
+        if rows == 0:
+            return q, k
+        self.k("qk_rope_kv_store_f32")(
+            ((rows + QK_ROPE_ROWS - 1) // QK_ROPE_ROWS, 1, 1), (32 * QK_ROPE_ROWS, 1, 1), q.ptr, k.ptr, v.ptr,
+            q_norm.ptr if norm and q_norm is not None else 0, k_norm.ptr if norm and k_norm is not None else 0,
+            k_cache.ptr, v_cache.ptr, pos.ptr, slots.ptr, N, Hq, Hkv, hd, dv, k_cache.shape[1],
+            1 if norm else 0, float(eps), n_rot, float(base), float(freq_scale),
+            freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0, float(mscale))
+        return q, k
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
             selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):

@@ -18,7 +18,7 @@ def _cuda():
     if _lib is None:
         _lib = ctypes.CDLL("libcuda.so.1")
         for name in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
-                     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy"):
+                     "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuGraphGetNodes"):
             getattr(_lib, name).restype = ctypes.c_int
     return _lib
 
@@ -52,6 +52,12 @@ class Graph:
         _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiate")
         return False
+
+    def node_count(self):
+        """The number of nodes (kernels, copies, memsets) the capture recorded."""
+        n = ctypes.c_size_t(0)
+        _check(_cuda().cuGraphGetNodes(self.graph, None, ctypes.byref(n)), "cuGraphGetNodes")
+        return int(n.value)
 
     def launch(self):
         _check(_cuda().cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")

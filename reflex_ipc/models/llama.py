@@ -8,7 +8,8 @@ feed-forward width may differ per layer.
 
 from types import SimpleNamespace
 
-from .common import Decoder, HParams, Weights, attention_block, bias, default_attn_scale, residual, same_head_dims
+from ..backends.base import qk_rope_kv_store, rms_norm_matmul_glu, rms_norm_matmul_n
+from .common import Decoder, HParams, Weights, bias, default_attn_scale, residual, same_head_dims
 
 
 class Model(Decoder):
@@ -59,28 +60,34 @@ class Model(Decoder):
         return dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale,
                     freq_factors=self.rope_factors, neox=self.rope_neox)
 
-    def _qk(self, x, norm, batch):
-        """q or k [N, H, hd] after the optional per-head norm and rope (in place)."""
-        if self.qk_norm:
-            return self.ops.rms_norm_rope(x, norm, self.hp.eps, batch.pos, **self._rope_args())
-        return self.ops.rope(x, batch.pos, inplace=True, **self._rope_args())
+    def _ffn_block(self, x, L):
+        """x += the feed-forward of rms_norm(x): the dense gated unit with the norm folded into
+        its gate/up product (base.rms_norm_matmul_glu); a subclass's own _ffn gets the normed x."""
+        if type(self)._ffn is not Model._ffn:
+            return self._ffn(x, self.ops.rms_norm(x, L.ffn_norm, self.hp.eps), L)
+        g = rms_norm_matmul_glu(self.ops, x, L.ffn_norm, self.hp.eps, L.gate, L.up, act="silu")
+        residual(self.ops, x, g, L.down)
 
     def forward(self, state, batch, rows=None, output="logits", check=None):
+        """Per layer (fused ops of backends/base.py; REFLEX_FUSE=0 runs each as its plain ops):
+        attn_norm+q/k/v, q/k norm+rope+K/V store, attention, x += output proj, ffn_norm+gate/up
+        +GLU, x += down proj; then output_norm+LM head."""
         ops, hp, N = self.ops, self.hp, batch.n
         x = ops.embed(self.tok_embd, batch.ids)  # a fresh array: the residual adds go into it
         for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
+            q, k, v = rms_norm_matmul_n(ops, x, L.attn_norm, hp.eps, [L.wq, L.wk, L.wv])
             q = bias(ops, q, L.bq).reshape(N, L.n_head, hp.head_dim)
             k = bias(ops, k, L.bk).reshape(N, L.n_head_kv, hp.head_dim)
             v = bias(ops, v, L.bv).reshape(N, L.n_head_kv, hp.head_dim)
-            q, k = self._qk(q, L.q_norm, batch), self._qk(k, L.k_norm, batch)
-            a = attention_block(ops, S, batch, q, k, v, scale=self.scale)
-            residual(ops, x, a, L.wo, L.bo)
-            self._ffn(x, ops.rms_norm(x, L.ffn_norm, hp.eps), L)
+            q, k = qk_rope_kv_store(ops, q, k, v, L.q_norm, L.k_norm, hp.eps, batch.pos, S.k, S.v, batch.slots,
+                                    norm=self.qk_norm, **self._rope_args())
+            a = ops.attention(q, S.k, S.v, batch.slots, batch.n_kv, scale=self.scale, **batch.attention_args(0))
+            residual(ops, x, a.reshape(N, L.n_head * hp.head_dim), L.wo, L.bo)
+            self._ffn_block(x, L)
         if rows is not None:
             x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        return x if output == "hidden" else ops.matmul(x, self.output)
+        if output == "hidden":
+            return ops.rms_norm(x, self.output_norm, hp.eps)
+        return rms_norm_matmul_n(ops, x, self.output_norm, hp.eps, [self.output])[0]

@@ -266,6 +266,196 @@ def check_rms_norm_rope(ops, rng):
     return rows
 
 
+def _rms64(x, w, eps):
+    x = x.astype(np.float64)
+    y = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    return y * w if w is not None else y
+
+
+def _graph_rows(ops, op, case, fn, X, x_new, refs, tol):
+    """fn() captured in a graph (backends with capture), x_new written into X, the graph
+    replayed: its outputs against refs (computed for x_new). No rows without capture."""
+    if not hasattr(ops, "capture"):
+        return []
+    g, outs = ops.capture(fn)
+    try:
+        ops.write(X, x_new)
+        g.launch()
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        return [row(op, f"{case} graph out{i}", ops.to_numpy(o), r, tol) for i, (o, r) in enumerate(zip(outs, refs))]
+    finally:
+        g.close()
+
+
+def check_rms_norm_matmul_n(ops, rng):
+    """base.rms_norm_matmul_n (CUDA: mmnorm1 kernels for one token): q/k/v-like weights of every
+    type, a lone weight (the LM head), mixed types (one launch per type), widths that are not a
+    multiple of 256 where the format allows, no norm weight, several tokens (the two ops);
+    against float64, against rms_norm + matmul_n on the device, and replayed from a graph."""
+    from reflex_ipc.backends.base import rms_norm_matmul_n
+
+    rows = []
+    Ms = (201, 70, 57)
+    sets = [(t, t, t) for t in MM_TYPES] + [("Q8_0",), ("Q6_K",), ("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "F16", "Q4_0")]
+    for types in sets:
+        kq = any(t.endswith("_K") for t in types)
+        K = 768 if kq else (288 if any(t.startswith("Q") for t in types) else 136)
+        W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
+        ws = [W[f"w{i}"][0] for i in range(len(types))]
+        for N, has_w in ((1, True), (1, False), (3, True)):
+            x = (rng.standard_normal((N, K)) * 3 + 0.5).astype(np.float32)
+            nw = rng.uniform(0.5, 1.5, K).astype(np.float32) if has_w else None
+            X, NW = ops.asarray(x), ops.asarray(nw) if has_w else None
+            poison(ops, *[(N, Ms[i]) for i in range(len(types))])
+            outs = rms_norm_matmul_n(ops, X, NW, 1e-6, ws)
+            h = _rms64(x, nw, 1e-6)
+            plain = ops.matmul_n(ops.rms_norm(X, NW, 1e-6), ws)
+            case = f"{'/'.join(types)} K={K} N={N} w={has_w}"
+            for i, out in enumerate(outs):
+                rows.append(row("rms_norm_matmul_n", f"{case} out{i}", ops.to_numpy(out), h @ W[f"w{i}"][1].T, 2e-5))
+                rows.append(row("rms_norm_matmul_n", f"{case} out{i} vs rms_norm+matmul_n", ops.to_numpy(out),
+                                ops.to_numpy(plain[i]), 5e-6))
+            if N == 1 and has_w:
+                x2 = (rng.standard_normal((N, K)) * 2 - 0.3).astype(np.float32)
+                h2 = _rms64(x2, nw, 1e-6)
+                rows += _graph_rows(ops, "rms_norm_matmul_n", case, lambda: rms_norm_matmul_n(ops, X, NW, 1e-6, ws),
+                                    X, x2, [h2 @ W[f"w{i}"][1].T for i in range(len(types))], 2e-5)
+    return rows
+
+
+def check_rms_norm_matmul_glu(ops, rng):
+    """base.rms_norm_matmul_glu (CUDA: mmgnorm1 kernels for one token): silu and tanh-gelu units
+    of every type, gate and up of different types and several tokens (the plain ops); against
+    float64, against rms_norm + matmul_glu on the device, and replayed from a graph."""
+    from reflex_ipc.backends.base import rms_norm_matmul_glu
+
+    rows = []
+    M = 203
+    pairs = [(t, t) for t in MM_TYPES] + [("Q4_K", "Q6_K")]
+    for g_t, u_t in pairs:
+        kq = g_t.endswith("_K") or u_t.endswith("_K")
+        K = 768 if kq else (288 if g_t.startswith("Q") else 136)
+        W = _weights(ops, {"gate": (g_t, M, K), "up": (u_t, M, K)}, rng)
+        (wg, rg), (wu, ru) = W["gate"], W["up"]
+        for N in (1, 3):
+            nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+            x = (rng.standard_normal((N, K)) + 0.2).astype(np.float32)
+            # gate values of a few units (the norm undoes any scale of x: scale its weight)
+            nw = (nw * 2 / np.std(_rms64(x, nw, 1e-6) @ rg.T)).astype(np.float32)
+            h = _rms64(x, nw, 1e-6)
+            X, NW = ops.asarray(x), ops.asarray(nw)
+            g64, u64 = h @ rg.T, h @ ru.T
+            for act in ("silu", "gelu"):
+                poison(ops, (N, M))
+                out = ops.to_numpy(rms_norm_matmul_glu(ops, X, NW, 1e-6, wg, wu, act=act))
+                if act == "silu":
+                    ref = g64 / (1 + np.exp(-g64)) * u64
+                else:
+                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                case = f"{g_t}/{u_t} {act} K={K} N={N}"
+                rows.append(row("rms_norm_matmul_glu", case, out, ref, 2e-5))
+                plain = ops.to_numpy(ops.matmul_glu(ops.rms_norm(X, NW, 1e-6), wg, wu, act=act))
+                rows.append(row("rms_norm_matmul_glu", case + " vs rms_norm+matmul_glu", out, plain, 5e-6))
+                if N == 1 and act == "silu":
+                    x2 = (x * 0.7 - 0.1).astype(np.float32)
+                    h2 = _rms64(x2, nw, 1e-6)
+                    g2, u2 = h2 @ rg.T, h2 @ ru.T
+                    rows += _graph_rows(ops, "rms_norm_matmul_glu", case,
+                                        lambda: rms_norm_matmul_glu(ops, X, NW, 1e-6, wg, wu, act="silu"), X, x2,
+                                        [g2 / (1 + np.exp(-g2)) * u2], 2e-5)
+    return rows
+
+
+def check_qk_rope_kv_store(ops, rng):
+    """base.qk_rope_kv_store (CUDA: qk_rope_kv_store_f32): q and k normed (or not) and rotated
+    in place, k and v stored at slots of the layer's K/V; normal and neox pairs, partial
+    rotary, freq factors, mscale, no norm weight, GQA, slots apart from positions; against
+    float64 (K/V at the cache's precision), against the plain ops on the device, and replayed
+    from a graph."""
+    from reflex_ipc.backends.base import qk_rope_kv_store
+
+    rows = []
+    kv_tol = 1e-3 if ops.kv_dtype == "float16" else 1e-6
+    cases = [  # hd, n_rot, Hq, Hkv, freq factors, mscale, norm, weight
+        (128, 128, 16, 8, False, 1.0, True, True), (64, 64, 6, 2, True, 1.0, True, True),
+        (128, 64, 4, 4, False, 1.2, True, False), (80, 48, 5, 1, True, 1.0, False, False),
+        (256, 256, 4, 2, False, 1.0, True, True),
+    ]
+    n_slots = 40
+    for hd, n_rot, Hq, Hkv, ff, mscale, norm, has_w in cases:
+        for neox in (False, True):
+            for N in (1, 5):
+                q = (rng.standard_normal((N, Hq, hd)) * 3).astype(np.float32)
+                k = (rng.standard_normal((N, Hkv, hd)) * 3).astype(np.float32)
+                v = rng.standard_normal((N, Hkv, hd)).astype(np.float32)
+                qw = rng.uniform(0.5, 1.5, hd).astype(np.float32) if has_w else None
+                kw_ = rng.uniform(0.5, 1.5, hd).astype(np.float32) if has_w else None
+                factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if ff else None
+                pos = np.array([3, 0, 17, 30000, 9][:N], np.int32)
+                slots = rng.permutation(n_slots)[:N].astype(np.int32)
+                rope = dict(n_rot=n_rot, base=1e6 if ff else 10000.0, freq_scale=0.5 if ff else 1.0,
+                            freq_factors=ops.asarray(factors) if ff else None, neox=neox, mscale=mscale)
+
+                # every input on the device beforehand: a capture may not copy from the host
+                QW, KW = (ops.asarray(qw), ops.asarray(kw_)) if has_w else (None, None)
+                P, S = ops.positions(pos), ops.positions(slots)
+
+                def run(qa, ka, va, kc, vc):
+                    return qk_rope_kv_store(ops, qa, ka, va, QW, KW, 1e-6, P, kc, vc, S, norm=norm, **rope)
+
+                def ref(a, w):
+                    if norm:
+                        return rms_norm_rope_ref(a, w, 1e-6, pos, n_rot, rope["base"], rope["freq_scale"], factors,
+                                                 neox, mscale)
+                    return rms_norm_rope_ref(a, None, 1e-6, pos, n_rot, rope["base"], rope["freq_scale"], factors,
+                                             neox, mscale) * np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True)
+                                                                     + 1e-6)
+
+                case = (f"{'neox' if neox else 'norm'} hd={hd} n_rot={n_rot} Hq={Hq} Hkv={Hkv} N={N} ff={ff} "
+                        f"m={mscale} qknorm={norm} w={has_w}")
+                Q, Kx, V = ops.asarray(q.copy()), ops.asarray(k.copy()), ops.asarray(v.copy())
+                kc, vc = ops.zeros((Hkv, n_slots, hd), ops.kv_dtype), ops.zeros((Hkv, n_slots, hd), ops.kv_dtype)
+                gq, gk = run(Q, Kx, V, kc, vc)
+                rows.append({"op": "qk_rope_kv_store", "case": case + " returns q, k", "ok": gq is Q and gk is Kx})
+                rq, rk = ref(q, qw), ref(k, kw_)
+                rows.append(row("qk_rope_kv_store", case + " q", ops.to_numpy(Q), rq, 1e-6))
+                rows.append(row("qk_rope_kv_store", case + " k", ops.to_numpy(Kx), rk, 1e-6))
+                kc_h, vc_h = ops.to_numpy(kc).astype(np.float64), ops.to_numpy(vc).astype(np.float64)
+                want_k, want_v = np.zeros_like(kc_h), np.zeros_like(vc_h)
+                want_k[:, slots] = rk.transpose(1, 0, 2)
+                want_v[:, slots] = v.astype(np.float64).transpose(1, 0, 2)
+                rows.append(row("qk_rope_kv_store", case + " K cache", kc_h, want_k, kv_tol))
+                rows.append(row("qk_rope_kv_store", case + " V cache", vc_h, want_v, kv_tol))
+                # the plain ops on the same backend: same values, same cache bits
+                Q2, K2 = ops.asarray(q.copy()), ops.asarray(k.copy())
+                kc2, vc2 = ops.zeros((Hkv, n_slots, hd), ops.kv_dtype), ops.zeros((Hkv, n_slots, hd), ops.kv_dtype)
+                if norm:
+                    ops.rms_norm_rope(Q2, QW, 1e-6, pos, **rope)
+                    ops.rms_norm_rope(K2, KW, 1e-6, pos, **rope)
+                else:
+                    ops.rope(Q2, pos, inplace=True, **rope)
+                    ops.rope(K2, pos, inplace=True, **rope)
+                ops.kv_store(kc2, vc2, K2, ops.asarray(v.copy()), slots)
+                rows.append(row("qk_rope_kv_store", case + " q vs plain ops", ops.to_numpy(Q), ops.to_numpy(Q2), 1e-6))
+                rows.append(row("qk_rope_kv_store", case + " K cache vs plain ops", kc_h,
+                                ops.to_numpy(kc2).astype(np.float64), 1e-3 if ops.kv_dtype == "float16" else 1e-6))
+                if N == 1 and hasattr(ops, "capture"):
+                    q2 = (rng.standard_normal((N, Hq, hd)) * 2).astype(np.float32)
+                    kc3, vc3 = ops.zeros((Hkv, n_slots, hd), ops.kv_dtype), ops.zeros((Hkv, n_slots, hd), ops.kv_dtype)
+                    Q3, K3, V3 = ops.asarray(q.copy()), ops.asarray(k.copy()), ops.asarray(v.copy())
+                    g, _ = ops.capture(lambda: run(Q3, K3, V3, kc3, vc3))
+                    try:
+                        ops.write(Q3, q2)
+                        ops.write(K3, k)
+                        g.launch()
+                        rows.append(row("qk_rope_kv_store", case + " graph q", ops.to_numpy(Q3), ref(q2, qw), 1e-6))
+                        rows.append(row("qk_rope_kv_store", case + " graph K cache",
+                                        ops.to_numpy(kc3).astype(np.float64), want_k, kv_tol))
+                    finally:
+                        g.close()
+    return rows
+
+
 def check_attention(ops, rng):
     rows = []
     n_ctx = 300
@@ -406,7 +596,8 @@ def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
-               check_matmul_glu, check_rms_norm_rope):
+               check_matmul_glu, check_rms_norm_rope, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
+               check_qk_rope_kv_store):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

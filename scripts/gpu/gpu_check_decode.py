@@ -216,4 +216,122 @@ def run(ops, steps=128):
         abl["fused" if fused else ("-" + "-".join(skip) if skip else "full")] = round(e1.time_since(e0) / 50, 4)
         g.close()
     res["graph_ms_ablation"] = abl
+    # the model code's fused ops against the plain ones (REFLEX_FUSE=0/1) on the real qwen3 model
+    res["fuse_ab"] = fuse_ab(ops, steps=steps)
+    res["ok"] = res["ok"] and res["fuse_ab"]["ok"]
     return res
+
+
+def qwen3_model_file(path, kind, seed=0):
+    """A Qwen3-0.6B-shaped GGUF (synthetic.qwen3_tensor_plan: "q8_0", or "q4k" = Q4_K with Q6_K
+    attn_v, ffn_down and embedding) with random weights and no tokenizer (vocab_size set): what
+    the model code needs to run, not to chat."""
+    import gguf
+
+    from reflex_ipc.testing.synthetic import BLOCK, QWEN3_SHAPE, _qwen3_tensor, qwen3_tensor_plan, write_shape
+    from gguf import GGMLQuantizationType as T
+
+    S = QWEN3_SHAPE
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    write_shape(w, n_layer=S["n_layer"], n_ctx=40960, n_embd=S["n_embd"], n_ff=S["n_ff"], n_head=S["n_head"],
+                n_head_kv=S["n_head_kv"], head_dim=S["head_dim"], eps=1e-6, rope_base=1000000.0)
+    w.add_vocab_size(S["n_vocab"])
+    plan = qwen3_tensor_plan(kind)
+    seeds = np.random.SeedSequence(seed).generate_state(len(plan))
+    for (name, rows, cols, fmt, std), sd in zip(plan, seeds):
+        data = _qwen3_tensor(int(sd), rows, cols, fmt, std)
+        if fmt == "F32":
+            w.add_tensor(name, data)
+        else:
+            blk, bsize = BLOCK[fmt]
+            w.add_tensor(name, np.asarray(data, np.uint8).reshape(rows, cols // blk * bsize), raw_dtype=T[fmt])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def fuse_ab(ops, kinds=("q8_0", "q4k"), steps=128, rounds=3):
+    """The real qwen3 model (models/llama.py) decoding through runtime.graphs.DecodeGraph, as the
+    engine does (write token and position, replay the graph, read the greedy token back), with
+    REFLEX_FUSE=0 (the plain ops) and =1 (base's fused ops), in alternating rounds of `steps`
+    tokens from position 0 (llama-bench tg128's shape). Per setting: ms/token (median round),
+    graph nodes per token (kernels), GPU-only ms per replay (CUDA events, back-to-back replays),
+    and the fused first logits against the plain ones."""
+    import os
+    import tempfile
+
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.runtime.graphs import DecodeGraph
+
+    out = {}
+    saved = os.environ.get("REFLEX_FUSE")
+    for kind in kinds:
+        fd, path = tempfile.mkstemp(prefix=f"reflex-qwen3-{kind}-", suffix=".gguf")
+        os.close(fd)
+        try:
+            t0 = time.perf_counter()
+            qwen3_model_file(path, kind)
+            gen_s = time.perf_counter() - t0
+            f = GGUFFile(path)
+            model = load_model(ops, f)
+            graphs, res = {}, {"model_gen_s": round(gen_s, 1), "n_layer": model.hp.n_layer}
+            for fuse in ("0", "1"):
+                os.environ["REFLEX_FUSE"] = fuse
+                state = model.new_state(ops, 1024)
+                g = DecodeGraph(ops, model, state)
+                first = ops.to_numpy(g(1, 0)).astype(np.float64)  # captures under this setting
+                graphs[fuse] = (g, first)
+            rel = float(np.linalg.norm(graphs["1"][1] - graphs["0"][1]) / np.linalg.norm(graphs["0"][1]))
+            res["fused_first_logits_rel_err"] = rel
+            times = {"0": [], "1": []}
+            toks = {}
+            for r in range(rounds):
+                for fuse in ("0", "1") if r % 2 == 0 else ("1", "0"):
+                    g = graphs[fuse][0]
+                    tok, seq = 1, []
+                    g(tok, 0)
+                    g.argmax()  # warm
+                    t0 = time.perf_counter()
+                    for pos in range(steps):
+                        g(tok, pos)
+                        tok = g.argmax()
+                        seq.append(tok)
+                    times[fuse].append((time.perf_counter() - t0) / steps * 1e3)
+                    toks[fuse] = seq
+            for fuse in ("0", "1"):
+                g = graphs[fuse][0]
+                e0, e1 = ops.rt.drv.Event(), ops.rt.drv.Event()
+                g(1, 512)
+                ops.synchronize()
+                e0.record(ops.rt.stream)
+                for _ in range(50):
+                    g.graph.launch()
+                e1.record(ops.rt.stream)
+                e1.synchronize()
+                ms = sorted(times[fuse])[len(times[fuse]) // 2]
+                res[f"fuse{fuse}"] = {"ms_per_token": round(ms, 4), "tok_s": round(1e3 / ms, 1),
+                                      "rounds_ms": [round(t, 4) for t in times[fuse]],
+                                      "graph_nodes_per_token": g.graph.node_count(),
+                                      "gpu_ms_per_replay_at_pos_512": round(e1.time_since(e0) / 50, 4)}
+                g.close()
+            res["speedup"] = round(res["fuse0"]["ms_per_token"] / res["fuse1"]["ms_per_token"], 3)
+            res["greedy_tokens_same"] = toks["0"] == toks["1"]
+            res["greedy_first_diff"] = next((i for i, (a, b) in enumerate(zip(toks["0"], toks["1"])) if a != b), None)
+            res["ok"] = rel < 1e-3
+            print(f"decode A/B qwen3-0.6B-shaped {kind}: REFLEX_FUSE=0 {res['fuse0']['ms_per_token']} ms/token "
+                  f"({res['fuse0']['graph_nodes_per_token']} nodes), REFLEX_FUSE=1 {res['fuse1']['ms_per_token']} "
+                  f"ms/token ({res['fuse1']['graph_nodes_per_token']} nodes): {res['speedup']}x, "
+                  f"first logits rel err {rel:.2e}", flush=True)
+            out[kind] = res
+            del model, f
+        finally:
+            if saved is None:
+                os.environ.pop("REFLEX_FUSE", None)
+            else:
+                os.environ["REFLEX_FUSE"] = saved
+            os.unlink(path)
+    out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
+    return out

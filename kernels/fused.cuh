@@ -5,6 +5,7 @@
 //
 //   mmnorm1_T    matmul_n(rms_norm(x, nw, eps), [W0, W1, W2]) for one token
 //   mmgnorm1_T   matmul_glu(rms_norm(x, nw, eps), Wg, Wu) for one token
+//   mmsk1_T      matmul(x, W) (or y += it) for one token, a block per row (split K)
 //   qk_rope_kv_store_f32   per-head RMSNorm (optional) + rope of q and k in place, k and v
 //                          written to the layer's f16 cache: one warp per head row
 //
@@ -15,19 +16,20 @@
 #include "matmul.cuh"
 #include "elementwise.cuh"
 
-// acc[r] = the lane's share of dot(row r of wr[], x * nw) (nw may be null: x as is); ss = the
-// lane's share of sum(x^2). One token; lanes take chunks lane, lane+32, ... of 8.
+// acc[r] = the thread's share of dot(row r of wr[], x * nw) (nw may be null: x as is); ss = its
+// share of sum(x^2). One token, chunks of 8 weights.
+// The thread takes chunks tid, tid + nthr, ... (a warp per row: tid = lane, nthr = 32; a block
+// per row: tid = threadIdx.x, nthr = blockDim.x).
 template <int T, int NW>
 __device__ __forceinline__ void dot_rows_normed(const uint8_t* const (&wr)[NW], const float* __restrict__ x,
-                                                const float* __restrict__ nw, int K, float (&acc)[NW],
-                                                float& ss) {
-    const int lane = threadIdx.x & 31;
+                                                const float* __restrict__ nw, int K, int tid, int nthr,
+                                                float (&acc)[NW], float& ss) {
     constexpr int CPB = QT<T>::QK / 8;
     const int nchunks = K >> 3;
 #pragma unroll
     for (int r = 0; r < NW; r++) acc[r] = 0.f;
     ss = 0.f;
-    for (int ch = lane; ch < nchunks; ch += 32) {
+    for (int ch = tid; ch < nchunks; ch += nthr) {
         float w[NW][8];
 #pragma unroll
         for (int r = 0; r < NW; r++) deq8<T>(wr[r] + (ch / CPB) * QT<T>::BYTES, ch % CPB, w[r]);
@@ -48,6 +50,24 @@ __device__ __forceinline__ void dot_rows_normed(const uint8_t* const (&wr)[NW], 
     }
 }
 
+// The sum of v over the threads of one row: its warp (split 0), or the whole block (split 1:
+// every thread of the block must call it, the same number of times).
+__device__ __forceinline__ float row_sum(float v, int split) {
+    v = warp_sum(v);
+    if (!split) return v;
+    __shared__ float part[MM_ROWS];
+    __syncthreads();  // the previous call's readers are done with part
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < MM_ROWS; i++) s += part[i];
+    return s;
+}
+
+// split 0: MM_ROWS rows a block, a warp each; split 1: one row a block, its 32 * MM_ROWS threads
+// over K (4x the warps and a quarter of the serial loads each: for the few thousand rows of a
+// small model's projections, which otherwise leave most of the GPU's warp slots empty).
 // Up to three weights W0 [M0, K], W1 [M1, K], W2 [M2, K] (one type and row_bytes; unused: M = 0)
 // times rms_norm(x [K], nw, eps) into Y0 [M0], Y1 [M1], Y2 [M2]. One warp per row,
 // MM_ROWS rows a block. Grid: ceil((M0 + M1 + M2) / MM_ROWS); block 32 * MM_ROWS.
@@ -55,8 +75,8 @@ template <int T>
 __device__ __forceinline__ void mmnorm_body(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                             const float* X, const float* nw, float eps, float* Y0,
                                             float* Y1, float* Y2, int K, int M0, int M1, int M2,
-                                            long long row_bytes) {
-    int row = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+                                            long long row_bytes, int split) {
+    int row = split ? blockIdx.x : blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
     const uint8_t* W = W0;
     float* Y = Y0;
     if (row >= M0) {
@@ -68,12 +88,13 @@ __device__ __forceinline__ void mmnorm_body(const uint8_t* W0, const uint8_t* W1
             if (row >= M2) return;
         }
     }
+    // (split: grid = M0 + M1 + M2 blocks, so no block returns above: row_sum's barriers hold)
     const uint8_t* wr[1] = {W + row * row_bytes};
     float acc[1], ss;
-    dot_rows_normed<T, 1>(wr, X, nw, K, acc, ss);
-    const float s = warp_sum(acc[0]);
-    const float r = rsqrtf(warp_sum(ss) / K + eps);
-    if ((threadIdx.x & 31) == 0) Y[row] = s * r;
+    dot_rows_normed<T, 1>(wr, X, nw, K, split ? threadIdx.x : threadIdx.x & 31, split ? blockDim.x : 32, acc, ss);
+    const float s = row_sum(acc[0], split);
+    const float r = rsqrtf(row_sum(ss, split) / K + eps);
+    if ((split ? threadIdx.x : threadIdx.x & 31) == 0) Y[row] = s * r;
 }
 
 // y[r] = act(g) * u with g, u the rows r of Wg, Wu [M, K] times rms_norm(x [K], nw, eps);
@@ -82,27 +103,47 @@ template <int T>
 __device__ __forceinline__ void mmgnorm_body(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
                                              const float* __restrict__ X, const float* __restrict__ nw,
                                              float eps, float* __restrict__ Y, int K, int M,
-                                             long long row_bytes, int act) {
-    const int row = blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
-    if (row >= M) return;
+                                             long long row_bytes, int act, int split) {
+    const int row = split ? blockIdx.x : blockIdx.x * MM_ROWS + (threadIdx.x >> 5);
+    if (row >= M) return;  // (split: grid = M blocks, none returns)
     const uint8_t* wr[2] = {Wg + row * row_bytes, Wu + row * row_bytes};
     float acc[2], ss;
-    dot_rows_normed<T, 2>(wr, X, nw, K, acc, ss);
-    const float r = rsqrtf(warp_sum(ss) / K + eps);
-    const float g = warp_sum(acc[0]) * r, u = warp_sum(acc[1]) * r;
-    if ((threadIdx.x & 31) == 0) Y[row] = (act ? gelu_tanh(g) : silu(g)) * u;
+    dot_rows_normed<T, 2>(wr, X, nw, K, split ? threadIdx.x : threadIdx.x & 31, split ? blockDim.x : 32, acc, ss);
+    const float r = rsqrtf(row_sum(ss, split) / K + eps);
+    const float g = row_sum(acc[0], split) * r;
+    const float u = row_sum(acc[1], split) * r;
+    if ((split ? threadIdx.x : threadIdx.x & 31) == 0) Y[row] = (act ? gelu_tanh(g) : silu(g)) * u;
+}
+
+// y[row] = dot(W[row], x) (accumulate: y[row] += ...) for one token, one row per block, its
+// 32 * MM_ROWS threads over K (the split layout above, without a norm). Grid: M blocks.
+template <int T>
+__device__ __forceinline__ void mmsk_body(const uint8_t* __restrict__ W, const float* __restrict__ X,
+                                          float* __restrict__ Y, int K, long long row_bytes, int accumulate) {
+    const int row = blockIdx.x;
+    const uint8_t* wr[1] = {W + row * row_bytes};
+    float acc[1], ss;
+    dot_rows_normed<T, 1>(wr, X, nullptr, K, threadIdx.x, blockDim.x, acc, ss);
+    const float s = row_sum(acc[0], 1);
+    if (threadIdx.x == 0) Y[row] = accumulate ? Y[row] + s : s;
 }
 
 #define RX_MMNORM(NAME, T)                                                                           \
     RX_EXTERN void __launch_bounds__(32 * MM_ROWS) mmnorm1_##NAME(                                   \
         const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const float* X, const float* nw,    \
-        float eps, float* Y0, float* Y1, float* Y2, int K, int M0, int M1, int M2, long long rb) {   \
-        mmnorm_body<T>(W0, W1, W2, X, nw, eps, Y0, Y1, Y2, K, M0, M1, M2, rb);                       \
+        float eps, float* Y0, float* Y1, float* Y2, int K, int M0, int M1, int M2, long long rb,     \
+        int split) {                                                                                 \
+        mmnorm_body<T>(W0, W1, W2, X, nw, eps, Y0, Y1, Y2, K, M0, M1, M2, rb, split);                \
     }                                                                                                \
     RX_EXTERN void __launch_bounds__(32 * MM_ROWS) mmgnorm1_##NAME(                                  \
         const uint8_t* Wg, const uint8_t* Wu, const float* X, const float* nw, float eps, float* Y,  \
-        int K, int M, long long rb, int act) {                                                       \
-        mmgnorm_body<T>(Wg, Wu, X, nw, eps, Y, K, M, rb, act);                                       \
+        int K, int M, long long rb, int act, int split) {                                            \
+        mmgnorm_body<T>(Wg, Wu, X, nw, eps, Y, K, M, rb, act, split);                                \
+    }                                                                                                \
+    RX_EXTERN void __launch_bounds__(32 * MM_ROWS) mmsk1_##NAME(const uint8_t* W, const float* X,    \
+                                                                float* Y, int K, long long rb,       \
+                                                                int acc) {                           \
+        mmsk_body<T>(W, X, Y, K, rb, acc);                                                           \
     }
 
 RX_MMNORM(f32, T_F32)

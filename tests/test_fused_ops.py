@@ -173,3 +173,79 @@ def test_gpu_checks_of_the_fused_ops_pass_on_numpy(ops):
                   opchecks.check_rms_norm_matmul_glu, opchecks.check_qk_rope_kv_store):
         rows = check(ops, check_rng)
         assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
+
+
+@pytest.mark.parametrize("split", [0, 1])
+@pytest.mark.parametrize("Ms", [(201, 70, 57), (2048, 1024, 1024), (1024, 0, 0), (3, 5, 0)])
+def test_mmnorm_grid_covers_every_row_once(Ms, split):
+    """A model of fused.cuh's mmnorm_body indexing with the grid CudaOps.rms_norm_matmul_n
+    launches: every row of every weight is computed by exactly one (block, warp), and in the
+    split layout no block returns before the block-wide sums."""
+    from reflex_ipc.backends.cuda_ops import MM_ROWS
+
+    total = sum(Ms)
+    grid = total if split else (total + MM_ROWS - 1) // MM_ROWS
+    seen = {}
+    for b in range(grid):
+        for warp in range(1 if split else MM_ROWS):
+            row, wi = (b if split else b * MM_ROWS + warp), 0
+            if row >= Ms[0]:
+                row, wi = row - Ms[0], 1
+                if row >= Ms[1]:
+                    row, wi = row - Ms[1], 2
+                    if row >= Ms[2]:
+                        assert not split, "a split block returned before its barriers"
+                        continue
+            seen[(wi, row)] = seen.get((wi, row), 0) + 1
+    assert seen == {(wi, r): 1 for wi, M in enumerate(Ms) for r in range(M)}
+
+
+class _FusedNumpy(NumpyOps):
+    """The numpy backend plus base.FUSED_OPS written independently (float64 inside), so that the
+    model code's calls of the fused ops (which norm, which eps, positions vs slots, which
+    cache) are checked on the CPU the way the CUDA backend receives them."""
+
+    def rms_norm_matmul_n(self, x, w_norm, eps, ws):
+        h = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w_norm
+        return [(h @ np.asarray(w, np.float64).T).astype(np.float32) for w in ws]
+
+    def rms_norm_matmul_glu(self, x, w_norm, eps, w_gate, w_up, act="silu"):
+        g, u = self.rms_norm_matmul_n(x, w_norm, eps, [w_gate, w_up])
+        return (self.swiglu if act == "silu" else self.geglu)(g, u)
+
+    def qk_rope_kv_store(self, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,
+                         n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None, neox=False, mscale=1.0):
+        n_rot = q.shape[-1] if n_rot is None else n_rot
+        for a, w in ((q, q_norm), (k, k_norm)):
+            r = rms_norm_rope_ref(a, w, eps, pos, n_rot, base, freq_scale, freq_factors, neox, mscale)
+            if not norm:  # rope alone: the reference's normalization undone
+                r = rms_norm_rope_ref(a, None, eps, pos, n_rot, base, freq_scale, freq_factors, neox, mscale) * \
+                    np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+            a[...] = r
+        k_cache[:, slots] = k.transpose(1, 0, 2)
+        v_cache[:, slots] = v.transpose(1, 0, 2)
+        return q, k
+
+
+@pytest.mark.parametrize("arch,kw", [("qwen3", dict(qk_norm=True, head_dim=16)), ("llama", {}),
+                                     ("qwen2", dict(qkv_bias=True))])
+def test_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, monkeypatch, arch, kw):
+    """models/llama.py through base's fused functions on a backend that has them (_FusedNumpy):
+    a prefill then a one-token decode give the logits of REFLEX_FUSE=0 (the plain ops)."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.runtime.batch import Batch
+    from reflex_ipc.testing.synthetic import tiny_gguf
+
+    path = str(tmp_path / "m.gguf")
+    tiny_gguf(path, arch=arch, **kw)
+    outs = []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("REFLEX_FUSE", fuse)
+        ops = _FusedNumpy()
+        m = load_model(ops, GGUFFile(path))
+        st = m.new_state(ops, 16)
+        a = m.forward(st, Batch(ops, [1, 2, 3, 4], [0, 1, 2, 3]))
+        b = m.forward(st, Batch(ops, [5], [4]))
+        outs.append(np.concatenate([a, b]))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())

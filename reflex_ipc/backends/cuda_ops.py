@@ -8,6 +8,7 @@ waits for the device.
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, host_topk, moe_route
+from .base import check_glu, check_matmul_n, fusion_on, host_topk, moe_route
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -24,6 +25,10 @@ EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
+# one-token matvecs of at most this many rows run a block per row, its threads over K (fused.cuh's
+# split layout: the few thousand rows of a small model's projections fill the GPU that way);
+# more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
+MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -222,6 +227,10 @@ class CudaOps:
             if accumulate:
                 raise ValueError("matmul: accumulate=True needs out")
             out = self.empty(x.shape[:-1] + (M,))
+        if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
+            self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
+                                                      w.row_bytes, 1 if accumulate else 0)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
                                                    1 if accumulate else 0)
@@ -291,11 +300,12 @@ class CudaOps:
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
             Ms = [w.shape[0] for w in group] + pad
-            grid = ((sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
+            split = sum(Ms) <= MM_SPLIT_ROWS
+            grid = (sum(Ms) if split else (sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
             self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")(
                 grid, (32 * MM_ROWS, 1, 1), *[w.ptr for w in group], *pad, x.ptr,
                 w_norm.ptr if w_norm is not None else 0, float(eps), *[y.ptr for y in ys], *pad, K, *Ms,
-                group[0].row_bytes)
+                group[0].row_bytes, 1 if split else 0)
             for i, y in zip(idx, ys):
                 outs[i] = y
         return outs
@@ -309,10 +319,11 @@ class CudaOps:
         if N != 1 or w_gate.ggml_type != w_up.ggml_type or (w_norm is not None and w_norm.shape != (K,)):
             return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
         out = self.empty(x.shape[:-1] + (M,))
+        split = M <= MM_SPLIT_ROWS
         self.k(f"mmgnorm1_{MM_KERNEL[w_gate.ggml_type]}")(
-            ((M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr, x.ptr,
-            w_norm.ptr if w_norm is not None else 0, float(eps), out.ptr, K, M, w_gate.row_bytes,
-            0 if act == "silu" else 1)
+            (M if split else (M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr,
+            x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps), out.ptr, K, M, w_gate.row_bytes,
+            0 if act == "silu" else 1, 1 if split else 0)
         return out
 
     def qk_rope_kv_store(self, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,

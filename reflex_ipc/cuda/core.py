@@ -35,8 +35,10 @@ for _t in MM_TYPES:
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
     # fused.cuh: W0 W1 W2 X nw eps Y0 Y1 Y2 K M0 M1 M2 rb / Wg Wu X nw eps Y K M rb act
-    SIGNATURES[f"mmnorm1_{_t}"] = "QQQQQfQQQiiiiq"
-    SIGNATURES[f"mmgnorm1_{_t}"] = "QQQQfQiiqi"
+    # (+ split), and the split-K matvec W X Y K rb acc
+    SIGNATURES[f"mmnorm1_{_t}"] = "QQQQQfQQQiiiiqi"
+    SIGNATURES[f"mmgnorm1_{_t}"] = "QQQQfQiiqii"
+    SIGNATURES[f"mmsk1_{_t}"] = "QQQiqi"
 # q k v qw kw kc vc pos slots N Hq Hkv hd dv ctx norm eps n_rot base freq_scale ff neox mscale
 SIGNATURES["qk_rope_kv_store_f32"] = "QQQQQQQQQiiiiiiififfQif"
 

@@ -316,6 +316,12 @@ def check_rms_norm_matmul_n(ops, rng):
                 rows.append(row("rms_norm_matmul_n", f"{case} out{i} vs rms_norm+matmul_n", ops.to_numpy(out),
                                 ops.to_numpy(plain[i]), 5e-6))
             if N == 1 and has_w:
+                # the plain one-token matvec on these widths, adding into y (CUDA: mmsk1, a block a row)
+                y0 = rng.standard_normal((1, Ms[0])).astype(np.float32)
+                Y = ops.asarray(y0.copy())
+                ops.matmul(X, ws[0], out=Y, accumulate=True)
+                rows.append(row("matmul", f"{types[0]} K={K} N=1 accumulate", ops.to_numpy(Y),
+                                y0 + x.astype(np.float64) @ W["w0"][1].T, 2e-5))
                 x2 = (rng.standard_normal((N, K)) * 2 - 0.3).astype(np.float32)
                 h2 = _rms64(x2, nw, 1e-6)
                 rows += _graph_rows(ops, "rms_norm_matmul_n", case, lambda: rms_norm_matmul_n(ops, X, NW, 1e-6, ws),

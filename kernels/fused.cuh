@@ -69,8 +69,8 @@ __device__ __forceinline__ float row_sum(float v, int split) {
 // over K (4x the warps and a quarter of the serial loads each: for the few thousand rows of a
 // small model's projections, which otherwise leave most of the GPU's warp slots empty).
 // Up to three weights W0 [M0, K], W1 [M1, K], W2 [M2, K] (one type and row_bytes; unused: M = 0)
-// times rms_norm(x [K], nw, eps) into Y0 [M0], Y1 [M1], Y2 [M2]. One warp per row,
-// MM_ROWS rows a block. Grid: ceil((M0 + M1 + M2) / MM_ROWS); block 32 * MM_ROWS.
+// times rms_norm(x [K], nw, eps) into Y0 [M0], Y1 [M1], Y2 [M2]. Grid: ceil((M0 + M1 + M2) /
+// MM_ROWS) blocks (split 0) or M0 + M1 + M2 (split 1); block 32 * MM_ROWS.
 template <int T>
 __device__ __forceinline__ void mmnorm_body(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                             const float* X, const float* nw, float eps, float* Y0,
@@ -98,7 +98,7 @@ __device__ __forceinline__ void mmnorm_body(const uint8_t* W0, const uint8_t* W1
 }
 
 // y[r] = act(g) * u with g, u the rows r of Wg, Wu [M, K] times rms_norm(x [K], nw, eps);
-// act 0 = silu, 1 = tanh gelu. Grid: ceil(M / MM_ROWS); block 32 * MM_ROWS.
+// act 0 = silu, 1 = tanh gelu. Grid: ceil(M / MM_ROWS) (split 0) or M (split 1); block 32 * MM_ROWS.
 template <int T>
 __device__ __forceinline__ void mmgnorm_body(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
                                              const float* __restrict__ X, const float* __restrict__ nw,

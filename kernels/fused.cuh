@@ -29,6 +29,8 @@ __device__ __forceinline__ void dot_rows_normed(const uint8_t* const (&wr)[NW], 
 #pragma unroll
     for (int r = 0; r < NW; r++) acc[r] = 0.f;
     ss = 0.f;
+    // unrolled: a thread's next chunks' loads are independent, so they can all be in flight
+#pragma unroll 4
     for (int ch = tid; ch < nchunks; ch += nthr) {
         float w[NW][8];
 #pragma unroll

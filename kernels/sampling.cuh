@@ -30,11 +30,29 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
 }
 
 // out[r] = argmax of row r of x[rows, n] (first index among equal maxima). One block per row.
+// A 16-byte aligned row is read as float4s, several in flight per thread (a vocabulary row is
+// 100-600 KB for one SM: independent wide loads, not a chain of dependent scalar ones).
 RX_EXTERN void argmax_f32(const float* x, int n, int* out) {
     const float* xr = x + (long long)blockIdx.x * n;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    int j0 = 0;
+    if ((reinterpret_cast<unsigned long long>(xr) & 15) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const int n4 = n >> 2;
+#pragma unroll 4
+        for (int t = threadIdx.x; t < n4; t += blockDim.x) {
+            const float4 q = x4[t];
+            const float vs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = vs[e] != vs[e] ? -INFINITY : vs[e];
+                if (better(v, 4 * t + e, bv, bi)) { bv = v; bi = 4 * t + e; }
+            }
+        }
+        j0 = n4 << 2;
+    }
+    for (int j = j0 + threadIdx.x; j < n; j += blockDim.x) {
         float v = xr[j];
         if (v != v) v = -INFINITY;
         if (better(v, j, bv, bi)) { bv = v; bi = j; }

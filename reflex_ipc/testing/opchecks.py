@@ -527,11 +527,13 @@ def check_attention(ops, rng):
 
 def check_sampling(ops, rng):
     rows = []
-    for n in (1000, 49152, 151936, 262144):
+    for n in (1000, 1001, 49152, 151936, 262144):
         x = rng.standard_normal((3, n)).astype(np.float32)
         x[1, 10] = x[1, 20] = x[1].max() + 1  # a tie: the first index wins
+        x[2, n - 2] = x[2, n - 1] = x[2].max() + 1  # a tie in the last elements (n odd: the scalar tail)
+        x[1, 5] = np.nan  # NaN counts as -inf (row 1: the top-k checks below read row 0)
         got = ops.argmax(ops.asarray(x))
-        ref = np.argmax(x, axis=-1)
+        ref = np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1)
         rows.append({"op": "argmax", "case": f"n={n}", "ok": bool(np.array_equal(got, ref)),
                      "got": got.tolist(), "ref": ref.tolist()})
         for k in (1, 20, 64):

@@ -117,6 +117,18 @@ def seq_groups(seqs, n):
     return [(int(seqs[i]), np.flatnonzero(seqs == seqs[i])) for i in sorted(first)]
 
 
+def seq_group_table(seqs, n):
+    """(int32 table, n_groups) describing seq_groups(seqs, n) to a kernel: the G+1 starts of the
+    groups in the token order, the G sequence ids, then the n token indices grouped by sequence
+    (batch order within a group). kernels/recurrent.cuh reads it."""
+    import numpy as np
+
+    groups = seq_groups(seqs, n)
+    starts = np.cumsum([0] + [len(idx) for _, idx in groups])
+    table = np.concatenate([starts, [s for s, _ in groups]] + [idx for _, idx in groups]).astype(np.int32)
+    return table, len(groups)
+
+
 def check_matmul_n(ws):
     """ValueError unless ws is 1 to 3 weights of one width (matmul_n's precondition)."""
     if not 1 <= len(ws) <= 3:
@@ -261,7 +273,9 @@ class Ops:
     # -- linear algebra ----------------------------------------------------------
     def matmul(self, x, w, out=None, accumulate=False):
         """x float32 [..., K] times weight handle w [M, K]: y[..., m] = sum_k x[..., k] w[m, k]
-        (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required)."""
+        (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required).
+        Backends with RECURRENT_OPS also take a float32 array [M, K] as w (a small matrix a
+        model makes from a vector: qwen35moe's shared-expert gate)."""
         raise NotImplementedError
 
     def matmul_n(self, x, ws):

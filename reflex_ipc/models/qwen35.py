@@ -36,7 +36,6 @@ def _bad(key, msg):
 
 
 class Model:
-    capturable = False  # per-sequence state ops have no CUDA kernels yet
 
     def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
@@ -61,7 +60,6 @@ class Model:
         self._rope_sections(hp)
         self.scale = default_attn_scale(hp)
         w = Weights(ops, f, lora)
-        self.plain = Weights(ops, f)  # tensors that are no matmul's (the conv kernel): no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -105,7 +103,7 @@ class Model:
             L.conv_dim = 2 * kd + vd
             L.wqkv = w(p + "attn_qkv.weight", (L.conv_dim, E))
             L.wz = w(p + "attn_gate.weight", (vd, E))
-            L.conv = self.plain(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
+            L.conv = w.dense(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
             L.dt_bias = w(p + "ssm_dt.bias", (self.n_v,))
             L.a = w(p + "ssm_a", (self.n_v,))
             L.wbeta = w(p + "ssm_beta.weight", (self.n_v, E))

@@ -52,6 +52,11 @@ RX_EXTERN void softplus_f32(const float* a, float* y, long long n) {
     }
 }
 
+// y[r, c] = a[r, c] * v[r]: a per-row (per-token) gate, v [rows] (ops.mul with b [rows, 1])
+RX_EXTERN void mul_col_f32(const float* a, const float* v, float* y, long long n, int ncol) {
+    GRID_STRIDE(i, n) y[i] = a[i] * v[i / ncol];
+}
+
 // y[r, c] = x[r, start + c] for rows of width W, c < ncol (total = rows * ncol)
 RX_EXTERN void columns_f32(const float* x, float* y, long long total, int W, int start, int ncol) {
     GRID_STRIDE(i, total) {

@@ -246,7 +246,8 @@ def test_backend_without_recurrent_ops_is_unsupported(models):
 
 def test_stdio_generate_stream_and_system1(models):
     """The protocol loop on hybrids: streamed generate and system1 (granitehybrid), generate on
-    device "auto" (qwen35: runs on the CPU while CUDA lacks its ops)."""
+    device "auto" (qwen35: CUDA where usable, else numpy, never the C cpu backend, which lacks
+    its ops)."""
     import json
     import subprocess
     import sys

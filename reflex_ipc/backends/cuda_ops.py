@@ -342,6 +342,11 @@ class CudaOps:
             out = out if out is not None else self.empty(a.shape)
             self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
             return out
+        if a.ndim == 2 and b.shape == (a.shape[0], 1) and a.shape != b.shape:  # a per-row gate
+            out = out if out is not None else self.empty(a.shape)
+            if a.size:
+                self.k("mul_col_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, a.shape[1])
+            return out
         return self._binary("mul_f32", a, b, out)
 
     def scale(self, a, s, out=None):

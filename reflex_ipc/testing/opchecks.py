@@ -456,6 +456,8 @@ def check_recurrent(ops, rng):
     rows.append(row("sigmoid", "", ops.to_numpy(ops.sigmoid(A)), 1 / (1 + np.exp(-a64)), 1e-6))
     rows.append(row("softplus", "", ops.to_numpy(ops.softplus(A)),
                     np.where(a64 > 20, a64, np.log1p(np.exp(np.minimum(a64, 20)))), 1e-6))
+    gate = rng.standard_normal((5, 1)).astype(np.float32)
+    rows.append(row("mul", "per-row gate [N, 1]", ops.to_numpy(ops.mul(A, ops.asarray(gate))), a64 * gate, 1e-7))
     x3 = rng.standard_normal((3, 7, 29)).astype(np.float32)
     for start, n in ((0, 29), (3, 11), (28, 1)):
         rows.append(row("columns", f"{start}:{start + n} of 29", ops.to_numpy(ops.columns(ops.asarray(x3), start, n)),

@@ -68,7 +68,22 @@ RX_EXTERN void columns_f32(const float* x, float* y, long long total, int W, int
 // Causal depthwise conv over each sequence's tokens, with its last K-1 inputs as state:
 // with xx = concat(state[s], x[tokens of s]) ([K-1+T, C]),
 //     y[t, c] = sum_k w[c, k] xx[t + k, c],   then state[s] = xx[T .. T+K-2].
-// x, y [N, C]; state [n_seq, K-1, C]; w [C, K]. A thread owns one channel of one sequence.
+// x, y [N, C]; state [n_seq, K-1, C]; w [C, K]. A thread computes channel c of the tokens
+// t = blockIdx.z, blockIdx.z + gridDim.z, ... of its group. With gridDim.z == 1 (decode) it
+// then updates its channel's state itself; otherwise ssm_conv_state_f32 does, launched after
+// (every output must have read the old state first).
+__device__ __forceinline__ float conv_xx(const float* st, const float* x, const SeqGroup& grp, int j, int c,
+                                         int C, int K) {
+    return j < K - 1 ? st[(long long)j * C + c] : x[(long long)grp.token(j - (K - 1)) * C + c];
+}
+
+__device__ __forceinline__ void conv_state_update(float* st, const float* x, const SeqGroup& grp, int c,
+                                                  int C, int K) {
+    // state[j] = xx[T + j], j ascending: a state row read here (T + j < K - 1) is later than j,
+    // so not yet overwritten
+    for (int j = 0; j < K - 1; j++) st[(long long)j * C + c] = conv_xx(st, x, grp, grp.count + j, c, C, K);
+}
+
 RX_EXTERN void ssm_conv_f32(const float* x, float* state, const float* w, float* y, const int* sg,
                             int n_groups, int N, int C, int K) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -76,23 +91,21 @@ RX_EXTERN void ssm_conv_f32(const float* x, float* state, const float* w, float*
     const SeqGroup grp = seq_group(sg, n_groups, N);
     float* st = state + (long long)grp.seq * (K - 1) * C;
     const float* wc = w + (long long)c * K;
-    const int T = grp.count;
-    for (int t = 0; t < T; t++) {
+    for (int t = blockIdx.z; t < grp.count; t += gridDim.z) {
         float acc = 0.f;
-        for (int k = 0; k < K; k++) {
-            const int j = t + k;  // row of xx
-            const float v = j < K - 1 ? st[(long long)j * C + c] : x[(long long)grp.token(j - (K - 1)) * C + c];
-            acc += wc[k] * v;
-        }
+        for (int k = 0; k < K; k++) acc += wc[k] * conv_xx(st, x, grp, t + k, c, C, K);
         y[(long long)grp.token(t) * C + c] = acc;
     }
-    // state[j] = xx[T + j], j ascending: a state row read here (T + j < K - 1) is later than j,
-    // so not yet overwritten
-    for (int j = 0; j < K - 1; j++) {
-        const int jj = T + j;
-        const float v = jj < K - 1 ? st[(long long)jj * C + c] : x[(long long)grp.token(jj - (K - 1)) * C + c];
-        st[(long long)j * C + c] = v;
-    }
+    if (gridDim.z == 1) conv_state_update(st, x, grp, c, C, K);
+}
+
+// The state update of ssm_conv_f32 when its tokens ran over several blocks (gridDim.z > 1).
+RX_EXTERN void ssm_conv_state_f32(const float* x, float* state, const int* sg, int n_groups, int N, int C,
+                                  int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const SeqGroup grp = seq_group(sg, n_groups, N);
+    conv_state_update(state + (long long)grp.seq * (K - 1) * C, x, grp, c, C, K);
 }
 
 // The gated delta rule. q, k [N, Hk, D]; v, out [N, Hv, D]; g, beta [N, Hv]; state

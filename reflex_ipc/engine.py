@@ -118,7 +118,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
         if device == "auto" and f.architecture in NUMPY_ONLY:
-            device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
+            device = "numpy"  # its latent-attention ops exist on numpy only so far
         elif device == "auto" and f.architecture in NO_CUDA:
             device = "cpu"
         tok = load_tokenizer(f)

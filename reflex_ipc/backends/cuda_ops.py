@@ -32,6 +32,7 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
+CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
 
 
 def _ew_grid(n):
@@ -51,7 +52,7 @@ class CudaOps:
         self._arenas = {}
         self._extra_weights = []
         self._graph = None
-        self._seq_memo = None  # (seqs array, (device sg buffer, n_groups)): every layer shares it
+        self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -505,15 +506,15 @@ class CudaOps:
         return out
 
     def _seq_arg(self, seqs, N, n_seq):
-        """(device pointer, n_groups) of the kernels' sequence groups (recurrent.cuh's `sg`) for
-        per-token sequences seqs (a host int array [N]; None: pointer 0, every token in
-        sequence 0, so a decode step has nothing to write before a graph replay). Memoized for
-        the last seqs array: every layer of a batch passes the same one."""
+        """(device pointer, n_groups, most tokens in a group) of the kernels' sequence groups
+        (recurrent.cuh's `sg`) for per-token sequences seqs (a host int array [N]; None: pointer
+        0, every token in sequence 0, so a decode step has nothing to write before a graph
+        replay). Memoized for the last seqs array: every layer of a batch passes the same one."""
         if seqs is None:
-            return 0, 1
+            return 0, 1, N
         memo = self._seq_memo
         if memo is not None and memo[0] is seqs:
-            return memo[1][0].ptr, memo[1][1]
+            return memo[1]
         arr = np.asarray(seqs).reshape(-1)
         if arr.size != N:
             raise ValueError(f"seqs: {arr.size} sequence ids for {N} tokens")
@@ -521,8 +522,9 @@ class CudaOps:
             raise ValueError(f"seqs: sequence ids {int(arr.min())}..{int(arr.max())} for a state of {n_seq}")
         host, n_groups = seq_group_table(arr, N)
         dev = self.asarray(host, "int32")
-        self._seq_memo = (seqs, (dev, n_groups))
-        return dev.ptr, n_groups
+        arg = (dev.ptr, n_groups, int(np.diff(host[:n_groups + 1]).max()))
+        self._seq_memo = (seqs, arg, dev)  # dev: keeps the buffer alive while arg points at it
+        return arg
 
     @staticmethod
     def _f32(name, *arrays):
@@ -539,10 +541,13 @@ class CudaOps:
         if w.shape != (C, K) or tuple(state.shape[1:]) != (K - 1, C) or K < 2:
             raise ValueError(f"ssm_conv: x {x.shape}, state {state.shape}, w {w.shape}")
         out = self.empty((N, C))
-        sg, G = self._seq_arg(seqs, N, state.shape[0])
+        sg, G, T = self._seq_arg(seqs, N, state.shape[0])
         if N:
-            self.k("ssm_conv_f32")(((C + EW_BLOCK - 1) // EW_BLOCK, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr,
-                                   w.ptr, out.ptr, sg, G, N, C, K)
+            cb = (C + EW_BLOCK - 1) // EW_BLOCK
+            z = min(T, CONV_TOKEN_BLOCKS)  # 1 for a decode step: the state is updated in the same kernel
+            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x.ptr, state.ptr, w.ptr, out.ptr, sg, G, N, C, K)
+            if z > 1:
+                self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr, sg, G, N, C, K)
         return out
 
     def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
@@ -558,7 +563,7 @@ class CudaOps:
         if D > RECUR_MAX_COLS:
             raise ReflexError("unsupported_architecture", f"delta_net: state size {D} > {RECUR_MAX_COLS}")
         out = self.empty((N, Hv, D))
-        sg, G = self._seq_arg(seqs, N, state.shape[0])
+        sg, G, _ = self._seq_arg(seqs, N, state.shape[0])
         rows = Hv * D
         if N:
             self.k("delta_net_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, G, 1), (32 * RECUR_WARPS, 1, 1),
@@ -579,7 +584,7 @@ class CudaOps:
         if Ns > RECUR_MAX_COLS:
             raise ReflexError("unsupported_architecture", f"ssm_scan: state size {Ns} > {RECUR_MAX_COLS}")
         out = self.empty((N, H, P))
-        sg, ng = self._seq_arg(seqs, N, state.shape[0])
+        sg, ng, _ = self._seq_arg(seqs, N, state.shape[0])
         rows = H * P
         if N:
             self.k("ssm_scan_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),

@@ -218,7 +218,8 @@ class Weights:
         t = self._check(name, shape, optional)
         if t is None:
             return None
-        a = np.asarray(dequantize(self.f.tensor_data(t), t.ggml_type, t.n_elements), np.float32)
+        # copied: F32 data would otherwise be a view of the file mapping
+        a = np.array(dequantize(self.f.tensor_data(t), t.ggml_type, t.n_elements), np.float32)
         return self.ops.asarray(a.reshape(shape if as_shape is None else as_shape))
 
     def __call__(self, name, shape, optional=False):

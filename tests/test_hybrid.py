@@ -283,3 +283,15 @@ def test_saved_state_round_trip(runner, tmp_path):
     ref = runner.system1(runner.tok.decode(p_ids + runner._continuation_ids(" Paris")), [" is", " was"],
                          cache_prompt=False)["candidates"]
     np.testing.assert_allclose([c["logprob"] for c in s], [c["logprob"] for c in ref], rtol=0, atol=1e-4)
+
+
+def test_state_wider_than_the_backends_kernels_is_unsupported(models):
+    """A backend whose recurrent kernels hold narrower state rows (CUDA: 256 columns) refuses the
+    model at load, naming the key."""
+    class Narrow(NumpyOps):
+        max_state_cols = 8
+
+    for name, key in (("qwen35", "qwen35.ssm.state_size"), ("granitehybrid", "granitehybrid.ssm.state_size")):
+        with GGUFFile(models[name]) as f, pytest.raises(ReflexError) as ei:
+            load_model(Narrow(), f)
+        assert ei.value.kind == "unsupported_architecture" and key in ei.value.message

@@ -61,7 +61,8 @@ def emu_delta_net(q, k, v, g, beta, state, sg, n_groups, scale):
                 kk = k.reshape(-1)[(n * Hk + hk) * D:(n * Hk + hk + 1) * D]
                 d = (v.reshape(-1)[(n * Hv + h) * D + i] - s @ kk) * beta.reshape(-1)[n * Hv + h]
                 s += d * kk
-                out.reshape(-1)[(n * Hv + h) * D + i] = scale * (s @ q.reshape(-1)[(n * Hk + hk) * D:(n * Hk + hk + 1) * D])
+                qq = q.reshape(-1)[(n * Hk + hk) * D:(n * Hk + hk + 1) * D]
+                out.reshape(-1)[(n * Hv + h) * D + i] = scale * (s @ qq)
             flat[off:off + D] = s
     return out
 

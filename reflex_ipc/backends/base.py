@@ -84,6 +84,17 @@ OPS = (
 RECURRENT_OPS = ("sigmoid", "softplus", "columns", "ssm_conv", "delta_net", "ssm_scan")
 
 
+def require_state_cols(backend, n, key):
+    """ReflexError unsupported_architecture when the backend's recurrent kernels cannot hold state
+    rows of n columns (its optional attribute `max_state_cols`; unlimited without it)."""
+    limit = getattr(backend, "max_state_cols", None)
+    if limit is not None and n > limit:
+        from ..errors import ReflexError
+
+        raise ReflexError("unsupported_architecture", f"{key} = {n}: the {getattr(backend, 'name', '?')} backend's "
+                          f"recurrent kernels hold state rows of at most {limit}")
+
+
 # Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
 # models are refused on it at load). The numpy backend has them; CUDA does not yet.
 MLA_OPS = ("split", "concat", "head_matmul")

@@ -44,6 +44,7 @@ class CudaOps:
     device = "cuda"
     kv_dtype = "float16"
     prefill_chunk = 1024
+    max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
 
     def __init__(self):
         self.rt = _cuda_runtime()

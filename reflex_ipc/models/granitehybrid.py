@@ -20,7 +20,7 @@ and an SSM state [heads, head_dim, state_size] per sequence.
 
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, bias, default_attn_scale
@@ -42,6 +42,7 @@ class Model:
         self.d_state = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
         self.n_ssm_head = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
         self.n_group = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        require_state_cols(ops, self.d_state, f"{a}.ssm.state_size")
         if self.d_inner % self.n_ssm_head:
             raise _bad(f"{a}.ssm.inner_size", f"{self.d_inner} is not a multiple of {self.n_ssm_head} heads")
         if self.n_ssm_head % self.n_group or self.d_inner % self.n_group:

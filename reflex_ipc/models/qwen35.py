@@ -25,7 +25,7 @@ recurrent state [v heads, d, d] per sequence (runtime.state.SeqSpec). MTP layers
 import math
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, default_attn_scale, residual
@@ -49,6 +49,7 @@ class Model:
         self.d = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
         self.n_v = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
         self.n_k = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        require_state_cols(ops, self.d, f"{a}.ssm.state_size")
         if d_inner != self.d * self.n_v:
             raise _bad(f"{a}.ssm.inner_size", f"{d_inner} != state_size {self.d} x time_step_rank {self.n_v} "
                        f"(value heads of the key width)")

@@ -295,3 +295,21 @@ def test_state_wider_than_the_backends_kernels_is_unsupported(models):
         with GGUFFile(models[name]) as f, pytest.raises(ReflexError) as ei:
             load_model(Narrow(), f)
         assert ei.value.kind == "unsupported_architecture" and key in ei.value.message
+
+
+def test_recurrent_models_replay_only_the_decode_step(models):
+    """On a backend that captures graphs, a recurrent model's decode step is replayed from one
+    (when the model is capturable), but never a padded prefill batch (ForwardGraphs' padding
+    tokens come first in batch order and would enter the recurrence)."""
+    from reflex_ipc.runtime.executor import Executor
+
+    class Capturing(NumpyOps):
+        def capture(self, fn):  # never called here: only its presence matters
+            raise AssertionError("not expected")
+
+    ops = Capturing()
+    for name, capturable in (("qwen35", True), ("qwen35moe", False), ("granitehybrid", True),
+                             ("granitehybrid_moe", False)):
+        with GGUFFile(models[name]) as f:
+            ex = Executor(ops, load_model(ops, f), 64)
+            assert ex.use_graphs == capturable and not ex.use_forward_graphs, name

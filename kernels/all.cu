@@ -6,4 +6,5 @@
 #include "elementwise.cuh"
 #include "attention.cuh"
 #include "sampling.cuh"
+#include "recurrent.cuh"
 #include "fused.cuh"

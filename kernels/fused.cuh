@@ -8,6 +8,8 @@
 //   mmsk1_T      matmul(x, W) (or y += it) for one token, a block per row (split K)
 //   qk_rope_kv_store_f32   per-head RMSNorm (optional) + rope of q and k in place, k and v
 //                          written to the layer's f16 cache: one warp per head row
+//   attention_split_last_f16kv   split-key attention whose last block per (head, query) merges
+//                          the partials (attention_split_f16kv + attention_combine in one launch)
 //
 // The RMSNorm folds into the matvec for free: y[r] = s * sum_k W[r,k] * x[k] * nw[k] with
 // s = 1/sqrt(mean(x^2) + eps), and every warp reads all of x for its dot product anyway,
@@ -15,6 +17,7 @@
 #pragma once
 #include "matmul.cuh"
 #include "elementwise.cuh"
+#include "attention.cuh"
 
 // acc[r] = the thread's share of dot(row r of wr[], x * nw) (nw may be null: x as is); ss = its
 // share of sum(x^2). One token, chunks of 8 weights.
@@ -213,4 +216,56 @@ qk_rope_kv_store_f32(float* q, float* k, const float* v, const float* qw, const 
         __half* vd = vc + ((long long)h * ctx + slots[n]) * dv;
         for (int i = lane; i < dv; i += 32) vd[i] = __float2half(vr[i]);
     }
+}
+
+// attention_split_f16kv and attention_combine (attention.cuh) in one launch: block (h, n, s)
+// writes its partial like attention_split_f16kv, then takes a ticket from count[n*Hq + h]; the
+// block that takes the last one (all S partials of that (head, query) are written) merges them
+// into out[n, h, :] with attention_combine's arithmetic and sets the counter back to 0. count:
+// one unsigned int per (n, h), 0 before the launch and 0 after it (a buffer kept by the backend).
+// Grid (Hq, N, S), block 32 * ATT_WARPS.
+RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
+attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict__ kc,
+                           const __half* __restrict__ vc, float* part_ml, float* part_acc,
+                           float* __restrict__ out, unsigned int* count, const int* __restrict__ pos,
+                           const float* __restrict__ mask, int Hq, int Hkv, int hd, int ctx, int n_kv,
+                           float scale, float softcap, int causal, int window, int chunk) {
+    __shared__ AttPart res;
+    __shared__ unsigned int ticket;
+    const int h = blockIdx.x, n = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const long long hn = (long long)n * Hq + h, base = hn * S;
+    const long long slot = base + s;
+    const int p = pos[n];
+    const int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (s * chunk > hi || (s + 1) * chunk <= lo) {  // nothing visible here (the same for the whole block)
+        if (threadIdx.x == 0) { part_ml[2 * slot] = -INFINITY; part_ml[2 * slot + 1] = 0.f; }
+    } else {
+        attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window,
+               s * chunk, (s + 1) * chunk, res);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) part_acc[slot * hd + d] = res.acc[d];
+        if (threadIdx.x == 0) { part_ml[2 * slot] = res.m; part_ml[2 * slot + 1] = res.l; }
+    }
+    __threadfence();  // each thread's partial writes are visible device-wide ...
+    __syncthreads();  // ... before thread 0 takes the ticket
+    if (threadIdx.x == 0) ticket = atomicAdd(count + hn, 1u);
+    __syncthreads();
+    if (ticket != (unsigned int)(S - 1)) return;
+    __threadfence();
+    // the last block: every partial is written; read them past L1 (other SMs wrote them)
+    float M = -INFINITY;
+    for (int t = 0; t < S; t++) M = fmaxf(M, __ldcg(part_ml + 2 * (base + t)));
+    float* op = out + hn * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f, L = 0.f;
+        for (int t = 0; t < S; t++) {
+            const float m = __ldcg(part_ml + 2 * (base + t));
+            if (m == -INFINITY) continue;
+            const float f = expf(m - M);
+            L += __ldcg(part_ml + 2 * (base + t) + 1) * f;
+            a += __ldcg(part_acc + (base + t) * hd + d) * f;
+        }
+        op[d] = L > 0.f ? a / L : 0.f;
+    }
+    if (threadIdx.x == 0) count[hn] = 0u;  // ready for the next launch (stream order)
 }

@@ -59,6 +59,7 @@ class CudaOps:
         self._arenas = {}
         self._extra_weights = []
         self._graph = None
+        self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
 
     def _k_after_upload(self, name):
@@ -109,6 +110,7 @@ class CudaOps:
         for a in self._arenas.values():
             a.wait()
         self.k = self.rt.kernel
+        self._att_tickets()  # made and zeroed before the capture (a capture records, runs nothing)
         self.synchronize()
         from ..cuda.core import Pool
 
@@ -526,6 +528,19 @@ class CudaOps:
         return x
 
     # -- attention ---------------------------------------------------------------
+    def _att_tickets(self):
+        """attention_split_last_f16kv's counters, one per (query, head) of a split launch (fewer
+        than ATT_SPLIT_BELOW): zero between launches (each launch's last blocks reset theirs).
+        Made and zeroed outside any capture (capture() makes them first), kept for good."""
+        t = self._att_count
+        if t is None:
+            if self._graph is not None:
+                raise RuntimeError("attention tickets first needed inside a capture")
+            t = DeviceArray.empty(self.pool, (ATT_SPLIT_BELOW,), "int32")
+            self.rt.drv.memset_d8_async(t.ptr, 0, t.nbytes, self.rt.stream)
+            self._att_count = t
+        return t
+
     def kv_store(self, k_cache, v_cache, k, v, slots):
         """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots."""
         N, Hkv, hd = k.shape
@@ -558,6 +573,12 @@ class CudaOps:
             S = -(-n_kv // chunk)
             ml = self.empty((N * Hq * S * 2,))
             acc = self.empty((N * Hq * S * hd,))
+            if fusion_on():  # one launch: the last block of each (head, query) merges
+                self.k("attention_split_last_f16kv")(
+                    (Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, ml.ptr, acc.ptr, out.ptr,
+                    self._att_tickets().ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv, float(scale), float(softcap),
+                    1 if causal else 0, int(window), chunk)
+                return out
             self.k("attention_split_f16kv")((Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr,
                                             v_cache.ptr, ml.ptr, acc.ptr, pos.ptr, mptr, Hq,
                                             Hkv, hd, ctx, n_kv, float(scale),

@@ -47,6 +47,8 @@ for _t in MM_TYPES:
     SIGNATURES[f"mmsk1_{_t}"] = "QQQiqi"
 # q k v qw kw kc vc pos slots N Hq Hkv hd dv ctx norm eps n_rot base freq_scale ff neox mscale
 SIGNATURES["qk_rope_kv_store_f32"] = "QQQQQQQQQiiiiiiififfQif"
+# q kc vc part_ml part_acc out count pos mask Hq Hkv hd ctx n_kv scale softcap causal window chunk
+SIGNATURES["attention_split_last_f16kv"] = "QQQQQQQQQiiiiiffiii"
 
 
 class Kernel:

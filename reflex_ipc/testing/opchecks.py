@@ -522,6 +522,32 @@ def check_attention(ops, rng):
                                      mask=ops.asarray(mask)))
     ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, 0, False, 0, mask.astype(np.float64))
     rows.append(row("attention", f"split-K decode n_kv={n_kv} mask", out, ref, 1e-5))
+    # the split launch against the two-kernel form (REFLEX_FUSE=0: split + combine kernels)
+    fused = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09))
+    saved = os.environ.get("REFLEX_FUSE")
+    os.environ["REFLEX_FUSE"] = "0"
+    try:
+        plain = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09))
+    finally:
+        if saved is None:
+            os.environ.pop("REFLEX_FUSE", None)
+        else:
+            os.environ["REFLEX_FUSE"] = saved
+    rows.append(row("attention", f"split-K decode n_kv={n_kv} vs REFLEX_FUSE=0", fused, plain, 1e-6))
+    # replayed from a graph, new queries each time (CUDA's split launch leaves its tickets at 0)
+    if hasattr(ops, "capture"):
+        Q, P = ops.asarray(q), ops.positions(pos)
+        g, out = ops.capture(lambda: ops.attention(Q, *cache, P, n_kv, scale=0.09))
+        try:
+            for i in range(3):
+                qi = rng.standard_normal(q.shape).astype(np.float32)
+                ops.write(Q, qi)
+                g.launch()
+                ref = attention_ref(qi.astype(np.float64), Kc, Vc, pos, n_kv, 0.09, 0, True, 0, None)
+                rows.append(row("attention", f"split-K decode n_kv={n_kv} graph replay {i}", ops.to_numpy(out), ref,
+                                1e-5))
+        finally:
+            g.close()
     return rows
 
 

@@ -6,6 +6,10 @@ and as one captured CUDA graph replayed per token (ops.capture). Both read the s
 token id back every step, as a real decode loop does, and must produce the same tokens.
 Then the same step with the fused ops (11 launches a layer, as models/qwen3.py now runs):
 its first logits against the unfused step's, and its graph's speed.
+
+fuse_ab (issue 19 item 5): the real qwen3 model code, Qwen3-0.6B-shaped Q8_0 and Q4_K/Q6_K
+files, decoding through DecodeGraph with REFLEX_FUSE=0 and =1 (and =1 with fewer or no
+split-K matvecs): ms/token and graph nodes (kernels) per token for each.
 """
 
 import math

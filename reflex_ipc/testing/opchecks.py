@@ -324,8 +324,11 @@ def check_rms_norm_matmul_n(ops, rng):
                                 y0 + x.astype(np.float64) @ W["w0"][1].T, 2e-5))
                 x2 = (rng.standard_normal((N, K)) * 2 - 0.3).astype(np.float32)
                 h2 = _rms64(x2, nw, 1e-6)
-                rows += _graph_rows(ops, "rms_norm_matmul_n", case, lambda: rms_norm_matmul_n(ops, X, NW, 1e-6, ws),
-                                    X, x2, [h2 @ W[f"w{i}"][1].T for i in range(len(types))], 2e-5)
+                # the fused op and the plain one-token matvec (CUDA: mmsk1) in one graph
+                rows += _graph_rows(ops, "rms_norm_matmul_n", case,
+                                    lambda: rms_norm_matmul_n(ops, X, NW, 1e-6, ws) + [ops.matmul(X, ws[0])], X, x2,
+                                    [h2 @ W[f"w{i}"][1].T for i in range(len(types))]
+                                    + [x2.astype(np.float64) @ W["w0"][1].T], 2e-5)
     return rows
 
 

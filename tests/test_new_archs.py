@@ -408,7 +408,13 @@ BAD = [
      ["gemma4.attention.sliding_window_pattern"]),
     ("gemma4", dict(keys={"attention.head_count_kv": [2, 0, 2]}), ["gemma4.attention.head_count_kv"]),
     ("gemma4", dict(keys={"attention.sliding_window": 0}), ["gemma4.attention.sliding_window"]),
+    ("deepseek2", dict(keys={"rope.scaling.type": "foo"}), ["deepseek2.rope.scaling.type"]),
+    ("deepseek2", dict(shapes={"blk.1.attn_k_b.weight": (4 * 16, 8)}), ["blk.1.attn_k_b.weight"]),
+    ("qwen3moe", dict(shapes={"blk.0.ffn_up_exps.weight": (8 * 256, 32)}), ["blk.0.ffn_up_exps.weight"]),
     ("qwen35", dict(meta={"ssm.state_size": 8, "ssm.inner_size": 32}), ["blk.0.attn_qkv.weight"]),
+    ("qwen35", dict(meta={"ssm.time_step_rank": 8, "ssm.inner_size": 128}), ["blk.0.attn_qkv.weight"]),
+    ("qwen35", dict(meta={"ssm.group_count": 4}), ["blk.0.attn_qkv.weight"]),
+    ("qwen35", dict(meta={"attention.recurrent_layers": [True, True, True, True]}), ["blk.1.attn_qkv.weight"]),
     ("qwen35", dict(meta={"ssm.time_step_rank": 8}), ["qwen35.ssm.inner_size"]),
     ("qwen35", dict(meta={"ssm.conv_kernel": 3}), ["blk.0.ssm_conv1d.weight"]),
     ("qwen35", dict(meta={"attention.head_count_kv": [0, 0, 0, 2]}), ["qwen35.attention.head_count_kv"]),
@@ -418,6 +424,9 @@ BAD = [
     ("granitehybrid", dict(meta={"ssm.time_step_rank": 3}), ["granitehybrid.ssm."]),
     ("granitehybrid", dict(meta={"expert_used_count": 5}), ["granitehybrid.expert_used_count"]),
     ("granitehybrid", dict(meta={"attention.head_count_kv": [2, 0, 0, 3]}), ["granitehybrid.attention.head_count_kv"]),
+    ("granitehybrid", dict(meta={"attention.head_count_kv": [2, 0, 0, 0]}), ["blk.3.ssm_in.weight"]),
+    ("granitehybrid", dict(meta={"attention.head_count_kv": [2, 0, 0]}), ["granitehybrid.attention.head_count_kv"]),
+    ("granitehybrid", dict(meta={"ssm.group_count": 4}), ["blk.1.ssm_in.weight"]),
 ]
 
 

@@ -301,7 +301,6 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
 def f32_twin(src, dst):
     """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
     import gguf
-    from gguf import GGUFValueType as VT
 
     r = gguf.GGUFReader(src)
     w = _copy_metadata(r, dst)

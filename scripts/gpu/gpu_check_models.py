@@ -3,7 +3,7 @@
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
 reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
 synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4 dense/MoE/fused qkv; Q8_0 where rows
-allow, else F32)):
+allow, else F32), and synthetic.arch_gguf's qwen3moe and phi3 (Q8_0, Q4_K and Q6_K matrices)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
@@ -340,6 +340,11 @@ def run(model_dir=None):
         if not refused(cfg):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
     paths += hybrid_paths(syn, tok)
+    # quantized where shapes allow, K-quant experts among them (synthetic.ARCH_CONFIGS, the files
+    # of tests/test_new_archs.py), for the seed architectures CUDA runs
+    from reflex_ipc.testing.synthetic import arch_gguf
+
+    paths += [arch_gguf(n, os.path.join(syn, f"arch-{n}.gguf"), tokenizer=tok) for n in ("qwen3moe", "phi3")]
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
                for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]

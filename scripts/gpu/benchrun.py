@@ -131,6 +131,25 @@ def read_file(path, chunk=1 << 24):
     return round(dt, 3), round(n / dt / 1e9, 3) if dt else None
 
 
+def run_group(argv, timeout, **kw):
+    """subprocess.run in a new session; on timeout the whole group (the bench's children: a
+    cold reflex, llama-simple) is killed. Returns (rc or None on timeout, stdout, stderr)."""
+    import signal
+
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        out, err = p.communicate()
+        return None, out, err
+
+
 class Runner:
     def __init__(self, a):
         self.a = a
@@ -144,7 +163,7 @@ class Runner:
         self.summary = {"suite": a.suite, "machine": self.machine, "budget_s": a.budget_s, "device": a.device,
                         "python": self.python_argv(), "llama_simple": self.simple, "llama_bench": self.lbench,
                         "models": {}}
-        self.can_drop, why = drop_caches_allowed() if a.drop_caches else (False, "not asked (--no-drop-caches)")
+        self.can_drop, why = drop_caches_allowed() if a.drop_caches else (False, "not asked")
         self.summary["drop_caches"] = {"allowed": self.can_drop, "why_not": why}
 
     # -- reflex ----------------------------------------------------------------------
@@ -166,15 +185,12 @@ class Runner:
         argv = self.python_argv() + ["bench", mode, "--model", model, "--device", self.a.device,
                                      "--out", jpath, *map(str, args)]
         t0 = time.monotonic()
-        try:
-            p = subprocess.run(argv, cwd="/tmp", env=self.reflex_env(env), capture_output=True, text=True,
-                               timeout=max(5, timeout))
-        except subprocess.TimeoutExpired as e:
-            return {"error": f"timeout after {timeout:.0f} s", "argv": argv,
-                    "stderr_tail": (e.stderr or b"")[-1500:].decode(errors="replace")
-                    if isinstance(e.stderr, bytes) else (e.stderr or "")[-1500:]}
-        if p.returncode != 0 or not os.path.exists(jpath):
-            return {"error": f"rc {p.returncode}", "argv": argv, "stderr_tail": p.stderr[-1500:]}
+        timeout = self.cap(timeout)
+        rc, _, err = run_group(argv, timeout, cwd="/tmp", env=self.reflex_env(env))
+        if rc is None:
+            return {"error": f"timeout after {timeout:.0f} s", "argv": argv, "stderr_tail": err[-1500:]}
+        if rc != 0 or not os.path.exists(jpath):
+            return {"error": f"rc {rc}", "argv": argv, "stderr_tail": err[-1500:]}
         with open(jpath) as fh:
             res = json.load(fh)
         os.unlink(jpath)
@@ -196,18 +212,21 @@ class Runner:
             return {"error": "no llama-bench (--llama-bench or $LLAMA_BENCH)"}
         argv = [self.lbench, "-m", model, "-p", "512", "-n", "128", "-ngl", "99", "-r", str(reps), "-o", "json"]
         t0 = time.monotonic()
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=max(5, timeout))
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            return {"error": f"timeout after {timeout:.0f} s", "argv": argv,
-                    "figures": llama_bench_figures(parse_llama_bench(out))}
-        res = {"argv": argv, "rc": p.returncode, "seconds": round(time.monotonic() - t0, 2),
-               "figures": llama_bench_figures(parse_llama_bench(p.stdout))}
-        if p.returncode != 0:
-            res["error"] = f"rc {p.returncode}"
-            res["stderr_tail"] = p.stderr[-1500:]
+        timeout = self.cap(timeout)
+        rc, out, err = run_group(argv, timeout)
+        res = {"argv": argv, "rc": rc, "seconds": round(time.monotonic() - t0, 2),
+               "figures": llama_bench_figures(parse_llama_bench(out))}
+        if rc is None:
+            res["error"] = f"timeout after {timeout:.0f} s"
+        elif rc != 0:
+            res["error"] = f"rc {rc}"
+        if rc != 0:
+            res["stderr_tail"] = err[-1500:]
         return res
+
+    def cap(self, timeout):
+        """A step's timeout, never past the budget's end."""
+        return max(1.0, min(timeout, self.budget.left() - 2))
 
     # -- records ---------------------------------------------------------------------
     def save(self, rec):
@@ -219,6 +238,10 @@ class Runner:
     def step(self, rec, name, fn):
         """Run one step; its result (or the exception) into rec["steps"][name], saved."""
         t0 = time.monotonic()
+        if self.budget.left() < 10:
+            rec["steps"][name] = {"skipped": "budget spent"}
+            self.save(rec)
+            return rec["steps"][name]
         try:
             rec["steps"][name] = fn()
         except Exception as e:  # one step's failure must not lose the others'
@@ -228,7 +251,11 @@ class Runner:
             rec["steps"][name].setdefault("seconds", round(time.monotonic() - t0, 2))
         rec["budget_used_s"] = self.budget.used()
         self.save(rec)
-        return rec["steps"][name]
+        r = rec["steps"][name]
+        note = (r.get("error") or r.get("skipped") or "ok") if isinstance(r, dict) else "ok"
+        print(f"[{self.budget.used():6.1f} s] {rec['model']} {name}: {str(note)[:120]} "
+              f"({r.get('seconds') if isinstance(r, dict) else '-'} s)", file=sys.stderr, flush=True)
+        return r
 
     def measure_idle(self):
         self.idle_w = self.gpu.idle_power_w(2.0) if self.gpu.nv else None
@@ -270,9 +297,12 @@ class Runner:
 
             # cold: a probe pair (also the warm-up after generation), then what the share allows
             probe = self.step(rec, "cold_probe", lambda: self.cold(path, 1, max(30, left())))
-            pair_s = max(0.2, probe.get("seconds", 10.0)) if "error" not in probe else None
+            pair_s = max(0.2, probe.get("seconds", 10.0)) if "error" not in probe and "skipped" not in probe \
+                else None
             if pair_s is not None:
-                n = int(max(3, min(self.a.max_pairs, 0.40 * left() / pair_s)))
+                # at least 3 pairs where the budget has room (else what fits); at most --max-pairs
+                n = max(3, min(self.a.max_pairs, int(0.40 * left() / pair_s)))
+                n = max(1, min(n, int((self.budget.left() - 20) / pair_s)))
                 self.step(rec, "cold", lambda: self.cold(path, n, max(30, n * pair_s * 3)))
                 if self.can_drop:
                     self.step(rec, "cold_dropped_cache",
@@ -339,11 +369,11 @@ class Runner:
         self.step(rec, "prefill_mma_ab", ab)
 
     # -- the suite -------------------------------------------------------------------
-    def run(self, models, weights):
+    def run(self, models, weights, sizes_gb):
         for i, name in enumerate(models):
             rest = sum(weights[i:])
             share = max(20.0, (self.budget.left() - 5) * weights[i] / rest)
-            if self.budget.left() < 15:
+            if self.budget.left() < 30 + 3 * sizes_gb[i]:  # generation, page cache, one probe pair
                 self.summary["models"][name] = {"model": name, "skipped": "budget spent"}
                 continue
             try:
@@ -489,12 +519,16 @@ def main(argv=None):
     ap.add_argument("--keep-models", action="store_true", help="do not delete each model after its run")
     ap.add_argument("--tiny", action="store_true", help="tiny models of the same layouts (dry runs)")
     ap.add_argument("--max-pairs", type=int, default=None, help="cold pairs at most (default 10; cold19: 20)")
+    ap.add_argument("--drop-caches", dest="drop_caches", action="store_true", default=None,
+                    help="also cold starts from a dropped page cache (default: scale only; where root may)")
     ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
     ap.add_argument("--llama-simple")
     ap.add_argument("--llama-bench")
     a = ap.parse_args(argv)
     if a.budget_s is None:
         a.budget_s = 300.0 if a.suite == "cold19" else 540.0
+    if a.drop_caches is None:
+        a.drop_caches = a.suite == "scale"
     if a.max_pairs is None:
         a.max_pairs = 20 if a.suite == "cold19" else 10
     models = a.models or {"scale": SCALE, "families": FAMILIES, "cold19": COLD19}[a.suite]
@@ -504,16 +538,16 @@ def main(argv=None):
     r = Runner(a)
     r.idle_w = None
     r.summary["setup_s"] = round(time.monotonic() - t0, 1)
-    if a.suite == "cold19":
-        weights = [1.0 for _ in models]
-    else:  # a fixed part plus one growing with the file size (GB)
-        from make_shaped import SHAPES, config, nbytes, tensor_plan
+    from make_shaped import SHAPES, config, nbytes, tensor_plan
 
-        def gb(m):
-            return sum(nbytes(s, f) for _, s, f, _, _ in tensor_plan(config(m), 151936)) / 1e9 if m in SHAPES else 1
+    def gb(m):
+        m = "qwen3-0.6b" if a.suite == "cold19" else m
+        return sum(nbytes(s, f) for _, s, f, _, _ in tensor_plan(config(m, a.tiny), 151936)) / 1e9 if m in SHAPES else 1
 
-        weights = [20 + 6 * gb(m) for m in models]
-    r.run(models, weights)
+    sizes = [gb(m) for m in models]
+    # cold19: equal shares; else a fixed part plus one growing with the file size (GB)
+    weights = [1.0 for _ in models] if a.suite == "cold19" else [20 + 6 * g for g in sizes]
+    r.run(models, weights, sizes)
     return 0
 
 

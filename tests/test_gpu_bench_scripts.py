@@ -203,3 +203,32 @@ def test_ratios_table_and_plot(tmp_path):
     _, points = plot_scale.load_points(str(tmp_path))
     assert [p[0] for p in points] == ["qwen3-0.6b", "qwen3-4b"]
     assert points[1][2]["llama-simple"] == (2800.0, 2800.0)
+
+
+def test_energy_batches_until_the_spread_is_small(tmp_path):
+    """cold19's energy loop (NVML is on the GPU host only): batches of pairs are added until
+    both engines' spread is under 20%, and it stops, target not met, when the time is spent."""
+    ns = type("A", (), dict(out=str(tmp_path), budget_s=600, device="numpy", suite="cold19", python=sys.executable,
+                            python_isolated=False, llama_simple="peer", llama_bench=None, drop_caches=False))
+    r = benchrun.Runner(ns)
+    r.idle_w = 70.0
+
+    def batch(values):
+        runs = [{"rc": 0, "energy_net_j": v, "energy_first_net_j": v / 2} for v in values]
+        return {"per_run": runs, "vs": {"per_run": [dict(x, energy_net_j=3 * x["energy_net_j"]) for x in runs]}}
+
+    noisy = batch([10.0, 30.0, 5.0, 40.0])
+    calls = []
+
+    def cold(path, n, timeout, **kw):
+        calls.append(n)
+        return batch([20.0 + (i % 2) for i in range(n)])
+
+    r.cold = cold
+    rec = {"model": "m", "steps": {"cold": noisy}}
+    e = r.energy(rec, "m.gguf", 1.0, lambda: 1000.0)
+    assert e["target_met"] and e["extra_batches"] >= 1 and calls[0] == 10
+    assert e["spread"]["peer"]["cv"] < 0.2 and len(rec["steps"]["energy_batches"]) == e["extra_batches"]
+    calls.clear()
+    e = r.energy({"model": "m", "steps": {"cold": noisy}}, "m.gguf", 1.0, lambda: 10.0)
+    assert not e["target_met"] and calls == [] and e["spread"]["reflex"]["n"] == 4

@@ -241,6 +241,8 @@ class Runner:
         if self.budget.left() < 10:
             rec["steps"][name] = {"skipped": "budget spent"}
             self.save(rec)
+            print(f"[{self.budget.used():6.1f} s] {rec['model']} {name}: skipped, budget spent", file=sys.stderr,
+                  flush=True)
             return rec["steps"][name]
         try:
             rec["steps"][name] = fn()
@@ -317,6 +319,8 @@ class Runner:
                 self.mma_ab(rec, path, left)
             self.step(rec, "warm", lambda: self.bench("warm", path, max(60, left()), "--runs", 3,
                                                       "--prompt", PROMPT))
+            if self.a.suite == "cold19" and self.gpu.nv and pair_s is not None:
+                self.step(rec, "energy", lambda: self.energy(rec, path, pair_s, left))  # what time is left
         finally:
             if not self.a.keep_models and os.path.exists(path):
                 os.unlink(path)
@@ -325,33 +329,36 @@ class Runner:
         self.save(rec)
         return rec
 
-    def cold19_extras(self, rec, path, pair_s, left):
-        # energy: more pairs until both engines' spread is under 20% (or this share's time runs out)
-        def energy():
-            pooled = {"reflex": [], "peer": [], "reflex_first": [], "peer_first": []}
-            batches = 0
-            for src in (rec["steps"].get("cold") or {},):
-                _pool(pooled, src)
-            while True:
-                cv = {k: (spread(v) or {}).get("cv") for k, v in pooled.items()}
-                ok = all(c is not None and c < 0.2 for k, c in cv.items() if k.startswith("reflex") or self.simple)
-                if ok or left() < 6 * pair_s + 30 or batches >= 6:
-                    return {"spread": {k: spread(v) for k, v in pooled.items()}, "target_met": ok,
-                            "extra_batches": batches, "idle_power_w": self.idle_w}
-                r = self.cold(path, 10, max(60, 30 * pair_s))
-                if "error" in r:
-                    return {"error": r["error"], "spread": {k: spread(v) for k, v in pooled.items()}}
-                rec["steps"].setdefault("energy_batches", []).append(r)
-                _pool(pooled, r)
-                batches += 1
+    def energy(self, rec, path, pair_s, left):
+        """More pairs, 10 at a time, until the spread (sd / mean) of both engines' energy per
+        start is under 20%, or this model's share of the time is spent (target_met false)."""
+        pooled = {"reflex": [], "peer": [], "reflex_first": [], "peer_first": []}
+        _pool(pooled, rec["steps"].get("cold") or {})
+        batches = 0
+        while True:
+            cv = {k: (spread(v) or {}).get("cv") for k, v in pooled.items()}
+            ok = all(c is not None and c < 0.2 for k, c in cv.items() if k.startswith("reflex") or self.simple)
+            if ok or left() < 12 * pair_s + 5 or batches >= 6:
+                return {"spread": {k: spread(v) for k, v in pooled.items()}, "target_met": ok,
+                        "extra_batches": batches, "idle_power_w": self.idle_w,
+                        "method": "NVML total energy counter read just before spawn, at the first stdout byte and "
+                                  "after exit, minus idle power (energy counter over 2 s before the cold runs) "
+                                  "times the elapsed time; spread = sample sd / mean over all pairs"}
+            r = self.cold(path, 10, max(60, 30 * pair_s))
+            if "error" in r:
+                return {"error": r["error"], "spread": {k: spread(v) for k, v in pooled.items()}}
+            rec["steps"].setdefault("energy_batches", []).append(r)
+            _pool(pooled, r)
+            batches += 1
 
-        if self.gpu.nv:
-            self.step(rec, "energy", energy)
+    def cold19_extras(self, rec, path, pair_s, left):
         self.step(rec, "back_to_back_20", lambda: self.cold(path, 20, max(60, 20 * pair_s * 2), peer=False))
-        self.step(rec, "isolated_pause_2s", lambda: self.cold(path, 8, max(60, 8 * (pair_s + 2.5) * 2), peer=False,
-                                                              extra=["--pause", 2]))
+        n_iso = max(3, min(8, int(0.1 * left() / (pair_s / 2 + 2))))
+        self.step(rec, "isolated_pause_2s", lambda: self.cold(path, n_iso, max(60, n_iso * (pair_s + 2.5) * 2),
+                                                              peer=False, extra=["--pause", 2]))
         long_prompt = prefill_prompt(500, 7)
-        self.step(rec, "cold_prompt_500", lambda: self.cold(path, 8, max(60, 8 * pair_s * 4), prompt=long_prompt))
+        n500 = max(3, min(8, int(0.1 * left() / pair_s)))
+        self.step(rec, "cold_prompt_500", lambda: self.cold(path, n500, max(60, n500 * pair_s * 4), prompt=long_prompt))
 
     def mma_ab(self, rec, path, left):
         def ab():
@@ -491,17 +498,42 @@ def table(summary):
     return "\n".join(lines)
 
 
+def source_digest():
+    """sha1 over reflex_ipc's files (sources and the fatbin): whether a venv is of this checkout."""
+    import hashlib
+
+    h = hashlib.sha1()
+    base = os.path.join(ROOT, "reflex_ipc")
+    for d, dirs, files in sorted(os.walk(base)):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for f in sorted(files):
+            if f.endswith((".pyc", ".so")):
+                continue
+            h.update(os.path.relpath(os.path.join(d, f), base).encode())
+            with open(os.path.join(d, f), "rb") as fh:
+                h.update(fh.read())
+    return h.hexdigest()
+
+
 def ensure_venv(a):
     """The byte-compiled user venv (and the fatbin it copies) unless --python was given."""
     if a.python:
         a.python_isolated = False
         return
     venv = a.venv
-    if not os.path.exists(os.path.join(venv, "bin", "python")):
-        if not os.path.exists(os.path.join(ROOT, "reflex_ipc/kernels/reflex_kernels.fatbin")):
-            subprocess.run([sys.executable, "kernels/build.py", "reflex_ipc/kernels"], cwd=ROOT, check=True,
-                           env=dict(os.environ, REFLEX_CUDA_ARCHS=os.environ.get("REFLEX_CUDA_ARCHS", "90")))
+    fatbin = os.path.join(ROOT, "reflex_ipc/kernels/reflex_kernels.fatbin")
+    if not os.path.exists(fatbin):
+        subprocess.run([sys.executable, "kernels/build.py", "reflex_ipc/kernels"], cwd=ROOT, check=True,
+                       env=dict(os.environ, REFLEX_CUDA_ARCHS=os.environ.get("REFLEX_CUDA_ARCHS", "90")))
+    stamp = os.path.join(venv, "reflex-src.sha1")
+    digest = source_digest()
+    fresh = os.path.exists(os.path.join(venv, "bin", "python")) and os.path.exists(stamp) \
+        and open(stamp).read() == digest
+    if not fresh:  # none yet, or one of other sources (a warm machine, a new checkout)
+        shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([os.path.join(HERE, "make-user-venv"), venv], cwd=ROOT, check=True)
+        with open(stamp, "w") as fh:
+            fh.write(digest)
     a.python = os.path.join(venv, "bin", "python")
     a.python_isolated = True
 

@@ -26,6 +26,7 @@ formats) for the tests here (tests/test_gpu_bench_scripts.py) and for llama.cpp'
 """
 
 import argparse
+import concurrent.futures as cf
 import math
 import os
 import sys
@@ -246,15 +247,27 @@ class Pools:
             self.pools[key] = memoryview(np.concatenate([one, one]).tobytes())
         return self.pools[key]
 
-    def write(self, fout, fmt, std, nblocks, offset):
+    def slices(self, fmt, std, nblocks, offset, at):
+        """[(file offset, memoryview)]: nblocks blocks of the pool from block `offset` on,
+        cycling, to be written from file offset `at`."""
         pool = self.get(fmt, std)
         bsize = BLOCK[fmt][1]
         pos = offset % self.blocks
+        out = []
         while nblocks:
             n = min(nblocks, self.blocks)
-            fout.write(pool[pos * bsize:(pos + n) * bsize])
+            out.append((at, pool[pos * bsize:(pos + n) * bsize]))
+            at += n * bsize
             nblocks -= n
             pos = (pos + n) % self.blocks
+        return out
+
+
+def _pwrite_all(fd, data, at):
+    mv = memoryview(data)
+    while mv:
+        k = os.pwrite(fd, mv, at)
+        mv, at = mv[k:], at + k
 
 
 def f32_data(rng, shape, std, fill):
@@ -324,7 +337,7 @@ def write_kv_fast(w):
 _VOCABS = {}
 
 
-def write_model(name, out, tiny=False, vocab=QWEN2_VOCAB, seed=0):
+def write_model(name, out, tiny=False, vocab=QWEN2_VOCAB, seed=0, threads=None):
     """Write model `name` to `out`; returns {name, path, bytes, params, seconds, GB_per_s}."""
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -365,16 +378,24 @@ def write_model(name, out, tiny=False, vocab=QWEN2_VOCAB, seed=0):
     w.write_ti_data_to_file()
     fout = w.fout[0]
     align = w.data_alignment
+    fout.flush()
+    data_start = fout.tell() + (-fout.tell() % align)
     rng = np.random.default_rng(seed)
     pools = Pools(seed + 1)
+    # every tensor at its aligned offset (as the tensor infos say), written by `threads` writers
+    # with pwrite: the copy into the page cache is the cost, and it runs in parallel
+    chunks, off = [], data_start
     for i, (tname, shape, fmt, std, fill) in enumerate(plan):
-        pad = -fout.tell() % align
-        if pad:
-            fout.write(b"\0" * pad)
+        nb = nbytes(shape, fmt)
         if fmt == "F32":
-            fout.write(f32_data(rng, shape, std, fill).tobytes())
+            chunks.append((off, f32_data(rng, shape, std, fill).tobytes()))
         else:
-            pools.write(fout, fmt, std, nbytes(shape, fmt) // BLOCK[fmt][1], offset=i * 7919)
+            chunks += pools.slices(fmt, std, nb // BLOCK[fmt][1], offset=i * 7919, at=off)
+        off += nb + (-nb % align)
+    fd = fout.fileno()
+    os.ftruncate(fd, off)
+    with cf.ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as ex:
+        list(ex.map(lambda c: _pwrite_all(fd, c[1], c[0]), chunks))
     w.close()
     size = os.path.getsize(out)
     dt = time.perf_counter() - t0

@@ -109,10 +109,13 @@ def test_full_size_plans():
 def test_pools_repeat_blocks_from_any_offset(tmp_path):
     pools = make_shaped.Pools(0, blocks=7)
     with open(tmp_path / "x", "wb") as fh:
-        pools.write(fh, "Q8_0", 0.05, 20, offset=5)
+        fh.truncate(100 + 20 * 34)
+        for at, mv in pools.slices("Q8_0", 0.05, 20, offset=5, at=100):
+            make_shaped._pwrite_all(fh.fileno(), mv, at)
     data = (tmp_path / "x").read_bytes()
+    assert data[:100] == bytes(100)
     pool = bytes(pools.get("Q8_0", 0.05))[:7 * 34]
-    blocks = [data[i * 34:(i + 1) * 34] for i in range(20)]
+    blocks = [data[100 + i * 34:100 + (i + 1) * 34] for i in range(20)]
     assert blocks == [pool[((5 + i) % 7) * 34:((5 + i) % 7 + 1) * 34] for i in range(20)]
 
 

@@ -47,6 +47,7 @@ class CudaOps:
     device = "cuda"
     kv_dtype = "float16"
     prefill_chunk = 1024
+    mma_min_n = MMA_MIN_N
 
     def __init__(self):
         self.rt = _cuda_runtime()

@@ -500,7 +500,7 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
         x = DeviceArray.empty(ops.pool, (n, 1024))
         y = ops.matmul(x, wq)
         name, grid, block, args = ops.rt.launches[-1]
-        assert (name, grid, block) == ("mma_q4_k", (65, gy, 1), (128, 1, 1))
+        assert (name, grid, block) == ("mma_q4_k", (65, gy, 1), (256, 1, 1))
         assert args == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 0) and y.shape == (n, 4097)
         ops.matmul(x, wq, out=y, accumulate=True)
         assert ops.rt.launches[-1][3] == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 1)
@@ -513,7 +513,7 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     x = DeviceArray.empty(ops.pool, (100, 1024))
     y = ops.matmul_glu(x, wg, wu, act="gelu")
     name, grid, block, args = ops.rt.launches[-1]
-    assert (name, grid, block) == ("mmaglu_q8_0", (48, 2, 1), (128, 1, 1))
+    assert (name, grid, block) == ("mmaglu_q8_0", (48, 2, 1), (256, 1, 1))
     assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3072, 100, 32 * 34, 1) and y.shape == (100, 3072)
     # q/k/v of one format: one tensor-core launch per weight
     wk = DeviceWeight(0x40000, (1024, 1024), 8, "Q8_0", 32 * 34, "k")

@@ -16,13 +16,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def header_constants():
     src = open(os.path.join(ROOT, "kernels", "mma.cuh")).read()
-    c = {k: int(v) for k, v in re.findall(r"#define (MMA_BM|MMA_BN|MMA_BK|MMA_THREADS) (\d+)", src)}
-    c["MMA_LD"] = c["MMA_BK"] + int(re.search(r"#define MMA_LD \(MMA_BK \+ (\d+)\)", src).group(1))
-    return c
+    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS"
+    return {k: int(v) for k, v in re.findall(rf"#define ({names}) (\d+)", src)}
 
 
 C = header_constants()
-BM, BN, BK, LD, THREADS = C["MMA_BM"], C["MMA_BN"], C["MMA_BK"], C["MMA_LD"], C["MMA_THREADS"]
+BM, BN, PAD, LOADERS, THREADS = C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"]
 LANES = np.arange(32)
 G, T = LANES >> 2, LANES & 3  # groupID, threadID_in_group
 
@@ -79,37 +78,34 @@ def warp_mma(a_regs, b_regs, c):
 
 
 # -- the kernel, transcribed ----------------------------------------------------------------
-def load_w(W, m0, k0, M, K):
-    """mma_load_w: shared tile [BM * LD] (f16 values as float64), every slot written once."""
-    s = np.full(BM * LD, np.nan)
-    cpr = BK // 8
+def load_w(s, off, W, m0, k0, M, K, BK):
+    """mma_load_w by every loader p: W's tile into s[off : off + BM * LD], each slot once."""
+    LD, cpr = BK + PAD, BK // 8
     written = np.zeros(BM * LD, int)
-    for tid in range(THREADS):
-        for i in range(BM * cpr // THREADS):
-            j = tid + i * THREADS
+    for p in range(LOADERS):
+        for i in range(BM * cpr // LOADERS):
+            j = p + i * LOADERS
             r, c = j // cpr, j % cpr
             m, ch = m0 + r, (k0 >> 3) + c
             v = W[m, 8 * ch:8 * ch + 8] if (m < M and ch < (K >> 3)) else np.zeros(8)
-            s[r * LD + c * 8:r * LD + c * 8 + 8] = v
+            assert (r * LD + c * 8) % 8 == 0  # a 16-byte store
+            s[off + r * LD + c * 8:off + r * LD + c * 8 + 8] = v
             written[r * LD + c * 8:r * LD + c * 8 + 8] += 1
-    assert all((written.reshape(BM, LD)[:, :BK] == 1).ravel())
-    return s
+    assert (written.reshape(BM, LD)[:, :BK] == 1).all()
 
 
-def load_x(X, n0, k0, N, K):
-    s = np.full(BN * LD, np.nan)
-    qpr = BK // 4
+def load_x(s, off, X, n0, k0, N, K, BK):
+    LD, qpr = BK + PAD, BK // 4
     written = np.zeros(BN * LD, int)
-    for tid in range(THREADS):
-        for i in range(BN * qpr // THREADS):
-            j = tid + i * THREADS
+    for p in range(LOADERS):
+        for i in range(BN * qpr // LOADERS):
+            j = p + i * LOADERS
             r, q = j // qpr, j % qpr
             n, k = n0 + r, k0 + 4 * q
             v = X[n, k:k + 4] if (n < N and k < K) else np.zeros(4)
-            s[r * LD + 4 * q:r * LD + 4 * q + 4] = v
+            s[off + r * LD + 4 * q:off + r * LD + 4 * q + 4] = v
             written[r * LD + 4 * q:r * LD + 4 * q + 4] += 1
-    assert all((written.reshape(BN, LD)[:, :BK] == 1).ravel())
-    return s
+    assert (written.reshape(BN, LD)[:, :BK] == 1).all()
 
 
 def u32(s, idx):
@@ -118,43 +114,60 @@ def u32(s, idx):
     return s[idx], s[idx + 1]
 
 
-def tile(sw, sx, acc):
-    """mma_tile: acc [warps][2][4] -> arrays [32, 4], updated in place."""
-    for warp in range(THREADS // 32):
-        wr, wn = (warp & 1) * 32, (warp >> 1) * 32
-        for kk in range(0, BK, 16):
-            a = {}
-            for mt in range(2):
-                p = (wr + mt * 16 + G) * LD + kk + 2 * T
-                regs = [u32(sw, p), u32(sw, p + 8 * LD), u32(sw, p + 8), u32(sw, p + 8 * LD + 8)]
-                a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
-            b = {}
+def tile(s, w_off, x_off, cw, acc, BK):
+    """mma_tile of MMA warp cw: acc [2][4] of [32, 4] arrays, updated in place."""
+    LD = BK + PAD
+    wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+    for kk in range(0, BK, 16):
+        a = {}
+        for mt in range(2):
+            p = w_off + (wr + mt * 16 + G) * LD + kk + 2 * T
+            regs = [u32(s, p), u32(s, p + 8 * LD), u32(s, p + 8), u32(s, p + 8 * LD + 8)]
+            a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
+        b = {}
+        for nt in range(4):
+            p = x_off + (wn + nt * 8 + G) * LD + kk + 2 * T
+            regs = [u32(s, p), u32(s, p + 8)]
+            b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
+        for mt in range(2):
             for nt in range(4):
-                p = (wn + nt * 8 + G) * LD + kk + 2 * T
-                regs = [u32(sx, p), u32(sx, p + 8)]
-                b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
-            for mt in range(2):
-                for nt in range(4):
-                    acc[warp][mt][nt] = warp_mma(a[mt], b[nt], acc[warp][mt][nt])
+                acc[mt][nt] = warp_mma(a[mt], b[nt], acc[mt][nt])
 
 
 def emulate(Ws, X, Y, mode):
-    """mma_body<T, len(Ws)> over its whole grid: Ws [M, K] float weights (already dequantized)."""
+    """mma_body<T, len(Ws)> over its whole grid: Ws [M, K] float weights (already dequantized).
+    Shared memory is NaN until written, so a read of a slot not yet loaded poisons the sums."""
+    NW = len(Ws)
+    BK = C["MMA_BK"] if NW == 1 else C["MMA_BK_GLU"]
+    TILE = BM * (BK + PAD)
     M, K = Ws[0].shape
     N = X.shape[0]
+    nk = (K + BK - 1) // BK
+    n_mma_warps = (THREADS - LOADERS) // 32
     grid = ((M + BM - 1) // BM, (N + BN - 1) // BN)
     for bx in range(grid[0]):
         for by in range(grid[1]):
             m0, n0 = bx * BM, by * BN
-            acc = [[[[np.zeros((32, 4)) for _ in range(4)] for _ in range(2)] for _ in range(4)]
-                   for _ in Ws]
-            for k0 in range(0, K, BK):
-                sws = [load_w(W, m0, k0, M, K) for W in Ws]
-                sx = load_x(X, n0, k0, N, K)
-                for w, sw in enumerate(sws):
-                    tile(sw, sx, acc[w])
-            for warp in range(THREADS // 32):
-                wr, wn = (warp & 1) * 32, (warp >> 1) * 32
+            stage = [np.full((NW + 1) * TILE, np.nan) for _ in range(2)]
+            acc = [[[[np.zeros((32, 4)) for _ in range(4)] for _ in range(2)] for _ in Ws]
+                   for _ in range(n_mma_warps)]
+
+            def fill(st, k0):
+                for w in range(NW):
+                    load_w(st, w * TILE, Ws[w], m0, k0, M, K, BK)
+                load_x(st, NW * TILE, X, n0, k0, N, K, BK)
+
+            fill(stage[0], 0)
+            for it in range(nk):  # between two barriers: loaders write first (the harsher order)
+                if it + 1 < nk:
+                    stage[(it + 1) & 1][:] = np.nan  # what was there is dead
+                    fill(stage[(it + 1) & 1], (it + 1) * BK)
+                st = stage[it & 1]
+                for cw in range(n_mma_warps):
+                    for w in range(NW):
+                        tile(st, w * TILE, NW * TILE, cw, acc[cw][w], BK)
+            for cw in range(n_mma_warps):
+                wr, wn = (cw & 1) * 32, (cw >> 1) * 32
                 for mt in range(2):
                     for nt in range(4):
                         for i in range(4):
@@ -162,11 +175,11 @@ def emulate(Ws, X, Y, mode):
                             n = n0 + wn + nt * 8 + 2 * T + (i & 1)
                             ok = (m < M) & (n < N)
                             mm, nn = m[ok], n[ok]
-                            v = acc[0][warp][mt][nt][ok, i]
-                            if len(Ws) == 1:
+                            v = acc[cw][0][mt][nt][ok, i]
+                            if NW == 1:
                                 Y[nn, mm] = Y[nn, mm] + v if mode else v
                             else:
-                                u = acc[1][warp][mt][nt][ok, i]
+                                u = acc[cw][1][mt][nt][ok, i]
                                 act = v / (1 + np.exp(-v)) if mode == 0 else \
                                     0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
                                 Y[nn, mm] = act * u
@@ -188,7 +201,7 @@ def test_emulated_mma_matches_matmul(M, N, K):
 
 def test_emulated_mma_glu():
     rng = np.random.default_rng(7)
-    M, N, K = 70, 19, 72
+    M, N, K = 70, 19, 104
     Wg, Wu = rng.standard_normal((M, K)), rng.standard_normal((M, K))
     X = rng.standard_normal((N, K))
     Y = emulate([Wg, Wu], X, np.full((N, M), np.nan), 0)
@@ -196,9 +209,19 @@ def test_emulated_mma_glu():
     np.testing.assert_allclose(Y, g / (1 + np.exp(-g)) * u, rtol=1e-10, atol=1e-10)
 
 
-def test_shared_fragment_loads_are_bank_conflict_free():
-    """Each 32-bit fragment load of a warp touches 32 distinct banks (row stride LD halves)."""
+@pytest.mark.parametrize("bk", ["MMA_BK", "MMA_BK_GLU"])
+def test_shared_fragment_loads_are_bank_conflict_free(bk):
+    """Each 32-bit fragment load of a warp touches 32 distinct banks (row stride LD halves),
+    and every tile starts 16-byte aligned (the uint4 stores)."""
+    BK = C[bk]
+    LD = BK + PAD
+    assert (LD * 2) % 16 == 0 and (BM * LD * 2) % 16 == 0
     for kk in range(0, BK, 16):
         for base in (0, 8, 16, 24):
             words = ((base + G) * LD + kk + 2 * T) // 2
             assert len(set((words % 32).tolist())) == 32
+
+
+def test_shared_memory_fits_the_static_limit():
+    for NW, bk in ((1, "MMA_BK"), (2, "MMA_BK_GLU")):
+        assert 2 * (NW + 1) * BM * (C[bk] + PAD) * 2 <= 48 * 1024

@@ -27,7 +27,7 @@ MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs)
 MMA_MIN_N = 16
 MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
-MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 128  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
+MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh

@@ -22,9 +22,11 @@
 // tests/test_mma_tiling.py models this indexing in numpy.
 //
 // Edges: rows >= M and tokens >= N load zeros and are not stored; K needs only to be a
-// multiple of 8 (chunks past K load zeros, a slice may end past K). Architectures before sm_80 have no m16n8k16:
-// there each lane computes the same C elements from the same shared tiles with scalar
-// loops (correct, slow; the host only picks these kernels on sm_80+).
+// multiple of 8 (chunks past K load zeros, a slice may end past K). Architectures before
+// sm_80 have no m16n8k16: there each lane computes the same C elements from the same
+// shared tiles with scalar loops (correct, slow; the host only picks these kernels on
+// sm_80+). f16 inputs: |x| above 65504 would overflow (activations that reach matmuls are
+// normalized or gated products, far below that).
 #pragma once
 #include "quants.cuh"
 

@@ -24,8 +24,11 @@ MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
-# these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs)
-MMA_MIN_N = 16
+# these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs).
+# Below a full tile of 64 tokens the per-row kernels read each weight at most 8 times and
+# spread over many more blocks (a [1024, K] weight is only 16 tensor-core blocks), so short
+# prompts stay there; opchecks.bench_gemm's N sweep shows where the crossover is.
+MMA_MIN_N = 64
 MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
 MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
@@ -224,7 +227,7 @@ class CudaOps:
 
     def _use_mma(self, w, N):
         """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
-        return self.mma and N >= MMA_MIN_N and w.ggml_type in MMA_FORMATS
+        return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
 
     @staticmethod
     def _mma_launch(M, N):

@@ -124,10 +124,21 @@ def check_matmul(ops, rng):
 
 
 def check_matmul_prefill(ops, rng):
-    """Matmuls of many rows (prefill; on CUDA the tensor-core kernels from mma_min_n rows):
-    output rows that are no multiple of the tiles (1000, and 4097 like an odd vocabulary),
-    token counts around the tile size, K with a partial last tile (352 = 5.5 x 64), plain
-    and accumulate, every format; outputs poisoned so an unwritten element fails."""
+    """Matmuls of many rows (prefill; on CUDA the tensor-core kernels, here from 8 rows on
+    whatever ops.mma_min_n is, so partial token tiles are checked too): output rows that are
+    no multiple of the tiles (1000, and 4097 like an odd vocabulary), token counts around
+    the tile size, K with a partial last tile (352 = 5.5 x 64), plain and accumulate, every
+    format; outputs poisoned so an unwritten element fails."""
+    if hasattr(ops, "mma_min_n"):
+        ops.mma_min_n = 8  # an instance attribute over the class's threshold, until the end
+        try:
+            return _check_matmul_prefill(ops, rng)
+        finally:
+            del ops.mma_min_n
+    return _check_matmul_prefill(ops, rng)
+
+
+def _check_matmul_prefill(ops, rng):
     rows = []
     shapes = [(name, M, 512) for name in MM_TYPES for M in (1000, 4097)]
     shapes += [(name, 1000, 352) for name in ("Q8_0", "Q4_0", "F16")]
@@ -482,8 +493,33 @@ def bench_gemm(ops, rng):
                     res[f"{key}_tflops"] = round(flops / (ms / 1e3) / 1e12, 2)
             res["speedup"] = round(res["rows_us"] / res["mma_us"], 2)
             out.append(res)
+        # where the tensor-core kernels start to pay (CudaOps.MMA_MIN_N): short prompts
+        for name, M, K in (("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q4_K", 1024, 3072)):
+            w = _weights(ops, {"w": (name, M, K)}, rng)["w"][0]
+            res = {"type": name, "M": M, "K": K, "sweep_us": {}}
+            for n in (16, 32, 64, 128, 256):
+                x = ops.asarray(rng.standard_normal((n, K)).astype(np.float32))
+                y = ops.empty((n, M))
+                times = []
+                for mode in (True, False):
+                    ops.mma = mode and mma0
+                    ops.mma_min_n = 1
+                    ops.matmul(x, w, out=y)
+                    ops.synchronize()
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for _ in range(20):
+                        ops.matmul(x, w, out=y)
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    times.append(round(e1.time_since(e0) / 20 * 1e3, 1))
+                    del ops.mma_min_n
+                res["sweep_us"][f"N={n} mma/rows"] = times
+            out.append(res)
     finally:
         ops.mma = mma0
+        if "mma_min_n" in vars(ops):
+            del ops.mma_min_n
     return out
 
 

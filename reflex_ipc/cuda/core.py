@@ -40,6 +40,11 @@ for _t in MM_TYPES:
         SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
+# tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
+MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
+for _t in MMA_TYPES:
+    SIGNATURES[f"mma_{_t}"] = "QQQiiiqi"  # W X Y K M N rb accumulate
+    SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
 
 
 class Kernel:
@@ -164,4 +169,4 @@ def read_images_bytes(data):
     return images(data)
 
 
-__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "read_images", "chosen_image"]
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "read_images", "chosen_image"]

@@ -5,4 +5,5 @@
 #include "matmul.cuh"
 #include "elementwise.cuh"
 #include "attention.cuh"
+#include "mla.cuh"
 #include "sampling.cuh"

@@ -50,9 +50,10 @@ def _cpu_backend():
     return NumpyOps()
 
 
-def make_backend(device):
+def make_backend(device, cpu_device="cpu"):
     """The backend ops object for a device name: "cpu" (the compiled kernels), "numpy" (the
-    oracle), "cuda", or "auto" (CUDA when usable, else cpu)."""
+    oracle), "cuda", or "auto" (CUDA when usable, else `cpu_device`: "cpu", or "numpy" for
+    an architecture whose ops the cpu backend lacks)."""
     from .ops import DEVICES
 
     if device not in DEVICES:
@@ -67,14 +68,14 @@ def make_backend(device):
 
     started = cuda.start_init()
     if device == "auto" and not started:  # pycuda is not installed
-        return _cpu_backend()
+        return make_backend(cpu_device)
     try:
         from .backends.cuda_ops import CudaOps
 
         return CudaOps()
     except Exception as e:
         if device == "auto":
-            return _cpu_backend()
+            return make_backend(cpu_device)
         if isinstance(e, ReflexError):
             raise
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e
@@ -102,15 +103,20 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, NO_CUDA, NUMPY_ONLY, load_model
+        from .models import ARCHITECTURES, CUDA_TOO, NO_CUDA, NUMPY_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
             raise ReflexError("unsupported_architecture",
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
+        cpu_device = "cpu"
         if device == "auto" and f.architecture in NUMPY_ONLY:
-            device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
+            # its recurrent / latent-attention ops exist on numpy (and, for CUDA_TOO, on CUDA)
+            if f.architecture in CUDA_TOO:
+                cpu_device = "numpy"
+            else:
+                device = "numpy"
         elif device == "auto" and f.architecture in NO_CUDA:
             device = "cpu"
         tok = load_tokenizer(f)
@@ -120,7 +126,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
             from . import lora as lora_mod
 
             adapters = lora_mod.open_adapters(lora_mod.normalize(lora), f)
-        ops = make_backend(device)
+        ops = make_backend(device, cpu_device)
         phases.mark("backend_ready")  # with CUDA: the init thread joined, kernels loaded
         if adapters:
             lora_set = lora_mod.LoraSet(ops, adapters)

@@ -103,7 +103,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, CUDA_TOO, NO_CUDA, NUMPY_ONLY, load_model
+        from .models import ARCHITECTURES, CUDA_TOO, NO_CUDA, NUMPY_ONLY, cuda_unfit, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
@@ -117,7 +117,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
                 cpu_device = "numpy"
             else:
                 device = "numpy"
-        elif device == "auto" and f.architecture in NO_CUDA:
+        elif device == "auto" and (f.architecture in NO_CUDA or cuda_unfit(f)):
             device = "cpu"
         tok = load_tokenizer(f)
         phases.mark("tokenizer")

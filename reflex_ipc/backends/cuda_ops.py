@@ -107,7 +107,16 @@ class CudaOps:
             self.rt.drv.memcpy_htod_async(dst.ptr, a, self.rt.stream)
         return dst
 
+    @staticmethod
+    def _uploaded(x):
+        """Wait for the weight upload when x lives in a file's arena (a 1-D weight read back or
+        copied before any kernel ran: the upload thread's copies are on their own stream, which
+        the runtime's stream does not wait for; kernels wait through _k_after_upload)."""
+        if isinstance(getattr(x, "owner", None), WeightArena):
+            x.owner.wait()
+
     def copy(self, src, out):
+        self._uploaded(src)
         if src.nbytes != out.nbytes:
             raise ValueError(f"copy: {src.shape} {src.dtype} into {out.shape} {out.dtype}")
         if src.nbytes:
@@ -156,6 +165,7 @@ class CudaOps:
     def to_numpy(self, x):
         if isinstance(x, np.ndarray):
             return x
+        self._uploaded(x)
         out = np.empty(x.shape, dtype=x.dtype)
         if out.nbytes:
             self.rt.drv.memcpy_dtoh_async(out, x.ptr, self.rt.stream)

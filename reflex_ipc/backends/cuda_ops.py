@@ -425,7 +425,7 @@ class CudaOps:
         """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
-        if n_rot % 2 or not 0 < n_rot <= hd:
+        if n_rot % 2 or not 0 <= n_rot <= hd:
             raise ValueError(f"rope: n_rot {n_rot} for head dim {hd}")
         pos = self.positions(pos)
         if not inplace:

@@ -2,7 +2,7 @@
 // weight per head, YaRN rope, and attention over the latent cache (one KV head whose values
 // are the first dv dims of the keys).
 #pragma once
-#include "quants.cuh"
+#include "matmul.cuh"  // MM_ROWS, and quants.cuh
 
 // y[r*ys + yo + c] = x[r*xs + xo + c] for r < rows, c < n: one slice of columns of a row-major
 // x into a slice of columns of y (split: yo = 0, ys = n; concat: xo = 0, xs = n).

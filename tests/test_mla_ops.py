@@ -156,3 +156,166 @@ def test_auto_without_cuda_runs_deepseek2_on_numpy(monkeypatch):
     assert "deepseek2" in CUDA_TOO and set(CUDA_TOO) <= set(NUMPY_ONLY)
     monkeypatch.setattr(cuda, "start_init", lambda: False)
     assert engine.make_backend("auto", "numpy").name == "numpy"
+
+
+class _FakeDevice:
+    """Device memory as one numpy byte buffer (a pointer is an offset in it) and numpy models
+    of the kernels CudaOps launches for deepseek2's attention step, each reading its arguments
+    exactly as the kernel's C signature does: CudaOps' host code (launch arguments, pointer
+    offsets, grids) runs unchanged on it."""
+
+    BASE = 1 << 20
+
+    def __init__(self, nbytes=16 << 20):
+        self.mem = np.zeros(nbytes, np.uint8)
+        self.top = self.BASE
+        self.launches = []
+        dev = self
+
+        class Drv:
+            def memcpy_htod_async(self, ptr, a, stream):
+                b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+                dev.mem[ptr - dev.BASE:ptr - dev.BASE + b.size] = b
+
+            def memcpy_dtoh_async(self, out, ptr, stream):
+                b = out.view(np.uint8).reshape(-1)
+                b[...] = dev.mem[ptr - dev.BASE:ptr - dev.BASE + b.size]
+
+            def memset_d8_async(self, ptr, v, n, stream):
+                dev.mem[ptr - dev.BASE:ptr - dev.BASE + n] = v
+
+        class Stream:
+            def synchronize(self):
+                pass
+
+        class Pool:
+            def alloc(self, n):
+                ptr = dev.top
+                dev.top += (max(n, 1) + 255) & ~255
+                assert dev.top - dev.BASE <= dev.mem.size
+                return ptr, 0
+
+            def give_back(self, ptr, cls):
+                pass
+
+        self.drv, self.stream, self.pool = Drv(), Stream(), Pool()
+
+    def view(self, ptr, n, dtype):
+        off = ptr - self.BASE
+        return self.mem[off:off + n * np.dtype(dtype).itemsize].view(dtype)
+
+    def kernel(self, name):
+        def launch(grid, block, *args):
+            self.launches.append(name)
+            getattr(self, "k_" + name.replace("hmm1_", "hmm_").replace("hmm8_", "hmm_"))(grid, block, *args)
+        return launch
+
+    # -- the kernels ---------------------------------------------------------------------
+    def k_copy_f32(self, grid, block, x, y, n):
+        self.view(y, n, np.float32)[...] = self.view(x, n, np.float32)
+
+    def k_copy_cols_f32(self, grid, block, x, y, rows, n, xs, xo, ys, yo):
+        X = self.view(x, rows * xs, np.float32).reshape(rows, xs)
+        Y = self.view(y, rows * ys, np.float32).reshape(rows, ys)
+        Y[:, yo:yo + n] = X[:, xo:xo + n]
+
+    def k_hmm_f32(self, grid, block, W, X, Y, K, M, H, N, rb):
+        assert rb == 4 * K and grid[0] * 4 >= H * M and block == (128, 1, 1)
+        nt = 1 if grid[1] == N and N == 1 else 8
+        assert grid[1] * nt >= N
+        w = self.view(W, H * M * K, np.float32).reshape(H, M, K).astype(np.float64)
+        x = self.view(X, N * H * K, np.float32).reshape(N, H, K)
+        self.view(Y, N * H * M, np.float32)[...] = np.einsum("hmk,nhk->nhm", w, x).reshape(-1)
+
+    def k_rope_yarn_f32(self, grid, block, x, pos, N, H, hd, n_rot, base, fs, ff, neox, ms, ext, lo, hi):
+        assert ff == 0
+        xs = self.view(x, N * H * hd, np.float32).reshape(N, H, hd)
+        p = self.view(pos, N, np.int32)
+        xs[...] = _rope_yarn_kernel(xs, p, n_rot, base, fs, None, neox, ms, ext, lo, hi)
+
+    def k_kv_store(self, grid, block, k, v, kc, vc, pos, N, Hkv, hd, ctx):
+        assert v == 0 and vc == 0
+        K = self.view(k, N * Hkv * hd, np.float32).reshape(N, Hkv, hd)
+        C = self.view(kc, Hkv * ctx * hd, np.float16).reshape(Hkv, ctx, hd)
+        C[:, self.view(pos, N, np.int32)] = K.transpose(1, 0, 2)
+
+    def k_mla_attention_split(self, grid, block, q, kc, ml, acc, pos, mask, H, dk, dv, n_kv, scale, softcap,
+                              causal, window, chunk):
+        assert mask == 0 and softcap == 0.0 and window == 0 and grid[0] == H
+        N, S = grid[1], grid[2]
+        assert S == -(-n_kv // chunk)
+        Q = self.view(q, N * H * dk, np.float32).reshape(N, H, dk).astype(np.float64)
+        lat = self.view(kc, n_kv * dk, np.float16).reshape(n_kv, dk).astype(np.float64)
+        P = self.view(pos, N, np.int32)
+        ML = self.view(ml, N * H * S * 2, np.float32).reshape(N * H * S, 2)
+        A = self.view(acc, N * H * S * dv, np.float32).reshape(N * H * S, dv)
+        for n in range(N):
+            for h in range(H):
+                for s in range(S):
+                    slot = (n * H + h) * S + s
+                    hi_ = min(min(int(P[n]), n_kv - 1) if causal else n_kv - 1, min(n_kv - 1, (s + 1) * chunk - 1))
+                    lo_ = s * chunk
+                    if lo_ > hi_:
+                        ML[slot], A[slot] = (-np.inf, 0.0), 0.0
+                        continue
+                    sc = lat[lo_:hi_ + 1] @ Q[n, h] * scale
+                    m = sc.max()
+                    e = np.exp(sc - m)
+                    ML[slot], A[slot] = (m, e.sum()), e @ lat[lo_:hi_ + 1, :dv]
+
+    def k_attention_combine(self, grid, block, ml, acc, out, H, hd, S):
+        N = grid[1]
+        assert grid[0] == H and block[0] >= min(hd, 1024)
+        ML = self.view(ml, N * H * S * 2, np.float32).reshape(N, H, S, 2).astype(np.float64)
+        A = self.view(acc, N * H * S * hd, np.float32).reshape(N, H, S, hd).astype(np.float64)
+        M = ML[..., 0].max(-1, keepdims=True)
+        f = np.where(np.isneginf(ML[..., 0]), 0.0, np.exp(ML[..., 0] - M))
+        L = (ML[..., 1] * f).sum(-1)
+        self.view(out, N * H * hd, np.float32)[...] = ((A * f[..., None]).sum(2) / L[..., None]).reshape(-1)
+
+
+def test_cuda_host_code_of_the_mla_step_on_a_fake_device(ops):
+    """CudaOps' split, YaRN rope, head_matmul, concat, keys-only kv_store, latent attention
+    (split-K over a 300-slot cache, and one block) on _FakeDevice equal numpy's, for a prefill
+    and decode steps."""
+    from reflex_ipc.cuda.arrays import DeviceWeight
+    from reflex_ipc.ggml_types import F32
+
+    dev = _FakeDevice()
+    cu = object.__new__(cuda_ops.CudaOps)
+    cu.rt, cu.pool, cu.k, cu._graph, cu._arenas = dev, dev.pool, dev.kernel, None, {}
+    rng = np.random.default_rng(9)
+    H, nope, r, R, v_dim, n_ctx = 4, 8, 8, 16, 12, 300
+    kb = rng.standard_normal((H * R, nope)).astype(np.float32)
+    vb = rng.standard_normal((H * v_dim, R)).astype(np.float32)
+    dkb, dvb = cu.asarray(kb), cu.asarray(vb)
+    wk = DeviceWeight(dkb.ptr, kb.shape, F32, "F32", nope * 4, "k_b")
+    wv = DeviceWeight(dvb.ptr, vb.shape, F32, "F32", R * 4, "v_b")
+    rope = dict(n_rot=r, base=10000.0, freq_scale=0.25, neox=False, mscale=0.9, yarn=(1.0, 32, 32.0, 1.0))
+
+    def step(o, kb_, vb_, q, lat, pe, pos, cache):
+        q_nope, q_pe = o.split(q, [nope, r])
+        q_pe = o.rope(q_pe, pos, inplace=True, **rope)
+        qq = o.concat([o.head_matmul(q_nope, kb_), q_pe])
+        pe = o.rope(pe, pos, inplace=True, **rope)
+        o.kv_store(cache, None, o.concat([lat, pe]), None, pos)
+        att = o.attention(qq, cache, None, pos, n_ctx, scale=0.3, v_dim=R, causal=True, window=0, mask=None)
+        return o.head_matmul(att, vb_)
+
+    cache_np = ops.zeros((1, n_ctx, R + r), "float32")
+    cache_cu = cu.zeros((1, n_ctx, R + r), cu.kv_dtype)
+    spans = [range(0, 7)] + [range(7 + i, 8 + i) for i in range(4)]
+    for span in spans:
+        N = len(span)
+        q = rng.standard_normal((N, H, nope + r)).astype(np.float32)
+        lat = rng.standard_normal((N, 1, R)).astype(np.float32)
+        pe = rng.standard_normal((N, 1, r)).astype(np.float32)
+        pos = np.array(list(span), np.int32)
+        want = step(ops, kb, vb, q.copy(), lat, pe.copy(), pos, cache_np)
+        got = cu.to_numpy(step(cu, wk, wv, cu.asarray(q), cu.asarray(lat), cu.asarray(pe), cu.positions(pos),
+                               cache_cu))
+        assert got.shape == (N, H, v_dim)
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert rel < 2e-3, rel  # the f16 latent cache (an index or offset error is O(1))
+    assert {"copy_cols_f32", "rope_yarn_f32", "hmm1_f32", "hmm8_f32", "kv_store", "mla_attention_split",
+            "attention_combine"} <= set(dev.launches)

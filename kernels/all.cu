@@ -7,3 +7,4 @@
 #include "attention.cuh"
 #include "mla.cuh"
 #include "sampling.cuh"
+#include "recurrent.cuh"

@@ -148,14 +148,14 @@ def test_head_matmul_indexing():
 
 
 def test_auto_without_cuda_runs_deepseek2_on_numpy(monkeypatch):
-    """deepseek2 is in models.CUDA_TOO: device auto tries CUDA, and without it falls back to
+    """deepseek2 is in models.NO_CPU: device auto tries CUDA, and without it falls back to
     numpy (the cpu backend lacks the latent attention ops), not to cpu."""
     from reflex_ipc import cuda, engine
-    from reflex_ipc.models import CUDA_TOO, NUMPY_ONLY
+    from reflex_ipc.models import NO_CPU, NUMPY_ONLY
 
-    assert "deepseek2" in CUDA_TOO and set(CUDA_TOO) <= set(NUMPY_ONLY)
+    assert "deepseek2" in NO_CPU and "deepseek2" not in NUMPY_ONLY
     monkeypatch.setattr(cuda, "start_init", lambda: False)
-    assert engine.make_backend("auto", "numpy").name == "numpy"
+    assert engine.make_backend("auto", no_cpu=True).name == "numpy"
 
 
 class _FakeDevice:

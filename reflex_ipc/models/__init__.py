@@ -4,11 +4,12 @@ from ..errors import ReflexError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4",
                  "qwen35", "qwen35moe", "granitehybrid")
-# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) the cpu backend lacks: device
-# "auto" runs them on numpy (on CUDA when it is usable, for those also in CUDA_TOO); an explicit
-# device without the ops refuses them (unsupported_architecture, naming the missing ops).
-NUMPY_ONLY = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
-CUDA_TOO = ("deepseek2",)  # of NUMPY_ONLY: the CUDA backend has their ops (base.MLA_OPS)
+# Architectures whose ops only the numpy backend has so far: device "auto" runs them there; an
+# explicit cpu or cuda device refuses them (unsupported_architecture, naming the missing ops).
+NUMPY_ONLY = ()
+# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) the numpy and CUDA backends have
+# but the C cpu backend lacks: device "auto" runs them on CUDA where it is usable, else on numpy.
+NO_CPU = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
 # Architectures the CUDA backend refuses (its results do not match the oracle yet): device "auto"
 # runs them on the cpu backend. (gemma4 was here until its CUDA mismatch was traced to a read of
 # an arena weight before the upload finished, fixed in CudaOps.to_numpy.)

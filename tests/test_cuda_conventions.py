@@ -87,7 +87,8 @@ class CudaConventions(NumpyOps):
     def mul(self, a, b, out=None):
         self._count("mul")
         self._arr(a, b)
-        assert a.shape == b.shape or (b.ndim == 1 and b.shape[0] == a.shape[-1]), (a.shape, b.shape)
+        assert a.shape == b.shape or (b.ndim == 1 and b.shape[0] == a.shape[-1]) or (
+            a.ndim == 2 and b.shape == (a.shape[0], 1)), (a.shape, b.shape)
         return super().mul(a, b, out)
 
     def rms_norm(self, x, w, eps):

@@ -612,6 +612,8 @@ class CudaOps:
         self.k(f"hmm{nt}_{MM_KERNEL[w.ggml_type]}")(((H * M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1),
                                                     (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K, M, H, N,
                                                     w.row_bytes)
+        return out
+
     # -- recurrent layers ----------------------------------------------------------------
     def sigmoid(self, a):
         out = self.empty(a.shape)

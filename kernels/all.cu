@@ -6,5 +6,6 @@
 #include "mma.cuh"
 #include "elementwise.cuh"
 #include "attention.cuh"
+#include "mla.cuh"
 #include "sampling.cuh"
 #include "recurrent.cuh"

@@ -37,11 +37,37 @@ ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
 ATT_CHUNK = 128  # keys per split block (at least)
 ATT_MAX_SPLITS = 64
+MLA_WARPS = 8  # MLA_WARPS in mla.cuh
+MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
 CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
+
+
+def yarn_args(yarn, n_rot, base, freq_scale, mscale):
+    """(ext_factor, lo, hi, mscale) for rope_yarn_f32 from rope's yarn tuple (ext_factor,
+    n_ctx_orig, beta_fast, beta_slow): the correction dims [lo, hi] and the attention factor
+    times YaRN's 1 + 0.1 ln(1 / freq_scale) (base.Ops.rope)."""
+    ext_factor, n_ctx_orig, beta_fast, beta_slow = yarn
+
+    def corr_dim(b):
+        return n_rot * math.log(n_ctx_orig / (b * 2 * math.pi)) / (2 * math.log(base))
+
+    lo = max(0.0, math.floor(corr_dim(beta_fast)))
+    hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+    return float(ext_factor), lo, hi, mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+
+def mla_split_plan(n_rows, n_kv):
+    """(chunk, S): the keys per block and the number of key blocks of mla_attention_split for
+    n_rows (query, head) pairs over n_kv keys: split like attention when there are few rows."""
+    if n_rows < ATT_SPLIT_BELOW and n_kv > ATT_CHUNK:
+        chunk = max(ATT_CHUNK, -(-n_kv // ATT_MAX_SPLITS))
+    else:
+        chunk = max(1, n_kv)
+    return chunk, -(-max(1, n_kv) // chunk)
 
 
 def _ew_grid(n):
@@ -97,7 +123,16 @@ class CudaOps:
             self.rt.drv.memcpy_htod_async(dst.ptr, a, self.rt.stream)
         return dst
 
+    @staticmethod
+    def _uploaded(x):
+        """Wait for the weight upload when x lives in a file's arena (a 1-D weight read back or
+        copied before any kernel ran: the upload thread's copies are on their own stream, which
+        the runtime's stream does not wait for; kernels wait through _k_after_upload)."""
+        if isinstance(getattr(x, "owner", None), WeightArena):
+            x.owner.wait()
+
     def copy(self, src, out):
+        self._uploaded(src)
         if src.nbytes != out.nbytes:
             raise ValueError(f"copy: {src.shape} {src.dtype} into {out.shape} {out.dtype}")
         if src.nbytes:
@@ -146,6 +181,7 @@ class CudaOps:
     def to_numpy(self, x):
         if isinstance(x, np.ndarray):
             return x
+        self._uploaded(x)
         out = np.empty(x.shape, dtype=x.dtype)
         if out.nbytes:
             self.rt.drv.memcpy_dtoh_async(out, x.ptr, self.rt.stream)
@@ -438,17 +474,23 @@ class CudaOps:
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
              neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
-        if yarn is not None and yarn[0] != 0.0:
-            raise ReflexError("unsupported_architecture", "YaRN rope scaling has no CUDA kernel yet "
-                              "(use --device cpu)")
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
+        if n_rot % 2 or not 0 <= n_rot <= hd:
+            raise ValueError(f"rope: n_rot {n_rot} for head dim {hd}")
         pos = self.positions(pos)
         if not inplace:
             y = self.empty(x.shape)
             self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), x.ptr, y.ptr, x.size)
             x = y
         total = N * H * (n_rot // 2)
+        if yarn is not None and yarn[0] != 0.0:
+            ext_factor, lo, hi, ms = yarn_args(yarn, n_rot, base, freq_scale, mscale)
+            self.k("rope_yarn_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
+                                    float(base), float(freq_scale),
+                                    freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0,
+                                    float(ms), float(ext_factor), float(lo), float(hi))
+            return x
         self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
                            float(base), float(freq_scale), freq_factors.ptr if freq_factors is not None else 0,
                            1 if neox else 0, float(mscale))
@@ -474,18 +516,23 @@ class CudaOps:
 
     # -- attention ---------------------------------------------------------------
     def kv_store(self, k_cache, v_cache, k, v, slots):
-        """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots."""
+        """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots (v and
+        v_cache None: keys only, an MLA latent)."""
         N, Hkv, hd = k.shape
+        if (v is None) != (v_cache is None):
+            raise ValueError("kv_store: v and v_cache must both be given or both be None")
+        if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
+            raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
-        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr, k_cache.ptr, v_cache.ptr,
+        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr if v is not None else 0,
+                           k_cache.ptr, v_cache.ptr if v_cache is not None else 0,
                            slots.ptr, N, Hkv, hd, k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None, v_dim=None):
         """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
         if v_cache is None:
-            raise ReflexError("unsupported_architecture", "latent attention (values inside the keys) has "
-                              "no CUDA kernel yet (use --device cpu)")
+            return self._latent_attention(q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim)
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
@@ -515,6 +562,88 @@ class CudaOps:
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
+        return out
+
+    def _latent_attention(self, q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
+        """attention with v_cache None: q [N, H, dk] over the one latent head k_cache [1, ctx, dk];
+        the values are the first v_dim dims of the keys -> [N, H, v_dim]. mla_attention_split
+        over (head, query, key block), then attention_combine (position-free arguments when
+        causal without a mask, as attention's: a captured graph replays it)."""
+        N, H, dk = q.shape
+        if k_cache.shape[0] != 1 or k_cache.shape[2] != dk:
+            raise ValueError(f"latent attention: q {q.shape} over a cache {k_cache.shape} (one head of {dk})")
+        if dk > MLA_MAX_D:
+            raise ReflexError("unsupported_architecture", f"latent attention: key width {dk} > {MLA_MAX_D}")
+        dv = int(v_dim)
+        if not 0 < dv <= dk:
+            raise ValueError(f"latent attention: v_dim {v_dim} of {dk}")
+        pos = self.positions(pos)
+        ctx = k_cache.shape[1]
+        if causal and mask is None:
+            n_kv = ctx
+        n_kv = int(n_kv)
+        out = self.empty((N, H, dv))
+        chunk, S = mla_split_plan(N * H, n_kv)
+        ml = self.empty((N * H * S * 2,))
+        acc = self.empty((N * H * S * dv,))
+        self.k("mla_attention_split")((H, N, S), (32 * MLA_WARPS, 1, 1), q.ptr, k_cache.ptr, ml.ptr, acc.ptr,
+                                      pos.ptr, mask.ptr if mask is not None else 0, H, dk, dv, n_kv,
+                                      float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
+        self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), ml.ptr,
+                                    acc.ptr, out.ptr, H, dv, S)
+        return out
+
+    # -- multi-head latent attention --------------------------------------------------
+    def _copy_cols(self, x, xo, y, yo, n):
+        """y[..., yo:yo+n] = x[..., xo:xo+n] over the rows of 2+-D contiguous x and y."""
+        rows = x.size // x.shape[-1]
+        if rows and n:
+            self.k("copy_cols_f32")(_ew_grid(rows * n), (EW_BLOCK, 1, 1), x.ptr, y.ptr, rows, n, x.shape[-1],
+                                    xo, y.shape[-1], yo)
+
+    def split(self, x, sizes):
+        """x [..., sum(sizes)] -> its column slices as new contiguous arrays (one launch each)."""
+        sizes = [int(n) for n in sizes]
+        if sum(sizes) != x.shape[-1] or any(n < 0 for n in sizes):
+            raise ValueError(f"split: sizes {sizes} of {x.shape[-1]} columns")
+        out, a = [], 0
+        for n in sizes:
+            y = self.empty(x.shape[:-1] + (n,))
+            self._copy_cols(x, a, y, 0, n)
+            out.append(y)
+            a += n
+        return out
+
+    def concat(self, xs):
+        """Arrays [..., d_i] of one leading shape -> [..., sum(d_i)] (one launch each)."""
+        lead = tuple(xs[0].shape[:-1])
+        if any(tuple(x.shape[:-1]) != lead for x in xs):
+            raise ValueError(f"concat: leading shapes {[tuple(x.shape) for x in xs]}")
+        out = self.empty(lead + (sum(x.shape[-1] for x in xs),))
+        a = 0
+        for x in xs:
+            self._copy_cols(x, 0, out, a, x.shape[-1])
+            a += x.shape[-1]
+        return out
+
+    def head_matmul(self, x, w):
+        """x [N, H, K] and a weight [H*M, K] (a 3-D [H, M, K] tensor) -> [N, H, M], y[n, h] =
+        w[h] @ x[n, h]: one launch of hmm (mla.cuh), reading each head's rows in place."""
+        if not isinstance(w, DeviceWeight):
+            raise TypeError("head_matmul needs a DeviceWeight from load_weight")
+        N, H, K = x.shape
+        if w.shape[1] != K or w.shape[0] % H:
+            raise ValueError(f"head_matmul: x {x.shape} with weight {w.shape}")
+        if K % 8:
+            raise ReflexError("unsupported_architecture", f"{w.name}: rows of {K} (need a multiple of 8)")
+        M = w.shape[0] // H
+        out = self.empty((N, H, M))
+        if N == 0:
+            return out
+        nt = 1 if N == 1 else 8
+        self.k(f"hmm{nt}_{MM_KERNEL[w.ggml_type]}")(((H * M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1),
+                                                    (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K, M, H, N,
+                                                    w.row_bytes)
         return out
 
     # -- recurrent layers ----------------------------------------------------------------

@@ -25,6 +25,8 @@ SIGNATURES = {
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
+    "copy_cols_f32": "QQqiiiii", "rope_yarn_f32": "QQiiiiffQiffff",
+    "mla_attention_split": "QQQQQQiiiiffiii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ",
     "logprob_rows": "QqQQiQ",
     # recurrent.cuh
@@ -40,6 +42,8 @@ for _t in MM_TYPES:
         SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
+    for _nt in (1, 8):
+        SIGNATURES[f"hmm{_nt}_{_t}"] = "QQQiiiiq"  # W X Y K M H N rb (mla.cuh)
 # tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
 MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
 for _t in MMA_TYPES:

@@ -385,6 +385,159 @@ def check_attention(ops, rng):
     return rows
 
 
+def check_mla(ops, rng):
+    """The multi-head latent attention ops (deepseek2; mla.cuh on CUDA) against numpy / float64:
+    split and concat (odd widths), head_matmul of every weight format, YaRN rope, keys-only
+    kv_store and attention over the latent cache (values = the first v_dim key dims; prefill,
+    split-K decode, mask), and a decode step of them replayed from a captured graph."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    ref_ops = NumpyOps(blas_threads=None)
+    rows = []
+    # split / concat
+    for shape, sizes in (((1, 3, 12), (7, 5)), ((5, 3, 13), (7, 5, 1)), ((13, 16, 192), (128, 64)),
+                         ((4, 37), (1, 35, 1))):
+        x = rng.standard_normal(shape).astype(np.float32)
+        poison(ops, *[shape[:-1] + (n,) for n in sizes])
+        parts = ops.split(ops.asarray(x), list(sizes))
+        for i, (got, want) in enumerate(zip(parts, ref_ops.split(x, list(sizes)))):
+            rows.append(row("split", f"{shape} {sizes} part{i}", ops.to_numpy(got), want, 0.0))
+        poison(ops, shape)
+        back = ops.concat(parts)
+        rows.append(row("concat", f"{shape} {sizes}", ops.to_numpy(back), x, 0.0))
+    # head_matmul: x [N, H, K] by a weight [H*M, K]
+    specs = [(t, 3, 37, 256) for t in MM_TYPES] + [("F32", 4, 16, 8), ("F32", 4, 12, 16), ("F16", 16, 512, 128),
+                                                    ("Q8_0", 16, 128, 512)]
+    for t, H, M, K in specs:
+        W = _weights(ops, {"w": (t, H * M, K)}, rng)
+        w, ref = W["w"]
+        for N in (1, 5, 8, 13):
+            x = rng.standard_normal((N, H, K)).astype(np.float32)
+            poison(ops, (N, H, M))
+            got = ops.to_numpy(ops.head_matmul(ops.asarray(x), w))
+            want = np.einsum("nhk,hmk->nhm", x.astype(np.float64), ref.reshape(H, M, K))
+            rows.append(row("head_matmul", f"{t} H={H} M={M} K={K} N={N}", got, want, 2e-5))
+    # YaRN rope (deepseek2's arguments and others), against numpy's rope
+    cases = [  # hd, n_rot, H, freq_scale, yarn (ext, n_ctx_orig, beta_fast, beta_slow), mscale, neox, ff
+        (8, 8, 4, 0.25, (1.0, 32, 32.0, 1.0), 0.93, False, False),
+        (64, 64, 16, 1 / 40, (1.0, 4096, 32.0, 1.0), 1.0, False, False),
+        (24, 8, 1, 0.125, (1.0, 16, 32.0, 1.0), 1.1, False, False),
+        (128, 96, 3, 0.5, (0.5, 2048, 16.0, 2.0), 1.0, True, True),
+    ]
+    for hd, n_rot, H, fs, yarn, mscale, neox, ff in cases:
+        for N in (1, 5, 13):
+            x = (rng.standard_normal((N, H, hd)) * 2).astype(np.float32)
+            pos = np.array([0, 1, 7, 100, 2047, 30000, 5, 9, 11, 13, 17, 4095, 12345][:N], np.int32)
+            factors = rng.uniform(1, 4, n_rot // 2).astype(np.float32) if ff else None
+            kw = dict(n_rot=n_rot, base=10000.0, freq_scale=fs, neox=neox, mscale=mscale, yarn=yarn)
+            want = ref_ops.rope(x.copy(), pos, freq_factors=factors, **kw)
+            X = ops.asarray(x.copy())
+            got = ops.rope(X, pos, inplace=True, freq_factors=ops.asarray(factors) if ff else None, **kw)
+            case = f"hd={hd} n_rot={n_rot} H={H} N={N} fs={fs:.4g} yarn={yarn} neox={neox} ff={ff}"
+            rows.append({"op": "rope_yarn", "case": case + " returns x", "ok": got is X})
+            rows.append(row("rope_yarn", case, ops.to_numpy(X), want, 2e-6))
+            got2 = ops.rope(ops.asarray(x.copy()), pos, freq_factors=ops.asarray(factors) if ff else None, **kw)
+            rows.append(row("rope_yarn", case + " copy", ops.to_numpy(got2), want, 2e-6))
+    # attention over the latent cache
+    for R, r, H, n_ctx in ((16, 8, 4, 64), (512, 64, 16, 300), (40, 8, 3, 97)):
+        dk = R + r
+        cache = ops.zeros((1, n_ctx, dk), ops.kv_dtype)
+        past, N = min(41, n_ctx // 3), 23
+        n_kv = past + N
+        lat = rng.standard_normal((n_kv, 1, dk)).astype(np.float32)
+        ops.kv_store(cache, None, ops.asarray(lat[:past]), None, np.arange(past))
+        ops.kv_store(cache, None, ops.asarray(lat[past:]), None, np.arange(past, n_kv))
+        Kc = lat.astype(ops.kv_dtype).astype(np.float64).transpose(1, 0, 2)  # [1, n_kv, dk]
+        rows.append(row("kv_store", f"latent dk={dk}", ops.to_numpy(cache).astype(np.float64)[:, :n_kv], Kc, 0.0))
+        q = rng.standard_normal((N, H, dk)).astype(np.float32)
+        pos = np.arange(past, n_kv)
+        scale = 1 / np.sqrt(dk)
+        for name, qq, pp, kw in (("prefill", q, pos, {}), ("decode", q[-1:], pos[-1:], {}),
+                                 ("prefill softcap=5", q, pos, {"softcap": 5.0})):
+            poison(ops, (len(pp), H, R))
+            got = ops.to_numpy(ops.attention(ops.asarray(qq), cache, None, pp, n_kv, scale=scale, v_dim=R, **kw))
+            want = attention_ref(qq, Kc, Kc[:, :, :R], pp, n_kv, scale, kw.get("softcap", 0.0), True, 0, None)
+            rows.append(row("latent_attention", f"R={R} r={r} H={H} {name}", got, want, 1e-5))
+        mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
+        mask[:, 0] = 0
+        mask[3] = -np.inf  # a query that sees nothing: zeros
+        got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=scale, causal=False,
+                                         mask=ops.asarray(mask), v_dim=R))
+        want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, scale, 0.0, False, 0, mask.astype(np.float64))
+        rows.append(row("latent_attention", f"R={R} r={r} H={H} mask non-causal", got, want, 1e-5))
+    # split-K decode over a long latent cache (DeepSeek-V2-Lite's widths), causal and masked
+    R, r, H, n_ctx, n_kv = 512, 64, 16, 2048, 1500
+    dk = R + r
+    cache = ops.zeros((1, n_ctx, dk), ops.kv_dtype)
+    lat = rng.standard_normal((n_kv, 1, dk)).astype(np.float32)
+    ops.kv_store(cache, None, ops.asarray(lat), None, np.arange(n_kv))
+    Kc = lat.astype(ops.kv_dtype).astype(np.float64).transpose(1, 0, 2)
+    q = rng.standard_normal((2, H, dk)).astype(np.float32)
+    pos = np.array([n_kv - 2, n_kv - 1])
+    got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=0.05, v_dim=R))
+    want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, 0.05, 0.0, True, 0, None)
+    rows.append(row("latent_attention", f"split-K decode n_kv={n_kv}", got, want, 1e-5))
+    mask = np.where(rng.random((2, n_kv)) < 0.5, -np.inf, 0.0).astype(np.float32)
+    got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=0.05, causal=False,
+                                     mask=ops.asarray(mask), v_dim=R))
+    want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, 0.05, 0.0, False, 0, mask.astype(np.float64))
+    rows.append(row("latent_attention", f"split-K decode n_kv={n_kv} mask", got, want, 1e-5))
+    rows += _check_mla_step(ops, ref_ops, rng)
+    return rows
+
+
+def _check_mla_step(ops, ref_ops, rng):
+    """deepseek2's attention step (split, YaRN rope, head_matmul, concat, keys-only kv_store,
+    latent attention, head_matmul) for decode tokens at growing positions: eager on `ops`,
+    replayed from one captured graph (when ops can capture), against numpy."""
+    H, nope, r, R, v_dim, n_ctx = 4, 8, 8, 16, 12, 40
+    W = _weights(ops, {"k_b": ("F32", H * R, nope), "v_b": ("F32", H * v_dim, R)}, rng)
+    ref_w = {k: np.asarray(v[1], np.float32) for k, v in W.items()}
+    rope = dict(n_rot=r, base=10000.0, freq_scale=0.25, neox=False, mscale=0.9, yarn=(1.0, 32, 32.0, 1.0))
+    scale = 0.3
+
+    def step(o, kb, vb, q, lat, pe, pos, cache):
+        q_nope, q_pe = o.split(q, [nope, r])
+        q_pe = o.rope(q_pe, pos, inplace=True, **rope)
+        qq = o.concat([o.head_matmul(q_nope, kb), q_pe])
+        pe = o.rope(pe, pos, inplace=True, **rope)
+        o.kv_store(cache, None, o.concat([lat, pe]), None, pos)
+        att = o.attention(qq, cache, None, pos, n_ctx, scale=scale, v_dim=R, causal=True, window=0, mask=None)
+        return o.head_matmul(att, vb)
+
+    n_steps = 12
+    qs = rng.standard_normal((n_steps, 1, H, nope + r)).astype(np.float32)
+    lats = rng.standard_normal((n_steps, 1, 1, R)).astype(np.float32)
+    pes = rng.standard_normal((n_steps, 1, 1, r)).astype(np.float32)
+    ref_cache = ref_ops.zeros((1, n_ctx, R + r), "float32")
+    want = [step(ref_ops, ref_w["k_b"], ref_w["v_b"], qs[i].copy(), lats[i], pes[i].copy(),
+                 np.array([i], np.int32), ref_cache) for i in range(n_steps)]
+    rows = []
+    cache = ops.zeros((1, n_ctx, R + r), ops.kv_dtype)
+    got = [ops.to_numpy(step(ops, W["k_b"][0], W["v_b"][0], ops.asarray(qs[i]), ops.asarray(lats[i]),
+                             ops.asarray(pes[i]), ops.positions([i]), cache)) for i in range(n_steps)]
+    rows.append(row("mla_step", "eager decode steps", np.stack(got), np.stack(want), 2e-3))
+    if not callable(getattr(ops, "capture", None)):
+        return rows
+    cache = ops.zeros((1, n_ctx, R + r), ops.kv_dtype)
+    Q, LAT, PE = ops.empty((1, H, nope + r)), ops.empty((1, 1, R)), ops.empty((1, 1, r))
+    POS = ops.positions([0])
+    graph, out = ops.capture(lambda: step(ops, W["k_b"][0], W["v_b"][0], Q, LAT, PE, POS, cache))
+    got = []
+    try:
+        for i in range(n_steps):
+            ops.write(Q, qs[i])
+            ops.write(LAT, lats[i])
+            ops.write(PE, pes[i])
+            ops.write(POS, np.array([i], np.int32))
+            graph.launch()
+            got.append(ops.to_numpy(out))
+    finally:
+        graph.close()
+    rows.append(row("mla_step", "captured graph decode steps", np.stack(got), np.stack(want), 2e-3))
+    return rows
+
+
 def check_sampling(ops, rng):
     rows = []
     for n in (1000, 49152, 151936, 262144):
@@ -626,7 +779,7 @@ def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
-               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_recurrent):
+               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

@@ -2,7 +2,8 @@
 #pragma once
 #include "common.cuh"
 
-// Write k, v of shape [N, Hkv, hd] (float32) into the caches at positions pos[n].
+// Write k, v of shape [N, Hkv, hd] (float32) into the caches at positions pos[n] (v, vc null:
+// keys only).
 RX_EXTERN void kv_store(const float* k, const float* v, __half* kc, __half* vc, const int* pos,
                         int N, int Hkv, int hd, int ctx) {
     const long long total = (long long)N * Hkv * hd;
@@ -12,7 +13,7 @@ RX_EXTERN void kv_store(const float* k, const float* v, __half* kc, __half* vc, 
         const int n = i / ((long long)hd * Hkv);
         const long long dst = ((long long)h * ctx + pos[n]) * hd + d;
         kc[dst] = __float2half(k[i]);
-        vc[dst] = __float2half(v[i]);
+        if (vc) vc[dst] = __float2half(v[i]);  // null: keys only (an MLA latent)
     }
 }
 

@@ -110,7 +110,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, NO_CPU, NO_CUDA, NUMPY_ONLY, load_model
+        from .models import ARCHITECTURES, NO_CPU, NO_CUDA, NUMPY_ONLY, cuda_unfit, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
@@ -118,8 +118,8 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
         if device == "auto" and f.architecture in NUMPY_ONLY:
-            device = "numpy"  # its latent-attention ops exist on numpy only so far
-        elif device == "auto" and f.architecture in NO_CUDA:
+            device = "numpy"  # its ops exist on numpy only so far
+        elif device == "auto" and (f.architecture in NO_CUDA or cuda_unfit(f)):
             device = "cpu"
         tok = load_tokenizer(f)
         phases.mark("tokenizer")

@@ -23,6 +23,14 @@ MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q
              Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
+# tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
+# these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs).
+# Below a full tile of 64 tokens the per-row kernels read each weight at most 8 times and
+# spread over many more blocks (a [1024, K] weight is only 16 tensor-core blocks), so short
+# prompts stay there; opchecks.bench_gemm's N sweep shows where the crossover is.
+MMA_MIN_N = 64
+MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
+MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # one-token matvecs of at most this many rows run a block per row, its threads over K (fused.cuh's
@@ -34,11 +42,37 @@ ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
 ATT_CHUNK = 128  # keys per split block (at least)
 ATT_MAX_SPLITS = 64
+MLA_WARPS = 8  # MLA_WARPS in mla.cuh
+MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
 CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
+
+
+def yarn_args(yarn, n_rot, base, freq_scale, mscale):
+    """(ext_factor, lo, hi, mscale) for rope_yarn_f32 from rope's yarn tuple (ext_factor,
+    n_ctx_orig, beta_fast, beta_slow): the correction dims [lo, hi] and the attention factor
+    times YaRN's 1 + 0.1 ln(1 / freq_scale) (base.Ops.rope)."""
+    ext_factor, n_ctx_orig, beta_fast, beta_slow = yarn
+
+    def corr_dim(b):
+        return n_rot * math.log(n_ctx_orig / (b * 2 * math.pi)) / (2 * math.log(base))
+
+    lo = max(0.0, math.floor(corr_dim(beta_fast)))
+    hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+    return float(ext_factor), lo, hi, mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+
+def mla_split_plan(n_rows, n_kv):
+    """(chunk, S): the keys per block and the number of key blocks of mla_attention_split for
+    n_rows (query, head) pairs over n_kv keys: split like attention when there are few rows."""
+    if n_rows < ATT_SPLIT_BELOW and n_kv > ATT_CHUNK:
+        chunk = max(ATT_CHUNK, -(-n_kv // ATT_MAX_SPLITS))
+    else:
+        chunk = max(1, n_kv)
+    return chunk, -(-max(1, n_kv) // chunk)
 
 
 def _ew_grid(n):
@@ -51,6 +85,7 @@ class CudaOps:
     kv_dtype = "float16"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
+    mma_min_n = MMA_MIN_N
 
     def __init__(self):
         self.rt = _cuda_runtime()
@@ -61,6 +96,7 @@ class CudaOps:
         self._graph = None
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
+        self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -93,7 +129,16 @@ class CudaOps:
             self.rt.drv.memcpy_htod_async(dst.ptr, a, self.rt.stream)
         return dst
 
+    @staticmethod
+    def _uploaded(x):
+        """Wait for the weight upload when x lives in a file's arena (a 1-D weight read back or
+        copied before any kernel ran: the upload thread's copies are on their own stream, which
+        the runtime's stream does not wait for; kernels wait through _k_after_upload)."""
+        if isinstance(getattr(x, "owner", None), WeightArena):
+            x.owner.wait()
+
     def copy(self, src, out):
+        self._uploaded(src)
         if src.nbytes != out.nbytes:
             raise ValueError(f"copy: {src.shape} {src.dtype} into {out.shape} {out.dtype}")
         if src.nbytes:
@@ -143,6 +188,7 @@ class CudaOps:
     def to_numpy(self, x):
         if isinstance(x, np.ndarray):
             return x
+        self._uploaded(x)
         out = np.empty(x.shape, dtype=x.dtype)
         if out.nbytes:
             self.rt.drv.memcpy_dtoh_async(out, x.ptr, self.rt.stream)
@@ -235,6 +281,15 @@ class CudaOps:
         nt = 1 if N == 1 else (4 if N <= 4 else 8)
         return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
 
+    def _use_mma(self, w, N):
+        """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
+        return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
+
+    @staticmethod
+    def _mma_launch(M, N):
+        """(grid, block) of the tensor-core kernels: one block per MMA_BM rows x MMA_BN tokens."""
+        return ((M + MMA_BM - 1) // MMA_BM, (N + MMA_BN - 1) // MMA_BN, 1), (MMA_THREADS, 1, 1)
+
     def matmul(self, x, w, out=None, accumulate=False):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T)."""
         w = self._as_weight(w)
@@ -243,6 +298,11 @@ class CudaOps:
             if accumulate:
                 raise ValueError("matmul: accumulate=True needs out")
             out = self.empty(x.shape[:-1] + (M,))
+        if self._use_mma(w, N):
+            grid, block = self._mma_launch(M, N)
+            self.k(f"mma_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
+                                                    1 if accumulate else 0)
+            return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
@@ -263,9 +323,11 @@ class CudaOps:
         for i, w in enumerate(ws):
             by_type.setdefault(w.ggml_type, []).append(i)
         outs = [None] * len(ws)
+        N = x.size // ws[0].shape[1]
         for idx in by_type.values():
-            if len(idx) == 1:
-                outs[idx[0]] = self.matmul(x, ws[idx[0]])
+            if len(idx) == 1 or self._use_mma(ws[idx[0]], N):  # tensor-core tiles: one launch each
+                for i in idx:
+                    outs[i] = self.matmul(x, ws[i])
                 continue
             group = [ws[i] for i in idx]
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
@@ -291,6 +353,11 @@ class CudaOps:
             g, u = self.matmul(x, w_gate), self.matmul(x, w_up)
             return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
         out = self.empty(x.shape[:-1] + (M,))
+        if self._use_mma(w_gate, N):
+            grid, block = self._mma_launch(M, N)
+            self.k(f"mmaglu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
+                                                            K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
@@ -493,17 +560,23 @@ class CudaOps:
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
              neox=False, mscale=1.0, inplace=False, yarn=None):
         """Rotate x [N, H, hd] (in place when inplace, else a copy) at positions pos [N]."""
-        if yarn is not None and yarn[0] != 0.0:
-            raise ReflexError("unsupported_architecture", "YaRN rope scaling has no CUDA kernel yet "
-                              "(use --device cpu)")
         N, H, hd = x.shape
         n_rot = hd if n_rot is None else n_rot
+        if n_rot % 2 or not 0 <= n_rot <= hd:
+            raise ValueError(f"rope: n_rot {n_rot} for head dim {hd}")
         pos = self.positions(pos)
         if not inplace:
             y = self.empty(x.shape)
             self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), x.ptr, y.ptr, x.size)
             x = y
         total = N * H * (n_rot // 2)
+        if yarn is not None and yarn[0] != 0.0:
+            ext_factor, lo, hi, ms = yarn_args(yarn, n_rot, base, freq_scale, mscale)
+            self.k("rope_yarn_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
+                                    float(base), float(freq_scale),
+                                    freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0,
+                                    float(ms), float(ext_factor), float(lo), float(hi))
+            return x
         self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
                            float(base), float(freq_scale), freq_factors.ptr if freq_factors is not None else 0,
                            1 if neox else 0, float(mscale))
@@ -542,18 +615,23 @@ class CudaOps:
         return t
 
     def kv_store(self, k_cache, v_cache, k, v, slots):
-        """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots."""
+        """Write k, v [N, Hkv, hd] into a layer's K/V [Hkv, n_slots, hd] at the given slots (v and
+        v_cache None: keys only, an MLA latent)."""
         N, Hkv, hd = k.shape
+        if (v is None) != (v_cache is None):
+            raise ValueError("kv_store: v and v_cache must both be given or both be None")
+        if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
+            raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
-        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr, k_cache.ptr, v_cache.ptr,
+        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr if v is not None else 0,
+                           k_cache.ptr, v_cache.ptr if v_cache is not None else 0,
                            slots.ptr, N, Hkv, hd, k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None, v_dim=None):
         """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
         if v_cache is None:
-            raise ReflexError("unsupported_architecture", "latent attention (values inside the keys) has "
-                              "no CUDA kernel yet (use --device cpu)")
+            return self._latent_attention(q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim)
         N, Hq, hd = q.shape
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
@@ -589,6 +667,88 @@ class CudaOps:
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
+        return out
+
+    def _latent_attention(self, q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
+        """attention with v_cache None: q [N, H, dk] over the one latent head k_cache [1, ctx, dk];
+        the values are the first v_dim dims of the keys -> [N, H, v_dim]. mla_attention_split
+        over (head, query, key block), then attention_combine (position-free arguments when
+        causal without a mask, as attention's: a captured graph replays it)."""
+        N, H, dk = q.shape
+        if k_cache.shape[0] != 1 or k_cache.shape[2] != dk:
+            raise ValueError(f"latent attention: q {q.shape} over a cache {k_cache.shape} (one head of {dk})")
+        if dk > MLA_MAX_D:
+            raise ReflexError("unsupported_architecture", f"latent attention: key width {dk} > {MLA_MAX_D}")
+        dv = int(v_dim)
+        if not 0 < dv <= dk:
+            raise ValueError(f"latent attention: v_dim {v_dim} of {dk}")
+        pos = self.positions(pos)
+        ctx = k_cache.shape[1]
+        if causal and mask is None:
+            n_kv = ctx
+        n_kv = int(n_kv)
+        out = self.empty((N, H, dv))
+        chunk, S = mla_split_plan(N * H, n_kv)
+        ml = self.empty((N * H * S * 2,))
+        acc = self.empty((N * H * S * dv,))
+        self.k("mla_attention_split")((H, N, S), (32 * MLA_WARPS, 1, 1), q.ptr, k_cache.ptr, ml.ptr, acc.ptr,
+                                      pos.ptr, mask.ptr if mask is not None else 0, H, dk, dv, n_kv,
+                                      float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
+        self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), ml.ptr,
+                                    acc.ptr, out.ptr, H, dv, S)
+        return out
+
+    # -- multi-head latent attention --------------------------------------------------
+    def _copy_cols(self, x, xo, y, yo, n):
+        """y[..., yo:yo+n] = x[..., xo:xo+n] over the rows of 2+-D contiguous x and y."""
+        rows = x.size // x.shape[-1]
+        if rows and n:
+            self.k("copy_cols_f32")(_ew_grid(rows * n), (EW_BLOCK, 1, 1), x.ptr, y.ptr, rows, n, x.shape[-1],
+                                    xo, y.shape[-1], yo)
+
+    def split(self, x, sizes):
+        """x [..., sum(sizes)] -> its column slices as new contiguous arrays (one launch each)."""
+        sizes = [int(n) for n in sizes]
+        if sum(sizes) != x.shape[-1] or any(n < 0 for n in sizes):
+            raise ValueError(f"split: sizes {sizes} of {x.shape[-1]} columns")
+        out, a = [], 0
+        for n in sizes:
+            y = self.empty(x.shape[:-1] + (n,))
+            self._copy_cols(x, a, y, 0, n)
+            out.append(y)
+            a += n
+        return out
+
+    def concat(self, xs):
+        """Arrays [..., d_i] of one leading shape -> [..., sum(d_i)] (one launch each)."""
+        lead = tuple(xs[0].shape[:-1])
+        if any(tuple(x.shape[:-1]) != lead for x in xs):
+            raise ValueError(f"concat: leading shapes {[tuple(x.shape) for x in xs]}")
+        out = self.empty(lead + (sum(x.shape[-1] for x in xs),))
+        a = 0
+        for x in xs:
+            self._copy_cols(x, 0, out, a, x.shape[-1])
+            a += x.shape[-1]
+        return out
+
+    def head_matmul(self, x, w):
+        """x [N, H, K] and a weight [H*M, K] (a 3-D [H, M, K] tensor) -> [N, H, M], y[n, h] =
+        w[h] @ x[n, h]: one launch of hmm (mla.cuh), reading each head's rows in place."""
+        if not isinstance(w, DeviceWeight):
+            raise TypeError("head_matmul needs a DeviceWeight from load_weight")
+        N, H, K = x.shape
+        if w.shape[1] != K or w.shape[0] % H:
+            raise ValueError(f"head_matmul: x {x.shape} with weight {w.shape}")
+        if K % 8:
+            raise ReflexError("unsupported_architecture", f"{w.name}: rows of {K} (need a multiple of 8)")
+        M = w.shape[0] // H
+        out = self.empty((N, H, M))
+        if N == 0:
+            return out
+        nt = 1 if N == 1 else 8
+        self.k(f"hmm{nt}_{MM_KERNEL[w.ggml_type]}")(((H * M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1),
+                                                    (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K, M, H, N,
+                                                    w.row_bytes)
         return out
 
     # -- recurrent layers ----------------------------------------------------------------

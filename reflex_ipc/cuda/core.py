@@ -25,6 +25,8 @@ SIGNATURES = {
     "kv_store": "QQQQQiiii",
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
+    "copy_cols_f32": "QQqiiiii", "rope_yarn_f32": "QQiiiiffQiffff",
+    "mla_attention_split": "QQQQQQiiiiffiii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ",
     "logprob_rows": "QqQQiQ",
     # recurrent.cuh
@@ -40,6 +42,8 @@ for _t in MM_TYPES:
         SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
+    for _nt in (1, 8):
+        SIGNATURES[f"hmm{_nt}_{_t}"] = "QQQiiiiq"  # W X Y K M H N rb (mla.cuh)
     # fused.cuh: W0 W1 W2 X nw eps Y0 Y1 Y2 K M0 M1 M2 rb / Wg Wu X nw eps Y K M rb act
     # (+ split), and the split-K matvec W X Y K rb acc
     SIGNATURES[f"mmnorm1_{_t}"] = "QQQQQfQQQiiiiqi"
@@ -49,6 +53,11 @@ for _t in MM_TYPES:
 SIGNATURES["qk_rope_kv_store_f32"] = "QQQQQQQQQiiiiiiififfQif"
 # q kc vc part_ml part_acc out count pos mask Hq Hkv hd ctx n_kv scale softcap causal window chunk
 SIGNATURES["attention_split_last_f16kv"] = "QQQQQQQQQiiiiiffiii"
+# tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
+MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
+for _t in MMA_TYPES:
+    SIGNATURES[f"mma_{_t}"] = "QQQiiiqi"  # W X Y K M N rb accumulate
+    SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
 
 
 class Kernel:
@@ -173,4 +182,4 @@ def read_images_bytes(data):
     return images(data)
 
 
-__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "read_images", "chosen_image"]
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "read_images", "chosen_image"]

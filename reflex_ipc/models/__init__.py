@@ -4,16 +4,30 @@ from ..errors import ReflexError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4",
                  "qwen35", "qwen35moe", "granitehybrid")
-# Architectures whose ops (backends.base.MLA_OPS) only the numpy backend has so far: device "auto"
-# runs them there; an explicit cpu or cuda device refuses them (unsupported_architecture, naming
-# the missing ops).
-NUMPY_ONLY = ("deepseek2",)
-# Architectures whose ops (backends.base.RECURRENT_OPS) the numpy and CUDA backends have but the C
-# cpu backend lacks: device "auto" runs them on CUDA where it is usable, else on numpy.
-NO_CPU = ("qwen35", "qwen35moe", "granitehybrid")
+# Architectures whose ops only the numpy backend has so far: device "auto" runs them there; an
+# explicit cpu or cuda device refuses them (unsupported_architecture, naming the missing ops).
+NUMPY_ONLY = ()
+# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) the numpy and CUDA backends have
+# but the C cpu backend lacks: device "auto" runs them on CUDA where it is usable, else on numpy.
+NO_CPU = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
 # Architectures the CUDA backend refuses (its results do not match the oracle yet): device "auto"
-# runs them on the cpu backend.
-NO_CUDA = ("gemma4",)
+# runs them on the cpu backend. (gemma4 was here until its CUDA mismatch was traced to a read of
+# an arena weight before the upload finished, fixed in CudaOps.to_numpy.)
+NO_CUDA = ()
+CUDA_MAX_HEAD_DIM = 256  # backends.cuda_ops.ATT_MAX_HD: the CUDA attention kernel's widest head
+
+
+def cuda_unfit(f):
+    """Why the CUDA backend cannot run GGUFFile f although it has its architecture's ops, or
+    None: gemma4's global layers with heads wider than the CUDA attention kernel takes (real
+    Gemma 4 files have 512). Device "auto" runs such a file on the cpu backend."""
+    a = f.architecture
+    if a == "gemma4":
+        widths = [f.get(f"{a}.attention.key_length"), f.get(f"{a}.attention.key_length_swa")]
+        widest = max((int(w) for w in widths if w is not None and not isinstance(w, (list, str))), default=0)
+        if widest > CUDA_MAX_HEAD_DIM:
+            return f"gemma4 heads of {widest} dims (the CUDA attention takes at most {CUDA_MAX_HEAD_DIM})"
+    return None
 
 
 def load_model(ops, f, lora=None):

@@ -71,7 +71,7 @@ class HParams:
         self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
         self.rope_scaling = scaling = self.str("rope.scaling.type", default="linear")
         if scaling not in rope_scalings:  # a model that reads YaRN's keys asks for "yarn"
-            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported for {arch}")
+            raise ReflexError("unsupported_architecture", f"metadata key {arch}.rope.scaling.type: rope scaling {scaling!r} is not supported for {arch}")
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0

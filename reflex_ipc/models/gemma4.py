@@ -25,7 +25,7 @@ E2B/E4B-style pieces:
 - per-layer embeddings (`embedding_length_per_layer_input` = P > 0): each layer gets an input
   [P] from per_layer_token_embd (times sqrt(P)) plus rms_norm(per_layer_model_proj(x0) /
   sqrt(n_embd)), over sqrt(2); after its feed-forward the layer adds
-  post_norm(proj(gelu(inp_gate(x)) * input)). Needs the `split` op (numpy only so far);
+  post_norm(proj(gelu(inp_gate(x)) * input)). Needs the `split` op;
 - KV shared across layers (`attention.shared_kv_layers` = S): the last S layers store no
   K/V and attend over the state of the last layer of their kind before them (llama.cpp's
   rule), so their state spec is empty.
@@ -46,10 +46,11 @@ def _unsupported(what):
 class Model:
     def __init__(self, ops, f, lora=None):
         if ops.name == "cuda":
-            # scripts/gpu/gpu-check (H200, 2026-11-30): gemma4's CUDA logits differ from the
-            # numpy oracle's, so it is refused there rather than answered wrongly
-            raise ReflexError("unsupported_architecture", "gemma4 on the CUDA backend does not match the "
-                              "reference yet; use --device cpu")
+            from . import cuda_unfit
+
+            why = cuda_unfit(f)
+            if why:
+                raise ReflexError("unsupported_architecture", f"{why}; use --device cpu")
         self.ops = ops
         self.hp = hp = HParams(f)
         a = hp.arch
@@ -61,6 +62,8 @@ class Model:
             raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window_pattern: expected an "
                               f"array of {hp.n_layer} per-layer flags")
         self.is_swa = flags[:hp.n_layer]
+        if self.window == 0 and any(self.is_swa):
+            raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window: 0 with sliding-window layers")
         hd_swa = hp.int("attention.key_length_swa", required=True, lo=1, hi=1 << 12)
         if hp.int("attention.value_length_swa", required=True, lo=1, hi=1 << 12) != hd_swa:
             raise _unsupported(f"metadata key {a}.attention.value_length_swa != key_length_swa")

@@ -22,6 +22,21 @@ from .references import attention_ref, rms_norm_rope_ref
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# Tolerance of the tensor-core matmuls (CudaOps with N >= mma_min_n): x and the dequantized
+# weights are rounded to float16 (unit roundoff 2^-11 = 4.9e-4, a relative rounding error
+# of rms 2^-11/sqrt(3) = 2.8e-4 on each operand), products are summed in float32. For a
+# dot product of K terms with independent rounding errors the error relative to the
+# output's norm is then about sqrt(2) * 2.8e-4 = 4e-4 whatever K; 2e-3 leaves 5x margin
+# and still catches any indexing bug (a wrong or missing element gives errors of O(1/sqrt(K))
+# or more). The per-row float32 kernels keep 2e-5.
+MMA_TOL = 2e-3
+MM_TOL = 2e-5
+
+
+def mm_tol(ops, type_name, N):
+    """The tolerance of ops' matmul of N rows on a weight of this type (see MMA_TOL)."""
+    f16 = getattr(ops, "mma", False) and N >= ops.mma_min_n and type_name != "F32"
+    return MMA_TOL if f16 else MM_TOL
 
 
 def rel_err(out, ref):
@@ -108,6 +123,43 @@ def check_matmul(ops, rng):
     return rows
 
 
+def check_matmul_prefill(ops, rng):
+    """Matmuls of many rows (prefill; on CUDA the tensor-core kernels, here from 8 rows on
+    whatever ops.mma_min_n is, so partial token tiles are checked too): output rows that are
+    no multiple of the tiles (1000, and 4097 like an odd vocabulary), token counts around
+    the tile size, K with a partial last tile (352 = 5.5 x 64), plain and accumulate, every
+    format; outputs poisoned so an unwritten element fails."""
+    if hasattr(ops, "mma_min_n"):
+        ops.mma_min_n = 8  # an instance attribute over the class's threshold, until the end
+        try:
+            return _check_matmul_prefill(ops, rng)
+        finally:
+            del ops.mma_min_n
+    return _check_matmul_prefill(ops, rng)
+
+
+def _check_matmul_prefill(ops, rng):
+    rows = []
+    shapes = [(name, M, 512) for name in MM_TYPES for M in (1000, 4097)]
+    shapes += [(name, 1000, 352) for name in ("Q8_0", "Q4_0", "F16")]
+    W = _weights(ops, {f"{name}.{M}.{K}": (name, M, K) for name, M, K in shapes}, rng)
+    for name, M, K in shapes:
+        w, ref = W[f"{name}.{M}.{K}"]
+        for N in ((8, 16, 33, 128, 500, 512) if K == 512 else (16, 100)):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            poison(ops, (N, M))
+            out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
+            rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N}", out, x.astype(np.float64) @ ref.T,
+                            mm_tol(ops, name, N)))
+            if N in (33, 500) and M == 1000:
+                y0 = rng.standard_normal((N, M)).astype(np.float32)
+                y = ops.asarray(y0.copy())  # (the numpy backend's asarray keeps the array)
+                ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
+                rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N} accumulate", ops.to_numpy(y),
+                                y0 + x.astype(np.float64) @ ref.T, mm_tol(ops, name, N)))
+    return rows
+
+
 def check_elementwise(ops, rng):
     rows = []
     a = rng.standard_normal((7, 1000)).astype(np.float32)
@@ -190,15 +242,16 @@ def check_matmul_n(ops, rng):
     for types in sets:
         W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
         ws = [W[f"w{i}"][0] for i in range(len(types))]
-        for N in (1, 4, 5, 8, 13):
+        for N in (1, 4, 5, 8, 13, 16, 70):
             x = rng.standard_normal((N, K)).astype(np.float32)
             X = ops.asarray(x)
             poison(ops, *[(N, Ms[i]) for i in range(len(types))])
             outs = ops.matmul_n(X, ws)
             for i, out in enumerate(outs):
                 ref = x.astype(np.float64) @ W[f"w{i}"][1].T
-                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref, 2e-5))
-                if N in (1, 13):  # within float32 rounding of the plain matmul kernel
+                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref,
+                                mm_tol(ops, types[i], N)))
+                if N in (1, 13, 70):  # within float32 rounding of the plain matmul kernel
                     rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i} vs matmul",
                                     ops.to_numpy(out), ops.to_numpy(ops.matmul(X, ws[i])), 1e-6))
     return rows
@@ -213,7 +266,7 @@ def check_matmul_glu(ops, rng):
     for g_t, u_t in pairs:
         W = _weights(ops, {"gate": (g_t, M, K), "up": (u_t, M, K)}, rng)
         (wg, rg), (wu, ru) = W["gate"], W["up"]
-        for N in (1, 4, 5, 8, 13):
+        for N in (1, 4, 5, 8, 13, 16, 70):
             x = rng.standard_normal((N, K))
             x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
             X = ops.asarray(x)
@@ -226,10 +279,13 @@ def check_matmul_glu(ops, rng):
                 else:
                     ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
                 case = f"{g_t}/{u_t} {act} N={N}"
-                rows.append(row("matmul_glu", case, out, ref, 2e-5))
-                if N in (1, 13):
+                # gated unit of f16-rounded products: about twice the matmul's error
+                tol = MM_TOL if mm_tol(ops, g_t, N) == mm_tol(ops, u_t, N) == MM_TOL else 2 * MMA_TOL
+                rows.append(row("matmul_glu", case, out, ref, tol))
+                if N in (1, 13, 70):
                     glu = ops.swiglu if act == "silu" else ops.geglu
                     unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
+                    # the fused and the plain kernels make the same sums (tensor-core ones too)
                     rows.append(row("matmul_glu", case + " vs matmuls+glu", out, unfused, 1e-6))
     return rows
 
@@ -554,6 +610,159 @@ def check_attention(ops, rng):
     return rows
 
 
+def check_mla(ops, rng):
+    """The multi-head latent attention ops (deepseek2; mla.cuh on CUDA) against numpy / float64:
+    split and concat (odd widths), head_matmul of every weight format, YaRN rope, keys-only
+    kv_store and attention over the latent cache (values = the first v_dim key dims; prefill,
+    split-K decode, mask), and a decode step of them replayed from a captured graph."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    ref_ops = NumpyOps(blas_threads=None)
+    rows = []
+    # split / concat
+    for shape, sizes in (((1, 3, 12), (7, 5)), ((5, 3, 13), (7, 5, 1)), ((13, 16, 192), (128, 64)),
+                         ((4, 37), (1, 35, 1))):
+        x = rng.standard_normal(shape).astype(np.float32)
+        poison(ops, *[shape[:-1] + (n,) for n in sizes])
+        parts = ops.split(ops.asarray(x), list(sizes))
+        for i, (got, want) in enumerate(zip(parts, ref_ops.split(x, list(sizes)))):
+            rows.append(row("split", f"{shape} {sizes} part{i}", ops.to_numpy(got), want, 0.0))
+        poison(ops, shape)
+        back = ops.concat(parts)
+        rows.append(row("concat", f"{shape} {sizes}", ops.to_numpy(back), x, 0.0))
+    # head_matmul: x [N, H, K] by a weight [H*M, K]
+    specs = [(t, 3, 37, 256) for t in MM_TYPES] + [("F32", 4, 16, 8), ("F32", 4, 12, 16), ("F16", 16, 512, 128),
+                                                    ("Q8_0", 16, 128, 512)]
+    for t, H, M, K in specs:
+        W = _weights(ops, {"w": (t, H * M, K)}, rng)
+        w, ref = W["w"]
+        for N in (1, 5, 8, 13):
+            x = rng.standard_normal((N, H, K)).astype(np.float32)
+            poison(ops, (N, H, M))
+            got = ops.to_numpy(ops.head_matmul(ops.asarray(x), w))
+            want = np.einsum("nhk,hmk->nhm", x.astype(np.float64), ref.reshape(H, M, K))
+            rows.append(row("head_matmul", f"{t} H={H} M={M} K={K} N={N}", got, want, 2e-5))
+    # YaRN rope (deepseek2's arguments and others), against numpy's rope
+    cases = [  # hd, n_rot, H, freq_scale, yarn (ext, n_ctx_orig, beta_fast, beta_slow), mscale, neox, ff
+        (8, 8, 4, 0.25, (1.0, 32, 32.0, 1.0), 0.93, False, False),
+        (64, 64, 16, 1 / 40, (1.0, 4096, 32.0, 1.0), 1.0, False, False),
+        (24, 8, 1, 0.125, (1.0, 16, 32.0, 1.0), 1.1, False, False),
+        (128, 96, 3, 0.5, (0.5, 2048, 16.0, 2.0), 1.0, True, True),
+    ]
+    for hd, n_rot, H, fs, yarn, mscale, neox, ff in cases:
+        for N in (1, 5, 13):
+            x = (rng.standard_normal((N, H, hd)) * 2).astype(np.float32)
+            pos = np.array([0, 1, 7, 100, 2047, 30000, 5, 9, 11, 13, 17, 4095, 12345][:N], np.int32)
+            factors = rng.uniform(1, 4, n_rot // 2).astype(np.float32) if ff else None
+            kw = dict(n_rot=n_rot, base=10000.0, freq_scale=fs, neox=neox, mscale=mscale, yarn=yarn)
+            want = ref_ops.rope(x.copy(), pos, freq_factors=factors, **kw)
+            X = ops.asarray(x.copy())
+            got = ops.rope(X, pos, inplace=True, freq_factors=ops.asarray(factors) if ff else None, **kw)
+            case = f"hd={hd} n_rot={n_rot} H={H} N={N} fs={fs:.4g} yarn={yarn} neox={neox} ff={ff}"
+            rows.append({"op": "rope_yarn", "case": case + " returns x", "ok": got is X})
+            rows.append(row("rope_yarn", case, ops.to_numpy(X), want, 2e-6))
+            got2 = ops.rope(ops.asarray(x.copy()), pos, freq_factors=ops.asarray(factors) if ff else None, **kw)
+            rows.append(row("rope_yarn", case + " copy", ops.to_numpy(got2), want, 2e-6))
+    # attention over the latent cache
+    for R, r, H, n_ctx in ((16, 8, 4, 64), (512, 64, 16, 300), (40, 8, 3, 97)):
+        dk = R + r
+        cache = ops.zeros((1, n_ctx, dk), ops.kv_dtype)
+        past, N = min(41, n_ctx // 3), 23
+        n_kv = past + N
+        lat = rng.standard_normal((n_kv, 1, dk)).astype(np.float32)
+        ops.kv_store(cache, None, ops.asarray(lat[:past]), None, np.arange(past))
+        ops.kv_store(cache, None, ops.asarray(lat[past:]), None, np.arange(past, n_kv))
+        Kc = lat.astype(ops.kv_dtype).astype(np.float64).transpose(1, 0, 2)  # [1, n_kv, dk]
+        rows.append(row("kv_store", f"latent dk={dk}", ops.to_numpy(cache).astype(np.float64)[:, :n_kv], Kc, 0.0))
+        q = rng.standard_normal((N, H, dk)).astype(np.float32)
+        pos = np.arange(past, n_kv)
+        scale = 1 / np.sqrt(dk)
+        for name, qq, pp, kw in (("prefill", q, pos, {}), ("decode", q[-1:], pos[-1:], {}),
+                                 ("prefill softcap=5", q, pos, {"softcap": 5.0})):
+            poison(ops, (len(pp), H, R))
+            got = ops.to_numpy(ops.attention(ops.asarray(qq), cache, None, pp, n_kv, scale=scale, v_dim=R, **kw))
+            want = attention_ref(qq, Kc, Kc[:, :, :R], pp, n_kv, scale, kw.get("softcap", 0.0), True, 0, None)
+            rows.append(row("latent_attention", f"R={R} r={r} H={H} {name}", got, want, 1e-5))
+        mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
+        mask[:, 0] = 0
+        mask[3] = -np.inf  # a query that sees nothing: zeros
+        got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=scale, causal=False,
+                                         mask=ops.asarray(mask), v_dim=R))
+        want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, scale, 0.0, False, 0, mask.astype(np.float64))
+        rows.append(row("latent_attention", f"R={R} r={r} H={H} mask non-causal", got, want, 1e-5))
+    # split-K decode over a long latent cache (DeepSeek-V2-Lite's widths), causal and masked
+    R, r, H, n_ctx, n_kv = 512, 64, 16, 2048, 1500
+    dk = R + r
+    cache = ops.zeros((1, n_ctx, dk), ops.kv_dtype)
+    lat = rng.standard_normal((n_kv, 1, dk)).astype(np.float32)
+    ops.kv_store(cache, None, ops.asarray(lat), None, np.arange(n_kv))
+    Kc = lat.astype(ops.kv_dtype).astype(np.float64).transpose(1, 0, 2)
+    q = rng.standard_normal((2, H, dk)).astype(np.float32)
+    pos = np.array([n_kv - 2, n_kv - 1])
+    got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=0.05, v_dim=R))
+    want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, 0.05, 0.0, True, 0, None)
+    rows.append(row("latent_attention", f"split-K decode n_kv={n_kv}", got, want, 1e-5))
+    mask = np.where(rng.random((2, n_kv)) < 0.5, -np.inf, 0.0).astype(np.float32)
+    got = ops.to_numpy(ops.attention(ops.asarray(q), cache, None, pos, n_kv, scale=0.05, causal=False,
+                                     mask=ops.asarray(mask), v_dim=R))
+    want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, 0.05, 0.0, False, 0, mask.astype(np.float64))
+    rows.append(row("latent_attention", f"split-K decode n_kv={n_kv} mask", got, want, 1e-5))
+    rows += _check_mla_step(ops, ref_ops, rng)
+    return rows
+
+
+def _check_mla_step(ops, ref_ops, rng):
+    """deepseek2's attention step (split, YaRN rope, head_matmul, concat, keys-only kv_store,
+    latent attention, head_matmul) for decode tokens at growing positions: eager on `ops`,
+    replayed from one captured graph (when ops can capture), against numpy."""
+    H, nope, r, R, v_dim, n_ctx = 4, 8, 8, 16, 12, 40
+    W = _weights(ops, {"k_b": ("F32", H * R, nope), "v_b": ("F32", H * v_dim, R)}, rng)
+    ref_w = {k: np.asarray(v[1], np.float32) for k, v in W.items()}
+    rope = dict(n_rot=r, base=10000.0, freq_scale=0.25, neox=False, mscale=0.9, yarn=(1.0, 32, 32.0, 1.0))
+    scale = 0.3
+
+    def step(o, kb, vb, q, lat, pe, pos, cache):
+        q_nope, q_pe = o.split(q, [nope, r])
+        q_pe = o.rope(q_pe, pos, inplace=True, **rope)
+        qq = o.concat([o.head_matmul(q_nope, kb), q_pe])
+        pe = o.rope(pe, pos, inplace=True, **rope)
+        o.kv_store(cache, None, o.concat([lat, pe]), None, pos)
+        att = o.attention(qq, cache, None, pos, n_ctx, scale=scale, v_dim=R, causal=True, window=0, mask=None)
+        return o.head_matmul(att, vb)
+
+    n_steps = 12
+    qs = rng.standard_normal((n_steps, 1, H, nope + r)).astype(np.float32)
+    lats = rng.standard_normal((n_steps, 1, 1, R)).astype(np.float32)
+    pes = rng.standard_normal((n_steps, 1, 1, r)).astype(np.float32)
+    ref_cache = ref_ops.zeros((1, n_ctx, R + r), "float32")
+    want = [step(ref_ops, ref_w["k_b"], ref_w["v_b"], qs[i].copy(), lats[i], pes[i].copy(),
+                 np.array([i], np.int32), ref_cache) for i in range(n_steps)]
+    rows = []
+    cache = ops.zeros((1, n_ctx, R + r), ops.kv_dtype)
+    got = [ops.to_numpy(step(ops, W["k_b"][0], W["v_b"][0], ops.asarray(qs[i]), ops.asarray(lats[i]),
+                             ops.asarray(pes[i]), ops.positions([i]), cache)) for i in range(n_steps)]
+    rows.append(row("mla_step", "eager decode steps", np.stack(got), np.stack(want), 2e-3))
+    if not callable(getattr(ops, "capture", None)):
+        return rows
+    cache = ops.zeros((1, n_ctx, R + r), ops.kv_dtype)
+    Q, LAT, PE = ops.empty((1, H, nope + r)), ops.empty((1, 1, R)), ops.empty((1, 1, r))
+    POS = ops.positions([0])
+    graph, out = ops.capture(lambda: step(ops, W["k_b"][0], W["v_b"][0], Q, LAT, PE, POS, cache))
+    got = []
+    try:
+        for i in range(n_steps):
+            ops.write(Q, qs[i])
+            ops.write(LAT, lats[i])
+            ops.write(PE, pes[i])
+            ops.write(POS, np.array([i], np.int32))
+            graph.launch()
+            got.append(ops.to_numpy(out))
+    finally:
+        graph.close()
+    rows.append(row("mla_step", "captured graph decode steps", np.stack(got), np.stack(want), 2e-3))
+    return rows
+
+
 def check_sampling(ops, rng):
     rows = []
     for n in (1000, 1001, 49152, 151936, 262144):
@@ -728,14 +937,77 @@ def check_recurrent(ops, rng):
         except Exception as e:
             rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
     return rows
+def bench_gemm(ops, rng):
+    """TFLOP/s of prefill-shaped matmuls (N=512 tokens) by type and shape, on the
+    tensor-core kernels and on the per-row kernels (ops.mma off), and of the gated unit
+    (gate+up [3072, 1024], matmul_glu). 2*N*M*K flops per matmul (per weight for glu)."""
+    out = []
+    drv = ops.rt.drv
+    N = 512
+    mma0 = ops.mma
+    configs = [(name, M, K) for name in ("Q8_0", "Q4_K", "Q6_K", "F16") for M, K in ((3072, 1024), (1024, 3072))]
+    try:
+        for name, M, K in configs:
+            W = _weights(ops, {"w": (name, M, K), "u": (name, M, K)}, rng)
+            w, u = W["w"][0], W["u"][0]
+            x = ops.asarray(rng.standard_normal((N, K)).astype(np.float32))
+            y = ops.empty((N, M))
+            res = {"type": name, "N": N, "M": M, "K": K}
+            for mode in (True, False):
+                ops.mma = mode and mma0
+                for tag, fn, flops in (("", lambda: ops.matmul(x, w, out=y), 2 * N * M * K),
+                                       ("glu_", lambda: ops.matmul_glu(x, w, u), 4 * N * M * K)):
+                    fn()
+                    ops.synchronize()
+                    reps = 20 if mode else 5
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for _ in range(reps):
+                        fn()
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    ms = e1.time_since(e0) / reps
+                    key = f"{tag}{'mma' if mode else 'rows'}"
+                    res[f"{key}_us"] = round(ms * 1e3, 1)
+                    res[f"{key}_tflops"] = round(flops / (ms / 1e3) / 1e12, 2)
+            res["speedup"] = round(res["rows_us"] / res["mma_us"], 2)
+            out.append(res)
+        # where the tensor-core kernels start to pay (CudaOps.MMA_MIN_N): short prompts
+        for name, M, K in (("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q4_K", 1024, 3072)):
+            w = _weights(ops, {"w": (name, M, K)}, rng)["w"][0]
+            res = {"type": name, "M": M, "K": K, "sweep_us": {}}
+            for n in (16, 32, 64, 128, 256):
+                x = ops.asarray(rng.standard_normal((n, K)).astype(np.float32))
+                y = ops.empty((n, M))
+                times = []
+                for mode in (True, False):
+                    ops.mma = mode and mma0
+                    ops.mma_min_n = 1
+                    ops.matmul(x, w, out=y)
+                    ops.synchronize()
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for _ in range(20):
+                        ops.matmul(x, w, out=y)
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    times.append(round(e1.time_since(e0) / 20 * 1e3, 1))
+                    del ops.mma_min_n
+                res["sweep_us"][f"N={n} mma/rows"] = times
+            out.append(res)
+    finally:
+        ops.mma = mma0
+        if "mma_min_n" in vars(ops):
+            del ops.mma_min_n
+    return out
 
 
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
-    for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
-               check_matmul_glu, check_rms_norm_rope, check_recurrent, check_rms_norm_matmul_n,
-               check_rms_norm_matmul_glu, check_qk_rope_kv_store):
+    for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
+               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
+               check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

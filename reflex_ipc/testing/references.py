@@ -35,7 +35,7 @@ def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0,
     N, Hq, hd = q.shape
     Hkv = K.shape[0]
     g = Hq // Hkv
-    out = np.zeros((N, Hq, hd))
+    out = np.zeros((N, Hq, V.shape[-1]))
     for n in range(N):
         for h in range(Hq):
             s = (K[h // g, :n_kv] @ q[n, h]) * scale

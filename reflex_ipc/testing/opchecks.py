@@ -113,7 +113,7 @@ def check_matmul(ops, rng):
         # accumulate into an existing output
         x = rng.standard_normal((2, K)).astype(np.float32)
         y0 = rng.standard_normal((2, M)).astype(np.float32)
-        y = ops.asarray(y0)
+        y = ops.asarray(y0.copy())  # numpy's asarray would alias y0
         ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
         rows.append(row("matmul", f"{name} accumulate", ops.to_numpy(y),
                         y0 + x.astype(np.float64) @ refs[name].T, 2e-5))

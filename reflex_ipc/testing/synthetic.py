@@ -313,6 +313,22 @@ def f32_twin(src, dst):
     return dst
 
 
+def tensors_gguf(path, tensors, arch="llama"):
+    """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
+    shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block
+    formats); for loading hand-made weights through the real GGUFFile."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, (raw, tid, shape) in tensors.items():
+        t = gguf.GGMLQuantizationType(tid)
+        blk, bsize = gguf.GGML_QUANT_SIZES[t]
+        data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(*shape[:-1], shape[-1] // blk * bsize)
+        w.add_tensor(name, data, raw_dtype=t)
+    finish(w)
+    return path
+
+
 def _copy_metadata(r, dst):
     """A GGUFWriter for dst holding the metadata of the GGUFReader r (but the file type)."""
     import gguf

@@ -6,3 +6,4 @@
 #include "elementwise.cuh"
 #include "attention.cuh"
 #include "sampling.cuh"
+#include "moe.cuh"

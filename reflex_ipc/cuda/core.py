@@ -34,6 +34,12 @@ for _t in MM_TYPES:
         SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
+# mixture of experts (kernels/moe.cuh): the routing, then expert matvecs that read the ids
+SIGNATURES["moe_route_f32"] = "QQQQQiiiifii"  # logits bias escale ids wts E k gating norm scale G G_used
+for _t in MM_TYPES:
+    SIGNATURES[f"moe_glu_{_t}"] = "QQQQQiiiqqi"  # Wg Wu X ids Y K F k estride rb act
+    SIGNATURES[f"moe_mm_{_t}"] = "QQQQiiiqq"  # W X ids Y K M x_div estride rb
+    SIGNATURES[f"moe_down_{_t}"] = "QQQQQiiiqq"  # W H ids wts Y F D k estride rb
 
 
 class Kernel:

@@ -9,7 +9,9 @@ allow, else F32)):
   then one token at a time) must be identical, where a divergence passes only at a
   near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step). Also the same
   continuation decoded through one captured CUDA graph per token (ops.capture), except for
-  models marked `capturable = False` (host-routed experts).
+  models marked `capturable = False` (ops CUDA lacks). Mixtures of experts run on the device,
+  routing included, so qwen3moe goes through the graph too; _moe_variants() adds qwen3moe files
+  with 128 experts (8 used) and with Q4_0 experts.
 - deepseek2 (latent attention, YaRN) needs ops CUDA lacks yet (base.MLA_OPS), and gemma4 is
   refused on CUDA until its CUDA logits match numpy's (they did not on 2026-11-30): loading
   them on CUDA must fail with unsupported_architecture (checked as such, `expected_refusal`).
@@ -29,6 +31,14 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
 N_GEN = 32
+
+
+def _moe_variants():
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS
+
+    q = FAMILY_CONFIGS["qwen3moe"]
+    return {"qwen3moe_e128_k8": (dict(q, n_embd=64, n_ff_exp=32, n_expert=128, n_used=8), "Q8_0"),
+            "qwen3moe_q4_0": (dict(q, n_embd=64, n_ff_exp=64, n_expert=16, n_used=4, seed=3), "Q4_0")}
 
 
 def _batch(ops, ids, pos0):
@@ -245,6 +255,8 @@ def run(model_dir=None):
     for name, cfg in FAMILY_CONFIGS.items():
         if not refused(cfg):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
+    for name, (cfg, qtype) in _moe_variants().items():
+        paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype=qtype))
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
                for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]

@@ -239,7 +239,8 @@ class MemRuntime:
                     s = F32(0)
                     for j in range(k):
                         p = n * k + j
-                        s += wv[p] * (self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F) @ self.f32(H + 4 * p * F, F))
+                        w = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F)
+                        s += wv[p] * (w @ self.f32(H + 4 * p * F, F))
                     y[n * D + r] = s
         elif name in ("swiglu_f32", "geglu_f32"):
             g, u, y, n, ncol, gs, us = args
@@ -319,6 +320,8 @@ def test_cuda_moe_checks_its_arguments(mem_ops):
         ops.moe(x, router, gate, gate, down, 2, gating="relu")
     with pytest.raises(ValueError):
         ops.moe(x, router, gate, gate, down, 2, groups=(3, 1))  # 8 experts in 3 groups
+    with pytest.raises(ValueError):
+        ops.moe(x, router, gate, gate, down, 2, act="relu")
     assert not any(n.startswith("moe_glu") for n, *_ in rt.launches)
 
 

@@ -32,7 +32,7 @@ ATT_MAX_SPLITS = 64
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
-MOE_ROUTE_SHARED = 48 * 1024  # dynamic shared memory of moe_route_f32 (no opt-in above 48 KiB)
+MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
 
 
 def _ew_grid(n):
@@ -299,7 +299,10 @@ class CudaOps:
         N, K = x.shape
         E = logits.shape[-1]
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
-        if (w_gate.shape != ((2 if w_up is None else 1) * E * F, K) or (w_up is not None and w_up.shape != (E * F, K))
+        if act not in ("silu", "gelu"):
+            raise ValueError(f"moe: act must be 'silu' or 'gelu', not {act!r}")
+        parts = 2 if w_up is None else 1
+        if (w_gate.shape != (parts * E * F, K) or (w_up is not None and w_up.shape != (E * F, K))
                 or w_down.shape != (E * D, F) or logits.shape != (N, E)):
             raise ValueError(f"moe: x {x.shape}, logits {logits.shape}, gate {w_gate.shape}, "
                              f"up {None if w_up is None else w_up.shape}, down {w_down.shape}")
@@ -315,7 +318,6 @@ class CudaOps:
         out = self.empty((N, D))
         if N == 0:
             return out
-        h = self.empty((N * k, F))
         if w_up is None:  # expert e: gate rows 2eF..2eF+F-1, its up rows right after
             wg_ptr, wu_ptr, estride = w_gate.ptr, w_gate.ptr + F * w_gate.row_bytes, 2 * F
             same = True
@@ -325,6 +327,7 @@ class CudaOps:
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
         if same:
+            h = self.empty((N * k, F))
             self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, wg_ptr, wu_ptr, x.ptr, ids.ptr, h.ptr,
                                                              K, F, k, estride, w_gate.row_bytes,
                                                              0 if act == "silu" else 1)

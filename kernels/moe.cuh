@@ -124,6 +124,7 @@ RX_EXTERN void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_f32(
         for (int e = tid; e < E; e += blockDim.x)
             if (!taken[e] && moe_before(sel[e], e, v, i)) v = sel[e], i = e;
         moe_block_best(v, i, sv, si);
+        if (i < 0 || i >= E) i = j;  // only NaN scores leave no candidate: keep ids in range
         if (tid == 0) {
             taken[i] = 1;
             ids[(long long)n * k + j] = i;

@@ -39,8 +39,9 @@ def row(op, case, out, ref, tol):
     return {"op": op, "case": case, "rel_err": e, "max_abs": m, "tol": tol, "ok": bool(e <= tol)}
 
 
-def random_weight(name, rows, cols, rng):
-    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized)."""
+def random_weight(name, rows, cols, rng, ref=True):
+    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized (None
+    unless ref))."""
     tid, blk, bsize = TYPES[name]
     n = rows * cols
     if name == "F32":
@@ -59,6 +60,8 @@ def random_weight(name, rows, cols, rng):
             s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
             raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
         raw = raw.reshape(-1)
+    if not ref:
+        return np.ascontiguousarray(raw), None
     ref = dequantize(np.ascontiguousarray(raw), tid, n).astype(np.float64).reshape(rows, cols)
     return np.ascontiguousarray(raw), ref
 
@@ -571,6 +574,47 @@ def bench_matvec(ops, rng):
                 "launch_total_us": round((t2 - t0) / 2000 * 1e6, 2)})
     return out
 
+
+def bench_moe(ops, rng):
+    """Microseconds per call of one Qwen3-30B-A3B-shaped MoE layer (128 experts, 8 used,
+    2048 -> 768 -> 2048, Q4_K gate/up, Q6_K down, F32 router): the device path eager and
+    captured at N = 1 (decode) and eager at N = 512 (prefill), and the host-routed path
+    (REFLEX_CUDA_MOE=host) at N = 1."""
+    E, k, K, F = 128, 8, 2048, 768
+    spec = {"router": ("F32", E, K), "gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K),
+            "down": ("Q6_K", E * K, F)}
+    tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c)) for key, (t, r, c) in spec.items()}
+    f = weights_gguf(tensors)
+    W = {key: ops.load_weight(f, key) for key in spec}
+    drv = ops.rt.drv
+
+    def timed(fn, reps):
+        fn()
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(ops.rt.stream)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        return round(e1.time_since(e0) * 1e3 / reps, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
+
+    out = {}
+    for N, reps in ((1, 200), (512, 10)):
+        X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+        out[f"device_N{N}_us"] = timed(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), reps)[0]
+        if N == 1:
+            graph, _ = ops.capture(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k))
+            out["device_N1_graph_us"] = timed(graph.launch, reps)[0]
+            graph.close()
+            prev, ops._moe_host_mode = ops._moe_host_mode, True
+            try:
+                out["host_routed_N1_wall_us"] = timed(
+                    lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), 50)[1]
+            finally:
+                ops._moe_host_mode = prev
+    return out
 
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)

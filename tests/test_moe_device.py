@@ -127,7 +127,8 @@ class MemRuntime:
     """Device memory is one numpy byte array (pointer = offset); host->device copies and
     memsets write it; the kernels moe uses run in numpy when launched."""
 
-    def __init__(self, nbytes=48 << 20):
+    def __init__(self, nbytes=48 << 20, interpret=True):
+        self.interpret = interpret  # False: kernels are only recorded
         self.mem = np.zeros(nbytes, np.uint8)
         self.top = 4096
         self.launches = []
@@ -154,6 +155,10 @@ class MemRuntime:
             @staticmethod
             def memset_d8_async(ptr, value, count, stream):
                 rt.mem[ptr:ptr + count] = value
+
+            @staticmethod
+            def memcpy_dtod_async(dst, src, n, stream):
+                rt.mem[dst:dst + n] = rt.mem[src:src + n].copy()
 
         self.drv = Drv()
         self.pool = Pool(self.drv)
@@ -188,7 +193,8 @@ class MemRuntime:
             def __call__(self, grid, block, *args, shared=0):
                 struct.pack(fmt, *args)
                 rt.launches.append((name, grid, block, args, shared))
-                rt.run(name, grid, block, args, shared)
+                if rt.interpret:
+                    rt.run(name, grid, block, args, shared)
 
         return K()
 
@@ -344,3 +350,47 @@ def test_host_mode_is_not_captured(monkeypatch):
     assert m.capturable is True
     m.ops = NumpyOps()  # a backend whose moe is not known to be capturable
     assert m.capturable is False
+
+
+def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tmp_path):
+    """A qwen3moe forward pass on CudaOps (kernels recorded, not run): every layer's experts go
+    through the device routing and expert kernels, and nothing waits for the device (this
+    runtime has no device -> host copy), so the model may be captured."""
+    import os
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.runtime.batch import Batch
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    class Arena:
+        def __init__(self, rt, f):
+            self.start = f.data_offset
+
+        def ptr(self, info):
+            return (1 << 30) + info.offset - self.start
+
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(cuda_ops, "WeightArena", Arena)
+    ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
+    rt = MemRuntime(nbytes=8 << 20, interpret=False)
+    ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
+    ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    cfg = FAMILY_CONFIGS["qwen3moe"]
+    tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
+    path = family_gguf(str(tmp_path / "qwen3moe.gguf"), **cfg, tokenizer=tok, qtype="Q8_0")
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        assert model.capturable
+        state = model.new_state(ops, 64)
+        for ids in ([5], [5, 6, 7]):
+            rt.launches.clear()
+            model.forward(state, Batch(ops, ids, list(range(len(ids)))))
+            names = [launch[0] for launch in rt.launches]
+            for kern in ("moe_route_f32", "moe_glu_", "moe_down_"):
+                assert sum(n.startswith(kern) for n in names) == cfg["n_layer"], (kern, names)
+            route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
+            assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (cfg["n_expert"], cfg["n_used"])

@@ -7,3 +7,4 @@
 #include "attention.cuh"
 #include "sampling.cuh"
 #include "moe.cuh"
+#include "recurrent.cuh"

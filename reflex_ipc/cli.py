@@ -140,6 +140,9 @@ def main(argv=None) -> int:
             pass  # a vanished reader: nothing left to tell it
     if done is not None:
         done(rc or 0)
+        from .cuda import teardown_when_no_init
+
+        teardown_when_no_init()
     os._exit(rc or 0)
 
 

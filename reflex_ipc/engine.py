@@ -50,9 +50,10 @@ def _cpu_backend():
     return NumpyOps()
 
 
-def make_backend(device):
+def make_backend(device, no_cpu=False):
     """The backend ops object for a device name: "cpu" (the compiled kernels), "numpy" (the
-    oracle), "cuda", or "auto" (CUDA when usable, else cpu)."""
+    oracle), "cuda", or "auto" (CUDA when usable, else cpu; else numpy with no_cpu, for the
+    architectures the cpu backend cannot run: models.NO_CPU)."""
     from .ops import DEVICES
 
     if device not in DEVICES:
@@ -65,16 +66,23 @@ def make_backend(device):
         return _cpu_backend()
     from . import cuda
 
+    def fallback():
+        if no_cpu:
+            from .backends.numpy_ops import NumpyOps
+
+            return NumpyOps()
+        return _cpu_backend()
+
     started = cuda.start_init()
     if device == "auto" and not started:  # pycuda is not installed
-        return _cpu_backend()
+        return fallback()
     try:
         from .backends.cuda_ops import CudaOps
 
         return CudaOps()
     except Exception as e:
         if device == "auto":
-            return _cpu_backend()
+            return fallback()
         if isinstance(e, ReflexError):
             raise
         raise ReflexError("cuda_error", f"the CUDA backend is unavailable: {type(e).__name__}: {e}") from e
@@ -102,7 +110,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
     phases.mark("gguf_open")
     adapters = []
     try:
-        from .models import ARCHITECTURES, NO_CUDA, NUMPY_ONLY, load_model
+        from .models import ARCHITECTURES, NO_CPU, NO_CUDA, NUMPY_ONLY, load_model
         from .tokenizer import load_tokenizer
 
         if f.architecture not in ARCHITECTURES:
@@ -110,7 +118,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
                               f"architecture {f.architecture!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
         if device == "auto" and f.architecture in NUMPY_ONLY:
-            device = "numpy"  # its recurrent / latent-attention ops exist on numpy only so far
+            device = "numpy"  # its latent-attention ops exist on numpy only so far
         elif device == "auto" and f.architecture in NO_CUDA:
             device = "cpu"
         tok = load_tokenizer(f)
@@ -120,7 +128,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
             from . import lora as lora_mod
 
             adapters = lora_mod.open_adapters(lora_mod.normalize(lora), f)
-        ops = make_backend(device)
+        ops = make_backend(device, no_cpu=f.architecture in NO_CPU)
         phases.mark("backend_ready")  # with CUDA: the init thread joined, kernels loaded
         if adapters:
             lora_set = lora_mod.LoraSet(ops, adapters)

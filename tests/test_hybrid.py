@@ -246,7 +246,8 @@ def test_backend_without_recurrent_ops_is_unsupported(models):
 
 def test_stdio_generate_stream_and_system1(models):
     """The protocol loop on hybrids: streamed generate and system1 (granitehybrid), generate on
-    device "auto" (qwen35: runs on the CPU while CUDA lacks its ops)."""
+    device "auto" (qwen35: CUDA where usable, else numpy, never the C cpu backend, which lacks
+    its ops)."""
     import json
     import subprocess
     import sys
@@ -282,3 +283,33 @@ def test_saved_state_round_trip(runner, tmp_path):
     ref = runner.system1(runner.tok.decode(p_ids + runner._continuation_ids(" Paris")), [" is", " was"],
                          cache_prompt=False)["candidates"]
     np.testing.assert_allclose([c["logprob"] for c in s], [c["logprob"] for c in ref], rtol=0, atol=1e-4)
+
+
+def test_state_wider_than_the_backends_kernels_is_unsupported(models):
+    """A backend whose recurrent kernels hold narrower state rows (CUDA: 256 columns) refuses the
+    model at load, naming the key."""
+    class Narrow(NumpyOps):
+        max_state_cols = 8
+
+    for name, key in (("qwen35", "qwen35.ssm.state_size"), ("granitehybrid", "granitehybrid.ssm.state_size")):
+        with GGUFFile(models[name]) as f, pytest.raises(ReflexError) as ei:
+            load_model(Narrow(), f)
+        assert ei.value.kind == "unsupported_architecture" and key in ei.value.message
+
+
+def test_recurrent_models_replay_only_the_decode_step(models):
+    """On a backend that captures graphs, a recurrent model's decode step is replayed from one
+    (when the model is capturable), but never a padded prefill batch (ForwardGraphs' padding
+    tokens come first in batch order and would enter the recurrence)."""
+    from reflex_ipc.runtime.executor import Executor
+
+    class Capturing(NumpyOps):
+        def capture(self, fn):  # never called here: only its presence matters
+            raise AssertionError("not expected")
+
+    ops = Capturing()
+    for name, capturable in (("qwen35", True), ("qwen35moe", False), ("granitehybrid", True),
+                             ("granitehybrid_moe", False)):
+        with GGUFFile(models[name]) as f:
+            ex = Executor(ops, load_model(ops, f), 64)
+            assert ex.use_graphs == capturable and not ex.use_forward_graphs, name

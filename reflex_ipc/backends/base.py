@@ -85,6 +85,17 @@ OPS = (
 RECURRENT_OPS = ("sigmoid", "softplus", "columns", "ssm_conv", "delta_net", "ssm_scan")
 
 
+def require_state_cols(backend, n, key):
+    """ReflexError unsupported_architecture when the backend's recurrent kernels cannot hold state
+    rows of n columns (its optional attribute `max_state_cols`; unlimited without it)."""
+    limit = getattr(backend, "max_state_cols", None)
+    if limit is not None and n > limit:
+        from ..errors import ReflexError
+
+        raise ReflexError("unsupported_architecture", f"{key} = {n}: the {getattr(backend, 'name', '?')} backend's "
+                          f"recurrent kernels hold state rows of at most {limit}")
+
+
 # Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
 # models are refused on it at load). The numpy backend has them; CUDA does not yet.
 MLA_OPS = ("split", "concat", "head_matmul")
@@ -116,6 +127,18 @@ def seq_groups(seqs, n):
     seqs = np.asarray(seqs).reshape(-1)
     _, first = np.unique(seqs, return_index=True)
     return [(int(seqs[i]), np.flatnonzero(seqs == seqs[i])) for i in sorted(first)]
+
+
+def seq_group_table(seqs, n):
+    """(int32 table, n_groups) describing seq_groups(seqs, n) to a kernel: the G+1 starts of the
+    groups in the token order, the G sequence ids, then the n token indices grouped by sequence
+    (batch order within a group). kernels/recurrent.cuh reads it."""
+    import numpy as np
+
+    groups = seq_groups(seqs, n)
+    starts = np.cumsum([0] + [len(idx) for _, idx in groups])
+    table = np.concatenate([starts, [s for s, _ in groups]] + [idx for _, idx in groups]).astype(np.int32)
+    return table, len(groups)
 
 
 def check_matmul_n(ws):
@@ -262,7 +285,9 @@ class Ops:
     # -- linear algebra ----------------------------------------------------------
     def matmul(self, x, w, out=None, accumulate=False):
         """x float32 [..., K] times weight handle w [M, K]: y[..., m] = sum_k x[..., k] w[m, k]
-        (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required)."""
+        (x @ w.T), float32 [..., M]. accumulate=True adds the product into `out` (required).
+        Backends with RECURRENT_OPS also take a float32 array [M, K] as w (a small matrix a
+        model makes from a vector: qwen35moe's shared-expert gate)."""
         raise NotImplementedError
 
     def matmul_n(self, x, ws):

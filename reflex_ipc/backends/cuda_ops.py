@@ -16,7 +16,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, host_topk, moe_route
+from .base import check_glu, check_matmul_n, host_topk, moe_route, seq_group_table
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -33,6 +33,9 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
+RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
+CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
 
 
 def _ew_grid(n):
@@ -44,6 +47,7 @@ class CudaOps:
     device = "cuda"
     kv_dtype = "float16"
     prefill_chunk = 1024
+    max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
 
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
@@ -60,6 +64,7 @@ class CudaOps:
         self._arenas = {}
         self._extra_weights = []
         self._graph = None
+        self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -208,6 +213,14 @@ class CudaOps:
         return w[start:start + n]  # a float array (a weight kept as float32)
 
     @staticmethod
+    def _as_weight(w):
+        """A float32 DeviceArray [M, K] (a small matrix made from a vector, e.g. a shared-expert
+        gate) as an F32 weight handle over the same memory; weight handles as they are."""
+        if isinstance(w, DeviceArray) and w.ndim == 2 and w.dtype == "float32":
+            return DeviceWeight(w.ptr, w.shape, F32, "F32", w.shape[1] * 4, "float32 array", w)
+        return w
+
+    @staticmethod
     def _mm_shape(x, w):
         """(M, K, N) of x [..., K] times weight w [M, K], after checking they fit."""
         if not isinstance(w, DeviceWeight):
@@ -226,7 +239,8 @@ class CudaOps:
         return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
 
     def matmul(self, x, w, out=None, accumulate=False):
-        """x [..., K] float32 times a weight [M, K] -> [..., M] (x @ w.T)."""
+        """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T)."""
+        w = self._as_weight(w)
         M, K, N = self._mm_shape(x, w)
         if out is None:
             if accumulate:
@@ -432,6 +446,11 @@ class CudaOps:
             out = out if out is not None else self.empty(a.shape)
             self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
             return out
+        if a.ndim == 2 and b.shape == (a.shape[0], 1) and a.shape != b.shape:  # a per-row gate
+            out = out if out is not None else self.empty(a.shape)
+            if a.size:
+                self.k("mul_col_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, a.shape[1])
+            return out
         return self._binary("mul_f32", a, b, out)
 
     def scale(self, a, s, out=None):
@@ -566,6 +585,114 @@ class CudaOps:
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
+        return out
+
+    # -- recurrent layers ----------------------------------------------------------------
+    def sigmoid(self, a):
+        out = self.empty(a.shape)
+        self.k("sigmoid_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        return out
+
+    def softplus(self, a):
+        out = self.empty(a.shape)
+        self.k("softplus_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        return out
+
+    def columns(self, x, start, n):
+        W = x.shape[-1]
+        if not (0 <= start and 0 <= n and start + n <= W):
+            raise ValueError(f"columns: {start}..{start + n} of {W}")
+        out = self.empty(x.shape[:-1] + (n,))
+        if out.size:
+            self.k("columns_f32")(_ew_grid(out.size), (EW_BLOCK, 1, 1), x.ptr, out.ptr, out.size, W, int(start),
+                                  int(n))
+        return out
+
+    def _seq_arg(self, seqs, N, n_seq):
+        """(device pointer, n_groups, most tokens in a group) of the kernels' sequence groups
+        (recurrent.cuh's `sg`) for per-token sequences seqs (a host int array [N]; None: pointer
+        0, every token in sequence 0, so a decode step has nothing to write before a graph
+        replay). Memoized for the last seqs array: every layer of a batch passes the same one."""
+        if seqs is None:
+            return 0, 1, N
+        memo = self._seq_memo
+        if memo is not None and memo[0] is seqs:
+            return memo[1]
+        arr = np.asarray(seqs).reshape(-1)
+        if arr.size != N:
+            raise ValueError(f"seqs: {arr.size} sequence ids for {N} tokens")
+        if N and (int(arr.min()) < 0 or int(arr.max()) >= n_seq):
+            raise ValueError(f"seqs: sequence ids {int(arr.min())}..{int(arr.max())} for a state of {n_seq}")
+        host, n_groups = seq_group_table(arr, N)
+        dev = self.asarray(host, "int32")
+        arg = (dev.ptr, n_groups, int(np.diff(host[:n_groups + 1]).max()))
+        self._seq_memo = (seqs, arg, dev)  # dev: keeps the buffer alive while arg points at it
+        return arg
+
+    @staticmethod
+    def _f32(name, *arrays):
+        for a in arrays:
+            if getattr(a, "dtype", None) != "float32" or not isinstance(a, DeviceArray):
+                raise TypeError(f"{name}: expected float32 device arrays, got {a!r}")
+
+    def ssm_conv(self, x, state, w, seqs=None):
+        """Causal depthwise conv of x [N, C] with each sequence's last K-1 inputs (state
+        [n_seq, K-1, C], updated); w float32 [C, K]."""
+        self._f32("ssm_conv", x, state, w)
+        N, C = x.shape
+        K = w.shape[1]
+        if w.shape != (C, K) or tuple(state.shape[1:]) != (K - 1, C) or K < 2:
+            raise ValueError(f"ssm_conv: x {x.shape}, state {state.shape}, w {w.shape}")
+        out = self.empty((N, C))
+        sg, G, T = self._seq_arg(seqs, N, state.shape[0])
+        if N:
+            cb = (C + EW_BLOCK - 1) // EW_BLOCK
+            z = min(T, CONV_TOKEN_BLOCKS)  # 1 for a decode step: the state is updated in the same kernel
+            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x.ptr, state.ptr, w.ptr, out.ptr, sg, G, N, C, K)
+            if z > 1:
+                self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr, sg, G, N, C, K)
+        return out
+
+    def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
+        """The gated delta rule (base.py), sequential in time with each state row in a warp's
+        registers: one kernel for decode and prefill."""
+        self._f32("delta_net", q, k, v, g, beta, state)
+        N, Hk, D = q.shape
+        Hv = v.shape[1]
+        if (k.shape != q.shape or v.shape != (N, Hv, D) or g.size != N * Hv or beta.size != N * Hv
+                or tuple(state.shape[1:]) != (Hv, D, D) or Hv % Hk):
+            raise ValueError(f"delta_net: q {q.shape} k {k.shape} v {v.shape} g {g.shape} beta {beta.shape} "
+                             f"state {state.shape}")
+        if D > RECUR_MAX_COLS:
+            raise ReflexError("unsupported_architecture", f"delta_net: state size {D} > {RECUR_MAX_COLS}")
+        out = self.empty((N, Hv, D))
+        sg, G, _ = self._seq_arg(seqs, N, state.shape[0])
+        rows = Hv * D
+        if N:
+            self.k("delta_net_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, G, 1), (32 * RECUR_WARPS, 1, 1),
+                                    q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state.ptr, out.ptr, sg, G, N, Hk, Hv, D,
+                                    float(scale))
+        return out
+
+    def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
+        """The Mamba-2 selective scan (base.py), sequential in time with each state row in a
+        warp's registers: one kernel for decode and prefill."""
+        self._f32("ssm_scan", x, dt, A, B, C, state, *([D] if D is not None else []))
+        N, H, P = x.shape
+        G, Ns = B.shape[1], B.shape[2]
+        if (dt.size != N * H or A.size != H or B.shape != (N, G, Ns) or C.shape != (N, G, Ns)
+                or tuple(state.shape[1:]) != (H, P, Ns) or H % G or (D is not None and D.size != H)):
+            raise ValueError(f"ssm_scan: x {x.shape} dt {dt.shape} A {A.shape} B {B.shape} C {C.shape} "
+                             f"state {state.shape}")
+        if Ns > RECUR_MAX_COLS:
+            raise ReflexError("unsupported_architecture", f"ssm_scan: state size {Ns} > {RECUR_MAX_COLS}")
+        out = self.empty((N, H, P))
+        sg, ng, _ = self._seq_arg(seqs, N, state.shape[0])
+        rows = H * P
+        if N:
+            self.k("ssm_scan_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),
+                                   x.ptr, dt.ptr, A.ptr, B.ptr, C.ptr, D.ptr if D is not None else 0, state.ptr,
+                                   out.ptr, sg, ng, N, H, P, G, Ns)
         return out
 
     # -- sampling ----------------------------------------------------------------

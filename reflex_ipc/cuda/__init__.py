@@ -61,6 +61,56 @@ def _at(t, key):
     t[key + "_at"] = round(phases.since_launch_ms(), 2)
 
 
+def _init_lock_path():
+    return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"reflex-cuda-init-{os.getuid()}.lock")
+
+
+def _hold_init_lock():
+    """REFLEX_TEARDOWN=after-init: hold a shared lock on a per-user file while cuInit and the
+    context are made, so that an exiting reflex process (teardown_when_no_init) delays its
+    driver teardown until no start-up is in that phase. Never blocks: a start-up that finds
+    the lock taken goes on without it. Returns the open fd (kept open: closing releases it)."""
+    if os.environ.get("REFLEX_TEARDOWN") != "after-init":
+        return None
+    import fcntl
+
+    try:
+        fd = os.open(_init_lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def teardown_when_no_init(linger_s=0.15, wait_s=1.0):
+    """For a detached child about to exit with a CUDA context (REFLEX_TEARDOWN=after-init):
+    wait linger_s (time for a caller's next process to reach cuInit), then until no other
+    reflex process holds the init lock (at most wait_s), so the driver's teardown does not
+    land on another process's cuInit. A measured experiment (issue 19, back-to-back starts)."""
+    if os.environ.get("REFLEX_TEARDOWN") != "after-init":
+        return
+    import fcntl
+
+    time.sleep(linger_s)
+    try:
+        fd = os.open(_init_lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return  # held until exit: a start-up arriving now goes on without the lock
+        except OSError:
+            if time.monotonic() > end:
+                return
+            time.sleep(0.005)
+
+
 def _driver_init(device_index, t):
     """cuInit and the primary context through ctypes: ctypes releases the GIL during each
     call, so this part truly runs beside the main thread's imports. pycuda later retains
@@ -68,6 +118,7 @@ def _driver_init(device_index, t):
     import ctypes
 
     _at(t, "cuda_thread_start")
+    lock_fd = _hold_init_lock()
     lib = ctypes.CDLL("libcuda.so.1")
     _at(t, "libcuda_loaded")
     rc = lib.cuInit(0)
@@ -85,6 +136,8 @@ def _driver_init(device_index, t):
     if rc:
         raise RuntimeError(f"creating the primary context failed with CUDA error {rc}")
     _at(t, "context")
+    if lock_fd is not None:
+        os.close(lock_fd)
 
 
 def _init_worker(device_index, driver_thread, drv_err, t):

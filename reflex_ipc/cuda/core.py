@@ -27,6 +27,12 @@ SIGNATURES = {
     "attention_combine": "QQQiii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ",
     "logprob_rows": "QqQQiQ",
+    # recurrent.cuh
+    "sigmoid_f32": "QQq", "mul_col_f32": "QQQqi", "softplus_f32": "QQq", "columns_f32": "QQqiii",
+    "ssm_conv_f32": "QQQQQiiii",  # x state w y sg n_groups N C K
+    "ssm_conv_state_f32": "QQQiiii",  # x state sg n_groups N C K
+    "delta_net_f32": "QQQQQQQQiiiiif",  # q k v g beta state out sg n_groups N Hk Hv D scale
+    "ssm_scan_f32": "QQQQQQQQQiiiiii",  # x dt A B C D state y sg n_groups N H P G Ns
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):

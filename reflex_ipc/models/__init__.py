@@ -4,10 +4,13 @@ from ..errors import ReflexError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4",
                  "qwen35", "qwen35moe", "granitehybrid")
-# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) only the numpy backend has so far:
-# device "auto" runs them there; an explicit cpu or cuda device refuses them
-# (unsupported_architecture, naming the missing ops).
-NUMPY_ONLY = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
+# Architectures whose ops (backends.base.MLA_OPS) only the numpy backend has so far: device "auto"
+# runs them there; an explicit cpu or cuda device refuses them (unsupported_architecture, naming
+# the missing ops).
+NUMPY_ONLY = ("deepseek2",)
+# Architectures whose ops (backends.base.RECURRENT_OPS) the numpy and CUDA backends have but the C
+# cpu backend lacks: device "auto" runs them on CUDA where it is usable, else on numpy.
+NO_CPU = ("qwen35", "qwen35moe", "granitehybrid")
 # Architectures the CUDA backend refuses (its results do not match the oracle yet): device "auto"
 # runs them on the cpu backend.
 NO_CUDA = ("gemma4",)

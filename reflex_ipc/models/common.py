@@ -71,7 +71,7 @@ class HParams:
         self.rope_base = self.float("rope.freq_base", default=10000.0, gt=0.0)
         self.rope_scaling = scaling = self.str("rope.scaling.type", default="linear")
         if scaling not in rope_scalings:  # a model that reads YaRN's keys asks for "yarn"
-            raise ReflexError("unsupported_architecture", f"rope scaling {scaling!r} is not supported for {arch}")
+            raise ReflexError("unsupported_architecture", f"metadata key {arch}.rope.scaling.type: rope scaling {scaling!r} is not supported for {arch}")
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
@@ -190,7 +190,8 @@ class Weights:
     def has(self, name):
         return name in self.f.tensors
 
-    def __call__(self, name, shape, optional=False):
+    def _check(self, name, shape, optional):
+        """The tensor `name` after checking its shape (None when optional and absent)."""
         t = self.f.tensors.get(name)
         if t is None:
             if optional:
@@ -203,6 +204,28 @@ class Weights:
             want = "x".join("*" if s is None else str(s) for s in shape)
             raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
                               f"expected {want}")
+        return t
+
+    def dense(self, name, shape, optional=False, as_shape=None):
+        """A small tensor that no matmul reads (a conv kernel, per-head constants, a grouped norm),
+        its shape checked as `__call__` does, as a float32 backend array of `as_shape` (default
+        `shape`; same element count): the same kind of array on every backend, whatever the
+        tensor's dimensions in the file."""
+        import numpy as np
+
+        from ..quants import dequantize
+
+        t = self._check(name, shape, optional)
+        if t is None:
+            return None
+        # copied: F32 data would otherwise be a view of the file mapping
+        a = np.array(dequantize(self.f.tensor_data(t), t.ggml_type, t.n_elements), np.float32)
+        return self.ops.asarray(a.reshape(shape if as_shape is None else as_shape))
+
+    def __call__(self, name, shape, optional=False):
+        t = self._check(name, shape, optional)
+        if t is None:
+            return None
         w = self.ops.load_weight(self.f, name)
         if self.lora is not None and len(shape) == 2:
             w = self.lora.apply(name, w)

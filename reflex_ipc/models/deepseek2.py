@@ -45,7 +45,7 @@ class Model:
         missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]
         if missing:
             raise ReflexError("unsupported_architecture", f"deepseek2 (latent attention) needs ops the "
-                              f"{ops.name} backend lacks ({', '.join(missing)}); use --device cpu")
+                              f"{ops.name} backend lacks ({', '.join(missing)}); use --device numpy")
         self.ops = ops
         self.hp = hp = HParams(f, rope_scalings=("none", "linear", "yarn"))
         a = hp.arch
@@ -182,6 +182,9 @@ class Model:
         L.gate_exps = w(p + "ffn_gate_exps.weight", (X, Fe, E))
         L.up_exps = w(p + "ffn_up_exps.weight", (X, Fe, E))
         L.down_exps = w(p + "ffn_down_exps.weight", (X, E, Fe))
+        if not S and w.has(p + "ffn_gate_shexp.weight"):
+            raise ReflexError("gguf_error", f"tensor '{p}ffn_gate_shexp.weight' is present but metadata key "
+                              f"{hp.arch}.expert_shared_count is 0")
         L.gate_sh = w(p + "ffn_gate_shexp.weight", (S, E)) if S else None
         L.up_sh = w(p + "ffn_up_shexp.weight", (S, E)) if S else None
         L.down_sh = w(p + "ffn_down_shexp.weight", (E, S)) if S else None

@@ -61,6 +61,8 @@ class Model:
             raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window_pattern: expected an "
                               f"array of {hp.n_layer} per-layer flags")
         self.is_swa = flags[:hp.n_layer]
+        if self.window == 0 and any(self.is_swa):
+            raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window: 0 with sliding-window layers")
         hd_swa = hp.int("attention.key_length_swa", required=True, lo=1, hi=1 << 12)
         if hp.int("attention.value_length_swa", required=True, lo=1, hi=1 << 12) != hd_swa:
             raise _unsupported(f"metadata key {a}.attention.value_length_swa != key_length_swa")

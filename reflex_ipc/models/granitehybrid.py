@@ -20,7 +20,7 @@ and an SSM state [heads, head_dim, state_size] per sequence.
 
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, bias, default_attn_scale
@@ -31,8 +31,6 @@ def _bad(key, msg):
 
 
 class Model:
-    capturable = False
-
     def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
         self.ops = ops
@@ -44,6 +42,7 @@ class Model:
         self.d_state = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
         self.n_ssm_head = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
         self.n_group = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        require_state_cols(ops, self.d_state, f"{a}.ssm.state_size")
         if self.d_inner % self.n_ssm_head:
             raise _bad(f"{a}.ssm.inner_size", f"{self.d_inner} is not a multiple of {self.n_ssm_head} heads")
         if self.n_ssm_head % self.n_group or self.d_inner % self.n_group:
@@ -64,8 +63,10 @@ class Model:
         if self.n_expert and not all(self.n_used):
             raise _bad(f"{a}.expert_used_count", "0 experts used per token")
         self.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
-        w = Weights(ops, f, lora)
-        self.plain = Weights(ops, f)  # tensors that are no matmul's (conv kernel, A, D, norm): no LoRA
+        # a decode step is captured in a CUDA graph unless its experts' routing waits for the device
+        # (a backend without moe_capturable, or CUDA with REFLEX_CUDA_MOE=host)
+        self.capturable = not self.n_expert or getattr(ops, "moe_capturable", False)
+        w = Weights(ops, f, lora)  # its `dense` tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -84,12 +85,12 @@ class Model:
             H, di, cd = self.n_ssm_head, self.d_inner, self.conv_dim
             ssm_in = w(p + "ssm_in.weight", (2 * di + 2 * self.n_group * self.d_state + H, E))
             L.wz, L.wxbc, L.wdt = w.rows(ssm_in, 0, di), w.rows(ssm_in, di, cd), w.rows(ssm_in, di + cd, H)
-            L.conv = self.plain(p + "ssm_conv1d.weight", (cd, self.d_conv))
+            L.conv = w.dense(p + "ssm_conv1d.weight", (cd, self.d_conv))
             L.conv_b = w(p + "ssm_conv1d.bias", (cd,), optional=True)
             L.dt_bias = w(p + "ssm_dt.bias", (H,))
-            L.A = self.plain(p + "ssm_a", (H, 1)).reshape(H)
-            L.D = self.plain(p + "ssm_d", (H, 1)).reshape(H)
-            L.norm = self.plain(p + "ssm_norm.weight", (self.n_group, di // self.n_group)).reshape(di)
+            L.A = w.dense(p + "ssm_a", (H, 1), as_shape=(H,))
+            L.D = w.dense(p + "ssm_d", (H, 1), as_shape=(H,))
+            L.norm = w.dense(p + "ssm_norm.weight", (self.n_group, di // self.n_group), as_shape=(di,))
             L.wo = w(p + "ssm_out.weight", (E, di))
         else:
             H, Hkv, hd = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim

@@ -25,7 +25,7 @@ recurrent state [v heads, d, d] per sequence (runtime.state.SeqSpec). MTP layers
 import math
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, default_attn_scale, residual
@@ -36,7 +36,6 @@ def _bad(key, msg):
 
 
 class Model:
-    capturable = False  # per-sequence state ops have no CUDA kernels yet
 
     def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
@@ -50,6 +49,7 @@ class Model:
         self.d = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
         self.n_v = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
         self.n_k = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        require_state_cols(ops, self.d, f"{a}.ssm.state_size")
         if d_inner != self.d * self.n_v:
             raise _bad(f"{a}.ssm.inner_size", f"{d_inner} != state_size {self.d} x time_step_rank {self.n_v} "
                        f"(value heads of the key width)")
@@ -61,7 +61,6 @@ class Model:
         self._rope_sections(hp)
         self.scale = default_attn_scale(hp)
         w = Weights(ops, f, lora)
-        self.plain = Weights(ops, f)  # tensors that are no matmul's (the conv kernel): no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))
         self.output = w.output(hp.n_embd)
@@ -105,7 +104,7 @@ class Model:
             L.conv_dim = 2 * kd + vd
             L.wqkv = w(p + "attn_qkv.weight", (L.conv_dim, E))
             L.wz = w(p + "attn_gate.weight", (vd, E))
-            L.conv = self.plain(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
+            L.conv = w.dense(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
             L.dt_bias = w(p + "ssm_dt.bias", (self.n_v,))
             L.a = w(p + "ssm_a", (self.n_v,))
             L.wbeta = w(p + "ssm_beta.weight", (self.n_v, E))

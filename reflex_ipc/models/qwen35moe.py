@@ -12,6 +12,11 @@ from .qwen35 import Model as _Qwen35
 
 
 class Model(_Qwen35):
+    @property
+    def capturable(self):
+        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
+        return getattr(self.ops, "moe_capturable", False)
+
     def __init__(self, ops, f, lora=None):
         from .common import HParams
 
@@ -31,7 +36,7 @@ class Model(_Qwen35):
                     gate_exps=w(p + "ffn_gate_exps.weight", (X, F, E)),
                     up_exps=w(p + "ffn_up_exps.weight", (X, F, E)),
                     down_exps=w(p + "ffn_down_exps.weight", (X, E, F)), n_used=self.n_used[i],
-                    sh_gate_inp=self.plain(p + "ffn_gate_inp_shexp.weight", (E,)).reshape(1, E),
+                    sh_gate_inp=w.dense(p + "ffn_gate_inp_shexp.weight", (E,), as_shape=(1, E)),
                     sh_gate=w(p + "ffn_gate_shexp.weight", (Fs, E)), sh_up=w(p + "ffn_up_shexp.weight", (Fs, E)),
                     sh_down=w(p + "ffn_down_shexp.weight", (E, Fs)))
 

@@ -33,6 +33,9 @@ class Executor:
         # captured graphs where the backend can capture ($REFLEX_CUDA_GRAPH=0 turns them off)
         self.use_graphs = (hasattr(ops, "capture") and getattr(model, "capturable", True)
                            and os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0")
+        # padded batch graphs (ForwardGraphs) put padding tokens before the real ones, which a
+        # recurrence would take in: recurrent models replay only the decode step
+        self.use_forward_graphs = self.use_graphs and not self.recurrent
         self._decoder = None  # graphs.DecodeGraph
         self._graphs = None  # graphs.ForwardGraphs
         self._graph_logits = None
@@ -95,7 +98,7 @@ class Executor:
         if seqs is not None:  # several sequences: always op by op
             b = Batch(self.ops, ids, pos, slots=slots, allowed=allowed, key_pos=key_pos, seqs=seqs)
             return self.model.forward(self.state, b, rows=rows, output=output, check=check)
-        if self._graphs is None and self.use_graphs:
+        if self._graphs is None and self.use_forward_graphs:
             from .graphs import ForwardGraphs
 
             self._graphs = ForwardGraphs(self.ops, self.model, self.state)

@@ -616,11 +616,114 @@ def bench_moe(ops, rng):
                 ops._moe_host_mode = prev
     return out
 
+
+def _recurrent_specs(rng):
+    """{op: (per-token inputs for T tokens: T -> {name: numpy}, constants {name: numpy}, state shape
+    without the sequence axis, call(ops, inputs, constants, state, seqs) -> output)} of the
+    recurrent ops at odd sizes and one realistic size each."""
+    F = np.float32
+
+    def l2(a):
+        return (a / np.sqrt((a * a).sum(-1, keepdims=True) + 1e-6)).astype(F)
+
+    specs = {}
+    for C, K in ((37, 4), (1024, 4)):
+        specs[f"ssm_conv C={C} K={K}"] = (
+            lambda T, C=C: {"x": rng.standard_normal((T, C)).astype(F)},
+            {"w": rng.standard_normal((C, K)).astype(F) * 0.5}, (K - 1, C),
+            lambda o, i, c, st, seqs: o.ssm_conv(i["x"], st, c["w"], seqs))
+    for Hk, Hv, D in ((1, 3, 37), (2, 6, 128)):
+        specs[f"delta_net Hk={Hk} Hv={Hv} D={D}"] = (
+            lambda T, Hk=Hk, Hv=Hv, D=D: {
+                "q": l2(rng.standard_normal((T, Hk, D))), "k": l2(rng.standard_normal((T, Hk, D))),
+                "v": rng.standard_normal((T, Hv, D)).astype(F),
+                "g": -np.abs(rng.standard_normal((T, Hv)) * 0.3).astype(F),
+                "beta": rng.uniform(0.05, 0.95, (T, Hv)).astype(F)},
+            {}, (Hv, D, D),
+            lambda o, i, c, st, seqs, D=D: o.delta_net(i["q"], i["k"], i["v"], i["g"], i["beta"], st, seqs,
+                                                       scale=1.0 / np.sqrt(D)))
+    for H, P, G, Ns in ((6, 5, 2, 19), (16, 64, 2, 128)):
+        specs[f"ssm_scan H={H} P={P} G={G} Ns={Ns}"] = (
+            lambda T, H=H, P=P, G=G, Ns=Ns: {
+                "x": rng.standard_normal((T, H, P)).astype(F),
+                "dt": rng.uniform(0.01, 1.0, (T, H)).astype(F),
+                "B": rng.standard_normal((T, G, Ns)).astype(F), "C": rng.standard_normal((T, G, Ns)).astype(F)},
+            {"A": -rng.uniform(0.3, 3.0, H).astype(F), "D": rng.standard_normal(H).astype(F)}, (H, P, Ns),
+            lambda o, i, c, st, seqs: o.ssm_scan(i["x"], i["dt"], c["A"], i["B"], i["C"], st, seqs, D=c["D"]))
+    return specs
+
+
+def check_recurrent(ops, rng):
+    """sigmoid, softplus, columns, ssm_conv, delta_net, ssm_scan against the numpy backend: one
+    token and 37 tokens of one sequence, 37 tokens of 3 interleaved sequences (system1's forked
+    candidates), the state carried across two calls, and the one-token step captured in a
+    graph and replayed twice with new inputs written before each launch."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    if not callable(getattr(ops, "delta_net", None)):
+        return [{"op": "recurrent", "case": "missing", "ok": False, "error": "no recurrent ops"}]
+    ref_ops = NumpyOps()
+    rows = []
+    a = (rng.standard_normal((5, 301)) * 8).astype(np.float32)
+    a[0, :4] = [-30.0, 19.9, 20.5, 60.0]
+    a64 = a.astype(np.float64)
+    A = ops.asarray(a)
+    rows.append(row("sigmoid", "", ops.to_numpy(ops.sigmoid(A)), 1 / (1 + np.exp(-a64)), 1e-6))
+    rows.append(row("softplus", "", ops.to_numpy(ops.softplus(A)),
+                    np.where(a64 > 20, a64, np.log1p(np.exp(np.minimum(a64, 20)))), 1e-6))
+    gate = rng.standard_normal((5, 1)).astype(np.float32)
+    rows.append(row("mul", "per-row gate [N, 1]", ops.to_numpy(ops.mul(A, ops.asarray(gate))), a64 * gate, 1e-7))
+    x3 = rng.standard_normal((3, 7, 29)).astype(np.float32)
+    for start, n in ((0, 29), (3, 11), (28, 1)):
+        rows.append(row("columns", f"{start}:{start + n} of 29", ops.to_numpy(ops.columns(ops.asarray(x3), start, n)),
+                        x3[..., start:start + n], 0.0))
+    n_seq = 4
+    for name, (make, consts, sshape, call) in _recurrent_specs(rng).items():
+        op = name.split()[0]
+        dconsts = {k: ops.asarray(v) for k, v in consts.items()}
+        state0 = (rng.standard_normal((n_seq,) + sshape) * 0.3).astype(np.float32)
+        for T, seqs in ((1, None), (37, None), (37, "3 seqs")):
+            sq = None if seqs is None else np.sort(rng.integers(1, n_seq, T))[rng.permutation(T)].astype(np.int32)
+            case = f"{name} T={T}" + (f" {seqs}" if seqs else "")
+            try:
+                st_ref, st_dev = state0.copy(), ops.asarray(state0)
+                for call_i in range(2):  # the state carries over into the second call
+                    inp = make(T)
+                    ref = call(ref_ops, inp, consts, st_ref, sq)
+                    got = ops.to_numpy(call(ops, {k: ops.asarray(v) for k, v in inp.items()}, dconsts, st_dev, sq))
+                    rows.append(row(op, f"{case} call {call_i + 1}", got, ref, 2e-4))
+                rows.append(row(op, f"{case} state", ops.to_numpy(st_dev), st_ref, 2e-4))
+            except Exception as e:
+                rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
+        if not hasattr(ops, "capture"):
+            continue
+        case = f"{name} T=1 captured graph"
+        try:
+            fixed = {k: ops.asarray(v) for k, v in make(1).items()}
+            st_ref, st_dev = state0.copy(), ops.asarray(state0)
+            graph, res = ops.capture(lambda: call(ops, fixed, dconsts, st_dev, None))
+            try:
+                for rep in range(2):
+                    inp = make(1)
+                    for k, v in inp.items():
+                        ops.write(fixed[k], v)
+                    graph.launch()
+                    ref = call(ref_ops, inp, consts, st_ref, None)
+                    rows.append(row(op, f"{case} replay {rep + 1}", ops.to_numpy(res), ref, 2e-4))
+                rows.append(row(op, f"{case} state", ops.to_numpy(st_dev), st_ref, 2e-4))
+            finally:
+                graph.close()
+        except Exception as e:
+            rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    return rows
+
+
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
-               check_matmul_glu, check_rms_norm_rope, check_moe):
+               check_matmul_glu, check_rms_norm_rope, check_recurrent,
+               check_moe):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

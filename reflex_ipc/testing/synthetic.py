@@ -301,9 +301,23 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
 def f32_twin(src, dst):
     """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
     import gguf
-    from gguf import GGUFValueType as VT
 
     r = gguf.GGUFReader(src)
+    w = _copy_metadata(r, dst)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
+                                                  dtype=np.float32))
+    finish(w)
+    return dst
+
+
+def _copy_metadata(r, dst):
+    """A GGUFWriter for dst holding the metadata of the GGUFReader r (but the file type)."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     w = gguf.GGUFWriter(dst, arch)
     for key, f in r.fields.items():
@@ -319,32 +333,72 @@ def f32_twin(src, dst):
             w.add_key_value(key, bytes(f.parts[f.data[0]]), vt)
         else:
             w.add_key_value(key, f.parts[f.data[0]][0].item(), vt)
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]  # numpy order
-        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
-                                                  dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return w
 
 
-def tensors_gguf(path, tensors, arch="llama"):
-    """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
-    shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block
-    formats); for loading hand-made weights through the real GGUFFile."""
+# tensors that stay F32 in _quantized_writer's files: norms, convolutions, SSM parameters, scales, biases
+# and rope factors (llama.cpp multiplies or adds them elementwise, never through a matmul)
+_KEEP_F32 = ("norm", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "rope_", ".scale", ".bias", "layer_output_scale")
+
+
+def _quantized_writer(path, arch, seed=0):
+    """A GGUFWriter for path that stores the F32 matrices given to add_tensor quantized where
+    their rows fit the blocks: rows of a multiple of 256 values alternate Q4_K and Q6_K
+    (random well-formed blocks with the F32 tensor's standard deviation, random_blocks),
+    other rows of a multiple of 32 values Q8_0 (the F32 values quantized); the rest stays
+    F32. It writes `{path}.twin.gguf` beside it: the same metadata with every tensor as
+    stored dequantized to F32 (the f32_twin, the exact-arithmetic reference)."""
     import gguf
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType as T
 
-    w = gguf.GGUFWriter(str(path), arch)
-    for name, (raw, tid, shape) in tensors.items():
-        t = gguf.GGMLQuantizationType(tid)
-        blk, bsize = gguf.GGML_QUANT_SIZES[t]
-        data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(*shape[:-1], shape[-1] // blk * bsize)
-        w.add_tensor(name, data, raw_dtype=t)
-    finish(w)
-    return path
+    class Writer(gguf.GGUFWriter):
+        def __init__(self):
+            super().__init__(str(path), arch)
+            self.twin = gguf.GGUFWriter(f"{path}.twin.gguf", arch)
+            self.rng = np.random.default_rng(seed)
+            self.k = 0
+
+        def add_key_value(self, key, val, vtype, **kw):
+            super().add_key_value(key, val, vtype, **kw)
+            if not key.startswith("general."):
+                self.twin.add_key_value(key, val, vtype, **kw)
+
+        def add_tensor(self, name, a, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+            shape, cols = a.shape, a.shape[-1]
+            if raw_dtype is not None or a.dtype != np.float32 or a.ndim < 2 or cols % 32 or any(
+                    s in name for s in _KEEP_F32):
+                super().add_tensor(name, a, raw_dtype=raw_dtype)
+                self.twin.add_tensor(name, a if raw_dtype is None else np.ascontiguousarray(
+                    gq.dequantize(a, raw_dtype), dtype=np.float32))
+                return
+            if cols % 256 == 0:
+                t = T[("Q4_K", "Q6_K")[self.k % 2]]
+                self.k += 1
+                q = random_blocks(self.rng, t.name, int(np.prod(shape[:-1])), cols, float(a.std()))
+                q = q.reshape(*shape[:-1], -1)
+            else:
+                t, q = T.Q8_0, gq.quantize(np.ascontiguousarray(a), T.Q8_0)
+            super().add_tensor(name, q, raw_dtype=t)
+            self.twin.add_tensor(name, np.ascontiguousarray(gq.dequantize(q, t).reshape(shape), dtype=np.float32))
+
+        def write_header_to_file(self, *args, **kw):
+            super().write_header_to_file(*args, **kw)
+            self.twin.write_header_to_file(*args, **kw)
+
+        def write_kv_data_to_file(self):
+            super().write_kv_data_to_file()
+            self.twin.write_kv_data_to_file()
+
+        def write_tensors_to_file(self, *args, **kw):
+            super().write_tensors_to_file(*args, **kw)
+            self.twin.write_tensors_to_file(*args, **kw)
+
+        def close(self):
+            super().close()
+            self.twin.close()
+
+    return Writer()
 
 
 # ---------------------------------------------------------------------------------------
@@ -777,7 +831,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
                 probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
                 tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
-                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0):
+                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0, quantize=False):
     """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
     with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
     `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
@@ -842,7 +896,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
         raise ValueError(f"no family recipe for {arch!r}")
     kv.update(keys or {})
 
-    w = gguf.GGUFWriter(str(path), arch)
+    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
     write_tokenizer(w, _tiny_tokenizer(tokenizer))
     for k, v in kv.items():
         if v is None:
@@ -1008,7 +1062,8 @@ HYBRID_CONFIGS = {
 def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
                 n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
                 sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
-                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False):
+                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False,
+                quantize=False):
     """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
     weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
     flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
@@ -1022,7 +1077,7 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
 
         tokenizer = resolve_model("smollm2")
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
     n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
     keys = {"context_length": 512, "block_count": n_layer, "embedding_length": n_embd,
             "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
@@ -1116,7 +1171,7 @@ GRANITE_CONFIGS = {
 def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128, d_conv=4, d_state=16,
                  n_ssm_head=8, n_group=2, n_expert=0, n_used=0, n_ff_shexp=0, rope=True, eps=1e-5,
                  embedding_scale=2.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.2, seed=0,
-                 tokenizer=None, meta=None, drop=(), gain=4.0):
+                 tokenizer=None, meta=None, drop=(), gain=4.0, quantize=False):
     """Write a random-weight `granitehybrid` (Mamba-2 + attention; head_count_kv 0 marks a Mamba
     layer) with llama.cpp's tensor names and keys, F32 weights, the tokenizer of `tokenizer`
     (default SmolLM2); dense FFN, or MoE with n_expert > 0 (shared expert with n_ff_shexp)."""
@@ -1128,7 +1183,7 @@ def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128
         tokenizer = resolve_model("smollm2")
     arch = "granitehybrid"
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
     n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
     E, hd, di = n_embd, n_embd // n_head, 2 * n_embd
     keys = {"context_length": 512, "block_count": n_layer, "embedding_length": E, "feed_forward_length": n_ff,
@@ -1196,6 +1251,32 @@ def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128
             add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
     finish(w)
     return tensors
+
+
+# ---------------------------------------------------------------------------------------
+# one model of each architecture the seed issues added, quantized where the shapes allow
+# (tests/test_new_archs.py: parity with llama.cpp on the quantized files, every op over
+# every transport, bad input). The FFN widths are 256 so that some matrices take K-quant
+# blocks (rows of 256 values); the other dimensions stay those of the F32 configs above.
+ARCH_CONFIGS = {
+    "qwen3moe": ("family", dict(FAMILY_CONFIGS["qwen3moe"], n_ff_exp=256)),
+    "phi3": ("family", dict(FAMILY_CONFIGS["phi3_fused_long"], n_ff=256)),
+    "deepseek2": ("family", dict(FAMILY_CONFIGS["deepseek2_v3"], n_ff=256, n_ff_exp=256)),
+    "gemma4": ("family", dict(FAMILY_CONFIGS["gemma4_moe"], n_ff=256, n_ff_exp=256)),
+    "qwen35": ("hybrid", dict(HYBRID_CONFIGS["qwen35"], n_ff=256)),
+    "qwen35moe": ("hybrid", dict(HYBRID_CONFIGS["qwen35moe"], n_ff_exp=256, n_ff_sh=256)),
+    "granitehybrid": ("granite", dict(GRANITE_CONFIGS["granitehybrid_moe"], n_ff=256, n_ff_shexp=256)),
+}
+
+
+def arch_gguf(name, path, tokenizer=None, quantize=True, **changes):
+    """Write the ARCH_CONFIGS model `name` to path, quantized where its shapes allow
+    (_quantized_writer: its F32 twin goes to `{path}.twin.gguf`) unless quantize is False;
+    `changes` override the config (the writers' bad-input options: keys/meta, drop, shapes)."""
+    kind, cfg = ARCH_CONFIGS[name]
+    write = {"family": family_gguf, "hybrid": hybrid_gguf, "granite": granite_gguf}[kind]
+    write(str(path), tokenizer=tokenizer, quantize=quantize, **dict(cfg, **changes))
+    return str(path)
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
 reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
 synthetic.family_gguf (qwen3moe, phi3 fused/split, gemma4 dense/MoE/fused qkv; Q8_0 where rows
-allow, else F32)):
+allow, else F32), and synthetic.arch_gguf's qwen3moe and phi3 (Q8_0, Q4_K and Q6_K matrices)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
@@ -16,7 +16,13 @@ allow, else F32)):
   refused on CUDA until its CUDA logits match numpy's (they did not on 2026-11-30): loading
   them on CUDA must fail with unsupported_architecture (checked as such, `expected_refusal`).
 - engine level, when reflex_ipc.engine exists: load_runner(device="cuda") against
-  device="cpu" (prompt_logits and generate), and `reflex stdio --device cuda` end to end.
+  device="cpu" (prompt_logits and generate; device="numpy" for the recurrent hybrids, which
+  the cpu backend cannot run: models.NO_CPU), and `reflex stdio --device cuda` end to end.
+- recurrent hybrids (synthetic.hybrid_gguf / granite_gguf: qwen35, qwen35moe, granitehybrid dense
+  and MoE) go through all of the above, and `hybrid_checks`: a 500-token prompt prefilled on
+  CUDA leaves the state (and logits) that 500 single-token CUDA steps leave (graph replays where
+  the model is capturable) and that numpy's prefill leaves; system1 on CUDA equals scoring each
+  candidate alone and numpy's log-probs, also with more candidates than one sequence group.
 """
 
 import glob
@@ -175,10 +181,98 @@ def expect_refusal(path, cuda_ops):
     return {**res, "ok": False, "error": "loaded on CUDA without the latent attention ops"}
 
 
+def _ref_device(path):
+    """The reference device of the engine-level checks: cpu, or numpy for NO_CPU architectures."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import NO_CPU
+
+    with GGUFFile(path) as f:
+        return "numpy" if f.architecture in NO_CPU else "cpu"
+
+
+def hybrid_paths(syn, tok):
+    """The recurrent hybrids' synthetic GGUFs (F32 weights, SmolLM2's tokenizer via tok)."""
+    from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, granite_gguf, hybrid_gguf
+
+    out = []
+    for name, cfg in HYBRID_CONFIGS.items():
+        out.append(os.path.join(syn, f"hybrid-{name}.gguf"))
+        hybrid_gguf(out[-1], tokenizer=tok, **cfg)
+    for name, cfg in GRANITE_CONFIGS.items():
+        out.append(os.path.join(syn, f"hybrid-{name}.gguf"))
+        granite_gguf(out[-1], tokenizer=tok, **cfg)
+    return out
+
+
+def _close(a, b, rel):
+    """max|a - b| <= rel * max(1, max|b|)"""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return bool(np.all(np.isfinite(a)) and np.max(np.abs(a - b)) <= rel * max(1.0, float(np.max(np.abs(b)))))
+
+
+def hybrid_checks(path):
+    """Prefill vs steps and system1 of a recurrent hybrid on CUDA (see the module docstring)."""
+    import reflex_ipc.engine as engine
+    from reflex_ipc.engine import load_runner
+
+    res = {"file": os.path.basename(path)}
+    gpu = load_runner(path, device="cuda", n_ctx=1024)
+    ref = load_runner(path, device="numpy", n_ctx=1024)
+    try:
+        res["backend"] = gpu.info().get("backend")
+        res["decode_graph"] = gpu.exec.use_graphs
+        rng = np.random.default_rng(0)
+        ids = [int(i) for i in rng.integers(100, min(40000, gpu.model.hp.n_vocab), size=500)]
+        ex = gpu.exec
+        full, _ = ex.prefill(ids, reuse=False)
+        full = np.asarray(gpu.ops.to_numpy(full)[0], np.float64)
+        _, prefill_layers = ex.state.snapshot()
+        ex.prefill(ids[:1], reuse=False)
+        for t in ids[1:-1]:
+            ex.step(t)
+        last = np.asarray(gpu.ops.to_numpy(ex.step(ids[-1]))[0], np.float64)
+        _, step_layers = ex.state.snapshot()
+        np_full, _ = ref.exec.prefill(ids, reuse=False)
+        np_full = np.asarray(np_full[0], np.float64)
+        _, np_layers = ref.exec.state.snapshot()
+        seq = [k for k, s in enumerate(gpu.model.state_spec()) if s.kind == "seq"]
+        res["prefill_vs_steps_logits_ok"] = _close(last, full, 1e-3)
+        res["prefill_vs_steps_state_ok"] = all(_close(step_layers[k][n], prefill_layers[k][n], 1e-3)
+                                               for k in seq for n in prefill_layers[k])
+        res["prefill_vs_numpy_logits_ok"] = _close(full, np_full, 1e-2)
+        res["prefill_vs_numpy_state_ok"] = all(_close(prefill_layers[k][n], np_layers[k][n], 1e-2)
+                                               for k in seq for n in np_layers[k])
+        res["prefill_vs_steps_max_diff"] = float(np.max(np.abs(last - full)))
+        # system1: one prompt pass, candidates in forked sequences
+        prompt = "The capital of France is"
+        cands = [" Paris", " a city in Europe", " London, or so they say", " 42"]
+        got = gpu.system1(prompt, cands)["candidates"]
+        alone = [gpu.system1(prompt, [c], cache_prompt=False)["candidates"][0] for c in cands]
+        want = ref.system1(prompt, cands)["candidates"]
+        lp = np.array([c["logprob"] for c in got])
+        n_tok = np.array([len(c["token_ids"]) for c in got])
+        res["system1_logprobs"] = lp.round(5).tolist()
+        res["system1_alone_ok"] = bool(np.all(np.abs(lp - [c["logprob"] for c in alone]) <= 1e-3 * n_tok))
+        res["system1_numpy_ok"] = bool(np.all(np.abs(lp - [c["logprob"] for c in want]) <= 1e-2 * n_tok))
+        saved = engine.SEQ_GROUP
+        engine.SEQ_GROUP = 3
+        try:
+            many = gpu.system1(prompt, cands * 2, cache_prompt=False)["candidates"]
+        finally:
+            engine.SEQ_GROUP = saved
+        res["system1_groups_ok"] = bool(np.all(np.abs(np.array([c["logprob"] for c in many]) - np.tile(lp, 2))
+                                               <= 1e-3 * np.tile(n_tok, 2)))
+        res["ok"] = res["backend"] == "cuda" and all(v for k, v in res.items() if k.endswith("_ok"))
+    finally:
+        gpu.close()
+        ref.close()
+    return res
+
+
 def compare_engine(path):
     from reflex_ipc.engine import load_runner
 
-    cpu = load_runner(path, device="cpu")
+    cpu = load_runner(path, device=_ref_device(path))
     gpu = load_runner(path, device="cuda")
     ids = cpu.tokenize("The capital of France is", add_bos=True)
     l_cpu = np.asarray(cpu.prompt_logits(ids), np.float64)
@@ -257,6 +351,12 @@ def run(model_dir=None):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
     for name, (cfg, qtype) in _moe_variants().items():
         paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype=qtype))
+    paths += hybrid_paths(syn, tok)
+    # quantized where shapes allow, K-quant experts among them (synthetic.ARCH_CONFIGS, the files
+    # of tests/test_new_archs.py), for the seed architectures CUDA runs
+    from reflex_ipc.testing.synthetic import arch_gguf
+
+    paths += [arch_gguf(n, os.path.join(syn, f"arch-{n}.gguf"), tokenizer=tok) for n in ("qwen3moe", "phi3")]
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
                for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]
@@ -285,10 +385,22 @@ def run(model_dir=None):
                 eng.append({"file": os.path.basename(p), "ok": False,
                             "error": "".join(traceback.format_exception(e))[-2500:]})
         rep["engine"] = {"ok": all(r["ok"] for r in eng), "runs": eng}
+        hyb = []
+        for p in paths:
+            if os.path.basename(p).startswith("hybrid-"):
+                try:
+                    hyb.append(hybrid_checks(p))
+                except Exception as e:
+                    import traceback
+
+                    hyb.append({"file": os.path.basename(p), "ok": False,
+                                "error": "".join(traceback.format_exception(e))[-2500:]})
+        rep["hybrid"] = {"ok": all(r["ok"] for r in hyb), "runs": hyb}
         try:
             rep["stdio"] = stdio_e2e(paths[0])
         except Exception as e:
             rep["stdio"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     rep["ok"] = all(r.get("ok") for r in results) and rep["engine"].get("ok", False) and \
+        rep.get("hybrid", {}).get("ok", False) and \
         rep.get("stdio", {}).get("ok", False)
     return rep

@@ -336,6 +336,22 @@ def _copy_metadata(r, dst):
     return w
 
 
+def tensors_gguf(path, tensors, arch="llama"):
+    """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
+    shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block
+    formats); for loading hand-made weights through the real GGUFFile."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, (raw, tid, shape) in tensors.items():
+        t = gguf.GGMLQuantizationType(tid)
+        blk, bsize = gguf.GGML_QUANT_SIZES[t]
+        data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(*shape[:-1], shape[-1] // blk * bsize)
+        w.add_tensor(name, data, raw_dtype=t)
+    finish(w)
+    return path
+
+
 # tensors that stay F32 in _quantized_writer's files: norms, convolutions, SSM parameters, scales, biases
 # and rope factors (llama.cpp multiplies or adds them elementwise, never through a matmul)
 _KEEP_F32 = ("norm", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "rope_", ".scale", ".bias", "layer_output_scale")

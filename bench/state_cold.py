@@ -92,7 +92,7 @@ def main(argv=None):
     tmp = tempfile.mkdtemp(prefix="reflex-state-bench-")
     state = os.path.join(tmp, "sys.state")
     dev = ["--device", a.device, "--model", a.model, "--json"]
-    exp, stdout = timed_process(reflex + ["generate", *dev, "--max-tokens", "1", "--export-kv", state, sys_text])
+    exp, stdout, _ = timed_process(reflex + ["generate", *dev, "--max-tokens", "1", "--export-kv", state, sys_text])
     if exp["rc"] != 0:
         sys.stderr.write(exp.get("stderr_tail", "") + "\nexport failed\n")
         return 1
@@ -120,7 +120,7 @@ def main(argv=None):
                 saved = {e: os.environ.get(e) for e in (env or {})}
                 os.environ.update(env or {})
                 try:
-                    r, so = timed_process(cmd, shell=isinstance(cmd, str), gpu=gpu, idle_w=idle_w)
+                    r, so, _ = timed_process(cmd, shell=isinstance(cmd, str), gpu=gpu, idle_w=idle_w)
                 finally:
                     for e, v in saved.items():
                         if v is None:

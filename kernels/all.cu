@@ -3,6 +3,7 @@
 #include "common.cuh"
 #include "quants.cuh"
 #include "matmul.cuh"
+#include "mma.cuh"
 #include "elementwise.cuh"
 #include "attention.cuh"
 #include "sampling.cuh"

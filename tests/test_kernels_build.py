@@ -350,6 +350,7 @@ def fake_ops(monkeypatch):
     rt = RecordingRuntime()
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
     return ops
 
 
@@ -485,6 +486,64 @@ def test_cuda_ops_matmul_glu_launches(fake_ops):
         ops.matmul_glu(x, wg, wu, act="relu")
     with pytest.raises(ValueError):
         ops.matmul_glu(x, wg, DeviceWeight(0x40000, (1024, 1024), 12, "Q4_K", 4 * 144, "small"))
+
+
+def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
+    """From MMA_MIN_N rows on, matmul / matmul_glu / matmul_n launch the mma kernels over
+    (rows / 64, tokens / 64) tiles; f32 weights and ops.mma off keep the per-row kernels."""
+    from reflex_ipc.backends.cuda_ops import MMA_MIN_N
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    wq = DeviceWeight(0x10000, (4097, 1024), 12, "Q4_K", 4 * 144, "q")
+    for n, gy in ((MMA_MIN_N, 1), (64, 1), (65, 2), (500, 8), (512, 8)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        y = ops.matmul(x, wq)
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == ("mma_q4_k", (65, gy, 1), (256, 1, 1))
+        assert args == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 0) and y.shape == (n, 4097)
+        ops.matmul(x, wq, out=y, accumulate=True)
+        assert ops.rt.launches[-1][3] == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 1)
+    x = DeviceArray.empty(ops.pool, (MMA_MIN_N - 1, 1024))
+    ops.matmul(x, wq)
+    assert ops.rt.launches[-1][0] == "mm8_q4_k"
+    # gated unit: one fused launch
+    wg = DeviceWeight(0x20000, (3072, 1024), 8, "Q8_0", 32 * 34, "gate")
+    wu = DeviceWeight(0x30000, (3072, 1024), 8, "Q8_0", 32 * 34, "up")
+    x = DeviceArray.empty(ops.pool, (100, 1024))
+    y = ops.matmul_glu(x, wg, wu, act="gelu")
+    name, grid, block, args = ops.rt.launches[-1]
+    assert (name, grid, block) == ("mmaglu_q8_0", (48, 2, 1), (256, 1, 1))
+    assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3072, 100, 32 * 34, 1) and y.shape == (100, 3072)
+    # q/k/v of one format: one tensor-core launch per weight
+    wk = DeviceWeight(0x40000, (1024, 1024), 8, "Q8_0", 32 * 34, "k")
+    before = len(ops.rt.launches)
+    q, k, v = ops.matmul_n(x, [wg, wk, wk])
+    launches = ops.rt.launches[before:]
+    assert [launch[0] for launch in launches] == ["mma_q8_0"] * 3
+    assert [launch[3][2] for launch in launches] == [q.ptr, k.ptr, v.ptr] and len({q.ptr, k.ptr, v.ptr}) == 3
+    assert [launch[1] for launch in launches] == [(48, 2, 1), (16, 2, 1), (16, 2, 1)]
+    # float32 weights are not rounded to f16: the per-row kernels
+    w32 = DeviceWeight(0x50000, (64, 1024), 0, "F32", 4096, "w32")
+    ops.matmul(x, w32)
+    assert ops.rt.launches[-1][0] == "mm8_f32"
+    # REFLEX_MMA=0 (ops.mma False): the per-row kernels for every N
+    ops.mma = False
+    ops.matmul(x, wq)
+    ops.matmul_glu(x, wg, wu)
+    assert [launch[0] for launch in ops.rt.launches[-2:]] == ["mm8_q4_k", "mmglu8_q8_0"]
+
+
+def test_cuda_ops_mma_switch(monkeypatch):
+    """REFLEX_MMA=0 or a device before sm_80 turns the tensor-core kernels off."""
+    from reflex_ipc.backends import cuda_ops
+
+    for env, cc, want in (("", (9, 0), True), ("0", (9, 0), False), ("1", (8, 0), True), ("", (7, 5), False)):
+        rt = RecordingRuntime()
+        rt.cc = cc
+        monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
+        monkeypatch.setenv("REFLEX_MMA", env) if env else monkeypatch.delenv("REFLEX_MMA", raising=False)
+        assert cuda_ops.CudaOps().mma is want
 
 
 def test_cuda_ops_rms_norm_rope_launch(fake_ops):

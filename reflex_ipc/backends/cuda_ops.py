@@ -23,6 +23,14 @@ MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q
              Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
+# tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
+# these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs).
+# Below a full tile of 64 tokens the per-row kernels read each weight at most 8 times and
+# spread over many more blocks (a [1024, K] weight is only 16 tensor-core blocks), so short
+# prompts stay there; opchecks.bench_gemm's N sweep shows where the crossover is.
+MMA_MIN_N = 64
+MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
+MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
@@ -48,6 +56,7 @@ class CudaOps:
     kv_dtype = "float16"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
+    mma_min_n = MMA_MIN_N
 
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
@@ -65,6 +74,7 @@ class CudaOps:
         self._extra_weights = []
         self._graph = None
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
+        self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -238,6 +248,15 @@ class CudaOps:
         nt = 1 if N == 1 else (4 if N <= 4 else 8)
         return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
 
+    def _use_mma(self, w, N):
+        """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
+        return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
+
+    @staticmethod
+    def _mma_launch(M, N):
+        """(grid, block) of the tensor-core kernels: one block per MMA_BM rows x MMA_BN tokens."""
+        return ((M + MMA_BM - 1) // MMA_BM, (N + MMA_BN - 1) // MMA_BN, 1), (MMA_THREADS, 1, 1)
+
     def matmul(self, x, w, out=None, accumulate=False):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T)."""
         w = self._as_weight(w)
@@ -246,6 +265,11 @@ class CudaOps:
             if accumulate:
                 raise ValueError("matmul: accumulate=True needs out")
             out = self.empty(x.shape[:-1] + (M,))
+        if self._use_mma(w, N):
+            grid, block = self._mma_launch(M, N)
+            self.k(f"mma_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
+                                                    1 if accumulate else 0)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
                                                    1 if accumulate else 0)
@@ -262,9 +286,11 @@ class CudaOps:
         for i, w in enumerate(ws):
             by_type.setdefault(w.ggml_type, []).append(i)
         outs = [None] * len(ws)
+        N = x.size // ws[0].shape[1]
         for idx in by_type.values():
-            if len(idx) == 1:
-                outs[idx[0]] = self.matmul(x, ws[idx[0]])
+            if len(idx) == 1 or self._use_mma(ws[idx[0]], N):  # tensor-core tiles: one launch each
+                for i in idx:
+                    outs[i] = self.matmul(x, ws[i])
                 continue
             group = [ws[i] for i in idx]
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
@@ -290,6 +316,11 @@ class CudaOps:
             g, u = self.matmul(x, w_gate), self.matmul(x, w_up)
             return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
         out = self.empty(x.shape[:-1] + (M,))
+        if self._use_mma(w_gate, N):
+            grid, block = self._mma_launch(M, N)
+            self.k(f"mmaglu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
+                                                            K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)

@@ -3,6 +3,7 @@
     reflex bench cold   [--runs N] [--op generate|system1] [--vs CMD] ...
     reflex bench warm   [--runs N] ...
     reflex bench decode [--tokens N] ...
+    reflex bench prefill [--prompt-tokens N] ...  (a warm N-token prompt, no prefix reuse)
     reflex bench all    ...            (cold generate, cold system1, warm, decode)
 
 Cold runs are fresh processes of `reflex generate --max-tokens 1 --json` (or
@@ -10,7 +11,10 @@ Cold runs are fresh processes of `reflex generate --max-tokens 1 --json` (or
 exit; each child gets $REFLEX_T_LAUNCH so its own phase marks are relative to
 the same launch. `--vs CMD` alternates a peer's command (a shell command line,
 e.g. llama.cpp's `llama-simple -m M -n 1 -ngl 99 "prompt"`) with ours, run by
-run, and reports the ratio pair by pair. On a GPU, NVML gives energy per cold
+run, and reports the ratio pair by pair. Each cold run is also timed to the first byte on
+its stdout (reflex's answer; llama-simple flushes its stdout first after the first token);
+`--pause S` sleeps between runs (isolated starts), `--drop-caches` drops the page cache
+before each run where the host lets root do it. On a GPU, NVML gives energy per cold
 start (idle power subtracted) and VRAM in use. Results: one JSON file, plus a
 PNG chart when matplotlib is importable.
 """
@@ -28,7 +32,7 @@ DEFAULT_CANDIDATES = (" Paris", " London", " Berlin")
 
 
 def add_arguments(p):
-    p.add_argument("mode", choices=["cold", "warm", "decode", "all"])
+    p.add_argument("mode", choices=["cold", "warm", "decode", "prefill", "all"])
     p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
     from ..ops import DEVICES
 
@@ -38,6 +42,11 @@ def add_arguments(p):
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--candidate", action="append", help="system1 candidates (default: 3 cities)")
     p.add_argument("--tokens", type=int, default=128, help="decode: tokens to generate")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="prefill: prompt length (default 512)")
+    p.add_argument("--pause", type=float, default=0.0, help="cold: seconds of sleep between runs")
+    p.add_argument("--idle-w", type=float, help="cold: the GPU's idle power (W) measured before; "
+                   "default: measure it (3 s)")
+    p.add_argument("--drop-caches", action="store_true", help="cold: drop the page cache before each run")
     p.add_argument("--vs", help="cold: a peer's shell command, alternated with ours")
     p.add_argument("--vs-name", default="peer")
     p.add_argument("--label", default="", help="a free-form label stored in the results")
@@ -142,24 +151,86 @@ def cold_argv(args):
                    args.prompt]
 
 
+def drop_page_cache():
+    """Drop the page cache (root, and a host that allows it); True when it was dropped."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
 def timed_process(argv, shell=False, gpu=None, idle_w=None):
+    """Run argv; wall time spawn->exit and spawn->first byte on stdout, NVML energy for both
+    (net of idle power when idle_w is given). Returns (record, stdout bytes, stderr text);
+    stderr goes to a file, never a pipe that could fill before stdout's first byte."""
+    import tempfile
+
     env = dict(os.environ)
     e0 = gpu.energy_mj() if gpu else None
     t_ns = time.time_ns()
     env["REFLEX_T_LAUNCH"] = str(t_ns)
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, shell=shell, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wall = (time.perf_counter() - t0) * 1e3
-    e1 = gpu.energy_mj() if gpu else None
-    out = {"wall_ms": round(wall, 3), "rc": proc.returncode}
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, shell=shell, env=env, stdout=subprocess.PIPE, stderr=err)
+        fd = proc.stdout.fileno()
+        chunks = [os.read(fd, 1 << 16)]
+        first = (time.perf_counter() - t0) * 1e3 if chunks[0] else None
+        e_first = gpu.energy_mj() if gpu and chunks[0] else None
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 16))
+        rc = proc.wait()
+        wall = (time.perf_counter() - t0) * 1e3
+        e1 = gpu.energy_mj() if gpu else None
+        proc.stdout.close()
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    out = {"wall_ms": round(wall, 3), "rc": rc,
+           "first_byte_ms": round(first, 3) if first is not None else None}
     if e0 is not None and e1 is not None:
         joules = (e1 - e0) / 1000.0
         out["energy_j"] = round(joules, 4)
         if idle_w is not None:
             out["energy_net_j"] = round(joules - idle_w * wall / 1e3, 4)
-    if proc.returncode != 0:
-        out["stderr_tail"] = proc.stderr.decode(errors="replace")[-2000:]
-    return out, proc.stdout
+        if e_first is not None:
+            out["energy_first_j"] = round((e_first - e0) / 1000.0, 4)
+            if idle_w is not None:
+                out["energy_first_net_j"] = round(out["energy_first_j"] - idle_w * first / 1e3, 4)
+    if rc != 0:
+        out["stderr_tail"] = stderr[-2000:]
+    return out, b"".join(chunks), stderr
+
+
+def parse_llama_simple(stderr):
+    """llama-simple's own figures from its stderr: the decode summary line and
+    llama_perf_context_print's load / prompt eval / eval times (ms), when present."""
+    import re
+
+    out = {}
+    m = re.search(r"decoded (\d+) tokens in ([\d.]+) s, speed: ([\d.]+) t/s", stderr)
+    if m:
+        out.update(decoded=int(m.group(1)), decode_s=float(m.group(2)), speed_tps=float(m.group(3)))
+    for key, name in (("load time", "load_ms"), ("prompt eval time", "prompt_eval_ms"), ("eval time", "eval_ms")):
+        m = re.search(r"llama_perf_context_print:\s+" + key + r"\s*=\s*([\d.]+) ms(?:\s*/\s*(\d+) (?:tokens|runs))?",
+                      stderr)
+        if m:
+            out[name] = float(m.group(1))
+            if m.group(2):
+                out[name.replace("_ms", "_n")] = int(m.group(2))
+    return out
+
+
+def spread(xs):
+    """{mean, sd, cv} of the non-None xs (cv = sample sd / mean), None under two values."""
+    xs = [x for x in xs if x is not None]
+    if len(xs) < 2:
+        return None
+    mean = sum(xs) / len(xs)
+    sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    return {"n": len(xs), "mean": round(mean, 4), "sd": round(sd, 4),
+            "cv": round(sd / abs(mean), 4) if mean else None}
 
 
 def mean_net_energy(runs, idle_w):
@@ -173,22 +244,41 @@ def mean_net_energy(runs, idle_w):
     return round(total / len(ok), 3)
 
 
+def upload_gbps(timings):
+    """The CUDA upload's GB/s of a cold run's timings (all pieces' bytes over their span)."""
+    ups = ((timings or {}).get("cuda") or {}).get("upload") or []
+    b = sum(u.get("bytes") or 0 for u in ups)
+    ms = sum(u.get("upload_ms") or 0 for u in ups)
+    return round(b / ms / 1e6, 3) if b and ms else None
+
+
 def run_cold(args, gpu):
-    idle_w = gpu.idle_power_w() if gpu.nv else None
+    idle_w = (args.idle_w if args.idle_w is not None else gpu.idle_power_w()) if gpu.nv else None
     argv = cold_argv(args)
     ours, peer, ratios = [], [], []
+    dropped = None
     for i in range(args.runs):
-        r, stdout = timed_process(argv, gpu=gpu, idle_w=idle_w)
+        if i and args.pause:
+            time.sleep(args.pause)
+        if args.drop_caches:
+            dropped = drop_page_cache()
+        r, stdout, _ = timed_process(argv, gpu=gpu, idle_w=idle_w)
         try:
             res = json.loads(stdout.decode().strip().splitlines()[-1])
             r["timings"] = res.get("timings")
+            r["upload_GB_per_s"] = upload_gbps(r["timings"])
             if args.op == "generate":
                 r["text"] = res.get("text")
         except (ValueError, IndexError):
             r["timings"] = None
         ours.append(r)
         if args.vs:
-            p, _ = timed_process(args.vs, shell=True, gpu=gpu, idle_w=idle_w)
+            if args.pause:
+                time.sleep(args.pause)
+            if args.drop_caches:
+                drop_page_cache()
+            p, _, err = timed_process(args.vs, shell=True, gpu=gpu, idle_w=idle_w)
+            p["llama_simple"] = parse_llama_simple(err) or None
             peer.append(p)
             if r["rc"] == 0 and p["rc"] == 0:
                 ratios.append(p["wall_ms"] / r["wall_ms"])
@@ -197,23 +287,32 @@ def run_cold(args, gpu):
         for k in ((r.get("timings") or {}).get("phases") or {}):
             if k not in phase_names:
                 phase_names.append(k)
+
+    def energy(runs):
+        ok = [r for r in runs if r["rc"] == 0]
+        return {"energy_net_j": stats([r.get("energy_net_j") for r in ok]),
+                "energy_net_j_mean": mean_net_energy(ok, idle_w),
+                "energy_net_j_spread": spread([r.get("energy_net_j") for r in ok]),
+                "energy_first_net_j_spread": spread([r.get("energy_first_net_j") for r in ok]),
+                "first_byte_ms": stats([r.get("first_byte_ms") for r in ok])}
+
     result = {
-        "mode": "cold", "op": args.op, "runs": args.runs, "argv": argv,
+        "mode": "cold", "op": args.op, "runs": args.runs, "argv": argv, "pause_s": args.pause,
+        "drop_caches": dropped,
         "idle_power_w": idle_w,
         "wall_ms": stats([r["wall_ms"] for r in ours if r["rc"] == 0]),
         "failures": sum(r["rc"] != 0 for r in ours),
         "phases_ms": {k: stats([((r.get("timings") or {}).get("phases") or {}).get(k)
                                 for r in ours]) for k in phase_names},
-        "energy_net_j": stats([r.get("energy_net_j") for r in ours]),
-        "energy_net_j_mean": mean_net_energy(ours, idle_w),
+        "upload_GB_per_s": stats([r.get("upload_GB_per_s") for r in ours]),
+        **energy(ours),
         "per_run": ours,
     }
     if args.vs:
         result["vs"] = {"name": args.vs_name, "command": args.vs,
                         "wall_ms": stats([p["wall_ms"] for p in peer if p["rc"] == 0]),
                         "failures": sum(p["rc"] != 0 for p in peer),
-                        "energy_net_j": stats([p.get("energy_net_j") for p in peer]),
-                        "energy_net_j_mean": mean_net_energy(peer, idle_w),
+                        **energy(peer),
                         "speedup_pairwise": stats(ratios), "per_run": peer}
     return result
 
@@ -294,6 +393,48 @@ def run_decode(args, gpu):
     finally:
         s.close()
     return {"mode": "decode", "best_of_3": best, "vram_process_mib": vram}
+
+
+PREFILL_WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+                 "they you were her she there been one all we their has would when if so no will more can who out "
+                 "up what about into than them its some could time only new these two may first then do any like "
+                 "my now over such our man me even most made after also did many off before must well back through "
+                 "years much where your way down should because each just those people how too little state good very "
+                 "make world still see own men work long here get both between life being under never day same "
+                 "another know while last might us great old year come since against go came right used take three").split()
+
+
+def prefill_prompt(n_words, salt=0):
+    """About n_words tokens of English-like text (one Qwen2/GPT-2 token per word mostly), its
+    first words changed by salt so that no two prompts share a prefix."""
+    w = PREFILL_WORDS
+    return " ".join(w[(i * 7 + salt * 13 + (i * i) % 11) % len(w)] if i >= 2 else f"{w[(salt + i * 5) % len(w)]}"
+                    for i in range(n_words))
+
+
+def run_prefill(args, gpu):
+    """Warm prompt processing of a prompt of --prompt-tokens tokens (cache_prompt off, a new
+    prompt each time): its prompt_eval ms and tokens/s; p50 over --runs after one warm-up."""
+    s = Server(args)
+    try:
+        s.request("generate", prompt=prefill_prompt(args.prompt_tokens, 999), max_tokens=1, cache_prompt=False)
+        rows = []
+        for i in range(args.runs):
+            r = s.request("generate", prompt=prefill_prompt(args.prompt_tokens, i), max_tokens=1,
+                          cache_prompt=False)
+            t = r.get("timings") or {}
+            n = r.get("prompt_tokens")
+            pe = t.get("prompt_eval")
+            rows.append({"prompt_tokens": n, "prompt_eval_ms": pe, "client_ms": round(r["_client_ms"], 3),
+                         "tokens_per_s": round(n / (pe / 1e3), 2) if n and pe else None})
+        vram = gpu.process_mib(s.p.pid)
+    finally:
+        s.close()
+    return {"mode": "prefill", "prompt_tokens": stats([r["prompt_tokens"] for r in rows]),
+            "prompt_eval_ms": stats([r["prompt_eval_ms"] for r in rows]),
+            "tokens_per_s": stats([r["tokens_per_s"] for r in rows]), "per_run": rows,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("REFLEX_") and k != "REFLEX_T_LAUNCH"},
+            "vram_process_mib": vram}
 
 
 def cpu_model():
@@ -379,6 +520,8 @@ def run(args):
                 out["runs"].append(run_cold(args, gpu))
         elif mode == "warm":
             out["runs"].append(run_warm(args, gpu))
+        elif mode == "prefill":
+            out["runs"].append(run_prefill(args, gpu))
         else:
             out["runs"].append(run_decode(args, gpu))
     text = json.dumps(out, indent=1)
@@ -413,6 +556,10 @@ def summary_table(out):
                         f"gen1 p50 {g.get('p50')} ms, system1x3 p50 {s.get('p50')} ms "
                         f"(new prompt each: {(r.get('system1_3_candidates_new_prompt_each_ms') or {}).get('p50')} ms), "
                         f"VRAM {r.get('vram_process_mib')} MiB")
+        elif r["mode"] == "prefill":
+            rows.append(f"prefill {(r.get('prompt_tokens') or {}).get('p50')} tokens: p50 "
+                        f"{(r.get('prompt_eval_ms') or {}).get('p50')} ms, "
+                        f"{(r.get('tokens_per_s') or {}).get('p50')} tok/s")
         else:
             rows.append(f"decode {r.get('best_of_3')}  VRAM {r.get('vram_process_mib')} MiB")
     return "\n".join(rows)

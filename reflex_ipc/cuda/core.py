@@ -46,6 +46,11 @@ for _t in MM_TYPES:
     SIGNATURES[f"moe_glu_{_t}"] = "QQQQQiiiqqi"  # Wg Wu X ids Y K F k estride rb act
     SIGNATURES[f"moe_mm_{_t}"] = "QQQQiiiqq"  # W X ids Y K M x_div estride rb
     SIGNATURES[f"moe_down_{_t}"] = "QQQQQiiiqq"  # W H ids wts Y F D k estride rb
+# tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
+MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
+for _t in MMA_TYPES:
+    SIGNATURES[f"mma_{_t}"] = "QQQiiiqi"  # W X Y K M N rb accumulate
+    SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
 
 
 class Kernel:
@@ -170,4 +175,4 @@ def read_images_bytes(data):
     return images(data)
 
 
-__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "read_images", "chosen_image"]
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "read_images", "chosen_image"]

@@ -22,6 +22,21 @@ from .references import attention_ref, rms_norm_rope_ref
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# Tolerance of the tensor-core matmuls (CudaOps with N >= mma_min_n): x and the dequantized
+# weights are rounded to float16 (unit roundoff 2^-11 = 4.9e-4, a relative rounding error
+# of rms 2^-11/sqrt(3) = 2.8e-4 on each operand), products are summed in float32. For a
+# dot product of K terms with independent rounding errors the error relative to the
+# output's norm is then about sqrt(2) * 2.8e-4 = 4e-4 whatever K; 2e-3 leaves 5x margin
+# and still catches any indexing bug (a wrong or missing element gives errors of O(1/sqrt(K))
+# or more). The per-row float32 kernels keep 2e-5.
+MMA_TOL = 2e-3
+MM_TOL = 2e-5
+
+
+def mm_tol(ops, type_name, N):
+    """The tolerance of ops' matmul of N rows on a weight of this type (see MMA_TOL)."""
+    f16 = getattr(ops, "mma", False) and N >= ops.mma_min_n and type_name != "F32"
+    return MMA_TOL if f16 else MM_TOL
 
 
 def rel_err(out, ref):
@@ -111,6 +126,43 @@ def check_matmul(ops, rng):
     return rows
 
 
+def check_matmul_prefill(ops, rng):
+    """Matmuls of many rows (prefill; on CUDA the tensor-core kernels, here from 8 rows on
+    whatever ops.mma_min_n is, so partial token tiles are checked too): output rows that are
+    no multiple of the tiles (1000, and 4097 like an odd vocabulary), token counts around
+    the tile size, K with a partial last tile (352 = 5.5 x 64), plain and accumulate, every
+    format; outputs poisoned so an unwritten element fails."""
+    if hasattr(ops, "mma_min_n"):
+        ops.mma_min_n = 8  # an instance attribute over the class's threshold, until the end
+        try:
+            return _check_matmul_prefill(ops, rng)
+        finally:
+            del ops.mma_min_n
+    return _check_matmul_prefill(ops, rng)
+
+
+def _check_matmul_prefill(ops, rng):
+    rows = []
+    shapes = [(name, M, 512) for name in MM_TYPES for M in (1000, 4097)]
+    shapes += [(name, 1000, 352) for name in ("Q8_0", "Q4_0", "F16")]
+    W = _weights(ops, {f"{name}.{M}.{K}": (name, M, K) for name, M, K in shapes}, rng)
+    for name, M, K in shapes:
+        w, ref = W[f"{name}.{M}.{K}"]
+        for N in ((8, 16, 33, 128, 500, 512) if K == 512 else (16, 100)):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            poison(ops, (N, M))
+            out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
+            rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N}", out, x.astype(np.float64) @ ref.T,
+                            mm_tol(ops, name, N)))
+            if N in (33, 500) and M == 1000:
+                y0 = rng.standard_normal((N, M)).astype(np.float32)
+                y = ops.asarray(y0.copy())  # (the numpy backend's asarray keeps the array)
+                ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
+                rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N} accumulate", ops.to_numpy(y),
+                                y0 + x.astype(np.float64) @ ref.T, mm_tol(ops, name, N)))
+    return rows
+
+
 def check_elementwise(ops, rng):
     rows = []
     a = rng.standard_normal((7, 1000)).astype(np.float32)
@@ -193,15 +245,16 @@ def check_matmul_n(ops, rng):
     for types in sets:
         W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
         ws = [W[f"w{i}"][0] for i in range(len(types))]
-        for N in (1, 4, 5, 8, 13):
+        for N in (1, 4, 5, 8, 13, 16, 70):
             x = rng.standard_normal((N, K)).astype(np.float32)
             X = ops.asarray(x)
             poison(ops, *[(N, Ms[i]) for i in range(len(types))])
             outs = ops.matmul_n(X, ws)
             for i, out in enumerate(outs):
                 ref = x.astype(np.float64) @ W[f"w{i}"][1].T
-                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref, 2e-5))
-                if N in (1, 13):  # within float32 rounding of the plain matmul kernel
+                rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i}", ops.to_numpy(out), ref,
+                                mm_tol(ops, types[i], N)))
+                if N in (1, 13, 70):  # within float32 rounding of the plain matmul kernel
                     rows.append(row("matmul_n", f"{'/'.join(types)} N={N} out{i} vs matmul",
                                     ops.to_numpy(out), ops.to_numpy(ops.matmul(X, ws[i])), 1e-6))
     return rows
@@ -216,7 +269,7 @@ def check_matmul_glu(ops, rng):
     for g_t, u_t in pairs:
         W = _weights(ops, {"gate": (g_t, M, K), "up": (u_t, M, K)}, rng)
         (wg, rg), (wu, ru) = W["gate"], W["up"]
-        for N in (1, 4, 5, 8, 13):
+        for N in (1, 4, 5, 8, 13, 16, 70):
             x = rng.standard_normal((N, K))
             x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
             X = ops.asarray(x)
@@ -229,10 +282,13 @@ def check_matmul_glu(ops, rng):
                 else:
                     ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
                 case = f"{g_t}/{u_t} {act} N={N}"
-                rows.append(row("matmul_glu", case, out, ref, 2e-5))
-                if N in (1, 13):
+                # gated unit of f16-rounded products: about twice the matmul's error
+                tol = MM_TOL if mm_tol(ops, g_t, N) == mm_tol(ops, u_t, N) == MM_TOL else 2 * MMA_TOL
+                rows.append(row("matmul_glu", case, out, ref, tol))
+                if N in (1, 13, 70):
                     glu = ops.swiglu if act == "silu" else ops.geglu
                     unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
+                    # the fused and the plain kernels make the same sums (tensor-core ones too)
                     rows.append(row("matmul_glu", case + " vs matmuls+glu", out, unfused, 1e-6))
     return rows
 
@@ -716,13 +772,76 @@ def check_recurrent(ops, rng):
         except Exception as e:
             rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
     return rows
+def bench_gemm(ops, rng):
+    """TFLOP/s of prefill-shaped matmuls (N=512 tokens) by type and shape, on the
+    tensor-core kernels and on the per-row kernels (ops.mma off), and of the gated unit
+    (gate+up [3072, 1024], matmul_glu). 2*N*M*K flops per matmul (per weight for glu)."""
+    out = []
+    drv = ops.rt.drv
+    N = 512
+    mma0 = ops.mma
+    configs = [(name, M, K) for name in ("Q8_0", "Q4_K", "Q6_K", "F16") for M, K in ((3072, 1024), (1024, 3072))]
+    try:
+        for name, M, K in configs:
+            W = _weights(ops, {"w": (name, M, K), "u": (name, M, K)}, rng)
+            w, u = W["w"][0], W["u"][0]
+            x = ops.asarray(rng.standard_normal((N, K)).astype(np.float32))
+            y = ops.empty((N, M))
+            res = {"type": name, "N": N, "M": M, "K": K}
+            for mode in (True, False):
+                ops.mma = mode and mma0
+                for tag, fn, flops in (("", lambda: ops.matmul(x, w, out=y), 2 * N * M * K),
+                                       ("glu_", lambda: ops.matmul_glu(x, w, u), 4 * N * M * K)):
+                    fn()
+                    ops.synchronize()
+                    reps = 20 if mode else 5
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for _ in range(reps):
+                        fn()
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    ms = e1.time_since(e0) / reps
+                    key = f"{tag}{'mma' if mode else 'rows'}"
+                    res[f"{key}_us"] = round(ms * 1e3, 1)
+                    res[f"{key}_tflops"] = round(flops / (ms / 1e3) / 1e12, 2)
+            res["speedup"] = round(res["rows_us"] / res["mma_us"], 2)
+            out.append(res)
+        # where the tensor-core kernels start to pay (CudaOps.MMA_MIN_N): short prompts
+        for name, M, K in (("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q4_K", 1024, 3072)):
+            w = _weights(ops, {"w": (name, M, K)}, rng)["w"][0]
+            res = {"type": name, "M": M, "K": K, "sweep_us": {}}
+            for n in (16, 32, 64, 128, 256):
+                x = ops.asarray(rng.standard_normal((n, K)).astype(np.float32))
+                y = ops.empty((n, M))
+                times = []
+                for mode in (True, False):
+                    ops.mma = mode and mma0
+                    ops.mma_min_n = 1
+                    ops.matmul(x, w, out=y)
+                    ops.synchronize()
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for _ in range(20):
+                        ops.matmul(x, w, out=y)
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    times.append(round(e1.time_since(e0) / 20 * 1e3, 1))
+                    del ops.mma_min_n
+                res["sweep_us"][f"N={n} mma/rows"] = times
+            out.append(res)
+    finally:
+        ops.mma = mma0
+        if "mma_min_n" in vars(ops):
+            del ops.mma_min_n
+    return out
 
 
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
-    for fn in (check_matmul, check_elementwise, check_attention, check_sampling, check_matmul_n,
-               check_matmul_glu, check_rms_norm_rope, check_recurrent,
+    for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
+               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_recurrent,
                check_moe):
         try:
             rows += fn(ops, rng)

@@ -7,7 +7,8 @@ allow, else F32), and synthetic.arch_gguf's qwen3moe and phi3 (Q8_0, Q4_K and Q6
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
-  near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step). Also the same
+  near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step); the last logits of
+  an 80-token prompt (prefill on the tensor-core matmuls) within the same bound. Also the same
   continuation decoded through one captured CUDA graph per token (ops.capture), except for
   models marked `capturable = False` (ops CUDA lacks). Mixtures of experts run on the device,
   routing included, so qwen3moe goes through the graph too; _moe_variants() adds qwen3moe files
@@ -36,6 +37,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
+LONG_PROMPT = 80  # tokens: a prefill whose matmuls take CUDA's tensor-core kernels (N >= mma_min_n)
 N_GEN = 32
 
 
@@ -134,6 +136,14 @@ def compare_backend(path, cuda_ops):
            "logits_ok": logit_err <= 1e-2 * maxabs}
     res.update(_continuation_verdict(cpu, prompt, t_cpu, t_gpu, "greedy"))
     res["eager_tok_s_incl_prefill"] = round((N_GEN + 1) / eager_s, 1)
+    # a longer prompt from fresh caches: last-position logits within the same bound
+    long_prompt = [(7 * i + 3) % cpu.model.hp.n_vocab for i in range(LONG_PROMPT)]
+    for sess in (cpu, gpu):
+        sess.cache = sess.model.new_state(sess.ops, 256)
+    l_cpu_long, l_gpu_long = cpu.logits(long_prompt, 0), gpu.logits(long_prompt, 0)
+    long_err = float(np.max(np.abs(l_cpu_long - l_gpu_long)))
+    res["long_prompt_logits_max_abs_diff"] = long_err
+    res["long_prompt_logits_ok"] = long_err <= 1e-2 * float(np.max(np.abs(l_cpu_long)))
     # graph decode, from a fresh cache
     if getattr(gpu.model, "capturable", True):
         gpu2 = Session(cuda_ops, path)
@@ -146,7 +156,8 @@ def compare_backend(path, cuda_ops):
                    "ratio": round(weight_bytes / file_bytes, 4), "kv_cache_bytes": kv_bytes,
                    "mem_get_info_delta": free0 - free1, "upload": new_arenas[0].stats if new_arenas else None}
     res["vram_ok"] = weight_bytes <= 1.05 * file_bytes
-    res["ok"] = res["logits_ok"] and res["greedy_ok"] and res["graph_ok"] and res["vram_ok"]
+    res["ok"] = (res["logits_ok"] and res["greedy_ok"] and res["graph_ok"] and res["vram_ok"]
+                 and res["long_prompt_logits_ok"])
     res["gpu_load_s"] = round(gpu.load_s, 3)
     return res
 

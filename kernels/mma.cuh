@@ -1,0 +1,247 @@
+// Prefill matmuls (many tokens) on tensor cores: Y[n, m] = sum_k W[m, k] * X[n, k] with W
+// in its ggml block format (dequantized on the fly, never stored as floats in global
+// memory) and X float32 [N, K].
+//
+// One block computes a tile of MMA_BM weight rows x MMA_BN tokens, walking K in slices of
+// BK columns (MMA_BK; MMA_BK_GLU for the gated unit, which holds two weight tiles) through
+// two shared-memory stages. Its 8 warps split the work: warps 0-3 (the loaders) dequantize
+// the next slice's W tile (deq8, the decode kernels' reader) to f16 and convert the X tile
+// to f16 into one stage while warps 4-7 (the MMA warps: 2 along the rows x 2 along the
+// tokens, each owning 32 rows x 32 tokens) multiply the other stage with
+// mma.sync.m16n8k16 (f16 inputs, f32 accumulators; per 16 columns a warp issues
+// 2 row tiles of 16 x 4 token tiles of 8). One barrier per slice swaps the stages, so
+// global loads and dequantization overlap the tensor-core work.
+//
+// Fragment layout of mma.m16n8k16 .row.col f16 -> f32 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"), g = lane >> 2, t = lane & 3:
+//   A (16 x 16, row major; here W rows x k): register r holds two consecutive columns
+//     r=0: (g, 2t..2t+1)  r=1: (g+8, 2t..)  r=2: (g, 2t+8..)  r=3: (g+8, 2t+8..)
+//   B (16 x 8, k x tokens; "col" = each token's k values contiguous, as X rows are):
+//     r=0: k 2t..2t+1 of token g    r=1: k 2t+8..2t+9 of token g
+//   C (16 x 8 f32): c0, c1 = (row g, tokens 2t, 2t+1); c2, c3 = (row g+8, tokens 2t, 2t+1)
+// tests/test_mma_tiling.py models this indexing in numpy.
+//
+// Edges: rows >= M and tokens >= N load zeros and are not stored; K needs only to be a
+// multiple of 8 (chunks past K load zeros, a slice may end past K). Architectures before
+// sm_80 have no m16n8k16: there each lane computes the same C elements from the same
+// shared tiles with scalar loops (correct, slow; the host only picks these kernels on
+// sm_80+). f16 inputs: |x| above 65504 would overflow (activations that reach matmuls are
+// normalized or gated products, far below that).
+#pragma once
+#include "quants.cuh"
+
+#define MMA_BM 64       // weight rows per block
+#define MMA_BN 64       // tokens per block
+#define MMA_BK 64       // columns per slice (one weight)
+#define MMA_BK_GLU 32   // columns per slice of the gated unit (two weight tiles a stage)
+#define MMA_PAD 8       // row stride of the shared tiles = BK + MMA_PAD halves: 144 or 80
+                        // bytes, so the 32-bit fragment loads of 8 groups x 4 lanes hit 32 banks
+#define MMA_LOADERS 128 // threads 0..127 load, threads 128..255 multiply
+#define MMA_THREADS 256
+static_assert(MMA_BM == MMA_BN && MMA_BM == 64 && MMA_THREADS == 2 * MMA_LOADERS,
+              "mma_tile's warp layout (2 x 2 warps of 32 x 32) and the stage layout assume these");
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// W rows m0.. (MMA_BM of them), columns k0..k0+BK-1, as f16 into s[MMA_BM][BK + MMA_PAD];
+// p = the loader's index 0..MMA_LOADERS-1. Job j (of MMA_BM * BK/8) = row j / (BK/8),
+// chunk j % (BK/8) of 8 columns.
+template <int T, int BK>
+__device__ __forceinline__ void mma_load_w(const uint8_t* __restrict__ W, __half* s, int p, int m0, int k0,
+                                           int M, int K, long long row_bytes) {
+    constexpr int CPB = QT<T>::QK / 8;
+    constexpr int CPR = BK / 8;  // chunks per tile row
+    constexpr int LD = BK + MMA_PAD;
+#pragma unroll
+    for (int i = 0; i < MMA_BM * CPR / MMA_LOADERS; i++) {
+        const int j = p + i * MMA_LOADERS;
+        const int r = j / CPR, c = j % CPR;
+        const int m = m0 + r, ch = (k0 >> 3) + c;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (m < M && ch < (K >> 3)) {
+            float w[8];
+            deq8<T>(W + (long long)m * row_bytes + (ch / CPB) * QT<T>::BYTES, ch % CPB, w);
+            v.x = pack_half2(w[0], w[1]);
+            v.y = pack_half2(w[2], w[3]);
+            v.z = pack_half2(w[4], w[5]);
+            v.w = pack_half2(w[6], w[7]);
+        }
+        *reinterpret_cast<uint4*>(s + r * LD + c * 8) = v;
+    }
+}
+
+// X tokens n0.. (MMA_BN), columns k0..k0+BK-1, as f16 into s[MMA_BN][BK + MMA_PAD].
+// Job j = token j / (BK/4), float4 j % (BK/4).
+template <int BK>
+__device__ __forceinline__ void mma_load_x(const float* __restrict__ X, __half* s, int p, int n0, int k0,
+                                           int N, int K) {
+    constexpr int QPR = BK / 4;
+    constexpr int LD = BK + MMA_PAD;
+#pragma unroll
+    for (int i = 0; i < MMA_BN * QPR / MMA_LOADERS; i++) {
+        const int j = p + i * MMA_LOADERS;
+        const int r = j / QPR, q = j % QPR;
+        const int n = n0 + r, k = k0 + 4 * q;
+        uint2 v = make_uint2(0, 0);
+        if (n < N && k < K) {
+            const float4 f = __ldg(reinterpret_cast<const float4*>(X + (long long)n * K + k));
+            v.x = pack_half2(f.x, f.y);
+            v.y = pack_half2(f.z, f.w);
+        }
+        *reinterpret_cast<uint2*>(s + r * LD + 4 * q) = v;
+    }
+}
+
+// acc[mt][nt][i] += MMA warp cw's 32 x 32 tile over the BK columns in shared memory.
+// sw: W tile [MMA_BM][BK + MMA_PAD], sx: X tile [MMA_BN][BK + MMA_PAD].
+template <int BK>
+__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][4][4]) {
+    constexpr int LD = BK + MMA_PAD;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+#if __CUDA_ARCH__ >= 800
+        uint32_t a[2][4], b[4][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const __half* p = sw + (wr + mt * 16 + g) * LD + kk + 2 * t;
+            a[mt][0] = *reinterpret_cast<const uint32_t*>(p);
+            a[mt][1] = *reinterpret_cast<const uint32_t*>(p + 8 * LD);
+            a[mt][2] = *reinterpret_cast<const uint32_t*>(p + 8);
+            a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * LD + 8);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const __half* p = sx + (wn + nt * 8 + g) * LD + kk + 2 * t;
+            b[nt][0] = *reinterpret_cast<const uint32_t*>(p);
+            b[nt][1] = *reinterpret_cast<const uint32_t*>(p + 8);
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                float* c = acc[mt][nt];
+                asm volatile(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                    : "r"(a[mt][0]), "r"(a[mt][1]), "r"(a[mt][2]), "r"(a[mt][3]), "r"(b[nt][0]),
+                      "r"(b[nt][1]));
+            }
+#else
+        // the same C elements (row g or g+8, tokens 2t, 2t+1) with scalar loops
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const __half* pw = sw + (wr + mt * 16 + g + (i >> 1) * 8) * LD + kk;
+                    const __half* px = sx + (wn + nt * 8 + 2 * t + (i & 1)) * LD + kk;
+                    float s = 0.f;
+                    for (int k = 0; k < 16; k++) s += __half2float(pw[k]) * __half2float(px[k]);
+                    acc[mt][nt][i] += s;
+                }
+#endif
+    }
+}
+
+// NW = 1: Y = W X (mode 1: Y += W X). NW = 2 (gated unit): Y = act(Wg X) * (Wu X), mode 0
+// silu, 1 tanh gelu. Grid: (ceil(M / MMA_BM), ceil(N / MMA_BN)); block: MMA_THREADS.
+// A stage holds NW W tiles then the X tile, each [64][BK + MMA_PAD] halves.
+template <int T, int NW>
+__device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                         const float* __restrict__ X, float* __restrict__ Y, int K, int M,
+                                         int N, long long row_bytes, int mode) {
+    constexpr int BK = NW == 1 ? MMA_BK : MMA_BK_GLU;
+    constexpr int TILE = MMA_BM * (BK + MMA_PAD);  // halves per tile (MMA_BN == MMA_BM)
+    __shared__ __align__(16) __half stage[2][(NW + 1) * TILE];
+    const int m0 = blockIdx.x * MMA_BM, n0 = blockIdx.y * MMA_BN;
+    const bool loader = threadIdx.x < MMA_LOADERS;
+    const int cw = (threadIdx.x >> 5) - MMA_LOADERS / 32;  // MMA warp 0..3 (loaders: negative)
+    const int nk = (K + BK - 1) / BK;
+    float acc[NW][2][4][4];
+#pragma unroll
+    for (int w = 0; w < NW; w++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[w][mt][nt][i] = 0.f;
+    if (loader) {
+        mma_load_w<T, BK>(W0, stage[0], threadIdx.x, m0, 0, M, K, row_bytes);
+        if (NW == 2) mma_load_w<T, BK>(W1, stage[0] + TILE, threadIdx.x, m0, 0, M, K, row_bytes);
+        mma_load_x<BK>(X, stage[0] + NW * TILE, threadIdx.x, n0, 0, N, K);
+    }
+    __syncthreads();
+    for (int it = 0; it < nk; it++) {
+        // loaders fill stage (it+1)&1 while the MMA warps read stage it&1; the barrier at
+        // the end of the previous slice ended every read of the stage being filled
+        if (loader) {
+            if (it + 1 < nk) {
+                __half* st = stage[(it + 1) & 1];
+                const int k0 = (it + 1) * BK;
+                mma_load_w<T, BK>(W0, st, threadIdx.x, m0, k0, M, K, row_bytes);
+                if (NW == 2) mma_load_w<T, BK>(W1, st + TILE, threadIdx.x, m0, k0, M, K, row_bytes);
+                mma_load_x<BK>(X, st + NW * TILE, threadIdx.x, n0, k0, N, K);
+            }
+        } else {
+            const __half* st = stage[it & 1];
+#pragma unroll
+            for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
+        }
+        __syncthreads();
+    }
+    if (loader) return;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = m0 + wr + mt * 16 + g + (i >> 1) * 8;
+                const int n = n0 + wn + nt * 8 + 2 * t + (i & 1);
+                if (m < M && n < N) {
+                    float* yp = Y + (long long)n * M + m;
+                    if (NW == 1) {
+                        const float v = acc[0][mt][nt][i];
+                        *yp = mode ? *yp + v : v;
+                    } else {
+                        const float gv = acc[0][mt][nt][i], uv = acc[NW - 1][mt][nt][i];
+                        *yp = (mode ? gelu_tanh(gv) : silu(gv)) * uv;
+                    }
+                }
+            }
+}
+
+#define RX_MMA(NAME, T)                                                                            \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS) mma_##NAME(const uint8_t* W, const float* X,      \
+                                                             float* Y, int K, int M, int N,       \
+                                                             long long rb, int acc) {             \
+        mma_body<T, 1>(W, W, X, Y, K, M, N, rb, acc);                                              \
+    }                                                                                              \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS) mmaglu_##NAME(const uint8_t* Wg, const uint8_t* Wu, \
+                                                                const float* X, float* Y, int K,  \
+                                                                int M, int N, long long rb, int act) { \
+        mma_body<T, 2>(Wg, Wu, X, Y, K, M, N, rb, act);                                            \
+    }
+
+RX_MMA(f16, T_F16)
+RX_MMA(bf16, T_BF16)
+RX_MMA(q4_0, T_Q4_0)
+RX_MMA(q4_1, T_Q4_1)
+RX_MMA(q5_0, T_Q5_0)
+RX_MMA(q5_1, T_Q5_1)
+RX_MMA(q8_0, T_Q8_0)
+RX_MMA(q4_k, T_Q4_K)
+RX_MMA(q5_k, T_Q5_K)
+RX_MMA(q6_k, T_Q6_K)

@@ -1,0 +1,227 @@
+"""A numpy model of kernels/mma.cuh's indexing (no GPU here): which W rows / chunks and
+which x rows / columns each thread of a block loads into shared memory, which shared
+halves each lane passes to mma.sync.m16n8k16 as its A and B registers, and where each
+lane's accumulators are stored. The warp-wide MMA is modelled from the PTX ISA's fragment
+layout of m16n8k16 (f16 A/B, f32 C/D): the emulated kernel must equal x @ W.T on shapes
+with ragged edges in M, N and K, for the plain, accumulate and gated-unit variants."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def header_constants():
+    src = open(os.path.join(ROOT, "kernels", "mma.cuh")).read()
+    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS"
+    return {k: int(v) for k, v in re.findall(rf"#define ({names}) (\d+)", src)}
+
+
+C = header_constants()
+BM, BN, PAD, LOADERS, THREADS = C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"]
+LANES = np.arange(32)
+G, T = LANES >> 2, LANES & 3  # groupID, threadID_in_group
+
+
+# -- the PTX fragment layout of mma.m16n8k16 (.f16/.bf16 A and B, .f32 C/D) ----------------
+def a_coords(i):
+    """(row, col) of element a_i (i = 0..7) for every lane: rows g (a0, a1, a4, a5) or g+8,
+    cols 2t + (i & 1), plus 8 for a4..a7."""
+    row = G + (0 if (i < 2 or 4 <= i < 6) else 8)
+    col = T * 2 + (i & 1) + (8 if i >= 4 else 0)
+    return row, col
+
+
+def b_coords(i):
+    """(row = k, col = n) of element b_i (i = 0..3): k = 2t + (i & 1), plus 8 for b2, b3; n = g."""
+    return T * 2 + (i & 1) + (8 if i >= 2 else 0), G
+
+
+def c_coords(i):
+    """(row, col) of accumulator c_i (i = 0..3): row g (c0, c1) or g+8, col 2t + (i & 1)."""
+    return G + (8 if i >= 2 else 0), T * 2 + (i & 1)
+
+
+def test_fragment_layouts_cover_tiles():
+    a = np.zeros((16, 16), int)
+    for i in range(8):
+        r, c = a_coords(i)
+        np.add.at(a, (r, c), 1)
+    b = np.zeros((16, 8), int)
+    for i in range(4):
+        r, c = b_coords(i)
+        np.add.at(b, (r, c), 1)
+    c_ = np.zeros((16, 8), int)
+    for i in range(4):
+        r, c = c_coords(i)
+        np.add.at(c_, (r, c), 1)
+    assert (a == 1).all() and (b == 1).all() and (c_ == 1).all()
+
+
+def warp_mma(a_regs, b_regs, c):
+    """One mma.sync.m16n8k16: a_regs [32, 8] (a0..a7 per lane), b_regs [32, 4], c [32, 4]
+    -> d [32, 4], assembling the matrices from the lanes by the PTX layout."""
+    A = np.zeros((16, 16))
+    B = np.zeros((16, 8))
+    for i in range(8):
+        A[a_coords(i)] = a_regs[:, i]
+    for i in range(4):
+        B[b_coords(i)] = b_regs[:, i]
+    D = A @ B
+    d = c.copy()
+    for i in range(4):
+        d[:, i] += D[c_coords(i)]
+    return d
+
+
+# -- the kernel, transcribed ----------------------------------------------------------------
+def load_w(s, off, W, m0, k0, M, K, BK):
+    """mma_load_w by every loader p: W's tile into s[off : off + BM * LD], each slot once."""
+    LD, cpr = BK + PAD, BK // 8
+    written = np.zeros(BM * LD, int)
+    for p in range(LOADERS):
+        for i in range(BM * cpr // LOADERS):
+            j = p + i * LOADERS
+            r, c = j // cpr, j % cpr
+            m, ch = m0 + r, (k0 >> 3) + c
+            v = W[m, 8 * ch:8 * ch + 8] if (m < M and ch < (K >> 3)) else np.zeros(8)
+            assert (r * LD + c * 8) % 8 == 0  # a 16-byte store
+            s[off + r * LD + c * 8:off + r * LD + c * 8 + 8] = v
+            written[r * LD + c * 8:r * LD + c * 8 + 8] += 1
+    assert (written.reshape(BM, LD)[:, :BK] == 1).all()
+
+
+def load_x(s, off, X, n0, k0, N, K, BK):
+    LD, qpr = BK + PAD, BK // 4
+    written = np.zeros(BN * LD, int)
+    for p in range(LOADERS):
+        for i in range(BN * qpr // LOADERS):
+            j = p + i * LOADERS
+            r, q = j // qpr, j % qpr
+            n, k = n0 + r, k0 + 4 * q
+            v = X[n, k:k + 4] if (n < N and k < K) else np.zeros(4)
+            s[off + r * LD + 4 * q:off + r * LD + 4 * q + 4] = v
+            written[r * LD + 4 * q:r * LD + 4 * q + 4] += 1
+    assert (written.reshape(BN, LD)[:, :BK] == 1).all()
+
+
+def u32(s, idx):
+    """A 32-bit shared load at half index idx (per lane): the two halves, low first."""
+    assert (idx % 2 == 0).all()  # 4-byte aligned
+    return s[idx], s[idx + 1]
+
+
+def tile(s, w_off, x_off, cw, acc, BK):
+    """mma_tile of MMA warp cw: acc [2][4] of [32, 4] arrays, updated in place."""
+    LD = BK + PAD
+    wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+    for kk in range(0, BK, 16):
+        a = {}
+        for mt in range(2):
+            p = w_off + (wr + mt * 16 + G) * LD + kk + 2 * T
+            regs = [u32(s, p), u32(s, p + 8 * LD), u32(s, p + 8), u32(s, p + 8 * LD + 8)]
+            a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
+        b = {}
+        for nt in range(4):
+            p = x_off + (wn + nt * 8 + G) * LD + kk + 2 * T
+            regs = [u32(s, p), u32(s, p + 8)]
+            b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
+        for mt in range(2):
+            for nt in range(4):
+                acc[mt][nt] = warp_mma(a[mt], b[nt], acc[mt][nt])
+
+
+def emulate(Ws, X, Y, mode):
+    """mma_body<T, len(Ws)> over its whole grid: Ws [M, K] float weights (already dequantized).
+    Shared memory is NaN until written, so a read of a slot not yet loaded poisons the sums."""
+    NW = len(Ws)
+    BK = C["MMA_BK"] if NW == 1 else C["MMA_BK_GLU"]
+    TILE = BM * (BK + PAD)
+    M, K = Ws[0].shape
+    N = X.shape[0]
+    nk = (K + BK - 1) // BK
+    n_mma_warps = (THREADS - LOADERS) // 32
+    grid = ((M + BM - 1) // BM, (N + BN - 1) // BN)
+    for bx in range(grid[0]):
+        for by in range(grid[1]):
+            m0, n0 = bx * BM, by * BN
+            stage = [np.full((NW + 1) * TILE, np.nan) for _ in range(2)]
+            acc = [[[[np.zeros((32, 4)) for _ in range(4)] for _ in range(2)] for _ in Ws]
+                   for _ in range(n_mma_warps)]
+
+            def fill(st, k0):
+                for w in range(NW):
+                    load_w(st, w * TILE, Ws[w], m0, k0, M, K, BK)
+                load_x(st, NW * TILE, X, n0, k0, N, K, BK)
+
+            fill(stage[0], 0)
+            for it in range(nk):  # between two barriers: loaders write first (the harsher order)
+                if it + 1 < nk:
+                    stage[(it + 1) & 1][:] = np.nan  # what was there is dead
+                    fill(stage[(it + 1) & 1], (it + 1) * BK)
+                st = stage[it & 1]
+                for cw in range(n_mma_warps):
+                    for w in range(NW):
+                        tile(st, w * TILE, NW * TILE, cw, acc[cw][w], BK)
+            for cw in range(n_mma_warps):
+                wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+                for mt in range(2):
+                    for nt in range(4):
+                        for i in range(4):
+                            m = m0 + wr + mt * 16 + G + (i >> 1) * 8
+                            n = n0 + wn + nt * 8 + 2 * T + (i & 1)
+                            ok = (m < M) & (n < N)
+                            mm, nn = m[ok], n[ok]
+                            v = acc[cw][0][mt][nt][ok, i]
+                            if NW == 1:
+                                Y[nn, mm] = Y[nn, mm] + v if mode else v
+                            else:
+                                u = acc[cw][1][mt][nt][ok, i]
+                                act = v / (1 + np.exp(-v)) if mode == 0 else \
+                                    0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+                                Y[nn, mm] = act * u
+    return Y
+
+
+@pytest.mark.parametrize("M,N,K", [(70, 20, 136), (64, 64, 64), (129, 65, 40)])
+def test_emulated_mma_matches_matmul(M, N, K):
+    rng = np.random.default_rng(M * 1000 + N)
+    W = rng.standard_normal((M, K))
+    X = rng.standard_normal((N, K))
+    Y = emulate([W], X, np.full((N, M), np.nan), 0)
+    np.testing.assert_allclose(Y, X @ W.T, rtol=1e-10, atol=1e-10)
+    # accumulate: Y += x W^T over an existing output
+    Y0 = rng.standard_normal((N, M))
+    Y = emulate([W], X, Y0.copy(), 1)
+    np.testing.assert_allclose(Y, Y0 + X @ W.T, rtol=1e-10, atol=1e-10)
+
+
+def test_emulated_mma_glu():
+    rng = np.random.default_rng(7)
+    M, N, K = 70, 19, 104
+    Wg, Wu = rng.standard_normal((M, K)), rng.standard_normal((M, K))
+    X = rng.standard_normal((N, K))
+    Y = emulate([Wg, Wu], X, np.full((N, M), np.nan), 0)
+    g, u = X @ Wg.T, X @ Wu.T
+    np.testing.assert_allclose(Y, g / (1 + np.exp(-g)) * u, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("bk", ["MMA_BK", "MMA_BK_GLU"])
+def test_shared_fragment_loads_are_bank_conflict_free(bk):
+    """Each 32-bit fragment load of a warp touches 32 distinct banks (row stride LD halves),
+    and every tile starts 16-byte aligned (the uint4 stores)."""
+    BK = C[bk]
+    LD = BK + PAD
+    assert (LD * 2) % 16 == 0 and (BM * LD * 2) % 16 == 0
+    for kk in range(0, BK, 16):
+        for base in (0, 8, 16, 24):
+            words = ((base + G) * LD + kk + 2 * T) // 2
+            assert len(set((words % 32).tolist())) == 32
+
+
+def test_shared_memory_fits_the_static_limit():
+    for NW, bk in ((1, "MMA_BK"), (2, "MMA_BK_GLU")):
+        assert 2 * (NW + 1) * BM * (C[bk] + PAD) * 2 <= 48 * 1024

@@ -265,6 +265,7 @@ def mem_ops():
     rt = MemRuntime()
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
     return ops
 
 
@@ -338,7 +339,7 @@ def test_host_mode_is_not_captured(monkeypatch):
     from reflex_ipc.backends import cuda_ops
     from reflex_ipc.models.qwen3moe import Model
 
-    monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda: SimpleNamespace(pool=None, kernel=None))
+    monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda: SimpleNamespace(pool=None, kernel=None, cc=(9, 0)))
     monkeypatch.setenv("REFLEX_CUDA_MOE", "host")
     ops = cuda_ops.CudaOps()
     assert ops._moe_host_mode and not ops.moe_capturable
@@ -379,6 +380,7 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
     rt = MemRuntime(nbytes=8 << 20, interpret=False)
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
     cfg = FAMILY_CONFIGS["qwen3moe"]
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
     path = family_gguf(str(tmp_path / "qwen3moe.gguf"), **cfg, tokenizer=tok, qtype="Q8_0")

@@ -8,4 +8,5 @@
 #include "attention.cuh"
 #include "mla.cuh"
 #include "sampling.cuh"
+#include "moe.cuh"
 #include "recurrent.cuh"

@@ -44,6 +44,12 @@ for _t in MM_TYPES:
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
     for _nt in (1, 8):
         SIGNATURES[f"hmm{_nt}_{_t}"] = "QQQiiiiq"  # W X Y K M H N rb (mla.cuh)
+# mixture of experts (kernels/moe.cuh): the routing, then expert matvecs that read the ids
+SIGNATURES["moe_route_f32"] = "QQQQQiiiifii"  # logits bias escale ids wts E k gating norm scale G G_used
+for _t in MM_TYPES:
+    SIGNATURES[f"moe_glu_{_t}"] = "QQQQQiiiqqi"  # Wg Wu X ids Y K F k estride rb act
+    SIGNATURES[f"moe_mm_{_t}"] = "QQQQiiiqq"  # W X ids Y K M x_div estride rb
+    SIGNATURES[f"moe_down_{_t}"] = "QQQQQiiiqq"  # W H ids wts Y F D k estride rb
 # tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
 MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
 for _t in MMA_TYPES:

@@ -8,5 +8,6 @@
 #include "attention.cuh"
 #include "mla.cuh"
 #include "sampling.cuh"
+#include "moe.cuh"
 #include "recurrent.cuh"
 #include "fused.cuh"

@@ -63,7 +63,8 @@ Backend attributes: `name` ("numpy", "cpu", "cuda": the protocol's `backend`),
 also has `capture(fn) -> (graph, result)`: fn's launches recorded, `graph.launch()`
 replays them with the same arguments and buffers, `graph.close()` frees it
 (runtime/graphs.py uses it; what changes between replays must live in arrays
-updated with `write` before each launch).
+updated with `write` before each launch). `moe_capturable = True` says that its `moe` runs
+without waiting for the device, so a graph can hold it (MoE models are captured only then).
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
+MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
+MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
 CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
@@ -87,7 +89,15 @@ class CudaOps:
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
 
+    # mixtures of experts run on the device, so a graph can hold them (see moe)
+    _moe_host_mode = False
+    moe_capturable = True
+
     def __init__(self):
+        # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a
+        # step waits for the device, so MoE models are then not captured in graphs
+        self._moe_host_mode = os.environ.get("REFLEX_CUDA_MOE", "") == "host"
+        self.moe_capturable = not self._moe_host_mode
         self.rt = _cuda_runtime()
         self.pool = self.rt.pool
         self.k = self.rt.kernel
@@ -440,10 +450,101 @@ class CudaOps:
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
             selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
-        """Routed on the host (the router's logits cross, N x E floats), then each token's
-        selected experts through the quantized matmul kernels on views of the expert tensors:
-        only those experts' blocks are read. It waits for the device, so a model using it is
-        not captured in a graph (models mark that with `capturable = False`)."""
+        """base.py's moe on the device, with no host round trip (so a graph can hold it): the
+        routing kernel writes each token's expert ids and weights to device buffers, then one
+        launch computes act(gate) * up of every (token, chosen expert) pair [N*k, F] and one
+        the down projections summed over a token's experts with their weights, in slot order
+        (deterministic). Only the chosen experts' blocks are read. REFLEX_CUDA_MOE=host routes
+        on the host instead (the earlier path, for A/B; it waits for the device, so models are
+        then not captured: `moe_capturable`)."""
+        if self._moe_host_mode:
+            return self._moe_host(x, router, w_gate, w_up, w_down, n_used, gating=gating, norm=norm,
+                                  scale=scale, selection_bias=selection_bias, act=act, groups=groups,
+                                  logits=logits, expert_scale=expert_scale)
+        if logits is None:
+            logits = self.matmul(x, router)
+        N, K = x.shape
+        E = logits.shape[-1]
+        F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
+        if act not in ("silu", "gelu"):
+            raise ValueError(f"moe: act must be 'silu' or 'gelu', not {act!r}")
+        parts = 2 if w_up is None else 1
+        if (w_gate.shape != (parts * E * F, K) or (w_up is not None and w_up.shape != (E * F, K))
+                or w_down.shape != (E * D, F) or logits.shape != (N, E)):
+            raise ValueError(f"moe: x {x.shape}, logits {logits.shape}, gate {w_gate.shape}, "
+                             f"up {None if w_up is None else w_up.shape}, down {w_down.shape}")
+        for w in (w_gate, w_down) + (() if w_up is None else (w_up,)):
+            if not isinstance(w, DeviceWeight):
+                raise TypeError("moe needs DeviceWeights from load_weight")
+        if K % 8 or F % 8:
+            raise ReflexError("unsupported_architecture", f"{w_gate.name}: experts of {F} x {K} "
+                              "(need multiples of 8)")
+        ids, wts = self.moe_route(logits, n_used, gating=gating, norm=norm, scale=scale,
+                                  selection_bias=selection_bias, groups=groups, expert_scale=expert_scale)
+        k = ids.shape[1]
+        out = self.empty((N, D))
+        if N == 0:
+            return out
+        if w_up is None:  # expert e: gate rows 2eF..2eF+F-1, its up rows right after
+            wg_ptr, wu_ptr, estride = w_gate.ptr, w_gate.ptr + F * w_gate.row_bytes, 2 * F
+            same = True
+        else:
+            wg_ptr, wu_ptr, estride = w_gate.ptr, w_up.ptr, F
+            same = w_gate.ggml_type == w_up.ggml_type and w_gate.row_bytes == w_up.row_bytes
+        grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
+        block = (32 * MM_ROWS, 1, 1)
+        if same:
+            h = self.empty((N * k, F))
+            self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, wg_ptr, wu_ptr, x.ptr, ids.ptr, h.ptr,
+                                                             K, F, k, estride, w_gate.row_bytes,
+                                                             0 if act == "silu" else 1)
+        else:
+            g, u = self.empty((N * k, F)), self.empty((N * k, F))
+            for w, y in ((w_gate, g), (w_up, u)):
+                self.k(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, ids.ptr, y.ptr, K, F, k,
+                                                           estride, w.row_bytes)
+            h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+        self.k(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
+            (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, w_down.ptr, h.ptr, ids.ptr, wts.ptr, out.ptr, F, D, k, D,
+            w_down.row_bytes)
+        return out
+
+    def moe_route(self, logits, n_used, *, gating="softmax", norm=True, scale=1.0, selection_bias=None,
+                  groups=None, expert_scale=None):
+        """The routing of moe on the device: (ids int32 [N, n_used], weights float32 [N, n_used])
+        device arrays, as base.moe_route computes them (weights also times expert_scale[id])."""
+        if gating not in ("softmax", "sigmoid"):
+            raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
+        N, E = logits.shape
+        k = int(n_used)
+        if not 1 <= k <= E:
+            raise ValueError(f"moe: {k} experts used of {E}")
+        G, G_used = (int(groups[0]), int(groups[1])) if groups is not None and groups[0] > 1 else (0, 0)
+        if G and (E % G or not 1 <= G_used):
+            raise ValueError(f"moe: {E} experts in {G} groups, {G_used} used")
+        for v in (selection_bias, expert_scale):
+            if v is not None and (v.shape != (E,) or v.dtype != "float32"):
+                raise ValueError(f"moe: a float32 [{E}] vector, not {v.dtype} {v.shape}")
+        shared = 4 * (2 * E + G) + E + G
+        if shared > MOE_ROUTE_SHARED:
+            raise ReflexError("unsupported_architecture", f"moe: {E} experts in {G} groups exceed the "
+                              "routing kernel's shared memory (REFLEX_CUDA_MOE=host routes on the host)")
+        ids, wts = self.empty((N, k), "int32"), self.empty((N, k))
+        if N:
+            self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits.ptr,
+                                    selection_bias.ptr if selection_bias is not None else 0,
+                                    expert_scale.ptr if expert_scale is not None else 0, ids.ptr, wts.ptr, E, k,
+                                    0 if gating == "softmax" else 1, 1 if norm else 0,
+                                    1.0 if scale in (0.0, 1.0) else float(scale), G, G_used, shared=shared)
+        return ids, wts
+
+    def _moe_host(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
+                  selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+        """REFLEX_CUDA_MOE=host: routed on the host (the router's logits cross, N x E floats),
+        then each token's selected experts through the quantized matmul kernels on views of the
+        expert tensors. It waits for the device, so it cannot run inside a captured graph."""
+        if self._graph is not None:
+            raise RuntimeError("moe: REFLEX_CUDA_MOE=host cannot run inside a captured graph")
         if logits is None:
             logits = self.matmul(x, router)
         E = logits.shape[-1]

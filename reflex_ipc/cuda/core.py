@@ -53,6 +53,12 @@ for _t in MM_TYPES:
 SIGNATURES["qk_rope_kv_store_f32"] = "QQQQQQQQQiiiiiiififfQif"
 # q kc vc part_ml part_acc out count pos mask Hq Hkv hd ctx n_kv scale softcap causal window chunk
 SIGNATURES["attention_split_last_f16kv"] = "QQQQQQQQQiiiiiffiii"
+# mixture of experts (kernels/moe.cuh): the routing, then expert matvecs that read the ids
+SIGNATURES["moe_route_f32"] = "QQQQQiiiifii"  # logits bias escale ids wts E k gating norm scale G G_used
+for _t in MM_TYPES:
+    SIGNATURES[f"moe_glu_{_t}"] = "QQQQQiiiqqi"  # Wg Wu X ids Y K F k estride rb act
+    SIGNATURES[f"moe_mm_{_t}"] = "QQQQiiiqq"  # W X ids Y K M x_div estride rb
+    SIGNATURES[f"moe_down_{_t}"] = "QQQQQiiiqq"  # W H ids wts Y F D k estride rb
 # tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
 MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
 for _t in MMA_TYPES:

@@ -39,7 +39,10 @@ def _bad(key, msg):
 
 
 class Model:
-    capturable = False  # the experts are routed on the host (backends' moe op)
+    @property
+    def capturable(self):
+        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
+        return getattr(self.ops, "moe_capturable", False)
 
     def __init__(self, ops, f, lora=None):
         missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]

@@ -108,7 +108,8 @@ class Model:
         if not all(self.is_swa):
             self.rope_freqs = w("rope_freqs.weight", (hp.head_dim // 2,))[:hp.n_rot // 2]
         self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
-        self.capturable = all(L.moe is None for L in self.layers)  # experts are routed on the host
+        # graphs hold MoE layers unless the backend's moe waits for the device (host routing)
+        self.capturable = all(L.moe is None for L in self.layers) or getattr(ops, "moe_capturable", False)
 
     def _load_layer(self, w, i):
         hp, p = self.hp, f"blk.{i}."

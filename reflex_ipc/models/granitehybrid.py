@@ -63,9 +63,9 @@ class Model:
         if self.n_expert and not all(self.n_used):
             raise _bad(f"{a}.expert_used_count", "0 experts used per token")
         self.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
-        # a decode step is captured in a CUDA graph unless it routes experts: CudaOps.moe routes on
-        # the host (it waits for the device); once it routes on the device, this is always True
-        self.capturable = not self.n_expert
+        # a decode step is captured in a CUDA graph unless its experts' routing waits for the device
+        # (a backend without moe_capturable, or CUDA with REFLEX_CUDA_MOE=host)
+        self.capturable = not self.n_expert or getattr(ops, "moe_capturable", False)
         w = Weights(ops, f, lora)  # its `dense` tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))

@@ -12,9 +12,10 @@ from .qwen35 import Model as _Qwen35
 
 
 class Model(_Qwen35):
-    # CudaOps.moe routes on the host (it waits for the device), so a decode step cannot be captured
-    # in a CUDA graph; once it routes on the device, delete this line (nothing else changes)
-    capturable = False
+    @property
+    def capturable(self):
+        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
+        return getattr(self.ops, "moe_capturable", False)
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams

@@ -13,7 +13,10 @@ from .qwen3 import Model as _Qwen3
 
 
 class Model(_Qwen3):
-    capturable = False  # the experts are routed on the host (backends' moe op)
+    @property
+    def capturable(self):
+        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
+        return getattr(self.ops, "moe_capturable", False)
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams

@@ -54,8 +54,9 @@ def row(op, case, out, ref, tol):
     return {"op": op, "case": case, "rel_err": e, "max_abs": m, "tol": tol, "ok": bool(e <= tol)}
 
 
-def random_weight(name, rows, cols, rng):
-    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized)."""
+def random_weight(name, rows, cols, rng, ref=True):
+    """(raw uint8 bytes of a [rows, cols] tensor in format `name`, float64 dequantized (None
+    unless ref))."""
     tid, blk, bsize = TYPES[name]
     n = rows * cols
     if name == "F32":
@@ -74,6 +75,8 @@ def random_weight(name, rows, cols, rng):
             s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
             raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
         raw = raw.reshape(-1)
+    if not ref:
+        return np.ascontiguousarray(raw), None
     ref = dequantize(np.ascontiguousarray(raw), tid, n).astype(np.float64).reshape(rows, cols)
     return np.ascontiguousarray(raw), ref
 
@@ -113,7 +116,7 @@ def check_matmul(ops, rng):
         # accumulate into an existing output
         x = rng.standard_normal((2, K)).astype(np.float32)
         y0 = rng.standard_normal((2, M)).astype(np.float32)
-        y = ops.asarray(y0)
+        y = ops.asarray(y0.copy())  # numpy's asarray would alias y0
         ops.matmul(ops.asarray(x), w, out=y, accumulate=True)
         rows.append(row("matmul", f"{name} accumulate", ops.to_numpy(y),
                         y0 + x.astype(np.float64) @ refs[name].T, 2e-5))
@@ -794,6 +797,176 @@ def check_sampling(ops, rng):
     return rows
 
 
+def _route_margin(logits, k, gating, bias, groups):
+    """Per token, the smallest relative gap at a decision of base.moe_route's selection (the
+    k-th against the (k+1)-th expert, the last kept group against the next) in float64: rows
+    under ~1e-4 could route differently under float32 rounding of another backend."""
+    z = np.asarray(logits, np.float64)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True) if gating == "softmax" else 1 / (1 + np.exp(-z))
+    sel = p + (0 if bias is None else np.asarray(bias, np.float64))
+    N, E = sel.shape
+    out = np.full(N, np.inf)
+    if groups is not None and groups[0] > 1:
+        G, G_used = groups
+        g = -np.sort(-sel.reshape(N, G, E // G), -1)[:, :, :2].sum(-1)
+        if G_used < G:
+            gs = -np.sort(-g, -1)
+            out = np.minimum(out, (gs[:, G_used - 1] - gs[:, G_used]) / np.abs(gs[:, G_used - 1]))
+        keep = np.argsort(-g, -1, kind="stable")[:, :G_used]
+        hidden = np.ones((N, G), bool)
+        np.put_along_axis(hidden, keep, False, -1)
+        sel = np.where(np.repeat(hidden, E // G, -1), -np.inf, sel)
+    if k < E:
+        s = -np.sort(-sel, -1)
+        with np.errstate(invalid="ignore"):
+            gap = np.where(np.isinf(s[:, k]), np.inf, (s[:, k - 1] - s[:, k]) / np.abs(s[:, k - 1]))
+        out = np.minimum(out, gap)
+    return out
+
+
+def _moe_inputs(rng, N, K, E, k, gating, bias, groups, router=None):
+    """x [N, K] (and logits [N, E] when router is None) whose routing has no near-ties."""
+    x = (rng.standard_normal((N, K)) * 0.5).astype(np.float32)
+    given = (rng.standard_normal((N, E)) * 2).astype(np.float32)
+    for _ in range(200):
+        lg = x.astype(np.float64) @ router.T if router is not None else given
+        bad = _route_margin(lg, k, gating, bias, groups) < 1e-4
+        if not bad.any():
+            break
+        x[bad] = (rng.standard_normal((int(bad.sum()), K)) * 0.5).astype(np.float32)
+        given[bad] = (rng.standard_normal((int(bad.sum()), E)) * 2).astype(np.float32)
+    return x, (None if router is not None else given)
+
+
+def _moe_width(types):
+    """An expert width F (the down projection's columns) that every format's blocks divide,
+    not a multiple of 256 where the formats allow (tails of the row loops)."""
+    if any(t in ("Q4_K", "Q5_K", "Q6_K") for t in types):
+        return 256
+    return 200 if all(t in (None, "F32", "F16", "BF16") for t in types) else 224
+
+
+def check_moe(ops, rng):
+    """moe on the device (kernels/moe.cuh) against NumpyOps.moe on the same dequantized weights:
+    softmax/sigmoid gating, a selection bias, grouped routing, norm on/off, scale, fused gate_up,
+    given logits, expert_scale, gelu; every weight format; k = 1..E; N = 1, 3, 17; the routing's
+    ids exactly (ties: lower index first); inside a captured graph replayed twice (same bits)."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    npo = NumpyOps()
+    rows = []
+    # (label, E, k, types (gate, up, down), opts); up None = a fused gate_up tensor
+    cases = [(f"{t} E=8 k=2", 8, 2, (t, t, t), {}) for t in MM_TYPES]
+    cases += [
+        ("qwen3moe-like E=128 k=8", 128, 8, ("Q4_K", "Q4_K", "Q6_K"), {}),
+        ("dsv3-like sigmoid bias groups(8,4) scale", 128, 8, ("Q8_0", "Q8_0", "Q8_0"),
+         dict(gating="sigmoid", bias=True, groups=(8, 4), scale=2.5)),
+        ("dsv2-like groups(8,3) no norm scale", 64, 6, ("Q5_K", "Q5_K", "Q4_K"),
+         dict(norm=False, scale=16.0, groups=(8, 3))),
+        ("sigmoid no norm k=1", 8, 1, ("Q4_0", "Q4_0", "Q8_0"), dict(gating="sigmoid", norm=False)),
+        ("k=E", 8, 8, ("F16", "F16", "F16"), {}),
+        ("gemma4-like fused gelu logits expert_scale", 8, 2, ("Q8_0", None, "Q8_0"),
+         dict(act="gelu", logits=True, escale=True)),
+        ("gemma4-like fused E=128 k=8", 128, 8, ("Q4_0", None, "Q6_K"),
+         dict(act="gelu", logits=True, escale=True)),
+        ("gate/up of two formats", 8, 2, ("Q4_K", "Q8_0", "Q6_K"), {}),
+        ("groups of one expert", 8, 3, ("F32", "F32", "F32"), dict(gating="sigmoid", groups=(8, 5))),
+    ]
+    for label, E, k, (tg, tu, td), o in cases:
+        big = E > 8
+        F = _moe_width((tg, tu, td))
+        K, D = (256, 256) if big else (512, 203)
+        spec = {"gate": (tg, E * F * (2 if tu is None else 1), K), "down": (td, E * D, F), "router": ("F32", E, K)}
+        if tu is not None:
+            spec["up"] = (tu, E * F, K)
+        W = _weights(ops, spec, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        gating = o.get("gating", "softmax")
+        bias = (rng.integers(0, 3, E) * 1.0).astype(np.float32) if o.get("bias") else None
+        escale = rng.uniform(0.5, 2.0, E).astype(np.float32) if o.get("escale") else None
+        groups = o.get("groups")
+        kw = dict(gating=gating, norm=o.get("norm", True), scale=o.get("scale", 1.0), act=o.get("act", "silu"),
+                  groups=groups)
+        for N in (1, 3, 17):
+            x, lg = _moe_inputs(rng, N, K, E, k, gating, bias, groups,
+                                router=None if o.get("logits") else ref["router"].astype(np.float64))
+            want = npo.moe(x, ref["router"], ref["gate"], ref.get("up"), ref["down"], k, selection_bias=bias,
+                           logits=lg, expert_scale=escale, **kw)
+            poison(ops, (N, D), (N * k, F))
+            got = ops.moe(ops.asarray(x), W["router"][0], W["gate"][0], W["up"][0] if tu is not None else None,
+                          W["down"][0], k, selection_bias=None if bias is None else ops.asarray(bias),
+                          logits=None if lg is None else ops.asarray(lg),
+                          expert_scale=None if escale is None else ops.asarray(escale), **kw)
+            rows.append(row("moe", f"{label} N={N}", ops.to_numpy(got), want, 1e-4))
+    rows += _check_moe_route(ops, rng)
+    rows += _check_moe_graph(ops, rng, npo)
+    return rows
+
+
+def _check_moe_route(ops, rng):
+    """ops.moe_route's ids exactly equal base.moe_route's (best first, lower index first on
+    ties), weights within float32 rounding; exact ties from logits on a coarse grid."""
+    from reflex_ipc.backends.base import moe_route
+
+    rows = []
+    if not hasattr(ops, "moe_route"):
+        return rows
+    cases = [  # E, k, gating, bias, groups, norm, scale, ties
+        (8, 2, "softmax", False, None, True, 1.0, False), (128, 8, "softmax", False, None, True, 1.0, False),
+        (128, 8, "sigmoid", True, (8, 4), True, 2.5, False), (64, 6, "softmax", False, (8, 3), False, 16.0, False),
+        (8, 8, "sigmoid", False, None, False, 1.0, False), (256, 8, "sigmoid", True, (8, 4), True, 2.5, False),
+        (8, 2, "softmax", False, None, True, 1.0, True), (128, 8, "softmax", False, None, True, 1.0, True),
+        (128, 8, "sigmoid", False, (8, 4), True, 1.0, True), (64, 6, "softmax", False, (16, 3), False, 1.0, True),
+        (32, 1, "sigmoid", False, None, False, 1.0, True),
+    ]
+    for E, k, gating, has_bias, groups, norm, scale, ties in cases:
+        bias = (rng.integers(0, 3, E) * 1.0).astype(np.float32) if has_bias else None
+        N = 17
+        if ties:  # exact ties: every implementation computes equal values for equal logits
+            lg = (rng.integers(0, 4, (N, E)) * 0.5).astype(np.float32)
+        else:
+            lg = _moe_inputs(rng, N, 8, E, k, gating, bias, groups)[1]
+        top, w = moe_route(lg, k, gating, norm, scale, bias, groups)
+        ids, wts = ops.moe_route(ops.asarray(lg), k, gating=gating, norm=norm, scale=scale,
+                                 selection_bias=None if bias is None else ops.asarray(bias), groups=groups)
+        got = ops.to_numpy(ids)
+        case = f"E={E} k={k} {gating} bias={has_bias} groups={groups} norm={norm} scale={scale} ties={ties}"
+        rows.append({"op": "moe_route", "case": case + " ids", "ok": bool(np.array_equal(got, top)),
+                     "got": got[:2].tolist(), "ref": top[:2].tolist()})
+        rows.append(row("moe_route", case + " weights", ops.to_numpy(wts), w, 1e-6))
+    return rows
+
+
+def _check_moe_graph(ops, rng, npo):
+    """The device moe captured once and replayed with new inputs: each replay equals numpy, and
+    a replay of the same inputs gives the same bits."""
+    if not hasattr(ops, "capture"):
+        return []
+    E, k, K, F, D = 16, 4, 512, 256, 203
+    W = _weights(ops, {"gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K), "down": ("Q6_K", E * D, F),
+                       "router": ("F32", E, K)}, rng)
+    ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+    rows = []
+    for N in (1, 5):
+        X = ops.empty((N, K))
+        graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k))
+        got = []
+        for rep in range(2):
+            x = _moe_inputs(rng, N, K, E, k, "softmax", None, None, router=ref["router"].astype(np.float64))[0]
+            ops.write(X, x)
+            graph.launch()
+            got.append(ops.to_numpy(out).copy())
+            want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+            rows.append(row("moe", f"graph N={N} replay {rep}", got[-1], want, 1e-4))
+        ops.write(X, x)
+        graph.launch()
+        rows.append({"op": "moe", "case": f"graph N={N} replay again: same bits",
+                     "ok": bool(np.array_equal(ops.to_numpy(out), got[-1]))})
+        graph.close()
+    return rows
+
+
 def bench_matvec(ops, rng):
     """GB/s of decode-shaped matvecs (N=1) by type and shape (8 rotating weight copies so
     that L2 holds less of them)."""
@@ -835,6 +1008,48 @@ def bench_matvec(ops, rng):
     t2 = time.perf_counter()
     out.append({"launch_host_us": round((t1 - t0) / 2000 * 1e6, 2),
                 "launch_total_us": round((t2 - t0) / 2000 * 1e6, 2)})
+    return out
+
+
+def bench_moe(ops, rng):
+    """Microseconds per call of one Qwen3-30B-A3B-shaped MoE layer (128 experts, 8 used,
+    2048 -> 768 -> 2048, Q4_K gate/up, Q6_K down, F32 router): the device path eager and
+    captured at N = 1 (decode) and eager at N = 512 (prefill), and the host-routed path
+    (REFLEX_CUDA_MOE=host) at N = 1."""
+    E, k, K, F = 128, 8, 2048, 768
+    spec = {"router": ("F32", E, K), "gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K),
+            "down": ("Q6_K", E * K, F)}
+    tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c)) for key, (t, r, c) in spec.items()}
+    f = weights_gguf(tensors)
+    W = {key: ops.load_weight(f, key) for key in spec}
+    drv = ops.rt.drv
+
+    def timed(fn, reps):
+        fn()
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(ops.rt.stream)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        return round(e1.time_since(e0) * 1e3 / reps, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
+
+    out = {}
+    for N, reps in ((1, 200), (512, 10)):
+        X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+        out[f"device_N{N}_us"] = timed(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), reps)[0]
+        if N == 1:
+            graph, _ = ops.capture(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k))
+            out["device_N1_graph_us"] = timed(graph.launch, reps)[0]
+            graph.close()
+            prev, ops._moe_host_mode = ops._moe_host_mode, True
+            try:
+                out["host_routed_N1_wall_us"] = timed(
+                    lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), 50)[1]
+            finally:
+                ops._moe_host_mode = prev
     return out
 
 
@@ -1007,7 +1222,7 @@ def run_all(ops, seed=0):
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
-               check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
+               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

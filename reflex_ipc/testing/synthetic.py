@@ -298,6 +298,21 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
 
 
 
+def f32_twin(src, dst):
+    """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = _copy_metadata(r, dst)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
+                                                  dtype=np.float32))
+    finish(w)
+    return dst
+
+
 def tensors_gguf(path, tensors, arch="llama"):
     """Write a GGUF holding just tensors {name: (raw block bytes, ggml type id, numpy-order
     shape)}, the bytes stored as given (any type gguf knows: F32, F16, BF16, the block
@@ -312,21 +327,6 @@ def tensors_gguf(path, tensors, arch="llama"):
         w.add_tensor(name, data, raw_dtype=t)
     finish(w)
     return path
-
-
-def f32_twin(src, dst):
-    """Write dst: src with every tensor dequantized to F32 (metadata copied as is)."""
-    import gguf
-
-    r = gguf.GGUFReader(src)
-    w = _copy_metadata(r, dst)
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]  # numpy order
-        w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape),
-                                                  dtype=np.float32))
-    finish(w)
-    return dst
 
 
 def _copy_metadata(r, dst):

@@ -11,10 +11,12 @@ and Q6_K matrices)):
   near-tie (the CPU's top-2 gap under 0.5% of max|logit| at that step); the last logits of
   an 80-token prompt (prefill on the tensor-core matmuls) within the same bound. Also the same
   continuation decoded through one captured CUDA graph per token (ops.capture), except for
-  models marked `capturable = False` (host-routed experts).
+  models marked `capturable = False`. Mixtures of experts run on the device, routing
+  included, so qwen3moe goes through the graph too; _moe_variants() adds qwen3moe files with
+  128 experts (8 used) and with Q4_0 experts.
 - deepseek2 (latent attention, YaRN; synthetic.FAMILY_CONFIGS' V2-Lite-like file without q
   LoRA and softmax gating, and V3-like with q LoRA and sigmoid gating) is checked like the
-  others; its experts are routed on the host, so no graph yet (`capturable = False`).
+  others.
 - gemma4 (dense, MoE, E2B-like per-layer embeddings and shared KV, fused qkv) is checked like
   the others (its 2026-11-30 mismatch: layer_output_scale read from the weight arena before the
   upload finished; CudaOps.to_numpy now waits for it). Architectures in models.NO_CUDA (none
@@ -43,6 +45,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 378, 1210, 9533, 281, 17]
 LONG_PROMPT = 80  # tokens: a prefill whose matmuls take CUDA's tensor-core kernels (N >= mma_min_n)
 N_GEN = 32
+
+
+def _moe_variants():
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS
+
+    q = FAMILY_CONFIGS["qwen3moe"]
+    return {"qwen3moe_e128_k8": (dict(q, n_embd=64, n_ff_exp=32, n_expert=128, n_used=8), "Q8_0"),
+            "qwen3moe_q4_0": (dict(q, n_embd=64, n_ff_exp=64, n_expert=16, n_used=4, seed=3), "Q4_0")}
 
 
 def _batch(ops, ids, pos0):
@@ -365,6 +375,8 @@ def run(model_dir=None):
     for name, cfg in FAMILY_CONFIGS.items():
         if not refused(cfg):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
+    for name, (cfg, qtype) in _moe_variants().items():
+        paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype=qtype))
     paths += hybrid_paths(syn, tok)
     # quantized where shapes allow, K-quant experts among them (synthetic.ARCH_CONFIGS, the files
     # of tests/test_new_archs.py), for the seed architectures CUDA runs

@@ -1,0 +1,234 @@
+// Mixture of experts on the device: the routing (moe_route_f32) and the expert matvecs that
+// read the selected expert ids from device memory (moe_glu_T, moe_mm_T, moe_down_T), so a
+// MoE layer needs no host round trip and can be captured in a graph.
+//
+// Expert tensors are weight matrices [E * rows_per_expert, K] in a ggml block format; expert
+// e's row r is row e * estride + r (estride = the rows one expert spans: F, or 2F when each
+// expert holds its gate rows and then its up rows). ids [N, k] int32 and wts [N, k] float32
+// come from moe_route_f32; "pair" p = n * k + j is token n's j-th chosen expert.
+#pragma once
+#include <limits.h>
+#include "matmul.cuh"
+
+#define MOE_ROUTE_THREADS 256
+
+// (a, ia) ranks before (b, ib): larger value first, lower index first on equal values
+__device__ __forceinline__ bool moe_before(float a, int ia, float b, int ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+// The best (value, index) over the block; every thread gets it. sv/si: >= 32 entries.
+__device__ __forceinline__ void moe_block_best(float& v, int& i, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (moe_before(v2, i2, v, i)) v = v2, i = i2;
+    }
+    if (lane == 0) sv[warp] = v, si[warp] = i;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? sv[lane] : -INFINITY;
+        i = lane < nw ? si[lane] : INT_MAX;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+            if (moe_before(v2, i2, v, i)) v = v2, i = i2;
+        }
+        if (lane == 0) sv[32] = v, si[32] = i;
+    }
+    __syncthreads();
+    v = sv[32], i = si[32];
+    __syncthreads();  // sv/si are reused by the next call
+}
+
+// One block (MOE_ROUTE_THREADS threads) per token n of logits [N, E]:
+//   probs = softmax(logits) (gating 0) or sigmoid(logits) (gating 1)
+//   sel   = probs (+ bias[e] when bias is given: for choosing only)
+//   groups (G > 1): E/G consecutive experts a group; a group's score is the sum of its two
+//         largest sel values (its one value when groups have one expert); the G_used best
+//         groups (lower index first on ties) stay, every other expert's sel becomes -inf
+//   ids[n, j] for j < k: the k best sel, best first, lower index first on ties
+//   wts[n, j] = probs[ids[n, j]], / max(sum_j, 2^-14) when norm, * scale, * escale[e] if given
+// Dynamic shared memory: 4*(2E + G) + E + G bytes (probs, sel, group scores, taken, kept).
+RX_EXTERN void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_f32(
+    const float* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ escale,
+    int* __restrict__ ids, float* __restrict__ wts, int E, int k, int gating, int norm, float scale,
+    int G, int G_used) {
+    extern __shared__ float moe_sh[];
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    float* probs = moe_sh;
+    float* sel = probs + E;
+    float* gscore = sel + E;
+    uint8_t* taken = reinterpret_cast<uint8_t*>(gscore + (G > 1 ? G : 0));
+    uint8_t* gkeep = taken + E;
+    const int n = blockIdx.x, tid = threadIdx.x;
+    const float* lr = logits + (long long)n * E;
+
+    if (gating == 0) {
+        float m = -INFINITY;
+        for (int e = tid; e < E; e += blockDim.x) m = fmaxf(m, lr[e]);
+        m = block_max(m);
+        float s = 0.f;
+        for (int e = tid; e < E; e += blockDim.x) {
+            const float z = expf(lr[e] - m);
+            probs[e] = z;
+            s += z;
+        }
+        s = block_sum(s);
+        for (int e = tid; e < E; e += blockDim.x) probs[e] = probs[e] / s;
+    } else {
+        for (int e = tid; e < E; e += blockDim.x) probs[e] = 1.f / (1.f + expf(-lr[e]));
+    }
+    for (int e = tid; e < E; e += blockDim.x) {
+        sel[e] = bias ? probs[e] + bias[e] : probs[e];
+        taken[e] = 0;
+    }
+    __syncthreads();
+
+    if (G > 1) {
+        const int per = E / G;
+        for (int g = tid; g < G; g += blockDim.x) {
+            float b1 = -INFINITY, b2 = -INFINITY;  // the two largest of the group
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                const float v = sel[e];
+                if (v > b1) b2 = b1, b1 = v;
+                else if (v > b2) b2 = v;
+            }
+            gscore[g] = per >= 2 ? b1 + b2 : b1;
+            gkeep[g] = 0;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int u = 0; u < G_used && u < G; u++) {
+                float bv = -INFINITY;
+                int bi = INT_MAX;
+                for (int g = 0; g < G; g++)
+                    if (!gkeep[g] && moe_before(gscore[g], g, bv, bi)) bv = gscore[g], bi = g;
+                gkeep[bi] = 1;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < E; e += blockDim.x)
+            if (!gkeep[e / per]) sel[e] = -INFINITY;
+        __syncthreads();
+    }
+
+    float wsum = 0.f;  // thread 0's
+    for (int j = 0; j < k; j++) {
+        float v = -INFINITY;
+        int i = INT_MAX;
+        for (int e = tid; e < E; e += blockDim.x)
+            if (!taken[e] && moe_before(sel[e], e, v, i)) v = sel[e], i = e;
+        moe_block_best(v, i, sv, si);
+        if (i < 0 || i >= E) i = j;  // only NaN scores leave no candidate: keep ids in range
+        if (tid == 0) {
+            taken[i] = 1;
+            ids[(long long)n * k + j] = i;
+            wts[(long long)n * k + j] = probs[i];
+            wsum += probs[i];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        const float div = norm ? fmaxf(wsum, 6.103515625e-5f) : 1.f;
+        for (int j = 0; j < k; j++) {
+            float w = wts[(long long)n * k + j];
+            if (norm) w = w / div;
+            w = w * scale;
+            if (escale) w = w * escale[ids[(long long)n * k + j]];
+            wts[(long long)n * k + j] = w;
+        }
+    }
+}
+
+// Gate and up of each pair: Y[p, r] = act(dot(Wg[row], x[n])) * dot(Wu[row], x[n]) with
+// row = ids[p] * estride + r, n = p / k; act 0 silu, 1 tanh gelu. X [N, K], Y [N*k, F].
+// Grid: (N*k, ceil(F / MM_ROWS)); block 32*MM_ROWS.
+template <int T>
+__device__ __forceinline__ void moe_glu_body(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
+                                             const float* __restrict__ X, const int* __restrict__ ids,
+                                             float* __restrict__ Y, int K, int F, int k, long long estride,
+                                             long long rb, int act) {
+    const int r = blockIdx.y * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= F) return;
+    const int p = blockIdx.x;
+    const long long row = (long long)ids[p] * estride + r;
+    const uint8_t* wr[2] = {Wg + row * rb, Wu + row * rb};
+    float acc[2][1];
+    dot_rows<T, 1, 2>(wr, X + (long long)(p / k) * K, K, 1, acc);
+    const float g = warp_sum(acc[0][0]), u = warp_sum(acc[1][0]);
+    if ((threadIdx.x & 31) == 0) Y[(long long)p * F + r] = (act ? gelu_tanh(g) : silu(g)) * u;
+}
+
+// One weight per pair: Y[p, r] = dot(W[ids[p] * estride + r], X[p / x_div]); X [*, K],
+// Y [N*k, M]. (Gate and up of different formats: two of these, then swiglu / geglu.)
+// Grid: (N*k, ceil(M / MM_ROWS)); block 32*MM_ROWS.
+template <int T>
+__device__ __forceinline__ void moe_mm_body(const uint8_t* __restrict__ W, const float* __restrict__ X,
+                                            const int* __restrict__ ids, float* __restrict__ Y, int K, int M,
+                                            int x_div, long long estride, long long rb) {
+    const int r = blockIdx.y * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= M) return;
+    const int p = blockIdx.x;
+    const uint8_t* wr[1] = {W + ((long long)ids[p] * estride + r) * rb};
+    float acc[1][1];
+    dot_rows<T, 1, 1>(wr, X + (long long)(p / x_div) * K, K, 1, acc);
+    const float s = warp_sum(acc[0][0]);
+    if ((threadIdx.x & 31) == 0) Y[(long long)p * M + r] = s;
+}
+
+// Down projection and the weighted sum over a token's k experts, in slot order (no atomics:
+// the same inputs give the same bits): Y[n, r] = sum_j wts[p] * dot(W[ids[p] * estride + r], H[p])
+// with p = n * k + j. H [N*k, F], Y [N, D]. Grid: (N, ceil(D / MM_ROWS)); block 32*MM_ROWS.
+template <int T>
+__device__ __forceinline__ void moe_down_body(const uint8_t* __restrict__ W, const float* __restrict__ H,
+                                              const int* __restrict__ ids, const float* __restrict__ wts,
+                                              float* __restrict__ Y, int F, int D, int k, long long estride,
+                                              long long rb) {
+    const int r = blockIdx.y * MM_ROWS + (threadIdx.x >> 5);
+    if (r >= D) return;
+    const int n = blockIdx.x;
+    float s = 0.f;
+    for (int j = 0; j < k; j++) {
+        const int p = n * k + j;
+        const uint8_t* wr[1] = {W + ((long long)ids[p] * estride + r) * rb};
+        float acc[1][1];
+        dot_rows<T, 1, 1>(wr, H + (long long)p * F, F, 1, acc);
+        s += wts[p] * warp_sum(acc[0][0]);
+    }
+    if ((threadIdx.x & 31) == 0) Y[(long long)n * D + r] = s;
+}
+
+#define RX_MOE(NAME, T)                                                                               \
+    RX_EXTERN void __launch_bounds__(128) moe_glu_##NAME(const uint8_t* Wg, const uint8_t* Wu,          \
+                                                         const float* X, const int* ids, float* Y,      \
+                                                         int K, int F, int k, long long es,             \
+                                                         long long rb, int act) {                       \
+        moe_glu_body<T>(Wg, Wu, X, ids, Y, K, F, k, es, rb, act);                                     \
+    }                                                                                                 \
+    RX_EXTERN void __launch_bounds__(128) moe_mm_##NAME(const uint8_t* W, const float* X, const int* ids, \
+                                                        float* Y, int K, int M, int x_div, long long es, \
+                                                        long long rb) {                                 \
+        moe_mm_body<T>(W, X, ids, Y, K, M, x_div, es, rb);                                            \
+    }                                                                                                 \
+    RX_EXTERN void __launch_bounds__(128) moe_down_##NAME(const uint8_t* W, const float* H, const int* ids, \
+                                                          const float* wts, float* Y, int F, int D,     \
+                                                          int k, long long es, long long rb) {          \
+        moe_down_body<T>(W, H, ids, wts, Y, F, D, k, es, rb);                                         \
+    }
+
+RX_MOE(f32, T_F32)
+RX_MOE(f16, T_F16)
+RX_MOE(bf16, T_BF16)
+RX_MOE(q4_0, T_Q4_0)
+RX_MOE(q4_1, T_Q4_1)
+RX_MOE(q5_0, T_Q5_0)
+RX_MOE(q5_1, T_Q5_1)
+RX_MOE(q8_0, T_Q8_0)
+RX_MOE(q4_k, T_Q4_K)
+RX_MOE(q5_k, T_Q5_K)
+RX_MOE(q6_k, T_Q6_K)

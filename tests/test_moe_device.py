@@ -1,0 +1,398 @@
+"""The CUDA backend's mixture of experts without a GPU: a numpy model of the routing kernel
+(kernels/moe.cuh moe_route_f32: its thread-strided scans, its warp reductions, its group scan)
+against base.moe_route, and CudaOps.moe run on a fake runtime whose device memory is a numpy
+byte array and whose MoE kernels are interpreted in numpy at launch, against NumpyOps.moe
+(the launch arguments, pointer offsets, grids; that no host copy happens). The kernels'
+arithmetic on a GPU is checked by reflex_ipc.testing.opchecks.check_moe (scripts/gpu/gpu-check)."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from reflex_ipc.backends.base import moe_route
+from reflex_ipc.backends.numpy_ops import NumpyOps
+from reflex_ipc.cuda.arrays import DeviceWeight
+from reflex_ipc.cuda.core import SIGNATURES, Pool
+
+F32 = np.float32
+INT_MAX = 2 ** 31 - 1
+THREADS = 256  # MOE_ROUTE_THREADS
+MM_ROWS = 4
+
+
+def before(a, ia, b, ib):
+    return a > b or (a == b and ia < ib)
+
+
+def _best(pairs):
+    """moe_block_best: an xor butterfly in each warp, then one over the warps' results."""
+    def warp(vals):
+        vals = list(vals)
+        o = 16
+        while o:
+            vals = [vals[l] if not before(*vals[l ^ o], *vals[l]) else vals[l ^ o] for l in range(32)]
+            o //= 2
+        assert all(v == vals[0] for v in vals)
+        return vals[0]
+
+    firsts = [warp(pairs[w * 32:(w + 1) * 32]) for w in range(len(pairs) // 32)]
+    return warp(firsts + [(-np.inf, INT_MAX)] * (32 - len(firsts)))
+
+
+def kernel_route(lr, k, gating, norm, scale, bias=None, G=0, G_used=0, escale=None):
+    """One block of moe_route_f32 for one token's logits lr [E], step by step."""
+    lr = np.asarray(lr, F32)
+    E = lr.size
+    if gating == 0:
+        z = np.exp(lr - lr.max()).astype(F32)
+        probs = (z / z.sum(dtype=F32)).astype(F32)
+    else:
+        probs = (F32(1) / (F32(1) + np.exp(-lr))).astype(F32)
+    sel = (probs + bias).astype(F32) if bias is not None else probs.copy()
+    taken = np.zeros(E, bool)
+    if G > 1:
+        per = E // G
+        score = []
+        for g in range(G):
+            b1 = b2 = F32(-np.inf)
+            for e in range(g * per, (g + 1) * per):
+                v = sel[e]
+                if v > b1:
+                    b2, b1 = b1, v
+                elif v > b2:
+                    b2 = v
+            score.append(F32(b1 + b2) if per >= 2 else b1)
+        keep = np.zeros(G, bool)
+        for _ in range(min(G_used, G)):
+            bv, bi = -np.inf, INT_MAX
+            for g in range(G):
+                if not keep[g] and before(score[g], g, bv, bi):
+                    bv, bi = score[g], g
+            keep[bi] = True
+        sel[~np.repeat(keep, per)] = -np.inf
+    ids, w = [], []
+    wsum = F32(0)
+    for _ in range(k):
+        pairs = []
+        for t in range(THREADS):
+            v, i = -np.inf, INT_MAX
+            for e in range(t, E, THREADS):
+                if not taken[e] and before(sel[e], e, v, i):
+                    v, i = sel[e], e
+            pairs.append((v, i))
+        _, i = _best(pairs)
+        taken[i] = True
+        ids.append(i)
+        w.append(probs[i])
+        wsum = F32(wsum + probs[i])
+    w = np.array(w, F32)
+    if norm:
+        w = (w / max(wsum, F32(6.103515625e-5))).astype(F32)
+    w = (w * F32(scale)).astype(F32)
+    if escale is not None:
+        w = (w * escale[ids]).astype(F32)
+    return np.array(ids, np.int32), w
+
+
+ROUTE_CASES = [  # E, k, gating, bias, groups, norm, scale, ties
+    (8, 2, "softmax", False, None, True, 1.0, False), (128, 8, "softmax", False, None, True, 1.0, False),
+    (128, 8, "sigmoid", True, (8, 4), True, 2.5, False), (64, 6, "softmax", False, (8, 3), False, 16.0, False),
+    (8, 8, "sigmoid", False, None, False, 1.0, False), (300, 8, "sigmoid", True, (10, 4), True, 2.5, False),
+    (8, 2, "softmax", False, None, True, 1.0, True), (128, 8, "softmax", False, None, True, 1.0, True),
+    (128, 8, "sigmoid", False, (8, 4), True, 1.0, True), (64, 6, "softmax", False, (16, 3), False, 1.0, True),
+    (32, 1, "sigmoid", False, None, False, 1.0, True), (8, 3, "sigmoid", False, (8, 5), True, 1.0, True),
+    (16, 6, "softmax", False, (4, 1), True, 1.0, False),  # fewer kept experts than k: -inf, lower index first
+    (600, 4, "softmax", False, None, True, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES, ids=[str(c) for c in ROUTE_CASES])
+def test_routing_kernel_model_equals_moe_route(case):
+    E, k, gating, has_bias, groups, norm, scale, ties = case
+    rng = np.random.default_rng(E * 31 + k)
+    N = 5
+    lg = (rng.integers(0, 4, (N, E)) * 0.5).astype(F32) if ties else (rng.standard_normal((N, E)) * 2).astype(F32)
+    bias = (rng.integers(0, 3, E) * 1.0).astype(F32) if has_bias else None
+    top, w = moe_route(lg, k, gating, norm, scale, bias, groups)
+    G, G_used = groups if groups else (0, 0)
+    for n in range(N):
+        ids, wk = kernel_route(lg[n], k, 0 if gating == "softmax" else 1, norm, scale, bias, G, G_used)
+        assert ids.tolist() == top[n].tolist()
+        np.testing.assert_allclose(wk, w[n], rtol=2e-6, atol=1e-7)
+
+
+# -- CudaOps.moe on a fake runtime with numpy device memory ----------------------------------
+class MemRuntime:
+    """Device memory is one numpy byte array (pointer = offset); host->device copies and
+    memsets write it; the kernels moe uses run in numpy when launched."""
+
+    def __init__(self, nbytes=48 << 20, interpret=True):
+        self.interpret = interpret  # False: kernels are only recorded
+        self.mem = np.zeros(nbytes, np.uint8)
+        self.top = 4096
+        self.launches = []
+        self.weights = []  # (start, end) of each weight tensor: reads must stay inside one
+        self.stream = "stream"
+        rt = self
+
+        class Drv:
+            class MemoryError(Exception):
+                pass
+
+            @staticmethod
+            def mem_alloc(n):
+                p = rt.top
+                rt.top = (rt.top + n + 255) // 256 * 256
+                assert rt.top <= rt.mem.size
+                return p
+
+            @staticmethod
+            def memcpy_htod_async(ptr, a, stream):
+                b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+                rt.mem[ptr:ptr + b.size] = b
+
+            @staticmethod
+            def memset_d8_async(ptr, value, count, stream):
+                rt.mem[ptr:ptr + count] = value
+
+            @staticmethod
+            def memcpy_dtod_async(dst, src, n, stream):
+                rt.mem[dst:dst + n] = rt.mem[src:src + n].copy()
+
+        self.drv = Drv()
+        self.pool = Pool(self.drv)
+
+    def f32(self, ptr, n):
+        return self.mem[ptr:ptr + 4 * n].view(F32)
+
+    def i32(self, ptr, n):
+        return self.mem[ptr:ptr + 4 * n].view(np.int32)
+
+    def weight(self, a, ggml_type=0):
+        """A float weight [rows, cols] (F32 type 0 or F16 type 1) in device memory."""
+        a = np.ascontiguousarray(a, F32 if ggml_type == 0 else np.float16)
+        p = self.drv.mem_alloc(a.nbytes)
+        self.drv.memcpy_htod_async(p, a, None)
+        self.weights.append((p, p + a.nbytes))
+        return DeviceWeight(p, a.shape, ggml_type, "F32" if ggml_type == 0 else "F16", a.shape[1] * a.itemsize,
+                            "w", None)
+
+    def rows(self, ptr, rb, kind, K):
+        """Row of K weights at ptr (inside one weight tensor)."""
+        assert any(a <= ptr and ptr + rb <= b for a, b in self.weights), "a read outside the weights"
+        dt = F32 if kind == "f32" else np.float16
+        assert rb == K * np.dtype(dt).itemsize
+        return self.mem[ptr:ptr + rb].view(dt).astype(F32)
+
+    def kernel(self, name):
+        rt = self
+        fmt = SIGNATURES[name]
+
+        class K:
+            def __call__(self, grid, block, *args, shared=0):
+                struct.pack(fmt, *args)
+                rt.launches.append((name, grid, block, args, shared))
+                if rt.interpret:
+                    rt.run(name, grid, block, args, shared)
+
+        return K()
+
+    def run(self, name, grid, block, args, shared):
+        op, _, kind = name.rpartition("_")
+        if name.startswith("mm1_") or name.startswith("mm4_") or name.startswith("mm8_"):
+            W, X, Y, K, M, N, rb, acc = args
+            x = self.f32(X, N * K).reshape(N, K)
+            w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
+            self.f32(Y, N * M)[:] = (x @ w.T).reshape(-1)
+        elif name == "moe_route_f32":
+            logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
+            assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
+            for n in range(grid[0]):
+                b = self.f32(bias, E).copy() if bias else None
+                es = self.f32(escale, E).copy() if escale else None
+                i, w = kernel_route(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, G, G_used, es)
+                self.i32(ids + 4 * n * k, k)[:] = i
+                self.f32(wts + 4 * n * k, k)[:] = w
+        elif op == "moe_glu":
+            Wg, Wu, X, ids, Y, K, F, k, es, rb, act = args
+            assert grid[1] * MM_ROWS >= F > (grid[1] - 1) * MM_ROWS and block == (32 * MM_ROWS, 1, 1)
+            P = grid[0]
+            x, idv, y = self.f32(X, (P // k) * K).reshape(-1, K), self.i32(ids, P), self.f32(Y, P * F)
+            for p in range(P):
+                for r in range(F):
+                    row = int(idv[p]) * es + r
+                    g = self.rows(Wg + row * rb, rb, kind, K) @ x[p // k]
+                    u = self.rows(Wu + row * rb, rb, kind, K) @ x[p // k]
+                    a = g / (1 + np.exp(-g)) if act == 0 else NumpyOps().gelu(np.array([g], F32))[0]
+                    y[p * F + r] = a * u
+        elif op == "moe_mm":
+            W, X, ids, Y, K, M, x_div, es, rb = args
+            assert grid[1] * MM_ROWS >= M > (grid[1] - 1) * MM_ROWS
+            P = grid[0]
+            idv, y = self.i32(ids, P), self.f32(Y, P * M)
+            for p in range(P):
+                x = self.f32(X + 4 * (p // x_div) * K, K)
+                for r in range(M):
+                    y[p * M + r] = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, K) @ x
+        elif op == "moe_down":
+            W, H, ids, wts, Y, F, D, k, es, rb = args
+            assert grid[1] * MM_ROWS >= D > (grid[1] - 1) * MM_ROWS
+            N = grid[0]
+            idv, wv, y = self.i32(ids, N * k), self.f32(wts, N * k), self.f32(Y, N * D)
+            for n in range(N):
+                for r in range(D):
+                    s = F32(0)
+                    for j in range(k):
+                        p = n * k + j
+                        w = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F)
+                        s += wv[p] * (w @ self.f32(H + 4 * p * F, F))
+                    y[n * D + r] = s
+        elif name in ("swiglu_f32", "geglu_f32"):
+            g, u, y, n, ncol, gs, us = args
+            gg, uu = self.f32(g, n), self.f32(u, n)
+            a = NumpyOps().swiglu(gg, uu) if name == "swiglu_f32" else NumpyOps().geglu(gg, uu)
+            self.f32(y, n)[:] = a
+        else:
+            raise AssertionError(f"moe launched {name}")
+
+
+@pytest.fixture
+def mem_ops():
+    from reflex_ipc.backends import cuda_ops
+
+    ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
+    rt = MemRuntime()
+    ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
+    ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
+    return ops
+
+
+MOE_CASES = {  # name: (E, k, fused gate_up, types (gate, up, down), moe keyword arguments)
+    "softmax": (8, 2, False, (0, 0, 0), {}),
+    "sigmoid bias groups scale": (16, 4, False, (0, 0, 1), dict(gating="sigmoid", bias=True, groups=(4, 2),
+                                                                   scale=2.5)),
+    "no norm k=1": (8, 1, False, (1, 1, 0), dict(norm=False, scale=16.0)),
+    "fused gelu logits expert_scale": (8, 3, True, (0, None, 0), dict(act="gelu", logits=True, escale=True)),
+    "gate/up of two formats": (8, 2, False, (0, 1, 0), {}),
+    "gate/up of two formats gelu": (8, 2, False, (1, 0, 1), dict(act="gelu")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CASES))
+@pytest.mark.parametrize("N", [1, 3])
+def test_cuda_moe_on_interpreted_kernels_equals_numpy(mem_ops, name, N):
+    ops, rt = mem_ops, mem_ops.rt
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    rng = np.random.default_rng(len(name) * 7 + N)
+    K, F, D = 16, 8, 12
+    q = (lambda a, t: a if t == 0 else a.astype(np.float16).astype(F32))  # what the device holds
+    gate = q((rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32), tg)
+    up = None if fused else q((rng.standard_normal((E * F, K)) * 0.3).astype(F32), tu)
+    down = q((rng.standard_normal((E * D, F)) * 0.3).astype(F32), td)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32) if o.get("logits") else None
+    bias = (rng.integers(0, 3, E) * 1.0).astype(F32) if o.get("bias") else None
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(gating=o.get("gating", "softmax"), norm=o.get("norm", True), scale=o.get("scale", 1.0),
+              act=o.get("act", "silu"), groups=o.get("groups"))
+    want = NumpyOps().moe(x, router, gate, up, down, k, selection_bias=bias, logits=lg, expert_scale=escale, **kw)
+    before_copies = rt.top
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, tg), None if fused else rt.weight(up, tu),
+                  rt.weight(down, td), k, selection_bias=None if bias is None else ops.asarray(bias),
+                  logits=None if lg is None else ops.asarray(lg),
+                  expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    assert before_copies  # (no device -> host copy exists on this runtime: moe needs none)
+    assert got.shape == (N, D) and got.dtype == "float32"
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=1e-5, atol=1e-5)
+    names = [launch[0] for launch in rt.launches]
+    kind = {0: "f32", 1: "f16"}
+    glu = ([f"moe_glu_{kind[tg]}"] if fused or tg == tu else
+           [f"moe_mm_{kind[tg]}", f"moe_mm_{kind[tu]}", "swiglu_f32" if kw["act"] == "silu" else "geglu_f32"])
+    assert names == ([] if lg is not None else ["mm1_f32" if N == 1 else "mm4_f32"]) + ["moe_route_f32"] + glu + \
+        [f"moe_down_{kind[td]}"]
+
+
+def test_cuda_moe_checks_its_arguments(mem_ops):
+    ops, rt = mem_ops, mem_ops.rt
+    x = ops.asarray(np.zeros((2, 16), F32))
+    router, gate, down = rt.weight(np.zeros((8, 16))), rt.weight(np.zeros((64, 16))), rt.weight(np.zeros((96, 8)))
+    with pytest.raises(ValueError):  # gate of 8 experts x 8 rows, up of another size
+        ops.moe(x, router, gate, rt.weight(np.zeros((32, 16))), down, 2)
+    with pytest.raises(ValueError):
+        ops.moe(x, router, gate, gate, down, 9)  # more experts used than there are
+    with pytest.raises(ValueError):
+        ops.moe(x, router, gate, gate, down, 2, gating="relu")
+    with pytest.raises(ValueError):
+        ops.moe(x, router, gate, gate, down, 2, groups=(3, 1))  # 8 experts in 3 groups
+    with pytest.raises(ValueError):
+        ops.moe(x, router, gate, gate, down, 2, act="relu")
+    assert not any(n.startswith("moe_glu") for n, *_ in rt.launches)
+
+
+def test_host_mode_is_not_captured(monkeypatch):
+    """REFLEX_CUDA_MOE=host: the host-routed path, and MoE models then say they cannot be captured."""
+    from types import SimpleNamespace
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.models.qwen3moe import Model
+
+    monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda: SimpleNamespace(pool=None, kernel=None, cc=(9, 0)))
+    monkeypatch.setenv("REFLEX_CUDA_MOE", "host")
+    ops = cuda_ops.CudaOps()
+    assert ops._moe_host_mode and not ops.moe_capturable
+    m = Model.__new__(Model)
+    m.ops = ops
+    assert m.capturable is False
+    monkeypatch.delenv("REFLEX_CUDA_MOE")
+    m.ops = cuda_ops.CudaOps()
+    assert m.capturable is True
+    m.ops = NumpyOps()  # a backend whose moe is not known to be capturable
+    assert m.capturable is False
+
+
+def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tmp_path):
+    """A qwen3moe forward pass on CudaOps (kernels recorded, not run): every layer's experts go
+    through the device routing and expert kernels, and nothing waits for the device (this
+    runtime has no device -> host copy), so the model may be captured."""
+    import os
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.runtime.batch import Batch
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    class Arena:
+        def __init__(self, rt, f):
+            self.start = f.data_offset
+
+        def ptr(self, info):
+            return (1 << 30) + info.offset - self.start
+
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(cuda_ops, "WeightArena", Arena)
+    ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
+    rt = MemRuntime(nbytes=8 << 20, interpret=False)
+    ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
+    ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
+    cfg = FAMILY_CONFIGS["qwen3moe"]
+    tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
+    path = family_gguf(str(tmp_path / "qwen3moe.gguf"), **cfg, tokenizer=tok, qtype="Q8_0")
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        assert model.capturable
+        state = model.new_state(ops, 64)
+        for ids in ([5], [5, 6, 7]):
+            rt.launches.clear()
+            model.forward(state, Batch(ops, ids, list(range(len(ids)))))
+            names = [launch[0] for launch in rt.launches]
+            for kern in ("moe_route_f32", "moe_glu_", "moe_down_"):
+                assert sum(n.startswith(kern) for n in names) == cfg["n_layer"], (kern, names)
+            route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
+            assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (cfg["n_expert"], cfg["n_used"])

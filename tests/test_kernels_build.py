@@ -350,7 +350,11 @@ def fake_ops(monkeypatch):
     rt = RecordingRuntime()
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
+    ops._att_count = None
     ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
+    # the plain kernels (REFLEX_FUSE=0: the path before the fused decode ops); the fused
+    # launches are the *_fused tests'
+    monkeypatch.setenv("REFLEX_FUSE", "0")
     return ops
 
 
@@ -579,7 +583,8 @@ def _layer_kernels(ops, path):
         starts = []
         model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
-    head = {"gemma3": 3}.get(hp.arch, 2)  # output norm, LM head (+ final softcap)
+    # output norm, LM head (+ final softcap); one launch for both with llama.py's fused ops
+    head = {"gemma3": 3}.get(hp.arch, 2 if os.environ.get("REFLEX_FUSE") == "0" else 1)
     bounds = starts + [len(names) - head]
     return [names[a:b] for a, b in zip(bounds, bounds[1:])]
 
@@ -608,6 +613,50 @@ def _expected_layer(arch, t):
 # Kernels per decode layer when q/k/v share a format and gate/up share one (e.g. a Q8_0
 # Qwen3-0.6B): llama/qwen3 were 17/19 before the fused ops, qwen2 20, gemma3 21.
 UNIFORM_LAYER_KERNELS = {"llama": 11, "qwen2": 14, "qwen3": 11, "gemma3": 15}
+
+
+def _expected_layer_fused(arch, t):
+    """_expected_layer with fusion on (REFLEX_FUSE unset): llama.py's norm folded into the
+    q/k/v and gate/up matvecs, q/k norm + rope + K/V store in one kernel; for every model the
+    split attention in one launch and one-token matvecs of few rows a block per row (mmsk1)."""
+    mm = {"F16": "f16", "Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "F32": "f32"}
+    if arch == "gemma3":  # its own forward: only the backend-level changes
+        out = [n.replace("mm1_", "mmsk1_") for n in _expected_layer(arch, t) if n != "attention_combine"]
+        return [n.replace("attention_split_f16kv", "attention_split_last_f16kv") for n in out]
+    groups = {}
+    for name in ("attn_q", "attn_k", "attn_v"):
+        groups.setdefault(t[name], []).append(name)
+    out = ["mmnorm1_" + mm[f] for f in groups]
+    out += ["add_row_f32"] * 3 if arch == "qwen2" else []
+    out += ["qk_rope_kv_store_f32", "attention_split_last_f16kv", "mmsk1_" + mm[t["attn_output"]]]
+    if t["ffn_gate"] == t["ffn_up"]:
+        out.append("mmgnorm1_" + mm[t["ffn_gate"]])
+    else:
+        out += ["rmsnorm_f32", "mmsk1_" + mm[t["ffn_gate"]], "mmsk1_" + mm[t["ffn_up"]], "swiglu_f32"]
+    return out + ["mmsk1_" + mm[t["ffn_down"]]]
+
+
+UNIFORM_LAYER_KERNELS_FUSED = {"llama": 6, "qwen2": 9, "qwen3": 6, "gemma3": 14}
+
+
+@pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS_FUSED))
+def test_models_decode_kernels_per_layer_fused(fake_ops, monkeypatch, arch):
+    """The decode layers' kernels with the fused ops (the default), on the same mixed fixtures."""
+    from reflex_ipc.gguffile import GGUFFile
+
+    monkeypatch.setenv("REFLEX_FUSE", "1")
+    path = os.path.join(ROOT, "tests", "data", f"synthetic-{arch}.gguf")
+    layers = _layer_kernels(fake_ops, path)
+    with GGUFFile(path) as f:
+        types = [{n.split(".")[2]: ti.type_name for n, ti in f.tensors.items()
+                  if n.startswith(f"blk.{i}.") and len(ti.shape) == 2} for i in range(len(layers))]
+    assert len(layers) >= 2
+    for names, t in zip(layers, types):
+        assert names == _expected_layer_fused(arch, t), t
+        if t["attn_q"] == t["attn_k"] == t["attn_v"] and t["ffn_gate"] == t["ffn_up"]:
+            assert len(names) == UNIFORM_LAYER_KERNELS_FUSED[arch]
+    if arch != "gemma3":  # output norm + LM head: one launch
+        assert fake_ops.rt.launches[-1][0].startswith("mmnorm1_")
 
 
 @pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS))

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from reflex_ipc.backends.base import moe_route
+from reflex_ipc.backends.base import fusion_on, moe_route
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import SIGNATURES, Pool
@@ -205,6 +205,12 @@ class MemRuntime:
             x = self.f32(X, N * K).reshape(N, K)
             w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
             self.f32(Y, N * M)[:] = (x @ w.T).reshape(-1)
+        elif name.startswith("mmsk1_"):  # one token, a block per row (fused.cuh): grid (M, 1, 1)
+            W, X, Y, K, rb, acc = args
+            M = grid[0]
+            w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
+            y = self.f32(Y, M)
+            y[:] = (y if acc else 0) + w @ self.f32(X, K)
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
@@ -311,7 +317,9 @@ def test_cuda_moe_on_interpreted_kernels_equals_numpy(mem_ops, name, N):
     kind = {0: "f32", 1: "f16"}
     glu = ([f"moe_glu_{kind[tg]}"] if fused or tg == tu else
            [f"moe_mm_{kind[tg]}", f"moe_mm_{kind[tu]}", "swiglu_f32" if kw["act"] == "silu" else "geglu_f32"])
-    assert names == ([] if lg is not None else ["mm1_f32" if N == 1 else "mm4_f32"]) + ["moe_route_f32"] + glu + \
+    # the router: one token's matvec of few rows runs a block per row (mmsk1) when fusion is on
+    router = "mm4_f32" if N > 1 else ("mmsk1_f32" if fusion_on() else "mm1_f32")
+    assert names == ([] if lg is not None else [router]) + ["moe_route_f32"] + glu + \
         [f"moe_down_{kind[td]}"]
 
 

@@ -197,13 +197,16 @@ class Weights:
                 return None
             raise ReflexError("gguf_error", f"tensor {name!r} is missing from {self.f.path}")
         got = tuple(int(d) for d in reversed(t.shape))
+        ndim = None
         if len(got) > len(shape) and all(d == 1 for d in got[:len(got) - len(shape)]):
             got = got[len(got) - len(shape):]  # leading 1s: ggml's trailing dims
+            ndim = len(shape)  # loaded without them (a vector stays a vector)
         if len(got) != len(shape) or any(d <= 0 or (s is not None and d != s) for d, s in zip(got, shape)):
             want = "x".join("*" if s is None else str(s) for s in shape)
             raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
                               f"expected {want}")
-        w = self.ops.load_weight(self.f, name)
+        w = self.ops.load_weight(self.f, name) if ndim is None else \
+            self.ops.load_weight(self.f, name, ndim=ndim)
         if self.lora is not None and len(shape) == 2:
             w = self.lora.apply(name, w)
         return w

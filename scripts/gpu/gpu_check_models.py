@@ -245,6 +245,12 @@ def run(model_dir=None):
     for name, cfg in FAMILY_CONFIGS.items():
         if not refused(cfg):
             paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
+    # norm vectors stored with a ggml trailing dim of 1 ([n, 1], Q8_0 here): loaded as vectors
+    cfg = FAMILY_CONFIGS["phi3_split_short"]
+    pad = {n: (1, cfg["n_embd"]) for n in ["output_norm.weight"] + [
+        f"blk.{i}.{k}.weight" for i in range(cfg["n_layer"]) for k in ("attn_norm", "ffn_norm")]}
+    paths.append(family_gguf(os.path.join(syn, "family-trailing1.gguf"), **cfg, tokenizer=tok,
+                             qtype="Q8_0", shapes=pad))
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
                for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]

@@ -1,13 +1,15 @@
 """Request decoding and response encoding for protocol/PROTOCOL.md.
 
 `parse_request(line)` turns one request line into `(id, op, params)` where
-params is the op's Request struct (reflex_ipc/ops/<op>.py), or raises
+params is an instance of the op's Request struct (reflex_ipc/ops/<op>.py), or raises
 `RequestError` (a ReflexError that also carries the id and op it could read).
 Every limit is a constraint of that struct, so a request is fully checked here,
 before any model is loaded. `encode(obj)` writes one response line. msgspec
 costs ~10 ms to import, so server.py writes the ready line before importing
 this module.
 """
+
+from typing import Any
 
 import msgspec
 
@@ -28,7 +30,33 @@ class RequestError(ReflexError):
         self.op = op
 
 
-_decode = msgspec.json.Decoder().decode
+_decode = msgspec.json.Decoder().decode  # generic: bytes -> dict / list / ...
+
+
+class _Head(msgspec.Struct):
+    """A line's `id` and `op`; decoding into it skips every other field without
+    building it."""
+
+    id: Any = None
+    op: Any = None
+
+
+_decode_head = msgspec.json.Decoder(_Head).decode
+_typed = {}  # op -> decode of a whole line into (a subclass of) its Request struct
+
+
+def _typed_decoder(op: str):
+    dec = _typed.get(op)
+    if dec is None:
+        cls = OPS[op]
+        # cls plus the line's id and op as fields, kept as raw JSON (read from _Head);
+        # the params a request runs with are an instance of it (copying them into a
+        # cls would cost more than both decodes)
+        line_cls = msgspec.defstruct(f"{cls.__name__}Line", [("id", msgspec.Raw, msgspec.Raw()),
+                                                              ("op", msgspec.Raw, msgspec.Raw())],
+                                     bases=(cls,), kw_only=True)
+        dec = _typed[op] = msgspec.json.Decoder(line_cls).decode
+    return dec
 
 
 def validation_message(e: msgspec.ValidationError, op: str, obj: dict) -> str:
@@ -42,7 +70,44 @@ def validation_message(e: msgspec.ValidationError, op: str, obj: dict) -> str:
 
 
 def parse_request(line: bytes):
-    """(id, op, params Struct) of one request line (no trailing newline)."""
+    """(id, op, params Struct) of one request line (no trailing newline).
+
+    A valid line is decoded once, straight into its op's Request struct: a first
+    pass reads only `id` and `op` (skipping the rest), a second builds the struct.
+    A line either pass refuses is parsed again by _parse_generic (dict first, then
+    the struct), whose error is the one reported: only bad lines pay for objects
+    built twice, and every error kind and message stays that path's."""
+    if not line.isascii():
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError("parse_error", f"invalid UTF-8 at byte {e.start}") from None
+    try:
+        head = _decode_head(line)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _parse_generic(line)
+    rid, op = head.id, head.op
+    if not (rid is None or isinstance(rid, str)
+            or (type(rid) is int and INT64_MIN <= rid <= INT64_MAX)):
+        raise RequestError("invalid_request",
+                           "`id` must be a string or an integer in [-2^63, 2^63)")
+    if op is None:
+        raise RequestError("invalid_request", "Object missing required field `op`", rid)
+    if not isinstance(op, str):
+        raise RequestError("invalid_request",
+                           f"Expected `str`, got `{type(op).__name__}` - at `$.op`", rid)
+    cls = OPS.get(op)
+    if cls is None:
+        raise RequestError("unknown_op", f"unknown op {op!r} (ops: {', '.join(OPS)})", rid, op)
+    try:
+        params = _typed_decoder(op)(line)  # an instance of a subclass of cls
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _parse_generic(line)
+    return rid, op, params
+
+
+def _parse_generic(line: bytes):
+    """parse_request by way of a generic decode: the reference for every error."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -79,6 +79,33 @@ def test_tiny_seed_models_are_valid(tmp_path, arch):
         r.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+@pytest.mark.parametrize("device", ["cpu", "numpy"])
+def test_vectors_stored_with_a_trailing_1_dim(tmp_path, arch, device):
+    """A norm weight or bias written as [n, 1] (ggml's trailing dim of 1, accepted like
+    llama.cpp does) loads as the vector it is: the same logits as the file with [n]
+    (the cpu backend once made it a matrix handle and answered `internal`)."""
+    import numpy as np
+
+    from reflex_ipc.engine import load_runner
+
+    kvs, tensors = fuzzlib.tiny_model(arch, np.random.default_rng(0))
+    padded = [(n, list(d) + [1] if len(d) == 1 else d, gt, data) for n, d, gt, data in tensors]
+    assert padded != tensors
+    logits = []
+    for name, ts in (("plain", tensors), ("padded", padded)):
+        p = tmp_path / f"{name}.gguf"
+        fuzzlib.write_gguf(p, kvs, ts)
+        r = load_runner(str(p), device=device)
+        try:
+            out = r.generate("Hello world", max_tokens=3)
+            assert out["completion_tokens"] >= 1
+            logits.append(np.asarray(r.prompt_logits(r.tokenize("Hello world"))))
+        finally:
+            r.close()
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
 _LAYOUT = {"llama": {}, "qwen2": {"qkv_bias": True, "untied": True}, "qwen3": {"qk_norm": True},
            "gemma3": {"qk_norm": True, "window": 4, "pattern": 2}}
 

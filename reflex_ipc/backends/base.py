@@ -286,6 +286,13 @@ def check_glu(w_gate, w_up, act):
         raise ValueError(f"matmul_glu: gate {tuple(w_gate.shape)} and up {tuple(w_up.shape)} differ")
 
 
+
+def weight_shape(t, ndim=None):
+    """A GGUF tensor's shape in numpy order; with ndim, its last ndim dimensions (the
+    leading ones, ggml's trailing dims, are 1: models.common.Weights checked)."""
+    shape = tuple(reversed(t.shape))
+    return shape if ndim is None else shape[len(shape) - ndim:]
+
 class Ops:
     """The contract. Backends need not inherit from this class; they must match it.
 
@@ -333,10 +340,12 @@ class Ops:
         raise NotImplementedError
 
     # -- weights -----------------------------------------------------------------
-    def load_weight(self, f, name):
+    def load_weight(self, f, name, ndim=None):
         """Tensor `name` of GGUFFile f: a weight handle [rows, cols] for 2+-D tensors, a
         float32 array [n] for 1-D ones (see the module docstring). KeyError if absent
-        (models check presence with `name in f.tensors` first)."""
+        (models check presence with `name in f.tensors` first). ndim: the dimensions the
+        model expects, when the file gives more whose extra ones are 1 (ggml's trailing
+        dims, e.g. a norm vector stored as [n, 1]): those are dropped (weight_shape)."""
         raise NotImplementedError
 
     def weight_rows(self, w, start, n):

@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from .base import check_glu, check_matmul_n, host_logprobs, host_topk
+from .base import check_glu, check_matmul_n, host_logprobs, host_topk, weight_shape
 
 _F32 = np.float32
 _LIB_NAME = "libreflex_cpu.so"
@@ -294,12 +294,12 @@ class CpuOps:
         return out
 
     # -- weights -----------------------------------------------------------------
-    def load_weight(self, f, name):
+    def load_weight(self, f, name, ndim=None):
         from ..ggml_types import BY_ID
         from ..quants import dequantize
 
         t = f.tensors[name]
-        shape = tuple(reversed(t.shape))
+        shape = weight_shape(t, ndim)
         raw = f.tensor_data(t)
         if len(shape) < 2:
             return np.array(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32).reshape(shape)

@@ -16,7 +16,7 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, fusion_on, host_topk, moe_route, seq_group_table
+from .base import check_glu, check_matmul_n, fusion_on, host_topk, moe_route, seq_group_table, weight_shape
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -221,12 +221,12 @@ class CudaOps:
             self.k = self._k_after_upload
         return a
 
-    def load_weight(self, f, name):
+    def load_weight(self, f, name, ndim=None):
         """A tensor of GGUFFile f on the device: 2-D matrices stay quantized in the arena
         (DeviceWeight); vectors become float32 DeviceArrays."""
         t = f.tensors[name]
         arena = self._arena(f)
-        shape = tuple(reversed(t.shape))  # numpy order
+        shape = weight_shape(t, ndim)  # numpy order
         if len(shape) >= 2 and t.ggml_type in MM_KERNEL:
             rows = math.prod(shape[:-1])
             cols = shape[-1]

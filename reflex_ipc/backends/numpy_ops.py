@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, host_logprobs, host_topk, moe_route, seq_groups
+from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, moe_route, seq_groups,
+                   weight_shape)
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -167,12 +168,12 @@ class NumpyOps:
         return np.asarray(list(pos) if isinstance(pos, range) else pos, dtype=np.int32).reshape(-1)
 
     # -- weights -----------------------------------------------------------------
-    def load_weight(self, f, name):
+    def load_weight(self, f, name, ndim=None):
         from ..ggml_types import BY_ID
         from ..quants import dequantize
 
         t = f.tensors[name]
-        shape = tuple(reversed(t.shape))
+        shape = weight_shape(t, ndim)
         raw = f.tensor_data(t)
         if len(shape) < 2:  # copied: F32 data would otherwise be a view of the mapping
             return np.array(dequantize(raw, t.ggml_type, t.n_elements), dtype=_F32).reshape(shape)

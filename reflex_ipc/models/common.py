@@ -199,7 +199,7 @@ class Weights:
             raise ReflexError("gguf_error", f"tensor {name!r} is missing from {self.f.path}")
         got = tuple(int(d) for d in reversed(t.shape))
         if len(got) > len(shape) and all(d == 1 for d in got[:len(got) - len(shape)]):
-            got = got[len(got) - len(shape):]  # leading 1s: ggml's trailing dims
+            got = got[len(got) - len(shape):]  # leading 1s: ggml's trailing dims, loaded without them
         if len(got) != len(shape) or any(d <= 0 or (s is not None and d != s) for d, s in zip(got, shape)):
             want = "x".join("*" if s is None else str(s) for s in shape)
             raise ReflexError("gguf_error", f"tensor {name!r} has shape {'x'.join(map(str, got)) or '()'}, "
@@ -226,7 +226,10 @@ class Weights:
         t = self._check(name, shape, optional)
         if t is None:
             return None
-        w = self.ops.load_weight(self.f, name)
+        # a tensor stored with ggml trailing dims of 1 ([n, 1]) loads without them (_check)
+        ndim = len(shape) if len(t.shape) > len(shape) else None
+        w = self.ops.load_weight(self.f, name) if ndim is None else \
+            self.ops.load_weight(self.f, name, ndim=ndim)
         if self.lora is not None and len(shape) == 2:
             w = self.lora.apply(name, w)
         return w

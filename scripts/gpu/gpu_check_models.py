@@ -383,6 +383,12 @@ def run(model_dir=None):
     from reflex_ipc.testing.synthetic import arch_gguf
 
     paths += [arch_gguf(n, os.path.join(syn, f"arch-{n}.gguf"), tokenizer=tok) for n in ("qwen3moe", "phi3")]
+    # norm vectors stored with a ggml trailing dim of 1 ([n, 1], Q8_0 here): loaded as vectors
+    cfg = FAMILY_CONFIGS["phi3_split_short"]
+    pad = {n: (1, cfg["n_embd"]) for n in ["output_norm.weight"] + [
+        f"blk.{i}.{k}.weight" for i in range(cfg["n_layer"]) for k in ("attn_norm", "ffn_norm")]}
+    paths.append(family_gguf(os.path.join(syn, "family-trailing1.gguf"), **cfg, tokenizer=tok,
+                             qtype="Q8_0", shapes=pad))
     ops = CudaOps()
     results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
                for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]

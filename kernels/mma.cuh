@@ -1,16 +1,21 @@
 // Prefill matmuls (many tokens) on tensor cores: Y[n, m] = sum_k W[m, k] * X[n, k] with W
 // in its ggml block format (dequantized on the fly, never stored as floats in global
-// memory) and X float32 [N, K].
+// memory) and X [N, K] as f16 (mma_x_f16 converts the float32 activations once per matmul;
+// the q/k/v of one x share the copy).
 //
-// One block computes a tile of MMA_BM weight rows x MMA_BN tokens, walking K in slices of
-// BK columns (MMA_BK; MMA_BK_GLU for the gated unit, which holds two weight tiles) through
-// two shared-memory stages. Its 8 warps split the work: warps 0-3 (the loaders) dequantize
-// the next slice's W tile (deq8, the decode kernels' reader) to f16 and convert the X tile
-// to f16 into one stage while warps 4-7 (the MMA warps: 2 along the rows x 2 along the
-// tokens, each owning 32 rows x 32 tokens) multiply the other stage with
-// mma.sync.m16n8k16 (f16 inputs, f32 accumulators; per 16 columns a warp issues
-// 2 row tiles of 16 x 4 token tiles of 8). One barrier per slice swaps the stages, so
-// global loads and dequantization overlap the tensor-core work.
+// One block computes a tile of MMA_BM weight rows x MMA_BN tokens, walking its share of K
+// in slices of BK columns (MMA_BK; MMA_BK_GLU for the gated unit, which holds two weight
+// tiles) through two shared-memory stages. All 8 warps load and all multiply: per slice
+// every thread fetches its part of the next slice into registers (W chunks dequantized by
+// deq8, the decode kernels' reader, and packed to f16; X chunks as 16-byte loads; every
+// global load issued before any shared store), multiplies the current stage with
+// mma.sync.m16n8k16 (f16 inputs, f32 accumulators; warp w owns rows (w & 1) * 32.. and
+// tokens (w >> 1) * 16.., 2 row tiles of 16 x 2 token tiles of 8 per 16 columns), then
+// stores the fetched slice into the other stage; one barrier per slice.
+//
+// Few tiles (short prompts, narrow weights) would leave most SMs idle while each block
+// walks all of K: the host splits K over gridDim.z blocks (cuda_ops._mma_splits), which
+// write partial sums that mma_reduce adds in a fixed order.
 //
 // Fragment layout of mma.m16n8k16 .row.col f16 -> f32 (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16 with floating point type"), g = lane >> 2, t = lane & 3:
@@ -36,10 +41,11 @@
 #define MMA_BK_GLU 32   // columns per slice of the gated unit (two weight tiles a stage)
 #define MMA_PAD 8       // row stride of the shared tiles = BK + MMA_PAD halves: 144 or 80
                         // bytes, so the 32-bit fragment loads of 8 groups x 4 lanes hit 32 banks
-#define MMA_LOADERS 128 // threads 0..127 load, threads 128..255 multiply
 #define MMA_THREADS 256
-static_assert(MMA_BM == MMA_BN && MMA_BM == 64 && MMA_THREADS == 2 * MMA_LOADERS,
-              "mma_tile's warp layout (2 x 2 warps of 32 x 32) and the stage layout assume these");
+#define MMA_LOADERS 256 // every thread loads (and every warp multiplies)
+#define MMA_WN 16       // tokens per warp: 8 warps = 2 along the rows (32 each) x 4 along the tokens
+static_assert(MMA_BM == MMA_BN && MMA_BM == 64 && MMA_THREADS == MMA_LOADERS && MMA_WN == 16,
+              "mma_tile's warp layout (2 x 4 warps of 32 x 16) and the stage layout assume these");
 
 __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
     __half2 h = __floats2half2_rn(a, b);
@@ -47,9 +53,10 @@ __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
 }
 
 // One stage's fill, in two phases so that every global load of a slice is issued before
-// any shared store (no store between two loads: a loader's loads are all in flight
-// together, one memory latency a slice): mma_fetch_w / mma_fetch_x into registers, then
-// mma_put_w / mma_put_x. p = the loader's index 0..MMA_LOADERS-1.
+// any shared store (no store between two loads: a thread's loads are all in flight
+// together, one memory latency a slice), with the multiplication of the other stage in
+// between: mma_fetch_w / mma_fetch_x into registers, then mma_put_w / mma_put_x.
+// p = the thread's index 0..MMA_LOADERS-1 (every thread of the block).
 //
 // W rows m0.. (MMA_BM of them), columns k0..k0+BK-1, as f16 for s[MMA_BM][BK + MMA_PAD].
 // Job j (of MMA_BM * BK/8) = row j / (BK/8), chunk j % (BK/8) of 8 columns; a loader has
@@ -119,34 +126,40 @@ __device__ __forceinline__ void mma_put_x(__half* s, const uint4 (&f)[MmaJobs<BK
     }
 }
 
-// A stage (NW W tiles then the X tile) for the columns k0..k0+BK-1.
+// A stage (NW W tiles then the X tile) for the columns k0..k0+BK-1: fetched into registers,
+// then stored.
 template <int T, int NW, int BK>
-__device__ __forceinline__ void mma_fill(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
-                                         const __half* __restrict__ X, __half* st, int p, int m0, int n0,
-                                         int k0, int M, int N, int K, long long row_bytes) {
-    constexpr int TILE = MMA_BM * (BK + MMA_PAD);
-    uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W];
-    uint4 f[MmaJobs<BK>::X];
+__device__ __forceinline__ void mma_fetch(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                          const __half* __restrict__ X, uint4 (&v0)[MmaJobs<BK>::W],
+                                          uint4 (&v1)[MmaJobs<BK>::W], uint4 (&f)[MmaJobs<BK>::X], int p, int m0,
+                                          int n0, int k0, int M, int N, int K, long long row_bytes) {
     mma_fetch_w<T, BK>(W0, v0, p, m0, k0, M, K, row_bytes);
     if (NW == 2) mma_fetch_w<T, BK>(W1, v1, p, m0, k0, M, K, row_bytes);
     mma_fetch_x<BK>(X, f, p, n0, k0, N, K);
+}
+
+template <int NW, int BK>
+__device__ __forceinline__ void mma_put(__half* st, const uint4 (&v0)[MmaJobs<BK>::W],
+                                        const uint4 (&v1)[MmaJobs<BK>::W], const uint4 (&f)[MmaJobs<BK>::X], int p) {
+    constexpr int TILE = MMA_BM * (BK + MMA_PAD);
     mma_put_w<BK>(st, v0, p);
     if (NW == 2) mma_put_w<BK>(st + TILE, v1, p);
     mma_put_x<BK>(st + NW * TILE, f, p);
 }
 
-// acc[mt][nt][i] += MMA warp cw's 32 x 32 tile over the BK columns in shared memory.
+// acc[mt][nt][i] += warp cw's 32 x 16 tile (rows wr.., tokens wn..) over the BK columns in
+// shared memory.
 // sw: W tile [MMA_BM][BK + MMA_PAD], sx: X tile [MMA_BN][BK + MMA_PAD].
 template <int BK>
-__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][4][4]) {
+__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][2][4]) {
     constexpr int LD = BK + MMA_PAD;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
 #if __CUDA_ARCH__ >= 800
-        uint32_t a[2][4], b[4][2];
+        uint32_t a[2][4], b[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             const __half* p = sw + (wr + mt * 16 + g) * LD + kk + 2 * t;
@@ -156,7 +169,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
             a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * LD + 8);
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < 2; nt++) {
             const __half* p = sx + (wn + nt * 8 + g) * LD + kk + 2 * t;
             b[nt][0] = *reinterpret_cast<const uint32_t*>(p);
             b[nt][1] = *reinterpret_cast<const uint32_t*>(p + 8);
@@ -164,7 +177,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
                 float* c = acc[mt][nt];
                 asm volatile(
                     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -178,7 +191,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const __half* pw = sw + (wr + mt * 16 + g + (i >> 1) * 8) * LD + kk;
@@ -207,47 +220,48 @@ __device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const u
     constexpr int TILE = MMA_BM * (BK + MMA_PAD);  // halves per tile (MMA_BN == MMA_BM)
     __shared__ __align__(16) __half stage[2][(NW + 1) * TILE];
     const int m0 = blockIdx.x * MMA_BM, n0 = blockIdx.y * MMA_BN;
-    const bool loader = threadIdx.x < MMA_LOADERS;
-    const int cw = (threadIdx.x >> 5) - MMA_LOADERS / 32;  // MMA warp 0..3 (loaders: negative)
+    const int cw = threadIdx.x >> 5;  // warp 0..7
     const int nk_all = (K + BK - 1) / BK;
     const int per = (nk_all + gridDim.z - 1) / gridDim.z;
     const int kb = blockIdx.z * per;                    // first slice of this block
     const int nk = max(0, min(nk_all - kb, per));       // slices of this block
-    float acc[NW][2][4][4];
+    float acc[NW][2][2][4];
 #pragma unroll
     for (int w = 0; w < NW; w++)
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[w][mt][nt][i] = 0.f;
-    if (loader && nk > 0)
-        mma_fill<T, NW, BK>(W0, W1, X, stage[0], threadIdx.x, m0, n0, kb * BK, M, N, K, row_bytes);
+    if (nk > 0) {
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        mma_fetch<T, NW, BK>(W0, W1, X, v0, v1, f, threadIdx.x, m0, n0, kb * BK, M, N, K, row_bytes);
+        mma_put<NW, BK>(stage[0], v0, v1, f, threadIdx.x);
+    }
     __syncthreads();
     for (int it = 0; it < nk; it++) {
-        // loaders fill stage (it+1)&1 while the MMA warps read stage it&1; the barrier at
-        // the end of the previous slice ended every read of the stage being filled
-        if (loader) {
-            if (it + 1 < nk)
-                mma_fill<T, NW, BK>(W0, W1, X, stage[(it + 1) & 1], threadIdx.x, m0, n0, (kb + it + 1) * BK, M,
-                                    N, K, row_bytes);
-        } else {
-            const __half* st = stage[it & 1];
+        // every thread fetches slice it+1 into registers, multiplies stage it&1, then stores
+        // the fetched slice into stage (it+1)&1, last read before the previous barrier
+        const bool more = it + 1 < nk;
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        if (more)
+            mma_fetch<T, NW, BK>(W0, W1, X, v0, v1, f, threadIdx.x, m0, n0, (kb + it + 1) * BK, M, N, K,
+                                 row_bytes);
+        const __half* st = stage[it & 1];
 #pragma unroll
-            for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
-        }
+        for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
+        if (more) mma_put<NW, BK>(stage[(it + 1) & 1], v0, v1, f, threadIdx.x);
         __syncthreads();
     }
-    if (loader) return;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
     const bool split = gridDim.z > 1;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int m = m0 + wr + mt * 16 + g + (i >> 1) * 8;
@@ -277,7 +291,7 @@ __device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const u
                                                              long long rb, int acc, float* P) {   \
         mma_body<T, 1>(W, W, X, Y, K, M, N, rb, acc, P);                                           \
     }                                                                                              \
-    RX_EXTERN void __launch_bounds__(MMA_THREADS, 2) mmaglu_##NAME(const uint8_t* Wg, const uint8_t* Wu, \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS, 3) mmaglu_##NAME(const uint8_t* Wg, const uint8_t* Wu, \
                                                                 const __half* X, float* Y, int K,  \
                                                                 int M, int N, long long rb, int act, \
                                                                 float* P) {                       \

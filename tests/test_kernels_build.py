@@ -500,8 +500,8 @@ def test_cuda_ops_matmul_glu_launches(fake_ops):
 def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     """From MMA_MIN_N rows on, matmul / matmul_glu / matmul_n convert x to f16 once
     (mma_x_f16) and launch the mma kernels over (rows / 64, tokens / 64, K splits) blocks;
-    K is split while the grid fits 3 blocks per SM (2 for the gated unit) on the device's
-    132 SMs, and split launches end with mma_reduce over a scratch of the partial sums;
+    K is split while the grid fits 3 blocks per SM on the device's
+    132 SMs (the gated unit too), and split launches end with mma_reduce over a scratch of the partial sums;
     f32 weights and ops.mma off keep the per-row kernels."""
     from reflex_ipc.backends.cuda_ops import MMA_MIN_N
     from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
@@ -534,7 +534,7 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     x = DeviceArray.empty(ops.pool, (MMA_MIN_N - 1, 1024))
     ops.matmul(x, wq)
     assert ops.rt.launches[-1][0] == "mm8_q4_k"
-    # gated unit: one fused launch; 48 x 2 tiles, 32 slices of 32 columns: 264 // 96 = 2 splits
+    # gated unit: one fused launch; 48 x 2 tiles, 32 slices of 32 columns: 396 // 96 = 4 splits
     wg = DeviceWeight(0x20000, (3072, 1024), 8, "Q8_0", 32 * 34, "gate")
     wu = DeviceWeight(0x30000, (3072, 1024), 8, "Q8_0", 32 * 34, "up")
     x = DeviceArray.empty(ops.pool, (100, 1024))
@@ -544,9 +544,9 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     assert [launch[0] for launch in launches] == ["mma_x_f16", "mmaglu_q8_0", "mma_reduce"]
     name, grid, block, args = launches[1]
     xh, P = launches[0][3][1], args[-1]
-    assert (grid, block) == ((48, 2, 2), (256, 1, 1))
+    assert (grid, block) == ((48, 2, 4), (256, 1, 1))
     assert args[:-1] == (wg.ptr, wu.ptr, xh, y.ptr, 1024, 3072, 100, 32 * 34, 1) and y.shape == (100, 3072)
-    assert launches[2][3] == (P, y.ptr, 2, 2, 100 * 3072, 1)
+    assert launches[2][3] == (P, y.ptr, 4, 2, 100 * 3072, 1)
     # 512 tokens: 384 tiles fill the SMs, no split
     x = DeviceArray.empty(ops.pool, (512, 1024))
     before = len(ops.rt.launches)

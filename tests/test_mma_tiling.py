@@ -16,12 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def header_constants():
     src = open(os.path.join(ROOT, "kernels", "mma.cuh")).read()
-    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS"
+    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS|MMA_WN"
     return {k: int(v) for k, v in re.findall(rf"#define ({names}) (\d+)", src)}
 
 
 C = header_constants()
-BM, BN, PAD, LOADERS, THREADS = C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"]
+BM, BN, PAD, LOADERS, THREADS, WN = (C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"],
+                                     C["MMA_WN"])
+WARPS = THREADS // 32
 LANES = np.arange(32)
 G, T = LANES >> 2, LANES & 3  # groupID, threadID_in_group
 
@@ -118,9 +120,9 @@ def u32(s, idx):
 
 
 def tile(s, w_off, x_off, cw, acc, BK):
-    """mma_tile of MMA warp cw: acc [2][4] of [32, 4] arrays, updated in place."""
+    """mma_tile of warp cw: acc [2][2] of [32, 4] arrays, updated in place."""
     LD = BK + PAD
-    wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+    wr, wn = (cw & 1) * 32, (cw >> 1) * WN
     for kk in range(0, BK, 16):
         a = {}
         for mt in range(2):
@@ -128,12 +130,12 @@ def tile(s, w_off, x_off, cw, acc, BK):
             regs = [u32(s, p), u32(s, p + 8 * LD), u32(s, p + 8), u32(s, p + 8 * LD + 8)]
             a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
         b = {}
-        for nt in range(4):
+        for nt in range(2):
             p = x_off + (wn + nt * 8 + G) * LD + kk + 2 * T
             regs = [u32(s, p), u32(s, p + 8)]
             b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
         for mt in range(2):
-            for nt in range(4):
+            for nt in range(2):
                 acc[mt][nt] = warp_mma(a[mt], b[nt], acc[mt][nt])
 
 
@@ -154,7 +156,8 @@ def emulate(Ws, X, Y, mode, S=1):
     assert K % 8 == 0
     nk_all = (K + BK - 1) // BK
     per = (nk_all + S - 1) // S
-    n_mma_warps = (THREADS - LOADERS) // 32
+    assert LOADERS == THREADS  # every thread loads, every warp multiplies
+    n_mma_warps = WARPS
     grid = ((M + BM - 1) // BM, (N + BN - 1) // BN, S)
     P = np.full(S * NW * N * M, np.nan)
     for bx in range(grid[0]):
@@ -164,7 +167,7 @@ def emulate(Ws, X, Y, mode, S=1):
                 kb = bz * per
                 nk = max(0, min(nk_all - kb, per))
                 stage = [np.full((NW + 1) * TILE, np.nan) for _ in range(2)]
-                acc = [[[[np.zeros((32, 4)) for _ in range(4)] for _ in range(2)] for _ in Ws]
+                acc = [[[[np.zeros((32, 4)) for _ in range(2)] for _ in range(2)] for _ in Ws]
                        for _ in range(n_mma_warps)]
 
                 def fill(st, k0):
@@ -174,7 +177,9 @@ def emulate(Ws, X, Y, mode, S=1):
 
                 if nk > 0:
                     fill(stage[0], kb * BK)
-                for it in range(nk):  # between two barriers: loaders write first (the harsher order)
+                # between two barriers every thread fetches slice it+1, multiplies stage it&1 and
+                # stores into stage (it+1)&1; here the store comes first (the harsher order)
+                for it in range(nk):
                     if it + 1 < nk:
                         stage[(it + 1) & 1][:] = np.nan  # what was there is dead
                         fill(stage[(it + 1) & 1], (kb + it + 1) * BK)
@@ -183,9 +188,9 @@ def emulate(Ws, X, Y, mode, S=1):
                         for w in range(NW):
                             tile(st, w * TILE, NW * TILE, cw, acc[cw][w], BK)
                 for cw in range(n_mma_warps):
-                    wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+                    wr, wn = (cw & 1) * 32, (cw >> 1) * WN
                     for mt in range(2):
-                        for nt in range(4):
+                        for nt in range(2):
                             for i in range(4):
                                 m = m0 + wr + mt * 16 + G + (i >> 1) * 8
                                 n = n0 + wn + nt * 8 + 2 * T + (i & 1)
@@ -268,3 +273,16 @@ def test_shared_fragment_loads_are_bank_conflict_free(bk):
 def test_shared_memory_fits_the_static_limit():
     for NW, bk in ((1, "MMA_BK"), (2, "MMA_BK_GLU")):
         assert 2 * (NW + 1) * BM * (C[bk] + PAD) * 2 <= 48 * 1024
+
+
+def test_warps_cover_the_block_tile():
+    """The 8 warps' 32 x 16 tiles (2 along the rows x 4 along the tokens) cover the
+    MMA_BM x MMA_BN output tile once."""
+    cover = np.zeros((BM, BN), int)
+    for cw in range(WARPS):
+        wr, wn = (cw & 1) * 32, (cw >> 1) * WN
+        for mt in range(2):
+            for nt in range(2):
+                for i in range(4):
+                    np.add.at(cover, (wr + mt * 16 + G + (i >> 1) * 8, wn + nt * 8 + 2 * T + (i & 1)), 1)
+    assert (cover == 1).all()

@@ -36,7 +36,7 @@ MMA_BK = {1: 64, 2: 32}  # columns per slice: MMA_BK (one weight), MMA_BK_GLU (g
 # resident blocks per SM of mma_* / mmaglu_* (their __launch_bounds__ minimum in mma.cuh):
 # K is split over blocks until the grid fills that many per SM (one wave), since a block is
 # bound by its serial walk over K, not by the tensor cores
-MMA_BLOCKS_PER_SM = {1: 3, 2: 2}
+MMA_BLOCKS_PER_SM = {1: 3, 2: 3}
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh

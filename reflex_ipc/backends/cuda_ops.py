@@ -25,11 +25,11 @@ EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
 # these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs).
-# With split K (below) a [1024, 1024] Q8_0 weight takes ~11 us on the H200 at N = 32..128
-# against 14 / 31 / 48 us on the per-row kernels (N = 32 / 64 / 128), and ~11 at N = 16
-# (per-row: 11.4): the crossover is between 16 and 32 tokens; opchecks.bench_gemm's sweep
-# measures it again.
-MMA_MIN_N = 32
+# Device time on the H200 (split K, below): a [1024, 1024] Q8_0 weight ~15 us at N = 32..128
+# (x conversion, mma, reduce: three launches) against 14 / 31 / 48 us on the per-row kernels,
+# but launched eagerly from Python the three launches cost ~30 us of host time whatever N
+# (opchecks.bench_gemm's sweep), which the one per-row launch beats below 64 tokens.
+MMA_MIN_N = 64
 MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
 MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
 MMA_BK = {1: 64, 2: 32}  # columns per slice: MMA_BK (one weight), MMA_BK_GLU (gated unit)

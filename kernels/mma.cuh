@@ -1,16 +1,21 @@
 // Prefill matmuls (many tokens) on tensor cores: Y[n, m] = sum_k W[m, k] * X[n, k] with W
 // in its ggml block format (dequantized on the fly, never stored as floats in global
-// memory) and X float32 [N, K].
+// memory) and X [N, K] as f16 (mma_x_f16 converts the float32 activations once per matmul;
+// the q/k/v of one x share the copy).
 //
-// One block computes a tile of MMA_BM weight rows x MMA_BN tokens, walking K in slices of
-// BK columns (MMA_BK; MMA_BK_GLU for the gated unit, which holds two weight tiles) through
-// two shared-memory stages. Its 8 warps split the work: warps 0-3 (the loaders) dequantize
-// the next slice's W tile (deq8, the decode kernels' reader) to f16 and convert the X tile
-// to f16 into one stage while warps 4-7 (the MMA warps: 2 along the rows x 2 along the
-// tokens, each owning 32 rows x 32 tokens) multiply the other stage with
-// mma.sync.m16n8k16 (f16 inputs, f32 accumulators; per 16 columns a warp issues
-// 2 row tiles of 16 x 4 token tiles of 8). One barrier per slice swaps the stages, so
-// global loads and dequantization overlap the tensor-core work.
+// One block computes a tile of MMA_BM weight rows x MMA_BN tokens, walking its share of K
+// in slices of BK columns (MMA_BK; MMA_BK_GLU for the gated unit, which holds two weight
+// tiles) through two shared-memory stages. All 8 warps load and all multiply: per slice
+// every thread fetches its part of the next slice into registers (W chunks dequantized by
+// deq8, the decode kernels' reader, and packed to f16; X chunks as 16-byte loads; every
+// global load issued before any shared store), multiplies the current stage with
+// mma.sync.m16n8k16 (f16 inputs, f32 accumulators; warp w owns rows (w & 1) * 32.. and
+// tokens (w >> 1) * 16.., 2 row tiles of 16 x 2 token tiles of 8 per 16 columns), then
+// stores the fetched slice into the other stage; one barrier per slice.
+//
+// Few tiles (short prompts, narrow weights) would leave most SMs idle while each block
+// walks all of K: the host splits K over gridDim.z blocks (cuda_ops._mma_splits), which
+// write partial sums that mma_reduce adds in a fixed order.
 //
 // Fragment layout of mma.m16n8k16 .row.col f16 -> f32 (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16 with floating point type"), g = lane >> 2, t = lane & 3:
@@ -36,77 +41,125 @@
 #define MMA_BK_GLU 32   // columns per slice of the gated unit (two weight tiles a stage)
 #define MMA_PAD 8       // row stride of the shared tiles = BK + MMA_PAD halves: 144 or 80
                         // bytes, so the 32-bit fragment loads of 8 groups x 4 lanes hit 32 banks
-#define MMA_LOADERS 128 // threads 0..127 load, threads 128..255 multiply
 #define MMA_THREADS 256
-static_assert(MMA_BM == MMA_BN && MMA_BM == 64 && MMA_THREADS == 2 * MMA_LOADERS,
-              "mma_tile's warp layout (2 x 2 warps of 32 x 32) and the stage layout assume these");
+#define MMA_LOADERS 256 // every thread loads (and every warp multiplies)
+#define MMA_WN 16       // tokens per warp: 8 warps = 2 along the rows (32 each) x 4 along the tokens
+static_assert(MMA_BM == MMA_BN && MMA_BM == 64 && MMA_THREADS == MMA_LOADERS && MMA_WN == 16,
+              "mma_tile's warp layout (2 x 4 warps of 32 x 16) and the stage layout assume these");
 
 __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
     __half2 h = __floats2half2_rn(a, b);
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// W rows m0.. (MMA_BM of them), columns k0..k0+BK-1, as f16 into s[MMA_BM][BK + MMA_PAD];
-// p = the loader's index 0..MMA_LOADERS-1. Job j (of MMA_BM * BK/8) = row j / (BK/8),
-// chunk j % (BK/8) of 8 columns.
+// One stage's fill, in two phases so that every global load of a slice is issued before
+// any shared store (no store between two loads: a thread's loads are all in flight
+// together, one memory latency a slice), with the multiplication of the other stage in
+// between: mma_fetch_w / mma_fetch_x into registers, then mma_put_w / mma_put_x.
+// p = the thread's index 0..MMA_LOADERS-1 (every thread of the block).
+//
+// W rows m0.. (MMA_BM of them), columns k0..k0+BK-1, as f16 for s[MMA_BM][BK + MMA_PAD].
+// Job j (of MMA_BM * BK/8) = row j / (BK/8), chunk j % (BK/8) of 8 columns; a loader has
+// jobs p + i * MMA_LOADERS.
+template <int BK>
+struct MmaJobs {
+    static constexpr int W = MMA_BM * (BK / 8) / MMA_LOADERS;  // W chunks (uint4) per loader
+    static constexpr int X = MMA_BN * (BK / 8) / MMA_LOADERS;  // X chunks (uint4) per loader
+};
+
 template <int T, int BK>
-__device__ __forceinline__ void mma_load_w(const uint8_t* __restrict__ W, __half* s, int p, int m0, int k0,
-                                           int M, int K, long long row_bytes) {
+__device__ __forceinline__ void mma_fetch_w(const uint8_t* __restrict__ W, uint4 (&v)[MmaJobs<BK>::W], int p,
+                                            int m0, int k0, int M, int K, long long row_bytes) {
     constexpr int CPB = QT<T>::QK / 8;
     constexpr int CPR = BK / 8;  // chunks per tile row
-    constexpr int LD = BK + MMA_PAD;
 #pragma unroll
-    for (int i = 0; i < MMA_BM * CPR / MMA_LOADERS; i++) {
+    for (int i = 0; i < MmaJobs<BK>::W; i++) {
         const int j = p + i * MMA_LOADERS;
         const int r = j / CPR, c = j % CPR;
         const int m = m0 + r, ch = (k0 >> 3) + c;
-        uint4 v = make_uint4(0, 0, 0, 0);
+        v[i] = make_uint4(0, 0, 0, 0);
         if (m < M && ch < (K >> 3)) {
             float w[8];
             deq8<T>(W + (long long)m * row_bytes + (ch / CPB) * QT<T>::BYTES, ch % CPB, w);
-            v.x = pack_half2(w[0], w[1]);
-            v.y = pack_half2(w[2], w[3]);
-            v.z = pack_half2(w[4], w[5]);
-            v.w = pack_half2(w[6], w[7]);
+            v[i].x = pack_half2(w[0], w[1]);
+            v[i].y = pack_half2(w[2], w[3]);
+            v[i].z = pack_half2(w[4], w[5]);
+            v[i].w = pack_half2(w[6], w[7]);
         }
-        *reinterpret_cast<uint4*>(s + r * LD + c * 8) = v;
     }
 }
 
-// X tokens n0.. (MMA_BN), columns k0..k0+BK-1, as f16 into s[MMA_BN][BK + MMA_PAD].
-// Job j = token j / (BK/4), float4 j % (BK/4).
 template <int BK>
-__device__ __forceinline__ void mma_load_x(const float* __restrict__ X, __half* s, int p, int n0, int k0,
-                                           int N, int K) {
-    constexpr int QPR = BK / 4;
-    constexpr int LD = BK + MMA_PAD;
+__device__ __forceinline__ void mma_put_w(__half* s, const uint4 (&v)[MmaJobs<BK>::W], int p) {
+    constexpr int CPR = BK / 8, LD = BK + MMA_PAD;
 #pragma unroll
-    for (int i = 0; i < MMA_BN * QPR / MMA_LOADERS; i++) {
+    for (int i = 0; i < MmaJobs<BK>::W; i++) {
         const int j = p + i * MMA_LOADERS;
-        const int r = j / QPR, q = j % QPR;
-        const int n = n0 + r, k = k0 + 4 * q;
-        uint2 v = make_uint2(0, 0);
-        if (n < N && k < K) {
-            const float4 f = __ldg(reinterpret_cast<const float4*>(X + (long long)n * K + k));
-            v.x = pack_half2(f.x, f.y);
-            v.y = pack_half2(f.z, f.w);
-        }
-        *reinterpret_cast<uint2*>(s + r * LD + 4 * q) = v;
+        *reinterpret_cast<uint4*>(s + (j / CPR) * LD + (j % CPR) * 8) = v[i];
     }
 }
 
-// acc[mt][nt][i] += MMA warp cw's 32 x 32 tile over the BK columns in shared memory.
+// X (f16, converted once per matmul by mma_x_f16) tokens n0.. (MMA_BN), columns
+// k0..k0+BK-1, for s[MMA_BN][BK + MMA_PAD]. Job j = token j / (BK/8), chunk j % (BK/8) of
+// 8 halves (one 16-byte load; K is a multiple of 8, so a chunk is all in or all past K).
+template <int BK>
+__device__ __forceinline__ void mma_fetch_x(const __half* __restrict__ X, uint4 (&f)[MmaJobs<BK>::X], int p,
+                                            int n0, int k0, int N, int K) {
+    constexpr int CPR = BK / 8;
+#pragma unroll
+    for (int i = 0; i < MmaJobs<BK>::X; i++) {
+        const int j = p + i * MMA_LOADERS;
+        const int r = j / CPR, c = j % CPR;
+        const int n = n0 + r, k = k0 + 8 * c;
+        f[i] = (n < N && k < K) ? __ldg(reinterpret_cast<const uint4*>(X + (long long)n * K + k))
+                                : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int BK>
+__device__ __forceinline__ void mma_put_x(__half* s, const uint4 (&f)[MmaJobs<BK>::X], int p) {
+    constexpr int CPR = BK / 8, LD = BK + MMA_PAD;
+#pragma unroll
+    for (int i = 0; i < MmaJobs<BK>::X; i++) {
+        const int j = p + i * MMA_LOADERS;
+        *reinterpret_cast<uint4*>(s + (j / CPR) * LD + (j % CPR) * 8) = f[i];
+    }
+}
+
+// A stage (NW W tiles then the X tile) for the columns k0..k0+BK-1: fetched into registers,
+// then stored.
+template <int T, int NW, int BK>
+__device__ __forceinline__ void mma_fetch(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                          const __half* __restrict__ X, uint4 (&v0)[MmaJobs<BK>::W],
+                                          uint4 (&v1)[MmaJobs<BK>::W], uint4 (&f)[MmaJobs<BK>::X], int p, int m0,
+                                          int n0, int k0, int M, int N, int K, long long row_bytes) {
+    mma_fetch_w<T, BK>(W0, v0, p, m0, k0, M, K, row_bytes);
+    if (NW == 2) mma_fetch_w<T, BK>(W1, v1, p, m0, k0, M, K, row_bytes);
+    mma_fetch_x<BK>(X, f, p, n0, k0, N, K);
+}
+
+template <int NW, int BK>
+__device__ __forceinline__ void mma_put(__half* st, const uint4 (&v0)[MmaJobs<BK>::W],
+                                        const uint4 (&v1)[MmaJobs<BK>::W], const uint4 (&f)[MmaJobs<BK>::X], int p) {
+    constexpr int TILE = MMA_BM * (BK + MMA_PAD);
+    mma_put_w<BK>(st, v0, p);
+    if (NW == 2) mma_put_w<BK>(st + TILE, v1, p);
+    mma_put_x<BK>(st + NW * TILE, f, p);
+}
+
+// acc[mt][nt][i] += warp cw's 32 x 16 tile (rows wr.., tokens wn..) over the BK columns in
+// shared memory.
 // sw: W tile [MMA_BM][BK + MMA_PAD], sx: X tile [MMA_BN][BK + MMA_PAD].
 template <int BK>
-__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][4][4]) {
+__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][2][4]) {
     constexpr int LD = BK + MMA_PAD;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
 #if __CUDA_ARCH__ >= 800
-        uint32_t a[2][4], b[4][2];
+        uint32_t a[2][4], b[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             const __half* p = sw + (wr + mt * 16 + g) * LD + kk + 2 * t;
@@ -116,7 +169,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
             a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * LD + 8);
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < 2; nt++) {
             const __half* p = sx + (wn + nt * 8 + g) * LD + kk + 2 * t;
             b[nt][0] = *reinterpret_cast<const uint32_t*>(p);
             b[nt][1] = *reinterpret_cast<const uint32_t*>(p + 8);
@@ -124,7 +177,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
                 float* c = acc[mt][nt];
                 asm volatile(
                     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -138,7 +191,7 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const __half* pw = sw + (wr + mt * 16 + g + (i >> 1) * 8) * LD + kk;
@@ -152,65 +205,74 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
 }
 
 // NW = 1: Y = W X (mode 1: Y += W X). NW = 2 (gated unit): Y = act(Wg X) * (Wu X), mode 0
-// silu, 1 tanh gelu. Grid: (ceil(M / MMA_BM), ceil(N / MMA_BN)); block: MMA_THREADS.
+// silu, 1 tanh gelu. Grid: (ceil(M / MMA_BM), ceil(N / MMA_BN), S); block: MMA_THREADS.
 // A stage holds NW W tiles then the X tile, each [64][BK + MMA_PAD] halves.
+//
+// Split K (S = gridDim.z > 1, more blocks for few tiles): block z sums the slices
+// z * per .. min((z + 1) * per, nk) - 1 (per = ceil(nk / S)) and stores its raw sums of
+// weight w at P[((z * NW + w) * N + n) * M + m]; mma_reduce then adds the S partials in
+// order z = 0..S-1 (deterministic) and applies the epilogue (Y = / Y += / act(g) * u).
 template <int T, int NW>
 __device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
-                                         const float* __restrict__ X, float* __restrict__ Y, int K, int M,
-                                         int N, long long row_bytes, int mode) {
+                                         const __half* __restrict__ X, float* __restrict__ Y, int K, int M,
+                                         int N, long long row_bytes, int mode, float* __restrict__ P) {
     constexpr int BK = NW == 1 ? MMA_BK : MMA_BK_GLU;
     constexpr int TILE = MMA_BM * (BK + MMA_PAD);  // halves per tile (MMA_BN == MMA_BM)
     __shared__ __align__(16) __half stage[2][(NW + 1) * TILE];
     const int m0 = blockIdx.x * MMA_BM, n0 = blockIdx.y * MMA_BN;
-    const bool loader = threadIdx.x < MMA_LOADERS;
-    const int cw = (threadIdx.x >> 5) - MMA_LOADERS / 32;  // MMA warp 0..3 (loaders: negative)
-    const int nk = (K + BK - 1) / BK;
-    float acc[NW][2][4][4];
+    const int cw = threadIdx.x >> 5;  // warp 0..7
+    const int nk_all = (K + BK - 1) / BK;
+    const int per = (nk_all + gridDim.z - 1) / gridDim.z;
+    const int kb = blockIdx.z * per;                    // first slice of this block
+    const int nk = max(0, min(nk_all - kb, per));       // slices of this block
+    float acc[NW][2][2][4];
 #pragma unroll
     for (int w = 0; w < NW; w++)
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[w][mt][nt][i] = 0.f;
-    if (loader) {
-        mma_load_w<T, BK>(W0, stage[0], threadIdx.x, m0, 0, M, K, row_bytes);
-        if (NW == 2) mma_load_w<T, BK>(W1, stage[0] + TILE, threadIdx.x, m0, 0, M, K, row_bytes);
-        mma_load_x<BK>(X, stage[0] + NW * TILE, threadIdx.x, n0, 0, N, K);
+    if (nk > 0) {
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        mma_fetch<T, NW, BK>(W0, W1, X, v0, v1, f, threadIdx.x, m0, n0, kb * BK, M, N, K, row_bytes);
+        mma_put<NW, BK>(stage[0], v0, v1, f, threadIdx.x);
     }
     __syncthreads();
     for (int it = 0; it < nk; it++) {
-        // loaders fill stage (it+1)&1 while the MMA warps read stage it&1; the barrier at
-        // the end of the previous slice ended every read of the stage being filled
-        if (loader) {
-            if (it + 1 < nk) {
-                __half* st = stage[(it + 1) & 1];
-                const int k0 = (it + 1) * BK;
-                mma_load_w<T, BK>(W0, st, threadIdx.x, m0, k0, M, K, row_bytes);
-                if (NW == 2) mma_load_w<T, BK>(W1, st + TILE, threadIdx.x, m0, k0, M, K, row_bytes);
-                mma_load_x<BK>(X, st + NW * TILE, threadIdx.x, n0, k0, N, K);
-            }
-        } else {
-            const __half* st = stage[it & 1];
+        // every thread fetches slice it+1 into registers, multiplies stage it&1, then stores
+        // the fetched slice into stage (it+1)&1, last read before the previous barrier
+        const bool more = it + 1 < nk;
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        if (more)
+            mma_fetch<T, NW, BK>(W0, W1, X, v0, v1, f, threadIdx.x, m0, n0, (kb + it + 1) * BK, M, N, K,
+                                 row_bytes);
+        const __half* st = stage[it & 1];
 #pragma unroll
-            for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
-        }
+        for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
+        if (more) mma_put<NW, BK>(stage[(it + 1) & 1], v0, v1, f, threadIdx.x);
         __syncthreads();
     }
-    if (loader) return;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int wr = (cw & 1) * 32, wn = (cw >> 1) * 32;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
+    const bool split = gridDim.z > 1;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int m = m0 + wr + mt * 16 + g + (i >> 1) * 8;
                 const int n = n0 + wn + nt * 8 + 2 * t + (i & 1);
                 if (m < M && n < N) {
+                    if (split) {
+#pragma unroll
+                        for (int w = 0; w < NW; w++)
+                            P[(((long long)blockIdx.z * NW + w) * N + n) * M + m] = acc[w][mt][nt][i];
+                        continue;
+                    }
                     float* yp = Y + (long long)n * M + m;
                     if (NW == 1) {
                         const float v = acc[0][mt][nt][i];
@@ -224,16 +286,45 @@ __device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const u
 }
 
 #define RX_MMA(NAME, T)                                                                            \
-    RX_EXTERN void __launch_bounds__(MMA_THREADS) mma_##NAME(const uint8_t* W, const float* X,      \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS, 3) mma_##NAME(const uint8_t* W, const __half* X,  \
                                                              float* Y, int K, int M, int N,       \
-                                                             long long rb, int acc) {             \
-        mma_body<T, 1>(W, W, X, Y, K, M, N, rb, acc);                                              \
+                                                             long long rb, int acc, float* P) {   \
+        mma_body<T, 1>(W, W, X, Y, K, M, N, rb, acc, P);                                           \
     }                                                                                              \
-    RX_EXTERN void __launch_bounds__(MMA_THREADS) mmaglu_##NAME(const uint8_t* Wg, const uint8_t* Wu, \
-                                                                const float* X, float* Y, int K,  \
-                                                                int M, int N, long long rb, int act) { \
-        mma_body<T, 2>(Wg, Wu, X, Y, K, M, N, rb, act);                                            \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS, 3) mmaglu_##NAME(const uint8_t* Wg, const uint8_t* Wu, \
+                                                                const __half* X, float* Y, int K,  \
+                                                                int M, int N, long long rb, int act, \
+                                                                float* P) {                       \
+        mma_body<T, 2>(Wg, Wu, X, Y, K, M, N, rb, act, P);                                         \
     }
+
+// x [n] float32 -> f16 (n a multiple of 4), the tensor-core kernels' X: converted once per
+// matmul (or once for the q/k/v of one x), then read as 16-byte chunks.
+RX_EXTERN void mma_x_f16(const float* __restrict__ x, __half* __restrict__ y, long long n) {
+    for (long long e = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x); e < n;
+         e += 4LL * gridDim.x * blockDim.x) {
+        const float4 f = *reinterpret_cast<const float4*>(x + e);
+        *reinterpret_cast<uint2*>(y + e) = make_uint2(pack_half2(f.x, f.y), pack_half2(f.z, f.w));
+    }
+}
+
+// The split-K epilogue: P [S][NW][NM] partial sums (NM = N * M) -> Y [NM]. NW = 1: Y = sum
+// (mode 1: Y += sum); NW = 2: Y = act(sum of gate) * (sum of up), mode 0 silu, 1 tanh gelu.
+RX_EXTERN void mma_reduce(const float* __restrict__ P, float* __restrict__ Y, int S, int NW, long long NM,
+                          int mode) {
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < NM;
+         e += (long long)gridDim.x * blockDim.x) {
+        float g = 0.f, u = 0.f;
+        for (int z = 0; z < S; z++) {
+            g += P[(long long)z * NW * NM + e];
+            if (NW == 2) u += P[((long long)z * NW + 1) * NM + e];
+        }
+        if (NW == 1)
+            Y[e] = mode ? Y[e] + g : g;
+        else
+            Y[e] = (mode ? gelu_tanh(g) : silu(g)) * u;
+    }
+}
 
 RX_MMA(f16, T_F16)
 RX_MMA(bf16, T_BF16)

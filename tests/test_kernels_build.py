@@ -313,7 +313,16 @@ class RecordingRuntime:
             def memset_d8_async(ptr, value, count, stream):
                 rt.memsets.append((ptr, value, count))
 
+            class device_attribute:
+                MULTIPROCESSOR_COUNT = "sms"
+
+        class Device:
+            @staticmethod
+            def get_attribute(attr):
+                return {"sms": 132}[attr]  # an H100 / H200
+
         self.drv = Drv()
+        self.device = Device()
 
     def kernel(self, name):
         rt = self
@@ -493,40 +502,76 @@ def test_cuda_ops_matmul_glu_launches(fake_ops):
 
 
 def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
-    """From MMA_MIN_N rows on, matmul / matmul_glu / matmul_n launch the mma kernels over
-    (rows / 64, tokens / 64) tiles; f32 weights and ops.mma off keep the per-row kernels."""
+    """From MMA_MIN_N rows on, matmul / matmul_glu / matmul_n convert x to f16 once
+    (mma_x_f16) and launch the mma kernels over (rows / 64, tokens / 64, K splits) blocks;
+    K is split while the grid fits 3 blocks per SM on the device's
+    132 SMs (the gated unit too), and split launches end with mma_reduce over a scratch of the partial sums;
+    f32 weights and ops.mma off keep the per-row kernels."""
     from reflex_ipc.backends.cuda_ops import MMA_MIN_N
     from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
 
     ops = fake_ops
     wq = DeviceWeight(0x10000, (4097, 1024), 12, "Q4_K", 4 * 144, "q")
-    for n, gy in ((MMA_MIN_N, 1), (64, 1), (65, 2), (500, 8), (512, 8)):
+    # 65 row tiles; 16 slices of 64 columns: S = min(396 // tiles, 16), trimmed so that
+    # ceil(16 / S) slices per split leave none empty (6 -> 3 a split -> 6; 3 -> 6 -> 3)
+    for n, gy, S in ((MMA_MIN_N, 1, 6), (64, 1, 6), (65, 2, 3), (500, 8, 1), (512, 8, 1)):
         x = DeviceArray.empty(ops.pool, (n, 1024))
-        y = ops.matmul(x, wq)
-        name, grid, block, args = ops.rt.launches[-1]
-        assert (name, grid, block) == ("mma_q4_k", (65, gy, 1), (256, 1, 1))
-        assert args == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 0) and y.shape == (n, 4097)
-        ops.matmul(x, wq, out=y, accumulate=True)
-        assert ops.rt.launches[-1][3] == (wq.ptr, x.ptr, y.ptr, 1024, 4097, n, 4 * 144, 1)
+        for acc in (0, 1):
+            before = len(ops.rt.launches)
+            y = ops.matmul(x, wq) if not acc else ops.matmul(x, wq, out=y, accumulate=True)
+            launches = ops.rt.launches[before:]
+            assert [launch[0] for launch in launches] == ["mma_x_f16", "mma_q4_k"] + ["mma_reduce"] * (S > 1)
+            conv, mma = launches[0], launches[1]
+            xh = conv[3][1]
+            assert conv[3] == (x.ptr, xh, n * 1024) and conv[2] == (256, 1, 1)
+            assert conv[1][0] * 256 * 4 >= n * 1024  # every float4 of x has a thread
+            assert mma[1:3] == ((65, gy, S), (256, 1, 1))
+            P = mma[3][-1]
+            assert mma[3][:-1] == (wq.ptr, xh, y.ptr, 1024, 4097, n, 4 * 144, acc) and y.shape == (n, 4097)
+            assert xh not in (x.ptr, y.ptr)
+            if S > 1:
+                red = launches[2]
+                assert red[3] == (P, y.ptr, S, 1, n * 4097, acc) and P not in (0, xh, x.ptr, y.ptr)
+                assert red[1][0] * 256 >= min(n * 4097, 8 * 132 * 256)
+            else:
+                assert P == 0
     x = DeviceArray.empty(ops.pool, (MMA_MIN_N - 1, 1024))
     ops.matmul(x, wq)
     assert ops.rt.launches[-1][0] == "mm8_q4_k"
-    # gated unit: one fused launch
+    # gated unit: one fused launch; 48 x 2 tiles, 32 slices of 32 columns: 396 // 96 = 4 splits
     wg = DeviceWeight(0x20000, (3072, 1024), 8, "Q8_0", 32 * 34, "gate")
     wu = DeviceWeight(0x30000, (3072, 1024), 8, "Q8_0", 32 * 34, "up")
     x = DeviceArray.empty(ops.pool, (100, 1024))
+    before = len(ops.rt.launches)
     y = ops.matmul_glu(x, wg, wu, act="gelu")
-    name, grid, block, args = ops.rt.launches[-1]
-    assert (name, grid, block) == ("mmaglu_q8_0", (48, 2, 1), (256, 1, 1))
-    assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3072, 100, 32 * 34, 1) and y.shape == (100, 3072)
-    # q/k/v of one format: one tensor-core launch per weight
+    launches = ops.rt.launches[before:]
+    assert [launch[0] for launch in launches] == ["mma_x_f16", "mmaglu_q8_0", "mma_reduce"]
+    name, grid, block, args = launches[1]
+    xh, P = launches[0][3][1], args[-1]
+    assert (grid, block) == ((48, 2, 4), (256, 1, 1))
+    assert args[:-1] == (wg.ptr, wu.ptr, xh, y.ptr, 1024, 3072, 100, 32 * 34, 1) and y.shape == (100, 3072)
+    assert launches[2][3] == (P, y.ptr, 4, 2, 100 * 3072, 1)
+    # 512 tokens: 384 tiles fill the SMs, no split
+    x = DeviceArray.empty(ops.pool, (512, 1024))
+    before = len(ops.rt.launches)
+    ops.matmul_glu(x, wg, wu)
+    launches = ops.rt.launches[before:]
+    assert [launch[0] for launch in launches] == ["mma_x_f16", "mmaglu_q8_0"]
+    assert launches[1][1] == (48, 8, 1) and launches[1][3][-1] == 0 and launches[1][3][-2] == 0
+    # q/k/v of one format: x converted once, one tensor-core launch per weight
     wk = DeviceWeight(0x40000, (1024, 1024), 8, "Q8_0", 32 * 34, "k")
+    x = DeviceArray.empty(ops.pool, (100, 1024))
     before = len(ops.rt.launches)
     q, k, v = ops.matmul_n(x, [wg, wk, wk])
     launches = ops.rt.launches[before:]
-    assert [launch[0] for launch in launches] == ["mma_q8_0"] * 3
-    assert [launch[3][2] for launch in launches] == [q.ptr, k.ptr, v.ptr] and len({q.ptr, k.ptr, v.ptr}) == 3
-    assert [launch[1] for launch in launches] == [(48, 2, 1), (16, 2, 1), (16, 2, 1)]
+    # q: 96 tiles -> 4 splits of 4 slices; k, v: 32 tiles -> 12 -> 2 slices a split -> 8
+    assert [launch[0] for launch in launches] == ["mma_x_f16"] + ["mma_q8_0", "mma_reduce"] * 3
+    xh = launches[0][3][1]
+    mmas = launches[1::2]
+    assert [launch[3][1] for launch in mmas] == [xh] * 3
+    assert [launch[3][2] for launch in mmas] == [q.ptr, k.ptr, v.ptr] and len({q.ptr, k.ptr, v.ptr}) == 3
+    assert [launch[1] for launch in mmas] == [(48, 2, 4), (16, 2, 8), (16, 2, 8)]
+    assert [launch[3][1] for launch in launches[2::2]] == [q.ptr, k.ptr, v.ptr]
     # float32 weights are not rounded to f16: the per-row kernels
     w32 = DeviceWeight(0x50000, (64, 1024), 0, "F32", 4096, "w32")
     ops.matmul(x, w32)

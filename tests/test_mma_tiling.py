@@ -16,12 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def header_constants():
     src = open(os.path.join(ROOT, "kernels", "mma.cuh")).read()
-    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS"
+    names = "MMA_BM|MMA_BN|MMA_BK|MMA_BK_GLU|MMA_PAD|MMA_LOADERS|MMA_THREADS|MMA_WN"
     return {k: int(v) for k, v in re.findall(rf"#define ({names}) (\d+)", src)}
 
 
 C = header_constants()
-BM, BN, PAD, LOADERS, THREADS = C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"]
+BM, BN, PAD, LOADERS, THREADS, WN = (C["MMA_BM"], C["MMA_BN"], C["MMA_PAD"], C["MMA_LOADERS"], C["MMA_THREADS"],
+                                     C["MMA_WN"])
+WARPS = THREADS // 32
 LANES = np.arange(32)
 G, T = LANES >> 2, LANES & 3  # groupID, threadID_in_group
 
@@ -95,16 +97,19 @@ def load_w(s, off, W, m0, k0, M, K, BK):
 
 
 def load_x(s, off, X, n0, k0, N, K, BK):
-    LD, qpr = BK + PAD, BK // 4
+    """mma_fetch_x + mma_put_x: X (already f16 from mma_x_f16) in chunks of 8 halves."""
+    LD, cpr = BK + PAD, BK // 8
     written = np.zeros(BN * LD, int)
     for p in range(LOADERS):
-        for i in range(BN * qpr // LOADERS):
+        for i in range(BN * cpr // LOADERS):
             j = p + i * LOADERS
-            r, q = j // qpr, j % qpr
-            n, k = n0 + r, k0 + 4 * q
-            v = X[n, k:k + 4] if (n < N and k < K) else np.zeros(4)
-            s[off + r * LD + 4 * q:off + r * LD + 4 * q + 4] = v
-            written[r * LD + 4 * q:r * LD + 4 * q + 4] += 1
+            r, c = j // cpr, j % cpr
+            n, k = n0 + r, k0 + 8 * c
+            assert k % 8 == 0 and (n * K + k) % 8 == 0  # a 16-byte load (K is a multiple of 8)
+            v = X[n, k:k + 8] if (n < N and k < K) else np.zeros(8)
+            assert (r * LD + c * 8) % 8 == 0  # a 16-byte store
+            s[off + r * LD + c * 8:off + r * LD + c * 8 + 8] = v
+            written[r * LD + c * 8:r * LD + c * 8 + 8] += 1
     assert (written.reshape(BN, LD)[:, :BK] == 1).all()
 
 
@@ -115,9 +120,9 @@ def u32(s, idx):
 
 
 def tile(s, w_off, x_off, cw, acc, BK):
-    """mma_tile of MMA warp cw: acc [2][4] of [32, 4] arrays, updated in place."""
+    """mma_tile of warp cw: acc [2][2] of [32, 4] arrays, updated in place."""
     LD = BK + PAD
-    wr, wn = (cw & 1) * 32, (cw >> 1) * 32
+    wr, wn = (cw & 1) * 32, (cw >> 1) * WN
     for kk in range(0, BK, 16):
         a = {}
         for mt in range(2):
@@ -125,88 +130,131 @@ def tile(s, w_off, x_off, cw, acc, BK):
             regs = [u32(s, p), u32(s, p + 8 * LD), u32(s, p + 8), u32(s, p + 8 * LD + 8)]
             a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
         b = {}
-        for nt in range(4):
+        for nt in range(2):
             p = x_off + (wn + nt * 8 + G) * LD + kk + 2 * T
             regs = [u32(s, p), u32(s, p + 8)]
             b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
         for mt in range(2):
-            for nt in range(4):
+            for nt in range(2):
                 acc[mt][nt] = warp_mma(a[mt], b[nt], acc[mt][nt])
 
 
-def emulate(Ws, X, Y, mode):
-    """mma_body<T, len(Ws)> over its whole grid: Ws [M, K] float weights (already dequantized).
-    Shared memory is NaN until written, so a read of a slot not yet loaded poisons the sums."""
+def act(v, mode):
+    return v / (1 + np.exp(-v)) if mode == 0 else \
+        0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
+def emulate(Ws, X, Y, mode, S=1):
+    """mma_body<T, len(Ws)> over its whole grid (x, y, S), then for S > 1 mma_reduce: Ws
+    [M, K] float weights (already dequantized). Shared memory and the partial-sum scratch
+    are NaN until written, so a read of a slot not yet loaded or stored poisons the sums."""
     NW = len(Ws)
     BK = C["MMA_BK"] if NW == 1 else C["MMA_BK_GLU"]
     TILE = BM * (BK + PAD)
     M, K = Ws[0].shape
     N = X.shape[0]
-    nk = (K + BK - 1) // BK
-    n_mma_warps = (THREADS - LOADERS) // 32
-    grid = ((M + BM - 1) // BM, (N + BN - 1) // BN)
+    assert K % 8 == 0
+    nk_all = (K + BK - 1) // BK
+    per = (nk_all + S - 1) // S
+    assert LOADERS == THREADS  # every thread loads, every warp multiplies
+    n_mma_warps = WARPS
+    grid = ((M + BM - 1) // BM, (N + BN - 1) // BN, S)
+    P = np.full(S * NW * N * M, np.nan)
     for bx in range(grid[0]):
         for by in range(grid[1]):
-            m0, n0 = bx * BM, by * BN
-            stage = [np.full((NW + 1) * TILE, np.nan) for _ in range(2)]
-            acc = [[[[np.zeros((32, 4)) for _ in range(4)] for _ in range(2)] for _ in Ws]
-                   for _ in range(n_mma_warps)]
+            for bz in range(grid[2]):
+                m0, n0 = bx * BM, by * BN
+                kb = bz * per
+                nk = max(0, min(nk_all - kb, per))
+                stage = [np.full((NW + 1) * TILE, np.nan) for _ in range(2)]
+                acc = [[[[np.zeros((32, 4)) for _ in range(2)] for _ in range(2)] for _ in Ws]
+                       for _ in range(n_mma_warps)]
 
-            def fill(st, k0):
-                for w in range(NW):
-                    load_w(st, w * TILE, Ws[w], m0, k0, M, K, BK)
-                load_x(st, NW * TILE, X, n0, k0, N, K, BK)
-
-            fill(stage[0], 0)
-            for it in range(nk):  # between two barriers: loaders write first (the harsher order)
-                if it + 1 < nk:
-                    stage[(it + 1) & 1][:] = np.nan  # what was there is dead
-                    fill(stage[(it + 1) & 1], (it + 1) * BK)
-                st = stage[it & 1]
-                for cw in range(n_mma_warps):
+                def fill(st, k0):
                     for w in range(NW):
-                        tile(st, w * TILE, NW * TILE, cw, acc[cw][w], BK)
-            for cw in range(n_mma_warps):
-                wr, wn = (cw & 1) * 32, (cw >> 1) * 32
-                for mt in range(2):
-                    for nt in range(4):
-                        for i in range(4):
-                            m = m0 + wr + mt * 16 + G + (i >> 1) * 8
-                            n = n0 + wn + nt * 8 + 2 * T + (i & 1)
-                            ok = (m < M) & (n < N)
-                            mm, nn = m[ok], n[ok]
-                            v = acc[cw][0][mt][nt][ok, i]
-                            if NW == 1:
-                                Y[nn, mm] = Y[nn, mm] + v if mode else v
-                            else:
-                                u = acc[cw][1][mt][nt][ok, i]
-                                act = v / (1 + np.exp(-v)) if mode == 0 else \
-                                    0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
-                                Y[nn, mm] = act * u
+                        load_w(st, w * TILE, Ws[w], m0, k0, M, K, BK)
+                    load_x(st, NW * TILE, X, n0, k0, N, K, BK)
+
+                if nk > 0:
+                    fill(stage[0], kb * BK)
+                # between two barriers every thread fetches slice it+1, multiplies stage it&1 and
+                # stores into stage (it+1)&1; here the store comes first (the harsher order)
+                for it in range(nk):
+                    if it + 1 < nk:
+                        stage[(it + 1) & 1][:] = np.nan  # what was there is dead
+                        fill(stage[(it + 1) & 1], (kb + it + 1) * BK)
+                    st = stage[it & 1]
+                    for cw in range(n_mma_warps):
+                        for w in range(NW):
+                            tile(st, w * TILE, NW * TILE, cw, acc[cw][w], BK)
+                for cw in range(n_mma_warps):
+                    wr, wn = (cw & 1) * 32, (cw >> 1) * WN
+                    for mt in range(2):
+                        for nt in range(2):
+                            for i in range(4):
+                                m = m0 + wr + mt * 16 + G + (i >> 1) * 8
+                                n = n0 + wn + nt * 8 + 2 * T + (i & 1)
+                                ok = (m < M) & (n < N)
+                                mm, nn = m[ok], n[ok]
+                                v = acc[cw][0][mt][nt][ok, i]
+                                if S > 1:
+                                    for w in range(NW):
+                                        P[((bz * NW + w) * N + nn) * M + mm] = acc[cw][w][mt][nt][ok, i]
+                                elif NW == 1:
+                                    Y[nn, mm] = Y[nn, mm] + v if mode else v
+                                else:
+                                    Y[nn, mm] = act(v, mode) * acc[cw][1][mt][nt][ok, i]
+    if S > 1:  # mma_reduce over e = n * M + m
+        y = Y.reshape(-1)
+        g = sum(P[z * NW * N * M:(z * NW + 1) * N * M] for z in range(S))
+        if NW == 1:
+            y[:] = y + g if mode else g
+        else:
+            u = sum(P[(z * NW + 1) * N * M:(z * NW + 2) * N * M] for z in range(S))
+            y[:] = act(g, mode) * u
     return Y
 
 
-@pytest.mark.parametrize("M,N,K", [(70, 20, 136), (64, 64, 64), (129, 65, 40)])
-def test_emulated_mma_matches_matmul(M, N, K):
-    rng = np.random.default_rng(M * 1000 + N)
+def splits(nk, s):
+    """cuda_ops._mma_splits' trim: S such that ceil(nk / S) slices a split leave none empty."""
+    per = -(-nk // s)
+    return -(-nk // per)
+
+
+@pytest.mark.parametrize("M,N,K,S", [(70, 20, 136, 1), (64, 64, 64, 1), (129, 65, 40, 1), (70, 20, 328, 3),
+                                     (70, 9, 328, 6), (129, 65, 200, 4)])
+def test_emulated_mma_matches_matmul(M, N, K, S):
+    rng = np.random.default_rng(M * 1000 + N + K)
     W = rng.standard_normal((M, K))
     X = rng.standard_normal((N, K))
-    Y = emulate([W], X, np.full((N, M), np.nan), 0)
+    Y = emulate([W], X, np.full((N, M), np.nan), 0, S)
     np.testing.assert_allclose(Y, X @ W.T, rtol=1e-10, atol=1e-10)
     # accumulate: Y += x W^T over an existing output
     Y0 = rng.standard_normal((N, M))
-    Y = emulate([W], X, Y0.copy(), 1)
+    Y = emulate([W], X, Y0.copy(), 1, S)
     np.testing.assert_allclose(Y, Y0 + X @ W.T, rtol=1e-10, atol=1e-10)
 
 
-def test_emulated_mma_glu():
+@pytest.mark.parametrize("S", [1, 2, 4])
+def test_emulated_mma_glu(S):
     rng = np.random.default_rng(7)
     M, N, K = 70, 19, 104
     Wg, Wu = rng.standard_normal((M, K)), rng.standard_normal((M, K))
     X = rng.standard_normal((N, K))
-    Y = emulate([Wg, Wu], X, np.full((N, M), np.nan), 0)
     g, u = X @ Wg.T, X @ Wu.T
-    np.testing.assert_allclose(Y, g / (1 + np.exp(-g)) * u, rtol=1e-10, atol=1e-10)
+    for mode in (0, 1):
+        Y = emulate([Wg, Wu], X, np.full((N, M), np.nan), mode, S)
+        np.testing.assert_allclose(Y, act(g, mode) * u, rtol=1e-10, atol=1e-10)
+
+
+def test_split_counts_leave_no_split_empty():
+    """Every block of a split grid gets at least one slice, and the slices are covered once."""
+    for nk in range(1, 60):
+        for s0 in range(1, nk + 1):
+            S = splits(nk, s0)
+            per = -(-nk // S)
+            sizes = [max(0, min(nk - z * per, per)) for z in range(S)]
+            assert 1 <= S <= s0 and min(sizes) >= 1 and sum(sizes) == nk
 
 
 @pytest.mark.parametrize("bk", ["MMA_BK", "MMA_BK_GLU"])
@@ -225,3 +273,16 @@ def test_shared_fragment_loads_are_bank_conflict_free(bk):
 def test_shared_memory_fits_the_static_limit():
     for NW, bk in ((1, "MMA_BK"), (2, "MMA_BK_GLU")):
         assert 2 * (NW + 1) * BM * (C[bk] + PAD) * 2 <= 48 * 1024
+
+
+def test_warps_cover_the_block_tile():
+    """The 8 warps' 32 x 16 tiles (2 along the rows x 4 along the tokens) cover the
+    MMA_BM x MMA_BN output tile once."""
+    cover = np.zeros((BM, BN), int)
+    for cw in range(WARPS):
+        wr, wn = (cw & 1) * 32, (cw >> 1) * WN
+        for mt in range(2):
+            for nt in range(2):
+                for i in range(4):
+                    np.add.at(cover, (wr + mt * 16 + G + (i >> 1) * 8, wn + nt * 8 + 2 * T + (i & 1)), 1)
+    assert (cover == 1).all()

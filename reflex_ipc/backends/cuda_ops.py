@@ -25,12 +25,18 @@ EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
 # these formats, sm_80+; REFLEX_MMA=0 keeps every matmul on the per-row kernels (A/B runs).
-# Below a full tile of 64 tokens the per-row kernels read each weight at most 8 times and
-# spread over many more blocks (a [1024, K] weight is only 16 tensor-core blocks), so short
-# prompts stay there; opchecks.bench_gemm's N sweep shows where the crossover is.
+# Device time on the H200 (split K, below): a [1024, 1024] Q8_0 weight ~15 us at N = 32..128
+# (x conversion, mma, reduce: three launches) against 14 / 31 / 48 us on the per-row kernels,
+# but launched eagerly from Python the three launches cost ~30 us of host time whatever N
+# (opchecks.bench_gemm's sweep), which the one per-row launch beats below 64 tokens.
 MMA_MIN_N = 64
 MMA_FORMATS = frozenset(t for t in MM_KERNEL if t != F32)  # f32 would lose bits as f16
 MMA_BM, MMA_BN, MMA_THREADS = 64, 64, 256  # MMA_BM, MMA_BN, MMA_THREADS in mma.cuh
+MMA_BK = {1: 64, 2: 32}  # columns per slice: MMA_BK (one weight), MMA_BK_GLU (gated unit)
+# resident blocks per SM of mma_* / mmaglu_* (their __launch_bounds__ minimum in mma.cuh):
+# K is split over blocks until the grid fills that many per SM (one wave), since a block is
+# bound by its serial walk over K, not by the tensor cores
+MMA_BLOCKS_PER_SM = {1: 3, 2: 3}
 NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # one-token matvecs of at most this many rows run a block per row, its threads over K (fused.cuh's
@@ -295,13 +301,51 @@ class CudaOps:
         """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
         return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
 
-    @staticmethod
-    def _mma_launch(M, N):
-        """(grid, block) of the tensor-core kernels: one block per MMA_BM rows x MMA_BN tokens."""
-        return ((M + MMA_BM - 1) // MMA_BM, (N + MMA_BN - 1) // MMA_BN, 1), (MMA_THREADS, 1, 1)
+    def _sm_count(self):
+        n = getattr(self, "_sms", None)
+        if n is None:
+            drv = self.rt.drv
+            n = self._sms = self.rt.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        return n
 
-    def matmul(self, x, w, out=None, accumulate=False):
-        """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T)."""
+    def _mma_splits(self, M, N, K, nw):
+        """How many blocks share K (grid z) for an [M, K] weight (nw of them: 1, or 2 for the
+        gated unit) times N tokens: as many as fill the SMs with MMA_BLOCKS_PER_SM blocks each
+        (one wave), at most one per slice; every split gets ceil(slices / S) slices, so S is
+        trimmed until none is empty."""
+        tiles = -(-M // MMA_BM) * -(-N // MMA_BN)
+        nk = -(-K // MMA_BK[nw])
+        s = max(1, min(MMA_BLOCKS_PER_SM[nw] * self._sm_count() // tiles, nk))
+        per = -(-nk // s)
+        return -(-nk // per)
+
+    def _mma_x16(self, x):
+        """x (float32, size a multiple of 8) as f16: the tensor-core kernels' X operand."""
+        xh = self.empty((x.size,), "float16")
+        blocks = min(-(-x.size // (4 * EW_BLOCK)), 8 * self._sm_count())
+        self.k("mma_x_f16")((blocks, 1, 1), (EW_BLOCK, 1, 1), x.ptr, xh.ptr, x.size)
+        return xh
+
+    def _mma(self, ws, xh, out, K, M, N, mode):
+        """out [N, M] = ws[0] xh^T (mode 1: +=), or for two weights act(Wg xh^T) * (Wu xh^T)
+        (mode 0 silu, 1 tanh gelu), xh from _mma_x16. Split K: the blocks' partial sums go to
+        a scratch P [S][nw][N][M] and mma_reduce adds them in order (deterministic) and
+        applies the epilogue."""
+        nw = len(ws)
+        S = self._mma_splits(M, N, K, nw)
+        grid = (-(-M // MMA_BM), -(-N // MMA_BN), S)
+        P = self.empty((S * nw * N * M,)) if S > 1 else None
+        name = f"{'mma' if nw == 1 else 'mmaglu'}_{MM_KERNEL[ws[0].ggml_type]}"
+        self.k(name)(grid, (MMA_THREADS, 1, 1), *[w.ptr for w in ws], xh.ptr, out.ptr, K, M, N, ws[0].row_bytes,
+                     mode, P.ptr if S > 1 else 0)
+        if S > 1:
+            blocks = min(-(-(N * M) // EW_BLOCK), 8 * self._sm_count())
+            self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P.ptr, out.ptr, S, nw, N * M, mode)
+        return out
+
+    def matmul(self, x, w, out=None, accumulate=False, xh=None):
+        """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T).
+        xh: x as f16 from _mma_x16 when the caller has it (matmul_n: q, k, v share one)."""
         w = self._as_weight(w)
         M, K, N = self._mm_shape(x, w)
         if out is None:
@@ -309,10 +353,8 @@ class CudaOps:
                 raise ValueError("matmul: accumulate=True needs out")
             out = self.empty(x.shape[:-1] + (M,))
         if self._use_mma(w, N):
-            grid, block = self._mma_launch(M, N)
-            self.k(f"mma_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
-                                                    1 if accumulate else 0)
-            return out
+            return self._mma((w,), xh if xh is not None else self._mma_x16(x), out, K, M, N,
+                             1 if accumulate else 0)
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
@@ -334,10 +376,13 @@ class CudaOps:
             by_type.setdefault(w.ggml_type, []).append(i)
         outs = [None] * len(ws)
         N = x.size // ws[0].shape[1]
+        xh = None
         for idx in by_type.values():
             if len(idx) == 1 or self._use_mma(ws[idx[0]], N):  # tensor-core tiles: one launch each
+                if xh is None and self._use_mma(ws[idx[0]], N):
+                    xh = self._mma_x16(x)  # converted once for all the weights
                 for i in idx:
-                    outs[i] = self.matmul(x, ws[i])
+                    outs[i] = self.matmul(x, ws[i], xh=xh)
                 continue
             group = [ws[i] for i in idx]
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
@@ -364,10 +409,7 @@ class CudaOps:
             return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
         out = self.empty(x.shape[:-1] + (M,))
         if self._use_mma(w_gate, N):
-            grid, block = self._mma_launch(M, N)
-            self.k(f"mmaglu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
-                                                            K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
-            return out
+            return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)

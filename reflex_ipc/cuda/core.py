@@ -62,8 +62,10 @@ for _t in MM_TYPES:
 # tensor-core prefill matmuls (kernels/mma.cuh): every block format, and f16/bf16
 MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
 for _t in MMA_TYPES:
-    SIGNATURES[f"mma_{_t}"] = "QQQiiiqi"  # W X Y K M N rb accumulate
-    SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
+    SIGNATURES[f"mma_{_t}"] = "QQQiiiqiQ"  # W Xh Y K M N rb accumulate P
+    SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqiQ"  # Wg Wu Xh Y K M N rb act P
+SIGNATURES["mma_x_f16"] = "QQq"  # x xh n
+SIGNATURES["mma_reduce"] = "QQiiqi"  # P Y S NW NM mode
 
 
 class Kernel:

@@ -1187,6 +1187,7 @@ def bench_gemm(ops, rng):
                     res[f"{key}_tflops"] = round(flops / (ms / 1e3) / 1e12, 2)
             res["speedup"] = round(res["rows_us"] / res["mma_us"], 2)
             out.append(res)
+        out.append(_bench_model_layer(ops, rng, drv, N, mma0))
         # where the tensor-core kernels start to pay (CudaOps.MMA_MIN_N): short prompts
         for name, M, K in (("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q4_K", 1024, 3072)):
             w = _weights(ops, {"w": (name, M, K)}, rng)["w"][0]
@@ -1215,6 +1216,59 @@ def bench_gemm(ops, rng):
         if "mma_min_n" in vars(ops):
             del ops.mma_min_n
     return out
+
+
+# the matmuls of one layer of a Qwen3-0.6B-shaped model (hidden 1024, q 2048 = 16 heads x
+# 128, k/v 1024, ff 3072, 28 layers) as its prefill runs them: q/k/v in one matmul_n, o,
+# gate/up in one matmul_glu, down (name, M, K, weights)
+QWEN3_06B_LAYER = (("qkv", (2048, 1024, 1024), 1024), ("o", (1024,), 2048), ("glu", (3072,), 1024),
+                   ("down", (1024,), 3072))
+QWEN3_06B_LAYERS = 28
+
+
+def _bench_model_layer(ops, rng, drv, N, mma0):
+    """us per call of each matmul of a Qwen3-0.6B layer at N tokens, tensor-core and per-row
+    kernels, and their sum per layer and for the 28 layers (the prefill's matmul time; a
+    512-token prefill at llama.cpp's ~30-60k tok/s takes ~10-15 ms in all)."""
+    res = {"model": "qwen3-0.6b-shaped layer", "N": N}
+    for name in ("Q8_0", "Q4_K"):
+        specs = {}
+        for op, Ms, K in QWEN3_06B_LAYER:
+            for i, M in enumerate(Ms if op != "glu" else Ms * 2):
+                specs[f"{op}{i}"] = (name, M, K)
+        W = _weights(ops, specs, rng)
+        w = {k: v[0] for k, v in W.items()}
+        xs = {K: ops.asarray(rng.standard_normal((N, K)).astype(np.float32)) for K in (1024, 2048, 3072)}
+        y = {M: ops.empty((N, M)) for M in (1024, 3072)}
+        calls = {"qkv": lambda: ops.matmul_n(xs[1024], [w["qkv0"], w["qkv1"], w["qkv2"]]),
+                 "o": lambda: ops.matmul(xs[2048], w["o0"], out=y[1024]),
+                 "glu": lambda: ops.matmul_glu(xs[1024], w["glu0"], w["glu1"]),
+                 "down": lambda: ops.matmul(xs[3072], w["down0"], out=y[1024])}
+        for mode in (True, False):
+            ops.mma = mode and mma0
+            tag = "mma" if mode else "rows"
+            layer = 0.0
+            for op, fn in calls.items():
+                fn()
+                ops.synchronize()
+                reps = 20 if mode else 5
+                e0, e1 = drv.Event(), drv.Event()
+                e0.record(ops.rt.stream)
+                for _ in range(reps):
+                    fn()
+                e1.record(ops.rt.stream)
+                e1.synchronize()
+                us = e1.time_since(e0) / reps * 1e3
+                res[f"{name} {op} {tag}_us"] = round(us, 1)
+                layer += us
+            res[f"{name} layer {tag}_us"] = round(layer, 1)
+            res[f"{name} model x{QWEN3_06B_LAYERS} {tag}_ms"] = round(layer * QWEN3_06B_LAYERS / 1e3, 2)
+            res[f"{name} matmul-only tok/s {tag}"] = round(N / (layer * QWEN3_06B_LAYERS / 1e6))
+        ops.mma = mma0
+    print(f"[bench] qwen3-0.6b-shaped matmuls, N={N}: " +
+          ", ".join(f"{k}={v}" for k, v in res.items() if "layer" in k or "model" in k or "tok/s" in k),
+          flush=True)
+    return res
 
 
 def run_all(ops, seed=0):

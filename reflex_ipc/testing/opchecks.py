@@ -431,6 +431,7 @@ def check_rms_norm_matmul_glu(ops, rng):
                     rows += _graph_rows(ops, "rms_norm_matmul_glu", case,
                                         lambda: rms_norm_matmul_glu(ops, X, NW, 1e-6, wg, wu, act="silu"), X, x2,
                                         [g2 / (1 + np.exp(-g2)) * u2], 2e-5)
+                    ops.write(X, x)  # the graph rows left x2 in X: the gelu case reads X next
     return rows
 
 

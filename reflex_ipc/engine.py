@@ -527,6 +527,8 @@ class Runner:
             saved = self.save_state(kv_export)
             extra_t.update(saved.pop("timings"))
             extra_out["kv_export"] = saved
+        if max_tokens > 0:
+            self.ops.synchronize()  # an asynchronous backend's prefill ends here, not at its last launch
         t_prompt = time.perf_counter()
         tokens = ex.decode(logits, choose, check) if max_tokens > 0 else iter(())
         for tid in tokens:

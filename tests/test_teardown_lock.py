@@ -1,4 +1,4 @@
-"""REFLEX_TEARDOWN=after-init: an exiting process waits while a start-up holds the init lock."""
+"""An exiting process waits while a start-up holds the init lock (the default; REFLEX_TEARDOWN=now: off)."""
 import os
 import time
 
@@ -6,7 +6,7 @@ import reflex_ipc.cuda as cuda
 
 
 def test_teardown_waits_for_init_then_goes(monkeypatch, tmp_path):
-    monkeypatch.setenv("REFLEX_TEARDOWN", "after-init")
+    monkeypatch.delenv("REFLEX_TEARDOWN", raising=False)  # the default
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     fd = cuda._hold_init_lock()
     assert fd is not None
@@ -19,8 +19,8 @@ def test_teardown_waits_for_init_then_goes(monkeypatch, tmp_path):
     assert time.monotonic() - t < 1.0  # free: goes at once
 
 
-def test_off_by_default(monkeypatch, tmp_path):
-    monkeypatch.delenv("REFLEX_TEARDOWN", raising=False)
+def test_now_turns_it_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("REFLEX_TEARDOWN", "now")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert cuda._hold_init_lock() is None
     t = time.monotonic()

@@ -621,6 +621,7 @@ typedef struct {
     int64_t N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window;
     float scale, softcap;
     int causal, f16;
+    int64_t ldv; /* values: row t of kv head h at vc + ((h * n_slots) + t) * ldv */
 } attn_job;
 
 static void attn_chunk(void *p, int64_t c) {
@@ -660,8 +661,8 @@ static void attn_chunk(void *p, int64_t c) {
     for (int64_t t = lo; t <= hi; t++) {
         float pw = s[t - lo];
         if (pw == 0.f) continue;
-        if (j->f16) T.axpy_f16(o, pw, (const uint16_t *)j->vc + (kbase + t) * j->hdv, j->hdv);
-        else T.axpy_f32(o, pw, (const float *)j->vc + (kbase + t) * j->hdv, j->hdv);
+        if (j->f16) T.axpy_f16(o, pw, (const uint16_t *)j->vc + (kbase + t) * j->ldv, j->hdv);
+        else T.axpy_f32(o, pw, (const float *)j->vc + (kbase + t) * j->ldv, j->hdv);
     }
     float inv = 1.f / sum;
     for (int64_t i = 0; i < j->hdv; i++) o[i] *= inv;
@@ -675,7 +676,23 @@ RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, floa
     pthread_mutex_lock(&g_lock);
     init_isa();
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
-                  scale, softcap, (int)causal, (int)f16};
+                  scale, softcap, (int)causal, (int)f16, hdv};
+    double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
+    pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Latent attention (base.py attention with v_cache None): one KV head whose values are the
+ * first hdv dims of the keys, kc [n_slots, hdk]. */
+RX_EXPORT void rx_attention_latent(const float *q, const void *kc, float *out, const int32_t *pos,
+                                   const float *mask, int64_t N, int64_t Hq, int64_t n_slots, int64_t hdk,
+                                   int64_t hdv, int64_t n_kv, float scale, float softcap, int64_t causal,
+                                   int64_t window, int64_t f16) {
+    if (hdv > hdk) return;
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    attn_job j = {q, kc, kc, out, pos, mask, N, Hq, 1, n_slots, hdk, hdv, n_kv, window,
+                  scale, softcap, (int)causal, (int)f16, hdk};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
     pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
     pthread_mutex_unlock(&g_lock);
@@ -722,11 +739,18 @@ RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, 
     case 3: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]); break;
     case 4: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]) * b[i]; break;
     case 5: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]) * b[i]; break;
+    case 6: for (int64_t i = 0; i < n; i++) out[i] = 1.f / (1.f + expf(-a[i])); break;
+    case 7: for (int64_t i = 0; i < n; i++) out[i] = a[i] > 20.f ? a[i] : log1pf(expf(a[i])); break;
     default: break;
     }
 }
 
 RX_EXPORT void rx_copy(const void *src, void *dst, int64_t bytes) { memmove(dst, src, (size_t)bytes); }
+
+/* dst [rows, n] = columns start..start+n-1 of src [rows, cols] (float32) */
+RX_EXPORT void rx_columns(const float *src, float *dst, int64_t rows, int64_t cols, int64_t start, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * n, src + r * cols + start, (size_t)n * sizeof(float));
+}
 
 /* out[r] = the first index of the largest value of row r of x [rows, V] (NaN never wins) */
 RX_EXPORT void rx_argmax(const float *x, int64_t rows, int64_t V, int32_t *out) {
@@ -740,11 +764,156 @@ RX_EXPORT void rx_argmax(const float *x, int64_t rows, int64_t V, int32_t *out) 
     }
 }
 
+/* ------------------------------------------------------------------ recurrent layers */
+/* Sequence groups (backends.base.seq_group_table): tab[0..G] the starts of the groups in the
+ * token order, tab[G+1..2G] their sequence ids, tab[2G+1..] the token indices grouped by
+ * sequence (batch order within a group). Every kernel runs a group's tokens in order; the
+ * rows of a state (a channel, a value row of a head) are independent, so chunks split them. */
+#define REC_ROWS 16 /* state rows per chunk */
+
+typedef struct {
+    const float *x, *w;
+    float *state, *out;
+    const int32_t *tab;
+    int64_t G, C, K, n_cb;
+} conv_job;
+
+static void conv_chunk(void *p, int64_t c) {
+    const conv_job *j = p;
+    int64_t g = c / j->n_cb, c0 = (c % j->n_cb) * REC_ROWS, c1 = c0 + REC_ROWS < j->C ? c0 + REC_ROWS : j->C;
+    const int32_t *tab = j->tab;
+    int64_t t0 = tab[g], t1 = tab[g + 1], s = tab[j->G + 1 + g], K = j->K, C = j->C;
+    const int32_t *idx = tab + 2 * j->G + 1;
+    float *st = j->state + s * (K - 1) * C;
+    float win[64];
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const float *w = j->w + ch * K;
+        for (int64_t k = 0; k < K - 1; k++) win[k] = st[k * C + ch];
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t n = idx[t];
+            win[K - 1] = j->x[n * C + ch];
+            float y = win[0] * w[0];
+            for (int64_t k = 1; k < K; k++) y += win[k] * w[k];
+            j->out[n * C + ch] = y;
+            for (int64_t k = 0; k < K - 1; k++) win[k] = win[k + 1];
+        }
+        for (int64_t k = 0; k < K - 1; k++) st[k * C + ch] = win[k];
+    }
+}
+
+/* out [N, C] = causal depthwise conv of x [N, C] with w [C, K] (K <= 64), state [n_seq, K-1, C] */
+RX_EXPORT void rx_ssm_conv(const float *x, float *state, const float *w, float *out, const int32_t *tab,
+                           int64_t G, int64_t N, int64_t C, int64_t K) {
+    if (K < 1 || K > 64) return;
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    int64_t n_cb = (C + REC_ROWS - 1) / REC_ROWS;
+    conv_job j = {x, w, state, out, tab, G, C, K, n_cb};
+    pool_run(conv_chunk, &j, G * n_cb, (double)N * C * K >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+typedef struct {
+    const float *q, *k, *v, *g, *beta;
+    float *state, *out;
+    const int32_t *tab;
+    int64_t G, Hk, Hv, D, n_rb;
+    float scale;
+} delta_job;
+
+static void delta_chunk(void *p, int64_t c) {
+    const delta_job *j = p;
+    int64_t D = j->D, Hv = j->Hv, Hk = j->Hk, per = Hv * j->n_rb;
+    int64_t g = c / per, h = (c % per) / j->n_rb, r0 = (c % j->n_rb) * REC_ROWS;
+    int64_t r1 = r0 + REC_ROWS < D ? r0 + REC_ROWS : D, hk = h % Hk;
+    const int32_t *tab = j->tab;
+    const int32_t *idx = tab + 2 * j->G + 1;
+    float *S = j->state + ((int64_t)tab[j->G + 1 + g] * Hv + h) * D * D;
+    for (int64_t t = tab[g]; t < tab[g + 1]; t++) {
+        int64_t n = idx[t];
+        const float *q = j->q + (n * Hk + hk) * D, *k = j->k + (n * Hk + hk) * D;
+        const float *v = j->v + (n * Hv + h) * D;
+        float decay = expf(j->g[n * Hv + h]), b = j->beta[n * Hv + h];
+        for (int64_t i = r0; i < r1; i++) {
+            float *row = S + i * D;
+            float sk = 0.f;
+            for (int64_t e = 0; e < D; e++) {
+                row[e] *= decay;
+                sk += row[e] * k[e];
+            }
+            float d = (v[i] - sk) * b, o = 0.f;
+            for (int64_t e = 0; e < D; e++) {
+                row[e] += d * k[e];
+                o += row[e] * q[e];
+            }
+            j->out[(n * Hv + h) * D + i] = o * j->scale;
+        }
+    }
+}
+
+/* The gated delta rule (base.py delta_net): q, k [N, Hk, D], v [N, Hv, D], g, beta [N, Hv],
+ * state [n_seq, Hv, D, D] (value row i, key column e), out [N, Hv, D]. */
+RX_EXPORT void rx_delta_net(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                            float *state, float *out, const int32_t *tab, int64_t G, int64_t N, int64_t Hk,
+                            int64_t Hv, int64_t D, float scale) {
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    int64_t n_rb = (D + REC_ROWS - 1) / REC_ROWS;
+    delta_job j = {q, k, v, g, beta, state, out, tab, G, Hk, Hv, D, n_rb, scale};
+    pool_run(delta_chunk, &j, G * Hv * n_rb, (double)N * Hv * D * D >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+typedef struct {
+    const float *x, *dt, *A, *B, *C, *Dp;
+    float *state, *out;
+    const int32_t *tab;
+    int64_t G, H, P, Ng, Ns, n_rb;
+} scan_job;
+
+static void scan_chunk(void *p, int64_t c) {
+    const scan_job *j = p;
+    int64_t H = j->H, P = j->P, Ns = j->Ns, Ng = j->Ng, per = H * j->n_rb;
+    int64_t g = c / per, h = (c % per) / j->n_rb, r0 = (c % j->n_rb) * REC_ROWS;
+    int64_t r1 = r0 + REC_ROWS < P ? r0 + REC_ROWS : P, grp = h / (H / Ng);
+    const int32_t *tab = j->tab;
+    const int32_t *idx = tab + 2 * j->G + 1;
+    float *S = j->state + ((int64_t)tab[j->G + 1 + g] * H + h) * P * Ns;
+    for (int64_t t = tab[g]; t < tab[g + 1]; t++) {
+        int64_t n = idx[t];
+        float dt = j->dt[n * H + h], decay = expf(dt * j->A[h]);
+        const float *x = j->x + (n * H + h) * P;
+        const float *B = j->B + (n * Ng + grp) * Ns, *Cv = j->C + (n * Ng + grp) * Ns;
+        for (int64_t i = r0; i < r1; i++) {
+            float *row = S + i * Ns, u = dt * x[i], y = 0.f;
+            for (int64_t e = 0; e < Ns; e++) {
+                row[e] = decay * row[e] + u * B[e];
+                y += row[e] * Cv[e];
+            }
+            if (j->Dp) y += j->Dp[h] * x[i];
+            j->out[(n * H + h) * P + i] = y;
+        }
+    }
+}
+
+/* The Mamba-2 selective scan (base.py ssm_scan): x [N, H, P], dt [N, H], A [H], B, C [N, Ng, Ns],
+ * state [n_seq, H, P, Ns], D [H] or NULL, out [N, H, P]. */
+RX_EXPORT void rx_ssm_scan(const float *x, const float *dt, const float *A, const float *B, const float *C,
+                           const float *Dp, float *state, float *out, const int32_t *tab, int64_t G, int64_t N,
+                           int64_t H, int64_t P, int64_t Ng, int64_t Ns) {
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    int64_t n_rb = (P + REC_ROWS - 1) / REC_ROWS;
+    scan_job j = {x, dt, A, B, C, Dp, state, out, tab, G, H, P, Ng, Ns, n_rb};
+    pool_run(scan_chunk, &j, G * H * n_rb, (double)N * H * P * Ns >= 65536.0);
+    pthread_mutex_unlock(&g_lock);
+}
+
 /* ------------------------------------------------------------------ recorded graphs */
 /* A captured op sequence: rows of 24 int64, [op, args...] with the arguments of the
  * exported function of that op (doubles stored as their bits). */
 enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY,
-       OP_ARGMAX };
+       OP_ARGMAX, OP_SSM_CONV, OP_DELTA_NET, OP_SSM_SCAN, OP_COLUMNS };
 
 static inline double as_d(int64_t v) { double d; memcpy(&d, &v, 8); return d; }
 #define P(i) ((void *)(intptr_t)a[i])
@@ -772,6 +941,16 @@ RX_EXPORT int rx_run(const int64_t *cmds, int64_t n, int64_t stride) {
         case OP_BINARY: rx_binary(a[1], P(2), P(3), P(4), a[5], a[6]); break;
         case OP_UNARY: rx_unary(a[1], P(2), P(3), P(4), a[5], (float)as_d(a[6])); break;
         case OP_COPY: rx_copy(P(1), P(2), a[3]); break;
+        case OP_COLUMNS: rx_columns(P(1), P(2), a[3], a[4], a[5], a[6]); break;
+        case OP_SSM_CONV: rx_ssm_conv(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9]); break;
+        case OP_DELTA_NET:
+            rx_delta_net(P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), a[9], a[10], a[11], a[12], a[13],
+                         (float)as_d(a[14]));
+            break;
+        case OP_SSM_SCAN:
+            rx_ssm_scan(P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), a[10], a[11], a[12], a[13], a[14],
+                        a[15]);
+            break;
         default: return -2;
         }
     }

@@ -73,12 +73,20 @@ _SIGNATURES = {
     "rx_copy": ([_vp, _vp, _i64], None),
     "rx_run": ([_vp, _i64, _i64], ctypes.c_int),
     "rx_argmax": ([_vp, _i64, _i64, _vp], None),
+    "rx_ssm_conv": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64], None),
+    "rx_delta_net": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _f32c], None),
+    "rx_ssm_scan": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64], None),
+    "rx_columns": ([_vp, _vp, _i64, _i64, _i64, _i64], None),
+    "rx_attention_latent": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c, _i64,
+                             _i64, _i64], None),
 }
 
 # op codes of recorded graphs (kernels/cpu/ops.c, rx_run): the C function of each
 _OPS = {1: "rx_matmul", 2: "rx_norm_rope", 3: "rx_rms_norm", 4: "rx_kv_store", 5: "rx_attention",
-        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy", 10: "rx_argmax"}
-MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY, ARGMAX = range(1, 11)
+        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy", 10: "rx_argmax", 11: "rx_ssm_conv",
+        12: "rx_delta_net", 13: "rx_ssm_scan", 14: "rx_columns"}
+(MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY, ARGMAX, SSM_CONV, DELTA_NET, SSM_SCAN,
+ COLUMNS) = range(1, 15)
 _CMD_WIDTH = 24
 
 
@@ -202,6 +210,8 @@ class CpuOps:
         self._consts = None  # ... and the constants converted from host data
         self._rec_bad = None  # ... or why the step cannot be replayed
         self._last_bad = None
+        self._np_ops = None
+        self._saved = None  # while capturing: [(recurrent state, its values before)]
 
     def set_threads(self, n):
         self.threads = self._lib.rx_set_threads(max(1, int(n)))
@@ -332,6 +342,16 @@ class CpuOps:
         self._check(x, w)
         if accumulate and out is None:
             raise ValueError("matmul: accumulate=True needs out")
+        if isinstance(w, np.ndarray):  # a small float32 matrix a model made (base.py)
+            self._eager("matmul with an array weight")
+            y = np.asarray(x, _F32) @ np.asarray(w, _F32).T
+            if accumulate:
+                out += y
+                return out
+            if out is not None:
+                out[...] = y
+                return out
+            return y
         x = self._f32(x)
         K, M = x.shape[-1], w.shape[0]
         N = x.size // K if K else 0
@@ -465,10 +485,15 @@ class CpuOps:
             y = a * _F32(p)
         elif code == 1:
             y = np.tanh(a / _F32(p)) * _F32(p)
+        elif code == 6:
+            y = _F32(1) / (_F32(1) + np.exp(-a))
+        elif code == 7:
+            with np.errstate(over="ignore"):
+                y = np.where(a > 20, a, np.log1p(np.exp(np.minimum(a, 20)))).astype(_F32)
         else:
             g = a / (_F32(1) + np.exp(-a)) if code in (2, 4) else _F32(0.5) * a * (_F32(1) + np.tanh(
                 _F32(_SQRT_2_OVER_PI) * (a + _F32(0.044715) * a * a * a)))
-            y = g * b if code >= 4 else g
+            y = g * b if code in (4, 5) else g
         if out is None:
             return y
         out[...] = y
@@ -541,7 +566,12 @@ class CpuOps:
         return np.array(x, dtype=_F32, order="C"), True
 
     def rope(self, x, pos, *, n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None,
-             neox=False, mscale=1.0, inplace=False):
+             neox=False, mscale=1.0, inplace=False, yarn=None):
+        if yarn is not None and yarn[0] != 0.0:  # YaRN: the numpy backend's rotation (deepseek2)
+            self._eager("YaRN rotary on the host")
+            return self._numpy().rope(x, np.asarray(pos), n_rot=n_rot, base=base, freq_scale=freq_scale,
+                                      freq_factors=freq_factors, neox=neox, mscale=mscale, inplace=inplace,
+                                      yarn=yarn)
         if inplace:
             y, back = self._inplace_target(x)
         else:
@@ -574,13 +604,17 @@ class CpuOps:
     def kv_store(self, k_cache, v_cache, k, v, slots):
         """Write k [N, Hkv, hd_k], v [N, Hkv, hd_v] into k_cache [Hkv, n_slots, hd_k] and
         v_cache [Hkv, n_slots, hd_v] at slots[n] (a layer's state arrays)."""
-        f16 = self._kv_f16(k_cache, v_cache)
+        latent = v_cache is None  # keys only (an MLA latent): values of no width
+        f16 = self._kv_f16(k_cache, k_cache if latent else v_cache)
         Hkv, n_slots, hdk = k_cache.shape
-        hdv = v_cache.shape[2]
-        k, v = self._f32(k), self._f32(v)
+        k = self._f32(k)
+        if latent:
+            v_cache, v, hdv = k_cache, k, 0  # the kernel copies 0 values from a valid pointer
+        else:
+            v, hdv = self._f32(v), v_cache.shape[2]
         slots = self.positions(slots)
         N = len(slots)
-        if k.size != N * Hkv * hdk or v.size != N * Hkv * hdv:
+        if k.size != N * Hkv * hdk or (not latent and v.size != N * Hkv * hdv):
             raise ValueError(f"kv_store: k {k.shape} / v {v.shape} for {N} slots of {Hkv} heads")
         if N and self._rec is None and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise ValueError(f"kv_store: slots outside 0..{n_slots - 1}")
@@ -588,8 +622,11 @@ class CpuOps:
                 slots.ctypes.data, N, Hkv, n_slots, hdk, hdv, f16)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None):
-        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v]."""
+                  mask=None, v_dim=None):
+        """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v]
+        (v_cache None: the values are the first v_dim dims of the keys, one KV head)."""
+        if v_cache is None:
+            return self._attention_latent(q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim)
         f16 = self._kv_f16(k_cache, v_cache)
         q = self._f32(q)
         N, Hq, hdk = q.shape
@@ -610,6 +647,156 @@ class CpuOps:
         self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
                 None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
                 float(softcap), 1 if causal else 0, int(window), f16)
+        return out
+
+    def _attention_latent(self, q, kc, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
+        f16 = self._kv_f16(kc, kc)
+        q = self._f32(q)
+        N, Hq, hdk = q.shape
+        n_slots = kc.shape[1]
+        v_dim = int(v_dim)
+        if kc.shape[0] != 1 or kc.shape[2] != hdk or not 0 < v_dim <= hdk:
+            raise ValueError(f"attention: latent q {q.shape} against {kc.shape} with values of {v_dim}")
+        n_kv = int(n_kv)
+        if not 0 <= n_kv <= n_slots:
+            raise ValueError(f"attention: n_kv {n_kv} outside 0..{n_slots}")
+        pos = self.positions(pos)
+        m = None
+        if mask is not None:
+            m = self._f32(mask)
+            if m.shape != (N, n_kv):
+                raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
+        self._eager("latent attention (not a recorded op)")
+        out = self._new((N, Hq, v_dim))
+        self._lib.rx_attention_latent(q.ctypes.data, kc.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                                      None if m is None else m.ctypes.data, N, Hq, n_slots, hdk, v_dim, n_kv,
+                                      float(scale), float(softcap), 1 if causal else 0, int(window), f16)
+        return out
+
+    def _numpy(self):
+        """A NumpyOps for the few steps done on the host (YaRN rotary)."""
+        if getattr(self, "_np_ops", None) is None:
+            from .numpy_ops import NumpyOps
+
+            self._np_ops = NumpyOps(blas_threads=None)
+        return self._np_ops
+
+    # -- multi-head latent attention (base.MLA_OPS) ---------------------------------------
+    def split(self, x, sizes):
+        if sum(sizes) != x.shape[-1]:
+            raise ValueError(f"split: sizes {list(sizes)} of {x.shape[-1]} columns")
+        out, a = [], 0
+        for n in sizes:
+            out.append(self.columns(x, a, n))
+            a += n
+        return out
+
+    def concat(self, xs):
+        self._eager("concat on the host")
+        return np.concatenate([np.asarray(x, _F32) for x in xs], axis=-1)
+
+    def head_matmul(self, x, w):
+        """y[n, h] = w[h] @ x[n, h]: each head's rows of w through the matmul kernels (quantized
+        weights read in place)."""
+        x = self._f32(x)
+        N, H, K = x.shape
+        if w.shape[1] != K or w.shape[0] % H:
+            raise ValueError(f"head_matmul: x {x.shape} with weight {w.shape}")
+        M = w.shape[0] // H
+        out = self._new((N, H, M))
+        if N != 1:
+            self._eager("head_matmul over several rows")
+        for h in range(H):
+            wh = self.weight_rows(w, h * M, M)
+            if N == 1:  # x[0, h] and out[0, h] are contiguous rows
+                self.matmul(x[:, h], wh, out=out[:, h])
+            else:
+                out[:, h] = self.matmul(np.ascontiguousarray(x[:, h]), wh)
+        return out
+
+    # -- recurrent layers (base.RECURRENT_OPS) ---------------------------------------------
+    def sigmoid(self, a):
+        return self._unary(6, a)
+
+    def softplus(self, a):
+        return self._unary(7, a)
+
+    def columns(self, x, start, n):
+        start, n = int(start), int(n)
+        if not (0 <= start and n >= 0 and start + n <= x.shape[-1]):
+            raise ValueError(f"columns: {start}..{start + n} of {x.shape[-1]}")
+        x = self._f32(x)
+        cols = x.shape[-1]
+        rows = x.size // cols if cols else 0
+        y = self._new(x.shape[:-1] + (n,))
+        if y.size:
+            self._c(COLUMNS, x.ctypes.data, y.ctypes.data, rows, cols, start, n)
+        return y
+
+    def _groups(self, seqs, N, state):
+        """The kernels' sequence table (base.seq_group_table) and its group count; the state
+        must be contiguous float32 with a sequence for every id."""
+        from .base import seq_group_table
+
+        if state.dtype != _F32 or not state.flags.c_contiguous:
+            raise ValueError(f"recurrent state must be contiguous float32, not {state.dtype}")
+        if seqs is not None and N and self._rec is None:
+            ids = np.asarray(seqs).reshape(-1)
+            if len(ids) != N or int(ids.min()) < 0 or int(ids.max()) >= state.shape[0]:
+                raise ValueError(f"sequence ids {ids.tolist()} for {N} tokens and {state.shape[0]} sequences")
+        if self._saved is not None and not any(a is state for a, _ in self._saved):
+            self._saved.append((state, state.copy()))  # capturing: put back afterwards (capture)
+        tab, G = seq_group_table(seqs, N)
+        tab = np.ascontiguousarray(tab, dtype=np.int32)
+        if self._consts is not None:  # recording: the table is a constant of the graph
+            self._consts.append(tab)
+        return tab, G
+
+    def ssm_conv(self, x, state, w, seqs=None):
+        x = self._f32(x)
+        w = self._f32(w.dense if isinstance(w, CpuWeight) and w.dense is not None else
+                      w.rows(np.arange(w.shape[0])) if isinstance(w, CpuWeight) else w)
+        N, C = x.shape
+        K = w.shape[1]
+        if w.shape[0] != C or state.shape[1:] != (K - 1, C) or not 1 <= K <= 64:
+            raise ValueError(f"ssm_conv: x {x.shape}, weight {w.shape}, state {state.shape}")
+        tab, G = self._groups(seqs, N, state)
+        out = self._new((N, C))
+        if N and C:
+            self._c(SSM_CONV, x.ctypes.data, state.ctypes.data, w.ctypes.data, out.ctypes.data, tab.ctypes.data,
+                    G, N, C, K)
+        return out
+
+    def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
+        q, k, v, g, beta = (self._f32(a) for a in (q, k, v, g, beta))
+        N, Hk, D = q.shape
+        Hv = v.shape[1]
+        if (k.shape != q.shape or v.shape != (N, Hv, D) or g.shape != (N, Hv) or beta.shape != (N, Hv)
+                or state.shape[1:] != (Hv, D, D)):
+            raise ValueError(f"delta_net: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                             f"state {state.shape}")
+        tab, G = self._groups(seqs, N, state)
+        out = self._new((N, Hv, D))
+        if N and D:
+            self._c(DELTA_NET, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data, beta.ctypes.data,
+                    state.ctypes.data, out.ctypes.data, tab.ctypes.data, G, N, Hk, Hv, D, float(scale))
+        return out
+
+    def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
+        x, dt, A, B, C = (self._f32(a) for a in (x, dt, A, B, C))
+        Dp = None if D is None else self._f32(D)
+        N, H, P = x.shape
+        Ng, Ns = B.shape[1], B.shape[2]
+        if (dt.shape != (N, H) or A.shape != (H,) or B.shape != (N, Ng, Ns) or C.shape != B.shape or not Ng
+                or H % Ng or state.shape[1:] != (H, P, Ns) or (Dp is not None and Dp.shape != (H,))):
+            raise ValueError(f"ssm_scan: x {x.shape}, dt {dt.shape}, A {A.shape}, B {B.shape}, C {C.shape}, "
+                             f"state {state.shape}")
+        tab, G = self._groups(seqs, N, state)
+        out = self._new((N, H, P))
+        if N and P:
+            self._c(SSM_SCAN, x.ctypes.data, dt.ctypes.data, A.ctypes.data, B.ctypes.data, C.ctypes.data,
+                    None if Dp is None else Dp.ctypes.data, state.ctypes.data, out.ctypes.data, tab.ctypes.data,
+                    G, N, H, P, Ng, Ns)
         return out
 
     # -- selection ---------------------------------------------------------------
@@ -652,8 +839,17 @@ class CpuOps:
         """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
         arrays (the runtime writes new inputs into them first), in one call. When fn did
         something in numpy that a replay would miss (a mixture of experts' routing, say), the
-        graph runs fn again at each launch and copies its result into the first one's array."""
-        graph, result = self.record(fn)
+        graph runs fn again at each launch and copies its result into the first one's array.
+        As on CUDA, where a capture runs nothing, the step takes effect at launch: capturing
+        runs fn, so the recurrent state it updated in place is put back afterwards (the KV
+        store it made is rewritten with the same values by the launch)."""
+        self._saved = []
+        try:
+            graph, result = self.record(fn)
+            for a, before in self._saved:
+                np.copyto(a, before)
+        finally:
+            self._saved = None
         if graph is None:
             graph = EagerGraph(fn, result, self._last_bad)
         return graph, result

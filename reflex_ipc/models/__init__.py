@@ -7,9 +7,10 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deeps
 # Architectures whose ops only the numpy backend has so far: device "auto" runs them there; an
 # explicit cpu or cuda device refuses them (unsupported_architecture, naming the missing ops).
 NUMPY_ONLY = ()
-# Architectures whose ops (backends.base.RECURRENT_OPS, MLA_OPS) the numpy and CUDA backends have
-# but the C cpu backend lacks: device "auto" runs them on CUDA where it is usable, else on numpy.
-NO_CPU = ("qwen35", "qwen35moe", "granitehybrid", "deepseek2")
+# Architectures whose ops the numpy and CUDA backends have but the C cpu backend lacks: device
+# "auto" runs them on CUDA where it is usable, else on numpy. (The recurrent hybrids and deepseek2
+# were here until the cpu backend gained backends.base.RECURRENT_OPS and MLA_OPS.)
+NO_CPU = ()
 # Architectures the CUDA backend refuses (its results do not match the oracle yet): device "auto"
 # runs them on the cpu backend. (gemma4 was here until its CUDA mismatch was traced to a read of
 # an arena weight before the upload finished, fixed in CudaOps.to_numpy.)

@@ -147,15 +147,36 @@ def test_head_matmul_indexing():
     np.testing.assert_allclose(y.reshape(N, H, M), NumpyOps(blas_threads=None).head_matmul(x, w), rtol=1e-12)
 
 
-def test_auto_without_cuda_runs_deepseek2_on_numpy(monkeypatch):
-    """deepseek2 is in models.NO_CPU: device auto tries CUDA, and without it falls back to
-    numpy (the cpu backend lacks the latent attention ops), not to cpu."""
+def test_auto_without_cuda_runs_deepseek2_on_cpu(monkeypatch):
+    """deepseek2 is no longer in models.NO_CPU (the cpu backend has the latent attention ops):
+    device auto tries CUDA, and without it runs on the cpu backend."""
     from reflex_ipc import cuda, engine
     from reflex_ipc.models import NO_CPU, NUMPY_ONLY
 
-    assert "deepseek2" in NO_CPU and "deepseek2" not in NUMPY_ONLY
+    assert "deepseek2" not in NO_CPU and "deepseek2" not in NUMPY_ONLY
     monkeypatch.setattr(cuda, "start_init", lambda: False)
+    assert engine.make_backend("auto", no_cpu=False).name == "cpu"
     assert engine.make_backend("auto", no_cpu=True).name == "numpy"
+
+
+def test_mla_checks_pass_on_cpu():
+    """opchecks.check_mla on the C cpu backend (split, concat, head_matmul of every weight format
+    through its matmul kernels, YaRN rope, keys-only kv_store, latent attention, a decode step
+    eager and captured); head_matmul is also exactly its own matmul of each head's rows."""
+    from reflex_ipc.backends.cpu_ops import CpuOps
+
+    cpu = CpuOps(threads=2)
+    rows = opchecks.check_mla(cpu, np.random.default_rng(3))
+    assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
+    rng = np.random.default_rng(4)
+    H, M, K = 3, 37, 256
+    w = opchecks._weights(cpu, {"w": ("Q4_K", H * M, K)}, rng)["w"][0]
+    for N in (1, 5):
+        x = rng.standard_normal((N, H, K)).astype(np.float32)
+        got = cpu.head_matmul(x, w)
+        for h in range(H):
+            np.testing.assert_array_equal(got[:, h], cpu.matmul(np.ascontiguousarray(x[:, h]),
+                                                                cpu.weight_rows(w, h * M, M)))
 
 
 class _FakeDevice:

@@ -569,7 +569,8 @@ class CpuOps:
              neox=False, mscale=1.0, inplace=False, yarn=None):
         if yarn is not None and yarn[0] != 0.0:  # YaRN: the numpy backend's rotation (deepseek2)
             self._eager("YaRN rotary on the host")
-            return self._numpy().rope(x, np.asarray(pos), n_rot=n_rot, base=base, freq_scale=freq_scale,
+            # a copy: numpy's rotation is memoized per positions array, which a graph rewrites
+            return self._numpy().rope(x, np.array(self.positions(pos)), n_rot=n_rot, base=base, freq_scale=freq_scale,
                                       freq_factors=freq_factors, neox=neox, mscale=mscale, inplace=inplace,
                                       yarn=yarn)
         if inplace:

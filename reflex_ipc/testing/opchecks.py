@@ -33,6 +33,9 @@ MMA_TOL = 2e-3
 MM_TOL = 2e-5
 
 
+CPU_ACT_TOL = 1.5e-2  # the cpu backend's int8 activation blocks: ~0.5% of a product measured
+
+
 def mm_tol(ops, type_name, N):
     """The tolerance of ops' matmul of N rows on a weight of this type (see MMA_TOL)."""
     f16 = getattr(ops, "mma", False) and N >= ops.mma_min_n and type_name != "F32"
@@ -645,7 +648,9 @@ def check_mla(ops, rng):
             poison(ops, (N, H, M))
             got = ops.to_numpy(ops.head_matmul(ops.asarray(x), w))
             want = np.einsum("nhk,hmk->nhm", x.astype(np.float64), ref.reshape(H, M, K))
-            rows.append(row("head_matmul", f"{t} H={H} M={M} K={K} N={N}", got, want, 2e-5))
+            # the cpu backend rounds activations to int8 blocks for quantized weights (cpu_ops.py)
+            tol = CPU_ACT_TOL if ops.name == "cpu" and t not in ("F32", "F16", "BF16") else 2e-5
+            rows.append(row("head_matmul", f"{t} H={H} M={M} K={K} N={N}", got, want, tol))
     # YaRN rope (deepseek2's arguments and others), against numpy's rope
     cases = [  # hd, n_rot, H, freq_scale, yarn (ext, n_ctx_orig, beta_fast, beta_slow), mscale, neox, ff
         (8, 8, 4, 0.25, (1.0, 32, 32.0, 1.0), 0.93, False, False),
@@ -743,8 +748,9 @@ def _check_mla_step(ops, ref_ops, rng):
                  np.array([i], np.int32), ref_cache) for i in range(n_steps)]
     rows = []
     cache = ops.zeros((1, n_ctx, R + r), ops.kv_dtype)
-    got = [ops.to_numpy(step(ops, W["k_b"][0], W["v_b"][0], ops.asarray(qs[i]), ops.asarray(lats[i]),
-                             ops.asarray(pes[i]), ops.positions([i]), cache)) for i in range(n_steps)]
+    # copies: a host backend's asarray may return the array itself, which rope then rotates
+    got = [ops.to_numpy(step(ops, W["k_b"][0], W["v_b"][0], ops.asarray(qs[i].copy()), ops.asarray(lats[i]),
+                             ops.asarray(pes[i].copy()), ops.positions([i]), cache)) for i in range(n_steps)]
     rows.append(row("mla_step", "eager decode steps", np.stack(got), np.stack(want), 2e-3))
     if not callable(getattr(ops, "capture", None)):
         return rows
@@ -760,7 +766,7 @@ def _check_mla_step(ops, ref_ops, rng):
             ops.write(PE, pes[i])
             ops.write(POS, np.array([i], np.int32))
             graph.launch()
-            got.append(ops.to_numpy(out))
+            got.append(np.array(ops.to_numpy(out)))  # a copy: on a host backend, out itself
     finally:
         graph.close()
     rows.append(row("mla_step", "captured graph decode steps", np.stack(got), np.stack(want), 2e-3))

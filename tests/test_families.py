@@ -106,6 +106,40 @@ def test_logits_match_llama_cpp(models, name, llama_cpp, ggml_gelu):
     np.testing.assert_allclose(ours, ref, rtol=0, atol=TOL * np.abs(ref).max())
 
 
+CPU_TOL = 5e-3  # the cpu backend on these F32 files: float32 products, its F16 KV cache
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if FAMILY_CONFIGS[n]["arch"] == "deepseek2"] + ["gemma4_e2b"])
+def test_cpu_backend_logits_and_greedy_match_llama_cpp(models, name, llama_cpp):
+    """The C cpu backend on the architectures that need its latent attention ops (deepseek2) or
+    split (gemma4's per-layer embeddings): every prompt row's logits, then greedy tokens as in
+    test_greedy_matches_llama_cpp (a near-tie divergence: top two within 0.5%)."""
+    from reflex_ipc.backends.cpu_ops import CpuOps
+
+    path = models[name]
+    ref = _ref_logits(llama_cpp, path, IDS)
+    ops = CpuOps(threads=2)
+    with GGUFFile(path) as f:
+        model = load_model(ops, f)
+        ours = model.forward(model.new_state(ops, N_CTX), Batch(ops, IDS, range(len(IDS))))
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=CPU_TOL * np.abs(ref).max())
+    runner = load_runner(path, device="cpu", n_ctx=N_CTX)
+    try:
+        assert runner.ops.name == "cpu"
+        got = runner.generate(list(IDS[:6]), max_tokens=16)["token_ids"]
+    finally:
+        runner.close()
+    llm = _llama(llama_cpp, path)
+    llm.eval(list(IDS[:6]))
+    for k, tok in enumerate(got):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        if tok != int(np.argmax(row)):
+            top2 = np.sort(row)[-2:]
+            assert top2[1] - top2[0] < 5e-3 * np.abs(row).max(), f"token {k}: {tok} != {int(np.argmax(row))}"
+            break
+        llm.eval([tok])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_matches_llama_cpp(models, name, llama_cpp, ggml_gelu):
     """32 greedy tokens identical to llama.cpp's, except from a step where llama.cpp's top two

@@ -97,7 +97,7 @@ def require_state_cols(backend, n, key):
 
 
 # Ops only multi-head latent attention (deepseek2) needs; a backend may lack them (then such
-# models are refused on it at load). The numpy and CUDA backends have them; the cpu one not yet.
+# models are refused on it at load). The numpy, cpu and CUDA backends have them.
 MLA_OPS = ("split", "concat", "head_matmul")
 
 

@@ -8,7 +8,10 @@ type and row stride). `matmul` rounds each row of activations to int8 blocks
 with group sums for the K-quants, as ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
 and runs integer dot products on the packed weights; F32/F16/BF16 weights take
 the float32 activations as they are. Norms, rotary, the KV store and attention
-are C loops as well; the KV cache is float16 (`kv_dtype`).
+are C loops as well; the KV cache is float16 (`kv_dtype`). So are the recurrent layers'
+ops (ssm_conv, delta_net, ssm_scan: each sequence's tokens step by step in float32, the
+state updated in place) and the latent attention over an MLA cache; YaRN rotary and
+concat run in numpy.
 
 Numerics: the numpy backend (float32 dequantized weights, float32 KV) stays the
 oracle. The activation rounding adds a relative error of about 0.5/127 per block

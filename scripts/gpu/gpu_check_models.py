@@ -209,7 +209,9 @@ def _ref_device(path):
     from reflex_ipc.models import NO_CPU
 
     with GGUFFile(path) as f:
-        return "numpy" if f.architecture in NO_CPU + NUMPY_REF else "cpu"
+        a = f.architecture
+        per_layer = a == "gemma4" and (f.get(f"{a}.embedding_length_per_layer_input") or 0) > 0
+        return "numpy" if a in NO_CPU + NUMPY_REF or per_layer else "cpu"  # E2B-like: as before
 
 
 def hybrid_paths(syn, tok):

@@ -836,17 +836,10 @@ static void delta_chunk(void *p, int64_t c) {
         float decay = expf(j->g[n * Hv + h]), b = j->beta[n * Hv + h];
         for (int64_t i = r0; i < r1; i++) {
             float *row = S + i * D;
-            float sk = 0.f;
-            for (int64_t e = 0; e < D; e++) {
-                row[e] *= decay;
-                sk += row[e] * k[e];
-            }
-            float d = (v[i] - sk) * b, o = 0.f;
-            for (int64_t e = 0; e < D; e++) {
-                row[e] += d * k[e];
-                o += row[e] * q[e];
-            }
-            j->out[(n * Hv + h) * D + i] = o * j->scale;
+            for (int64_t e = 0; e < D; e++) row[e] *= decay;
+            float d = (v[i] - T.dot_f32(row, k, D)) * b;
+            T.axpy_f32(row, d, k, D);
+            j->out[(n * Hv + h) * D + i] = T.dot_f32(row, q, D) * j->scale;
         }
     }
 }
@@ -885,11 +878,9 @@ static void scan_chunk(void *p, int64_t c) {
         const float *x = j->x + (n * H + h) * P;
         const float *B = j->B + (n * Ng + grp) * Ns, *Cv = j->C + (n * Ng + grp) * Ns;
         for (int64_t i = r0; i < r1; i++) {
-            float *row = S + i * Ns, u = dt * x[i], y = 0.f;
-            for (int64_t e = 0; e < Ns; e++) {
-                row[e] = decay * row[e] + u * B[e];
-                y += row[e] * Cv[e];
-            }
+            float *row = S + i * Ns, u = dt * x[i];
+            for (int64_t e = 0; e < Ns; e++) row[e] = decay * row[e] + u * B[e];
+            float y = T.dot_f32(row, Cv, Ns);
             if (j->Dp) y += j->Dp[h] * x[i];
             j->out[(n * H + h) * P + i] = y;
         }

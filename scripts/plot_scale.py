@@ -4,41 +4,14 @@ results of scripts/gpu/gpu-bench-scale (a directory with summary.json and one JS
 model, or its summary.json). Draws p50 with the p95 above it as an error bar (and the
 dropped-page-cache figures where the run has them) into a PNG beside the summary.
 
-    python3 scripts/plot_scale.py RESULTS_DIR [--out PNG]      (needs matplotlib)
+    PYTHONPATH=. python3 scripts/plot_scale.py RESULTS_DIR [--out PNG]      (needs matplotlib)
 """
 
 import argparse
-import json
 import os
 import sys
 
-
-def load_points(path):
-    """[(model, GB, {series: (p50, p95)})] sorted by size, from a scale results dir."""
-    d = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    with open(os.path.join(d, "summary.json")) as fh:
-        summary = json.load(fh)
-    points = []
-    for name in summary["models"]:
-        f = os.path.join(d, name + ".json")
-        if not os.path.exists(f):
-            continue
-        with open(f) as fh:
-            rec = json.load(fh)
-        if not rec.get("file_bytes"):
-            continue
-        steps = rec.get("steps") or {}
-        series = {}
-        for step, tag in (("cold", ""), ("cold_dropped_cache", ", page cache dropped")):
-            c = steps.get(step) or {}
-            for side, r in (("reflex", c), ("llama-simple", c.get("vs") or {})):
-                w = r.get("wall_ms") or {}
-                if w.get("p50") is not None:
-                    series[side + tag] = (w["p50"], w.get("p95", w["p50"]))
-        if series:
-            points.append((name, rec["file_bytes"] / 1e9, series))
-    points.sort(key=lambda p: p[1])
-    return summary, points
+from reflex_ipc.testing.benchrun import load_points
 
 
 def plot(path, out=None):

@@ -1,4 +1,5 @@
-"""The GPU host's benchmark scripts, here on tiny shapes: scripts/gpu/make_shaped.py (the
+"""The GPU host's benchmark code (reflex_ipc.testing.shaped and .benchrun, behind
+scripts/gpu/make_shaped.py and gpu-bench-*), here on tiny shapes: the shaped GGUFs (the
 shaped GGUFs load and evaluate in reflex's numpy backend and in llama.cpp, with finite,
 spread logits), the drivers' parsing of llama-simple's stderr (real captured samples) and of
 llama-bench's JSON, one cold run through `reflex bench cold` against a fake llama-simple, and
@@ -13,13 +14,11 @@ import sys
 import numpy as np
 import pytest
 
+from reflex_ipc.commands.bench import parse_llama_simple, prefill_prompt, spread
+from reflex_ipc.testing import benchrun
+from reflex_ipc.testing import shaped as make_shaped
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts", "gpu"))
-
-import benchrun  # noqa: E402
-import make_shaped  # noqa: E402
-
-from reflex_ipc.commands.bench import parse_llama_simple, prefill_prompt, spread  # noqa: E402
 
 FAKE = os.path.join(ROOT, "tests", "data", "fake-peers")
 IDS = [785, 6722, 315, 9625, 374, 12095, 13, 576]
@@ -200,10 +199,7 @@ def test_ratios_table_and_plot(tmp_path):
     text = benchrun.table(summary)
     assert "qwen3-4b" in text and "boom" in text
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import plot_scale
-
-    _, points = plot_scale.load_points(str(tmp_path))
+    _, points = benchrun.load_points(str(tmp_path))
     assert [p[0] for p in points] == ["qwen3-0.6b", "qwen3-4b"]
     assert points[1][2]["llama-simple"] == (2800.0, 2800.0)
 

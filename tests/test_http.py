@@ -344,7 +344,7 @@ def test_cancel_by_closing_the_stream(front, oai):
 def test_cancel_by_disconnect_before_the_result(front):
     before = front.health()["cancelled"]
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG}, timeout=1.5)
+        httpx.post(front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG, "temperature": 0}, timeout=1.5)
     front.wait(lambda h: not h["queue"]["busy"] and h["cancelled"] == before + 1)
 
 
@@ -406,7 +406,7 @@ def test_queue_full_is_503(front):
     """--queue 1: one request runs, one waits, the next is refused at once."""
     with httpx.Client(timeout=300) as http:
         with http.stream("POST", front.url + "/v1/completions",
-                         json={"prompt": COUNT, "max_tokens": LONG, "stream": True}) as running:
+                         json={"prompt": COUNT, "max_tokens": LONG, "stream": True, "temperature": 0}) as running:
             assert running.status_code == 200
             lines = running.iter_lines()
             assert next(lines).startswith("data: ")
@@ -426,7 +426,7 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
     pid = front.health()["engine"]["pid"]
     out = {}
     t = threading.Thread(target=lambda: out.update(r=httpx.post(
-        front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG}, timeout=300)))
+        front.url + "/v1/completions", json={"prompt": COUNT, "max_tokens": LONG, "temperature": 0}, timeout=300)))
     t.start()
     front.wait(lambda h: h["queue"]["busy"])
     time.sleep(0.3)

@@ -31,7 +31,7 @@ import pytest
 from reflex_ipc.engine import load_runner
 from reflex_ipc.testing.fake_server import Proc, UdsClient, stop
 from reflex_ipc.testing.synthetic import ARCH_CONFIGS, arch_gguf
-from test_parity import CPU_NOISE_FACTOR, LOGIT_REL_TOL, NOISE_FACTOR, TIE_REL, greedy_verdict, logit_error
+from reflex_ipc.testing.parity import CPU_NOISE_FACTOR, LOGIT_REL_TOL, NOISE_FACTOR, TIE_REL, greedy_verdict, logit_error
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the models borrow its tokenizer
 

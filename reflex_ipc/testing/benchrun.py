@@ -6,7 +6,7 @@
     benchrun.py cold19   OUT [--budget-s 300]   0.6B Q8_0 and Q4_K: issue 19's targets 1-5 and 7
 
 (scripts/gpu/gpu-bench-scale, gpu-bench-families and gpu-bench-cold19 call these.) For each
-model: generate it into --models-dir (scripts/gpu/make_shaped.py, or make_gguf.py's
+model: generate it into --models-dir (reflex_ipc/testing/shaped.py, scripts/gpu/make_shaped.py; or make_gguf.py's
 qwen3-shaped for cold19), read it once (page cache; GB/s recorded), then, each step a
 subprocess of `reflex bench` (reflex_ipc/commands/bench.py) run from the byte-compiled user
 venv (scripts/gpu/make-user-venv), with a timeout:
@@ -39,13 +39,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-for p in (ROOT, HERE):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from reflex_ipc.commands.bench import GPU, machine_info, prefill_prompt, spread, stats
 
-from reflex_ipc.commands.bench import GPU, machine_info, prefill_prompt, spread, stats  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+HERE = os.path.join(ROOT, "scripts", "gpu")  # make-user-venv
 
 PROMPT = "The capital of France is"
 SCALE = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
@@ -273,7 +270,7 @@ class Runner:
             dt = time.perf_counter() - t0
             return {"model": name, "path": path, "bytes": os.path.getsize(path), "seconds": round(dt, 3),
                     "GB_per_s": round(os.path.getsize(path) / dt / 1e9, 3)}
-        from make_shaped import write_model
+        from reflex_ipc.testing.shaped import write_model
 
         return write_model("qwen3-0.6b" if self.a.suite == "cold19" else name, path, tiny=self.a.tiny)
 
@@ -544,6 +541,34 @@ def ensure_venv(a):
     a.python_isolated = True
 
 
+def load_points(path):
+    """[(model, GB, {series: (p50, p95)})] sorted by size, from a scale results dir."""
+    d = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    with open(os.path.join(d, "summary.json")) as fh:
+        summary = json.load(fh)
+    points = []
+    for name in summary["models"]:
+        f = os.path.join(d, name + ".json")
+        if not os.path.exists(f):
+            continue
+        with open(f) as fh:
+            rec = json.load(fh)
+        if not rec.get("file_bytes"):
+            continue
+        steps = rec.get("steps") or {}
+        series = {}
+        for step, tag in (("cold", ""), ("cold_dropped_cache", ", page cache dropped")):
+            c = steps.get(step) or {}
+            for side, r in (("reflex", c), ("llama-simple", c.get("vs") or {})):
+                w = r.get("wall_ms") or {}
+                if w.get("p50") is not None:
+                    series[side + tag] = (w["p50"], w.get("p95", w["p50"]))
+        if series:
+            points.append((name, rec["file_bytes"] / 1e9, series))
+    points.sort(key=lambda p: p[1])
+    return summary, points
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("suite", choices=["scale", "families", "cold19"])
@@ -576,7 +601,7 @@ def main(argv=None):
     r = Runner(a)
     r.idle_w = None
     r.summary["setup_s"] = round(time.monotonic() - t0, 1)
-    from make_shaped import SHAPES, config, nbytes, tensor_plan
+    from reflex_ipc.testing.shaped import SHAPES, config, nbytes, tensor_plan
 
     def gb(m):
         m = "qwen3-0.6b" if a.suite == "cold19" else m

@@ -638,6 +638,15 @@ class CpuOps:
         hdv = v_cache.shape[2]
         if Hq % Hkv or k_cache.shape[2] != hdk:
             raise ValueError(f"attention: q {q.shape} against a cache of {k_cache.shape}")
+        n_kv, pos, m = self._attention_keys(n_kv, n_slots, pos, mask, N)
+        out = self._new((N, Hq, hdv))
+        self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
+                None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
+                float(softcap), 1 if causal else 0, int(window), f16)
+        return out
+
+    def _attention_keys(self, n_kv, n_slots, pos, mask, N):
+        """attention's key range, positions and mask (float32 [N, n_kv] or None), checked."""
         n_kv = int(n_kv)
         if not 0 <= n_kv <= n_slots:
             raise ValueError(f"attention: n_kv {n_kv} outside 0..{n_slots}")
@@ -647,11 +656,7 @@ class CpuOps:
             m = self._f32(mask)
             if m.shape != (N, n_kv):
                 raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
-        out = self._new((N, Hq, hdv))
-        self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
-                None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
-                float(softcap), 1 if causal else 0, int(window), f16)
-        return out
+        return n_kv, pos, m
 
     def _attention_latent(self, q, kc, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
         f16 = self._kv_f16(kc, kc)
@@ -661,15 +666,7 @@ class CpuOps:
         v_dim = int(v_dim)
         if kc.shape[0] != 1 or kc.shape[2] != hdk or not 0 < v_dim <= hdk:
             raise ValueError(f"attention: latent q {q.shape} against {kc.shape} with values of {v_dim}")
-        n_kv = int(n_kv)
-        if not 0 <= n_kv <= n_slots:
-            raise ValueError(f"attention: n_kv {n_kv} outside 0..{n_slots}")
-        pos = self.positions(pos)
-        m = None
-        if mask is not None:
-            m = self._f32(mask)
-            if m.shape != (N, n_kv):
-                raise ValueError(f"attention: mask {m.shape}, expected {(N, n_kv)}")
+        n_kv, pos, m = self._attention_keys(n_kv, n_slots, pos, mask, N)
         self._eager("latent attention (not a recorded op)")
         out = self._new((N, Hq, v_dim))
         self._lib.rx_attention_latent(q.ctypes.data, kc.ctypes.data, out.ctypes.data, pos.ctypes.data,

@@ -842,6 +842,16 @@ FAMILY_CONFIGS = {
 }
 
 
+def _glu_ffn(add, prefix, kind, E, F, down_gain=1.0, n_expert=0):
+    """A gated FFN's gate, up and down matrices through a writer's `add` (name, shape, scale):
+    kind "" (dense), "_exps" (n_expert routed experts, 3-D) or "_shexp" (shared experts), in
+    llama.cpp's names; weights of std 1/sqrt(fan-in), the down projection's times down_gain."""
+    lead = (n_expert,) if kind == "_exps" else ()
+    add(prefix + f"ffn_gate{kind}.weight", lead + (F, E), 1 / math.sqrt(E))
+    add(prefix + f"ffn_up{kind}.weight", lead + (F, E), 1 / math.sqrt(E))
+    add(prefix + f"ffn_down{kind}.weight", lead + (E, F), down_gain / math.sqrt(F))
+
+
 def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None, n_ff=48, n_expert=8,
                 n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
                 v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
@@ -995,21 +1005,14 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
             add(p + "ffn_up.weight", (2 * n_ff, E), 1 / math.sqrt(E))
             add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
         elif arch == "deepseek2" and i < n_dense:
-            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+            _glu_ffn(add, p, "", E, n_ff)
         else:
             add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
             if probs_bias:
                 add(p + "exp_probs_b.bias", (n_expert,), 0.3)
-            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
-            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
-            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), 1 / math.sqrt(n_ff_exp))
+            _glu_ffn(add, p, "_exps", E, n_ff_exp, n_expert=n_expert)
             if arch == "deepseek2":
-                S = n_ff_exp * n_shared
-                add(p + "ffn_gate_shexp.weight", (S, E), 1 / math.sqrt(E))
-                add(p + "ffn_up_shexp.weight", (S, E), 1 / math.sqrt(E))
-                add(p + "ffn_down_shexp.weight", (E, S), 1 / math.sqrt(S))
+                _glu_ffn(add, p, "_shexp", E, n_ff_exp * n_shared)
     finish(w)
     return str(path)
 
@@ -1034,9 +1037,7 @@ def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa,
         add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))
         norm_w(p + "post_attention_norm.weight", E)
         norm_w(p + "ffn_norm.weight", E)
-        add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
-        add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
-        add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
+        _glu_ffn(add, p, "", E, n_ff)
         norm_w(p + "post_ffw_norm.weight", E)
         add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
         if n_pl:
@@ -1160,17 +1161,11 @@ def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2
             add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
         if n_expert:
             add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
-            add(p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
-            add(p + "ffn_up_exps.weight", (n_expert, n_ff_exp, E), 1 / math.sqrt(E))
-            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff_exp), gain / math.sqrt(n_ff_exp))
+            _glu_ffn(add, p, "_exps", E, n_ff_exp, gain, n_expert)
             add(p + "ffn_gate_inp_shexp.weight", (E,), 1 / math.sqrt(E))
-            add(p + "ffn_gate_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
-            add(p + "ffn_up_shexp.weight", (n_ff_sh, E), 1 / math.sqrt(E))
-            add(p + "ffn_down_shexp.weight", (E, n_ff_sh), gain / math.sqrt(n_ff_sh))
+            _glu_ffn(add, p, "_shexp", E, n_ff_sh, gain)
         else:
-            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+            _glu_ffn(add, p, "", E, n_ff, gain)
     finish(w)
     return tensors
 
@@ -1254,17 +1249,11 @@ def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128
         add(p + "ffn_norm.weight", (E,), 0.1, 1.0)
         if n_expert:
             add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
-            add(p + "ffn_gate_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_up_exps.weight", (n_expert, n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_down_exps.weight", (n_expert, E, n_ff), gain / math.sqrt(n_ff))
+            _glu_ffn(add, p, "_exps", E, n_ff, gain, n_expert)
             if n_ff_shexp:
-                add(p + "ffn_gate_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
-                add(p + "ffn_up_shexp.weight", (n_ff_shexp, E), 1 / math.sqrt(E))
-                add(p + "ffn_down_shexp.weight", (E, n_ff_shexp), gain / math.sqrt(n_ff_shexp))
+                _glu_ffn(add, p, "_shexp", E, n_ff_shexp, gain)
         else:
-            add(p + "ffn_gate.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_up.weight", (n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_down.weight", (E, n_ff), gain / math.sqrt(n_ff))
+            _glu_ffn(add, p, "", E, n_ff, gain)
     finish(w)
     return tensors
 

@@ -42,6 +42,18 @@ def _bad(key, msg):
     return ReflexError("gguf_error", f"metadata key {key}: {msg}")
 
 
+def moe_captured(ops) -> bool:
+    """Whether a forward that runs ops.moe can be captured in a graph: the backend's moe never
+    waits for the device (CUDA routes experts on the device unless REFLEX_CUDA_MOE=host; the
+    host backends have no graphs of their own kind and say nothing)."""
+    return getattr(ops, "moe_capturable", False)
+
+
+# `capturable` of a model whose every forward runs ops.moe
+MOE_CAPTURABLE = property(lambda self: moe_captured(self.ops),
+                          doc="Graphs hold the layers unless the backend's moe waits for the device.")
+
+
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from ..backends.base import MLA_OPS
 from ..errors import ReflexError
 from ..runtime.state import SlotSpec, State
-from .common import HParams, Weights, residual
+from .common import MOE_CAPTURABLE, HParams, Weights, residual
 
 GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func (0: unset)
 
@@ -39,10 +39,7 @@ def _bad(key, msg):
 
 
 class Model:
-    @property
-    def capturable(self):
-        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
-        return getattr(self.ops, "moe_capturable", False)
+    capturable = MOE_CAPTURABLE
 
     def __init__(self, ops, f, lora=None):
         missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 from ..errors import ReflexError
 from ..runtime.state import SlotSpec, State, attention_spec
-from .common import HParams, Weights, attention_block
+from .common import HParams, Weights, attention_block, moe_captured
 
 
 def _unsupported(what):
@@ -109,7 +109,7 @@ class Model:
             self.rope_freqs = w("rope_freqs.weight", (hp.head_dim // 2,))[:hp.n_rot // 2]
         self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
         # graphs hold MoE layers unless the backend's moe waits for the device (host routing)
-        self.capturable = all(L.moe is None for L in self.layers) or getattr(ops, "moe_capturable", False)
+        self.capturable = all(L.moe is None for L in self.layers) or moe_captured(ops)
 
     def _load_layer(self, w, i):
         hp, p = self.hp, f"blk.{i}."

@@ -23,7 +23,8 @@ from types import SimpleNamespace
 from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
-from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, bias, default_attn_scale
+from .common import (MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, bias, default_attn_scale,
+                     moe_captured)
 
 
 def _bad(key, msg):
@@ -65,7 +66,7 @@ class Model:
         self.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
         # a decode step is captured in a CUDA graph unless its experts' routing waits for the device
         # (a backend without moe_capturable, or CUDA with REFLEX_CUDA_MOE=host)
-        self.capturable = not self.n_expert or getattr(ops, "moe_capturable", False)
+        self.capturable = not self.n_expert or moe_captured(ops)
         w = Weights(ops, f, lora)  # its `dense` tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
         self.output_norm = w("output_norm.weight", (hp.n_embd,))

@@ -8,14 +8,12 @@ feed-forward in every layer, as llama.cpp's qwen35moe graph computes it:
 """
 
 from ..errors import ReflexError
+from .common import MOE_CAPTURABLE
 from .qwen35 import Model as _Qwen35
 
 
 class Model(_Qwen35):
-    @property
-    def capturable(self):
-        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
-        return getattr(self.ops, "moe_capturable", False)
+    capturable = MOE_CAPTURABLE
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams

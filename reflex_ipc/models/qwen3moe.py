@@ -9,14 +9,12 @@ n_embd] and `ffn_down_exps` [experts, n_embd, n_ff_exp] (numpy order), n_ff_exp 
 """
 
 from ..errors import ReflexError
+from .common import MOE_CAPTURABLE
 from .qwen3 import Model as _Qwen3
 
 
 class Model(_Qwen3):
-    @property
-    def capturable(self):
-        """Graphs hold the layers unless the backend's moe waits for the device (host routing)."""
-        return getattr(self.ops, "moe_capturable", False)
+    capturable = MOE_CAPTURABLE
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams

@@ -10,4 +10,5 @@
 #include "sampling.cuh"
 #include "moe.cuh"
 #include "recurrent.cuh"
+#include "chunked.cuh"
 #include "fused.cuh"

@@ -106,6 +106,14 @@ class CudaOps:
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
 
+    # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
+    # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
+    # (recur_calls: gpu-check reports which one a prefill ran)
+    chunked = True
+    chunk_min = CHUNK_MIN
+    n_chunked_calls = 0
+    n_sequential_calls = 0
+
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
@@ -124,11 +132,7 @@ class CudaOps:
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
-        # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
-        # more (CHUNK_MIN); recur_calls counts the calls of each path (gpu-check reports them)
         self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
-        self.chunk_min = CHUNK_MIN
-        self.recur_calls = {"chunked": 0, "sequential": 0}
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -980,8 +984,15 @@ class CudaOps:
         """True when a call whose longest sequence group has T tokens runs the chunked kernels
         (counted in recur_calls either way)."""
         use = self.chunked and T >= self.chunk_min
-        self.recur_calls["chunked" if use else "sequential"] += 1
+        if use:
+            self.n_chunked_calls += 1
+        else:
+            self.n_sequential_calls += 1
         return use
+
+    @property
+    def recur_calls(self):
+        return {"chunked": self.n_chunked_calls, "sequential": self.n_sequential_calls}
 
     def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
         """The gated delta rule (base.py): the chunked kernels when a sequence group has

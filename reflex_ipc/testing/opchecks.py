@@ -1303,6 +1303,50 @@ def check_recurrent_chunked(ops, rng):
     return rows
 
 
+def bench_recurrent(ops, rng):
+    """Device time (us) of one prefill call of delta_net (Qwen3.5's layer: Hk 16, Hv 32, D 128)
+    and ssm_scan (a Granite-4.0-H-like layer: H 64, P 64, G 1, Ns 128) over T tokens of one
+    sequence, on the chunked kernels and on the sequential ones (REFLEX_CHUNKED=0's path)."""
+    drv = ops.rt.drv
+    F = np.float32
+
+    def timed(fn, reps=5):
+        fn()
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(ops.rt.stream)
+        for _ in range(reps):
+            fn()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        return round(e1.time_since(e0) * 1e3 / reps, 1)
+
+    out = {}
+    saved = ops.chunked, ops.chunk_min
+    try:
+        for T in (64, 512, 1024):
+            q = ops.asarray(rng.standard_normal((T, 16, 128)).astype(F) / np.sqrt(128))
+            k = ops.asarray(rng.standard_normal((T, 16, 128)).astype(F) / np.sqrt(128))
+            v = ops.asarray(rng.standard_normal((T, 32, 128)).astype(F))
+            g = ops.asarray(-rng.uniform(0, 0.3, (T, 32)).astype(F))
+            b = ops.asarray(rng.uniform(0.1, 0.9, (T, 32)).astype(F))
+            st = ops.zeros((1, 32, 128, 128))
+            x = ops.asarray(rng.standard_normal((T, 64, 64)).astype(F))
+            dt = ops.asarray(rng.uniform(0.01, 0.5, (T, 64)).astype(F))
+            A = ops.asarray(-rng.uniform(0.3, 3.0, 64).astype(F))
+            B = ops.asarray(rng.standard_normal((T, 1, 128)).astype(F) / np.sqrt(128))
+            C = ops.asarray(rng.standard_normal((T, 1, 128)).astype(F) / np.sqrt(128))
+            sst = ops.zeros((1, 64, 64, 128))
+            for mode in ("chunked", "sequential"):
+                ops.chunked, ops.chunk_min = mode == "chunked", 1
+                out[f"delta_net T={T} {mode}_us"] = timed(lambda: ops.delta_net(q, k, v, g, b, st, None, 0.1))
+                out[f"ssm_scan T={T} {mode}_us"] = timed(lambda: ops.ssm_scan(x, dt, A, B, C, sst, None))
+    finally:
+        ops.chunked, ops.chunk_min = saved
+    print("[bench] recurrent prefill: " + ", ".join(f"{k}={v}" for k, v in out.items()), flush=True)
+    return out
+
+
 def bench_gemm(ops, rng):
     """TFLOP/s of prefill-shaped matmuls (N=512 tokens) by type and shape, on the
     tensor-core kernels and on the per-row kernels (ops.mma off), and of the gated unit

@@ -308,23 +308,23 @@ class _FakeDrv:
 
         class Stream:
             def __init__(self):
-                self.ops = []
+                self.ops = []  # (sequence number, copy) not yet run
+                self.seq = 0
                 self.handle = 0
 
+            def run_before(self, seq):
+                while self.ops and self.ops[0][0] < seq:
+                    self.ops.pop(0)[1]()
+
             def synchronize(self):
-                for op in self.ops:
-                    op()
-                self.ops.clear()
+                self.run_before(self.seq)
 
         class Event:
             def record(self, stream):
-                self.stream, self.upto = stream, len(stream.ops)
+                self.stream, self.seq = stream, stream.seq
 
             def synchronize(self):
-                run, self.stream.ops[:] = self.stream.ops[:self.upto], self.stream.ops[self.upto:]
-                for op in run:
-                    op()
-                self.upto = 0
+                self.stream.run_before(self.seq)
 
         self.mem_alloc = Alloc
         self.Stream = Stream
@@ -343,7 +343,8 @@ class _FakeDrv:
 
         def op():
             self.dev[off:off + src.size] = src.tobytes()
-        stream.ops.append(op)
+        stream.ops.append((stream.seq, op))
+        stream.seq += 1
 
 
 class _FakeCtx:
@@ -375,7 +376,7 @@ def _model(path, seed=0):
 
     rng = np.random.default_rng(seed)
     tensors = {f"t{i}": (rng.integers(0, 256, rows * cols * 4, dtype=np.uint8), 0, (rows, cols))
-               for i, (rows, cols) in enumerate([(3, 1000), (17, 333), (1, 5), (257, 129)])}
+               for i, (rows, cols) in enumerate([(3, 1000), (17, 333), (1, 5), (257, 129), (1000, 901)])}
     tensors_gguf(path, tensors)
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)  # clean pages: DONTNEED can drop them
@@ -403,15 +404,18 @@ def _arena(path, mode, monkeypatch, evict=False, **env):
     return f, rt, a
 
 
-@pytest.mark.parametrize("mode", ["read", "staging"])
-def test_arena_uploads_the_section(tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize("mode,threads", [("read", "1"), ("read", "3"), ("staging", "1")])
+def test_arena_uploads_the_section(tmp_path, monkeypatch, mode, threads):
+    """~3.8 MB of tensor data in 1 MiB chunks: one lane reuses each of its buffers."""
     path = _model(tmp_path / "m.gguf")
-    f, rt, a = _arena(path, mode, monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS="3")
+    f, rt, a = _arena(path, mode, monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS=threads)
     a.wait()
     want = f.bytes_view(a.start, a.nbytes).tobytes()
     assert bytes(rt.drv.dev[:len(want)]) == want
     assert a.stats["mode"] == mode and a.stats["bytes"] == len(want) and a.stats["requested"] == mode
     assert a.stats["upload_ms"] > 0 and "GB_per_s" in a.stats
+    if mode == "read":
+        assert a.stats["threads"] == int(threads) and a.stats["chunk_mb"] == 1 and a.stats["lane_setup_ms_max"] >= 0
     assert all(h.freed for h in rt.drv.pinned)
     assert not any(rt.ctx.depth.values())  # every push popped
     f.close()

@@ -140,6 +140,7 @@ class WeightArena:
                       "upload_ms": round((t1 - t0) * 1e3, 2),
                       "read_s_sum": round(sum(p["read_s"] for p in per), 3),
                       "buffer_wait_s_sum": round(sum(p["wait_s"] for p in per), 3),
+                      "lane_setup_ms_max": round(max(p["setup_s"] for p in per) * 1e3, 2),
                       "GB_per_s": round(n / (t1 - t0) / 1e9, 2) if t1 > t0 else None}
 
     def _upload_registered(self, src):
@@ -266,7 +267,7 @@ class WeightArena:
 class _PinnedLane:
     """One reader thread's side of the read upload (fileread.parallel_read's lane): the
     arena's context pushed on this thread, its own stream, two page-locked buffers of
-    `chunk` bytes and an event per buffer for its last copy."""
+    `chunk` bytes (halves of one allocation) and an event per buffer for its last copy."""
 
     def __init__(self, arena, chunk):
         import numpy as np
@@ -275,11 +276,13 @@ class _PinnedLane:
         self.drv = arena.rt.drv
         arena.rt.ctx.push()
         self.stream = None
+        self.host = None
         self.bufs = []
         self.events = [None, None]
         try:
             self.stream = self.drv.Stream()
-            self.bufs = [self.drv.pagelocked_empty(chunk, np.uint8) for _ in range(2)]
+            self.host = self.drv.pagelocked_empty(2 * chunk, np.uint8)  # one allocation, two halves
+            self.bufs = [self.host[:chunk], self.host[chunk:]]
         except BaseException:
             self.close()
             raise
@@ -303,9 +306,10 @@ class _PinnedLane:
         try:
             if self.stream is not None:
                 self.stream.synchronize()  # no copy may still read a buffer freed below
-            for b in self.bufs:
-                b.base.free()
+            if self.host is not None:
+                self.host.base.free()
         finally:
+            self.host = None
             self.bufs = []
             self.events = [None, None]
             self.stream = None

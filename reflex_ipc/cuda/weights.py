@@ -207,7 +207,7 @@ class WeightArena:
         from .. import phases
 
         end_at = phases.since_launch_ms()
-        self.stats = {"mode": "register", "bytes": src.size, "threads": len(pieces),
+        self.stats = {**self.stats, "mode": "register", "bytes": src.size, "threads": len(pieces),
                       "start_at": round(end_at - (t2 - t0) * 1e3, 2), "end_at": round(end_at, 2),
                       "upload_ms": round((t2 - t0) * 1e3, 2),
                       "pieces_register_copy_ms": times,

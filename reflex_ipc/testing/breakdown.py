@@ -257,6 +257,15 @@ def llama_bench(path, timeout=180):
     return {"argv": argv, "rc": p.returncode, "figures": llama_bench_figures(parse_llama_bench(p.stdout))}
 
 
+def machine_info():
+    import platform
+
+    from reflex_ipc.commands.bench import GPU
+
+    return {"gpu": GPU().info(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def table(results):
     rows = [("model", "gen1 same", "gen1 new", "sys1 same", "sys1 new", "kern/gen1", "idle/gen1",
              "pp512 ms", "pp tok/s", "l-pp", "dec ms/t", "l-tg", "idle/tok")]
@@ -301,12 +310,13 @@ def main(argv=None):
         ap.error("OUT is needed")
     os.makedirs(a.out, exist_ok=True)
     results = {}
+    machine = machine_info()
     for model in a.models:
         name = os.path.basename(model)[:-5] if model.endswith(".gguf") else model
         t0 = time.monotonic()
         path = make_model(model, a.models_dir)
         rec = {"model": name, "path": path, "bytes": os.path.getsize(path),
-               "commit": os.environ.get("REFLEX_COMMIT"), "runs": a.runs}
+               "commit": os.environ.get("REFLEX_COMMIT"), "runs": a.runs, "machine": machine}
         results[name] = rec
         steps = [("warm", lambda: run_child("warm", path, a.runs)),
                  ("stdio", lambda: stdio_requests(path, a.runs)),

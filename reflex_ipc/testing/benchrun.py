@@ -47,7 +47,8 @@ HERE = os.path.join(ROOT, "scripts", "gpu")  # make-user-venv
 PROMPT = "The capital of France is"
 SCALE = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
 FAMILIES = ["qwen35-2b", "deepseek-v2-lite", "qwen3-30b-a3b"]
-COLD19 = ["q8_0", "q4k"]  # make_gguf.py qwen3-shaped kinds (Qwen3-0.6B-shaped)
+COLD19 = ["q8_0", "q4k"]
+ENERGY_TAIL_S = 0.25  # the energy window's hold after exit (bench cold --energy-tail): a detached teardown  # make_gguf.py qwen3-shaped kinds (Qwen3-0.6B-shaped)
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class Runner:
         return r
 
     def cold(self, model, n, timeout, prompt=PROMPT, peer=True, extra=(), env=None):
-        args = ["--runs", n, "--prompt", prompt, *extra]
+        args = ["--runs", n, "--prompt", prompt, "--energy-tail", ENERGY_TAIL_S, *extra]
         if self.idle_w is not None:
             args += ["--idle-w", round(self.idle_w, 3)]
         if peer and self.simple:
@@ -338,9 +339,12 @@ class Runner:
             if ok or left() < 12 * pair_s + 5 or batches >= 6:
                 return {"spread": {k: spread(v) for k, v in pooled.items()}, "target_met": ok,
                         "extra_batches": batches, "idle_power_w": self.idle_w,
-                        "method": "NVML total energy counter read just before spawn, at the first stdout byte and "
-                                  "after exit, minus idle power (energy counter over 2 s before the cold runs) "
-                                  "times the elapsed time; spread = sample sd / mean over all pairs"}
+                        "method": "NVML total energy counter read at its steps: the spawn follows a step within "
+                                  "a millisecond, the window closes at the first step 0.25 s or more after exit "
+                                  "(work a process leaves behind, such as reflex's detached driver teardown, "
+                                  "counts); minus idle power (the counter between two steps 2 s apart before the "
+                                  "cold runs) times the window; energy to the first stdout byte is a plain read "
+                                  "(within one counter step); spread = sample sd / mean over all pairs"}
             r = self.cold(path, 10, max(60, 30 * pair_s))
             if "error" in r:
                 return {"error": r["error"], "spread": {k: spread(v) for k, v in pooled.items()}}

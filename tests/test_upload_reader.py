@@ -473,3 +473,26 @@ def test_arena_read_of_a_replaced_file_falls_back(tmp_path, monkeypatch):
     want = f.bytes_view(a.start, a.nbytes).tobytes()
     assert bytes(rt.drv.dev[:len(want)]) == want  # the parsed file's bytes
     f.close()
+
+
+def test_mincore_probe_makes_few_calls(monkeypatch):
+    """The probe runs beside a busy main thread: every foreign call waits for the GIL, so a
+    probe of one call per page cost 18 ms on the H200 host. It makes at most WINDOWS calls."""
+    import ctypes
+
+    from reflex_ipc.cuda import fileread
+
+    calls = []
+
+    def fake(addr, length, vec):
+        calls.append((addr, length))
+        for i in range(len(vec)):
+            vec[i] = 1 if i % 2 == 0 else 0  # every other page cached
+        return 0
+
+    monkeypatch.setattr(fileread, "_mincore", (fake, ctypes))
+    page = os.sysconf("SC_PAGE_SIZE")
+    frac = fileread.mincore_fraction(1 << 30, 20 << 30, samples=256)
+    assert len(calls) <= fileread.WINDOWS
+    assert sum(n for _, n in calls) == 256 * page
+    assert frac == pytest.approx(0.5)

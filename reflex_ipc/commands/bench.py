@@ -46,6 +46,8 @@ def add_arguments(p):
     p.add_argument("--pause", type=float, default=0.0, help="cold: seconds of sleep between runs")
     p.add_argument("--idle-w", type=float, help="cold: the GPU's idle power (W) measured before; "
                    "default: measure it (3 s)")
+    p.add_argument("--energy-tail", type=float, default=0.0,
+                   help="cold: seconds after exit that the energy window still holds (work left running)")
     p.add_argument("--drop-caches", action="store_true", help="cold: drop the page cache before each run")
     p.add_argument("--vs", help="cold: a peer's shell command, alternated with ours")
     p.add_argument("--vs-name", default="peer")
@@ -102,14 +104,49 @@ class GPU:
         except Exception:
             return None
 
-    def idle_power_w(self, seconds=3.0):
-        """Idle power from the energy counter over `seconds` (the same counter the runs are
-        measured with, so that the two agree), else the median of power samples."""
+    def energy_at_tick(self, timeout=0.5):
+        """(mJ, perf_counter time) read right after the energy counter moves. NVML's counter
+        advances in steps (~100 ms apart on the H200, ~12 J at idle power): a read at a random
+        moment is up to one step off, ~75% of one 0.35 s start's energy above idle. Two reads
+        taken at steps bound a window whose energy is exact; the time it waited is spent idle
+        (subtracted with the idle power). (None, time) without a counter; on a counter that does
+        not move within `timeout`, the plain read."""
+        e0 = self.energy_mj()
+        if e0 is None:
+            return None, time.perf_counter()
+        end = time.perf_counter() + timeout
+        while True:
+            e = self.energy_mj()
+            t = time.perf_counter()
+            if e != e0 or t > end:
+                return e, t
+            time.sleep(0.0005)
+
+    def counter_steps(self, seconds=1.0):
+        """The energy counter's step period (ms) and size (mJ), medians over `seconds`."""
         if not self.nv:
             return None
-        e0, t0 = self.energy_mj(), time.perf_counter()
+        ticks = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            e, t = self.energy_at_tick(0.3)
+            ticks.append((e, t))
+        if len(ticks) < 3:
+            return None
+        periods = sorted((b[1] - a[1]) * 1e3 for a, b in zip(ticks, ticks[1:]))
+        steps = sorted(b[0] - a[0] for a, b in zip(ticks, ticks[1:]))
+        return {"period_ms": round(periods[len(periods) // 2], 2), "step_mj": steps[len(steps) // 2],
+                "n": len(periods)}
+
+    def idle_power_w(self, seconds=3.0):
+        """Idle power from the energy counter between two of its steps `seconds` apart (the
+        same counter the runs are measured with, so that the two agree), else the median of
+        power samples."""
+        if not self.nv:
+            return None
+        e0, t0 = self.energy_at_tick()
         time.sleep(seconds)
-        e1, t1 = self.energy_mj(), time.perf_counter()
+        e1, t1 = self.energy_at_tick()
         if e0 is not None and e1 is not None and e1 > e0:
             return (e1 - e0) / 1000.0 / (t1 - t0)
         samples = []
@@ -162,14 +199,20 @@ def drop_page_cache():
         return False
 
 
-def timed_process(argv, shell=False, gpu=None, idle_w=None):
+def timed_process(argv, shell=False, gpu=None, idle_w=None, tail_s=0.0):
     """Run argv; wall time spawn->exit and spawn->first byte on stdout, NVML energy for both
     (net of idle power when idle_w is given). Returns (record, stdout bytes, stderr text);
-    stderr goes to a file, never a pipe that could fill before stdout's first byte."""
+    stderr goes to a file, never a pipe that could fill before stdout's first byte.
+
+    Energy to exit is read at counter steps (GPU.energy_at_tick): the spawn follows the step
+    before it within a millisecond, and the window closes at the first step at least tail_s
+    after exit (a tail that also holds work a process leaves running after it exits, such as
+    a detached driver teardown); the window's idle energy (idle_w x its length) is subtracted.
+    Energy to the first byte is a plain read at that moment (within one counter step)."""
     import tempfile
 
     env = dict(os.environ)
-    e0 = gpu.energy_mj() if gpu else None
+    e0, tw0 = gpu.energy_at_tick() if gpu else (None, None)
     t_ns = time.time_ns()
     env["REFLEX_T_LAUNCH"] = str(t_ns)
     with tempfile.TemporaryFile() as err:
@@ -183,7 +226,9 @@ def timed_process(argv, shell=False, gpu=None, idle_w=None):
             chunks.append(os.read(fd, 1 << 16))
         rc = proc.wait()
         wall = (time.perf_counter() - t0) * 1e3
-        e1 = gpu.energy_mj() if gpu else None
+        if gpu and tail_s:
+            time.sleep(tail_s)
+        e1, tw1 = gpu.energy_at_tick() if gpu else (None, None)
         proc.stdout.close()
         err.seek(0)
         stderr = err.read().decode(errors="replace")
@@ -192,12 +237,13 @@ def timed_process(argv, shell=False, gpu=None, idle_w=None):
     if e0 is not None and e1 is not None:
         joules = (e1 - e0) / 1000.0
         out["energy_j"] = round(joules, 4)
+        out["energy_window_ms"] = round((tw1 - tw0) * 1e3, 3)
         if idle_w is not None:
-            out["energy_net_j"] = round(joules - idle_w * wall / 1e3, 4)
+            out["energy_net_j"] = round(joules - idle_w * (tw1 - tw0), 4)
         if e_first is not None:
             out["energy_first_j"] = round((e_first - e0) / 1000.0, 4)
             if idle_w is not None:
-                out["energy_first_net_j"] = round(out["energy_first_j"] - idle_w * first / 1e3, 4)
+                out["energy_first_net_j"] = round(out["energy_first_j"] - idle_w * (first / 1e3 + t0 - tw0), 4)
     if rc != 0:
         out["stderr_tail"] = stderr[-2000:]
     return out, b"".join(chunks), stderr
@@ -235,12 +281,11 @@ def spread(xs):
 
 def mean_net_energy(runs, idle_w):
     """Energy per run above idle, from the totals over all runs: (sum of the runs' energy -
-    idle power x their summed wall time) / n. The energy counter moves in coarse steps, so
-    single runs of a third of a second are mostly quantization noise; the sum is not."""
+    idle power x their summed energy windows) / n."""
     ok = [r for r in runs if r.get("rc") == 0 and r.get("energy_j") is not None]
     if not ok or idle_w is None:
         return None
-    total = sum(r["energy_j"] for r in ok) - idle_w * sum(r["wall_ms"] for r in ok) / 1e3
+    total = sum(r["energy_j"] for r in ok) - idle_w * sum(r.get("energy_window_ms", r["wall_ms"]) for r in ok) / 1e3
     return round(total / len(ok), 3)
 
 
@@ -250,6 +295,23 @@ def upload_gbps(timings):
     b = sum(u.get("bytes") or 0 for u in ups)
     ms = sum(u.get("upload_ms") or 0 for u in ups)
     return round(b / ms / 1e6, 3) if b and ms else None
+
+
+def upload_modes(timings):
+    """How a cold run's arenas were uploaded: "register", "read" (+ "staging"), joined
+    with "+" for several files; None without CUDA upload timings."""
+    ups = ((timings or {}).get("cuda") or {}).get("upload") or []
+    return "+".join(str(u.get("mode")) for u in ups) or None
+
+
+def mode_counts(runs):
+    """{mode: runs} over runs' "upload_mode"."""
+    out = {}
+    for r in runs:
+        m = r.get("upload_mode")
+        if m:
+            out[m] = out.get(m, 0) + 1
+    return out
 
 
 def run_cold(args, gpu):
@@ -262,11 +324,12 @@ def run_cold(args, gpu):
             time.sleep(args.pause)
         if args.drop_caches:
             dropped = drop_page_cache()
-        r, stdout, _ = timed_process(argv, gpu=gpu, idle_w=idle_w)
+        r, stdout, _ = timed_process(argv, gpu=gpu, idle_w=idle_w, tail_s=args.energy_tail)
         try:
             res = json.loads(stdout.decode().strip().splitlines()[-1])
             r["timings"] = res.get("timings")
             r["upload_GB_per_s"] = upload_gbps(r["timings"])
+            r["upload_mode"] = upload_modes(r["timings"])
             if args.op == "generate":
                 r["text"] = res.get("text")
         except (ValueError, IndexError):
@@ -277,7 +340,7 @@ def run_cold(args, gpu):
                 time.sleep(args.pause)
             if args.drop_caches:
                 drop_page_cache()
-            p, _, err = timed_process(args.vs, shell=True, gpu=gpu, idle_w=idle_w)
+            p, _, err = timed_process(args.vs, shell=True, gpu=gpu, idle_w=idle_w, tail_s=args.energy_tail)
             p["llama_simple"] = parse_llama_simple(err) or None
             peer.append(p)
             if r["rc"] == 0 and p["rc"] == 0:
@@ -300,11 +363,13 @@ def run_cold(args, gpu):
         "mode": "cold", "op": args.op, "runs": args.runs, "argv": argv, "pause_s": args.pause,
         "drop_caches": dropped,
         "idle_power_w": idle_w,
+        "energy_counter": gpu.counter_steps() if gpu.nv else None, "energy_tail_s": args.energy_tail,
         "wall_ms": stats([r["wall_ms"] for r in ours if r["rc"] == 0]),
         "failures": sum(r["rc"] != 0 for r in ours),
         "phases_ms": {k: stats([((r.get("timings") or {}).get("phases") or {}).get(k)
                                 for r in ours]) for k in phase_names},
         "upload_GB_per_s": stats([r.get("upload_GB_per_s") for r in ours]),
+        "upload_modes": mode_counts(ours),
         **energy(ours),
         "per_run": ours,
     }

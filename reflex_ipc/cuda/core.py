@@ -5,6 +5,7 @@ Built by reflex_ipc.cuda's init thread; everything here assumes the primary cont
 is current in the calling thread.
 """
 
+import os
 import struct
 import threading
 import time
@@ -166,13 +167,20 @@ class Runtime:
         self.pool = Pool(drv)
         self._kernels = {}
         self._klock = threading.Lock()
+        self.profiler = None  # $REFLEX_PROFILE=1: per-kernel GPU times (cuda/profile.py)
+        self._kernel_cls = Kernel
+        if os.environ.get("REFLEX_PROFILE") == "1":
+            from .profile import Profiler, wrap_kernel
+
+            self.profiler = Profiler(drv, self.stream)
+            self._kernel_cls = wrap_kernel(Kernel)
 
     def kernel(self, name) -> Kernel:
         k = self._kernels.get(name)
         if k is None:
             with self._klock:
                 fmt = SIGNATURES[name]
-                k = Kernel(self.module.get_function(name), name, fmt, self.stream)
+                k = self._kernel_cls(self.module.get_function(name), name, fmt, self.stream)
                 self._kernels[name] = k
         return k
 

@@ -8,6 +8,7 @@ kernels read, updated before each replay.
 """
 
 import ctypes
+import sys
 
 _lib = None
 CAPTURE_MODE_RELAXED = 2  # allocations (cuMemAlloc) stay allowed while capturing
@@ -40,10 +41,16 @@ class Graph:
         self.pool = None  # the graph's private memory pool (CudaOps.capture), freed by close()
 
     def __enter__(self):
+        prof = sys.modules.get("reflex_ipc.cuda.profile")
+        if prof is not None:
+            prof.CAPTURING[0] = True
         _check(_cuda().cuStreamBeginCapture_v2(self.stream, CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        prof = sys.modules.get("reflex_ipc.cuda.profile")
+        if prof is not None:
+            prof.CAPTURING[0] = False
         lib = _cuda()
         rc = lib.cuStreamEndCapture(self.stream, ctypes.byref(self.graph))
         if exc_type is not None:
@@ -60,7 +67,12 @@ class Graph:
         return int(n.value)
 
     def launch(self):
-        _check(_cuda().cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+        prof = sys.modules.get("reflex_ipc.cuda.profile")
+        if prof is not None and prof.ACTIVE is not None:
+            rc = prof.ACTIVE.around("graph", _cuda().cuGraphLaunch, self.exec, self.stream)
+        else:
+            rc = _cuda().cuGraphLaunch(self.exec, self.stream)
+        _check(rc, "cuGraphLaunch")
 
     def close(self):
         lib = _cuda()

@@ -47,7 +47,8 @@ HERE = os.path.join(ROOT, "scripts", "gpu")  # make-user-venv
 PROMPT = "The capital of France is"
 SCALE = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
 FAMILIES = ["qwen35-2b", "deepseek-v2-lite", "qwen3-30b-a3b"]
-COLD19 = ["q8_0", "q4k"]  # make_gguf.py qwen3-shaped kinds (Qwen3-0.6B-shaped)
+COLD19 = ["q8_0", "q4k"]
+ENERGY_TAIL_S = 0.25  # the energy window's hold after exit (bench cold --energy-tail): a detached teardown  # make_gguf.py qwen3-shaped kinds (Qwen3-0.6B-shaped)
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class Runner:
         return r
 
     def cold(self, model, n, timeout, prompt=PROMPT, peer=True, extra=(), env=None):
-        args = ["--runs", n, "--prompt", prompt, *extra]
+        args = ["--runs", n, "--prompt", prompt, "--energy-tail", ENERGY_TAIL_S, *extra]
         if self.idle_w is not None:
             args += ["--idle-w", round(self.idle_w, 3)]
         if peer and self.simple:
@@ -338,9 +339,12 @@ class Runner:
             if ok or left() < 12 * pair_s + 5 or batches >= 6:
                 return {"spread": {k: spread(v) for k, v in pooled.items()}, "target_met": ok,
                         "extra_batches": batches, "idle_power_w": self.idle_w,
-                        "method": "NVML total energy counter read just before spawn, at the first stdout byte and "
-                                  "after exit, minus idle power (energy counter over 2 s before the cold runs) "
-                                  "times the elapsed time; spread = sample sd / mean over all pairs"}
+                        "method": "NVML total energy counter read at its steps: the spawn follows a step within "
+                                  "a millisecond, the window closes at the first step 0.25 s or more after exit "
+                                  "(work a process leaves behind, such as reflex's detached driver teardown, "
+                                  "counts); minus idle power (the counter between two steps 2 s apart before the "
+                                  "cold runs) times the window; energy to the first stdout byte is a plain read "
+                                  "(within one counter step); spread = sample sd / mean over all pairs"}
             r = self.cold(path, 10, max(60, 30 * pair_s))
             if "error" in r:
                 return {"error": r["error"], "spread": {k: spread(v) for k, v in pooled.items()}}
@@ -441,6 +445,7 @@ def ratios(rec):
         "cold_llama_simple_first_byte_p50_ms": _p50(vs, "first_byte_ms", "p50"),
         "cold_speedup_pairwise_p50": _p50(vs, "speedup_pairwise", "p50"),
         "upload_GB_per_s_p50": _p50(cold, "upload_GB_per_s", "p50"),
+        "upload_modes": cold.get("upload_modes"),
         "page_cache_read_GB_per_s": _p50(s, "page_cache", "GB_per_s"),
         "energy_reflex_net_j_mean": cold.get("energy_net_j_mean"),
         "energy_llama_simple_net_j_mean": vs.get("energy_net_j_mean"),
@@ -456,6 +461,8 @@ def ratios(rec):
         d = s["cold_dropped_cache"]
         out["cold_dropped_reflex_p50_ms"] = _p50(d, "wall_ms", "p50")
         out["cold_dropped_llama_simple_p50_ms"] = _p50(d, "vs", "wall_ms", "p50")
+        out["cold_dropped_upload_GB_per_s_p50"] = _p50(d, "upload_GB_per_s", "p50")
+        out["cold_dropped_upload_modes"] = d.get("upload_modes")
     if s.get("back_to_back_20"):
         b2b, iso = _p50(s, "back_to_back_20", "wall_ms", "p50"), _p50(s, "isolated_pause_2s", "wall_ms", "p50")
         out.update(back_to_back_p50_ms=b2b, isolated_p50_ms=iso, back_to_back_over_isolated=_div(b2b, iso))

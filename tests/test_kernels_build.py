@@ -740,8 +740,8 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     arr = lambda *shape: DeviceArray.empty(ops.pool, shape)  # noqa: E731
     Hk, Hv, D = 2, 6, 128
     st = arr(4, Hv, D, D)
-    for N, seqs, T, chunked in ((1, None, 1, False), (31, None, 31, False), (32, None, 32, True),
-                                (200, None, 200, True), (103, np.repeat([1, 3, 2], [70, 1, 32]), 70, True),
+    for N, seqs, T, chunked in ((1, None, 1, False), (127, None, 127, False), (128, None, 128, True),
+                                (200, None, 200, True), (203, np.repeat([1, 3, 2], [140, 1, 62]), 140, True),
                                 (40, np.repeat([1, 2], [20, 20]), 20, False)):
         q, k, v, g, b = arr(N, Hk, D), arr(N, Hk, D), arr(N, Hv, D), arr(N, Hv), arr(N, Hv)
         n0 = len(rt.launches)
@@ -761,14 +761,14 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
         assert len({aqk, gc, wv, wk, out.ptr}) == 5
     H, P, Gq, Ns = 8, 64, 2, 128
     sst = arr(2, H, P, Ns)
-    x, dt, A, B, C, Dk = arr(100, H, P), arr(100, H), arr(H), arr(100, Gq, Ns), arr(100, Gq, Ns), arr(H)
+    x, dt, A, B, C, Dk = arr(130, H, P), arr(130, H), arr(H), arr(130, Gq, Ns), arr(130, Gq, Ns), arr(H)
     n0 = len(rt.launches)
     y = ops.ssm_scan(x, dt, A, B, C, sst, None, D=Dk)
     (p, pg, _, pa), (s, sgr, _, sa) = rt.launches[n0:]
-    assert (p, pg, s, sgr) == ("ssm_chunk_prep_f32", (2, H, 1), "ssm_chunk_scan_f32", (P // 16, H, 1))
-    assert pa[:4] == (C.ptr, B.ptr, dt.ptr, A.ptr) and pa[6:] == (0, 1, 100, H, Gq, Ns)
+    assert (p, pg, s, sgr) == ("ssm_chunk_prep_f32", (3, H, 1), "ssm_chunk_scan_f32", (P // 16, H, 1))
+    assert pa[:4] == (C.ptr, B.ptr, dt.ptr, A.ptr) and pa[6:] == (0, 1, 130, H, Gq, Ns)
     assert sa[:4] == (C.ptr, B.ptr, x.ptr, dt.ptr) and sa[4:6] == pa[4:6]
-    assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 100, H, P, Gq, Ns)
+    assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 130, H, P, Gq, Ns)
     calls = dict(ops.recur_calls)
     monkeypatch.setenv("REFLEX_CHUNKED", "0")
     ops.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"  # as __init__ reads it
@@ -776,4 +776,4 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     ops.ssm_scan(x, dt, A, B, C, sst, None)
     assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
     assert ops.recur_calls == {"chunked": calls["chunked"], "sequential": calls["sequential"] + 1}
-    assert cuda_ops.CHUNK_MIN == ops.chunk_min == 32
+    assert cuda_ops.CHUNK_MIN == ops.chunk_min == 128

@@ -62,12 +62,13 @@ CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (bl
 # few-token groups of system1's candidates) keep the sequential kernels of recurrent.cuh. The
 # sequential kernel walks T dependent steps (two warp reductions and the token's loads each),
 # the chunked form pays two launches, a workspace and a whole CHUNK_L-token chunk's tile work
-# whatever T: about even around a few dozen tokens, so half a chunk. REFLEX_CHUNKED=0 keeps the
-# sequential kernels for prefill too (A/B runs).
+# whatever T. Measured on the H200 (Qwen3.5-2B layer, one call): T=64 chunked 95 us vs
+# sequential 76; T=512 524 vs 567 (in the model 362 vs 525); T=1024 1099 vs 1576: two chunks
+# and up. REFLEX_CHUNKED=0 keeps the sequential kernels for prefill too (A/B runs).
 CHUNK_L = 64  # CHUNK_L in chunked.cuh: tokens per chunk
 CHUNK_ROWS = 16  # CHUNK_ROWS in chunked.cuh: state rows per block of *_chunk_scan_f32
 CHUNK_THREADS = 256  # CHUNK_THREADS in chunked.cuh
-CHUNK_MIN = 32
+CHUNK_MIN = 128
 
 
 def yarn_args(yarn, n_rot, base, freq_scale, mscale):

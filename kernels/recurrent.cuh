@@ -75,7 +75,8 @@ RX_EXTERN void columns_f32(const float* x, float* y, long long total, int W, int
 // x, y [N, C]; state [n_seq, K-1, C]; w [C, K]. A thread computes channel c of the tokens
 // t = blockIdx.z, blockIdx.z + gridDim.z, ... of its group. With gridDim.z == 1 (decode) it
 // then updates its channel's state itself; otherwise ssm_conv_state_f32 does, launched after
-// (every output must have read the old state first).
+// (every output must have read the old state first; the state holds inputs, not outputs).
+// act = 1: y = silu(conv) (base.ssm_conv_silu), 0: the conv itself.
 __device__ __forceinline__ float conv_xx(const float* st, const float* x, const SeqGroup& grp, int j, int c,
                                          int C, int K) {
     return j < K - 1 ? st[(long long)j * C + c] : x[(long long)grp.token(j - (K - 1)) * C + c];
@@ -89,7 +90,7 @@ __device__ __forceinline__ void conv_state_update(float* st, const float* x, con
 }
 
 RX_EXTERN void ssm_conv_f32(const float* x, float* state, const float* w, float* y, const int* sg,
-                            int n_groups, int N, int C, int K) {
+                            int n_groups, int N, int C, int K, int act) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const SeqGroup grp = seq_group(sg, n_groups, N);
@@ -98,7 +99,7 @@ RX_EXTERN void ssm_conv_f32(const float* x, float* state, const float* w, float*
     for (int t = blockIdx.z; t < grp.count; t += gridDim.z) {
         float acc = 0.f;
         for (int k = 0; k < K; k++) acc += wc[k] * conv_xx(st, x, grp, t + k, c, C, K);
-        y[(long long)grp.token(t) * C + c] = acc;
+        y[(long long)grp.token(t) * C + c] = act ? silu(acc) : acc;
     }
     if (gridDim.z == 1) conv_state_update(st, x, grp, c, C, K);
 }

@@ -777,3 +777,101 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
     assert ops.recur_calls == {"chunked": calls["chunked"], "sequential": calls["sequential"] + 1}
     assert cuda_ops.CHUNK_MIN == ops.chunk_min == 128
+
+
+def test_cuda_ops_hybrid_fused_launches(fake_ops):
+    """base.py's fused ops of the hybrid layers on CudaOps: kernel, grid, pointers, sizes; and
+    delta_qkv_f32's row indexing emulated in numpy (a warp per head row) against the plain ops."""
+    import math
+
+    import numpy as np
+
+    from reflex_ipc.backends.base import delta_qkv
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+    from reflex_ipc.cuda.arrays import DeviceArray
+
+    ops, rt = fake_ops, fake_ops.rt
+    ops._seq_memo = None
+    arr = lambda *shape: DeviceArray.empty(ops.pool, shape)  # noqa: E731
+    N, nk, nv, d = 130, 2, 6, 37
+    alpha, b, bias, a = arr(N, nv), arr(N, nv), arr(nv), arr(nv)
+    g, beta = ops.delta_gates(alpha, bias, a, b)
+    name, grid, block, args = rt.launches[-1]
+    assert (name, grid, block) == ("delta_gates_f32", (4, 1, 1), (256, 1, 1))
+    assert args == (alpha.ptr, bias.ptr, a.ptr, b.ptr, g.ptr, beta.ptr, N * nv, nv) and g.ptr != beta.ptr
+    c = arr(N, (2 * nk + nv) * d)
+    q, k, v = ops.delta_qkv(c, nk, nv, d, 1e-6)
+    name, grid, block, args = rt.launches[-1]
+    assert (name, grid, block) == ("delta_qkv_f32", (325, 1, 1), (128, 1, 1))  # 130 x 10 rows, 4 a block
+    assert args[:8] == (c.ptr, q.ptr, k.ptr, v.ptr, N, nk, nv, d)
+    assert args[8] == pytest.approx(1e-6 / d) and args[9] == pytest.approx(1 / math.sqrt(d))
+    assert (q.shape, k.shape, v.shape) == ((N, nk, d), (N, nk, d), (N, nv, d))
+    with pytest.raises(ValueError):
+        ops.delta_qkv(arr(N, 11 * d), nk, nv, d, 1e-6)
+    o, z, w = arr(N, nv, d), arr(N, nv, d), arr(d)
+    y = ops.rms_norm_gate(o, w, 1e-6, z)
+    assert rt.launches[-1] == ("rms_norm_gate_f32", (-(-N * nv // 4), 1, 1), (128, 1, 1),
+                               (o.ptr, w.ptr, z.ptr, y.ptr, N * nv, d, 1e-6))
+    att, qg = arr(N, nv * d), arr(N, nv, 2 * d)
+    y = ops.sigmoid_gate(att, qg, d, d)
+    assert rt.launches[-1] == ("sigmoid_gate_f32", (-(-N * nv * d // 256), 1, 1), (256, 1, 1),
+                               (att.ptr, qg.ptr, y.ptr, N * nv * d, d, 2 * d, d))
+    with pytest.raises(ValueError):
+        ops.sigmoid_gate(att, qg, d + 1, d)
+    x, st, cw = arr(7, 50), arr(2, 3, 50), arr(50, 4)
+    ops.ssm_conv(x, st, cw)
+    assert rt.launches[-2][0] == "ssm_conv_f32" and rt.launches[-2][3][-1] == 0
+    assert rt.launches[-1][0] == "ssm_conv_state_f32"  # 7 tokens over 7 blocks: the state after
+    out = ops.ssm_conv_silu(x[:1], st, cw)
+    assert rt.launches[-1] == ("ssm_conv_f32", (1, 1, 1), (256, 1, 1),
+                               (x.ptr, st.ptr, cw.ptr, out.ptr, 0, 1, 1, 50, 4, 1))
+
+    # delta_qkv_f32's indexing, one warp (row) at a time, vectorized over its lanes
+    rng = np.random.default_rng(0)
+    N, nk, nv, d = 3, 2, 3, 45
+    ch = rng.standard_normal((N, (2 * nk + nv) * d)).astype(np.float32)
+    cf = ch.reshape(-1)
+    qe, ke, ve = (np.full(n * d * N, np.nan, np.float32) for n in (nk, nk, nv))
+    rpt, eps, scale = 2 * nk + nv, np.float32(1e-6 / d), np.float32(1 / math.sqrt(d))
+    for r in range(N * rpt):
+        n, h = divmod(r, rpt)
+        src = cf[r * d:(r + 1) * d]
+        if h >= 2 * nk:
+            ve[(n * nv + h - 2 * nk) * d:][:d] = src
+            continue
+        rr = np.float32(1) / np.sqrt((src * src).sum() / np.float32(d) + eps)
+        dst, hh = (qe, h) if h < nk else (ke, h - nk)
+        dst[(n * nk + hh) * d:][:d] = src * rr * scale
+    want = delta_qkv(NumpyOps(), ch, nk, nv, d, 1e-6)
+    for got, ref in zip((qe, ke, ve), want):
+        np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_qwen35_decode_kernels_per_layer(fake_ops, monkeypatch, tmp_path, fuse):
+    """A qwen35 decode step's element-wise kernels: with the fused ops, a Gated DeltaNet layer's
+    chain (gates, conv + silu, q/k/v split and L2 norms, gated norm) is four launches and the
+    gated attention's sigmoid gate one; REFLEX_FUSE=0 keeps the plain ops' launches."""
+    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+
+    monkeypatch.setenv("REFLEX_FUSE", fuse)
+    fake_ops._seq_memo = None
+    path = str(tmp_path / "q35.gguf")
+    hybrid_gguf(path, **HYBRID_CONFIGS["qwen35"])
+    layers = _layer_kernels(fake_ops, path)
+    plain = {"add_row_f32", "softplus_f32", "mul_row_f32", "silu_f32", "columns_f32", "scale_f32", "sigmoid_f32",
+             "mul_f32"}
+    fused = ["delta_gates_f32", "ssm_conv_f32", "delta_qkv_f32", "delta_net_f32", "rms_norm_gate_f32"]
+    kinds = []
+    for names in layers:
+        if "delta_net_f32" in names:
+            kinds.append("delta")
+            ew = [n for n in names if n in plain or n in fused]
+            if fuse == "1":
+                assert ew == fused, names
+            else:
+                assert ew.count("columns_f32") == 3 and ew.count("scale_f32") == 2 and "delta_gates_f32" not in ew
+        else:
+            kinds.append("attention")
+            assert ("sigmoid_gate_f32" in names) == (fuse == "1") and ("sigmoid_f32" in names) == (fuse == "0")
+    assert "delta" in kinds and "attention" in kinds

@@ -69,6 +69,8 @@ without waiting for the device, so a graph can hold it (MoE models are captured 
 
 from __future__ import annotations
 
+import math
+
 # The op names every backend must provide (see Ops for their contracts).
 OPS = (
     "empty", "zeros", "asarray", "to_numpy", "write", "copy", "synchronize", "positions",
@@ -105,7 +107,9 @@ MLA_OPS = ("split", "concat", "head_matmul")
 # do not call them directly but through the functions of the same name below, which run the
 # backend's version when it has one and fusion is on, else the sequence of plain ops that
 # defines them (what numpy and cpu compute). REFLEX_FUSE=0 turns them off (A/B runs).
-FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store")
+FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store",
+             # the element-wise chains of the hybrid (Gated DeltaNet / gated attention) layers
+             "delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate")
 
 
 def fusion_on() -> bool:
@@ -162,6 +166,56 @@ def qk_rope_kv_store(ops, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, s
         k = ops.rope(k, pos, inplace=True, **rope)
     ops.kv_store(k_cache, v_cache, k, v, slots)
     return q, k
+
+
+def delta_gates(ops, alpha, dt_bias, a, b):
+    """A Gated DeltaNet's decay and write strength from alpha, b [N, H] (dt_bias, a [H]):
+    (mul(softplus(add(alpha, dt_bias)), a), sigmoid(b))."""
+    f = _fused(ops, "delta_gates")
+    if f is not None:
+        return f(alpha, dt_bias, a, b)
+    return ops.mul(ops.softplus(ops.add(alpha, dt_bias)), a), ops.sigmoid(b)
+
+
+def ssm_conv_silu(ops, x, state, w, seqs=None):
+    """silu(ssm_conv(x, state, w, seqs)) (the state updated as by ssm_conv)."""
+    f = _fused(ops, "ssm_conv_silu")
+    if f is not None:
+        return f(x, state, w, seqs)
+    return ops.silu(ops.ssm_conv(x, state, w, seqs))
+
+
+def delta_qkv(ops, c, n_k, n_v, d, eps):
+    """The q, k [N, n_k, d] and v [N, n_v, d] of a Gated DeltaNet's conv output c
+    [N, (2 n_k + n_v) d] (q, k, v by columns), q and k L2-normalized as llama.cpp computes it,
+    t / sqrt(sum t^2 + eps): scale(rms_norm(t, None, eps / d), 1 / sqrt(d))."""
+    f = _fused(ops, "delta_qkv")
+    if f is not None:
+        return f(c, n_k, n_v, d, eps)
+    N, kd = c.shape[0], n_k * d
+
+    def l2(t):
+        return ops.scale(ops.rms_norm(t, None, eps / d), 1.0 / math.sqrt(d))
+
+    return (l2(ops.columns(c, 0, kd).reshape(N, n_k, d)), l2(ops.columns(c, kd, kd).reshape(N, n_k, d)),
+            ops.columns(c, 2 * kd, n_v * d).reshape(N, n_v, d))
+
+
+def rms_norm_gate(ops, x, w, eps, z):
+    """mul(rms_norm(x, w, eps), silu(z)), z of x's shape: a gated RMSNorm."""
+    f = _fused(ops, "rms_norm_gate")
+    if f is not None:
+        return f(x, w, eps, z)
+    return ops.mul(ops.rms_norm(x, w, eps), ops.silu(z))
+
+
+def sigmoid_gate(ops, a, x, start, width):
+    """mul(a, sigmoid(columns(x, start, width).reshape(a.shape))): a times a sigmoid gate
+    read from columns of x (an attention output gated by part of its query projection)."""
+    f = _fused(ops, "sigmoid_gate")
+    if f is not None:
+        return f(a, x, start, width)
+    return ops.mul(a, ops.sigmoid(ops.columns(x, start, width).reshape(a.shape)))
 
 
 def missing_ops(backend) -> list[str]:

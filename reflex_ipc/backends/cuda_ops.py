@@ -54,6 +54,7 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
 CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
@@ -966,6 +967,13 @@ class CudaOps:
     def ssm_conv(self, x, state, w, seqs=None):
         """Causal depthwise conv of x [N, C] with each sequence's last K-1 inputs (state
         [n_seq, K-1, C], updated); w float32 [C, K]."""
+        return self._ssm_conv(x, state, w, seqs, 0)
+
+    def ssm_conv_silu(self, x, state, w, seqs=None):
+        """silu(ssm_conv(x, state, w, seqs)) (base.ssm_conv_silu): the silu in the conv kernel."""
+        return self._ssm_conv(x, state, w, seqs, 1)
+
+    def _ssm_conv(self, x, state, w, seqs, act):
         self._f32("ssm_conv", x, state, w)
         N, C = x.shape
         K = w.shape[1]
@@ -976,9 +984,65 @@ class CudaOps:
         if N:
             cb = (C + EW_BLOCK - 1) // EW_BLOCK
             z = min(T, CONV_TOKEN_BLOCKS)  # 1 for a decode step: the state is updated in the same kernel
-            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x.ptr, state.ptr, w.ptr, out.ptr, sg, G, N, C, K)
+            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x.ptr, state.ptr, w.ptr, out.ptr, sg, G, N, C, K,
+                                  act)
             if z > 1:
                 self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr, sg, G, N, C, K)
+        return out
+
+    # -- fused element-wise ops of the hybrid layers (kernels/hybrid.cuh; models reach them
+    # through base.py's functions of the same names, whose plain ops define them) ------------
+    def delta_gates(self, alpha, dt_bias, a, b):
+        """(softplus(alpha + dt_bias) * a, sigmoid(b)): alpha, b [N, H]; dt_bias, a [H]."""
+        self._f32("delta_gates", alpha, dt_bias, a, b)
+        H = alpha.shape[-1]
+        if b.shape != alpha.shape or dt_bias.shape != (H,) or a.shape != (H,):
+            raise ValueError(f"delta_gates: alpha {alpha.shape} dt_bias {dt_bias.shape} a {a.shape} b {b.shape}")
+        g, beta = self.empty(alpha.shape), self.empty(alpha.shape)
+        if alpha.size:
+            self.k("delta_gates_f32")(_ew_grid(alpha.size), (EW_BLOCK, 1, 1), alpha.ptr, dt_bias.ptr, a.ptr, b.ptr,
+                                      g.ptr, beta.ptr, alpha.size, H)
+        return g, beta
+
+    def delta_qkv(self, c, n_k, n_v, d, eps):
+        """c [N, (2 n_k + n_v) d] -> q, k [N, n_k, d] L2-normalized, v [N, n_v, d] (base.delta_qkv)."""
+        self._f32("delta_qkv", c)
+        N = c.shape[0]
+        rpt = 2 * n_k + n_v  # head rows per token
+        if c.ndim != 2 or c.shape[1] != rpt * d:
+            raise ValueError(f"delta_qkv: c {c.shape} for {n_k} + {n_k} + {n_v} heads of {d}")
+        q, k, v = self.empty((N, n_k, d)), self.empty((N, n_k, d)), self.empty((N, n_v, d))
+        rows = N * rpt
+        if rows:
+            self.k("delta_qkv_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), c.ptr, q.ptr, k.ptr, v.ptr,
+                                    N, n_k, n_v, d, float(eps / d), float(1.0 / math.sqrt(d)))
+        return q, k, v
+
+    def rms_norm_gate(self, x, w, eps, z):
+        """rms_norm(x, w, eps) * silu(z) over x's last axis; z of x's shape (base.rms_norm_gate)."""
+        self._f32("rms_norm_gate", x, z, *([w] if w is not None else []))
+        d = x.shape[-1]
+        if z.shape != x.shape or (w is not None and w.shape != (d,)):
+            raise ValueError(f"rms_norm_gate: x {x.shape} w {None if w is None else w.shape} z {z.shape}")
+        out = self.empty(x.shape)
+        rows = x.size // d if d else 0
+        if rows:
+            self.k("rms_norm_gate_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), x.ptr,
+                                        w.ptr if w is not None else 0, z.ptr, out.ptr, rows, d, float(eps))
+        return out
+
+    def sigmoid_gate(self, a, x, start, width):
+        """a * sigmoid(columns(x, start, width)) (base.sigmoid_gate): x's rows of W columns,
+        a [..] with rows * width elements."""
+        self._f32("sigmoid_gate", a, x)
+        W = x.shape[-1]
+        rows = x.size // W if W else 0
+        if not (0 <= start and 0 < width and start + width <= W) or a.size != rows * width:
+            raise ValueError(f"sigmoid_gate: a {a.shape}, columns {start}..{start + width} of x {x.shape}")
+        out = self.empty(a.shape)
+        if a.size:
+            self.k("sigmoid_gate_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, x.ptr, out.ptr, a.size, width, W,
+                                       int(start))
         return out
 
     def _chunked_path(self, T):

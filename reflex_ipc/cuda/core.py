@@ -32,10 +32,15 @@ SIGNATURES = {
     "logprob_rows": "QqQQiQ",
     # recurrent.cuh
     "sigmoid_f32": "QQq", "mul_col_f32": "QQQqi", "softplus_f32": "QQq", "columns_f32": "QQqiii",
-    "ssm_conv_f32": "QQQQQiiii",  # x state w y sg n_groups N C K
+    "ssm_conv_f32": "QQQQQiiiii",  # x state w y sg n_groups N C K act
     "ssm_conv_state_f32": "QQQiiii",  # x state sg n_groups N C K
     "delta_net_f32": "QQQQQQQQiiiiif",  # q k v g beta state out sg n_groups N Hk Hv D scale
     "ssm_scan_f32": "QQQQQQQQQiiiiii",  # x dt A B C D state y sg n_groups N H P G Ns
+    # hybrid.cuh: fused element-wise ops of the hybrid layers (base.py delta_gates ...)
+    "delta_gates_f32": "QQQQQQqi",  # alpha bias a b g beta n H
+    "delta_qkv_f32": "QQQQiiiiff",  # c q k v N nk nv d eps scale
+    "rms_norm_gate_f32": "QQQQiif",  # x w z y rows d eps
+    "sigmoid_gate_f32": "QQQqiii",  # a x y n width W start
     # chunked.cuh: the chunked prefill form of delta_net / ssm_scan
     "delta_chunk_prep_f32": "QQQQQQQQQQiiiii",  # q k v g beta Aqk Gc Wv Wk sg n_groups N Hk Hv D
     "delta_chunk_scan_f32": "QQQQQQQQQiiiiif",  # q k Wv Wk Aqk Gc state out sg n_groups N Hk Hv D scale

@@ -25,7 +25,8 @@ recurrent state [v heads, d, d] per sequence (runtime.state.SeqSpec). MTP layers
 import math
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols, rms_norm_matmul_glu, rms_norm_matmul_n
+from ..backends.base import (RECURRENT_OPS, delta_gates, delta_qkv, require_ops, require_state_cols, rms_norm_gate,
+                             rms_norm_matmul_glu, rms_norm_matmul_n, sigmoid_gate, ssm_conv_silu)
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, default_attn_scale, residual
@@ -182,24 +183,18 @@ class Model:
         q = ops.rms_norm_rope(ops.columns(qg, 0, hd), L.q_norm, hp.eps, batch.pos, **rope)
         k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, hd), L.k_norm, hp.eps, batch.pos, **rope)
         a = attention_block(ops, S, batch, q, k, v.reshape(N, L.n_head_kv, hd), scale=self.scale)
-        a = ops.mul(a, ops.sigmoid(ops.columns(qg, hd, hd).reshape(N, L.n_head * hd)))
+        a = sigmoid_gate(ops, a, qg, hd, hd)  # a * sigmoid(the gate half of each head)
         residual(ops, x, a, L.wo)
 
     def _delta_net(self, x, L, S, batch):
         """x += the Gated DeltaNet mixer of rms_norm(x, attn_norm)."""
         ops, eps, N, d = self.ops, self.hp.eps, batch.n, self.d
-        kd, vd = d * self.n_k, d * self.n_v
+        vd = d * self.n_v
         qkv, z = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wqkv, L.wz])
         b, alpha = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wbeta, L.walpha])
-        g = ops.mul(ops.softplus(ops.add(alpha, L.dt_bias)), L.a)
-        c = ops.silu(ops.ssm_conv(qkv, S.conv, L.conv, batch.seqs))
-
-        def l2(t):  # t / sqrt(sum t^2 + eps), as llama.cpp computes it
-            return ops.scale(ops.rms_norm(t, None, eps / d), 1.0 / math.sqrt(d))
-
-        q = l2(ops.columns(c, 0, kd).reshape(N, self.n_k, d))
-        k = l2(ops.columns(c, kd, kd).reshape(N, self.n_k, d))
-        v = ops.columns(c, 2 * kd, vd).reshape(N, self.n_v, d)
-        o = ops.delta_net(q, k, v, g, ops.sigmoid(b), S.ssm, batch.seqs, scale=1.0 / math.sqrt(d))
-        o = ops.mul(ops.rms_norm(o, L.norm, eps), ops.silu(z.reshape(N, self.n_v, d)))
+        g, beta = delta_gates(ops, alpha, L.dt_bias, L.a, b)
+        c = ssm_conv_silu(ops, qkv, S.conv, L.conv, batch.seqs)
+        q, k, v = delta_qkv(ops, c, self.n_k, self.n_v, d, eps)
+        o = ops.delta_net(q, k, v, g, beta, S.ssm, batch.seqs, scale=1.0 / math.sqrt(d))
+        o = rms_norm_gate(ops, o, L.norm, eps, z.reshape(N, self.n_v, d))
         residual(ops, x, o.reshape(N, vd), L.wo)

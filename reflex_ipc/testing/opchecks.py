@@ -1172,6 +1172,90 @@ CHUNK_TOL = 1e-4
 CHUNK_TOKENS = (1, 31, 63, 64, 65, 200, 513)
 
 
+HYBRID_TOL = 1e-5  # float32 rounding of a few ops (row sums in another order, expf/log1pf ulps)
+
+
+def check_hybrid_fused(ops, rng):
+    """base.py's fused ops of the hybrid layers (delta_gates, ssm_conv_silu, delta_qkv,
+    rms_norm_gate, sigmoid_gate) against the numpy backend's plain composition of them, for
+    N in {1, 7, 130} tokens (130: three interleaved sequences, the conv's multi-block path) at
+    odd and Qwen3.5-2B head shapes; the backend's own methods are called (the fused kernels),
+    or base's function where it has none (numpy). Then the one-token chain captured in a graph
+    and replayed with new inputs."""
+    from reflex_ipc.backends import base
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    ref_ops = NumpyOps()
+    F = np.float32
+    names = ("delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate")
+    fn = {n: getattr(ops, n, None) or (lambda *a, n=n: getattr(base, n)(ops, *a)) for n in names}
+    rows = []
+
+    def inputs(N, nk, nv, d, K):
+        C = (2 * nk + nv) * d
+        alpha = (rng.standard_normal((N, nv)) * 8).astype(F)
+        alpha[0, :2] = [19.9, 25.0]  # both sides of softplus's threshold (dt_bias adds ~0)
+        return {"alpha": alpha, "b": (rng.standard_normal((N, nv)) * 4).astype(F),
+                "x": rng.standard_normal((N, C)).astype(F),
+                "o": rng.standard_normal((N, nv, d)).astype(F), "z": (rng.standard_normal((N, nv, d)) * 3).astype(F),
+                "att": rng.standard_normal((N, nv * d)).astype(F),
+                "qg": (rng.standard_normal((N, nv, 2 * d)) * 3).astype(F)}
+
+    def chain(o, i, c, st, seqs, nk, nv, d):
+        """The five ops as a DeltaNet layer (and a gated attention) calls them: their outputs."""
+        call = fn if o is ops else {n: (lambda *a, n=n: getattr(base, n)(ref_ops, *a)) for n in names}
+        g, beta = call["delta_gates"](i["alpha"], c["dt_bias"], c["a"], i["b"])
+        y = call["ssm_conv_silu"](i["x"], st, c["w"], seqs)
+        q, k, v = call["delta_qkv"](y, nk, nv, d, 1e-6)
+        gated = call["rms_norm_gate"](i["o"], c["norm"], 1e-6, i["z"])
+        sg = call["sigmoid_gate"](i["att"], i["qg"], d, d)
+        return {"g": g, "beta": beta, "conv": y, "q": q, "k": k, "v": v, "rms_norm_gate": gated, "sigmoid_gate": sg}
+
+    n_seq, K = 4, 4
+    for nk, nv, d in ((1, 3, 19), (2, 6, 37), (16, 16, 128)):
+        C = (2 * nk + nv) * d
+        consts = {"dt_bias": rng.standard_normal(nv).astype(F) * 0.01, "a": -rng.uniform(0.1, 3, nv).astype(F),
+                  "w": (rng.standard_normal((C, K)) * 0.5).astype(F), "norm": rng.standard_normal(d).astype(F)}
+        dconsts = {k: ops.asarray(v) for k, v in consts.items()}
+        state0 = rng.standard_normal((n_seq, K - 1, C)).astype(F)
+        for N in (1, 7, 130):
+            seqs = None if N < 130 else np.repeat([1, 3, 2], [60, 10, 60])[rng.permutation(N)].astype(np.int32)
+            case = f"nk={nk} nv={nv} d={d} N={N}" + ("" if seqs is None else " 3 seqs")
+            try:
+                inp = inputs(N, nk, nv, d, K)
+                st_ref, st_dev = state0.copy(), ops.asarray(state0)
+                ref = chain(ref_ops, inp, consts, st_ref, seqs, nk, nv, d)
+                got = chain(ops, {k: ops.asarray(v) for k, v in inp.items()}, dconsts, st_dev, seqs, nk, nv, d)
+                for key, r in ref.items():
+                    rows.append(row(f"hybrid {key}", case, ops.to_numpy(got[key]), r, HYBRID_TOL))
+                rows.append(row("hybrid conv state", case, ops.to_numpy(st_dev), st_ref, 0.0))
+            except Exception as e:
+                rows.append({"op": "hybrid", "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
+        if not hasattr(ops, "capture"):
+            continue
+        case = f"nk={nk} nv={nv} d={d} N=1 captured graph"
+        try:
+            fixed = {k: ops.asarray(v) for k, v in inputs(1, nk, nv, d, K).items()}
+            st_ref, st_dev = state0.copy(), ops.asarray(state0)
+            graph, res = ops.capture(lambda: chain(ops, fixed, dconsts, st_dev, None, nk, nv, d))
+            try:
+                for rep in range(2):
+                    inp = inputs(1, nk, nv, d, K)
+                    for k, v in inp.items():
+                        ops.write(fixed[k], v)
+                    graph.launch()
+                    ref = chain(ref_ops, inp, consts, st_ref, None, nk, nv, d)
+                    for key, r in ref.items():
+                        rows.append(row(f"hybrid {key}", f"{case} replay {rep + 1}", ops.to_numpy(res[key]), r,
+                                        HYBRID_TOL))
+                rows.append(row("hybrid conv state", f"{case}", ops.to_numpy(st_dev), st_ref, 0.0))
+            finally:
+                graph.close()
+        except Exception as e:
+            rows.append({"op": "hybrid", "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    return rows
+
+
 def max_rel(out, ref):
     """max|out - ref| / max|ref| (inf when out is not finite)."""
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
@@ -1471,7 +1555,7 @@ def run_all(ops, seed=0):
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
-               check_recurrent_chunked,
+               check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
         try:
             rows += fn(ops, rng)

@@ -249,3 +249,60 @@ def test_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, monkeypat
         b = m.forward(st, Batch(ops, [5], [4]))
         outs.append(np.concatenate([a, b]))
     np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())
+
+
+class _HybridFusedNumpy(_FusedNumpy):
+    """_FusedNumpy plus base.py's fused ops of the hybrid layers, written independently from
+    their definitions (float64 inside): l2 as t / sqrt(sum t^2 + eps), the norm gate, ..."""
+
+    def delta_gates(self, alpha, dt_bias, a, b):
+        v = alpha.astype(np.float64) + dt_bias
+        sp = np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20))))
+        return (sp * a).astype(np.float32), (1 / (1 + np.exp(-b.astype(np.float64)))).astype(np.float32)
+
+    def ssm_conv_silu(self, x, state, w, seqs=None):
+        y = self.ssm_conv(x, state, w, seqs).astype(np.float64)
+        return (y / (1 + np.exp(-y))).astype(np.float32)
+
+    def delta_qkv(self, c, n_k, n_v, d, eps):
+        h = c.astype(np.float64).reshape(c.shape[0], 2 * n_k + n_v, d)
+        qk = h[:, :2 * n_k] / np.sqrt((h[:, :2 * n_k] ** 2).sum(-1, keepdims=True) + eps)
+        return qk[:, :n_k].astype(np.float32), qk[:, n_k:].astype(np.float32), h[:, 2 * n_k:].astype(np.float32)
+
+    def rms_norm_gate(self, x, w, eps, z):
+        x, z = x.astype(np.float64), z.astype(np.float64)
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w * z / (1 + np.exp(-z))).astype(np.float32)
+
+    def sigmoid_gate(self, a, x, start, width):
+        s = 1 / (1 + np.exp(-x[..., start:start + width].astype(np.float64)))
+        return (a * s.reshape(a.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_hybrid_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, monkeypatch, arch):
+    """models/qwen35.py through base's hybrid fused functions (_HybridFusedNumpy has them): a
+    prefill of two interleaved sequences, then a one-token decode, give the logits of
+    REFLEX_FUSE=0 (the plain ops)."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.models import load_model
+    from reflex_ipc.runtime.batch import Batch
+    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+
+    path = str(tmp_path / "m.gguf")
+    hybrid_gguf(path, **HYBRID_CONFIGS[arch])
+    outs = []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("REFLEX_FUSE", fuse)
+        ops = _HybridFusedNumpy()
+        calls = []
+        for name in ("delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate"):
+            f = getattr(ops, name)
+            setattr(ops, name, lambda *a, f=f, name=name, **k: calls.append(name) or f(*a, **k))
+        m = load_model(ops, GGUFFile(path))
+        st = m.new_state(ops, 16, n_seq=2)
+        a = m.forward(st, Batch(ops, [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 2, 2], slots=[0, 8, 1, 9, 2, 10],
+                                seqs=[0, 1, 0, 1, 0, 1]))
+        b = m.forward(st, Batch(ops, [5], [3], seqs=[0]))
+        outs.append(np.concatenate([a, b]))
+        assert (len(set(calls)) == 5) == (fuse == "1"), calls
+    np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())

@@ -236,3 +236,18 @@ def test_rows_of_a_block_cover_the_three_weights():
                         got.append((2, row - Ms[0] - Ms[1]))
             want = [(i, j) for i in range(3) for j in range(Ms[i])]
             assert got == want
+
+
+def test_gpu_check_of_the_matvec_kernels_holds_on_numpy():
+    """opchecks.check_matvec on the numpy oracle (given the CUDA backend's two switches, which
+    change nothing there): its references and tolerances hold."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+    from reflex_ipc.testing import opchecks
+
+    ops = NumpyOps()
+    assert opchecks.check_matvec(ops, np.random.default_rng(0)) == []  # not a CUDA backend: nothing
+    ops.matvec, ops.mv_variant = False, None
+    rows = opchecks.check_matvec(ops, np.random.default_rng(0))
+    assert len(rows) == 3 * 2 * 7 * len(variants()) * 2
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
+    assert (ops.matvec, ops.mv_variant) == (False, None)  # restored

@@ -723,3 +723,106 @@ def test_models_decode_kernels_per_layer(fake_ops, arch):
             uniform += 1
             assert len(names) == UNIFORM_LAYER_KERNELS[arch]
     assert arch == "qwen3" or uniform  # every fixture but qwen3 has such a layer
+
+
+def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
+    """REFLEX_MATVEC=new (ops.matvec): one-token matmuls of Q4_K / Q6_K / Q8_0 go to
+    matvec.cuh's kernels with the grid of the chosen variant; other formats, several tokens,
+    a misaligned weight, or the switch off keep the old kernels."""
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    monkeypatch.setenv("REFLEX_FUSE", "1")
+    ops = fake_ops
+    K = 768
+    q4 = [DeviceWeight(0x10000 * (i + 1), (M, K), 12, "Q4_K", 3 * 144, f"q{i}") for i, M in enumerate((201, 70, 57))]
+    q6 = DeviceWeight(0x90002, (57, K), 14, "Q6_K", 3 * 210, "v")  # 2-byte aligned is enough
+    x = DeviceArray.empty(ops.pool, (1, K))
+    nw = DeviceArray.empty(ops.pool, (K,))
+    last = lambda: ops.rt.launches[-1]
+    assert not ops.matvec
+    ops.matmul(x, q4[0])
+    assert last()[0] == "mmsk1_q4_k"
+    ops.matvec = True
+    y = ops.matmul(x, q4[0])
+    assert last() == ("mva_q4_k", (201, 1, 1), (128, 1, 1), (q4[0].ptr, x.ptr, y.ptr, K, 201, 432, 0))
+    ops.matmul(x, q4[0], out=y, accumulate=True)
+    assert last()[3][-1] == 1
+    big = DeviceWeight(0x100000, (cuda_ops.MV_BIG_ROWS + 3, K), 12, "Q4_K", 432, "head")
+    ops.matmul(x, big)
+    R, W, _ = cuda_ops.MV_VARIANTS[cuda_ops.MV_BIG]
+    assert last()[:3] == (f"mv{cuda_ops.MV_BIG}_q4_k", (-(-(cuda_ops.MV_BIG_ROWS + 3) // R), 1, 1), (32 * W, 1, 1))
+    # not taken: misaligned Q4_K, another format, several tokens
+    ops.matmul(x, DeviceWeight(0x10008, (201, K), 12, "Q4_K", 432, "odd"))
+    assert last()[0] == "mmsk1_q4_k"
+    ops.matmul(x, DeviceWeight(0x10000, (201, K), 2, "Q4_0", K // 32 * 18, "q40"))
+    assert last()[0] == "mmsk1_q4_0"
+    ops.matmul(DeviceArray.empty(ops.pool, (3, K)), q4[0])
+    assert last()[0] == "mm4_q4_k"
+    # q/k/v: one mvn launch per format (no norm), the lone Q6_K through matmul
+    n0 = len(ops.rt.launches)
+    ys = ops.matmul_n(x, [q4[0], q4[1], q6])
+    (a, b) = ops.rt.launches[n0:]
+    assert a == ("mvna_q4_k", (271, 1, 1), (128, 1, 1),
+                 (q4[0].ptr, q4[1].ptr, 0, x.ptr, 0, 0.0, ys[0].ptr, ys[1].ptr, 0, K, 201, 70, 0, 432, 0))
+    assert b[0] == "mva_q6_k" and b[3][:3] == (q6.ptr, x.ptr, ys[2].ptr)
+    # the RMSNorm folded in
+    n0 = len(ops.rt.launches)
+    ys = cuda_ops.CudaOps.rms_norm_matmul_n(ops, x, nw, 1e-6, q4)
+    (a,) = ops.rt.launches[n0:]
+    assert a[0] == "mvna_q4_k" and a[1] == (328, 1, 1)
+    assert a[3] == (*[w.ptr for w in q4], x.ptr, nw.ptr, 1e-6, *[y.ptr for y in ys], K, 201, 70, 57, 432, 1)
+    ops.rms_norm_matmul_n(x, None, 1e-6, [q6])
+    assert last()[0] == "mvna_q6_k" and last()[3][4] == 0 and last()[3][-6:] == (K, 57, 0, 0, 630, 1)
+    # gated units
+    g = ops.matmul_glu(x, q4[0], q4[0], act="gelu")
+    assert last() == ("mvglua_q4_k", (201, 1, 1), (128, 1, 1),
+                      (q4[0].ptr, q4[0].ptr, x.ptr, 0, 0.0, g.ptr, K, 201, 432, 1, 0))
+    g = ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[0] == "mvglua_q4_k" and last()[3][3:5] == (nw.ptr, 1e-5) and last()[3][-2:] == (0, 1)
+    # a forced variant
+    ops.mv_variant = "c"
+    ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[:3] == ("mvgluc_q4_k", (51, 1, 1), (64, 1, 1))
+    ops.matvec = False
+    ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[0] == "mmgnorm1_q4_k"
+
+
+def test_gpu_matvec_script_launches_fit_the_kernels(fake_ops):
+    """scripts/gpu/gpu-matvec's launches (old kernels and every variant, each matrix kind):
+    known kernels, arguments that pack into their layouts, grids covering the rows."""
+    import importlib.machinery
+    import importlib.util
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+    from reflex_ipc.ggml_types import TYPES
+
+    path = os.path.join(ROOT, "scripts", "gpu", "gpu-matvec")
+    loader = importlib.machinery.SourceFileLoader("gpu_matvec", path)
+    spec = importlib.util.spec_from_loader("gpu_matvec", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    b = mod.Bench.__new__(mod.Bench)
+    b.ops, b.co, b.TYPES = fake_ops, cuda_ops, TYPES
+    ops = fake_ops
+    for model in mod.MODELS.values():
+        for mat, kind, mks in mod.shapes(model):
+            for tname in ("Q4_K", "Q6_K", "Q8_0"):
+                tid, blk, bsize = TYPES[tname]
+                K = mks[0][1]
+                ws = [DeviceWeight(0x100000 * (i + 1), (M, K), tid, tname, K // blk * bsize, "w")
+                      for i, (M, _) in enumerate(mks)]
+                x, nw = DeviceArray.empty(ops.pool, (K,)), DeviceArray.empty(ops.pool, (K,))
+                ys = [DeviceArray.empty(ops.pool, (M,)) for M, _ in mks[:3 if kind == "qkv" else 1]]
+                for kern in ["old", *cuda_ops.MV_VARIANTS]:
+                    b.launcher(kern, kind, tid, x, nw, ys)(ws)
+                    name, grid, block, args = ops.rt.launches[-1]
+                    rows = sum(M for M, _ in mks) if kind == "qkv" else mks[0][0]
+                    if kern == "old":
+                        assert name.startswith({"mv": "mm", "qkv": "mmnorm1_", "glu": "mmgnorm1_"}[kind])
+                    else:
+                        R, W, _ = cuda_ops.MV_VARIANTS[kern]
+                        assert name.startswith({"mv": "mv", "qkv": "mvn", "glu": "mvglu"}[kind] + kern)
+                        assert grid[0] * R >= rows > (grid[0] - 1) * R and block == (32 * W, 1, 1)

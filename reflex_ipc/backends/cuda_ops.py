@@ -107,6 +107,9 @@ class CudaOps:
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
+    # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
+    matvec = False
+    mv_variant = None
 
     def __init__(self):
         # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a

@@ -1038,6 +1038,10 @@ def check_matvec(ops, rng):
                 ops.matvec = False
                 old = run()
                 ops.matvec = True
+                if hasattr(ops, "_mv_ok"):  # the weights really take matvec.cuh (alignment)
+                    taken = ops._mv_ok(X, ws + [wu])
+                    rows.append({"op": "matvec", "case": f"{name} K={K} takes matvec.cuh", "rel_err": 0.0 if taken
+                                 else float("inf"), "max_abs": 0.0, "tol": 0.0, "ok": bool(taken)})
                 for v in MV_VARIANTS:
                     ops.mv_variant = v
                     new = run()

@@ -1,4 +1,4 @@
-// One-token matvecs (decode) built for memory bandwidth, for Q4_K, Q6_K and Q8_0 weights.
+// One-token matvecs (decode) built for memory bandwidth, for Q4_K, Q5_K, Q6_K and Q8_0 weights.
 // Same sums as matmul.cuh / fused.cuh (float math on the dequantized weights), only the
 // summation order differs:
 //
@@ -20,8 +20,8 @@
 // rows). The block's partial sums go through warp shuffles and (W > 1) shared memory, in a
 // fixed order (deterministic).
 //
-// Alignment: x (and nw) 16-byte aligned; Q4_K weights 16-byte aligned (the host checks the
-// pointer; rows of 144-byte blocks keep it); Q6_K / Q8_0 2-byte aligned. K a multiple of the
+// Alignment: x (and nw) 16-byte aligned; Q4_K / Q5_K weights 16-byte aligned (the host checks
+// the pointer; rows of 144- / 176-byte blocks keep it); Q6_K / Q8_0 2-byte aligned. K a multiple of the
 // block's element count (256, 256, 32).
 #pragma once
 #include "quants.cuh"
@@ -115,6 +115,41 @@ template <> struct MV<T_Q4_K> {
         for (int i = 0; i < 4; i++) {
             s0 = dot4b(q[i] & 0x0F0F0F0Fu, xv[i], s0, MV_TWO23);
             s1 = dot4b((q[i] >> 4) & 0x0F0F0F0Fu, xv[4 + i], s1, MV_TWO23);
+        }
+        return ((d * sc0) * s0 - (dm * mn0) * xs.s[0]) + ((d * sc1) * s1 - (dm * mn1) * xs.s[1]);
+    }
+};
+
+// Q5_K (176 bytes: d, dmin, scales as Q4_K, qh[32], qs[128]): Q4_K's slices, plus the fifth
+// bits: bit j of qh[l] belongs to element l of sub-block j, so part 2p + h also loads
+// qh[16h .. 16h+15] (bits 2p and 2p + 1 of those bytes).
+template <> struct MV<T_Q5_K> {
+    enum { P = 8, NX4 = 8 };
+    struct Raw { uint4 h, q, b; };
+    using XS = MV<T_Q4_K>::XS;
+    static __device__ __forceinline__ void load(const uint8_t* b, int part, Raw& r) {
+        r.h = __ldg(reinterpret_cast<const uint4*>(b));
+        r.b = __ldg(reinterpret_cast<const uint4*>(b + 16) + (part & 1));
+        r.q = __ldg(reinterpret_cast<const uint4*>(b + 48) + part);
+    }
+    static __device__ __forceinline__ void load_x(const float* xb, int part, float4 (&xv)[NX4]) {
+        MV<T_Q4_K>::load_x(xb, part, xv);
+    }
+    static __device__ __forceinline__ XS xsums(const float4 (&xv)[NX4]) { return MV<T_Q4_K>::xsums(xv); }
+    static __device__ __forceinline__ float dot(const Raw& r, const float4 (&xv)[NX4], const XS& xs, int part) {
+        const int p = part >> 1;
+        int sc0, mn0, sc1, mn1;
+        MV<T_Q4_K>::scale(r.h, 2 * p, sc0, mn0);
+        MV<T_Q4_K>::scale(r.h, 2 * p + 1, sc1, mn1);
+        const float d = half_lo(r.h.x), dm = half_lo(r.h.x >> 16);
+        const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, hb[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t lo = (q[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * p)) & 0x01010101u) << 4);
+            const uint32_t hi = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * p + 1)) & 0x01010101u) << 4);
+            s0 = dot4b(lo, xv[i], s0, MV_TWO23);
+            s1 = dot4b(hi, xv[4 + i], s1, MV_TWO23);
         }
         return ((d * sc0) * s0 - (dm * mn0) * xs.s[0]) + ((d * sc1) * s1 - (dm * mn1) * xs.s[1]);
     }
@@ -382,5 +417,6 @@ __device__ __forceinline__ void mvglu_body(const uint8_t* __restrict__ Wg, const
     RX_MV_V(d, NAME, T, 2, 1, 2)
 
 RX_MV(q4_k, T_Q4_K)
+RX_MV(q5_k, T_Q5_K)
 RX_MV(q6_k, T_Q6_K)
 RX_MV(q8_0, T_Q8_0)

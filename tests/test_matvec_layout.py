@@ -1,10 +1,11 @@
 """A numpy model of kernels/matvec.cuh (no GPU here): the word loads from 2-byte aligned
 addresses (ldw_a2's funnel shifts), the exact byte -> float conversion (byte_perm under 2^23),
-and for Q4_K / Q6_K / Q8_0 each lane's slice of a block (MV<T>::load, load_x, dot), the
+and for Q4_K / Q5_K / Q6_K / Q8_0 each lane's slice of a block (MV<T>::load, load_x, dot), the
 split of the quant blocks over the warps and steps of a block (mv_core), and the rows a
 block takes (mv_body / mvn_body / mvglu_body): the emulated kernels must equal the
-dequantized weights times x. Also checks that the backend's variant table matches the
-kernel's instantiations and the argument layouts in core.SIGNATURES."""
+dequantized weights times x (Q5_K: Q4_K's slices plus the fifth bits). Also checks that the
+backend's variant table matches the kernel's instantiations and the argument layouts in
+core.SIGNATURES."""
 
 import os
 import re
@@ -82,15 +83,8 @@ def q4k_part(blk, xb, part):
     p, h = part >> 1, part & 1
     xv = np.concatenate([xb[64 * p + 16 * h:64 * p + 16 * h + 16], xb[64 * p + 32 + 16 * h:64 * p + 48 + 16 * h]])
 
-    def scale(j):
-        k = j & 3
-        y, z, w = [(hw[i] >> (8 * k)) & 0xFF for i in (1, 2, 3)]
-        if j < 4:
-            return y & 63, z & 63
-        return (w & 0xF) | ((y >> 6) << 4), (w >> 4) | ((z >> 6) << 4)
-
-    sc0, mn0 = scale(2 * p)
-    sc1, mn1 = scale(2 * p + 1)
+    sc0, mn0 = q4k_scale(hw, 2 * p)
+    sc1, mn1 = q4k_scale(hw, 2 * p + 1)
     d, dm = half(hw[0]), half(hw[0] >> 16)
     s0 = s1 = 0.0
     for i in range(4):
@@ -100,6 +94,33 @@ def q4k_part(blk, xb, part):
             s1 += byte_f(hi, k, 8388608.0) * xv[16 + 4 * i + k]
     xs0, xs1 = xv[:16].sum(), xv[16:].sum()
     return (d * sc0 * s0 - dm * mn0 * xs0) + (d * sc1 * s1 - dm * mn1 * xs1)
+
+
+def q5k_part(blk, xb, part):
+    hw = words_le(blk[0:16])
+    qh = words_le(blk[16 + 16 * (part & 1):32 + 16 * (part & 1)])
+    q = words_le(blk[48 + 16 * part:64 + 16 * part])
+    p, h = part >> 1, part & 1
+    xv = np.concatenate([xb[64 * p + 16 * h:64 * p + 16 * h + 16], xb[64 * p + 32 + 16 * h:64 * p + 48 + 16 * h]])
+    sc0, mn0 = q4k_scale(hw, 2 * p)
+    sc1, mn1 = q4k_scale(hw, 2 * p + 1)
+    d, dm = half(hw[0]), half(hw[0] >> 16)
+    s0 = s1 = 0.0
+    for i in range(4):
+        lo = (q[i] & 0x0F0F0F0F) | (((qh[i] >> (2 * p)) & 0x01010101) << 4)
+        hi = ((q[i] >> 4) & 0x0F0F0F0F) | (((qh[i] >> (2 * p + 1)) & 0x01010101) << 4)
+        for k in range(4):
+            s0 += byte_f(lo, k, 8388608.0) * xv[4 * i + k]
+            s1 += byte_f(hi, k, 8388608.0) * xv[16 + 4 * i + k]
+    return (d * sc0 * s0 - dm * mn0 * xv[:16].sum()) + (d * sc1 * s1 - dm * mn1 * xv[16:].sum())
+
+
+def q4k_scale(hw, j):
+    k = j & 3
+    y, z, w = [(hw[i] >> (8 * k)) & 0xFF for i in (1, 2, 3)]
+    if j < 4:
+        return y & 63, z & 63
+    return (w & 0xF) | ((y >> 6) << 4), (w >> 4) | ((z >> 6) << 4)
 
 
 def q6k_part(blk, xb, part, base):
@@ -142,12 +163,14 @@ def q80_part(blk, xb, part, base):
     return d * s
 
 
-PARTS = {"Q4_K": 8, "Q6_K": 8, "Q8_0": 2}
+PARTS = {"Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q8_0": 2}
 
 
 def part_dot(name, blk, xb, part, base):
     if name == "Q4_K":
         return q4k_part(blk, xb, part)
+    if name == "Q5_K":
+        return q5k_part(blk, xb, part)
     if name == "Q6_K":
         return q6k_part(blk, xb, part, base)
     return q80_part(blk, xb, part, base)
@@ -203,7 +226,7 @@ def test_backend_variant_table_matches_the_kernels():
             assert SIGNATURES[f"mv{v}_{t}"] == "QQQiiqi"
 
 
-@pytest.mark.parametrize("name,K", [("Q4_K", 768), ("Q6_K", 1280), ("Q8_0", 96), ("Q8_0", 1056)])
+@pytest.mark.parametrize("name,K", [("Q4_K", 768), ("Q5_K", 512), ("Q6_K", 1280), ("Q8_0", 96), ("Q8_0", 1056)])
 def test_emulated_rows_equal_the_dequantized_dot(name, K):
     rng = np.random.default_rng(K)
     M = 5
@@ -248,6 +271,6 @@ def test_gpu_check_of_the_matvec_kernels_holds_on_numpy():
     assert opchecks.check_matvec(ops, np.random.default_rng(0)) == []  # not a CUDA backend: nothing
     ops.matvec, ops.mv_variant = False, None
     rows = opchecks.check_matvec(ops, np.random.default_rng(0))
-    assert len(rows) == 3 * 2 * 7 * len(variants()) * 2
+    assert len(rows) == len(opchecks.MV_CHECK_TYPES) * 2 * 7 * len(variants()) * 2
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
     assert (ops.matvec, ops.mv_variant) == (False, None)  # restored

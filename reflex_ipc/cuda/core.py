@@ -50,7 +50,7 @@ for _t in MM_TYPES:
     SIGNATURES[f"mmgnorm1_{_t}"] = "QQQQfQiiqii"
     SIGNATURES[f"mmsk1_{_t}"] = "QQQiqi"
 # bandwidth-shaped one-token matvecs (kernels/matvec.cuh): variants a..d of each kernel
-MV_TYPES = ("q4_k", "q6_k", "q8_0")
+MV_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0")
 MV_VARIANTS = ("a", "b", "c", "d")
 for _t in MV_TYPES:
     for _v in MV_VARIANTS:

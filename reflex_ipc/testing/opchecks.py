@@ -974,7 +974,7 @@ def _check_moe_graph(ops, rng, npo):
     return rows
 
 
-MV_CHECK_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+MV_CHECK_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 
 
 def check_matvec(ops, rng):

@@ -826,3 +826,35 @@ def test_gpu_matvec_script_launches_fit_the_kernels(fake_ops):
                         R, W, _ = cuda_ops.MV_VARIANTS[kern]
                         assert name.startswith({"mv": "mv", "qkv": "mvn", "glu": "mvglu"}[kind] + kern)
                         assert grid[0] * R >= rows > (grid[0] - 1) * R and block == (32 * W, 1, 1)
+
+
+@pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS_FUSED))
+def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
+    """REFLEX_MATVEC=new changes which kernels a decode layer launches, never how many: each
+    one-token matvec of a matvec.cuh format takes its counterpart there (small rows: MV_SMALL)."""
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.gguffile import GGUFFile
+
+    monkeypatch.setenv("REFLEX_FUSE", "1")
+    fake_ops.matvec = True
+    path = os.path.join(ROOT, "tests", "data", f"synthetic-{arch}.gguf")
+    layers = _layer_kernels(fake_ops, path)
+    with GGUFFile(path) as f:
+        types = [{n.split(".")[2]: ti.type_name for n, ti in f.tensors.items()
+                  if n.startswith(f"blk.{i}.") and len(ti.shape) == 2} for i in range(len(layers))]
+    v = cuda_ops.MV_SMALL
+    new = {"mmnorm1_": f"mvn{v}_", "mmn1_": f"mvn{v}_", "mmsk1_": f"mv{v}_", "mmgnorm1_": f"mvglu{v}_",
+           "mmglu1_": f"mvglu{v}_"}
+
+    def moved(n):
+        for old, to in new.items():
+            if n.startswith(old) and n[len(old):] in cuda_ops.MV_KERNEL.values():
+                return to + n[len(old):]
+        return n
+
+    taken = 0
+    for names, t in zip(layers, types):
+        want = [moved(n) for n in _expected_layer_fused(arch, t)]
+        assert names == want, t
+        taken += sum(n.startswith("mv") for n in names)
+    assert taken  # the fixtures have Q8_0 / Q4_K matrices

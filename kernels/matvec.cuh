@@ -7,8 +7,9 @@
 //               rms_norm(x, nw, eps) (nw may be null), folded in as in fused.cuh
 //   mvglu{V}_T  y[r] = act(Wg[r] . x) * (Wu[r] . x) (act 0 silu, 1 tanh gelu), same norm fold
 //
-// Layout. A block of 32*W threads computes R rows (2R for the gated unit: gate and up rows);
-// its W warps split K (warp w takes quant blocks w*BPW.., stepping BPW*W), and within a warp
+// Layout. A block has G groups of W warps; a group computes R rows (2R for the gated unit: gate
+// and up rows), the block's rows in order; the group's W warps split K (warp w of the group takes
+// quant blocks w*BPW.., stepping BPW*W; W = 1: a warp over the whole row), and within a warp
 // P lanes share one quant block, each lane taking a fixed slice of it ("part"). Per step a
 // lane loads its slice of every row (wide loads: 16 bytes of Q4_K quants plus the 16-byte
 // header; 4-byte words otherwise, as the 2-byte aligned Q6_K / Q8_0 blocks allow), U steps'
@@ -17,7 +18,7 @@
 // byte_perm puts a byte under the exponent of 2^23 and one subtraction leaves it exactly.
 // Per-slice scales are decoded once per slice; the products use the factored form
 // sum_i (d*q_i - m) x_i = d * sum_i q_i x_i - m * sum_i x_i (the sums of x are shared by all
-// rows). The block's partial sums go through warp shuffles and (W > 1) shared memory, in a
+// rows). A group's partial sums go through warp shuffles and (W > 1) shared memory, in a
 // fixed order (deterministic).
 //
 // Alignment: x (and nw) 16-byte aligned; Q4_K / Q5_K weights 16-byte aligned (the host checks
@@ -240,7 +241,7 @@ __device__ __forceinline__ void mv_core(const uint8_t* const (&wr)[NR], const fl
     constexpr int QK = QT<T>::QK, BYTES = QT<T>::BYTES;
     constexpr int BPW = 32 / Q::P;  // quant blocks per warp and step
     constexpr int STEP = BPW * W;   // quant blocks per thread block and step
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % W;  // warp within the group
     const int part = lane % Q::P;
     const int nb = K / QK;
 #pragma unroll
@@ -282,16 +283,16 @@ __device__ __forceinline__ void mv_core(const uint8_t* const (&wr)[NR], const fl
     }
 }
 
-// acc[] and ss summed over the block; thread 0 (at least) gets the totals. Every thread of
-// the block must call it.
-template <int NR, int W>
+// acc[] and ss summed over the thread's group of W warps; every thread gets its group's totals.
+// Every thread of the block must call it (W > 1: a block barrier).
+template <int NR, int W, int G>
 __device__ __forceinline__ void mv_reduce(float (&acc)[NR], float& ss) {
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
     ss = warp_sum(ss);
     if (W > 1) {
-        __shared__ float part[W][NR + 1];
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        __shared__ float part[G * W][NR + 1];
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, w0 = warp / W * W;
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < NR; r++) part[warp][r] = acc[r];
@@ -300,30 +301,37 @@ __device__ __forceinline__ void mv_reduce(float (&acc)[NR], float& ss) {
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            float s = part[0][r];
+            float s = part[w0][r];
 #pragma unroll
-            for (int w = 1; w < W; w++) s += part[w][r];
+            for (int w = 1; w < W; w++) s += part[w0 + w][r];
             acc[r] = s;
         }
-        float s = part[0][NR];
+        float s = part[w0][NR];
 #pragma unroll
-        for (int w = 1; w < W; w++) s += part[w][NR];
+        for (int w = 1; w < W; w++) s += part[w0 + w][NR];
         ss = s;
     }
 }
 
-// Grid ceil(M / R) blocks of 32 * W. Rows past M re-read row M - 1 and write nothing.
-template <int T, int R, int W, int U>
+// The first row of the thread's group, and whether the thread writes the group's results
+// (lane 0 of the group's first warp).
+template <int R, int W, int G>
+__device__ __forceinline__ int mv_row0() { return (blockIdx.x * G + (int)(threadIdx.x >> 5) / W) * R; }
+template <int W>
+__device__ __forceinline__ bool mv_writer() { return (threadIdx.x & 31) == 0 && (threadIdx.x >> 5) % W == 0; }
+
+// Grid ceil(M / (G * R)) blocks of 32 * W * G. Rows past M re-read row M - 1 and write nothing.
+template <int T, int R, int W, int G, int U>
 __device__ __forceinline__ void mv_body(const uint8_t* __restrict__ Wt, const float* __restrict__ X,
                                         float* __restrict__ Y, int K, int M, long long rb, int accumulate) {
-    const int row0 = blockIdx.x * R;
+    const int row0 = mv_row0<R, W, G>();
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = Wt + (long long)min(row0 + r, M - 1) * rb;
     float acc[R], ss;
     mv_core<T, R, W, U>(wr, X, nullptr, K, 0, acc, ss);
-    mv_reduce<R, W>(acc, ss);
-    if (threadIdx.x == 0) {
+    mv_reduce<R, W, G>(acc, ss);
+    if (mv_writer<W>()) {
 #pragma unroll
         for (int r = 0; r < R; r++)
             if (row0 + r < M) Y[row0 + r] = accumulate ? Y[row0 + r] + acc[r] : acc[r];
@@ -332,8 +340,8 @@ __device__ __forceinline__ void mv_body(const uint8_t* __restrict__ Wt, const fl
 
 // Up to three weights (one type and row_bytes; unused: M = 0) over one x; rows of the three in
 // order, R a block (a block may hold rows of two weights). norm: y = (W . (x * nw)) *
-// rsqrt(mean(x^2) + eps). Grid ceil((M0 + M1 + M2) / R) blocks of 32 * W.
-template <int T, int R, int W, int U>
+// rsqrt(mean(x^2) + eps). Grid ceil((M0 + M1 + M2) / (G * R)) blocks of 32 * W * G.
+template <int T, int R, int W, int G, int U>
 __device__ __forceinline__ void mvn_body(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                          const float* X, const float* nw, float eps, float* Y0, float* Y1,
                                          float* Y2, int K, int M0, int M1, int M2, long long rb, int norm) {
@@ -341,7 +349,7 @@ __device__ __forceinline__ void mvn_body(const uint8_t* W0, const uint8_t* W1, c
     float* yp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        int row = blockIdx.x * R + r;
+        int row = mv_row0<R, W, G>() + r;
         if (row < M0) {
             wr[r] = W0 + (long long)row * rb, yp[r] = Y0 + row;
         } else if ((row -= M0) < M1) {
@@ -354,8 +362,8 @@ __device__ __forceinline__ void mvn_body(const uint8_t* W0, const uint8_t* W1, c
     }
     float acc[R], ss;
     mv_core<T, R, W, U>(wr, X, nw, K, norm, acc, ss);
-    mv_reduce<R, W>(acc, ss);
-    if (threadIdx.x == 0) {
+    mv_reduce<R, W, G>(acc, ss);
+    if (mv_writer<W>()) {
         const float s = norm ? rsqrtf(ss / K + eps) : 1.f;
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -364,12 +372,12 @@ __device__ __forceinline__ void mvn_body(const uint8_t* W0, const uint8_t* W1, c
 }
 
 // y[r] = act(g) * u, g and u rows r of Wg and Wu [M, K] times x (norm: rms_norm(x, nw, eps)).
-// Grid ceil(M / R) blocks of 32 * W.
-template <int T, int R, int W, int U>
+// Grid ceil(M / (G * R)) blocks of 32 * W * G.
+template <int T, int R, int W, int G, int U>
 __device__ __forceinline__ void mvglu_body(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
                                            const float* __restrict__ X, const float* __restrict__ nw, float eps,
                                            float* __restrict__ Y, int K, int M, long long rb, int act, int norm) {
-    const int row0 = blockIdx.x * R;
+    const int row0 = mv_row0<R, W, G>();
     const uint8_t* wr[2 * R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -378,8 +386,8 @@ __device__ __forceinline__ void mvglu_body(const uint8_t* __restrict__ Wg, const
     }
     float acc[2 * R], ss;
     mv_core<T, 2 * R, W, U>(wr, X, nw, K, norm, acc, ss);
-    mv_reduce<2 * R, W>(acc, ss);
-    if (threadIdx.x == 0) {
+    mv_reduce<2 * R, W, G>(acc, ss);
+    if (mv_writer<W>()) {
         const float s = norm ? rsqrtf(ss / K + eps) : 1.f;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -391,30 +399,34 @@ __device__ __forceinline__ void mvglu_body(const uint8_t* __restrict__ Wg, const
     }
 }
 
-// Variants (rows a block R, warps a block W, steps in flight U); the backend's MV_VARIANTS
-// (cuda_ops.py) lists the same.
-#define RX_MV_V(V, NAME, T, R, W, U)                                                                   \
-    RX_EXTERN void __launch_bounds__(32 * W) mv##V##_##NAME(const uint8_t* Wt, const float* X, float* Y, \
-                                                            int K, int M, long long rb, int acc) {     \
-        mv_body<T, R, W, U>(Wt, X, Y, K, M, rb, acc);                                                  \
+// Variants (rows a group R, warps a group W, groups a block G, steps in flight U); the
+// backend's MV_VARIANTS (cuda_ops.py) lists the same.
+#define RX_MV_V(V, NAME, T, R, W, G, U)                                                                \
+    RX_EXTERN void __launch_bounds__(32 * W * G) mv##V##_##NAME(const uint8_t* Wt, const float* X,   \
+                                                                float* Y, int K, int M, long long rb, \
+                                                                int acc) {                            \
+        mv_body<T, R, W, G, U>(Wt, X, Y, K, M, rb, acc);                                               \
     }                                                                                                  \
-    RX_EXTERN void __launch_bounds__(32 * W) mvn##V##_##NAME(                                          \
+    RX_EXTERN void __launch_bounds__(32 * W * G) mvn##V##_##NAME(                                      \
         const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const float* X, const float* nw,      \
         float eps, float* Y0, float* Y1, float* Y2, int K, int M0, int M1, int M2, long long rb,       \
         int norm) {                                                                                    \
-        mvn_body<T, R, W, U>(W0, W1, W2, X, nw, eps, Y0, Y1, Y2, K, M0, M1, M2, rb, norm);             \
+        mvn_body<T, R, W, G, U>(W0, W1, W2, X, nw, eps, Y0, Y1, Y2, K, M0, M1, M2, rb, norm);          \
     }                                                                                                  \
-    RX_EXTERN void __launch_bounds__(32 * W) mvglu##V##_##NAME(                                        \
+    RX_EXTERN void __launch_bounds__(32 * W * G) mvglu##V##_##NAME(                                    \
         const uint8_t* Wg, const uint8_t* Wu, const float* X, const float* nw, float eps, float* Y,    \
         int K, int M, long long rb, int act, int norm) {                                               \
-        mvglu_body<T, R, W, U>(Wg, Wu, X, nw, eps, Y, K, M, rb, act, norm);                            \
+        mvglu_body<T, R, W, G, U>(Wg, Wu, X, nw, eps, Y, K, M, rb, act, norm);                         \
     }
 
+// a: a row a block, 4 warps over K (fused.cuh's split layout); b, c: 2 / 4 rows sharing x;
+// d, e: a warp (or group of one) over whole rows, for rows of few blocks (K of 1-2 warp steps)
 #define RX_MV(NAME, T)                  \
-    RX_MV_V(a, NAME, T, 1, 4, 2)        \
-    RX_MV_V(b, NAME, T, 2, 4, 1)        \
-    RX_MV_V(c, NAME, T, 4, 2, 1)        \
-    RX_MV_V(d, NAME, T, 2, 1, 2)
+    RX_MV_V(a, NAME, T, 1, 4, 1, 2)     \
+    RX_MV_V(b, NAME, T, 2, 4, 1, 1)     \
+    RX_MV_V(c, NAME, T, 4, 2, 1, 1)     \
+    RX_MV_V(d, NAME, T, 2, 1, 4, 1)     \
+    RX_MV_V(e, NAME, T, 4, 1, 2, 1)
 
 RX_MV(q4_k, T_Q4_K)
 RX_MV(q5_k, T_Q5_K)

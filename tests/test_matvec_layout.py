@@ -204,8 +204,8 @@ def core_row(name, row_raw, x, W, U, row_addr):
 
 def variants():
     src = open(os.path.join(ROOT, "kernels", "matvec.cuh")).read()
-    return {v: tuple(int(a) for a in (r, w, u)) for v, r, w, u in
-            re.findall(r"RX_MV_V\((\w), NAME, T, (\d+), (\d+), (\d+)\)", src)}
+    return {v: tuple(int(a) for a in (r, w, g, u)) for v, r, w, g, u in
+            re.findall(r"RX_MV_V\((\w), NAME, T, (\d+), (\d+), (\d+), (\d+)\)", src)}
 
 
 def test_backend_variant_table_matches_the_kernels():
@@ -235,7 +235,7 @@ def test_emulated_rows_equal_the_dequantized_dot(name, K):
     x = rng.standard_normal(K).astype(np.float32)
     want = ref @ x.astype(np.float64)
     scale = np.abs(ref) @ np.abs(x.astype(np.float64))
-    for v, (R, W, U) in variants().items():
+    for v, (R, W, G, U) in variants().items():
         for r in range(M):
             # rows at odd 2-byte offsets too (row_addr), for the shifted word loads
             got = core_row(name, raw[r * rb:(r + 1) * rb], x, W, U, row_addr=r * rb + (2 if r % 2 else 0))
@@ -243,22 +243,47 @@ def test_emulated_rows_equal_the_dequantized_dot(name, K):
 
 
 def test_rows_of_a_block_cover_the_three_weights():
-    """mvn_body's row -> (weight, row) mapping and grid, for every variant's R."""
-    for R, _, _ in variants().values():
-        for Ms in ((201, 70, 57), (5, 0, 0), (3, 4, 0), (1, 1, 1)):
+    """mvn_body's rows (mv_row0 of each group, written by lane 0 of the group's first warp,
+    mv_writer) and its row -> (weight, row) mapping, with the backend's grid (mv_grid), for
+    every variant: each row of each weight exactly once, in order."""
+    from reflex_ipc.backends.cuda_ops import mv_grid
+
+    for v, (R, W, G, _) in variants().items():
+        for Ms in ((201, 70, 57), (5, 0, 0), (3, 4, 0), (1, 1, 1), (4096, 1024, 1024)):
             total = sum(Ms)
+            grid, block = mv_grid(v, total)
+            assert block == (32 * W * G, 1, 1)
             got = []
-            for blk in range((total + R - 1) // R):  # the backend's grid
-                for r in range(R):
-                    row = blk * R + r
-                    if row < Ms[0]:
-                        got.append((0, row))
-                    elif row - Ms[0] < Ms[1]:
-                        got.append((1, row - Ms[0]))
-                    elif row - Ms[0] - Ms[1] < Ms[2]:
-                        got.append((2, row - Ms[0] - Ms[1]))
+            for blk in range(grid[0]):
+                for warp in range(W * G):
+                    if warp % W:  # not the group's writer
+                        continue
+                    row0 = (blk * G + warp // W) * R
+                    for r in range(R):
+                        row = row0 + r
+                        if row < Ms[0]:
+                            got.append((0, row))
+                        elif row - Ms[0] < Ms[1]:
+                            got.append((1, row - Ms[0]))
+                        elif row - Ms[0] - Ms[1] < Ms[2]:
+                            got.append((2, row - Ms[0] - Ms[1]))
             want = [(i, j) for i in range(3) for j in range(Ms[i])]
-            assert got == want
+            assert got == want, v
+
+
+def test_mv_pick():
+    """A warp a row group where the row is at most two warp steps (0.6B-wide Q4_K rows), K split
+    over warps otherwise; a forced variant wins (CudaOps._mv_launch)."""
+    from reflex_ipc.backends import cuda_ops as co
+    from reflex_ipc.ggml_types import Q4_K, Q6_K, Q8_0
+
+    assert co.mv_pick(Q4_K, 1024, 4096) == co.MV_SHORT
+    assert co.mv_pick(Q8_0, 1024, 4096) == co.MV_SHORT  # 32 blocks: two steps of 16
+    assert co.mv_pick(Q8_0, 1056, 100) == co.MV_SMALL
+    assert co.mv_pick(Q6_K, 3072, 1024) == co.MV_SMALL
+    assert co.mv_pick(Q4_K, 4096, 12288) == co.MV_BIG
+    assert co.mv_pick(Q4_K, 4096, co.MV_BIG_ROWS - 1) == co.MV_SMALL
+    assert {co.MV_SHORT, co.MV_SMALL, co.MV_BIG} <= set(co.MV_VARIANTS)
 
 
 def test_gpu_check_of_the_matvec_kernels_holds_on_numpy():

@@ -43,15 +43,34 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
 # more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
-# bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows
-# a block R, warps a block W, steps in flight U), as RX_MV instantiates them. REFLEX_MATVEC=new
-# sends one-token matmuls (plain, q/k/v, gated, and the RMSNorm-folded ones) there, =old (the
-# default) keeps matmul.cuh / fused.cuh; REFLEX_MATVEC_VARIANT=a|b|c|d forces one variant.
+# bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
+# group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
+# them. REFLEX_MATVEC=new sends one-token matmuls (plain, q/k/v, gated, and the RMSNorm-folded
+# ones) there, =old (the default) keeps matmul.cuh / fused.cuh; REFLEX_MATVEC_VARIANT=a..e
+# forces one variant, else mv_pick chooses (a first guess: scripts/gpu/gpu-matvec measures).
 MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
-MV_VARIANTS = {"a": (1, 4, 2), "b": (2, 4, 1), "c": (4, 2, 1), "d": (2, 1, 2)}
+MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
 MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
+MV_LANES = {Q4_K: 8, Q5_K: 8, Q6_K: 8, Q8_0: 2}  # lanes sharing one block (MV<T>::P)
 MV_BIG_ROWS = 4096  # from this many output rows on, variant MV_BIG (more rows a block share x)
-MV_SMALL, MV_BIG = "a", "b"
+MV_SMALL, MV_BIG, MV_SHORT = "a", "b", "d"
+
+
+def mv_pick(t, K, rows):
+    """matvec.cuh's variant for `rows` output rows of width K in format t: rows of at most two
+    warp steps (a warp covers 32 / MV_LANES blocks a step) take a warp a row group (MV_SHORT),
+    longer rows split K over 4 warps, many rows with several rows a block sharing x."""
+    if K // TYPES[type_name(t)][1] <= 2 * (32 // MV_LANES[t]):
+        return MV_SHORT
+    return MV_BIG if rows >= MV_BIG_ROWS else MV_SMALL
+
+
+def mv_grid(v, rows):
+    """(grid, block) of matvec.cuh's variant v for `rows` output rows."""
+    R, W, G, _ = MV_VARIANTS[v]
+    return (-(-rows // (R * G)), 1, 1), (32 * W * G, 1, 1)
+
+
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -364,12 +383,11 @@ class CudaOps:
                 and all(w.ggml_type == t and w.ptr % MV_ALIGN[t] == 0 and w.row_bytes % MV_ALIGN[t] == 0
                         for w in ws))
 
-    def _mv_launch(self, kind, t, rows):
-        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") for format t and
-        `rows` output rows (all the weights' rows for mvn)."""
-        v = self.mv_variant or (MV_BIG if rows >= MV_BIG_ROWS else MV_SMALL)
-        R, W, _ = MV_VARIANTS[v]
-        return self.k(f"{kind}{v}_{MV_KERNEL[t]}"), ((rows + R - 1) // R, 1, 1), (32 * W, 1, 1)
+    def _mv_launch(self, kind, t, K, rows):
+        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") for format t,
+        width K and `rows` output rows (all the weights' rows for mvn)."""
+        v = self.mv_variant or mv_pick(t, K, rows)
+        return (self.k(f"{kind}{v}_{MV_KERNEL[t]}"), *mv_grid(v, rows))
 
     def matmul(self, x, w, out=None, accumulate=False, xh=None):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T).
@@ -384,7 +402,7 @@ class CudaOps:
             return self._mma((w,), xh if xh is not None else self._mma_x16(x), out, K, M, N,
                              1 if accumulate else 0)
         if N == 1 and self._mv_ok(x, (w,)):
-            k, grid, block = self._mv_launch("mv", w.ggml_type, M)
+            k, grid, block = self._mv_launch("mv", w.ggml_type, K, M)
             k(grid, block, w.ptr, x.ptr, out.ptr, K, M, w.row_bytes, 1 if accumulate else 0)
             return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
@@ -423,7 +441,7 @@ class CudaOps:
             K = group[0].shape[1]
             N = x.size // K
             if N == 1 and self._mv_ok(x, group):  # mvn without the norm
-                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, sum(Ms))
+                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
                 k(grid, block, *[w.ptr for w in group], *pad, x.ptr, 0, 0.0, *[y.ptr for y in ys], *pad, K, *Ms,
                   group[0].row_bytes, 0)
                 for i, y in zip(idx, ys):
@@ -450,7 +468,7 @@ class CudaOps:
         if self._use_mma(w_gate, N):
             return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
         if N == 1 and self._mv_ok(x, (w_gate, w_up)):  # mvglu without the norm
-            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, M)
+            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
             k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
               0 if act == "silu" else 1, 0)
             return out
@@ -480,7 +498,7 @@ class CudaOps:
             pad = [0] * (3 - len(group))
             Ms = [w.shape[0] for w in group] + pad
             if self._mv_ok(x, group) and (w_norm is None or w_norm.ptr % 16 == 0):  # mvn, the norm folded in
-                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, sum(Ms))
+                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
                 k(grid, block, *[w.ptr for w in group], *pad, x.ptr, w_norm.ptr if w_norm is not None else 0,
                   float(eps), *[y.ptr for y in ys], *pad, K, *Ms, group[0].row_bytes, 1)
                 for i, y in zip(idx, ys):
@@ -506,7 +524,7 @@ class CudaOps:
             return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
         out = self.empty(x.shape[:-1] + (M,))
         if self._mv_ok(x, (w_gate, w_up)) and (w_norm is None or w_norm.ptr % 16 == 0):
-            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, M)
+            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
             k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps),
               out.ptr, K, M, w_gate.row_bytes, 0 if act == "silu" else 1, 1)
             return out

@@ -49,9 +49,9 @@ for _t in MM_TYPES:
     SIGNATURES[f"mmnorm1_{_t}"] = "QQQQQfQQQiiiiqi"
     SIGNATURES[f"mmgnorm1_{_t}"] = "QQQQfQiiqii"
     SIGNATURES[f"mmsk1_{_t}"] = "QQQiqi"
-# bandwidth-shaped one-token matvecs (kernels/matvec.cuh): variants a..d of each kernel
+# bandwidth-shaped one-token matvecs (kernels/matvec.cuh): variants a..e of each kernel
 MV_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0")
-MV_VARIANTS = ("a", "b", "c", "d")
+MV_VARIANTS = ("a", "b", "c", "d", "e")
 for _t in MV_TYPES:
     for _v in MV_VARIANTS:
         SIGNATURES[f"mv{_v}_{_t}"] = "QQQiiqi"  # W X Y K M rb acc

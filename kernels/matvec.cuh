@@ -61,7 +61,9 @@ __device__ __forceinline__ float dot4b(uint32_t w, float4 x, float acc, float bi
 
 __device__ __forceinline__ float hsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 
-__device__ __forceinline__ float half_lo(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
+__device__ __forceinline__ float half_lo(uint32_t v) {
+    return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu)));
+}
 
 __device__ __forceinline__ int byte_at(uint32_t v, int k) { return (int)((v >> (8 * k)) & 0xffu); }
 

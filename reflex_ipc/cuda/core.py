@@ -198,4 +198,5 @@ def read_images_bytes(data):
     return images(data)
 
 
-__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "MV_TYPES", "MV_VARIANTS", "read_images", "chosen_image"]
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "MV_TYPES", "MV_VARIANTS", "read_images",
+           "chosen_image"]

@@ -12,3 +12,4 @@
 #include "recurrent.cuh"
 #include "chunked.cuh"
 #include "fused.cuh"
+#include "matvec.cuh"

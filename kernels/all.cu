@@ -13,3 +13,4 @@
 #include "chunked.cuh"
 #include "fused.cuh"
 #include "hybrid.cuh"
+#include "matvec.cuh"

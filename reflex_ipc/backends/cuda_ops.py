@@ -43,6 +43,34 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
 # more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
+# group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
+# them. REFLEX_MATVEC=new sends one-token matmuls (plain, q/k/v, gated, and the RMSNorm-folded
+# ones) there, =old (the default) keeps matmul.cuh / fused.cuh; REFLEX_MATVEC_VARIANT=a..e
+# forces one variant, else mv_pick chooses (a first guess: scripts/gpu/gpu-matvec measures).
+MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
+MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
+MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
+MV_LANES = {Q4_K: 8, Q5_K: 8, Q6_K: 8, Q8_0: 2}  # lanes sharing one block (MV<T>::P)
+MV_BIG_ROWS = 4096  # from this many output rows on, variant MV_BIG (more rows a block share x)
+MV_SMALL, MV_BIG, MV_SHORT = "a", "b", "d"
+
+
+def mv_pick(t, K, rows):
+    """matvec.cuh's variant for `rows` output rows of width K in format t: rows of at most two
+    warp steps (a warp covers 32 / MV_LANES blocks a step) take a warp a row group (MV_SHORT),
+    longer rows split K over 4 warps, many rows with several rows a block sharing x."""
+    if K // TYPES[type_name(t)][1] <= 2 * (32 // MV_LANES[t]):
+        return MV_SHORT
+    return MV_BIG if rows >= MV_BIG_ROWS else MV_SMALL
+
+
+def mv_grid(v, rows):
+    """(grid, block) of matvec.cuh's variant v for `rows` output rows."""
+    R, W, G, _ = MV_VARIANTS[v]
+    return (-(-rows // (R * G)), 1, 1), (32 * W * G, 1, 1)
+
+
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -119,6 +147,9 @@ class CudaOps:
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
+    # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
+    matvec = False
+    mv_variant = None
 
     def __init__(self):
         # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a
@@ -135,6 +166,8 @@ class CudaOps:
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
         self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
+        self.matvec = os.environ.get("REFLEX_MATVEC", "old") == "new"  # see MV_KERNEL
+        self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -365,6 +398,19 @@ class CudaOps:
             self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P.ptr, out.ptr, S, nw, N * M, mode)
         return out
 
+    def _mv_ok(self, x, ws):
+        """Whether one token x times the weights ws (one format) takes matvec.cuh's kernels."""
+        t = ws[0].ggml_type
+        return (self.matvec and t in MV_KERNEL and x.ptr % 16 == 0
+                and all(w.ggml_type == t and w.ptr % MV_ALIGN[t] == 0 and w.row_bytes % MV_ALIGN[t] == 0
+                        for w in ws))
+
+    def _mv_launch(self, kind, t, K, rows):
+        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") for format t,
+        width K and `rows` output rows (all the weights' rows for mvn)."""
+        v = self.mv_variant or mv_pick(t, K, rows)
+        return (self.k(f"{kind}{v}_{MV_KERNEL[t]}"), *mv_grid(v, rows))
+
     def matmul(self, x, w, out=None, accumulate=False, xh=None):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T).
         xh: x as f16 from _mma_x16 when the caller has it (matmul_n: q, k, v share one)."""
@@ -377,6 +423,10 @@ class CudaOps:
         if self._use_mma(w, N):
             return self._mma((w,), xh if xh is not None else self._mma_x16(x), out, K, M, N,
                              1 if accumulate else 0)
+        if N == 1 and self._mv_ok(x, (w,)):
+            k, grid, block = self._mv_launch("mv", w.ggml_type, K, M)
+            k(grid, block, w.ptr, x.ptr, out.ptr, K, M, w.row_bytes, 1 if accumulate else 0)
+            return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
@@ -412,6 +462,13 @@ class CudaOps:
             Ms = [w.shape[0] for w in group] + pad
             K = group[0].shape[1]
             N = x.size // K
+            if N == 1 and self._mv_ok(x, group):  # mvn without the norm
+                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
+                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, 0, 0.0, *[y.ptr for y in ys], *pad, K, *Ms,
+                  group[0].row_bytes, 0)
+                for i, y in zip(idx, ys):
+                    outs[i] = y
+                continue
             nt, grid, block = self._mm_launch(sum(Ms), N)
             self.k(f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}")(
                 grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
@@ -432,6 +489,11 @@ class CudaOps:
         out = self.empty(x.shape[:-1] + (M,))
         if self._use_mma(w_gate, N):
             return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
+        if N == 1 and self._mv_ok(x, (w_gate, w_up)):  # mvglu without the norm
+            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
+            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
+              0 if act == "silu" else 1, 0)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
@@ -457,6 +519,13 @@ class CudaOps:
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
             Ms = [w.shape[0] for w in group] + pad
+            if self._mv_ok(x, group) and (w_norm is None or w_norm.ptr % 16 == 0):  # mvn, the norm folded in
+                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
+                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, w_norm.ptr if w_norm is not None else 0,
+                  float(eps), *[y.ptr for y in ys], *pad, K, *Ms, group[0].row_bytes, 1)
+                for i, y in zip(idx, ys):
+                    outs[i] = y
+                continue
             split = sum(Ms) <= MM_SPLIT_ROWS
             grid = (sum(Ms) if split else (sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
             self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")(
@@ -476,6 +545,11 @@ class CudaOps:
         if N != 1 or w_gate.ggml_type != w_up.ggml_type or (w_norm is not None and w_norm.shape != (K,)):
             return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
         out = self.empty(x.shape[:-1] + (M,))
+        if self._mv_ok(x, (w_gate, w_up)) and (w_norm is None or w_norm.ptr % 16 == 0):
+            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
+            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps),
+              out.ptr, K, M, w_gate.row_bytes, 0 if act == "silu" else 1, 1)
+            return out
         split = M <= MM_SPLIT_ROWS
         self.k(f"mmgnorm1_{MM_KERNEL[w_gate.ggml_type]}")(
             (M if split else (M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr,

@@ -296,6 +296,99 @@ def check_matmul_glu(ops, rng):
     return rows
 
 
+def check_matmul_nt(ops, rng):
+    """Matvecs of 2 <= N < 64 tokens (CUDA: matvec_nt.cuh's mmt / mmtn / mmtglu, switched on
+    here whatever REFLEX_MMNT says, and compared with the warp-per-row mm4 / mm8 ones): every
+    format, odd row counts, K of 2304 (threads with 3 chunks and with 2) and 256 (one warp
+    busy), token counts around the 4- and 8-token groups, plain and accumulate, q/k/v of three
+    heights (blocks straddling two weights), gate/up silu and gelu; outputs poisoned."""
+    if not hasattr(ops, "mmnt"):
+        return _check_matmul_nt(ops, rng)
+    mmnt0 = ops.mmnt
+    ops.mmnt = True
+    try:
+        return _check_matmul_nt(ops, rng)
+    finally:
+        ops.mmnt = mmnt0
+
+
+def _vs_old(ops, fn):
+    """fn() on the warp-per-row kernels (CUDA with ops.mmnt off), or None on other backends."""
+    if not hasattr(ops, "mmnt"):
+        return None
+    ops.mmnt = False
+    try:
+        return fn()
+    finally:
+        ops.mmnt = True
+
+
+def _check_matmul_nt(ops, rng):
+    rows = []
+    Ns = (2, 3, 7, 8, 9, 17, 63)
+    for name in MM_TYPES:
+        W = _weights(ops, {"a": (name, 203, 2304), "b": (name, 5, 256)}, rng)
+        for key, Nk in (("a", Ns), ("b", (2, 9))):
+            w, ref = W[key]
+            M, K = ref.shape
+            for N in Nk:
+                x = rng.standard_normal((N, K)).astype(np.float32)
+                X = ops.asarray(x)
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul(X, w))
+                case = f"{name} M={M} K={K} N={N}"
+                rows.append(row("matmul_nt", case, out, x.astype(np.float64) @ ref.T, MM_TOL))
+                if N in (3, 9):
+                    y0 = rng.standard_normal((N, M)).astype(np.float32)
+                    y = ops.asarray(y0.copy())
+                    ops.matmul(X, w, out=y, accumulate=True)
+                    rows.append(row("matmul_nt", case + " accumulate", ops.to_numpy(y),
+                                    y0 + x.astype(np.float64) @ ref.T, MM_TOL))
+                if N in (7, 17):
+                    old = _vs_old(ops, lambda: ops.to_numpy(ops.matmul(X, w)))
+                    if old is not None:
+                        rows.append(row("matmul_nt", case + " vs mm4/mm8", out, old, 1e-6))
+    K, Ms = 1280, (201, 70, 57)
+    sets = [(t, t, t) for t in MM_TYPES] + [("Q8_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")]
+    for types in sets:
+        W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
+        ws = [W[f"w{i}"][0] for i in range(len(types))]
+        for N in (2, 7, 9, 17, 63):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X = ops.asarray(x)
+            poison(ops, *[(N, Ms[i]) for i in range(len(types))])
+            outs = [ops.to_numpy(o) for o in ops.matmul_n(X, ws)]
+            for i, out in enumerate(outs):
+                rows.append(row("matmul_n_nt", f"{'/'.join(types)} N={N} out{i}", out,
+                                x.astype(np.float64) @ W[f"w{i}"][1].T, MM_TOL))
+            if N == 9:
+                old = _vs_old(ops, lambda: [ops.to_numpy(o) for o in ops.matmul_n(X, ws)])
+                for i in range(len(old or ())):
+                    rows.append(row("matmul_n_nt", f"{'/'.join(types)} N={N} out{i} vs mmn", outs[i], old[i], 1e-6))
+    M = 203
+    for t in MM_TYPES:
+        W = _weights(ops, {"gate": (t, M, K), "up": (t, M, K)}, rng)
+        (wg, rg), (wu, ru) = W["gate"], W["up"]
+        for N in (2, 3, 8, 9, 17, 63):
+            x = rng.standard_normal((N, K))
+            x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
+            X = ops.asarray(x)
+            g64, u64 = x.astype(np.float64) @ rg.T, x.astype(np.float64) @ ru.T
+            for act in ("silu", "gelu"):
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
+                if act == "silu":
+                    ref = g64 / (1 + np.exp(-g64)) * u64
+                else:
+                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                rows.append(row("matmul_glu_nt", f"{t}/{t} {act} N={N}", out, ref, MM_TOL))
+                if N == 9:
+                    old = _vs_old(ops, lambda: ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act)))
+                    if old is not None:
+                        rows.append(row("matmul_glu_nt", f"{t}/{t} {act} N={N} vs mmglu", out, old, 1e-6))
+    return rows
+
+
 def check_rms_norm_rope(ops, rng):
     """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
     pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
@@ -1283,7 +1376,8 @@ def run_all(ops, seed=0):
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
-               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
+               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
+               check_matmul_nt):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

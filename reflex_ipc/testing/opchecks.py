@@ -1111,6 +1111,66 @@ def bench_matvec(ops, rng):
     return out
 
 
+# matvecs of a few tokens (2 <= N < MMA_MIN_N) timed by bench_matvec_nt: (label, op, type, the
+# weights' rows, K) for one layer of a Qwen3-0.6B-shaped model (hidden 1024, q 2048, k/v 1024,
+# FFN 3072; a Q8_0 and a Q4_K-mix file) and of a 2B-shaped one (hidden 2048, FFN 6144)
+MMNT_BENCH = (("0.6B qkv", "n", "Q8_0", (2048, 1024, 1024), 1024), ("0.6B o", "mm", "Q8_0", (1024,), 2048),
+              ("0.6B gate/up", "glu", "Q8_0", (3072, 3072), 1024), ("0.6B down", "mm", "Q8_0", (1024,), 3072),
+              ("0.6B qkv", "n", "Q4_K", (2048, 1024, 1024), 1024), ("0.6B gate/up", "glu", "Q4_K", (3072, 3072), 1024),
+              ("0.6B down", "mm", "Q6_K", (1024,), 3072),
+              ("2B 6144x2048", "mm", "Q6_K", (6144,), 2048), ("2B gate/up", "glu", "Q4_K", (6144, 6144), 2048),
+              ("2B qkv", "n", "Q4_K", (2048, 512, 512), 2048), ("2B down", "mm", "Q4_K", (2048,), 6144))
+MMNT_BENCH_N = (2, 6, 16, 32)
+
+
+def bench_matvec_nt(ops, rng, configs=MMNT_BENCH, Ns=MMNT_BENCH_N, reps=30):
+    """us and GB/s (the weights' bytes over the time) of the multi-token matvecs, the
+    warp-per-row mm4 / mm8 kernels ("old", ops.mmnt off) against matvec_nt.cuh's ("new"),
+    timed with CUDA events over `reps` calls that rotate over copies of the weights (at
+    least ~96 MB in all, so that L2 holds little of them, as in a forward pass)."""
+    out = []
+    drv = ops.rt.drv
+    mmnt0 = ops.mmnt
+    try:
+        for label, op, name, Ms, K in configs:
+            raws = [random_weight(name, M, K, rng, ref=False)[0] for M in Ms]
+            nbytes = sum(len(r) for r in raws)
+            copies = max(2, min(24, -(-96 * 2 ** 20 // nbytes)))
+            tensors = {f"w{c}.{i}": (raw, TYPES[name][0], (M, K)) for c in range(copies)
+                       for i, (raw, M) in enumerate(zip(raws, Ms))}
+            f = weights_gguf(tensors)
+            sets = [[ops.load_weight(f, f"w{c}.{i}") for i in range(len(Ms))] for c in range(copies)]
+            for N in Ns:
+                x = ops.asarray(rng.standard_normal((N, K)).astype(np.float32))
+                y = ops.empty((N, Ms[0]))
+                if op == "mm":
+                    fn = lambda ws: ops.matmul(x, ws[0], out=y)  # noqa: E731
+                elif op == "n":
+                    fn = lambda ws: ops.matmul_n(x, ws)  # noqa: E731
+                else:
+                    fn = lambda ws: ops.matmul_glu(x, ws[0], ws[1])  # noqa: E731
+                res = {"case": f"{label} {name}", "N": N, "MB": round(nbytes / 1e6, 2)}
+                for tag, mode in (("old", False), ("new", True)):
+                    ops.mmnt = mode
+                    for ws in sets:
+                        fn(ws)
+                    ops.synchronize()
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for r in range(reps):
+                        fn(sets[r % copies])
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    ms = e1.time_since(e0) / reps
+                    res[f"{tag}_us"] = round(ms * 1e3, 1)
+                    res[f"{tag}_GBps"] = round(nbytes / (ms / 1e3) / 1e9)
+                res["speedup"] = round(res["old_us"] / res["new_us"], 2)
+                out.append(res)
+    finally:
+        ops.mmnt = mmnt0
+    return out
+
+
 def bench_moe(ops, rng):
     """Microseconds per call of one Qwen3-30B-A3B-shaped MoE layer (128 experts, 8 used,
     2048 -> 768 -> 2048, Q4_K gate/up, Q6_K down, F32 router): the device path eager and

@@ -5,7 +5,8 @@
 // tokens blockIdx.y*NT ..). Its threads split K: thread tid takes the 8-weight chunks
 // tid, tid + MMT_THREADS, ... of every one of its rows, so a warp reads 32 consecutive chunks
 // of a row (coalesced), each chunk's x of a token is loaded once and applied to all MMT_R
-// rows, and the MMT_R rows' (and the next chunk's: unroll 2) loads are in flight together.
+// rows, and the MMT_R rows' loads are in flight together. (The chunk loop is not unrolled:
+// at K = 1024 every thread has one chunk, and unrolling doubled the code.)
 // Each thread ends with V = MMT_R * NT partial sums acc[j * NT + t] (row slot j, token t);
 // a warp reduce-scatter leaves lane l with the warp's sum of value l / (32 / V), the warps'
 // sums meet in shared memory and thread i < V adds them in warp order. Fixed order
@@ -85,7 +86,7 @@ __device__ __forceinline__ void mmt_dot(const uint8_t* const (&wr)[MMT_R], const
     const int nchunks = K >> 3;
 #pragma unroll
     for (int i = 0; i < MMT_R * NT; i++) acc[i] = 0.f;
-#pragma unroll 2
+#pragma unroll 1
     for (int ch = threadIdx.x; ch < nchunks; ch += MMT_THREADS) {
         const int boff = (ch / CPB) * QT<T>::BYTES, c = ch % CPB;
         float w[MMT_R][8];
@@ -256,7 +257,9 @@ __device__ __forceinline__ void mmtglu_body(const uint8_t* __restrict__ Wg, cons
         mmtglu_body<T, NT>(Wg, Wu, X, Y, K, M, N, rb, act);                                          \
     }
 
-#define RX_MMT(NAME, T) RX_MMT_NT(NAME, T, 4) RX_MMT_NT(NAME, T, 8)
+// NT = 8 only (fewer tokens: the rest of the group is skipped): each instantiation is ~9 KB of
+// sm_90 code, and the fatbin's size is paid at every cold start
+#define RX_MMT(NAME, T) RX_MMT_NT(NAME, T, 8)
 
 RX_MMT(f32, T_F32)
 RX_MMT(f16, T_F16)

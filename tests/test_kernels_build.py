@@ -585,8 +585,8 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
 
 
 def test_cuda_ops_mmt_launches(fake_ops):
-    """REFLEX_MMNT on: 2 <= N < MMA_MIN_N tokens take matvec_nt.cuh's kernels (NT 4 up to 4
-    tokens, else 8; grid y the token groups) with the arguments of mm / mmn / mmglu; N = 1 and
+    """REFLEX_MMNT on: 2 <= N < MMA_MIN_N tokens take matvec_nt.cuh's kernels (8 tokens a block,
+    grid y the token groups) with the arguments of mm / mmn / mmglu; N = 1 and
     the tensor-core range do not; with ops.mma off, 64+ tokens keep mm8."""
     from reflex_ipc.backends.cuda_ops import MMA_MIN_N
     from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
@@ -594,7 +594,7 @@ def test_cuda_ops_mmt_launches(fake_ops):
     ops = fake_ops
     ops.mmnt = True
     w = DeviceWeight(0x5000, (203, 512), 8, "Q8_0", 16 * 34, "w")
-    for n, kern, gy in ((1, "mm1_q8_0", 1), (2, "mmt4_q8_0", 1), (4, "mmt4_q8_0", 1), (5, "mmt8_q8_0", 1),
+    for n, kern, gy in ((1, "mm1_q8_0", 1), (2, "mmt8_q8_0", 1), (8, "mmt8_q8_0", 1), (9, "mmt8_q8_0", 2),
                         (13, "mmt8_q8_0", 2), (MMA_MIN_N - 1, "mmt8_q8_0", 8)):
         x = DeviceArray.empty(ops.pool, (n, 512))
         for acc in (0, 1):
@@ -612,7 +612,7 @@ def test_cuda_ops_mmt_launches(fake_ops):
     ops.mma = True
     wq = DeviceWeight(0x10000, (2048, 1024), 8, "Q8_0", 32 * 34, "q")
     wk = DeviceWeight(0x20000, (1023, 1024), 8, "Q8_0", 32 * 34, "k")
-    for n, kern, gy in ((3, "mmtn4_q8_0", 1), (9, "mmtn8_q8_0", 2)):
+    for n, kern, gy in ((3, "mmtn8_q8_0", 1), (9, "mmtn8_q8_0", 2)):
         x = DeviceArray.empty(ops.pool, (n, 1024))
         before = len(ops.rt.launches)
         q, k, v = ops.matmul_n(x, [wq, wk, wk])
@@ -622,7 +622,7 @@ def test_cuda_ops_mmt_launches(fake_ops):
         assert args == (wq.ptr, wk.ptr, wk.ptr, x.ptr, q.ptr, k.ptr, v.ptr, 1024, 2048, 1023, 1023, n, 32 * 34)
     wg = DeviceWeight(0x30000, (3071, 1024), 12, "Q4_K", 4 * 144, "gate")
     wu = DeviceWeight(0x40000, (3071, 1024), 12, "Q4_K", 4 * 144, "up")
-    for n, kern, gy in ((2, "mmtglu4_q4_k", 1), (17, "mmtglu8_q4_k", 3)):
+    for n, kern, gy in ((2, "mmtglu8_q4_k", 1), (17, "mmtglu8_q4_k", 3)):
         x = DeviceArray.empty(ops.pool, (n, 1024))
         y = ops.matmul_glu(x, wg, wu, act="gelu")
         name, grid, block, args = ops.rt.launches[-1]

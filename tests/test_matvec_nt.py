@@ -173,10 +173,10 @@ def test_mmtglu_emulation_matches_product(M, N, K):
 
 
 def test_mmt_launch_token_groups():
-    """NT 4 up to 4 tokens, else 8; grid y covers every token once; rows per block."""
+    """8 tokens a block; grid y covers every token once; rows per block."""
     for N in range(2, MMA_MIN_N):
         nt, grid, block = CudaOps._mmt_launch(203, N)
-        assert nt == (4 if N <= 4 else 8) and grid[1] * nt >= N > (grid[1] - 1) * nt
+        assert nt == 8 and grid[1] * nt >= N > (grid[1] - 1) * nt
         assert grid[0] * MMT_ROWS >= 203 > (grid[0] - 1) * MMT_ROWS
     nt, grid, _ = CudaOps._mmt_launch(203, 9, MMT_ROWS // 2)
     assert grid[0] == 102

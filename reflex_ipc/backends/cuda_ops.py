@@ -45,9 +45,10 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
 # matvecs of 2 <= N < MMA_MIN_N tokens (kernels/matvec_nt.cuh: mmt / mmtn / mmtglu): a block of
 # MMT_THREADS threads per MMT_ROWS weight rows (the gated unit: MMT_ROWS / 2 rows of gate and of
-# up), its threads over K, NT = 4 or 8 tokens a block (grid y: token groups).
+# up), its threads over K, MMT_NT = 8 tokens a block (grid y: token groups; a short last group
+# skips the missing tokens).
 # REFLEX_MMNT=0 keeps the warp-per-row mm4 / mm8 kernels (A/B).
-MMT_THREADS, MMT_ROWS = 128, 4  # MMT_THREADS, MMT_R in matvec_nt.cuh
+MMT_THREADS, MMT_ROWS, MMT_NT = 128, 4, 8  # MMT_THREADS, MMT_R, the NT instantiated in matvec_nt.cuh
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -311,8 +312,7 @@ class CudaOps:
     @staticmethod
     def _mmt_launch(rows, N, rows_per_block=MMT_ROWS):
         """(tokens per block, grid, block) of the mmt* kernels for `rows` rows (or row pairs)."""
-        nt = 4 if N <= 4 else 8
-        return nt, (-(-rows // rows_per_block), -(-N // nt), 1), (MMT_THREADS, 1, 1)
+        return MMT_NT, (-(-rows // rows_per_block), -(-N // MMT_NT), 1), (MMT_THREADS, 1, 1)
 
     def _use_mma(self, w, N):
         """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""

@@ -300,7 +300,7 @@ def check_matmul_nt(ops, rng):
     """Matvecs of 2 <= N < 64 tokens (CUDA: matvec_nt.cuh's mmt / mmtn / mmtglu, switched on
     here whatever REFLEX_MMNT says, and compared with the warp-per-row mm4 / mm8 ones): every
     format, odd row counts, K of 2304 (threads with 3 chunks and with 2) and 256 (one warp
-    busy), token counts around the 4- and 8-token groups, plain and accumulate, q/k/v of three
+    busy), token counts around the 8-token groups, plain and accumulate, q/k/v of three
     heights (blocks straddling two weights), gate/up silu and gelu; outputs poisoned."""
     if not hasattr(ops, "mmnt"):
         return _check_matmul_nt(ops, rng)

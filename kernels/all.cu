@@ -10,5 +10,7 @@
 #include "sampling.cuh"
 #include "moe.cuh"
 #include "recurrent.cuh"
+#include "chunked.cuh"
 #include "fused.cuh"
+#include "matvec.cuh"
 #include "matvec_nt.cuh"

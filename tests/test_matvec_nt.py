@@ -263,3 +263,10 @@ def test_deq8t_wide_loads_match_dequantize(name, base):
             blk, c = divmod(ch, qk // 8)
             out[r, ch * 8:ch * 8 + 8] = deq8t(name, buf, base + r * rb + blk * bsize, c)
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_run_all_includes_check_matmul_nt():
+    """gpu-check's ops section (opchecks.run_all) runs the multi-token matvec checks."""
+    from reflex_ipc.testing import opchecks
+
+    assert "check_matmul_nt" in opchecks.run_all.__code__.co_names

@@ -1710,7 +1710,7 @@ def run_all(ops, seed=0):
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
                check_recurrent_chunked,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
-               check_matvec):
+               check_matvec, check_matmul_nt):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

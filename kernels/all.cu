@@ -14,3 +14,4 @@
 #include "fused.cuh"
 #include "hybrid.cuh"
 #include "matvec.cuh"
+#include "matvec_nt.cuh"

@@ -361,6 +361,7 @@ def fake_ops(monkeypatch):
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     ops._att_count = None
     ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
+    ops.mmnt = False  # the warp-per-row mm4 / mm8 kernels for 2..63 tokens (test_cuda_ops_mmt_*: on)
     # the plain kernels (REFLEX_FUSE=0: the path before the fused decode ops); the fused
     # launches are the *_fused tests'
     monkeypatch.setenv("REFLEX_FUSE", "0")
@@ -581,6 +582,64 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     ops.matmul(x, wq)
     ops.matmul_glu(x, wg, wu)
     assert [launch[0] for launch in ops.rt.launches[-2:]] == ["mm8_q4_k", "mmglu8_q8_0"]
+
+
+def test_cuda_ops_mmt_launches(fake_ops):
+    """REFLEX_MMNT on: 2 <= N < MMA_MIN_N tokens take matvec_nt.cuh's kernels (8 tokens a block,
+    grid y the token groups) with the arguments of mm / mmn / mmglu; N = 1 and
+    the tensor-core range do not; with ops.mma off, 64+ tokens keep mm8."""
+    from reflex_ipc.backends.cuda_ops import MMA_MIN_N
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    ops.mmnt = True
+    w = DeviceWeight(0x5000, (203, 512), 8, "Q8_0", 16 * 34, "w")
+    for n, kern, gy in ((1, "mm1_q8_0", 1), (2, "mmt8_q8_0", 1), (8, "mmt8_q8_0", 1), (9, "mmt8_q8_0", 2),
+                        (13, "mmt8_q8_0", 2), (MMA_MIN_N - 1, "mmt8_q8_0", 8)):
+        x = DeviceArray.empty(ops.pool, (n, 512))
+        for acc in (0, 1):
+            y = ops.matmul(x, w) if not acc else ops.matmul(x, w, out=y, accumulate=True)
+            name, grid, block, args = ops.rt.launches[-1]
+            assert (name, grid, block) == (kern, (51, gy, 1), (128, 1, 1))
+            assert args == (0x5000, x.ptr, y.ptr, 512, 203, n, 544, acc)
+    x = DeviceArray.empty(ops.pool, (MMA_MIN_N, 512))
+    before = len(ops.rt.launches)
+    ops.matmul(x, w)
+    assert "mma_q8_0" in [launch[0] for launch in ops.rt.launches[before:]]
+    ops.mma = False
+    ops.matmul(x, w)
+    assert ops.rt.launches[-1][0] == "mm8_q8_0"
+    ops.mma = True
+    wq = DeviceWeight(0x10000, (2048, 1024), 8, "Q8_0", 32 * 34, "q")
+    wk = DeviceWeight(0x20000, (1023, 1024), 8, "Q8_0", 32 * 34, "k")
+    for n, kern, gy in ((3, "mmtn8_q8_0", 1), (9, "mmtn8_q8_0", 2)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        before = len(ops.rt.launches)
+        q, k, v = ops.matmul_n(x, [wq, wk, wk])
+        assert len(ops.rt.launches) == before + 1
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, (-(-(2048 + 2 * 1023) // 4), gy, 1), (128, 1, 1))
+        assert args == (wq.ptr, wk.ptr, wk.ptr, x.ptr, q.ptr, k.ptr, v.ptr, 1024, 2048, 1023, 1023, n, 32 * 34)
+    wg = DeviceWeight(0x30000, (3071, 1024), 12, "Q4_K", 4 * 144, "gate")
+    wu = DeviceWeight(0x40000, (3071, 1024), 12, "Q4_K", 4 * 144, "up")
+    for n, kern, gy in ((2, "mmtglu8_q4_k", 1), (17, "mmtglu8_q4_k", 3)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        y = ops.matmul_glu(x, wg, wu, act="gelu")
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, (1536, gy, 1), (128, 1, 1))  # 2 rows of gate and up a block
+        assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3071, n, 4 * 144, 1) and y.shape == (n, 3071)
+
+
+def test_cuda_ops_mmnt_switch(monkeypatch):
+    """REFLEX_MMNT=0 turns matvec_nt.cuh's kernels off; unset or 1: on."""
+    from reflex_ipc.backends import cuda_ops
+
+    for env, want in (("", True), ("1", True), ("0", False)):
+        rt = RecordingRuntime()
+        rt.cc = (9, 0)
+        monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
+        monkeypatch.setenv("REFLEX_MMNT", env) if env else monkeypatch.delenv("REFLEX_MMNT", raising=False)
+        assert cuda_ops.CudaOps().mmnt is want
 
 
 def test_cuda_ops_mma_switch(monkeypatch):
@@ -894,21 +953,28 @@ def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
     x = DeviceArray.empty(ops.pool, (1, K))
     nw = DeviceArray.empty(ops.pool, (K,))
     last = lambda: ops.rt.launches[-1]
-    small, big = cuda_ops.MV_SMALL, cuda_ops.MV_BIG
+    def pick(kind, t, Kw, rows):  # the variant mv_pick gives (the H200 sweep's choice)
+        return cuda_ops.mv_pick(t, Kw, rows, kind)
+
     assert not ops.matvec
     ops.matmul(x, q4[0])
     assert last()[0] == "mmsk1_q4_k"
     ops.matvec = True
     y = ops.matmul(x, q4[0])
-    assert last() == (f"mv{small}_q4_k", *cuda_ops.mv_grid(small, 201), (q4[0].ptr, x.ptr, y.ptr, K, 201, rb4, 0))
+    v = pick("mv", 12, K, 201)
+    assert last() == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, 201), (q4[0].ptr, x.ptr, y.ptr, K, 201, rb4, 0))
     ops.matmul(x, q4[0], out=y, accumulate=True)
     assert last()[3][-1] == 1
-    M = cuda_ops.MV_BIG_ROWS + 3
+    M = 40003
     ops.matmul(x, DeviceWeight(0x1000000, (M, K), 12, "Q4_K", rb4, "head"))
-    assert last()[:3] == (f"mv{big}_q4_k", *cuda_ops.mv_grid(big, M))
-    # short rows (one warp step): a warp a row group
-    ops.matmul(DeviceArray.empty(ops.pool, (1, 1024)), DeviceWeight(0x100000, (M, 1024), 12, "Q4_K", 576, "s"))
-    assert last()[:3] == (f"mv{cuda_ops.MV_SHORT}_q4_k", *cuda_ops.mv_grid(cuda_ops.MV_SHORT, M))
+    v = pick("mv", 12, K, M)
+    assert last()[:3] == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, M))
+    ops.matmul(DeviceArray.empty(ops.pool, (1, 12288)), DeviceWeight(0x100000, (M, 12288), 12, "Q4_K", 48 * 144, "s"))
+    v = pick("mv", 12, 12288, M)
+    assert last()[:3] == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, M))
+    # short Q8_0 rows: mv_pick keeps the older split-K kernel
+    ops.matmul(DeviceArray.empty(ops.pool, (1, 1024)), DeviceWeight(0x100000, (300, 1024), 8, "Q8_0", 32 * 34, "q8"))
+    assert pick("mv", 8, 1024, 300) is None and last()[0] == "mmsk1_q8_0"
     # not taken: misaligned Q4_K, another format, several tokens
     ops.matmul(x, DeviceWeight(0x100008, (201, K), 12, "Q4_K", rb4, "odd"))
     assert last()[0] == "mmsk1_q4_k"
@@ -920,23 +986,26 @@ def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
     n0 = len(ops.rt.launches)
     ys = ops.matmul_n(x, [q4[0], q4[1], q6])
     (a, b) = ops.rt.launches[n0:]
-    assert a == (f"mvn{small}_q4_k", *cuda_ops.mv_grid(small, 271),
+    v = pick("mvn", 12, K, 271)
+    assert a == (f"mvn{v}_q4_k", *cuda_ops.mv_grid(v, 271),
                  (q4[0].ptr, q4[1].ptr, 0, x.ptr, 0, 0.0, ys[0].ptr, ys[1].ptr, 0, K, 201, 70, 0, rb4, 0))
-    assert b[0] == f"mv{small}_q6_k" and b[3][:3] == (q6.ptr, x.ptr, ys[2].ptr)
+    assert b[0] == f"mv{pick('mv', 14, K, 57)}_q6_k" and b[3][:3] == (q6.ptr, x.ptr, ys[2].ptr)
     # the RMSNorm folded in
     n0 = len(ops.rt.launches)
     ys = cuda_ops.CudaOps.rms_norm_matmul_n(ops, x, nw, 1e-6, q4)
     (a,) = ops.rt.launches[n0:]
-    assert a[:3] == (f"mvn{small}_q4_k", *cuda_ops.mv_grid(small, 328))
+    v = pick("mvn", 12, K, 328)
+    assert a[:3] == (f"mvn{v}_q4_k", *cuda_ops.mv_grid(v, 328))
     assert a[3] == (*[w.ptr for w in q4], x.ptr, nw.ptr, 1e-6, *[y.ptr for y in ys], K, 201, 70, 57, rb4, 1)
     ops.rms_norm_matmul_n(x, None, 1e-6, [q6])
-    assert last()[0] == f"mvn{small}_q6_k" and last()[3][4] == 0 and last()[3][-6:] == (K, 57, 0, 0, rb6, 1)
+    assert last()[0] == f"mvn{pick('mvn', 14, K, 57)}_q6_k" and last()[3][4] == 0 and last()[3][-6:] == (K, 57, 0, 0, rb6, 1)
     # gated units
     g = ops.matmul_glu(x, q4[0], q4[0], act="gelu")
-    assert last() == (f"mvglu{small}_q4_k", *cuda_ops.mv_grid(small, 201),
+    v = pick("mvglu", 12, K, 201)
+    assert last() == (f"mvglu{v}_q4_k", *cuda_ops.mv_grid(v, 201),
                       (q4[0].ptr, q4[0].ptr, x.ptr, 0, 0.0, g.ptr, K, 201, rb4, 1, 0))
     g = ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
-    assert last()[0] == f"mvglu{small}_q4_k" and last()[3][3:5] == (nw.ptr, 1e-5) and last()[3][-2:] == (0, 1)
+    assert last()[0] == f"mvglu{v}_q4_k" and last()[3][3:5] == (nw.ptr, 1e-5) and last()[3][-2:] == (0, 1)
     # a forced variant
     ops.mv_variant = "c"
     ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
@@ -988,7 +1057,8 @@ def test_gpu_matvec_script_launches_fit_the_kernels(fake_ops):
 @pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS_FUSED))
 def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
     """REFLEX_MATVEC=new changes which kernels a decode layer launches, never how many: each
-    one-token matvec of a matvec.cuh format takes its counterpart there (small rows: MV_SMALL)."""
+    one-token matvec of a matvec.cuh format takes its counterpart there, or stays on the older
+    kernel where mv_pick says so."""
     from reflex_ipc.backends import cuda_ops
     from reflex_ipc.gguffile import GGUFFile
 
@@ -1007,12 +1077,12 @@ def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
                 return to + "?_" + n[len(old):]
         return n
 
-    def variant_free(names):  # the variant depends on the fixture's widths (mv_pick)
-        out = []
+    def variant_free(names):  # the variant depends on the fixture's widths (mv_pick), which may
+        out = []  # also keep the older kernel (None): either counts as the same launch
         for n in names:
             m = re.fullmatch(r"(mv|mvn|mvglu)([a-z])_(\w+)", n)
             assert m is None or m.group(2) in cuda_ops.MV_VARIANTS, n
-            out.append(f"{m.group(1)}?_{m.group(3)}" if m else n)
+            out.append(f"{m.group(1)}?_{m.group(3)}" if m else moved(n))
         return out
 
     taken = 0

@@ -215,7 +215,6 @@ def test_backend_variant_table_matches_the_kernels():
     assert variants() == cuda_ops.MV_VARIANTS
     assert tuple(variants()) == MV_VARIANTS
     assert {cuda_ops.MV_KERNEL[t] for t in cuda_ops.MV_KERNEL} == set(MV_TYPES)
-    assert cuda_ops.MV_SMALL in variants() and cuda_ops.MV_BIG in variants()
     src = open(os.path.join(ROOT, "kernels", "matvec.cuh")).read()
     for t in MV_TYPES:
         assert f"RX_MV({t}," in src
@@ -272,18 +271,22 @@ def test_rows_of_a_block_cover_the_three_weights():
 
 
 def test_mv_pick():
-    """A warp a row group where the row is at most two warp steps (0.6B-wide Q4_K rows), K split
-    over warps otherwise; a forced variant wins (CudaOps._mv_launch)."""
+    """The variants the H200 sweep chose (scripts/gpu/gpu-matvec, bench/results/matvec-h200-*):
+    per kind and format, None where the older kernels were faster (short Q8_0 rows)."""
     from reflex_ipc.backends import cuda_ops as co
-    from reflex_ipc.ggml_types import Q4_K, Q6_K, Q8_0
+    from reflex_ipc.ggml_types import Q4_K, Q5_K, Q6_K, Q8_0
 
-    assert co.mv_pick(Q4_K, 1024, 4096) == co.MV_SHORT
-    assert co.mv_pick(Q8_0, 1024, 4096) == co.MV_SHORT  # 32 blocks: two steps of 16
-    assert co.mv_pick(Q8_0, 1056, 100) == co.MV_SMALL
-    assert co.mv_pick(Q6_K, 3072, 1024) == co.MV_SMALL
-    assert co.mv_pick(Q4_K, 4096, 12288) == co.MV_BIG
-    assert co.mv_pick(Q4_K, 4096, co.MV_BIG_ROWS - 1) == co.MV_SMALL
-    assert {co.MV_SHORT, co.MV_SMALL, co.MV_BIG} <= set(co.MV_VARIANTS)
+    assert co.mv_pick(Q4_K, 1024, 4096, "mvn") == co.mv_pick(Q8_0, 4096, 6144, "mvn") == "e"
+    assert co.mv_pick(Q6_K, 1024, 151936, "mvn") == "d" and co.mv_pick(Q6_K, 4096, 6144, "mvn") == "e"
+    assert co.mv_pick(Q4_K, 4096, 12288, "mvglu") == "e" and co.mv_pick(Q6_K, 1024, 3072, "mvglu") == "d"
+    assert co.mv_pick(Q8_0, 5120, 25600, "mvglu") == "c"
+    assert co.mv_pick(Q4_K, 2048, 1024) == "b" and co.mv_pick(Q4_K, 12288, 4096) == "c"
+    assert co.mv_pick(Q5_K, 12288, 4096) == "c" and co.mv_pick(Q6_K, 25600, 5120) == "b"
+    assert co.mv_pick(Q8_0, 3072, 1024) is None and co.mv_pick(Q8_0, 4096, 4096) == "c"
+    for t in co.MV_KERNEL:
+        for kind in ("mv", "mvn", "mvglu"):
+            for K in (1024, 4096, 25600):
+                assert co.mv_pick(t, K, 4096, kind) in (None, *co.MV_VARIANTS)
 
 
 def test_gpu_check_of_the_matvec_kernels_holds_on_numpy():

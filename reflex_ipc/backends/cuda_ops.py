@@ -43,26 +43,40 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
 # more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# matvecs of 2 <= N < MMA_MIN_N tokens (kernels/matvec_nt.cuh: mmt / mmtn / mmtglu): a block of
+# MMT_THREADS threads per MMT_ROWS weight rows (the gated unit: MMT_ROWS / 2 rows of gate and of
+# up), its threads over K, MMT_NT = 8 tokens a block (grid y: token groups; a short last group
+# skips the missing tokens).
+# REFLEX_MMNT=0 keeps the warp-per-row mm4 / mm8 kernels (A/B).
+MMT_THREADS, MMT_ROWS, MMT_NT = 128, 4, 8  # MMT_THREADS, MMT_R, the NT instantiated in matvec_nt.cuh
 # bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
 # group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
-# them. REFLEX_MATVEC=new sends one-token matmuls (plain, q/k/v, gated, and the RMSNorm-folded
-# ones) there, =old (the default) keeps matmul.cuh / fused.cuh; REFLEX_MATVEC_VARIANT=a..e
-# forces one variant, else mv_pick chooses (a first guess: scripts/gpu/gpu-matvec measures).
+# them. REFLEX_MATVEC=new (the default) sends one-token matmuls (plain, q/k/v, gated, and the
+# RMSNorm-folded ones) there where mv_pick has a variant, =old keeps matmul.cuh / fused.cuh;
+# REFLEX_MATVEC_VARIANT=a..e forces one variant.
 MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
 MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
 MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
 MV_LANES = {Q4_K: 8, Q5_K: 8, Q6_K: 8, Q8_0: 2}  # lanes sharing one block (MV<T>::P)
-MV_BIG_ROWS = 4096  # from this many output rows on, variant MV_BIG (more rows a block share x)
-MV_SMALL, MV_BIG, MV_SHORT = "a", "b", "d"
-
-
-def mv_pick(t, K, rows):
-    """matvec.cuh's variant for `rows` output rows of width K in format t: rows of at most two
-    warp steps (a warp covers 32 / MV_LANES blocks a step) take a warp a row group (MV_SHORT),
-    longer rows split K over 4 warps, many rows with several rows a block sharing x."""
-    if K // TYPES[type_name(t)][1] <= 2 * (32 // MV_LANES[t]):
-        return MV_SHORT
-    return MV_BIG if rows >= MV_BIG_ROWS else MV_SMALL
+# matvec.cuh's variant per (kernel kind, format, row width K, rows), from the H200 sweep of
+# scripts/gpu/gpu-matvec (bench/results/matvec-h200-*.json: 0.6B / 8B / 32B Qwen3 shapes, cold
+# L2); None: the older kernels of matmul.cuh / fused.cuh, faster there (short Q8_0 rows).
+def mv_pick(t, K, rows, kind="mv"):
+    """matvec.cuh's variant for one token times `rows` output rows of width K in format t
+    (kind "mv" plain, "mvn" q/k/v or the LM head with the norm folded, "mvglu" gate/up), or
+    None for the older kernels."""
+    name = MV_KERNEL[t]
+    if kind == "mvglu":
+        return {"q6_k": "d", "q8_0": "c"}.get(name, "e")
+    if kind == "mvn":
+        if name == "q6_k":
+            return "d" if rows > 32768 else "e"
+        return "e"
+    if name == "q6_k":
+        return "b"
+    if name == "q8_0":
+        return None if K <= 3072 else "c"
+    return "b" if K <= 3072 else "c"
 
 
 def mv_grid(v, rows):
@@ -135,6 +149,7 @@ class CudaOps:
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
+    mmnt = False  # set from REFLEX_MMNT in __init__ (default on)
 
     # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
     # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
@@ -165,8 +180,9 @@ class CudaOps:
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.mmnt = os.environ.get("REFLEX_MMNT", "1") != "0"
         self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
-        self.matvec = os.environ.get("REFLEX_MATVEC", "old") == "new"  # see MV_KERNEL
+        self.matvec = os.environ.get("REFLEX_MATVEC", "new") == "new"  # see MV_KERNEL
         self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
 
     def _k_after_upload(self, name):
@@ -352,6 +368,15 @@ class CudaOps:
         nt = 1 if N == 1 else (4 if N <= 4 else 8)
         return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
 
+    def _use_mmt(self, N):
+        """Whether a matvec of N tokens (not taking the tensor-core kernels) takes matvec_nt.cuh's."""
+        return self.mmnt and 1 < N < MMA_MIN_N
+
+    @staticmethod
+    def _mmt_launch(rows, N, rows_per_block=MMT_ROWS):
+        """(tokens per block, grid, block) of the mmt* kernels for `rows` rows (or row pairs)."""
+        return MMT_NT, (-(-rows // rows_per_block), -(-N // MMT_NT), 1), (MMT_THREADS, 1, 1)
+
     def _use_mma(self, w, N):
         """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
         return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
@@ -399,17 +424,20 @@ class CudaOps:
         return out
 
     def _mv_ok(self, x, ws):
-        """Whether one token x times the weights ws (one format) takes matvec.cuh's kernels."""
+        """Whether one token x times the weights ws (one format) can take matvec.cuh's kernels."""
         t = ws[0].ggml_type
         return (self.matvec and t in MV_KERNEL and x.ptr % 16 == 0
                 and all(w.ggml_type == t and w.ptr % MV_ALIGN[t] == 0 and w.row_bytes % MV_ALIGN[t] == 0
                         for w in ws))
 
-    def _mv_launch(self, kind, t, K, rows):
-        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") for format t,
-        width K and `rows` output rows (all the weights' rows for mvn)."""
-        v = self.mv_variant or mv_pick(t, K, rows)
-        return (self.k(f"{kind}{v}_{MV_KERNEL[t]}"), *mv_grid(v, rows))
+    def _mv(self, kind, x, ws, K, rows):
+        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") when one token x
+        times the weights ws (width K, `rows` output rows in all) takes it, else None (switch
+        off, another format, misaligned, or mv_pick prefers the older kernels there)."""
+        if not self._mv_ok(x, ws):
+            return None
+        v = self.mv_variant or mv_pick(ws[0].ggml_type, K, rows, kind)
+        return (self.k(f"{kind}{v}_{MV_KERNEL[ws[0].ggml_type]}"), *mv_grid(v, rows)) if v else None
 
     def matmul(self, x, w, out=None, accumulate=False, xh=None):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T).
@@ -423,17 +451,21 @@ class CudaOps:
         if self._use_mma(w, N):
             return self._mma((w,), xh if xh is not None else self._mma_x16(x), out, K, M, N,
                              1 if accumulate else 0)
-        if N == 1 and self._mv_ok(x, (w,)):
-            k, grid, block = self._mv_launch("mv", w.ggml_type, K, M)
+        if N == 1 and (mv := self._mv("mv", x, (w,), K, M)):
+            k, grid, block = mv
             k(grid, block, w.ptr, x.ptr, out.ptr, K, M, w.row_bytes, 1 if accumulate else 0)
             return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
             return out
-        nt, grid, block = self._mm_launch(M, N)
-        self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
-                                                   1 if accumulate else 0)
+        if self._use_mmt(N):
+            nt, grid, block = self._mmt_launch(M, N)
+            name = f"mmt{nt}_{MM_KERNEL[w.ggml_type]}"
+        else:
+            nt, grid, block = self._mm_launch(M, N)
+            name = f"mm{nt}_{MM_KERNEL[w.ggml_type]}"
+        self.k(name)(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
         return out
 
     def matmul_n(self, x, ws):
@@ -462,15 +494,20 @@ class CudaOps:
             Ms = [w.shape[0] for w in group] + pad
             K = group[0].shape[1]
             N = x.size // K
-            if N == 1 and self._mv_ok(x, group):  # mvn without the norm
-                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
+            if N == 1 and (mv := self._mv("mvn", x, group, K, sum(Ms))):  # mvn without the norm
+                k, grid, block = mv
                 k(grid, block, *[w.ptr for w in group], *pad, x.ptr, 0, 0.0, *[y.ptr for y in ys], *pad, K, *Ms,
                   group[0].row_bytes, 0)
                 for i, y in zip(idx, ys):
                     outs[i] = y
                 continue
-            nt, grid, block = self._mm_launch(sum(Ms), N)
-            self.k(f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}")(
+            if self._use_mmt(N):
+                nt, grid, block = self._mmt_launch(sum(Ms), N)
+                name = f"mmtn{nt}_{MM_KERNEL[group[0].ggml_type]}"
+            else:
+                nt, grid, block = self._mm_launch(sum(Ms), N)
+                name = f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}"
+            self.k(name)(
                 grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
                 group[0].row_bytes)
             for i, y in zip(idx, ys):
@@ -489,14 +526,19 @@ class CudaOps:
         out = self.empty(x.shape[:-1] + (M,))
         if self._use_mma(w_gate, N):
             return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
-        if N == 1 and self._mv_ok(x, (w_gate, w_up)):  # mvglu without the norm
-            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
+        if N == 1 and (mv := self._mv("mvglu", x, (w_gate, w_up), K, M)):  # mvglu without the norm
+            k, grid, block = mv
             k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
               0 if act == "silu" else 1, 0)
             return out
-        nt, grid, block = self._mm_launch(M, N)
-        self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
-                                                          K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
+        if self._use_mmt(N):  # a block: MMT_ROWS / 2 rows of gate and the same rows of up
+            nt, grid, block = self._mmt_launch(M, N, MMT_ROWS // 2)
+            name = f"mmtglu{nt}_{MM_KERNEL[w_gate.ggml_type]}"
+        else:
+            nt, grid, block = self._mm_launch(M, N)
+            name = f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}"
+        self.k(name)(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr, K, M, N, w_gate.row_bytes,
+                     0 if act == "silu" else 1)
         return out
 
     # -- fused decode ops (base.FUSED_OPS; models reach them through base's functions) --------
@@ -519,8 +561,9 @@ class CudaOps:
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
             Ms = [w.shape[0] for w in group] + pad
-            if self._mv_ok(x, group) and (w_norm is None or w_norm.ptr % 16 == 0):  # mvn, the norm folded in
-                k, grid, block = self._mv_launch("mvn", group[0].ggml_type, K, sum(Ms))
+            mv = self._mv("mvn", x, group, K, sum(Ms)) if w_norm is None or w_norm.ptr % 16 == 0 else None
+            if mv:  # mvn, the norm folded in
+                k, grid, block = mv
                 k(grid, block, *[w.ptr for w in group], *pad, x.ptr, w_norm.ptr if w_norm is not None else 0,
                   float(eps), *[y.ptr for y in ys], *pad, K, *Ms, group[0].row_bytes, 1)
                 for i, y in zip(idx, ys):
@@ -545,8 +588,9 @@ class CudaOps:
         if N != 1 or w_gate.ggml_type != w_up.ggml_type or (w_norm is not None and w_norm.shape != (K,)):
             return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
         out = self.empty(x.shape[:-1] + (M,))
-        if self._mv_ok(x, (w_gate, w_up)) and (w_norm is None or w_norm.ptr % 16 == 0):
-            k, grid, block = self._mv_launch("mvglu", w_gate.ggml_type, K, M)
+        mv = self._mv("mvglu", x, (w_gate, w_up), K, M) if w_norm is None or w_norm.ptr % 16 == 0 else None
+        if mv:
+            k, grid, block = mv
             k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps),
               out.ptr, K, M, w_gate.row_bytes, 0 if act == "silu" else 1, 1)
             return out

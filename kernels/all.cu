@@ -11,3 +11,4 @@
 #include "moe.cuh"
 #include "recurrent.cuh"
 #include "fused.cuh"
+#include "flash.cuh"

@@ -48,6 +48,14 @@ ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
 ATT_CHUNK = 128  # keys per split block (at least)
 ATT_MAX_SPLITS = 64
+# tensor-core prefill attention (kernels/flash.cuh) for N >= FLASH_MIN_N queries of these head
+# widths on sm_80+, in place of attention_f16kv (the split-key decode path keeps few queries
+# over many keys); REFLEX_FLASH=0 keeps attention_f16kv (A/B, kill switch). Q and P are rounded
+# to f16 there (opchecks.FLASH_TOL).
+FLASH_MIN_N = 16
+FLASH_HD = (64, 128, 256)
+FLASH_BM = 64  # FLASH_BM in flash.cuh: rows (query, head of a kv group) per block
+FLASH_THREADS = 128  # 32 * FLASH_WARPS
 MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
@@ -113,6 +121,9 @@ class CudaOps:
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.flash_min_n = FLASH_MIN_N
+        self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -807,10 +818,26 @@ class CudaOps:
             self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
                                         out.ptr, Hq, hd, S)
             return out
+        if (self.flash_takes(N, Hq, Hkv, hd) and v_cache.shape == k_cache.shape
+                and k_cache.ptr % 16 == 0 and v_cache.ptr % 16 == 0 and q.ptr % 8 == 0):
+            # (cp.async moves 16-byte chunks of K/V rows; q is read as float2)
+            # rows n * G + (h % G) of each kv head (G = Hq / Hkv), FLASH_BM per block
+            G = Hq // Hkv
+            self.flash_launches += 1
+            self.k(f"flash_attention_f16kv_{hd}")(
+                (Hkv, -(-N * G // FLASH_BM), 1), (FLASH_THREADS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
+                pos.ptr, mptr, N, Hq, Hkv, ctx, n_kv, float(scale), float(softcap), 1 if causal else 0, int(window))
+            return out
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
         return out
+
+    def flash_takes(self, N, Hq, Hkv, hd):
+        """True when attention of N queries (not the split-key decode form) runs on the
+        tensor-core kernel (flash.cuh): sm_80+, REFLEX_FLASH not 0, N >= FLASH_MIN_N, a head
+        width it is built for, whole kv groups."""
+        return self.flash and N >= self.flash_min_n and hd in FLASH_HD and Hq % Hkv == 0
 
     def _latent_attention(self, q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
         """attention with v_cache None: q [N, H, dk] over the one latent head k_cache [1, ctx, dk];

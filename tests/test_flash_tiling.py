@@ -1,0 +1,172 @@
+"""A numpy model of kernels/flash.cuh's tiling (no GPU needed): rows n * G + (h % G) of one kv
+head, FLASH_BM rows a block in warps of 16, the block's key range = the union of its rows'
+visible ranges walked in tiles of BN keys from the tile holding its smallest key, keys of a
+tile outside that range loaded as zeros, warps whose rows see nothing in a tile skipping it,
+per-element softcap / visibility / mask, online softmax in exp2 form with the same guards
+(-inf running max), optional f16 rounding of the scaled Q and of P, and out = O / l (0 when
+l = 0). Checked against the float64 attention reference on the shapes and cases the op
+checks run on the GPU, with NaN planted in every cache slot the kernel must not read."""
+
+import numpy as np
+import pytest
+
+from reflex_ipc.backends import cuda_ops
+from reflex_ipc.testing.references import attention_ref
+
+BM = cuda_ops.FLASH_BM
+WARPS = BM // 16
+LOG2E = 1.4426950408889634
+
+
+def bn_of(hd):
+    return 64 if hd <= 128 else 32  # FlashCfg<HD>::BN
+
+
+def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None, f16=True):
+    """q [N, Hq, hd]; K, V [Hkv, ctx, hd] (the caches, read only where the kernel reads)."""
+    N, Hq, hd = q.shape
+    Hkv, ctx, _ = K.shape
+    G = Hq // Hkv
+    BN = bn_of(hd)
+    rows = N * G
+    out = np.full((N, Hq, hd), np.nan)
+    n_tiles = -(-rows // BM)
+    for kvh in range(Hkv):
+        for by in range(n_tiles):
+            tile = n_tiles - 1 - by  # the kernel's order; each block is independent
+            # per row: query, head, [lo, hi] (empty: lo = INT_MAX, hi = -1)
+            r = tile * BM + np.arange(BM)
+            valid = r < rows
+            rn = np.where(valid, r // G, 0)
+            rh = np.where(valid, kvh * G + r % G, 0)
+            p = np.asarray(pos)[rn]
+            hi = np.minimum(p, n_kv - 1) if causal else np.full(BM, n_kv - 1)
+            lo = np.maximum(0, p - window + 1) if window > 0 else np.zeros(BM, int)
+            ok = valid & (lo <= hi)
+            rlo = np.where(ok, lo, 2**31 - 1)
+            rhi = np.where(ok, hi, -1)
+            wlo = rlo.reshape(WARPS, 16).min(1)
+            whi = rhi.reshape(WARPS, 16).max(1)
+            blo, bhi = int(wlo.min()), int(whi.max())
+            Q = np.where(valid[:, None], q[rn, rh] * scale, 0)
+            if f16:  # the kernel: float32 q * scale, rounded to f16
+                Q = (q[rn, rh].astype(np.float32) * np.float32(scale)).astype(np.float16)
+                Q = np.where(valid[:, None], Q.astype(np.float64), 0)
+            m = np.full(BM, -np.inf)
+            l = np.zeros(BM)
+            O = np.zeros((BM, hd))
+            k0 = blo // BN * BN if bhi >= 0 else 1
+            while k0 <= bhi:
+                j = k0 + np.arange(BN)
+                inr = (j >= blo) & (j <= bhi)
+                jc = np.clip(j, 0, ctx - 1)
+                Kt = np.where(inr[:, None], K[kvh, jc], 0).astype(np.float64)
+                Vt = np.where(inr[:, None], V[kvh, jc], 0).astype(np.float64)
+                for w in range(WARPS):
+                    if not (k0 <= whi[w] and k0 + BN - 1 >= wlo[w]):
+                        continue  # the warp's rows see nothing here
+                    sl = slice(16 * w, 16 * w + 16)
+                    s = Q[sl] @ Kt.T  # [16, BN]
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    hid = (j[None, :] < rlo[sl, None]) | (j[None, :] > rhi[sl, None])
+                    if mask is not None:
+                        mj = np.where(hid, 0.0, mask[rn[sl][:, None], np.clip(j, 0, n_kv - 1)[None, :]])
+                        s = s + mj
+                    s = np.where(hid, -np.inf, s)
+                    mx = s.max(1)
+                    mn = np.maximum(m[sl], mx)
+                    mu = np.where(mn == -np.inf, 0.0, mn)
+                    corr = np.exp2((m[sl] - mu) * LOG2E)
+                    m[sl] = mn
+                    P = np.exp2((s - mu[:, None]) * LOG2E)
+                    l[sl] = l[sl] * corr + P.sum(1)
+                    if f16:
+                        P = P.astype(np.float16).astype(np.float64)
+                    O[sl] = O[sl] * corr[:, None] + P @ Vt
+                k0 += BN
+            inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0.0)
+            for i in np.nonzero(valid)[0]:
+                out[rn[i], rh[i]] = O[i] * inv[i]
+    return out
+
+
+def make_cache(rng, Hkv, ctx, hd, n_kv):
+    """f16-valued K, V [Hkv, ctx, hd] with NaN in every slot >= n_kv (never to be read)."""
+    K = rng.standard_normal((Hkv, ctx, hd)).astype(np.float16).astype(np.float64)
+    V = rng.standard_normal((Hkv, ctx, hd)).astype(np.float16).astype(np.float64)
+    K[:, n_kv:] = np.nan
+    V[:, n_kv:] = np.nan
+    return K, V
+
+
+CASES = [  # (N, hd, Hq, Hkv, past, kwargs)
+    (16, 64, 16, 16, 0, {}),
+    (17, 128, 16, 8, 0, {}),
+    (64, 256, 8, 1, 0, {}),
+    (100, 128, 16, 2, 0, {}),
+    (100, 64, 8, 1, 37, {}),  # a second chunk: keys before the queries
+    (512, 128, 16, 8, 0, {}),
+    (70, 128, 16, 8, 50, {"window": 33}),
+    (40, 256, 4, 1, 10, {"softcap": 5.0}),
+    (33, 64, 16, 2, 20, {"causal": False}),
+    (33, 128, 8, 8, 20, {"mask": True}),
+]
+
+
+@pytest.mark.parametrize("N,hd,Hq,Hkv,past,kw", CASES)
+def test_flash_tiling_matches_attention(N, hd, Hq, Hkv, past, kw):
+    rng = np.random.default_rng(N * 1000 + hd + past)
+    n_kv = past + N
+    ctx = n_kv + 40
+    K, V = make_cache(rng, Hkv, ctx, hd, n_kv)
+    q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+    pos = np.arange(past, n_kv)
+    scale = 1 / np.sqrt(hd)
+    kw = dict(kw)
+    causal = kw.pop("causal", True)
+    mask = None
+    if kw.pop("mask", False):
+        causal = False
+        mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0)
+        mask[:, 0] = 0
+        mask[3] = -np.inf
+        mask[3, 7] = 0  # one visible key
+        mask[5] = -np.inf  # none: zeros
+    ref = attention_ref(q, K, V, pos, n_kv, scale, kw.get("softcap", 0.0), causal, kw.get("window", 0), mask)
+    # the kernel's n_kv: n_slots for causal without a mask (CudaOps.attention)
+    kn = ctx if causal and mask is None else n_kv
+    exact = flash_emulate(q.astype(np.float64), K, V, pos, kn, scale, causal=causal, mask=mask, f16=False, **kw)
+    assert np.all(np.isfinite(exact))
+    np.testing.assert_allclose(exact, ref, rtol=0, atol=1e-9)
+    if mask is not None:
+        assert np.all(exact[5] == 0)
+    rounded = flash_emulate(q, K, V, pos, kn, scale, causal=causal, mask=mask, f16=True, **kw)
+    err = np.linalg.norm(rounded - ref) / np.linalg.norm(ref)
+    assert err < 2e-3, err
+
+
+def test_flash_tiling_arbitrary_positions():
+    """Queries in any order with gaps (system1-like slots), a window: ranges per row."""
+    rng = np.random.default_rng(5)
+    hd, Hq, Hkv, N, n_kv = 64, 8, 2, 80, 300
+    K, V = make_cache(rng, Hkv, n_kv, hd, n_kv)
+    q = rng.standard_normal((N, Hq, hd))
+    pos = rng.permutation(n_kv)[:N]
+    for window in (0, 20):
+        ref = attention_ref(q, K, V, pos, n_kv, 0.1, 0.0, True, window, None)
+        out = flash_emulate(q, K, V, pos, n_kv, 0.1, window=window, f16=False)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-9)
+
+
+def test_flash_constants_match_the_kernel():
+    import os
+    import re
+
+    src = open(os.path.join(os.path.dirname(__file__), "..", "kernels", "flash.cuh")).read()
+    warps = int(re.search(r"#define FLASH_WARPS (\d+)", src).group(1))
+    assert cuda_ops.FLASH_BM == 16 * warps == BM
+    assert cuda_ops.FLASH_THREADS == 32 * warps
+    assert "HD <= 128 ? 64 : 32" in src  # bn_of
+    for hd in cuda_ops.FLASH_HD:
+        assert f"RX_FLASH({hd})" in src

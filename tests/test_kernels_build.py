@@ -361,6 +361,7 @@ def fake_ops(monkeypatch):
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     ops._att_count = None
     ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
+    ops.flash = True  # as on sm_80+ with REFLEX_FLASH unset
     # the plain kernels (REFLEX_FUSE=0: the path before the fused decode ops); the fused
     # launches are the *_fused tests'
     monkeypatch.setenv("REFLEX_FUSE", "0")
@@ -404,13 +405,34 @@ def test_cuda_ops_attention_paths(fake_ops):
     chunk = a1[-1]
     assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
     assert a1[1] == kc.ptr and a1[2] == vc.ptr
-    # prefill: many (head, query) blocks, one kernel
+    # prefill: the tensor-core kernel, a block per kv head and 64 rows of its 4 query heads
     qq = ops.empty((64, 8, 128))
+    n0 = ops.flash_launches
+    out = ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, window=7)
+    name, grid, block, args = ops.rt.launches[-1]
+    assert name == "flash_attention_f16kv_128" and grid == (2, 4, 1) and block == (128, 1, 1)
+    assert args[:4] == (qq.ptr, kc.ptr, vc.ptr, out.ptr) and args[5] == 0
+    assert args[6:11] == (64, 8, 2, 4096, 4096) and args[12:] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
+    # odd sizes round the row tiles up: 17 queries x 4 heads = 68 rows -> 2 tiles
+    ops.attention(ops.empty((17, 8, 128)), kc, vc, ops.positions(range(17)), 17, scale=0.1)
+    assert ops.rt.launches[-1][:2] == ("flash_attention_f16kv_128", (2, 2, 1))
+    # an explicit mask keeps the true n_kv (the mask's row length)
+    m = ops.empty((64, 64))
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
+    name, _, _, args = ops.rt.launches[-1]
+    assert name == "flash_attention_f16kv_128" and args[5] == m.ptr and args[10] == 64 and args[13] == 0
+    # below FLASH_MIN_N queries, at other head widths, or with REFLEX_FLASH=0 (ops.flash off):
+    # a block per (head, query)
+    q15 = ops.empty((ops.flash_min_n - 1, 16, 128))
+    ops.attention(q15, kc, vc, ops.positions(range(q15.shape[0])), q15.shape[0], scale=0.1)
+    assert ops.rt.launches[-1][:2] == ("attention_f16kv", (16, q15.shape[0], 1))
+    kc96, vc96 = ops.zeros((2, 512, 96), "float16"), ops.zeros((2, 512, 96), "float16")
+    ops.attention(ops.empty((64, 8, 96)), kc96, vc96, ops.positions(range(64)), 64, scale=0.1)
+    assert ops.rt.launches[-1][0] == "attention_f16kv"
+    ops.flash = False
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
-    # an explicit mask keeps the true n_kv (the mask's row length)
-    m = ops.empty((64, 64))
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
     assert args[5] == m.ptr and args[10] == 64 and args[13] == 0

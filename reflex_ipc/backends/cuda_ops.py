@@ -102,6 +102,9 @@ class CudaOps:
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
+    flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
+    flash_min_n = FLASH_MIN_N
+    flash_launches = 0
 
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False

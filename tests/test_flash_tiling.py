@@ -170,3 +170,19 @@ def test_flash_constants_match_the_kernel():
     assert "HD <= 128 ? 64 : 32" in src  # bn_of
     for hd in cuda_ops.FLASH_HD:
         assert f"RX_FLASH({hd})" in src
+
+
+def test_flash_op_check_runs_on_the_numpy_oracle():
+    """opchecks.check_flash_attention (run on CUDA by scripts/gpu/gpu-check) on the numpy backend:
+    the check itself runs and its references agree with numpy's attention (numpy keeps K/V in
+    float32, so it differs from the f16-rounded reference by K/V rounding, ~3e-4)."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+    from reflex_ipc.testing import opchecks
+
+    ops = NumpyOps(blas_threads=None)
+    rows = opchecks.check_flash_attention(ops, np.random.default_rng(0))
+    assert len(rows) >= len(opchecks.FLASH_CASES)
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, bad
+    rows = opchecks.check_attention(ops, np.random.default_rng(0))
+    assert all(r["tol"] in (0.0, 1e-5, 1e-6) for r in rows)  # no flash kernel here: float32 bounds

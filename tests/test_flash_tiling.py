@@ -5,7 +5,9 @@ tile outside that range loaded as zeros, warps whose rows see nothing in a tile 
 per-element softcap / visibility / mask, online softmax in exp2 form with the same guards
 (-inf running max), optional f16 rounding of the scaled Q and of P, and out = O / l (0 when
 l = 0). Checked against the float64 attention reference on the shapes and cases the op
-checks run on the GPU, with NaN planted in every cache slot the kernel must not read."""
+checks run on the GPU, with NaN planted in every cache slot the kernel must not read. And one
+warp's registers lane by lane (the mma.m16n8k16 fragments of Q, K, P, V and O, ldmatrix.trans
+for V) against Q K^T and P V."""
 
 import numpy as np
 import pytest
@@ -186,3 +188,75 @@ def test_flash_op_check_runs_on_the_numpy_oracle():
     assert not bad, bad
     rows = opchecks.check_attention(ops, np.random.default_rng(0))
     assert all(r["tol"] in (0.0, 1e-5, 1e-6) for r in rows)  # no flash kernel here: float32 bounds
+
+
+# -- one warp's registers (kernels/flash.cuh's fragment indexing, lane by lane) -------------
+def ldmatrix_x4_trans(smem, LD, addr):
+    """ldmatrix.sync.aligned.m8n8.x4.trans.b16: lane L gives the address (in halves) of row
+    L & 7 of matrix L >> 3 (8 contiguous halves); with .trans lane L receives, in register i,
+    elements (row 2 (L & 3), col L >> 2) and (row 2 (L & 3) + 1, col L >> 2) of matrix i."""
+    out = np.zeros((32, 4, 2))
+    for i in range(4):
+        rows = np.array([smem[addr[8 * i + r]:addr[8 * i + r] + 8] for r in range(8)])  # [8, 8]
+        for L in range(32):
+            out[L, i] = rows[2 * (L & 3), L >> 2], rows[2 * (L & 3) + 1, L >> 2]
+    return out
+
+
+@pytest.mark.parametrize("HD,BN", [(64, 64), (128, 64), (256, 32)])
+def test_warp_fragments_compute_qk_and_pv(HD, BN):
+    """The kernel's register-level S = Q K^T and O += P V for one warp (16 rows) and one key
+    tile, built from the mma.m16n8k16 fragment layout (test_mma_tiling's model): Q's A
+    fragments, K's B fragments from the padded shared tile, P's A fragments taken from S's
+    accumulators, V's B fragments by ldmatrix.x4.trans, O's accumulators -> rows / dims."""
+    from test_mma_tiling import G, T, c_coords, warp_mma
+
+    rng = np.random.default_rng(HD + BN)
+    LD = HD + 8
+    Q = rng.standard_normal((16, HD)).astype(np.float16).astype(np.float64)
+    Kt = rng.standard_normal((BN, HD)).astype(np.float16).astype(np.float64)
+    Vt = rng.standard_normal((BN, HD)).astype(np.float16).astype(np.float64)
+    sk = np.full(BN * LD, np.nan)
+    sv = np.full(BN * LD, np.nan)  # the padding columns must never be read
+    for r in range(BN):
+        sk[r * LD:r * LD + HD] = Kt[r]
+        sv[r * LD:r * LD + HD] = Vt[r]
+    # S: a[kt] = (row g, 2t..), (row g+8, 2t..), (row g, 2t+8..), (row g+8, 2t+8..) of Q
+    s = np.zeros((BN // 8, 32, 4))
+    for kt in range(HD // 16):
+        c0 = kt * 16 + 2 * T
+        a = np.stack([Q[G, c0], Q[G, c0 + 1], Q[G + 8, c0], Q[G + 8, c0 + 1],
+                      Q[G, c0 + 8], Q[G, c0 + 9], Q[G + 8, c0 + 8], Q[G + 8, c0 + 9]], 1)
+        for nt in range(BN // 8):
+            kp = (nt * 8 + G) * LD + kt * 16 + 2 * T
+            b = np.stack([sk[kp], sk[kp + 1], sk[kp + 8], sk[kp + 9]], 1)
+            s[nt] = warp_mma(a, b, s[nt])
+    S = np.zeros((16, BN))
+    for nt in range(BN // 8):
+        for i in range(4):
+            r, c = c_coords(i)
+            S[r, nt * 8 + c] = s[nt][:, i]
+    np.testing.assert_allclose(S, Q @ Kt.T, rtol=1e-12, atol=1e-9)
+    # P V: pa = s[2kk][0..1], s[2kk][2..3], s[2kk+1][0..1], s[2kk+1][2..3] (as f16)
+    p = np.abs(s) / 10
+    P = np.zeros((16, BN))
+    for nt in range(BN // 8):
+        for i in range(4):
+            r, c = c_coords(i)
+            P[r, nt * 8 + c] = p[nt][:, i]
+    o = np.zeros((HD // 8, 32, 4))
+    lane = np.arange(32)
+    for kk in range(BN // 16):
+        a = np.concatenate([p[2 * kk][:, 0:2], p[2 * kk][:, 2:4], p[2 * kk + 1][:, 0:2], p[2 * kk + 1][:, 2:4]], 1)
+        vrow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8
+        for dp in range(HD // 16):
+            addr = vrow * LD + (lane >> 4) * 8 + dp * 16
+            r = ldmatrix_x4_trans(sv, LD, addr)  # [32, 4 registers, 2 halves]
+            o[2 * dp] = warp_mma(a, np.concatenate([r[:, 0], r[:, 1]], 1), o[2 * dp])
+            o[2 * dp + 1] = warp_mma(a, np.concatenate([r[:, 2], r[:, 3]], 1), o[2 * dp + 1])
+    O = np.full((16, HD), np.nan)
+    for d in range(HD // 8):  # the store: rows g / g + 8, dims d * 8 + 2t (+1)
+        for i in range(4):
+            rr, c = c_coords(i)
+            O[rr, d * 8 + c] = o[d][:, i]
+    np.testing.assert_allclose(O, P @ Vt, rtol=1e-12, atol=1e-9)

@@ -24,6 +24,11 @@
 // one V buffer, 2 * BN * (HD + 8) halves of static shared memory (<= 34.8 KB).
 // Keys of a tile outside the block's range load as zeros (never read past the range).
 //
+// Few row tiles over many keys (a short batch after a long context, system1's masked pass
+// over every slot) would leave SMs idle: the host then splits the keys over gridDim.z blocks
+// of `chunk` keys each, which write partial (max, sum, unnormalized O) rows in
+// attention_split_f16kv's layout, and attention_combine merges them.
+//
 // sm_80+ only (mma.m16n8k16 f16, cp.async); older architectures trap, and the host
 // (CudaOps.attention) never picks these kernels there. tests/test_flash_tiling.py models
 // this tiling and the online softmax in numpy.
@@ -82,9 +87,10 @@ __device__ __forceinline__ void flash_load(__half* s, const __half* __restrict__
 template <int HD>
 __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __half* __restrict__ kc,
                                            const __half* __restrict__ vc, float* __restrict__ out,
+                                           float* __restrict__ part_ml, float* __restrict__ part_acc,
                                            const int* __restrict__ pos, const float* __restrict__ mask, int N,
                                            int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,
-                                           int causal, int window) {
+                                           int causal, int window, int chunk) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = FlashCfg<HD>::BN, LD = FlashCfg<HD>::LD;
     constexpr int KT = HD / 16;  // k steps of S = Q K^T
@@ -165,6 +171,12 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
     for (int w = 0; w < FLASH_WARPS; w++) {
         blo = min(blo, wrange[w][0]);
         bhi = max(bhi, wrange[w][1]);
+    }
+    if (part_ml) {  // split keys: this block's share [z * chunk, (z + 1) * chunk) of them
+        const int z = blockIdx.z;
+        blo = max(blo, z * chunk);
+        bhi = min(bhi, z * chunk + chunk - 1);
+        if (blo > bhi) bhi = -1;
     }
     const __half* kb = kc + (long long)kvh * ctx * HD;
     const __half* vb = vc + (long long)kvh * ctx * HD;
@@ -278,7 +290,9 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
         }
     }
 
-    // the row sums over the quad's 4 lanes, then out = O / l (0 when nothing was visible)
+    // the row sums over the quad's 4 lanes, then out = O / l (0 when nothing was visible), or
+    // with split keys the partial (m, l, O) at slot (n * Hq + h) * S + z, attention_split_f16kv's
+    // layout, which attention_combine merges (m = -inf: nothing visible in this share)
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -288,8 +302,20 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
     for (int i = 0; i < 2; i++) {
         const int r = tile * FLASH_BM + warp * 16 + g + 8 * i;
         if (r >= rows) continue;
+        const long long row = (long long)rn[i] * Hq + rh[i];
+        if (part_ml) {
+            const long long slot = row * gridDim.z + blockIdx.z;
+            if (t == 0) {
+                part_ml[2 * slot] = m[i];
+                part_ml[2 * slot + 1] = l[i];
+            }
+            float* ap = part_acc + slot * HD + 2 * t;
+#pragma unroll
+            for (int d = 0; d < DT; d++) *reinterpret_cast<float2*>(ap + d * 8) = make_float2(o[d][2 * i], o[d][2 * i + 1]);
+            continue;
+        }
         const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        float* op = out + ((long long)rn[i] * Hq + rh[i]) * HD + 2 * t;
+        float* op = out + row * HD + 2 * t;
 #pragma unroll
         for (int d = 0; d < DT; d++)
             *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
@@ -300,16 +326,20 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
 }
 
 // out [N, Hq, HD] = attention of q [N, Hq, HD] (float32) over the f16 caches kc, vc
-// [Hkv, ctx, HD], as attention_f16kv. Grid (Hkv, ceil(N * Hq / Hkv / FLASH_BM)), block
-// 32 * FLASH_WARPS.
+// [Hkv, ctx, HD], as attention_f16kv. Grid (Hkv, ceil(N * Hq / Hkv / FLASH_BM), S), block
+// 32 * FLASH_WARPS. part_ml null: S = 1, out written. Else (few row tiles over many keys)
+// block z takes the keys [z * chunk, (z + 1) * chunk) (chunk a multiple of 64) and writes
+// partials for attention_combine (grid (Hq, N)) instead of out.
 #define RX_FLASH(HD)                                                                                    \
     RX_EXTERN void __launch_bounds__(32 * FLASH_WARPS)                                                 \
         flash_attention_f16kv_##HD(const float* __restrict__ q, const __half* __restrict__ kc,         \
                                    const __half* __restrict__ vc, float* __restrict__ out,             \
+                                   float* __restrict__ part_ml, float* __restrict__ part_acc,          \
                                    const int* __restrict__ pos, const float* __restrict__ mask, int N, \
                                    int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,     \
-                                   int causal, int window) {                                           \
-        flash_body<HD>(q, kc, vc, out, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window); \
+                                   int causal, int window, int chunk) {                                \
+        flash_body<HD>(q, kc, vc, out, part_ml, part_acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap, \
+                       causal, window, chunk);                                                         \
     }
 
 RX_FLASH(64)

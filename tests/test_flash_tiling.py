@@ -9,6 +9,8 @@ checks run on the GPU, with NaN planted in every cache slot the kernel must not 
 warp's registers lane by lane (the mma.m16n8k16 fragments of Q, K, P, V and O, ldmatrix.trans
 for V) against Q K^T and P V."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -24,72 +26,95 @@ def bn_of(hd):
     return 64 if hd <= 128 else 32  # FlashCfg<HD>::BN
 
 
-def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None, f16=True):
-    """q [N, Hq, hd]; K, V [Hkv, ctx, hd] (the caches, read only where the kernel reads)."""
+def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None, f16=True,
+                  chunk=0, S=1):
+    """q [N, Hq, hd]; K, V [Hkv, ctx, hd] (the caches, read only where the kernel reads).
+    S > 1: key shares of `chunk` keys (grid z), partials merged as attention_combine does."""
     N, Hq, hd = q.shape
     Hkv, ctx, _ = K.shape
     G = Hq // Hkv
     BN = bn_of(hd)
     rows = N * G
     out = np.full((N, Hq, hd), np.nan)
+    part_ml = np.full((N, Hq, S, 2), np.nan)
+    part_acc = np.full((N, Hq, S, hd), np.nan)
     n_tiles = -(-rows // BM)
-    for kvh in range(Hkv):
-        for by in range(n_tiles):
-            tile = n_tiles - 1 - by  # the kernel's order; each block is independent
-            # per row: query, head, [lo, hi] (empty: lo = INT_MAX, hi = -1)
-            r = tile * BM + np.arange(BM)
-            valid = r < rows
-            rn = np.where(valid, r // G, 0)
-            rh = np.where(valid, kvh * G + r % G, 0)
-            p = np.asarray(pos)[rn]
-            hi = np.minimum(p, n_kv - 1) if causal else np.full(BM, n_kv - 1)
-            lo = np.maximum(0, p - window + 1) if window > 0 else np.zeros(BM, int)
-            ok = valid & (lo <= hi)
-            rlo = np.where(ok, lo, 2**31 - 1)
-            rhi = np.where(ok, hi, -1)
-            wlo = rlo.reshape(WARPS, 16).min(1)
-            whi = rhi.reshape(WARPS, 16).max(1)
-            blo, bhi = int(wlo.min()), int(whi.max())
-            Q = np.where(valid[:, None], q[rn, rh] * scale, 0)
-            if f16:  # the kernel: float32 q * scale, rounded to f16
-                Q = (q[rn, rh].astype(np.float32) * np.float32(scale)).astype(np.float16)
-                Q = np.where(valid[:, None], Q.astype(np.float64), 0)
-            m = np.full(BM, -np.inf)
-            l = np.zeros(BM)
-            O = np.zeros((BM, hd))
-            k0 = blo // BN * BN if bhi >= 0 else 1
-            while k0 <= bhi:
-                j = k0 + np.arange(BN)
-                inr = (j >= blo) & (j <= bhi)
-                jc = np.clip(j, 0, ctx - 1)
-                Kt = np.where(inr[:, None], K[kvh, jc], 0).astype(np.float64)
-                Vt = np.where(inr[:, None], V[kvh, jc], 0).astype(np.float64)
-                for w in range(WARPS):
-                    if not (k0 <= whi[w] and k0 + BN - 1 >= wlo[w]):
-                        continue  # the warp's rows see nothing here
-                    sl = slice(16 * w, 16 * w + 16)
-                    s = Q[sl] @ Kt.T  # [16, BN]
-                    if softcap > 0:
-                        s = softcap * np.tanh(s / softcap)
-                    hid = (j[None, :] < rlo[sl, None]) | (j[None, :] > rhi[sl, None])
-                    if mask is not None:
-                        mj = np.where(hid, 0.0, mask[rn[sl][:, None], np.clip(j, 0, n_kv - 1)[None, :]])
-                        s = s + mj
-                    s = np.where(hid, -np.inf, s)
-                    mx = s.max(1)
-                    mn = np.maximum(m[sl], mx)
-                    mu = np.where(mn == -np.inf, 0.0, mn)
-                    corr = np.exp2((m[sl] - mu) * LOG2E)
-                    m[sl] = mn
-                    P = np.exp2((s - mu[:, None]) * LOG2E)
-                    l[sl] = l[sl] * corr + P.sum(1)
-                    if f16:
-                        P = P.astype(np.float16).astype(np.float64)
-                    O[sl] = O[sl] * corr[:, None] + P @ Vt
-                k0 += BN
-            inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0.0)
-            for i in np.nonzero(valid)[0]:
+    for kvh, by, z in itertools.product(range(Hkv), range(n_tiles), range(S)):
+        tile = n_tiles - 1 - by  # the kernel's order; each block is independent
+        # per row: query, head, [lo, hi] (empty: lo = INT_MAX, hi = -1)
+        r = tile * BM + np.arange(BM)
+        valid = r < rows
+        rn = np.where(valid, r // G, 0)
+        rh = np.where(valid, kvh * G + r % G, 0)
+        p = np.asarray(pos)[rn]
+        hi = np.minimum(p, n_kv - 1) if causal else np.full(BM, n_kv - 1)
+        lo = np.maximum(0, p - window + 1) if window > 0 else np.zeros(BM, int)
+        ok = valid & (lo <= hi)
+        rlo = np.where(ok, lo, 2**31 - 1)
+        rhi = np.where(ok, hi, -1)
+        wlo = rlo.reshape(WARPS, 16).min(1)
+        whi = rhi.reshape(WARPS, 16).max(1)
+        blo, bhi = int(wlo.min()), int(whi.max())
+        if S > 1:
+            assert chunk % 64 == 0
+            blo, bhi = max(blo, z * chunk), min(bhi, z * chunk + chunk - 1)
+            if blo > bhi:
+                bhi = -1
+        Q = np.where(valid[:, None], q[rn, rh] * scale, 0)
+        if f16:  # the kernel: float32 q * scale, rounded to f16
+            Q = (q[rn, rh].astype(np.float32) * np.float32(scale)).astype(np.float16)
+            Q = np.where(valid[:, None], Q.astype(np.float64), 0)
+        m = np.full(BM, -np.inf)
+        l = np.zeros(BM)
+        O = np.zeros((BM, hd))
+        k0 = blo // BN * BN if bhi >= 0 else 1
+        while k0 <= bhi:
+            j = k0 + np.arange(BN)
+            inr = (j >= blo) & (j <= bhi)
+            jc = np.clip(j, 0, ctx - 1)
+            Kt = np.where(inr[:, None], K[kvh, jc], 0).astype(np.float64)
+            Vt = np.where(inr[:, None], V[kvh, jc], 0).astype(np.float64)
+            for w in range(WARPS):
+                if not (k0 <= whi[w] and k0 + BN - 1 >= wlo[w]):
+                    continue  # the warp's rows see nothing here
+                sl = slice(16 * w, 16 * w + 16)
+                s = Q[sl] @ Kt.T  # [16, BN]
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                hid = (j[None, :] < rlo[sl, None]) | (j[None, :] > rhi[sl, None])
+                if mask is not None:
+                    mj = np.where(hid, 0.0, mask[rn[sl][:, None], np.clip(j, 0, n_kv - 1)[None, :]])
+                    s = s + mj
+                s = np.where(hid, -np.inf, s)
+                mx = s.max(1)
+                mn = np.maximum(m[sl], mx)
+                mu = np.where(mn == -np.inf, 0.0, mn)
+                corr = np.exp2((m[sl] - mu) * LOG2E)
+                m[sl] = mn
+                P = np.exp2((s - mu[:, None]) * LOG2E)
+                l[sl] = l[sl] * corr + P.sum(1)
+                if f16:
+                    P = P.astype(np.float16).astype(np.float64)
+                O[sl] = O[sl] * corr[:, None] + P @ Vt
+            k0 += BN
+        inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0.0)
+        for i in np.nonzero(valid)[0]:
+            if S > 1:
+                part_ml[rn[i], rh[i], z] = m[i], l[i]
+                part_acc[rn[i], rh[i], z] = O[i]
+            else:
                 out[rn[i], rh[i]] = O[i] * inv[i]
+    if S > 1:  # attention_combine
+        M = part_ml[..., 0].max(-1)
+        A = np.zeros((N, Hq, hd))
+        L = np.zeros((N, Hq))
+        for z in range(S):
+            mz = part_ml[:, :, z, 0]
+            seen = mz != -np.inf
+            f = np.exp(np.where(seen, mz - np.where(seen, M, 0), -np.inf))
+            L += np.where(seen, part_ml[:, :, z, 1] * f, 0)
+            A += np.where(seen[..., None], part_acc[:, :, z] * f[..., None], 0)
+        out = np.where(L[..., None] > 0, A / np.where(L > 0, L, 1)[..., None], 0)
     return out
 
 
@@ -146,6 +171,48 @@ def test_flash_tiling_matches_attention(N, hd, Hq, Hkv, past, kw):
     rounded = flash_emulate(q, K, V, pos, kn, scale, causal=causal, mask=mask, f16=True, **kw)
     err = np.linalg.norm(rounded - ref) / np.linalg.norm(ref)
     assert err < 2e-3, err
+
+
+SPLIT_CASES = [  # (N, hd, Hq, Hkv, past, kwargs): few row tiles over many keys
+    (16, 128, 16, 8, 2000, {}),
+    (24, 64, 16, 2, 1500, {"mask": True}),
+    (32, 256, 16, 2, 1200, {"window": 300}),
+    (40, 128, 16, 8, 1100, {"softcap": 20.0}),
+]
+
+
+@pytest.mark.parametrize("N,hd,Hq,Hkv,past,kw", SPLIT_CASES)
+def test_flash_split_keys_match_attention(N, hd, Hq, Hkv, past, kw):
+    """The split form as CudaOps plans it (_flash_split on an H200's 132 SMs), eager (shares
+    over the keys in use) and captured (over every slot, most shares empty)."""
+    rng = np.random.default_rng(N + hd + past)
+    n_kv = past + N
+    ctx = n_kv + 300
+    K, V = make_cache(rng, Hkv, ctx, hd, n_kv)
+    q = rng.standard_normal((N, Hq, hd))
+    pos = np.arange(past, n_kv)
+    kw = dict(kw)
+    mask = None
+    causal = True
+    if kw.pop("mask", False):
+        causal = False
+        mask = np.where(rng.random((N, n_kv)) < 0.5, -np.inf, 0.0)
+        mask[:, -1] = 0
+        mask[2] = -np.inf
+        mask[3] = -np.inf
+        mask[3, 5] = 0
+    ref = attention_ref(q, K, V, pos, n_kv, 0.1, kw.get("softcap", 0.0), causal, kw.get("window", 0), mask)
+    ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
+    ops._sms = 132
+    tiles = Hkv * -(-N * (Hq // Hkv) // BM)
+    kn = ctx if causal else n_kv
+    for span in (n_kv, kn):
+        chunk, S = ops._flash_split(tiles, span)
+        assert S > 1 and chunk % 64 == 0 and (S - 1) * chunk < span <= S * chunk
+        out = flash_emulate(q, K, V, pos, kn, 0.1, causal=causal, mask=mask, f16=False, chunk=chunk, S=S, **kw)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-9)
+    if mask is not None:
+        assert np.all(out[2] == 0)
 
 
 def test_flash_tiling_arbitrary_positions():

@@ -56,6 +56,14 @@ FLASH_MIN_N = 16
 FLASH_HD = (64, 128, 256)
 FLASH_BM = 64  # FLASH_BM in flash.cuh: rows (query, head of a kv group) per block
 FLASH_THREADS = 128  # 32 * FLASH_WARPS
+# split keys (flash.cuh's gridDim.z, merged by attention_combine) when the row tiles alone give
+# fewer than FLASH_SPLIT_BELOW * SMs blocks over more than 2 * FLASH_CHUNK keys: up to
+# FLASH_MAX_SPLITS shares of >= FLASH_CHUNK keys (a multiple of 64, the widest key tile) until
+# about FLASH_SPLIT_TARGET blocks per SM
+FLASH_SPLIT_BELOW = 0.5
+FLASH_CHUNK = 256
+FLASH_MAX_SPLITS = 32
+FLASH_SPLIT_TARGET = 2
 MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
@@ -105,6 +113,7 @@ class CudaOps:
     flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
     flash_min_n = FLASH_MIN_N
     flash_launches = 0
+    flash_last_splits = 0  # gridDim.z of the last one (1: not split)
 
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
@@ -795,6 +804,7 @@ class CudaOps:
         pos = self.positions(pos)
         out = self.empty(q.shape)
         Hkv, ctx = k_cache.shape[0], k_cache.shape[1]
+        keys = int(n_kv)  # the keys in use now (the caller's n_kv) before the position-free n_slots
         if causal and mask is None:
             # keys 0..pos[n] are the visible ones whatever n_kv is (pos[n] < n_kv): passing
             # n_slots keeps the launch arguments position-free, so a captured graph replays
@@ -825,11 +835,23 @@ class CudaOps:
                 and k_cache.ptr % 16 == 0 and v_cache.ptr % 16 == 0 and q.ptr % 8 == 0):
             # (cp.async moves 16-byte chunks of K/V rows; q is read as float2)
             # rows n * G + (h % G) of each kv head (G = Hq / Hkv), FLASH_BM per block
-            G = Hq // Hkv
+            tiles = Hkv * -(-N * (Hq // Hkv) // FLASH_BM)  # blocks along x and y
+            # keys to cover: while capturing a graph every slot (replays see later positions)
+            span = n_kv if self._graph is not None else min(n_kv, max(1, keys))
+            chunk, S = self._flash_split(tiles, span)
             self.flash_launches += 1
+            self.flash_last_splits = S
+            ml = acc = None
+            if S > 1:
+                ml = self.empty((N * Hq * S * 2,))
+                acc = self.empty((N * Hq * S * hd,))
             self.k(f"flash_attention_f16kv_{hd}")(
-                (Hkv, -(-N * G // FLASH_BM), 1), (FLASH_THREADS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
-                pos.ptr, mptr, N, Hq, Hkv, ctx, n_kv, float(scale), float(softcap), 1 if causal else 0, int(window))
+                (Hkv, tiles // Hkv, S), (FLASH_THREADS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
+                ml.ptr if ml is not None else 0, acc.ptr if acc is not None else 0, pos.ptr, mptr, N, Hq, Hkv, ctx,
+                n_kv, float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
+            if S > 1:
+                self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
+                                            out.ptr, Hq, hd, S)
             return out
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
@@ -841,6 +863,18 @@ class CudaOps:
         tensor-core kernel (flash.cuh): sm_80+, REFLEX_FLASH not 0, N >= FLASH_MIN_N, a head
         width it is built for, whole kv groups."""
         return self.flash and N >= self.flash_min_n and hd in FLASH_HD and Hq % Hkv == 0
+
+    def _flash_split(self, tiles, span):
+        """(chunk, S) of flash_attention_f16kv_*: S = 1 (chunk unused) when its `tiles` row-tile
+        blocks fill the GPU or the keys are few, else S shares of `chunk` keys (a multiple of 64)
+        covering keys 0..span-1 (FLASH_SPLIT_* above)."""
+        sms = self._sm_count()
+        if tiles >= FLASH_SPLIT_BELOW * sms or span <= 2 * FLASH_CHUNK:
+            return span, 1
+        S = min(FLASH_MAX_SPLITS, -(-FLASH_SPLIT_TARGET * sms // tiles), -(-span // FLASH_CHUNK))
+        per = -(-span // S)
+        chunk = -(-per // 64) * 64
+        return chunk, -(-span // chunk)
 
     def _latent_attention(self, q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
         """attention with v_cache None: q [N, H, dk] over the one latent head k_cache [1, ctx, dk];

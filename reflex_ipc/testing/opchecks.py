@@ -670,6 +670,11 @@ FLASH_CASES = [
     (17, 128, 16, 8, 40, {"mask": True}),
     (100, 256, 16, 2, 40, {"mask": True}),
     (64, 64, 16, 16, 200, {"mask": True}),
+    # few row tiles over many keys: CudaOps splits the keys over blocks (attention_combine merges)
+    (16, 128, 16, 8, 2000, {"split": True}),
+    (24, 64, 16, 2, 1500, {"mask": True, "split": True}),
+    (32, 256, 16, 2, 1200, {"window": 300, "split": True}),
+    (40, 128, 16, 8, 1100, {"softcap": 20.0, "split": True}),
 ]
 
 
@@ -684,6 +689,7 @@ def check_flash_attention(ops, rng):
         ctx = n_kv + 37
         causal = kw.pop("causal", True)
         softcap, window = kw.pop("softcap", 0.0), kw.pop("window", 0)
+        split = kw.pop("split", False)
         cache = (ops.zeros((Hkv, ctx, hd), ops.kv_dtype), ops.zeros((Hkv, ctx, hd), ops.kv_dtype))
         k = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
         v = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
@@ -718,8 +724,9 @@ def check_flash_attention(ops, rng):
             rows.append(row("flash_attention", name + ": row with no visible key is 0", out[2], np.zeros_like(out[2]),
                             0.0))
         if getattr(ops, "flash", False):  # CUDA on sm_80+ unless REFLEX_FLASH=0
-            rows.append({"op": "flash_attention", "case": name + ": flash kernel ran",
-                         "ok": _flash_count(ops) == before + 1})
+            S = ops.flash_last_splits
+            rows.append({"op": "flash_attention", "case": name + f": flash kernel ran, {S} key share(s)",
+                         "ok": _flash_count(ops) == before + 1 and (S > 1) == split})
             ops.flash = False
             try:
                 plain = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, **args))

@@ -638,6 +638,19 @@ def test_cuda_ops_mma_switch(monkeypatch):
         assert cuda_ops.CudaOps().mma is want
 
 
+def test_cuda_ops_flash_switch(monkeypatch):
+    """REFLEX_FLASH=0 or a device before sm_80 keeps prefill attention on attention_f16kv."""
+    from reflex_ipc.backends import cuda_ops
+
+    for env, cc, want in (("", (9, 0), True), ("0", (9, 0), False), ("1", (8, 0), True), ("", (7, 5), False)):
+        rt = RecordingRuntime()
+        rt.cc = cc
+        monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
+        monkeypatch.setenv("REFLEX_FLASH", env) if env else monkeypatch.delenv("REFLEX_FLASH", raising=False)
+        ops = cuda_ops.CudaOps()
+        assert ops.flash is want and ops.flash_takes(64, 16, 8, 128) is want
+
+
 def test_cuda_ops_rms_norm_rope_launch(fake_ops):
     ops = fake_ops
     x = ops.empty((3, 16, 128))

@@ -10,5 +10,6 @@
 #include "sampling.cuh"
 #include "moe.cuh"
 #include "recurrent.cuh"
+#include "chunked.cuh"
 #include "fused.cuh"
 #include "flash.cuh"

@@ -13,8 +13,8 @@
 //
 // The recurrences run sequentially in time with the state resident in registers: a warp owns
 // one row of a head's state (32 lanes x up to RECUR_MAX_PER_LANE columns), so a row's update
-// needs only two warp reductions per token and no block synchronisation. One kernel serves
-// decode (T = 1) and prefill (T tokens).
+// needs only two warp reductions per token and no block synchronisation. These kernels serve
+// decode (T = 1) and short prefills; longer prefills run the chunked form (chunked.cuh).
 #pragma once
 #include "common.cuh"
 
@@ -26,9 +26,9 @@ struct SeqGroup {
     __device__ __forceinline__ int token(int t) const { return order ? order[start + t] : t; }
 };
 
-__device__ __forceinline__ SeqGroup seq_group(const int* sg, int n_groups, int N) {
+// group g's tokens (seq_group below: the group of blockIdx.y)
+__device__ __forceinline__ SeqGroup seq_group_at(const int* sg, int n_groups, int N, int g) {
     SeqGroup r;
-    const int g = blockIdx.y;
     if (!sg) {
         r.start = 0; r.count = N; r.seq = 0; r.order = nullptr;
     } else {
@@ -38,6 +38,10 @@ __device__ __forceinline__ SeqGroup seq_group(const int* sg, int n_groups, int N
         r.order = sg + 2 * n_groups + 1;
     }
     return r;
+}
+
+__device__ __forceinline__ SeqGroup seq_group(const int* sg, int n_groups, int N) {
+    return seq_group_at(sg, n_groups, N, blockIdx.y);
 }
 
 RX_EXTERN void sigmoid_f32(const float* a, float* y, long long n) {

@@ -186,6 +186,7 @@ class GGUFFile:
             if not stat.S_ISREG(st.st_mode):
                 raise GGUFError("not a regular file", path=self.path)
             self.size = st.st_size
+            self.file_id = (st.st_dev, st.st_ino)  # what a reader that opens the path again checks
             if self.size < 24:
                 raise GGUFError(f"file is {self.size} bytes, too short for a GGUF header",
                                 field="header", offset=0, path=self.path)

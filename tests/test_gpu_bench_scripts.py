@@ -189,15 +189,21 @@ def test_ratios_table_and_plot(tmp_path):
             "decode": {"best_of_3": {"tokens_per_s": 450.0}, "vram_process_mib": 1200.0},
             "prefill": {"tokens_per_s": {"p50": 18000.0}},
             "warm": {"system1_3_candidates_ms": {"p50": 4.0}, "generate_1_token_ms": {"p50": 3.0}}}}
+        rec["steps"]["cold"]["upload_modes"] = {"register": 3}
+        rec["steps"]["cold_dropped_cache"] = {**cold(ms * 3, ms * 5), "upload_GB_per_s": {"p50": 5.2},
+                                              "upload_modes": {"read": 2}}
         rec["ratios"] = benchrun.ratios(rec)
         summary["models"][name] = rec
         (tmp_path / f"{name}.json").write_text(json.dumps(rec))
     r = summary["models"]["qwen3-4b"]["ratios"]
     assert r["cold_speedup_pairwise_p50"] == 4.0 and r["decode_ratio"] == 0.9 and r["prefill_ratio"] == 0.9
     assert r["vram_reflex_mib"] == 1200.0 and r["upload_GB_per_s_p50"] == 9.5
+    assert r["upload_modes"] == {"register": 3}
+    assert r["cold_dropped_upload_GB_per_s_p50"] == 5.2 and r["cold_dropped_upload_modes"] == {"read": 2}
     summary["models"]["qwen3-8b"] = {"model": "qwen3-8b", "error": "RuntimeError: boom"}
     text = benchrun.table(summary)
     assert "qwen3-4b" in text and "boom" in text
+    assert "cold_dropped_upload_GB_per_s_p50 5.2" in text and "cold_dropped_upload_modes {'read': 2}" in text
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     _, points = benchrun.load_points(str(tmp_path))
     assert [p[0] for p in points] == ["qwen3-0.6b", "qwen3-4b"]
@@ -231,3 +237,16 @@ def test_energy_batches_until_the_spread_is_small(tmp_path):
     calls.clear()
     e = r.energy({"model": "m", "steps": {"cold": noisy}}, "m.gguf", 1.0, lambda: 10.0)
     assert not e["target_met"] and calls == [] and e["spread"]["reflex"]["n"] == 4
+
+
+def test_upload_mode_of_cold_runs():
+    from reflex_ipc.commands.bench import mode_counts, upload_gbps, upload_modes
+
+    t = {"cuda": {"upload": [{"mode": "read", "bytes": 5_000_000_000, "upload_ms": 1000.0, "resident": 0.0}]}}
+    assert upload_modes(t) == "read" and upload_gbps(t) == 5.0
+    t2 = {"cuda": {"upload": [{"mode": "register", "bytes": 1, "upload_ms": 1}, {"mode": "staging", "bytes": 1,
+                                                                                 "upload_ms": 1}]}}
+    assert upload_modes(t2) == "register+staging"
+    assert upload_modes({"phases": {}}) is None and upload_modes(None) is None
+    assert mode_counts([{"upload_mode": "read"}, {"upload_mode": "read"}, {"upload_mode": None},
+                        {"upload_mode": "register"}]) == {"read": 2, "register": 1}

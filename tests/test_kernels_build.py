@@ -779,3 +779,57 @@ def test_models_decode_kernels_per_layer(fake_ops, arch):
             uniform += 1
             assert len(names) == UNIFORM_LAYER_KERNELS[arch]
     assert arch == "qwen3" or uniform  # every fixture but qwen3 has such a layer
+
+
+def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
+    """delta_net / ssm_scan: the sequential kernel for decode and calls under chunk_min tokens
+    per group, the two chunked kernels (grids over chunks / state-row tiles, heads, groups;
+    workspaces of the batch's N tokens) from chunk_min on, and none with REFLEX_CHUNKED=0."""
+    import numpy as np
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.cuda.arrays import DeviceArray
+
+    ops = fake_ops
+    ops._seq_memo = None
+    rt = ops.rt
+    arr = lambda *shape: DeviceArray.empty(ops.pool, shape)  # noqa: E731
+    Hk, Hv, D = 2, 6, 128
+    st = arr(4, Hv, D, D)
+    for N, seqs, T, chunked in ((1, None, 1, False), (31, None, 31, False), (32, None, 32, True),
+                                (200, None, 200, True), (103, np.repeat([1, 3, 2], [70, 1, 32]), 70, True),
+                                (40, np.repeat([1, 2], [20, 20]), 20, False)):
+        q, k, v, g, b = arr(N, Hk, D), arr(N, Hk, D), arr(N, Hv, D), arr(N, Hv), arr(N, Hv)
+        n0 = len(rt.launches)
+        out = ops.delta_net(q, k, v, g, b, st, seqs, scale=0.5)
+        new = rt.launches[n0:]
+        G = 1 if seqs is None else len(set(seqs.tolist()))
+        if not chunked:
+            assert [x[0] for x in new] == ["delta_net_f32"] and new[0][1] == (Hv * D // 4, G, 1)
+            continue
+        (p, pg, pb, pa), (s, sgr, sb, sa) = new
+        assert (p, s) == ("delta_chunk_prep_f32", "delta_chunk_scan_f32") and pb == sb == (256, 1, 1)
+        assert pg == (-(-T // 64), Hv, G) and sgr == (D // 16, Hv, G)
+        aqk, gc, wv, wk = pa[5:9]
+        assert pa[:5] == (q.ptr, k.ptr, v.ptr, g.ptr, b.ptr) and pa[10:] == (G, N, Hk, Hv, D)
+        assert sa[:8] == (q.ptr, k.ptr, wv, wk, aqk, gc, st.ptr, out.ptr) and sa[9:] == (G, N, Hk, Hv, D, 0.5)
+        assert pa[9] == sa[8] == (0 if seqs is None else ops._seq_memo[2].ptr)  # the group table
+        assert len({aqk, gc, wv, wk, out.ptr}) == 5
+    H, P, Gq, Ns = 8, 64, 2, 128
+    sst = arr(2, H, P, Ns)
+    x, dt, A, B, C, Dk = arr(100, H, P), arr(100, H), arr(H), arr(100, Gq, Ns), arr(100, Gq, Ns), arr(H)
+    n0 = len(rt.launches)
+    y = ops.ssm_scan(x, dt, A, B, C, sst, None, D=Dk)
+    (p, pg, _, pa), (s, sgr, _, sa) = rt.launches[n0:]
+    assert (p, pg, s, sgr) == ("ssm_chunk_prep_f32", (2, H, 1), "ssm_chunk_scan_f32", (P // 16, H, 1))
+    assert pa[:4] == (C.ptr, B.ptr, dt.ptr, A.ptr) and pa[6:] == (0, 1, 100, H, Gq, Ns)
+    assert sa[:4] == (C.ptr, B.ptr, x.ptr, dt.ptr) and sa[4:6] == pa[4:6]
+    assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 100, H, P, Gq, Ns)
+    calls = dict(ops.recur_calls)
+    monkeypatch.setenv("REFLEX_CHUNKED", "0")
+    ops.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"  # as __init__ reads it
+    n0 = len(rt.launches)
+    ops.ssm_scan(x, dt, A, B, C, sst, None)
+    assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
+    assert ops.recur_calls == {"chunked": calls["chunked"], "sequential": calls["sequential"] + 1}
+    assert cuda_ops.CHUNK_MIN == ops.chunk_min == 32

@@ -73,6 +73,17 @@ MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB i
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
 CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (blockIdx.z)
+# The chunked (parallel) form of delta_net / ssm_scan (kernels/chunked.cuh) for a call whose
+# longest sequence group has CHUNK_MIN tokens or more; shorter calls (decode, T = 1, and the
+# few-token groups of system1's candidates) keep the sequential kernels of recurrent.cuh. The
+# sequential kernel walks T dependent steps (two warp reductions and the token's loads each),
+# the chunked form pays two launches, a workspace and a whole CHUNK_L-token chunk's tile work
+# whatever T: about even around a few dozen tokens, so half a chunk. REFLEX_CHUNKED=0 keeps the
+# sequential kernels for prefill too (A/B runs).
+CHUNK_L = 64  # CHUNK_L in chunked.cuh: tokens per chunk
+CHUNK_ROWS = 16  # CHUNK_ROWS in chunked.cuh: state rows per block of *_chunk_scan_f32
+CHUNK_THREADS = 256  # CHUNK_THREADS in chunked.cuh
+CHUNK_MIN = 32
 
 
 def yarn_args(yarn, n_rot, base, freq_scale, mscale):
@@ -115,6 +126,14 @@ class CudaOps:
     flash_launches = 0
     flash_last_splits = 0  # gridDim.z of the last one (1: not split)
 
+    # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
+    # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
+    # (recur_calls: gpu-check reports which one a prefill ran)
+    chunked = True
+    chunk_min = CHUNK_MIN
+    n_chunked_calls = 0
+    n_sequential_calls = 0
+
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
@@ -136,6 +155,7 @@ class CudaOps:
         self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
+        self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -1024,9 +1044,24 @@ class CudaOps:
                 self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr, sg, G, N, C, K)
         return out
 
+    def _chunked_path(self, T):
+        """True when a call whose longest sequence group has T tokens runs the chunked kernels
+        (counted in recur_calls either way)."""
+        use = self.chunked and T >= self.chunk_min
+        if use:
+            self.n_chunked_calls += 1
+        else:
+            self.n_sequential_calls += 1
+        return use
+
+    @property
+    def recur_calls(self):
+        return {"chunked": self.n_chunked_calls, "sequential": self.n_sequential_calls}
+
     def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
-        """The gated delta rule (base.py), sequential in time with each state row in a warp's
-        registers: one kernel for decode and prefill."""
+        """The gated delta rule (base.py): the chunked kernels when a sequence group has
+        chunk_min tokens or more (see CHUNK_MIN), else sequential in time with each state row
+        in a warp's registers (decode)."""
         self._f32("delta_net", q, k, v, g, beta, state)
         N, Hk, D = q.shape
         Hv = v.shape[1]
@@ -1037,17 +1072,28 @@ class CudaOps:
         if D > RECUR_MAX_COLS:
             raise ReflexError("unsupported_architecture", f"delta_net: state size {D} > {RECUR_MAX_COLS}")
         out = self.empty((N, Hv, D))
-        sg, G, _ = self._seq_arg(seqs, N, state.shape[0])
+        sg, G, T = self._seq_arg(seqs, N, state.shape[0])
+        if not N:
+            return out
+        if self._chunked_path(T):
+            # workspaces, by a token's position in the group table's order (chunked.cuh)
+            aqk, gc = self.empty((N, Hv, CHUNK_L)), self.empty((N, Hv))
+            wv, wk = self.empty((N, Hv, D)), self.empty((N, Hv, D))
+            self.k("delta_chunk_prep_f32")((-(-T // CHUNK_L), Hv, G), (CHUNK_THREADS, 1, 1),
+                                           q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, aqk.ptr, gc.ptr, wv.ptr, wk.ptr,
+                                           sg, G, N, Hk, Hv, D)
+            self.k("delta_chunk_scan_f32")((-(-D // CHUNK_ROWS), Hv, G), (CHUNK_THREADS, 1, 1),
+                                           q.ptr, k.ptr, wv.ptr, wk.ptr, aqk.ptr, gc.ptr, state.ptr, out.ptr,
+                                           sg, G, N, Hk, Hv, D, float(scale))
+            return out
         rows = Hv * D
-        if N:
-            self.k("delta_net_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, G, 1), (32 * RECUR_WARPS, 1, 1),
-                                    q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state.ptr, out.ptr, sg, G, N, Hk, Hv, D,
-                                    float(scale))
+        self.k("delta_net_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, G, 1), (32 * RECUR_WARPS, 1, 1),
+                                q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state.ptr, out.ptr, sg, G, N, Hk, Hv, D,
+                                float(scale))
         return out
 
     def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
-        """The Mamba-2 selective scan (base.py), sequential in time with each state row in a
-        warp's registers: one kernel for decode and prefill."""
+        """The Mamba-2 selective scan (base.py): chunked or sequential as delta_net."""
         self._f32("ssm_scan", x, dt, A, B, C, state, *([D] if D is not None else []))
         N, H, P = x.shape
         G, Ns = B.shape[1], B.shape[2]
@@ -1058,12 +1104,21 @@ class CudaOps:
         if Ns > RECUR_MAX_COLS:
             raise ReflexError("unsupported_architecture", f"ssm_scan: state size {Ns} > {RECUR_MAX_COLS}")
         out = self.empty((N, H, P))
-        sg, ng, _ = self._seq_arg(seqs, N, state.shape[0])
+        sg, ng, T = self._seq_arg(seqs, N, state.shape[0])
+        if not N:
+            return out
+        dptr = D.ptr if D is not None else 0
+        if self._chunked_path(T):
+            aqk, gc = self.empty((N, H, CHUNK_L)), self.empty((N, H))
+            self.k("ssm_chunk_prep_f32")((-(-T // CHUNK_L), H, ng), (CHUNK_THREADS, 1, 1),
+                                         C.ptr, B.ptr, dt.ptr, A.ptr, aqk.ptr, gc.ptr, sg, ng, N, H, G, Ns)
+            self.k("ssm_chunk_scan_f32")((-(-P // CHUNK_ROWS), H, ng), (CHUNK_THREADS, 1, 1),
+                                         C.ptr, B.ptr, x.ptr, dt.ptr, aqk.ptr, gc.ptr, dptr, state.ptr, out.ptr,
+                                         sg, ng, N, H, P, G, Ns)
+            return out
         rows = H * P
-        if N:
-            self.k("ssm_scan_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),
-                                   x.ptr, dt.ptr, A.ptr, B.ptr, C.ptr, D.ptr if D is not None else 0, state.ptr,
-                                   out.ptr, sg, ng, N, H, P, G, Ns)
+        self.k("ssm_scan_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),
+                               x.ptr, dt.ptr, A.ptr, B.ptr, C.ptr, dptr, state.ptr, out.ptr, sg, ng, N, H, P, G, Ns)
         return out
 
     # -- sampling ----------------------------------------------------------------

@@ -297,6 +297,23 @@ def upload_gbps(timings):
     return round(b / ms / 1e6, 3) if b and ms else None
 
 
+def upload_modes(timings):
+    """How a cold run's arenas were uploaded: "register", "read" (+ "staging"), joined
+    with "+" for several files; None without CUDA upload timings."""
+    ups = ((timings or {}).get("cuda") or {}).get("upload") or []
+    return "+".join(str(u.get("mode")) for u in ups) or None
+
+
+def mode_counts(runs):
+    """{mode: runs} over runs' "upload_mode"."""
+    out = {}
+    for r in runs:
+        m = r.get("upload_mode")
+        if m:
+            out[m] = out.get(m, 0) + 1
+    return out
+
+
 def run_cold(args, gpu):
     idle_w = (args.idle_w if args.idle_w is not None else gpu.idle_power_w()) if gpu.nv else None
     argv = cold_argv(args)
@@ -312,6 +329,7 @@ def run_cold(args, gpu):
             res = json.loads(stdout.decode().strip().splitlines()[-1])
             r["timings"] = res.get("timings")
             r["upload_GB_per_s"] = upload_gbps(r["timings"])
+            r["upload_mode"] = upload_modes(r["timings"])
             if args.op == "generate":
                 r["text"] = res.get("text")
         except (ValueError, IndexError):
@@ -351,6 +369,7 @@ def run_cold(args, gpu):
         "phases_ms": {k: stats([((r.get("timings") or {}).get("phases") or {}).get(k)
                                 for r in ours]) for k in phase_names},
         "upload_GB_per_s": stats([r.get("upload_GB_per_s") for r in ours]),
+        "upload_modes": mode_counts(ours),
         **energy(ours),
         "per_run": ours,
     }

@@ -36,6 +36,11 @@ SIGNATURES = {
     "ssm_conv_state_f32": "QQQiiii",  # x state sg n_groups N C K
     "delta_net_f32": "QQQQQQQQiiiiif",  # q k v g beta state out sg n_groups N Hk Hv D scale
     "ssm_scan_f32": "QQQQQQQQQiiiiii",  # x dt A B C D state y sg n_groups N H P G Ns
+    # chunked.cuh: the chunked prefill form of delta_net / ssm_scan
+    "delta_chunk_prep_f32": "QQQQQQQQQQiiiii",  # q k v g beta Aqk Gc Wv Wk sg n_groups N Hk Hv D
+    "delta_chunk_scan_f32": "QQQQQQQQQiiiiif",  # q k Wv Wk Aqk Gc state out sg n_groups N Hk Hv D scale
+    "ssm_chunk_prep_f32": "QQQQQQQiiiii",  # C B dt A Aqk Gc sg n_groups N H G Ns
+    "ssm_chunk_scan_f32": "QQQQQQQQQQiiiiii",  # C B x dt Aqk Gc D state y sg n_groups N H P G Ns
 }
 for _t in MM_TYPES:
     for _nt in (1, 4, 8):

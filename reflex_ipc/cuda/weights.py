@@ -3,15 +3,21 @@
 GGUF stores all tensor data in one contiguous section, so the arena is one cuMemAlloc
 of that section's size (resident VRAM = the weights' bytes in the file, plus at most
 256 bytes), and a tensor's device address is arena + (its file offset - section start).
-The upload runs on a background thread, so it overlaps the rest of the load; two ways
-(REFLEX_CUDA_UPLOAD=register|staging, default register with staging as the fallback):
+The upload runs on a background thread, so it overlaps the rest of the load; three ways
+(REFLEX_CUDA_UPLOAD=auto|register|read|staging, default auto):
 - register: page-lock the file mapping itself (cuMemHostRegister, read-only) and DMA from
-  it in one copy: no host-side copy at all;
+  it in one copy: no host-side copy at all (15-17 GB/s from the page cache on the H200
+  host, 0.4-21.6 GB files); but pages that are not in the page cache are faulted in one
+  at a time (~1.6 GB/s from a dropped cache);
+- read: threads pread the file in large chunks into page-locked buffers and copy those
+  (cuda/fileread.py), at the disk's speed when the file is not cached;
 - staging: copy the mapping through two page-locked staging buffers (pinned copies run at
   ~50 GB/s on the H200 host, pageable ones at ~7), the device copies on their own stream.
+auto samples the section's pages (mincore, well under 1 ms) and picks register when at
+least RESIDENT_ENOUGH of them are in the page cache, else read. A failed read falls back
+to register, a refused registration to staging; a file that shrank is a gguf_error.
 `wait()` joins the thread; CudaOps calls it before its first kernel.
 """
-
 import ctypes
 import os
 import threading
@@ -21,6 +27,9 @@ HOST_REGISTER_READ_ONLY = 0x08
 
 CHUNK = 32 << 20  # bytes per staging buffer
 N_STAGING = 2
+RESIDENT_ENOUGH = 0.9  # auto: the sampled fraction of cached pages from which register is used
+READ_THREADS = 8  # read: default threads (REFLEX_CUDA_UPLOAD_THREADS), each with two buffers
+READ_CHUNK_MB = 16  # read: MiB per pread and per copy (REFLEX_CUDA_UPLOAD_CHUNK_MB)
 
 
 class WeightArena:
@@ -34,7 +43,7 @@ class WeightArena:
         self.base = int(self.alloc)
         self.error = None
         self.stats = {}
-        self.mode = mode or os.environ.get("REFLEX_CUDA_UPLOAD", "register")
+        self.mode = mode or os.environ.get("REFLEX_CUDA_UPLOAD", "auto")
         self._thread = threading.Thread(target=self._upload, name="reflex-cuda-upload", daemon=True)
         self._thread.start()
         self._waited = False
@@ -45,9 +54,33 @@ class WeightArena:
 
     def _upload(self):
         self.rt.ctx.push()
+        extra = {"requested": self.mode}
         try:
             src = self.f.bytes_view(self.start, self.nbytes)
-            if self.mode == "register" and src.size:
+            mode = self.mode
+            if mode == "auto":
+                mode = "register"
+                if src.size:
+                    from . import fileread
+
+                    probe = fileread.residency(self.f.path, self.start, src.size, src.ctypes.data)
+                    extra.update(probe)
+                    if probe["resident"] < RESIDENT_ENOUGH:
+                        mode = "read"
+            if mode == "read" and src.size:
+                try:
+                    self._upload_read(src)
+                    return
+                except Exception as e:  # noqa: BLE001 - a shrunk file is final; else the mapping's way
+                    from .fileread import TruncatedError
+
+                    if isinstance(e, TruncatedError):
+                        from ..gguffile import GGUFError
+
+                        raise GGUFError(str(e), path=self.f.path) from None
+                    self.stats["read_error"] = f"{type(e).__name__}: {e}"
+                    mode = "register"
+            if mode == "register" and src.size:
                 try:
                     self._upload_registered(src)
                     return
@@ -57,7 +90,58 @@ class WeightArena:
         except BaseException as e:
             self.error = e
         finally:
+            self.stats = {**self.stats, **extra}
             self.rt.ctx.pop()
+
+    def _upload_read(self, src):
+        """Parallel preads of the file into page-locked buffers, each copied to the arena
+        (fileread.parallel_read): the way when the file is not in the page cache."""
+        from . import fileread
+
+        t0 = time.perf_counter()
+        n = src.size
+        threads = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_THREADS", READ_THREADS)))
+        chunk = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_CHUNK_MB", READ_CHUNK_MB))) << 20
+        direct = os.environ.get("REFLEX_CUDA_UPLOAD_DIRECT") == "1"
+        fd = os.open(self.f.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd_direct = None
+        try:
+            st = os.fstat(fd)
+            file_id = getattr(self.f, "file_id", None)
+            if file_id is not None and (st.st_dev, st.st_ino) != file_id:
+                raise OSError("the path now names another file than the one parsed")
+            if st.st_size < self.start + n:
+                raise fileread.TruncatedError(f"the file is {st.st_size} bytes now, its tensor data "
+                                              f"ends at byte {self.start + n}")
+            if direct:
+                try:  # bypasses the page cache: the next start reads the disk again
+                    fd_direct = os.open(self.f.path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+                except (OSError, AttributeError):
+                    fd_direct = None
+            try:
+                os.posix_fadvise(fd, self.start, n, os.POSIX_FADV_SEQUENTIAL)
+            except (OSError, AttributeError):
+                pass
+            chunks = fileread.plan(self.start, n, chunk, direct=fd_direct is not None)
+            threads = min(threads, len(chunks))
+            per = fileread.parallel_read(fd, chunks, lambda i: _PinnedLane(self, chunk), threads,
+                                         fd_direct=fd_direct)
+        finally:
+            os.close(fd)
+            if fd_direct is not None:
+                os.close(fd_direct)
+        t1 = time.perf_counter()
+        from .. import phases
+
+        end_at = phases.since_launch_ms()
+        self.stats = {**self.stats, "mode": "read", "bytes": n, "threads": threads,
+                      "chunk_mb": chunk >> 20, "direct": fd_direct is not None,
+                      "start_at": round(end_at - (t1 - t0) * 1e3, 2), "end_at": round(end_at, 2),
+                      "upload_ms": round((t1 - t0) * 1e3, 2),
+                      "read_s_sum": round(sum(p["read_s"] for p in per), 3),
+                      "buffer_wait_s_sum": round(sum(p["wait_s"] for p in per), 3),
+                      "lane_setup_ms_max": round(max(p["setup_s"] for p in per) * 1e3, 2),
+                      "GB_per_s": round(n / (t1 - t0) / 1e9, 2) if t1 > t0 else None}
 
     def _upload_registered(self, src):
         """Page-lock the mapping and DMA from it. The range is cut at page boundaries into
@@ -123,7 +207,7 @@ class WeightArena:
         from .. import phases
 
         end_at = phases.since_launch_ms()
-        self.stats = {"mode": "register", "bytes": src.size, "threads": len(pieces),
+        self.stats = {**self.stats, "mode": "register", "bytes": src.size, "threads": len(pieces),
                       "start_at": round(end_at - (t2 - t0) * 1e3, 2), "end_at": round(end_at, 2),
                       "upload_ms": round((t2 - t0) * 1e3, 2),
                       "pieces_register_copy_ms": times,
@@ -174,5 +258,59 @@ class WeightArena:
         if self.error is not None:
             from ..errors import ReflexError
 
+            if getattr(self.error, "kind", None) == "gguf_error":
+                raise ReflexError("gguf_error", f"weight upload failed: {self.error}")
             raise ReflexError("cuda_error", f"weight upload failed: {type(self.error).__name__}: "
                                             f"{self.error}")
+
+
+class _PinnedLane:
+    """One reader thread's side of the read upload (fileread.parallel_read's lane): the
+    arena's context pushed on this thread, its own stream, two page-locked buffers of
+    `chunk` bytes (halves of one allocation) and an event per buffer for its last copy."""
+
+    def __init__(self, arena, chunk):
+        import numpy as np
+
+        self.arena = arena
+        self.drv = arena.rt.drv
+        arena.rt.ctx.push()
+        self.stream = None
+        self.host = None
+        self.bufs = []
+        self.events = [None, None]
+        try:
+            self.stream = self.drv.Stream()
+            self.host = self.drv.pagelocked_empty(2 * chunk, np.uint8)  # one allocation, two halves
+            self.bufs = [self.host[:chunk], self.host[chunk:]]
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self, k):
+        if self.events[k] is not None:
+            self.events[k].synchronize()
+
+    def copy(self, k, skip, n, dst_off):
+        self.drv.memcpy_htod_async(self.arena.base + dst_off, self.bufs[k][skip:skip + n], self.stream)
+        ev = self.drv.Event()
+        ev.record(self.stream)
+        self.events[k] = ev
+
+    def finish(self):
+        self.stream.synchronize()
+
+    def close(self):
+        """Wait for this lane's copies, free its buffers and stream while the context is
+        current, pop the context (also after an error)."""
+        try:
+            if self.stream is not None:
+                self.stream.synchronize()  # no copy may still read a buffer freed below
+            if self.host is not None:
+                self.host.base.free()
+        finally:
+            self.host = None
+            self.bufs = []
+            self.events = [None, None]
+            self.stream = None
+            self.arena.rt.ctx.pop()

@@ -25,7 +25,7 @@ recurrent state [v heads, d, d] per sequence (runtime.state.SeqSpec). MTP layers
 import math
 from types import SimpleNamespace
 
-from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols, rms_norm_matmul_glu, rms_norm_matmul_n
 from ..errors import ReflexError
 from ..runtime.state import SeqSpec, State, attention_spec
 from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, default_attn_scale, residual
@@ -157,30 +157,40 @@ class Model:
         for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            ops.add(x, self._delta_net(L, S, h, batch) if L.recurrent else self._attention(L, S, h, batch), out=x)
-            self._ffn(x, ops.rms_norm(x, L.post_norm, hp.eps), L)
+            (self._delta_net if L.recurrent else self._attention)(x, L, S, batch)
+            self._ffn_block(x, L)
         if rows is not None:
             x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        return x if output == "hidden" else ops.matmul(x, self.output)
+        if output == "hidden":
+            return ops.rms_norm(x, self.output_norm, hp.eps)
+        return rms_norm_matmul_n(ops, x, self.output_norm, hp.eps, [self.output])[0]
 
-    def _attention(self, L, S, h, batch):
+    def _ffn_block(self, x, L):
+        """x += the feed-forward of rms_norm(x, post_norm): the dense SwiGLU with the norm
+        folded into its gate/up product; a subclass's own _ffn gets the normed x."""
+        if type(self)._ffn is not Model._ffn:
+            return self._ffn(x, self.ops.rms_norm(x, L.post_norm, self.hp.eps), L)
+        g = rms_norm_matmul_glu(self.ops, x, L.post_norm, self.hp.eps, L.gate, L.up, act="silu")
+        residual(self.ops, x, g, L.down)
+
+    def _attention(self, x, L, S, batch):
+        """x += the gated attention of rms_norm(x, attn_norm)."""
         ops, hp, N, hd = self.ops, self.hp, batch.n, self.hp.head_dim
-        qg, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
+        qg, k, v = rms_norm_matmul_n(ops, x, L.attn_norm, hp.eps, [L.wq, L.wk, L.wv])
         qg = qg.reshape(N, L.n_head, 2 * hd)
         rope = dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale, neox=True)
         q = ops.rms_norm_rope(ops.columns(qg, 0, hd), L.q_norm, hp.eps, batch.pos, **rope)
         k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, hd), L.k_norm, hp.eps, batch.pos, **rope)
         a = attention_block(ops, S, batch, q, k, v.reshape(N, L.n_head_kv, hd), scale=self.scale)
         a = ops.mul(a, ops.sigmoid(ops.columns(qg, hd, hd).reshape(N, L.n_head * hd)))
-        return ops.matmul(a, L.wo)
+        residual(ops, x, a, L.wo)
 
-    def _delta_net(self, L, S, h, batch):
+    def _delta_net(self, x, L, S, batch):
+        """x += the Gated DeltaNet mixer of rms_norm(x, attn_norm)."""
         ops, eps, N, d = self.ops, self.hp.eps, batch.n, self.d
         kd, vd = d * self.n_k, d * self.n_v
-        qkv, z = ops.matmul_n(h, [L.wqkv, L.wz])
-        b, alpha = ops.matmul_n(h, [L.wbeta, L.walpha])
+        qkv, z = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wqkv, L.wz])
+        b, alpha = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wbeta, L.walpha])
         g = ops.mul(ops.softplus(ops.add(alpha, L.dt_bias)), L.a)
         c = ops.silu(ops.ssm_conv(qkv, S.conv, L.conv, batch.seqs))
 
@@ -192,4 +202,4 @@ class Model:
         v = ops.columns(c, 2 * kd, vd).reshape(N, self.n_v, d)
         o = ops.delta_net(q, k, v, g, ops.sigmoid(b), S.ssm, batch.seqs, scale=1.0 / math.sqrt(d))
         o = ops.mul(ops.rms_norm(o, L.norm, eps), ops.silu(z.reshape(N, self.n_v, d)))
-        return ops.matmul(o.reshape(N, vd), L.wo)
+        residual(ops, x, o.reshape(N, vd), L.wo)

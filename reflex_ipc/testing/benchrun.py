@@ -445,6 +445,7 @@ def ratios(rec):
         "cold_llama_simple_first_byte_p50_ms": _p50(vs, "first_byte_ms", "p50"),
         "cold_speedup_pairwise_p50": _p50(vs, "speedup_pairwise", "p50"),
         "upload_GB_per_s_p50": _p50(cold, "upload_GB_per_s", "p50"),
+        "upload_modes": cold.get("upload_modes"),
         "page_cache_read_GB_per_s": _p50(s, "page_cache", "GB_per_s"),
         "energy_reflex_net_j_mean": cold.get("energy_net_j_mean"),
         "energy_llama_simple_net_j_mean": vs.get("energy_net_j_mean"),
@@ -460,6 +461,8 @@ def ratios(rec):
         d = s["cold_dropped_cache"]
         out["cold_dropped_reflex_p50_ms"] = _p50(d, "wall_ms", "p50")
         out["cold_dropped_llama_simple_p50_ms"] = _p50(d, "vs", "wall_ms", "p50")
+        out["cold_dropped_upload_GB_per_s_p50"] = _p50(d, "upload_GB_per_s", "p50")
+        out["cold_dropped_upload_modes"] = d.get("upload_modes")
     if s.get("back_to_back_20"):
         b2b, iso = _p50(s, "back_to_back_20", "wall_ms", "p50"), _p50(s, "isolated_pause_2s", "wall_ms", "p50")
         out.update(back_to_back_p50_ms=b2b, isolated_p50_ms=iso, back_to_back_over_isolated=_div(b2b, iso))

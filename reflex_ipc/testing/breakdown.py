@@ -17,7 +17,7 @@ events around every launch, only inside a window, so unprofiled runs pay one Non
 - decode: 64 tokens with the captured graph (ms/token, GPU time per replay) and 16 eager
   tokens per kernel (REFLEX_CUDA_GRAPH=0): kernels per token and the GPU budget per token;
 - llama-bench -p 512 -n 128 (pp512, tg128) on the same file, when $LLAMA_BENCH is set;
-- each --variant (e.g. REFLEX_CHUNKED=0) reruns prefill and decode with that variable.
+- each --variant (e.g. REFLEX_CHUNKED=0) reruns the in-process warm part, prefill and decode with it.
 
 Writes OUT/NAME.json per model and prints a table last.
 """
@@ -257,6 +257,15 @@ def llama_bench(path, timeout=180):
     return {"argv": argv, "rc": p.returncode, "figures": llama_bench_figures(parse_llama_bench(p.stdout))}
 
 
+def machine_info():
+    import platform
+
+    from reflex_ipc.commands.bench import GPU
+
+    return {"gpu": GPU().info(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def table(results):
     rows = [("model", "gen1 same", "gen1 new", "sys1 same", "sys1 new", "kern/gen1", "idle/gen1",
              "pp512 ms", "pp tok/s", "l-pp", "dec ms/t", "l-tg", "idle/tok")]
@@ -280,7 +289,13 @@ def table(results):
                      round((lb.get("tg") or {}).get("avg_ts") or 0, 1),
                      (de.get("per_token") or {}).get("idle_ms")))
         for var, vr in (r.get("variants") or {}).items():
-            rows.append((f"  {var}", "", "", "", "", "", "", ((vr.get("prefill") or {}).get("wall_ms") or {}).get("p50"),
+            vw = vr.get("warm") or {}
+
+            def wv(k):
+                return ((vw.get(k) or {}).get("wall_ms") or {}).get("p50")
+
+            rows.append((f"  {var} (in process)", wv("generate1_same"), wv("generate1_new_length"), wv("system1x3_same"),
+                         wv("system1x3_new_length"), "", "", ((vr.get("prefill") or {}).get("wall_ms") or {}).get("p50"),
                          (vr.get("prefill") or {}).get("tok_s"), "", (vr.get("decode") or {}).get("ms_per_token"),
                          "", ""))
     return "\n".join(" | ".join(str(x) for x in row) for row in rows)
@@ -301,12 +316,13 @@ def main(argv=None):
         ap.error("OUT is needed")
     os.makedirs(a.out, exist_ok=True)
     results = {}
+    machine = machine_info()
     for model in a.models:
         name = os.path.basename(model)[:-5] if model.endswith(".gguf") else model
         t0 = time.monotonic()
         path = make_model(model, a.models_dir)
         rec = {"model": name, "path": path, "bytes": os.path.getsize(path),
-               "commit": os.environ.get("REFLEX_COMMIT"), "runs": a.runs}
+               "commit": os.environ.get("REFLEX_COMMIT"), "runs": a.runs, "machine": machine}
         results[name] = rec
         steps = [("warm", lambda: run_child("warm", path, a.runs)),
                  ("stdio", lambda: stdio_requests(path, a.runs)),
@@ -325,8 +341,8 @@ def main(argv=None):
         rec["variants"] = {}
         for var in a.variant:
             k, _, v = var.partition("=")
-            rec["variants"][var] = {"prefill": run_child("prefill", path, a.runs, {k: v}),
-                                    "decode": run_child("decode", path, a.runs, {k: v})}
+            rec["variants"][var] = {part: run_child(part, path, a.runs, {k: v})
+                                    for part in ("warm", "prefill", "decode")}
         with open(os.path.join(a.out, f"{name}.json"), "w") as fh:
             json.dump(rec, fh, indent=1)
     print(table(results))

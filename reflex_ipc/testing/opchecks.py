@@ -1278,6 +1278,194 @@ def check_recurrent(ops, rng):
         except Exception as e:
             rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
     return rows
+# check_recurrent_chunked: float32 against the float64 sequential recurrence, relative to
+# max|ref| over a whole output (or state). The chunked form's float32 error comes from the
+# forward substitution of a 64-token unit lower triangular system and from float32 sums of
+# at most 2 * 256 products per element (relative ~1e-6 each); carried through the state over
+# 513 tokens the numpy float32 emulation of the kernels (tests/test_chunked_recurrence.py)
+# stays below 1e-6 on these inputs (7.4e-7 measured; that test asserts < CHUNK_TOL / 10); the
+# sequential kernel's per-token rounding is of the same order, and the GPU's expf (2 ulp) and
+# FMA contractions change it by small factors. 1e-4 leaves a wide margin and is still far below
+# what a wrong index, head, group, chunk boundary or a lost state gives (errors of 0.1 to 1).
+CHUNK_TOL = 1e-4
+CHUNK_TOKENS = (1, 31, 63, 64, 65, 200, 513)
+
+
+def max_rel(out, ref):
+    """max|out - ref| / max|ref| (inf when out is not finite)."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    m = float(np.max(np.abs(ref))) if ref.size else 0.0
+    d = float(np.max(np.abs(out - ref))) if out.size else 0.0
+    return d / m if m else d
+
+
+def recurrent_reference(op, inp, consts, state, seqs):
+    """The plain sequential float64 recurrence of delta_net / ssm_scan over each sequence's
+    tokens (references.py, one sequence at a time): (out [N, H, Dv], new state), state not
+    modified."""
+    from .references import delta_net_reference, ssm_scan_reference
+
+    first = next(iter(inp.values()))
+    N = first.shape[0]
+    sq = np.zeros(N, np.int64) if seqs is None else np.asarray(seqs).reshape(-1)
+    S = np.array(state, np.float64)
+    out = None
+    for s in np.unique(sq):
+        idx = np.flatnonzero(sq == s)
+        if op == "delta_net":
+            o, S[s] = delta_net_reference(inp["q"][idx], inp["k"][idx], inp["v"][idx], inp["g"][idx],
+                                          inp["beta"][idx], S[s], consts["scale"])
+        else:
+            o, S[s] = ssm_scan_reference(inp["x"][idx], inp["dt"][idx], consts["A"], inp["B"][idx], inp["C"][idx],
+                                         S[s], consts.get("D"))
+        if out is None:
+            out = np.zeros((N,) + o.shape[1:])
+        out[idx] = o
+    return out, S
+
+
+def _chunked_specs(rng):
+    """{name: (op, T -> inputs, constants, state shape without the sequence axis)}: delta_net with
+    Hv > Hk (value head h reads key head h % Hk), odd and widest key sizes; ssm_scan with G > 1
+    groups (head h reads group h / (H / G)), odd sizes, Granite-4.0-H's head (P 64, Ns 128)."""
+    F = np.float32
+
+    def l2(a):
+        return (a / np.sqrt((a * a).sum(-1, keepdims=True) + 1e-6)).astype(F)
+
+    specs = {}
+    for Hk, Hv, D in ((1, 3, 37), (2, 6, 128), (1, 2, 256)):
+        specs[f"delta_net Hk={Hk} Hv={Hv} D={D}"] = (
+            "delta_net",
+            lambda T, Hk=Hk, Hv=Hv, D=D: {
+                "q": l2(rng.standard_normal((T, Hk, D))), "k": l2(rng.standard_normal((T, Hk, D))),
+                "v": rng.standard_normal((T, Hv, D)).astype(F),
+                "g": -np.abs(rng.standard_normal((T, Hv)) * 0.3).astype(F),
+                "beta": rng.uniform(0.05, 0.95, (T, Hv)).astype(F)},
+            {"scale": 1.0 / np.sqrt(D)}, (Hv, D, D))
+    for H, P, G, Ns in ((6, 5, 2, 19), (8, 64, 2, 128), (4, 20, 4, 256)):
+        specs[f"ssm_scan H={H} P={P} G={G} Ns={Ns}"] = (
+            "ssm_scan",
+            lambda T, H=H, P=P, G=G, Ns=Ns: {
+                "x": rng.standard_normal((T, H, P)).astype(F),
+                "dt": rng.uniform(0.01, 0.5, (T, H)).astype(F),
+                "B": (rng.standard_normal((T, G, Ns)) / np.sqrt(Ns)).astype(F),
+                "C": (rng.standard_normal((T, G, Ns)) / np.sqrt(Ns)).astype(F)},
+            {"A": -rng.uniform(0.3, 3.0, H).astype(F), "D": rng.standard_normal(H).astype(F)}, (H, P, Ns))
+    return specs
+
+
+def _call_recurrent(ops, op, inp, consts, state, seqs):
+    if op == "delta_net":
+        return ops.delta_net(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], state, seqs, scale=consts["scale"])
+    return ops.ssm_scan(inp["x"], inp["dt"], consts["A"], inp["B"], inp["C"], state, seqs, D=consts["D"])
+
+
+def check_recurrent_chunked(ops, rng):
+    """delta_net and ssm_scan of long prefills against the plain sequential float64 recurrence
+    (recurrent_reference) and against the numpy backend's op, with a nonzero state carried in
+    and checked after: one sequence of CHUNK_TOKENS tokens (around the 64-token chunk), and
+    four sequences of 70, 1, 130 and 33 tokens interleaved in one batch. On CUDA (ops with
+    `chunked`), each case runs on the chunked kernels (chunk_min forced to 1, so even one
+    token takes them) and on the sequential kernels, which must also agree with each other."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    if not callable(getattr(ops, "delta_net", None)):
+        return [{"op": "recurrent_chunked", "case": "missing", "ok": False, "error": "no recurrent ops"}]
+    ref_ops = NumpyOps()
+    cuda = hasattr(ops, "chunked")
+    modes = ("chunked", "sequential") if cuda else ("op",)
+    n_seq = 5
+    rows = []
+    for name, (op, make, consts, sshape) in _chunked_specs(rng).items():
+        dconsts = {k: ops.asarray(v) if isinstance(v, np.ndarray) else v for k, v in consts.items()}
+        state0 = (rng.standard_normal((n_seq,) + sshape) * 0.3).astype(np.float32)
+        lens = (70, 1, 130, 33)
+        multi = np.repeat(np.arange(1, 1 + len(lens)), lens)[rng.permutation(sum(lens))].astype(np.int32)
+        for T, seqs in [(t, None) for t in CHUNK_TOKENS] + [(sum(lens), multi)]:
+            case = f"{name} T={T}" + ("" if seqs is None else f" seqs of {'/'.join(map(str, lens))}")
+            try:
+                inp = make(T)
+                ref, ref_state = recurrent_reference(op, inp, consts, state0, seqs)
+                st_np = state0.copy()
+                np_out = _call_recurrent(ref_ops, op, inp, consts, st_np, seqs)
+                rows.append({"op": op, "case": f"{case} numpy vs sequential f64",
+                             "rel_err": max_rel(np_out, ref), "tol": CHUNK_TOL,
+                             "ok": max_rel(np_out, ref) <= CHUNK_TOL and max_rel(st_np, ref_state) <= CHUNK_TOL})
+                got = {}
+                for mode in modes:
+                    saved = (ops.chunked, ops.chunk_min) if cuda else None
+                    try:
+                        if cuda:
+                            ops.chunked, ops.chunk_min = mode == "chunked", 1
+                        dinp = {k: ops.asarray(v) for k, v in inp.items()}
+                        st = ops.asarray(state0.copy())  # numpy asarray: the same array
+                        out = ops.to_numpy(_call_recurrent(ops, op, dinp, dconsts, st, seqs))
+                        st = ops.to_numpy(st)
+                    finally:
+                        if cuda:
+                            ops.chunked, ops.chunk_min = saved
+                    got[mode] = out
+                    for what, a, b in (("out vs sequential f64", out, ref), ("state vs sequential f64", st, ref_state),
+                                       ("out vs numpy", out, np_out), ("state vs numpy", st, st_np)):
+                        e = max_rel(a, b)
+                        rows.append({"op": op, "case": f"{case} {mode} {what}", "rel_err": e, "tol": CHUNK_TOL,
+                                     "ok": e <= CHUNK_TOL})
+                if cuda:
+                    e = max_rel(got["chunked"], got["sequential"])
+                    rows.append({"op": op, "case": f"{case} chunked vs sequential kernel", "rel_err": e,
+                                 "tol": CHUNK_TOL, "ok": e <= CHUNK_TOL})
+            except Exception as e:
+                rows.append({"op": op, "case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    return rows
+
+
+def bench_recurrent(ops, rng):
+    """Device time (us) of one prefill call of delta_net (Qwen3.5's layer: Hk 16, Hv 32, D 128)
+    and ssm_scan (a Granite-4.0-H-like layer: H 64, P 64, G 1, Ns 128) over T tokens of one
+    sequence, on the chunked kernels and on the sequential ones (REFLEX_CHUNKED=0's path)."""
+    drv = ops.rt.drv
+    F = np.float32
+
+    def timed(fn, reps=5):
+        fn()
+        ops.synchronize()
+        e0, e1 = drv.Event(), drv.Event()
+        e0.record(ops.rt.stream)
+        for _ in range(reps):
+            fn()
+        e1.record(ops.rt.stream)
+        e1.synchronize()
+        return round(e1.time_since(e0) * 1e3 / reps, 1)
+
+    out = {}
+    saved = ops.chunked, ops.chunk_min
+    try:
+        for T in (64, 512, 1024):
+            q = ops.asarray(rng.standard_normal((T, 16, 128)).astype(F) / np.sqrt(128))
+            k = ops.asarray(rng.standard_normal((T, 16, 128)).astype(F) / np.sqrt(128))
+            v = ops.asarray(rng.standard_normal((T, 32, 128)).astype(F))
+            g = ops.asarray(-rng.uniform(0, 0.3, (T, 32)).astype(F))
+            b = ops.asarray(rng.uniform(0.1, 0.9, (T, 32)).astype(F))
+            st = ops.zeros((1, 32, 128, 128))
+            x = ops.asarray(rng.standard_normal((T, 64, 64)).astype(F))
+            dt = ops.asarray(rng.uniform(0.01, 0.5, (T, 64)).astype(F))
+            A = ops.asarray(-rng.uniform(0.3, 3.0, 64).astype(F))
+            B = ops.asarray(rng.standard_normal((T, 1, 128)).astype(F) / np.sqrt(128))
+            C = ops.asarray(rng.standard_normal((T, 1, 128)).astype(F) / np.sqrt(128))
+            sst = ops.zeros((1, 64, 64, 128))
+            for mode in ("chunked", "sequential"):
+                ops.chunked, ops.chunk_min = mode == "chunked", 1
+                out[f"delta_net T={T} {mode}_us"] = timed(lambda: ops.delta_net(q, k, v, g, b, st, None, 0.1))
+                out[f"ssm_scan T={T} {mode}_us"] = timed(lambda: ops.ssm_scan(x, dt, A, B, C, sst, None))
+    finally:
+        ops.chunked, ops.chunk_min = saved
+    print("[bench] recurrent prefill: " + ", ".join(f"{k}={v}" for k, v in out.items()), flush=True)
+    return out
+
+
 def bench_gemm(ops, rng):
     """TFLOP/s of prefill-shaped matmuls (N=512 tokens) by type and shape, on the
     tensor-core kernels and on the per-row kernels (ops.mma off), and of the gated unit
@@ -1403,6 +1591,7 @@ def run_all(ops, seed=0):
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
                check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
+               check_recurrent_chunked,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
         try:
             rows += fn(ops, rng)

@@ -238,6 +238,11 @@ def _close(a, b, rel):
     return bool(np.all(np.isfinite(a)) and np.max(np.abs(a - b)) <= rel * max(1.0, float(np.max(np.abs(b)))))
 
 
+def seq_kinds(runner):
+    """Indices of the model's per-sequence (recurrent) state arrays."""
+    return [k for k, s in enumerate(runner.model.state_spec()) if s.kind == "seq"]
+
+
 def hybrid_checks(path):
     """Prefill vs steps and system1 of a recurrent hybrid on CUDA (see the module docstring)."""
     import reflex_ipc.engine as engine
@@ -252,9 +257,37 @@ def hybrid_checks(path):
         rng = np.random.default_rng(0)
         ids = [int(i) for i in rng.integers(100, min(40000, gpu.model.hp.n_vocab), size=500)]
         ex = gpu.exec
+        ops = gpu.ops
+        calls0 = dict(ops.recur_calls)
         full, _ = ex.prefill(ids, reuse=False)
         full = np.asarray(gpu.ops.to_numpy(full)[0], np.float64)
         _, prefill_layers = ex.state.snapshot()
+        # which form of delta_net / ssm_scan the 500-token prefill ran (CudaOps.recur_calls):
+        # chunked unless REFLEX_CHUNKED=0; then the same prefill on the other form, timed
+        ran = {k: ops.recur_calls[k] - calls0[k] for k in calls0}
+        res["prefill_recurrent_calls"] = ran
+        res["prefill_path_ok"] = ran["chunked" if ops.chunked else "sequential"] > 0 and \
+            ran["sequential" if ops.chunked else "chunked"] == 0
+        res["prefill_path"] = "chunked" if ops.chunked else "sequential"
+        times = {}
+        other = None
+        for mode in (not ops.chunked, ops.chunked) * 2:  # the second run of each is timed
+            saved = ops.chunked
+            ops.chunked = mode
+            try:
+                t0 = time.perf_counter()
+                lg, _ = ex.prefill(ids, reuse=False)
+                lg = np.asarray(gpu.ops.to_numpy(lg)[0], np.float64)
+                times["chunked" if mode else "sequential"] = round((time.perf_counter() - t0) * 1e3, 2)
+            finally:
+                ops.chunked = saved
+            if mode != ops.chunked:
+                _, other_layers = ex.state.snapshot()
+                other = lg
+        res["prefill_ms"] = times  # the whole prefill (all layers)
+        res["chunked_vs_sequential_logits_ok"] = _close(other, full, 1e-3)
+        res["chunked_vs_sequential_state_ok"] = all(_close(other_layers[k][n], prefill_layers[k][n], 1e-3)
+                                                    for k in seq_kinds(gpu) for n in prefill_layers[k])
         ex.prefill(ids[:1], reuse=False)
         for t in ids[1:-1]:
             ex.step(t)
@@ -263,7 +296,7 @@ def hybrid_checks(path):
         np_full, _ = ref.exec.prefill(ids, reuse=False)
         np_full = np.asarray(np_full[0], np.float64)
         _, np_layers = ref.exec.state.snapshot()
-        seq = [k for k, s in enumerate(gpu.model.state_spec()) if s.kind == "seq"]
+        seq = seq_kinds(gpu)
         res["prefill_vs_steps_logits_ok"] = _close(last, full, 1e-3)
         res["prefill_vs_steps_state_ok"] = all(_close(step_layers[k][n], prefill_layers[k][n], 1e-3)
                                                for k in seq for n in prefill_layers[k])

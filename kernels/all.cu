@@ -12,4 +12,5 @@
 #include "recurrent.cuh"
 #include "chunked.cuh"
 #include "fused.cuh"
+#include "matvec.cuh"
 #include "flash.cuh"

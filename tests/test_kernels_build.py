@@ -796,8 +796,8 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     arr = lambda *shape: DeviceArray.empty(ops.pool, shape)  # noqa: E731
     Hk, Hv, D = 2, 6, 128
     st = arr(4, Hv, D, D)
-    for N, seqs, T, chunked in ((1, None, 1, False), (31, None, 31, False), (32, None, 32, True),
-                                (200, None, 200, True), (103, np.repeat([1, 3, 2], [70, 1, 32]), 70, True),
+    for N, seqs, T, chunked in ((1, None, 1, False), (127, None, 127, False), (128, None, 128, True),
+                                (200, None, 200, True), (203, np.repeat([1, 3, 2], [140, 1, 62]), 140, True),
                                 (40, np.repeat([1, 2], [20, 20]), 20, False)):
         q, k, v, g, b = arr(N, Hk, D), arr(N, Hk, D), arr(N, Hv, D), arr(N, Hv), arr(N, Hv)
         n0 = len(rt.launches)
@@ -817,14 +817,14 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
         assert len({aqk, gc, wv, wk, out.ptr}) == 5
     H, P, Gq, Ns = 8, 64, 2, 128
     sst = arr(2, H, P, Ns)
-    x, dt, A, B, C, Dk = arr(100, H, P), arr(100, H), arr(H), arr(100, Gq, Ns), arr(100, Gq, Ns), arr(H)
+    x, dt, A, B, C, Dk = arr(130, H, P), arr(130, H), arr(H), arr(130, Gq, Ns), arr(130, Gq, Ns), arr(H)
     n0 = len(rt.launches)
     y = ops.ssm_scan(x, dt, A, B, C, sst, None, D=Dk)
     (p, pg, _, pa), (s, sgr, _, sa) = rt.launches[n0:]
-    assert (p, pg, s, sgr) == ("ssm_chunk_prep_f32", (2, H, 1), "ssm_chunk_scan_f32", (P // 16, H, 1))
-    assert pa[:4] == (C.ptr, B.ptr, dt.ptr, A.ptr) and pa[6:] == (0, 1, 100, H, Gq, Ns)
+    assert (p, pg, s, sgr) == ("ssm_chunk_prep_f32", (3, H, 1), "ssm_chunk_scan_f32", (P // 16, H, 1))
+    assert pa[:4] == (C.ptr, B.ptr, dt.ptr, A.ptr) and pa[6:] == (0, 1, 130, H, Gq, Ns)
     assert sa[:4] == (C.ptr, B.ptr, x.ptr, dt.ptr) and sa[4:6] == pa[4:6]
-    assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 100, H, P, Gq, Ns)
+    assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 130, H, P, Gq, Ns)
     calls = dict(ops.recur_calls)
     monkeypatch.setenv("REFLEX_CHUNKED", "0")
     ops.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"  # as __init__ reads it
@@ -832,4 +832,161 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     ops.ssm_scan(x, dt, A, B, C, sst, None)
     assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
     assert ops.recur_calls == {"chunked": calls["chunked"], "sequential": calls["sequential"] + 1}
-    assert cuda_ops.CHUNK_MIN == ops.chunk_min == 32
+    assert cuda_ops.CHUNK_MIN == ops.chunk_min == 128
+
+
+def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
+    """REFLEX_MATVEC=new (ops.matvec): one-token matmuls of Q4_K / Q5_K / Q6_K / Q8_0 go to
+    matvec.cuh's kernels with the grid of the variant mv_pick (or REFLEX_MATVEC_VARIANT)
+    chooses; other formats, several tokens, a misaligned weight, or the switch off keep the
+    old kernels."""
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    monkeypatch.setenv("REFLEX_FUSE", "1")
+    ops = fake_ops
+    K = 3072  # 12 blocks a row: K split over warps (variants a / b)
+    rb4, rb6 = 12 * 144, 12 * 210
+    q4 = [DeviceWeight(0x100000 * (i + 1), (M, K), 12, "Q4_K", rb4, f"q{i}") for i, M in enumerate((201, 70, 57))]
+    q6 = DeviceWeight(0x900002, (57, K), 14, "Q6_K", rb6, "v")  # 2-byte aligned is enough
+    x = DeviceArray.empty(ops.pool, (1, K))
+    nw = DeviceArray.empty(ops.pool, (K,))
+    last = lambda: ops.rt.launches[-1]
+    def pick(kind, t, Kw, rows):  # the variant mv_pick gives (the H200 sweep's choice)
+        return cuda_ops.mv_pick(t, Kw, rows, kind)
+
+    assert not ops.matvec
+    ops.matmul(x, q4[0])
+    assert last()[0] == "mmsk1_q4_k"
+    ops.matvec = True
+    y = ops.matmul(x, q4[0])
+    v = pick("mv", 12, K, 201)
+    assert last() == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, 201), (q4[0].ptr, x.ptr, y.ptr, K, 201, rb4, 0))
+    ops.matmul(x, q4[0], out=y, accumulate=True)
+    assert last()[3][-1] == 1
+    M = 40003
+    ops.matmul(x, DeviceWeight(0x1000000, (M, K), 12, "Q4_K", rb4, "head"))
+    v = pick("mv", 12, K, M)
+    assert last()[:3] == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, M))
+    ops.matmul(DeviceArray.empty(ops.pool, (1, 12288)), DeviceWeight(0x100000, (M, 12288), 12, "Q4_K", 48 * 144, "s"))
+    v = pick("mv", 12, 12288, M)
+    assert last()[:3] == (f"mv{v}_q4_k", *cuda_ops.mv_grid(v, M))
+    # short Q8_0 rows: mv_pick keeps the older split-K kernel
+    ops.matmul(DeviceArray.empty(ops.pool, (1, 1024)), DeviceWeight(0x100000, (300, 1024), 8, "Q8_0", 32 * 34, "q8"))
+    assert pick("mv", 8, 1024, 300) is None and last()[0] == "mmsk1_q8_0"
+    # not taken: misaligned Q4_K, another format, several tokens
+    ops.matmul(x, DeviceWeight(0x100008, (201, K), 12, "Q4_K", rb4, "odd"))
+    assert last()[0] == "mmsk1_q4_k"
+    ops.matmul(x, DeviceWeight(0x100000, (201, K), 2, "Q4_0", K // 32 * 18, "q40"))
+    assert last()[0] == "mmsk1_q4_0"
+    ops.matmul(DeviceArray.empty(ops.pool, (3, K)), q4[0])
+    assert last()[0] == "mm4_q4_k"
+    # q/k/v: one mvn launch per format (no norm), the lone Q6_K through matmul
+    n0 = len(ops.rt.launches)
+    ys = ops.matmul_n(x, [q4[0], q4[1], q6])
+    (a, b) = ops.rt.launches[n0:]
+    v = pick("mvn", 12, K, 271)
+    assert a == (f"mvn{v}_q4_k", *cuda_ops.mv_grid(v, 271),
+                 (q4[0].ptr, q4[1].ptr, 0, x.ptr, 0, 0.0, ys[0].ptr, ys[1].ptr, 0, K, 201, 70, 0, rb4, 0))
+    assert b[0] == f"mv{pick('mv', 14, K, 57)}_q6_k" and b[3][:3] == (q6.ptr, x.ptr, ys[2].ptr)
+    # the RMSNorm folded in
+    n0 = len(ops.rt.launches)
+    ys = cuda_ops.CudaOps.rms_norm_matmul_n(ops, x, nw, 1e-6, q4)
+    (a,) = ops.rt.launches[n0:]
+    v = pick("mvn", 12, K, 328)
+    assert a[:3] == (f"mvn{v}_q4_k", *cuda_ops.mv_grid(v, 328))
+    assert a[3] == (*[w.ptr for w in q4], x.ptr, nw.ptr, 1e-6, *[y.ptr for y in ys], K, 201, 70, 57, rb4, 1)
+    ops.rms_norm_matmul_n(x, None, 1e-6, [q6])
+    assert last()[0] == f"mvn{pick('mvn', 14, K, 57)}_q6_k" and last()[3][4] == 0 and last()[3][-6:] == (K, 57, 0, 0, rb6, 1)
+    # gated units
+    g = ops.matmul_glu(x, q4[0], q4[0], act="gelu")
+    v = pick("mvglu", 12, K, 201)
+    assert last() == (f"mvglu{v}_q4_k", *cuda_ops.mv_grid(v, 201),
+                      (q4[0].ptr, q4[0].ptr, x.ptr, 0, 0.0, g.ptr, K, 201, rb4, 1, 0))
+    g = ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[0] == f"mvglu{v}_q4_k" and last()[3][3:5] == (nw.ptr, 1e-5) and last()[3][-2:] == (0, 1)
+    # a forced variant
+    ops.mv_variant = "c"
+    ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[:3] == ("mvgluc_q4_k", (51, 1, 1), (64, 1, 1))
+    ops.matvec = False
+    ops.rms_norm_matmul_glu(x, nw, 1e-5, q4[0], q4[0])
+    assert last()[0] == "mmgnorm1_q4_k"
+
+
+def test_gpu_matvec_script_launches_fit_the_kernels(fake_ops):
+    """scripts/gpu/gpu-matvec's launches (old kernels and every variant, each matrix kind):
+    known kernels, arguments that pack into their layouts, grids covering the rows."""
+    import importlib.machinery
+    import importlib.util
+
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+    from reflex_ipc.ggml_types import TYPES
+
+    path = os.path.join(ROOT, "scripts", "gpu", "gpu-matvec")
+    loader = importlib.machinery.SourceFileLoader("gpu_matvec", path)
+    spec = importlib.util.spec_from_loader("gpu_matvec", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    b = mod.Bench.__new__(mod.Bench)
+    b.ops, b.co, b.TYPES = fake_ops, cuda_ops, TYPES
+    ops = fake_ops
+    for model in mod.MODELS.values():
+        for mat, kind, mks in mod.shapes(model):
+            for tname in ("Q4_K", "Q6_K", "Q8_0"):
+                tid, blk, bsize = TYPES[tname]
+                K = mks[0][1]
+                ws = [DeviceWeight(0x100000 * (i + 1), (M, K), tid, tname, K // blk * bsize, "w")
+                      for i, (M, _) in enumerate(mks)]
+                x, nw = DeviceArray.empty(ops.pool, (K,)), DeviceArray.empty(ops.pool, (K,))
+                ys = [DeviceArray.empty(ops.pool, (M,)) for M, _ in mks[:3 if kind == "qkv" else 1]]
+                for kern in ["old", *cuda_ops.MV_VARIANTS]:
+                    b.launcher(kern, kind, tid, x, nw, ys)(ws)
+                    name, grid, block, args = ops.rt.launches[-1]
+                    rows = sum(M for M, _ in mks) if kind == "qkv" else mks[0][0]
+                    if kern == "old":
+                        assert name.startswith({"mv": "mm", "qkv": "mmnorm1_", "glu": "mmgnorm1_"}[kind])
+                    else:
+                        R, W, G, _ = cuda_ops.MV_VARIANTS[kern]
+                        assert name.startswith({"mv": "mv", "qkv": "mvn", "glu": "mvglu"}[kind] + kern)
+                        assert grid[0] * R * G >= rows > (grid[0] - 1) * R * G and block == (32 * W * G, 1, 1)
+
+
+@pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS_FUSED))
+def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
+    """REFLEX_MATVEC=new changes which kernels a decode layer launches, never how many: each
+    one-token matvec of a matvec.cuh format takes its counterpart there, or stays on the older
+    kernel where mv_pick says so."""
+    from reflex_ipc.backends import cuda_ops
+    from reflex_ipc.gguffile import GGUFFile
+
+    monkeypatch.setenv("REFLEX_FUSE", "1")
+    fake_ops.matvec = True
+    path = os.path.join(ROOT, "tests", "data", f"synthetic-{arch}.gguf")
+    layers = _layer_kernels(fake_ops, path)
+    with GGUFFile(path) as f:
+        types = [{n.split(".")[2]: ti.type_name for n, ti in f.tensors.items()
+                  if n.startswith(f"blk.{i}.") and len(ti.shape) == 2} for i in range(len(layers))]
+    new = {"mmnorm1_": "mvn", "mmn1_": "mvn", "mmsk1_": "mv", "mmgnorm1_": "mvglu", "mmglu1_": "mvglu"}
+
+    def moved(n):
+        for old, to in new.items():
+            if n.startswith(old) and n[len(old):] in cuda_ops.MV_KERNEL.values():
+                return to + "?_" + n[len(old):]
+        return n
+
+    def variant_free(names):  # the variant depends on the fixture's widths (mv_pick), which may
+        out = []  # also keep the older kernel (None): either counts as the same launch
+        for n in names:
+            m = re.fullmatch(r"(mv|mvn|mvglu)([a-z])_(\w+)", n)
+            assert m is None or m.group(2) in cuda_ops.MV_VARIANTS, n
+            out.append(f"{m.group(1)}?_{m.group(3)}" if m else moved(n))
+        return out
+
+    taken = 0
+    for names, t in zip(layers, types):
+        want = [moved(n) for n in _expected_layer_fused(arch, t)]
+        assert variant_free(names) == want, t
+        taken += sum(n.startswith("mv") for n in names)
+    assert taken  # the fixtures have Q8_0 / Q4_K matrices

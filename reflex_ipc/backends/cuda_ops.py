@@ -43,6 +43,42 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
 # more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
+# group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
+# them. REFLEX_MATVEC=new (the default) sends one-token matmuls (plain, q/k/v, gated, and the
+# RMSNorm-folded ones) there where mv_pick has a variant, =old keeps matmul.cuh / fused.cuh;
+# REFLEX_MATVEC_VARIANT=a..e forces one variant.
+MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
+MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
+MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
+MV_LANES = {Q4_K: 8, Q5_K: 8, Q6_K: 8, Q8_0: 2}  # lanes sharing one block (MV<T>::P)
+# matvec.cuh's variant per (kernel kind, format, row width K, rows), from the H200 sweep of
+# scripts/gpu/gpu-matvec (bench/results/matvec-h200-*.json: 0.6B / 8B / 32B Qwen3 shapes, cold
+# L2); None: the older kernels of matmul.cuh / fused.cuh, faster there (short Q8_0 rows).
+def mv_pick(t, K, rows, kind="mv"):
+    """matvec.cuh's variant for one token times `rows` output rows of width K in format t
+    (kind "mv" plain, "mvn" q/k/v or the LM head with the norm folded, "mvglu" gate/up), or
+    None for the older kernels."""
+    name = MV_KERNEL[t]
+    if kind == "mvglu":
+        return {"q6_k": "d", "q8_0": "c"}.get(name, "e")
+    if kind == "mvn":
+        if name == "q6_k":
+            return "d" if rows > 32768 else "e"
+        return "e"
+    if name == "q6_k":
+        return "b"
+    if name == "q8_0":
+        return None if K <= 3072 else "c"
+    return "b" if K <= 3072 else "c"
+
+
+def mv_grid(v, rows):
+    """(grid, block) of matvec.cuh's variant v for `rows` output rows."""
+    R, W, G, _ = MV_VARIANTS[v]
+    return (-(-rows // (R * G)), 1, 1), (32 * W * G, 1, 1)
+
+
 ATT_MAX_HD = 256
 ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
@@ -78,12 +114,13 @@ CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (bl
 # few-token groups of system1's candidates) keep the sequential kernels of recurrent.cuh. The
 # sequential kernel walks T dependent steps (two warp reductions and the token's loads each),
 # the chunked form pays two launches, a workspace and a whole CHUNK_L-token chunk's tile work
-# whatever T: about even around a few dozen tokens, so half a chunk. REFLEX_CHUNKED=0 keeps the
-# sequential kernels for prefill too (A/B runs).
+# whatever T. Measured on the H200 (Qwen3.5-2B layer, one call): T=64 chunked 95 us vs
+# sequential 76; T=512 524 vs 567 (in the model 362 vs 525); T=1024 1099 vs 1576: two chunks
+# and up. REFLEX_CHUNKED=0 keeps the sequential kernels for prefill too (A/B runs).
 CHUNK_L = 64  # CHUNK_L in chunked.cuh: tokens per chunk
 CHUNK_ROWS = 16  # CHUNK_ROWS in chunked.cuh: state rows per block of *_chunk_scan_f32
 CHUNK_THREADS = 256  # CHUNK_THREADS in chunked.cuh
-CHUNK_MIN = 32
+CHUNK_MIN = 128
 
 
 def yarn_args(yarn, n_rot, base, freq_scale, mscale):
@@ -137,6 +174,9 @@ class CudaOps:
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
+    # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
+    matvec = False
+    mv_variant = None
 
     def __init__(self):
         # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a
@@ -156,6 +196,8 @@ class CudaOps:
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
         self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
+        self.matvec = os.environ.get("REFLEX_MATVEC", "new") == "new"  # see MV_KERNEL
+        self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -386,6 +428,22 @@ class CudaOps:
             self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P.ptr, out.ptr, S, nw, N * M, mode)
         return out
 
+    def _mv_ok(self, x, ws):
+        """Whether one token x times the weights ws (one format) can take matvec.cuh's kernels."""
+        t = ws[0].ggml_type
+        return (self.matvec and t in MV_KERNEL and x.ptr % 16 == 0
+                and all(w.ggml_type == t and w.ptr % MV_ALIGN[t] == 0 and w.row_bytes % MV_ALIGN[t] == 0
+                        for w in ws))
+
+    def _mv(self, kind, x, ws, K, rows):
+        """(kernel, grid, block) of matvec.cuh's `kind` ("mv", "mvn", "mvglu") when one token x
+        times the weights ws (width K, `rows` output rows in all) takes it, else None (switch
+        off, another format, misaligned, or mv_pick prefers the older kernels there)."""
+        if not self._mv_ok(x, ws):
+            return None
+        v = self.mv_variant or mv_pick(ws[0].ggml_type, K, rows, kind)
+        return (self.k(f"{kind}{v}_{MV_KERNEL[ws[0].ggml_type]}"), *mv_grid(v, rows)) if v else None
+
     def matmul(self, x, w, out=None, accumulate=False, xh=None):
         """x [..., K] float32 times a weight [M, K] (or a float32 array [M, K]) -> [..., M] (x @ w.T).
         xh: x as f16 from _mma_x16 when the caller has it (matmul_n: q, k, v share one)."""
@@ -398,6 +456,10 @@ class CudaOps:
         if self._use_mma(w, N):
             return self._mma((w,), xh if xh is not None else self._mma_x16(x), out, K, M, N,
                              1 if accumulate else 0)
+        if N == 1 and (mv := self._mv("mv", x, (w,), K, M)):
+            k, grid, block = mv
+            k(grid, block, w.ptr, x.ptr, out.ptr, K, M, w.row_bytes, 1 if accumulate else 0)
+            return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
@@ -433,6 +495,13 @@ class CudaOps:
             Ms = [w.shape[0] for w in group] + pad
             K = group[0].shape[1]
             N = x.size // K
+            if N == 1 and (mv := self._mv("mvn", x, group, K, sum(Ms))):  # mvn without the norm
+                k, grid, block = mv
+                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, 0, 0.0, *[y.ptr for y in ys], *pad, K, *Ms,
+                  group[0].row_bytes, 0)
+                for i, y in zip(idx, ys):
+                    outs[i] = y
+                continue
             nt, grid, block = self._mm_launch(sum(Ms), N)
             self.k(f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}")(
                 grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
@@ -453,6 +522,11 @@ class CudaOps:
         out = self.empty(x.shape[:-1] + (M,))
         if self._use_mma(w_gate, N):
             return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
+        if N == 1 and (mv := self._mv("mvglu", x, (w_gate, w_up), K, M)):  # mvglu without the norm
+            k, grid, block = mv
+            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
+              0 if act == "silu" else 1, 0)
+            return out
         nt, grid, block = self._mm_launch(M, N)
         self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
                                                           K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
@@ -478,6 +552,14 @@ class CudaOps:
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
             Ms = [w.shape[0] for w in group] + pad
+            mv = self._mv("mvn", x, group, K, sum(Ms)) if w_norm is None or w_norm.ptr % 16 == 0 else None
+            if mv:  # mvn, the norm folded in
+                k, grid, block = mv
+                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, w_norm.ptr if w_norm is not None else 0,
+                  float(eps), *[y.ptr for y in ys], *pad, K, *Ms, group[0].row_bytes, 1)
+                for i, y in zip(idx, ys):
+                    outs[i] = y
+                continue
             split = sum(Ms) <= MM_SPLIT_ROWS
             grid = (sum(Ms) if split else (sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
             self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")(
@@ -497,6 +579,12 @@ class CudaOps:
         if N != 1 or w_gate.ggml_type != w_up.ggml_type or (w_norm is not None and w_norm.shape != (K,)):
             return self.matmul_glu(self.rms_norm(x, w_norm, eps), w_gate, w_up, act=act)
         out = self.empty(x.shape[:-1] + (M,))
+        mv = self._mv("mvglu", x, (w_gate, w_up), K, M) if w_norm is None or w_norm.ptr % 16 == 0 else None
+        if mv:
+            k, grid, block = mv
+            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps),
+              out.ptr, K, M, w_gate.row_bytes, 0 if act == "silu" else 1, 1)
+            return out
         split = M <= MM_SPLIT_ROWS
         self.k(f"mmgnorm1_{MM_KERNEL[w_gate.ggml_type]}")(
             (M if split else (M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr,

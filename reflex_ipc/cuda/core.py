@@ -55,6 +55,14 @@ for _t in MM_TYPES:
     SIGNATURES[f"mmnorm1_{_t}"] = "QQQQQfQQQiiiiqi"
     SIGNATURES[f"mmgnorm1_{_t}"] = "QQQQfQiiqii"
     SIGNATURES[f"mmsk1_{_t}"] = "QQQiqi"
+# bandwidth-shaped one-token matvecs (kernels/matvec.cuh): variants a..e of each kernel
+MV_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0")
+MV_VARIANTS = ("a", "b", "c", "d", "e")
+for _t in MV_TYPES:
+    for _v in MV_VARIANTS:
+        SIGNATURES[f"mv{_v}_{_t}"] = "QQQiiqi"  # W X Y K M rb acc
+        SIGNATURES[f"mvn{_v}_{_t}"] = "QQQQQfQQQiiiiqi"  # W0 W1 W2 X nw eps Y0 Y1 Y2 K M0 M1 M2 rb norm
+        SIGNATURES[f"mvglu{_v}_{_t}"] = "QQQQfQiiqii"  # Wg Wu X nw eps Y K M rb act norm
 # q k v qw kw kc vc pos slots N Hq Hkv hd dv ctx norm eps n_rot base freq_scale ff neox mscale
 SIGNATURES["qk_rope_kv_store_f32"] = "QQQQQQQQQiiiiiiififfQif"
 # q kc vc part_ml part_acc out count pos mask Hq Hkv hd ctx n_kv scale softcap causal window chunk
@@ -207,4 +215,5 @@ def read_images_bytes(data):
     return images(data)
 
 
-__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "read_images", "chosen_image"]
+__all__ = ["Runtime", "Kernel", "Pool", "SIGNATURES", "MM_TYPES", "MMA_TYPES", "MV_TYPES", "MV_VARIANTS", "read_images",
+           "chosen_image"]

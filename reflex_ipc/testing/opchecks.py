@@ -1093,6 +1093,89 @@ def _check_moe_graph(ops, rng, npo):
     return rows
 
 
+MV_CHECK_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
+
+
+def check_matvec(ops, rng):
+    """kernels/matvec.cuh (CUDA only; run whatever REFLEX_MATVEC says): every variant of the
+    one-token matvec, q/k/v (matmul_n), gated unit and their RMSNorm-folded forms, for each
+    format it serves, on widths of an odd number of blocks and rows that leave a block
+    partly empty (3 rows: fewer than a block of the 4-row variant), with rows at 2-byte
+    offsets (Q6_K / Q8_0 rows of 2 mod 4 bytes); against float64 and against the
+    matmul.cuh / fused.cuh kernels (REFLEX_MATVEC=old)."""
+    from reflex_ipc.backends.base import rms_norm_matmul_glu, rms_norm_matmul_n
+
+    if not hasattr(ops, "matvec"):
+        return []
+    from reflex_ipc.backends.cuda_ops import MV_VARIANTS
+
+    rows = []
+    saved = ops.matvec, ops.mv_variant
+    try:
+        for name in MV_CHECK_TYPES:
+            for K in ((768, 1280) if name.endswith("_K") else (96, 1056)):
+                Ms = (201, 70, 3)
+                W = _weights(ops, {"w0": (name, Ms[0], K), "w1": (name, Ms[1], K), "w2": (name, Ms[2], K),
+                                   "up": (name, Ms[0], K)}, rng)
+                ws = [W[f"w{i}"][0] for i in range(3)]
+                (wg, rg), (wu, ru) = W["w0"], W["up"]
+                x = rng.standard_normal((1, K)) + 0.15
+                x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
+                x64 = x.astype(np.float64)
+                nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+                nw = (nw * 2 / np.std(_rms64(x, nw, 1e-6) @ rg.T)).astype(np.float32)
+                X, NW = ops.asarray(x), ops.asarray(nw)
+                y0 = rng.standard_normal((1, Ms[2])).astype(np.float32)
+                h = _rms64(x, nw, 1e-6)
+                h0 = _rms64(x, None, 1e-6)
+
+                def run():
+                    out = {}
+                    poison(ops, *[(1, m) for m in Ms])
+                    out["mm"] = ops.to_numpy(ops.matmul(X, ws[0]))
+                    Y = ops.asarray(y0.copy())
+                    ops.matmul(X, ws[2], out=Y, accumulate=True)
+                    out["acc"] = ops.to_numpy(Y)
+                    out["n"] = [ops.to_numpy(o) for o in ops.matmul_n(X, ws)]
+                    out["norm_n"] = [ops.to_numpy(o) for o in rms_norm_matmul_n(ops, X, NW, 1e-6, ws)]
+                    out["norm_n0"] = [ops.to_numpy(o) for o in rms_norm_matmul_n(ops, X, None, 1e-6, ws[1:])]
+                    out["glu"] = ops.to_numpy(ops.matmul_glu(X, wg, wu, act="silu"))
+                    out["norm_glu"] = ops.to_numpy(rms_norm_matmul_glu(ops, X, NW, 1e-6, wg, wu, act="gelu"))
+                    return out
+
+                def silu(g):
+                    return g / (1 + np.exp(-g))
+
+                def gelu(g):
+                    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+                refs = {"mm": x64 @ W["w0"][1].T, "acc": y0 + x64 @ W["w2"][1].T,
+                        "n": [x64 @ W[f"w{i}"][1].T for i in range(3)],
+                        "norm_n": [h @ W[f"w{i}"][1].T for i in range(3)],
+                        "norm_n0": [h0 @ W[f"w{i}"][1].T for i in (1, 2)],
+                        "glu": silu(x64 @ rg.T) * (x64 @ ru.T), "norm_glu": gelu(h @ rg.T) * (h @ ru.T)}
+                ops.matvec = False
+                old = run()
+                ops.matvec = True
+                if hasattr(ops, "_mv_ok"):  # the weights really take matvec.cuh (alignment)
+                    taken = ops._mv_ok(X, ws + [wu])
+                    rows.append({"op": "matvec", "case": f"{name} K={K} takes matvec.cuh", "rel_err": 0.0 if taken
+                                 else float("inf"), "max_abs": 0.0, "tol": 0.0, "ok": bool(taken)})
+                for v in MV_VARIANTS:
+                    ops.mv_variant = v
+                    new = run()
+                    for key, ref in refs.items():
+                        outs, olds, rs = ((new[key], old[key], ref) if not isinstance(ref, list)
+                                          else (np.concatenate(new[key], -1), np.concatenate(old[key], -1),
+                                                np.concatenate(ref, -1)))
+                        case = f"{name} K={K} {key} variant {v}"
+                        rows.append(row("matvec", case, outs, rs, MM_TOL))
+                        rows.append(row("matvec", case + " vs old kernels", outs, olds, 5e-6))
+    finally:
+        ops.matvec, ops.mv_variant = saved
+    return rows
+
+
 def bench_matvec(ops, rng):
     """GB/s of decode-shaped matvecs (N=1) by type and shape (8 rotating weight copies so
     that L2 holds less of them)."""
@@ -1592,7 +1675,8 @@ def run_all(ops, seed=0):
                check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
                check_recurrent_chunked,
-               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store):
+               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
+               check_matvec):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

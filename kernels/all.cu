@@ -13,4 +13,5 @@
 #include "chunked.cuh"
 #include "fused.cuh"
 #include "matvec.cuh"
+#include "matvec_nt.cuh"
 #include "flash.cuh"

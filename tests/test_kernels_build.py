@@ -361,6 +361,7 @@ def fake_ops(monkeypatch):
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     ops._att_count = None
     ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
+    ops.mmnt = False  # the warp-per-row mm4 / mm8 kernels for 2..63 tokens (test_cuda_ops_mmt_*: on)
     ops.flash = True  # as on sm_80+ with REFLEX_FLASH unset
     # the plain kernels (REFLEX_FUSE=0: the path before the fused decode ops); the fused
     # launches are the *_fused tests'
@@ -624,6 +625,64 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
     ops.matmul(x, wq)
     ops.matmul_glu(x, wg, wu)
     assert [launch[0] for launch in ops.rt.launches[-2:]] == ["mm8_q4_k", "mmglu8_q8_0"]
+
+
+def test_cuda_ops_mmt_launches(fake_ops):
+    """REFLEX_MMNT on: 2 <= N < MMA_MIN_N tokens take matvec_nt.cuh's kernels (8 tokens a block,
+    grid y the token groups) with the arguments of mm / mmn / mmglu; N = 1 and
+    the tensor-core range do not; with ops.mma off, 64+ tokens keep mm8."""
+    from reflex_ipc.backends.cuda_ops import MMA_MIN_N
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+
+    ops = fake_ops
+    ops.mmnt = True
+    w = DeviceWeight(0x5000, (203, 512), 8, "Q8_0", 16 * 34, "w")
+    for n, kern, gy in ((1, "mm1_q8_0", 1), (2, "mmt8_q8_0", 1), (8, "mmt8_q8_0", 1), (9, "mmt8_q8_0", 2),
+                        (13, "mmt8_q8_0", 2), (MMA_MIN_N - 1, "mmt8_q8_0", 8)):
+        x = DeviceArray.empty(ops.pool, (n, 512))
+        for acc in (0, 1):
+            y = ops.matmul(x, w) if not acc else ops.matmul(x, w, out=y, accumulate=True)
+            name, grid, block, args = ops.rt.launches[-1]
+            assert (name, grid, block) == (kern, (51, gy, 1), (128, 1, 1))
+            assert args == (0x5000, x.ptr, y.ptr, 512, 203, n, 544, acc)
+    x = DeviceArray.empty(ops.pool, (MMA_MIN_N, 512))
+    before = len(ops.rt.launches)
+    ops.matmul(x, w)
+    assert "mma_q8_0" in [launch[0] for launch in ops.rt.launches[before:]]
+    ops.mma = False
+    ops.matmul(x, w)
+    assert ops.rt.launches[-1][0] == "mm8_q8_0"
+    ops.mma = True
+    wq = DeviceWeight(0x10000, (2048, 1024), 8, "Q8_0", 32 * 34, "q")
+    wk = DeviceWeight(0x20000, (1023, 1024), 8, "Q8_0", 32 * 34, "k")
+    for n, kern, gy in ((3, "mmtn8_q8_0", 1), (9, "mmtn8_q8_0", 2)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        before = len(ops.rt.launches)
+        q, k, v = ops.matmul_n(x, [wq, wk, wk])
+        assert len(ops.rt.launches) == before + 1
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, (-(-(2048 + 2 * 1023) // 4), gy, 1), (128, 1, 1))
+        assert args == (wq.ptr, wk.ptr, wk.ptr, x.ptr, q.ptr, k.ptr, v.ptr, 1024, 2048, 1023, 1023, n, 32 * 34)
+    wg = DeviceWeight(0x30000, (3071, 1024), 12, "Q4_K", 4 * 144, "gate")
+    wu = DeviceWeight(0x40000, (3071, 1024), 12, "Q4_K", 4 * 144, "up")
+    for n, kern, gy in ((2, "mmtglu8_q4_k", 1), (17, "mmtglu8_q4_k", 3)):
+        x = DeviceArray.empty(ops.pool, (n, 1024))
+        y = ops.matmul_glu(x, wg, wu, act="gelu")
+        name, grid, block, args = ops.rt.launches[-1]
+        assert (name, grid, block) == (kern, (1536, gy, 1), (128, 1, 1))  # 2 rows of gate and up a block
+        assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3071, n, 4 * 144, 1) and y.shape == (n, 3071)
+
+
+def test_cuda_ops_mmnt_switch(monkeypatch):
+    """REFLEX_MMNT=0 turns matvec_nt.cuh's kernels off; unset or 1: on."""
+    from reflex_ipc.backends import cuda_ops
+
+    for env, want in (("", True), ("1", True), ("0", False)):
+        rt = RecordingRuntime()
+        rt.cc = (9, 0)
+        monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
+        monkeypatch.setenv("REFLEX_MMNT", env) if env else monkeypatch.delenv("REFLEX_MMNT", raising=False)
+        assert cuda_ops.CudaOps().mmnt is want
 
 
 def test_cuda_ops_mma_switch(monkeypatch):

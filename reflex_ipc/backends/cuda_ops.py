@@ -43,6 +43,12 @@ QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
 # more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
 MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# matvecs of 2 <= N < MMA_MIN_N tokens (kernels/matvec_nt.cuh: mmt / mmtn / mmtglu): a block of
+# MMT_THREADS threads per MMT_ROWS weight rows (the gated unit: MMT_ROWS / 2 rows of gate and of
+# up), its threads over K, MMT_NT = 8 tokens a block (grid y: token groups; a short last group
+# skips the missing tokens).
+# REFLEX_MMNT=0 keeps the warp-per-row mm4 / mm8 kernels (A/B).
+MMT_THREADS, MMT_ROWS, MMT_NT = 128, 4, 8  # MMT_THREADS, MMT_R, the NT instantiated in matvec_nt.cuh
 # bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
 # group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
 # them. REFLEX_MATVEC=new (the default) sends one-token matmuls (plain, q/k/v, gated, and the
@@ -158,6 +164,7 @@ class CudaOps:
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
+    mmnt = False  # set from REFLEX_MMNT in __init__ (default on)
     flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
     flash_min_n = FLASH_MIN_N
     flash_launches = 0
@@ -192,6 +199,7 @@ class CudaOps:
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.mmnt = os.environ.get("REFLEX_MMNT", "1") != "0"
         self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
@@ -382,6 +390,15 @@ class CudaOps:
         nt = 1 if N == 1 else (4 if N <= 4 else 8)
         return nt, ((rows + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1), (32 * MM_ROWS, 1, 1)
 
+    def _use_mmt(self, N):
+        """Whether a matvec of N tokens (not taking the tensor-core kernels) takes matvec_nt.cuh's."""
+        return self.mmnt and 1 < N < MMA_MIN_N
+
+    @staticmethod
+    def _mmt_launch(rows, N, rows_per_block=MMT_ROWS):
+        """(tokens per block, grid, block) of the mmt* kernels for `rows` rows (or row pairs)."""
+        return MMT_NT, (-(-rows // rows_per_block), -(-N // MMT_NT), 1), (MMT_THREADS, 1, 1)
+
     def _use_mma(self, w, N):
         """Whether x of N rows times w takes the tensor-core kernels (f16 inputs, f32 sums)."""
         return self.mma and N >= self.mma_min_n and w.ggml_type in MMA_FORMATS
@@ -464,9 +481,13 @@ class CudaOps:
             self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
                                                       w.row_bytes, 1 if accumulate else 0)
             return out
-        nt, grid, block = self._mm_launch(M, N)
-        self.k(f"mm{nt}_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes,
-                                                   1 if accumulate else 0)
+        if self._use_mmt(N):
+            nt, grid, block = self._mmt_launch(M, N)
+            name = f"mmt{nt}_{MM_KERNEL[w.ggml_type]}"
+        else:
+            nt, grid, block = self._mm_launch(M, N)
+            name = f"mm{nt}_{MM_KERNEL[w.ggml_type]}"
+        self.k(name)(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
         return out
 
     def matmul_n(self, x, ws):
@@ -502,8 +523,13 @@ class CudaOps:
                 for i, y in zip(idx, ys):
                     outs[i] = y
                 continue
-            nt, grid, block = self._mm_launch(sum(Ms), N)
-            self.k(f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}")(
+            if self._use_mmt(N):
+                nt, grid, block = self._mmt_launch(sum(Ms), N)
+                name = f"mmtn{nt}_{MM_KERNEL[group[0].ggml_type]}"
+            else:
+                nt, grid, block = self._mm_launch(sum(Ms), N)
+                name = f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}"
+            self.k(name)(
                 grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
                 group[0].row_bytes)
             for i, y in zip(idx, ys):
@@ -527,9 +553,14 @@ class CudaOps:
             k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
               0 if act == "silu" else 1, 0)
             return out
-        nt, grid, block = self._mm_launch(M, N)
-        self.k(f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr,
-                                                          K, M, N, w_gate.row_bytes, 0 if act == "silu" else 1)
+        if self._use_mmt(N):  # a block: MMT_ROWS / 2 rows of gate and the same rows of up
+            nt, grid, block = self._mmt_launch(M, N, MMT_ROWS // 2)
+            name = f"mmtglu{nt}_{MM_KERNEL[w_gate.ggml_type]}"
+        else:
+            nt, grid, block = self._mm_launch(M, N)
+            name = f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}"
+        self.k(name)(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr, K, M, N, w_gate.row_bytes,
+                     0 if act == "silu" else 1)
         return out
 
     # -- fused decode ops (base.FUSED_OPS; models reach them through base's functions) --------

@@ -47,6 +47,10 @@ for _t in MM_TYPES:
         SIGNATURES[f"mm{_nt}_{_t}"] = "QQQiiiqi"
         SIGNATURES[f"mmn{_nt}_{_t}"] = "QQQQQQQiiiiiq"  # W0 W1 W2 X Y0 Y1 Y2 K M0 M1 M2 N rb
         SIGNATURES[f"mmglu{_nt}_{_t}"] = "QQQQiiiqi"  # Wg Wu X Y K M N rb act
+    # matvec_nt.cuh (2 <= N < MMA_MIN_N tokens, 8 a block): the arguments of mm / mmn / mmglu
+    SIGNATURES[f"mmt8_{_t}"] = "QQQiiiqi"
+    SIGNATURES[f"mmtn8_{_t}"] = "QQQQQQQiiiiiq"
+    SIGNATURES[f"mmtglu8_{_t}"] = "QQQQiiiqi"
     SIGNATURES[f"get_rows_{_t}"] = "QQQiqf"
     for _nt in (1, 8):
         SIGNATURES[f"hmm{_nt}_{_t}"] = "QQQiiiiq"  # W X Y K M H N rb (mla.cuh)

@@ -306,6 +306,100 @@ def check_matmul_glu(ops, rng):
     return rows
 
 
+def check_matmul_nt(ops, rng):
+    """Matvecs of 2 <= N < 64 tokens (CUDA: matvec_nt.cuh's mmt / mmtn / mmtglu, switched on
+    here whatever REFLEX_MMNT says, and compared with the warp-per-row mm4 / mm8 ones): every
+    format, odd row counts, K of 2304 (threads with 3 chunks and with 2) and 256 (one warp
+    busy), token counts around the 8-token groups, plain and accumulate, q/k/v of three
+    heights (blocks straddling two weights), gate/up silu and gelu; outputs poisoned."""
+    if not hasattr(ops, "mmnt"):
+        return _check_matmul_nt(ops, rng)
+    mmnt0 = ops.mmnt
+    ops.mmnt = True
+    try:
+        return _check_matmul_nt(ops, rng)
+    finally:
+        ops.mmnt = mmnt0
+
+
+def _vs_old(ops, fn):
+    """fn() on the warp-per-row kernels (CUDA with ops.mmnt off), or None on other backends."""
+    if not hasattr(ops, "mmnt"):
+        return None
+    ops.mmnt = False
+    try:
+        return fn()
+    finally:
+        ops.mmnt = True
+
+
+def _check_matmul_nt(ops, rng):
+    rows = []
+    Ns = (2, 3, 7, 8, 9, 17, 63)
+    for name in MM_TYPES:
+        W = _weights(ops, {"a": (name, 203, 2304), "b": (name, 5, 256)}, rng)
+        for key, Nk in (("a", Ns), ("b", (2, 9))):
+            w, ref = W[key]
+            M, K = ref.shape
+            for N in Nk:
+                x = rng.standard_normal((N, K)).astype(np.float32)
+                X = ops.asarray(x)
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul(X, w))
+                case = f"{name} M={M} K={K} N={N}"
+                rows.append(row("matmul_nt", case, out, x.astype(np.float64) @ ref.T, MM_TOL))
+                if N in (3, 9):
+                    y0 = rng.standard_normal((N, M)).astype(np.float32)
+                    y = ops.asarray(y0.copy())
+                    ops.matmul(X, w, out=y, accumulate=True)
+                    rows.append(row("matmul_nt", case + " accumulate", ops.to_numpy(y),
+                                    y0 + x.astype(np.float64) @ ref.T, MM_TOL))
+                if N in (7, 17):
+                    old = _vs_old(ops, lambda: ops.to_numpy(ops.matmul(X, w)))
+                    if old is not None:
+                        rows.append(row("matmul_nt", case + " vs mm4/mm8", out, old, 4e-6))
+    K, Ms = 1280, (201, 70, 57)
+    sets = [(t, t, t) for t in MM_TYPES] + [("Q8_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")]
+    for types in sets:
+        W = _weights(ops, {f"w{i}": (t, Ms[i], K) for i, t in enumerate(types)}, rng)
+        ws = [W[f"w{i}"][0] for i in range(len(types))]
+        for N in (2, 7, 9, 17, 63):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X = ops.asarray(x)
+            poison(ops, *[(N, Ms[i]) for i in range(len(types))])
+            outs = [ops.to_numpy(o) for o in ops.matmul_n(X, ws)]
+            for i, out in enumerate(outs):
+                rows.append(row("matmul_n_nt", f"{'/'.join(types)} N={N} out{i}", out,
+                                x.astype(np.float64) @ W[f"w{i}"][1].T, MM_TOL))
+            if N == 9:
+                old = _vs_old(ops, lambda: [ops.to_numpy(o) for o in ops.matmul_n(X, ws)])
+                for i in range(len(old or ())):
+                    rows.append(row("matmul_n_nt", f"{'/'.join(types)} N={N} out{i} vs mmn", outs[i], old[i],
+                                    4e-6))
+    M = 203
+    for t in MM_TYPES:
+        W = _weights(ops, {"gate": (t, M, K), "up": (t, M, K)}, rng)
+        (wg, rg), (wu, ru) = W["gate"], W["up"]
+        for N in (2, 3, 8, 9, 17, 63):
+            x = rng.standard_normal((N, K))
+            x = (x * 2 / np.std(x @ rg.T)).astype(np.float32)  # gate values of a few units
+            X = ops.asarray(x)
+            g64, u64 = x.astype(np.float64) @ rg.T, x.astype(np.float64) @ ru.T
+            for act in ("silu", "gelu"):
+                poison(ops, (N, M))
+                out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
+                if act == "silu":
+                    ref = g64 / (1 + np.exp(-g64)) * u64
+                else:
+                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                rows.append(row("matmul_glu_nt", f"{t}/{t} {act} N={N}", out, ref, MM_TOL))
+                if N == 9:
+                    old = _vs_old(ops, lambda: ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act)))
+                    if old is not None:
+                        rows.append(row("matmul_glu_nt", f"{t}/{t} {act} N={N} vs mmglu", out, old, 4e-6))
+    return rows
+
+
 def check_rms_norm_rope(ops, rng):
     """rms_norm_rope (rmsnorm_rope_f32): per-head RMSNorm + rope in place; normal and neox
     pairs, partial rotary, freq factors and scale, mscale, no weight; against float64 and
@@ -1220,6 +1314,66 @@ def bench_matvec(ops, rng):
     return out
 
 
+# matvecs of a few tokens (2 <= N < MMA_MIN_N) timed by bench_matvec_nt: (label, op, type, the
+# weights' rows, K) for one layer of a Qwen3-0.6B-shaped model (hidden 1024, q 2048, k/v 1024,
+# FFN 3072; a Q8_0 and a Q4_K-mix file) and of a 2B-shaped one (hidden 2048, FFN 6144)
+MMNT_BENCH = (("0.6B qkv", "n", "Q8_0", (2048, 1024, 1024), 1024), ("0.6B o", "mm", "Q8_0", (1024,), 2048),
+              ("0.6B gate/up", "glu", "Q8_0", (3072, 3072), 1024), ("0.6B down", "mm", "Q8_0", (1024,), 3072),
+              ("0.6B qkv", "n", "Q4_K", (2048, 1024, 1024), 1024), ("0.6B gate/up", "glu", "Q4_K", (3072, 3072), 1024),
+              ("0.6B down", "mm", "Q6_K", (1024,), 3072),
+              ("2B 6144x2048", "mm", "Q6_K", (6144,), 2048), ("2B gate/up", "glu", "Q4_K", (6144, 6144), 2048),
+              ("2B qkv", "n", "Q4_K", (2048, 512, 512), 2048), ("2B down", "mm", "Q4_K", (2048,), 6144))
+MMNT_BENCH_N = (2, 6, 16, 32)
+
+
+def bench_matvec_nt(ops, rng, configs=MMNT_BENCH, Ns=MMNT_BENCH_N, reps=30):
+    """us and GB/s (the weights' bytes over the time) of the multi-token matvecs, the
+    warp-per-row mm4 / mm8 kernels ("old", ops.mmnt off) against matvec_nt.cuh's ("new"),
+    timed with CUDA events over `reps` calls that rotate over copies of the weights (at
+    least ~96 MB in all, so that L2 holds little of them, as in a forward pass)."""
+    out = []
+    drv = ops.rt.drv
+    mmnt0 = ops.mmnt
+    try:
+        for label, op, name, Ms, K in configs:
+            raws = [random_weight(name, M, K, rng, ref=False)[0] for M in Ms]
+            nbytes = sum(len(r) for r in raws)
+            copies = max(2, min(24, -(-96 * 2 ** 20 // nbytes)))
+            tensors = {f"w{c}.{i}": (raw, TYPES[name][0], (M, K)) for c in range(copies)
+                       for i, (raw, M) in enumerate(zip(raws, Ms))}
+            f = weights_gguf(tensors)
+            sets = [[ops.load_weight(f, f"w{c}.{i}") for i in range(len(Ms))] for c in range(copies)]
+            for N in Ns:
+                x = ops.asarray(rng.standard_normal((N, K)).astype(np.float32))
+                y = ops.empty((N, Ms[0]))
+                if op == "mm":
+                    fn = lambda ws: ops.matmul(x, ws[0], out=y)  # noqa: E731
+                elif op == "n":
+                    fn = lambda ws: ops.matmul_n(x, ws)  # noqa: E731
+                else:
+                    fn = lambda ws: ops.matmul_glu(x, ws[0], ws[1])  # noqa: E731
+                res = {"case": f"{label} {name}", "N": N, "MB": round(nbytes / 1e6, 2)}
+                for tag, mode in (("old", False), ("new", True)):
+                    ops.mmnt = mode
+                    for ws in sets:
+                        fn(ws)
+                    ops.synchronize()
+                    e0, e1 = drv.Event(), drv.Event()
+                    e0.record(ops.rt.stream)
+                    for r in range(reps):
+                        fn(sets[r % copies])
+                    e1.record(ops.rt.stream)
+                    e1.synchronize()
+                    ms = e1.time_since(e0) / reps
+                    res[f"{tag}_us"] = round(ms * 1e3, 1)
+                    res[f"{tag}_GBps"] = round(nbytes / (ms / 1e3) / 1e9)
+                res["speedup"] = round(res["old_us"] / res["new_us"], 2)
+                out.append(res)
+    finally:
+        ops.mmnt = mmnt0
+    return out
+
+
 def bench_moe(ops, rng):
     """Microseconds per call of one Qwen3-30B-A3B-shaped MoE layer (128 experts, 8 used,
     2048 -> 768 -> 2048, Q4_K gate/up, Q6_K down, F32 router): the device path eager and
@@ -1676,7 +1830,7 @@ def run_all(ops, seed=0):
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
                check_recurrent_chunked,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
-               check_matvec):
+               check_matvec, check_matmul_nt):
         try:
             rows += fn(ops, rng)
         except Exception as e:  # a crash is a failed check, reported with the rest

@@ -15,3 +15,4 @@
 #include "hybrid.cuh"
 #include "matvec.cuh"
 #include "matvec_nt.cuh"
+#include "flash.cuh"

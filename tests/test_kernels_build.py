@@ -362,6 +362,7 @@ def fake_ops(monkeypatch):
     ops._att_count = None
     ops.mma = True  # as on sm_80+ with REFLEX_MMA unset
     ops.mmnt = False  # the warp-per-row mm4 / mm8 kernels for 2..63 tokens (test_cuda_ops_mmt_*: on)
+    ops.flash = True  # as on sm_80+ with REFLEX_FLASH unset
     # the plain kernels (REFLEX_FUSE=0: the path before the fused decode ops); the fused
     # launches are the *_fused tests'
     monkeypatch.setenv("REFLEX_FUSE", "0")
@@ -405,13 +406,55 @@ def test_cuda_ops_attention_paths(fake_ops):
     chunk = a1[-1]
     assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
     assert a1[1] == kc.ptr and a1[2] == vc.ptr
-    # prefill: many (head, query) blocks, one kernel
+    # prefill: the tensor-core kernel, a block per kv head and 64 rows of its 4 query heads
     qq = ops.empty((64, 8, 128))
+    n0 = ops.flash_launches
+    out = ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, window=7)
+    name, grid, block, args = ops.rt.launches[-1]
+    assert name == "flash_attention_f16kv_128" and grid == (2, 4, 1) and block == (128, 1, 1)
+    assert args[:6] == (qq.ptr, kc.ptr, vc.ptr, out.ptr, 0, 0) and args[7] == 0
+    assert args[8:13] == (64, 8, 2, 4096, 4096) and args[14:17] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
+    # odd sizes round the row tiles up: 17 queries x 4 heads = 68 rows -> 2 tiles
+    ops.attention(ops.empty((17, 8, 128)), kc, vc, ops.positions(range(17)), 17, scale=0.1)
+    assert ops.rt.launches[-1][:2] == ("flash_attention_f16kv_128", (2, 2, 1))
+    # an explicit mask keeps the true n_kv (the mask's row length)
+    m = ops.empty((64, 64))
+    ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
+    name, _, _, args = ops.rt.launches[-1]
+    assert name == "flash_attention_f16kv_128" and args[7] == m.ptr and args[12] == 64 and args[15] == 0
+    # few row tiles over many keys: the keys split over grid z (shares of a multiple of 64),
+    # attention_combine merges the partials
+    q20 = ops.empty((20, 8, 128))
+    out = ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1)
+    (n1, g1, _, a1), (n2, g2, b2, a2) = ops.rt.launches[-2:]
+    S, chunk = g1[2], a1[-1]
+    assert n1 == "flash_attention_f16kv_128" and g1[:2] == (2, 2) and S > 1 and ops.flash_last_splits == S
+    assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[12] == 4096
+    assert n2 == "attention_combine" and g2 == (8, 20, 1) and b2 == (128, 1, 1)
+    assert a2 == (a1[4], a1[5], out.ptr, 8, 128, S)
+    # while capturing a graph, the split covers every slot (replays see later positions)
+    ops._graph = type("G", (), {"pool": ops.pool})()
+    try:
+        ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1)
+    finally:
+        ops._graph = None
+    g1, a1 = ops.rt.launches[-2][1], ops.rt.launches[-2][3]
+    assert (g1[2] - 1) * a1[-1] < 4096 <= g1[2] * a1[-1]
+    # many row tiles, or few keys: one pass
+    ops.attention(q20, kc, vc, ops.positions(range(20)), 20, scale=0.1)
+    assert ops.rt.launches[-1][0] == "flash_attention_f16kv_128" and ops.rt.launches[-1][1][2] == 1
+    # below FLASH_MIN_N queries, at other head widths, or with REFLEX_FLASH=0 (ops.flash off):
+    # a block per (head, query)
+    q15 = ops.empty((ops.flash_min_n - 1, 16, 128))
+    ops.attention(q15, kc, vc, ops.positions(range(q15.shape[0])), q15.shape[0], scale=0.1)
+    assert ops.rt.launches[-1][:2] == ("attention_f16kv", (16, q15.shape[0], 1))
+    kc96, vc96 = ops.zeros((2, 512, 96), "float16"), ops.zeros((2, 512, 96), "float16")
+    ops.attention(ops.empty((64, 8, 96)), kc96, vc96, ops.positions(range(64)), 64, scale=0.1)
+    assert ops.rt.launches[-1][0] == "attention_f16kv"
+    ops.flash = False
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
-    # an explicit mask keeps the true n_kv (the mask's row length)
-    m = ops.empty((64, 64))
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
     assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
@@ -652,6 +695,19 @@ def test_cuda_ops_mma_switch(monkeypatch):
         monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
         monkeypatch.setenv("REFLEX_MMA", env) if env else monkeypatch.delenv("REFLEX_MMA", raising=False)
         assert cuda_ops.CudaOps().mma is want
+
+
+def test_cuda_ops_flash_switch(monkeypatch):
+    """REFLEX_FLASH=0 or a device before sm_80 keeps prefill attention on attention_f16kv."""
+    from reflex_ipc.backends import cuda_ops
+
+    for env, cc, want in (("", (9, 0), True), ("0", (9, 0), False), ("1", (8, 0), True), ("", (7, 5), False)):
+        rt = RecordingRuntime()
+        rt.cc = cc
+        monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
+        monkeypatch.setenv("REFLEX_FLASH", env) if env else monkeypatch.delenv("REFLEX_FLASH", raising=False)
+        ops = cuda_ops.CudaOps()
+        assert ops.flash is want and ops.flash_takes(64, 16, 8, 128) is want
 
 
 def test_cuda_ops_rms_norm_rope_launch(fake_ops):

@@ -90,6 +90,22 @@ ATT_WARPS = 16  # ATT_WARPS in attention.cuh
 ATT_SPLIT_BELOW = 132  # split the keys over blocks when fewer (head, query) blocks than this
 ATT_CHUNK = 128  # keys per split block (at least)
 ATT_MAX_SPLITS = 64
+# tensor-core prefill attention (kernels/flash.cuh) for N >= FLASH_MIN_N queries of these head
+# widths on sm_80+, in place of attention_f16kv (the split-key decode path keeps few queries
+# over many keys); REFLEX_FLASH=0 keeps attention_f16kv (A/B, kill switch). Q and P are rounded
+# to f16 there (opchecks.FLASH_TOL).
+FLASH_MIN_N = 16
+FLASH_HD = (64, 128, 256)
+FLASH_BM = 64  # FLASH_BM in flash.cuh: rows (query, head of a kv group) per block
+FLASH_THREADS = 128  # 32 * FLASH_WARPS
+# split keys (flash.cuh's gridDim.z, merged by attention_combine) when the row tiles alone give
+# fewer than FLASH_SPLIT_BELOW * SMs blocks over more than 2 * FLASH_CHUNK keys: up to
+# FLASH_MAX_SPLITS shares of >= FLASH_CHUNK keys (a multiple of 64, the widest key tile) until
+# about FLASH_SPLIT_TARGET blocks per SM
+FLASH_SPLIT_BELOW = 0.5
+FLASH_CHUNK = 256
+FLASH_MAX_SPLITS = 32
+FLASH_SPLIT_TARGET = 2
 MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
@@ -150,6 +166,10 @@ class CudaOps:
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
     mmnt = False  # set from REFLEX_MMNT in __init__ (default on)
+    flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
+    flash_min_n = FLASH_MIN_N
+    flash_launches = 0
+    flash_last_splits = 0  # gridDim.z of the last one (1: not split)
 
     # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
     # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
@@ -181,6 +201,9 @@ class CudaOps:
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
         self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
         self.mmnt = os.environ.get("REFLEX_MMNT", "1") != "0"
+        self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.flash_min_n = FLASH_MIN_N
+        self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
         self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
         self.matvec = os.environ.get("REFLEX_MATVEC", "new") == "new"  # see MV_KERNEL
         self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
@@ -921,6 +944,7 @@ class CudaOps:
         pos = self.positions(pos)
         out = self.empty(q.shape)
         Hkv, ctx = k_cache.shape[0], k_cache.shape[1]
+        keys = int(n_kv)  # the keys in use now (the caller's n_kv) before the position-free n_slots
         if causal and mask is None:
             # keys 0..pos[n] are the visible ones whatever n_kv is (pos[n] < n_kv): passing
             # n_slots keeps the launch arguments position-free, so a captured graph replays
@@ -947,10 +971,50 @@ class CudaOps:
             self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
                                         out.ptr, Hq, hd, S)
             return out
+        if (self.flash_takes(N, Hq, Hkv, hd) and v_cache.shape == k_cache.shape
+                and k_cache.ptr % 16 == 0 and v_cache.ptr % 16 == 0 and q.ptr % 8 == 0):
+            # (cp.async moves 16-byte chunks of K/V rows; q is read as float2)
+            # rows n * G + (h % G) of each kv head (G = Hq / Hkv), FLASH_BM per block
+            tiles = Hkv * -(-N * (Hq // Hkv) // FLASH_BM)  # blocks along x and y
+            # keys to cover: while capturing a graph every slot (replays see later positions)
+            span = n_kv if self._graph is not None else min(n_kv, max(1, keys))
+            chunk, S = self._flash_split(tiles, span)
+            self.flash_launches += 1
+            self.flash_last_splits = S
+            ml = acc = None
+            if S > 1:
+                ml = self.empty((N * Hq * S * 2,))
+                acc = self.empty((N * Hq * S * hd,))
+            self.k(f"flash_attention_f16kv_{hd}")(
+                (Hkv, tiles // Hkv, S), (FLASH_THREADS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
+                ml.ptr if ml is not None else 0, acc.ptr if acc is not None else 0, pos.ptr, mptr, N, Hq, Hkv, ctx,
+                n_kv, float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
+            if S > 1:
+                self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
+                                            out.ptr, Hq, hd, S)
+            return out
         self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
                                   out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
                                   float(scale), float(softcap), 1 if causal else 0, int(window))
         return out
+
+    def flash_takes(self, N, Hq, Hkv, hd):
+        """True when attention of N queries (not the split-key decode form) runs on the
+        tensor-core kernel (flash.cuh): sm_80+, REFLEX_FLASH not 0, N >= FLASH_MIN_N, a head
+        width it is built for, whole kv groups."""
+        return self.flash and N >= self.flash_min_n and hd in FLASH_HD and Hq % Hkv == 0
+
+    def _flash_split(self, tiles, span):
+        """(chunk, S) of flash_attention_f16kv_*: S = 1 (chunk unused) when its `tiles` row-tile
+        blocks fill the GPU or the keys are few, else S shares of `chunk` keys (a multiple of 64)
+        covering keys 0..span-1 (FLASH_SPLIT_* above)."""
+        sms = self._sm_count()
+        if tiles >= FLASH_SPLIT_BELOW * sms or span <= 2 * FLASH_CHUNK:
+            return span, 1
+        S = min(FLASH_MAX_SPLITS, -(-FLASH_SPLIT_TARGET * sms // tiles), -(-span // FLASH_CHUNK))
+        per = -(-span // S)
+        chunk = -(-per // 64) * 64
+        return chunk, -(-span // chunk)
 
     def _latent_attention(self, q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim):
         """attention with v_cache None: q [N, H, dk] over the one latent head k_cache [1, ctx, dk];

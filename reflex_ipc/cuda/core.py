@@ -89,6 +89,10 @@ for _t in MMA_TYPES:
     SIGNATURES[f"mmaglu_{_t}"] = "QQQQiiiqiQ"  # Wg Wu Xh Y K M N rb act P
 SIGNATURES["mma_x_f16"] = "QQq"  # x xh n
 SIGNATURES["mma_reduce"] = "QQiiqi"  # P Y S NW NM mode
+# tensor-core prefill attention (kernels/flash.cuh), one kernel per head width:
+# q kc vc out part_ml part_acc pos mask N Hq Hkv ctx n_kv scale softcap causal window chunk
+for _hd in (64, 128, 256):
+    SIGNATURES[f"flash_attention_f16kv_{_hd}"] = "QQQQQQQQiiiiiffiii"
 
 
 class Kernel:

@@ -31,6 +31,16 @@ MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"
 # or more). The per-row float32 kernels keep 2e-5.
 MMA_TOL = 2e-3
 MM_TOL = 2e-5
+# Tolerance of the tensor-core prefill attention (CudaOps.attention with N >= flash_min_n,
+# kernels/flash.cuh): K/V are f16 already (the reference rounds them the same way); the
+# kernel rounds the scaled q and the softmax weights p to f16 (unit roundoff 2^-11, rms
+# relative error 2.8e-4 each), sums in float32. A score's error is then ~2.8e-4 * |s| / sqrt(hd)
+# and the output's, an average of f16 values with weights off by ~2.8e-4, about 4e-4 relative:
+# 2e-3 (as MMA_TOL) leaves 5x margin. A wrong, missing or extra key shifts an output row by
+# O(1 / visible keys) >= ~2e-3 of |V| for the <= 512 keys checked, which FLASH_MAX_TOL (on the
+# largest element difference over max |ref|) catches where a norm over many rows would not.
+FLASH_TOL = 2e-3
+FLASH_MAX_TOL = 1e-2
 
 
 CPU_ACT_TOL = 1.5e-2  # the cpu backend's int8 activation blocks: ~0.5% of a product measured
@@ -622,6 +632,16 @@ def check_qk_rope_kv_store(ops, rng):
     return rows
 
 
+def _flash_count(ops):
+    return getattr(ops, "flash_launches", 0)
+
+
+def _att_tol(ops, before):
+    """1e-5 for the float32 attention kernels, FLASH_TOL when the call just made ran the
+    tensor-core kernel (ops.flash_launches moved past `before`)."""
+    return FLASH_TOL if _flash_count(ops) > before else 1e-5
+
+
 def check_attention(ops, rng):
     rows = []
     n_ctx = 300
@@ -646,10 +666,11 @@ def check_attention(ops, rng):
                  ("prefill window=16", dict(causal=True, window=16)),
                  ("prefill softcap=5", dict(causal=True, softcap=5.0))]
         for name, kw in cases:
+            before = _flash_count(ops)
             out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, **kw))
             ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, kw.get("softcap", 0),
                                 True, kw.get("window", 0), None)
-            rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} {name}", out, ref, 1e-5))
+            rows.append(row("attention", f"hd={hd} Hq={Hq} Hkv={Hkv} {name}", out, ref, _att_tol(ops, before)))
         # decode: one query at the last position
         out = ops.to_numpy(ops.attention(ops.asarray(q[-1:]), *cache, pos[-1:], n_kv, scale=scale))
         ref = attention_ref(q[-1:].astype(np.float64), Kc, Vc, pos[-1:], n_kv, scale, 0, True, 0, None)
@@ -657,10 +678,11 @@ def check_attention(ops, rng):
         # explicit additive mask, not causal
         mask = np.where(rng.random((N, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
         mask[:, 0] = 0
+        before = _flash_count(ops)
         out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, causal=False,
                                          mask=ops.asarray(mask)))
         ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0, False, 0, mask.astype(np.float64))
-        rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, 1e-5))
+        rows.append(row("attention", f"hd={hd} mask non-causal", out, ref, _att_tol(ops, before)))
     # decode over a long cache (the split-K path: few blocks, many keys), with a window and a mask
     hd, Hq, Hkv, n_ctx = 128, 8, 2, 2048
     cache = (ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype), ops.zeros((Hkv, n_ctx, hd), ops.kv_dtype))
@@ -708,6 +730,103 @@ def check_attention(ops, rng):
                                 1e-5))
         finally:
             g.close()
+    return rows
+
+
+def flash_row(case, out, ref):
+    """A row of check_flash_attention: FLASH_TOL on the norm-relative error and FLASH_MAX_TOL on
+    the largest element difference relative to max |ref|."""
+    r = row("flash_attention", case, out, ref, FLASH_TOL)
+    peak = float(np.max(np.abs(ref))) or 1.0
+    r["max_rel"] = r["max_abs"] / peak
+    r["ok"] = bool(r["ok"] and r["max_rel"] <= FLASH_MAX_TOL)
+    return r
+
+
+# (N, hd, Hq, Hkv, keys before the queries, options): the tensor-core attention's cases. Hq = 16
+# keeps N * Hq >= ATT_SPLIT_BELOW, so CudaOps takes the flash kernel, not the split-key one.
+FLASH_CASES = [
+    (16, 128, 16, 8, 0, {}),
+    (17, 64, 16, 16, 0, {}),
+    (64, 256, 16, 2, 0, {}),
+    (100, 128, 16, 2, 0, {}),
+    (512, 128, 16, 8, 0, {}),
+    (512, 64, 16, 2, 0, {}),
+    (100, 256, 16, 16, 0, {}),
+    (100, 128, 16, 8, 300, {}),  # a later prefill chunk: keys of earlier chunks before it
+    (64, 64, 16, 2, 1000, {}),
+    (512, 256, 16, 8, 512, {}),
+    (100, 128, 16, 8, 60, {"window": 50}),
+    (512, 256, 16, 2, 0, {"window": 128}),
+    (64, 256, 16, 8, 20, {"softcap": 5.0}),
+    (100, 64, 16, 2, 30, {"window": 40, "softcap": 30.0}),
+    (100, 64, 16, 2, 30, {"causal": False}),
+    (17, 128, 16, 8, 40, {"mask": True}),
+    (100, 256, 16, 2, 40, {"mask": True}),
+    (64, 64, 16, 16, 200, {"mask": True}),
+    # few row tiles over many keys: CudaOps splits the keys over blocks (attention_combine merges)
+    (16, 128, 16, 8, 2000, {"split": True}),
+    (24, 64, 16, 2, 1500, {"mask": True, "split": True}),
+    (32, 256, 16, 2, 1200, {"window": 300, "split": True}),
+    (40, 128, 16, 8, 1100, {"softcap": 20.0, "split": True}),
+]
+
+
+def check_flash_attention(ops, rng):
+    """The tensor-core prefill attention (CUDA: flash.cuh) on FLASH_CASES against float64 and
+    against the float32 kernel (attention_f16kv, ops.flash off), and that the flash kernel ran.
+    Cache slots at and past n_kv hold inf (1e6 as f16): a read of one there shows as inf/NaN."""
+    rows = []
+    for N, hd, Hq, Hkv, past, kw in FLASH_CASES:
+        kw = dict(kw)
+        n_kv = past + N
+        ctx = n_kv + 37
+        causal = kw.pop("causal", True)
+        softcap, window = kw.pop("softcap", 0.0), kw.pop("window", 0)
+        split = kw.pop("split", False)
+        cache = (ops.zeros((Hkv, ctx, hd), ops.kv_dtype), ops.zeros((Hkv, ctx, hd), ops.kv_dtype))
+        k = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+        v = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+        k[n_kv:] = 1e6
+        v[n_kv:] = 1e6
+        ops.kv_store(*cache, ops.asarray(k), ops.asarray(v), np.arange(ctx))
+        Kc = k[:n_kv].astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        Vc = v[:n_kv].astype(np.float16).astype(np.float64).transpose(1, 0, 2)
+        q = (rng.standard_normal((N, Hq, hd)) * 1.5).astype(np.float32)
+        pos = np.arange(past, n_kv)
+        scale = 1 / np.sqrt(hd)
+        mask = None
+        if kw.pop("mask", False):
+            causal = False
+            mask = np.where(rng.random((N, n_kv)) < 0.4, -np.inf, 0.0).astype(np.float32)
+            mask[:, n_kv - 1] = 0
+            mask[1] = -np.inf
+            mask[1, n_kv // 2] = 0  # one visible key
+            mask[2] = -np.inf  # none: zeros
+        assert not kw, kw
+        name = (f"N={N} hd={hd} Hq={Hq} Hkv={Hkv} past={past}" + ("" if causal else " non-causal")
+                + (f" window={window}" if window else "") + (f" softcap={softcap}" if softcap else "")
+                + (" mask" if mask is not None else ""))
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, softcap, causal, window,
+                            None if mask is None else mask.astype(np.float64))
+        args = dict(scale=scale, softcap=softcap, causal=causal, window=window,
+                    mask=None if mask is None else ops.asarray(mask))
+        before = _flash_count(ops)
+        out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, **args))
+        rows.append(flash_row(name, out, ref))
+        if mask is not None:
+            rows.append(row("flash_attention", name + ": row with no visible key is 0", out[2], np.zeros_like(out[2]),
+                            0.0))
+        if getattr(ops, "flash", False):  # CUDA on sm_80+ unless REFLEX_FLASH=0
+            S = ops.flash_last_splits
+            rows.append({"op": "flash_attention", "case": name + f": flash kernel ran, {S} key share(s)",
+                         "ok": _flash_count(ops) == before + 1 and (S > 1) == split})
+            ops.flash = False
+            try:
+                plain = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, **args))
+            finally:
+                ops.flash = True
+            rows.append(flash_row(name + " vs attention_f16kv", out, plain))
     return rows
 
 
@@ -1790,7 +1909,8 @@ def _bench_model_layer(ops, rng, drv, N, mma0):
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
-    for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_sampling,
+    for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
+               check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,

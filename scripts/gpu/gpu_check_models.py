@@ -147,7 +147,11 @@ def compare_backend(path, cuda_ops):
     long_prompt = [(7 * i + 3) % cpu.model.hp.n_vocab for i in range(LONG_PROMPT)]
     for sess in (cpu, gpu):
         sess.cache = sess.model.new_state(sess.ops, 256)
+    f0 = getattr(cuda_ops, "flash_launches", 0)
     l_cpu_long, l_gpu_long = cpu.logits(long_prompt, 0), gpu.logits(long_prompt, 0)
+    # attention calls of the long prompt on the tensor-core kernel (flash.cuh; 0 at head widths it
+    # is not built for, under sm_80 or with REFLEX_FLASH=0)
+    res["long_prompt_flash_launches"] = getattr(cuda_ops, "flash_launches", 0) - f0
     long_err = float(np.max(np.abs(l_cpu_long - l_gpu_long)))
     res["long_prompt_logits_max_abs_diff"] = long_err
     res["long_prompt_logits_ok"] = long_err <= 1e-2 * float(np.max(np.abs(l_cpu_long)))

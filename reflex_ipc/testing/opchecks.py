@@ -819,8 +819,10 @@ def check_flash_attention(ops, rng):
                             0.0))
         if getattr(ops, "flash", False):  # CUDA on sm_80+ unless REFLEX_FLASH=0
             S = ops.flash_last_splits
+            # a case marked split must split; the others may or may not (it depends on the SM count:
+            # on the H200's 132 SMs a 64-query, 2-kv-head batch over 1000 keys splits too)
             rows.append({"op": "flash_attention", "case": name + f": flash kernel ran, {S} key share(s)",
-                         "ok": _flash_count(ops) == before + 1 and (S > 1) == split})
+                         "ok": _flash_count(ops) == before + 1 and (S > 1 or not split)})
             ops.flash = False
             try:
                 plain = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, **args))

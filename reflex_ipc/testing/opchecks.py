@@ -110,6 +110,13 @@ def weights_gguf(tensors):
         os.unlink(path)
 
 
+def glu_ref(g, u, act):
+    """act(g) * u in float64: silu, or ggml's tanh-approximated gelu."""
+    if act == "silu":
+        return g / (1 + np.exp(-g)) * u
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u
+
+
 def check_matmul(ops, rng):
     rows = []
     M, K = 203, 512
@@ -290,10 +297,7 @@ def check_matmul_glu(ops, rng):
             for act in ("silu", "gelu"):
                 poison(ops, (N, M))
                 out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
-                if act == "silu":
-                    ref = g64 / (1 + np.exp(-g64)) * u64
-                else:
-                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                ref = glu_ref(g64, u64, act)
                 case = f"{g_t}/{u_t} {act} N={N}"
                 # gated unit of f16-rounded products: about twice the matmul's error
                 tol = MM_TOL if mm_tol(ops, g_t, N) == mm_tol(ops, u_t, N) == MM_TOL else 2 * MMA_TOL
@@ -388,10 +392,7 @@ def _check_matmul_nt(ops, rng):
             for act in ("silu", "gelu"):
                 poison(ops, (N, M))
                 out = ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act))
-                if act == "silu":
-                    ref = g64 / (1 + np.exp(-g64)) * u64
-                else:
-                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                ref = glu_ref(g64, u64, act)
                 rows.append(row("matmul_glu_nt", f"{t}/{t} {act} N={N}", out, ref, MM_TOL))
                 if N == 9:
                     old = _vs_old(ops, lambda: ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act)))
@@ -523,10 +524,7 @@ def check_rms_norm_matmul_glu(ops, rng):
             for act in ("silu", "gelu"):
                 poison(ops, (N, M))
                 out = ops.to_numpy(rms_norm_matmul_glu(ops, X, NW, 1e-6, wg, wu, act=act))
-                if act == "silu":
-                    ref = g64 / (1 + np.exp(-g64)) * u64
-                else:
-                    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+                ref = glu_ref(g64, u64, act)
                 case = f"{g_t}/{u_t} {act} K={K} N={N}"
                 rows.append(row("rms_norm_matmul_glu", case, out, ref, 2e-5))
                 plain = ops.to_numpy(ops.matmul_glu(ops.rms_norm(X, NW, 1e-6), wg, wu, act=act))

@@ -273,10 +273,10 @@ def ldmatrix_x4_trans(smem, LD, addr):
 @pytest.mark.parametrize("HD,BN", [(64, 64), (128, 64), (256, 32)])
 def test_warp_fragments_compute_qk_and_pv(HD, BN):
     """The kernel's register-level S = Q K^T and O += P V for one warp (16 rows) and one key
-    tile, built from the mma.m16n8k16 fragment layout (test_mma_tiling's model): Q's A
+    tile, built from the mma.m16n8k16 fragment layout (reflex_ipc.testing.mma_fragments): Q's A
     fragments, K's B fragments from the padded shared tile, P's A fragments taken from S's
     accumulators, V's B fragments by ldmatrix.x4.trans, O's accumulators -> rows / dims."""
-    from test_mma_tiling import G, T, c_coords, warp_mma
+    from reflex_ipc.testing.mma_fragments import G, T, c_coords, warp_mma
 
     rng = np.random.default_rng(HD + BN)
     LD = HD + 8

@@ -821,15 +821,18 @@ class CudaOps:
         self.k("softcap_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(cap), out.ptr, a.size)
         return out
 
-    def silu(self, a):
+    def _unary(self, kernel, a):
+        """A new array of `kernel` (an elementwise y[i] = f(a[i]) of elementwise.cuh or
+        recurrent.cuh) applied to a."""
         out = self.empty(a.shape)
-        self.k("silu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        self.k(kernel)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
         return out
 
+    def silu(self, a):
+        return self._unary("silu_f32", a)
+
     def gelu(self, a):
-        out = self.empty(a.shape)
-        self.k("gelu_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
-        return out
+        return self._unary("gelu_f32", a)
 
     def _glu(self, name, g, u):
         if g.shape != u.shape:
@@ -1100,14 +1103,10 @@ class CudaOps:
 
     # -- recurrent layers ----------------------------------------------------------------
     def sigmoid(self, a):
-        out = self.empty(a.shape)
-        self.k("sigmoid_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
-        return out
+        return self._unary("sigmoid_f32", a)
 
     def softplus(self, a):
-        out = self.empty(a.shape)
-        self.k("softplus_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
-        return out
+        return self._unary("softplus_f32", a)
 
     def columns(self, x, start, n):
         W = x.shape[-1]

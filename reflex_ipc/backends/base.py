@@ -258,6 +258,18 @@ def seq_group_table(seqs, n):
     return table, len(groups)
 
 
+def matmul_result(y, out, accumulate):
+    """A host backend's matmul result y put where `matmul` promises it: added into out
+    (accumulate), written into out, or y itself when there is no out."""
+    if accumulate:
+        out += y
+        return out
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
 def check_matmul_n(ws):
     """ValueError unless ws is 1 to 3 weights of one width (matmul_n's precondition)."""
     if not 1 <= len(ws) <= 3:

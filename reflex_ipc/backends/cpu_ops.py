@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from .base import check_glu, check_matmul_n, host_logprobs, host_topk, weight_shape
+from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, weight_shape
 
 _F32 = np.float32
 _LIB_NAME = "libreflex_cpu.so"
@@ -348,25 +348,13 @@ class CpuOps:
         if isinstance(w, np.ndarray):  # a small float32 matrix a model made (base.py)
             self._eager("matmul with an array weight")
             y = np.asarray(x, _F32) @ np.asarray(w, _F32).T
-            if accumulate:
-                out += y
-                return out
-            if out is not None:
-                out[...] = y
-                return out
-            return y
+            return matmul_result(y, out, accumulate)
         x = self._f32(x)
         K, M = x.shape[-1], w.shape[0]
         N = x.size // K if K else 0
         if w.dense is not None and N > 4 and self._rec is None:  # float32 weights: BLAS
             y = x @ w.dense.T
-            if accumulate:
-                out += y
-                return out
-            if out is not None:
-                out[...] = y
-                return out
-            return y
+            return matmul_result(y, out, accumulate)
         y = out if out is not None and out.flags.c_contiguous and out.dtype == _F32 else None
         if y is None:
             y = self._new(x.shape[:-1] + (M,))

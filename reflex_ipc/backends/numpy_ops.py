@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
-from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, moe_route, seq_groups,
-                   weight_shape)
+from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, moe_route,
+                   seq_groups, weight_shape)
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -201,14 +201,7 @@ class NumpyOps:
     def matmul(self, x, w, out=None, accumulate=False):
         if x.shape[-1] != w.shape[1]:
             raise ValueError(f"matmul: x has {x.shape[-1]} columns, weight expects {w.shape[1]}")
-        y = x @ w.T
-        if accumulate:
-            out += y
-            return out
-        if out is not None:
-            out[...] = y
-            return out
-        return y
+        return matmul_result(x @ w.T, out, accumulate)
 
     def matmul_n(self, x, ws):
         check_matmul_n(ws)

@@ -69,6 +69,24 @@ def validation_message(e: msgspec.ValidationError, op: str, obj: dict) -> str:
     return msg
 
 
+def _op_class(rid, op):
+    """The Request struct class of op, after checking the request's id and op (both parse
+    paths refuse them with the same kinds and messages)."""
+    if not (rid is None or isinstance(rid, str)
+            or (type(rid) is int and INT64_MIN <= rid <= INT64_MAX)):
+        raise RequestError("invalid_request",
+                           "`id` must be a string or an integer in [-2^63, 2^63)")
+    if op is None:
+        raise RequestError("invalid_request", "Object missing required field `op`", rid)
+    if not isinstance(op, str):
+        raise RequestError("invalid_request",
+                           f"Expected `str`, got `{type(op).__name__}` - at `$.op`", rid)
+    cls = OPS.get(op)
+    if cls is None:
+        raise RequestError("unknown_op", f"unknown op {op!r} (ops: {', '.join(OPS)})", rid, op)
+    return cls
+
+
 def parse_request(line: bytes):
     """(id, op, params Struct) of one request line (no trailing newline).
 
@@ -87,20 +105,9 @@ def parse_request(line: bytes):
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return _parse_generic(line)
     rid, op = head.id, head.op
-    if not (rid is None or isinstance(rid, str)
-            or (type(rid) is int and INT64_MIN <= rid <= INT64_MAX)):
-        raise RequestError("invalid_request",
-                           "`id` must be a string or an integer in [-2^63, 2^63)")
-    if op is None:
-        raise RequestError("invalid_request", "Object missing required field `op`", rid)
-    if not isinstance(op, str):
-        raise RequestError("invalid_request",
-                           f"Expected `str`, got `{type(op).__name__}` - at `$.op`", rid)
-    cls = OPS.get(op)
-    if cls is None:
-        raise RequestError("unknown_op", f"unknown op {op!r} (ops: {', '.join(OPS)})", rid, op)
+    _op_class(rid, op)  # a bad id or op is refused here, as the generic path would
     try:
-        params = _typed_decoder(op)(line)  # an instance of a subclass of cls
+        params = _typed_decoder(op)(line)  # an instance of a subclass of the op's class
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return _parse_generic(line)
     return rid, op, params
@@ -122,19 +129,8 @@ def _parse_generic(line: bytes):
         raise RequestError("invalid_request",
                            f"a request must be a JSON object, got {type(obj).__name__}")
     rid = obj.pop("id", None)
-    if not (rid is None or isinstance(rid, str)
-            or (type(rid) is int and INT64_MIN <= rid <= INT64_MAX)):
-        raise RequestError("invalid_request",
-                           "`id` must be a string or an integer in [-2^63, 2^63)")
     op = obj.pop("op", None)
-    if op is None:
-        raise RequestError("invalid_request", "Object missing required field `op`", rid)
-    if not isinstance(op, str):
-        raise RequestError("invalid_request",
-                           f"Expected `str`, got `{type(op).__name__}` - at `$.op`", rid)
-    cls = OPS.get(op)
-    if cls is None:
-        raise RequestError("unknown_op", f"unknown op {op!r} (ops: {', '.join(OPS)})", rid, op)
+    cls = _op_class(rid, op)
     try:
         params = msgspec.convert(obj, cls)
     except msgspec.ValidationError as e:

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from reflex_ipc.testing.synthetic import BLOCK, load_vocab, random_blocks, write_tokenizer
+from reflex_ipc.testing.synthetic import BLOCK, add_kv, load_vocab, random_blocks, write_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
@@ -350,17 +350,7 @@ def write_model(name, out, tiny=False, vocab=QWEN2_VOCAB, seed=0, threads=None):
         _VOCABS[vocab] = load_vocab(vocab)
     n_vocab = write_tokenizer(w, _VOCABS[vocab], {"tokenizer.ggml.add_bos_token": (False, VT.BOOL)})
     for k, v in metadata(cfg, n_vocab).items():
-        key = f"{arch}.{k}"
-        if isinstance(v, bool):
-            w.add_bool(key, v)
-        elif isinstance(v, str):
-            w.add_string(key, v)
-        elif isinstance(v, float):
-            w.add_float32(key, v)
-        elif isinstance(v, list):
-            w.add_array(key, v)
-        else:
-            w.add_uint32(key, v)
+        add_kv(w, f"{arch}.{k}", v)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
     plan = tensor_plan(cfg, n_vocab)
     for tname, shape, fmt, _, _ in plan:

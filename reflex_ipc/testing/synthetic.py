@@ -134,6 +134,21 @@ def read_tokenizer(path):
     return out
 
 
+def add_kv(w, key, v):
+    """One metadata key on a gguf.GGUFWriter, typed by the Python value: bool, str, float32,
+    an array for a list, else uint32."""
+    if isinstance(v, bool):
+        w.add_bool(key, v)
+    elif isinstance(v, str):
+        w.add_string(key, v)
+    elif isinstance(v, float):
+        w.add_float32(key, v)
+    elif isinstance(v, list):
+        w.add_array(key, v)
+    else:
+        w.add_uint32(key, v)
+
+
 def write_tokenizer(writer, entries, overrides=None):
     """Copy entries (read_tokenizer) into writer; overrides {key: (value, type)} replace or add."""
     overrides = dict(overrides or {})
@@ -925,19 +940,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
     write_tokenizer(w, _tiny_tokenizer(tokenizer))
     for k, v in kv.items():
-        if v is None:
-            continue
-        name = f"{arch}.{k}"
-        if isinstance(v, bool):
-            w.add_bool(name, v)
-        elif isinstance(v, str):
-            w.add_string(name, v)
-        elif isinstance(v, float):
-            w.add_float32(name, v)
-        elif isinstance(v, list):
-            w.add_array(name, v)
-        else:
-            w.add_uint32(name, v)
+        if v is not None:
+            add_kv(w, f"{arch}.{k}", v)
 
     quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
 
@@ -1210,14 +1214,7 @@ def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128
             keys["expert_shared_feed_forward_length"] = n_ff_shexp
     keys.update(meta or {})
     for k, v in keys.items():
-        if isinstance(v, list):
-            w.add_array(f"{arch}.{k}", v)
-        elif isinstance(v, bool):
-            w.add_bool(f"{arch}.{k}", v)
-        elif isinstance(v, float):
-            w.add_float32(f"{arch}.{k}", v)
-        else:
-            w.add_uint32(f"{arch}.{k}", v)
+        add_kv(w, f"{arch}.{k}", v)
     cd = di + 2 * n_group * d_state
     tensors = {}
 

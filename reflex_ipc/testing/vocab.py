@@ -37,7 +37,7 @@ def vocab_gguf(path, extra=(), meta=None, drop=(), src=None):
     from gguf import GGUFValueType as VT
 
     from ..gguffile import GGUFFile
-    from .synthetic import write_shape
+    from .synthetic import add_kv, write_shape
 
     src = GGUFFile(src or smollm2_path())
     md = src.metadata
@@ -62,12 +62,7 @@ def vocab_gguf(path, extra=(), meta=None, drop=(), src=None):
     for k in drop:
         keys.pop(k, None)
     for k, v in keys.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        else:
-            w.add_string(k, v)
+        add_kv(w, k, v)
     w.add_key_value("tokenizer.ggml.tokens", tokens, VT.ARRAY, sub_type=VT.STRING)
     w.add_key_value("tokenizer.ggml.token_type", types, VT.ARRAY, sub_type=VT.INT32)
     w.add_key_value("tokenizer.ggml.merges", merges, VT.ARRAY, sub_type=VT.STRING)

@@ -306,3 +306,29 @@ def test_hybrid_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, mo
         outs.append(np.concatenate([a, b]))
         assert (len(set(calls)) == 5) == (fuse == "1"), calls
     np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())
+
+
+def test_opchecks_event_timer_times_every_call_between_two_events():
+    """opchecks._event_ms (gpu-check's bench timings): fn(0..reps-1) between two events, the
+    span divided by reps (stand-in events: each record is one ms later)."""
+    import types
+
+    from reflex_ipc.testing import opchecks
+
+    class Event:
+        clock = [0.0]
+
+        def record(self, stream):
+            Event.clock[0] += 1.0
+            self.t = Event.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def time_since(self, other):
+            return self.t - other.t
+
+    calls = []
+    ops = types.SimpleNamespace(rt=types.SimpleNamespace(drv=types.SimpleNamespace(Event=Event), stream=None))
+    assert opchecks._event_ms(ops, calls.append, 4) == 0.25
+    assert calls == [0, 1, 2, 3]

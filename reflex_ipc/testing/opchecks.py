@@ -110,6 +110,18 @@ def weights_gguf(tensors):
         os.unlink(path)
 
 
+def _event_ms(ops, fn, reps):
+    """GPU ms per call of fn(r), r = 0 .. reps-1, launched back to back on the runtime's stream
+    between two CUDA events (the caller warms up and synchronizes first)."""
+    e0, e1 = ops.rt.drv.Event(), ops.rt.drv.Event()
+    e0.record(ops.rt.stream)
+    for r in range(reps):
+        fn(r)
+    e1.record(ops.rt.stream)
+    e1.synchronize()
+    return e1.time_since(e0) / reps
+
+
 def glu_ref(g, u, act):
     """act(g) * u in float64: silu, or ggml's tanh-approximated gelu."""
     if act == "silu":
@@ -1274,7 +1286,6 @@ def bench_matvec(ops, rng):
     """GB/s of decode-shaped matvecs (N=1) by type and shape (8 rotating weight copies so
     that L2 holds less of them)."""
     out = []
-    drv = ops.rt.drv
     configs = [("Q8_0", 4096, 4096), ("Q8_0", 1024, 1024), ("Q8_0", 3072, 1024), ("Q8_0", 1024, 3072),
                ("Q4_0", 4096, 4096), ("Q4_K", 4096, 4096), ("Q6_K", 4096, 4096), ("F16", 4096, 4096)]
     for name, M, K in configs:
@@ -1289,14 +1300,7 @@ def bench_matvec(ops, rng):
         for w in ws:
             ops.matmul(x, w, out=y)
         ops.synchronize()
-        e0, e1 = drv.Event(), drv.Event()
-        reps = 200
-        e0.record(ops.rt.stream)
-        for r in range(reps):
-            ops.matmul(x, ws[r % 8], out=y)
-        e1.record(ops.rt.stream)
-        e1.synchronize()
-        ms = e1.time_since(e0) / reps
+        ms = _event_ms(ops, lambda r: ops.matmul(x, ws[r % 8], out=y), 200)
         nbytes = len(tensors["w0"][0])
         out.append({"type": name, "M": M, "K": K, "us": round(ms * 1e3, 2),
                     "GB_per_s": round(nbytes / (ms / 1e3) / 1e9, 1)})
@@ -1332,7 +1336,6 @@ def bench_matvec_nt(ops, rng, configs=MMNT_BENCH, Ns=MMNT_BENCH_N, reps=30):
     timed with CUDA events over `reps` calls that rotate over copies of the weights (at
     least ~96 MB in all, so that L2 holds little of them, as in a forward pass)."""
     out = []
-    drv = ops.rt.drv
     mmnt0 = ops.mmnt
     try:
         for label, op, name, Ms, K in configs:
@@ -1358,13 +1361,7 @@ def bench_matvec_nt(ops, rng, configs=MMNT_BENCH, Ns=MMNT_BENCH_N, reps=30):
                     for ws in sets:
                         fn(ws)
                     ops.synchronize()
-                    e0, e1 = drv.Event(), drv.Event()
-                    e0.record(ops.rt.stream)
-                    for r in range(reps):
-                        fn(sets[r % copies])
-                    e1.record(ops.rt.stream)
-                    e1.synchronize()
-                    ms = e1.time_since(e0) / reps
+                    ms = _event_ms(ops, lambda r: fn(sets[r % copies]), reps)
                     res[f"{tag}_us"] = round(ms * 1e3, 1)
                     res[f"{tag}_GBps"] = round(nbytes / (ms / 1e3) / 1e9)
                 res["speedup"] = round(res["old_us"] / res["new_us"], 2)
@@ -1385,19 +1382,13 @@ def bench_moe(ops, rng):
     tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c)) for key, (t, r, c) in spec.items()}
     f = weights_gguf(tensors)
     W = {key: ops.load_weight(f, key) for key in spec}
-    drv = ops.rt.drv
 
     def timed(fn, reps):
         fn()
         ops.synchronize()
-        e0, e1 = drv.Event(), drv.Event()
-        e0.record(ops.rt.stream)
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        e1.record(ops.rt.stream)
-        e1.synchronize()
-        return round(e1.time_since(e0) * 1e3 / reps, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
+        ms = _event_ms(ops, lambda r: fn(), reps)
+        return round(ms * 1e3, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
 
     out = {}
     for N, reps in ((1, 200), (512, 10)):
@@ -1747,19 +1738,12 @@ def bench_recurrent(ops, rng):
     """Device time (us) of one prefill call of delta_net (Qwen3.5's layer: Hk 16, Hv 32, D 128)
     and ssm_scan (a Granite-4.0-H-like layer: H 64, P 64, G 1, Ns 128) over T tokens of one
     sequence, on the chunked kernels and on the sequential ones (REFLEX_CHUNKED=0's path)."""
-    drv = ops.rt.drv
     F = np.float32
 
     def timed(fn, reps=5):
         fn()
         ops.synchronize()
-        e0, e1 = drv.Event(), drv.Event()
-        e0.record(ops.rt.stream)
-        for _ in range(reps):
-            fn()
-        e1.record(ops.rt.stream)
-        e1.synchronize()
-        return round(e1.time_since(e0) * 1e3 / reps, 1)
+        return round(_event_ms(ops, lambda r: fn(), reps) * 1e3, 1)
 
     out = {}
     saved = ops.chunked, ops.chunk_min
@@ -1809,14 +1793,7 @@ def bench_gemm(ops, rng):
                                        ("glu_", lambda: ops.matmul_glu(x, w, u), 4 * N * M * K)):
                     fn()
                     ops.synchronize()
-                    reps = 20 if mode else 5
-                    e0, e1 = drv.Event(), drv.Event()
-                    e0.record(ops.rt.stream)
-                    for _ in range(reps):
-                        fn()
-                    e1.record(ops.rt.stream)
-                    e1.synchronize()
-                    ms = e1.time_since(e0) / reps
+                    ms = _event_ms(ops, lambda r: fn(), 20 if mode else 5)
                     key = f"{tag}{'mma' if mode else 'rows'}"
                     res[f"{key}_us"] = round(ms * 1e3, 1)
                     res[f"{key}_tflops"] = round(flops / (ms / 1e3) / 1e12, 2)
@@ -1836,13 +1813,7 @@ def bench_gemm(ops, rng):
                     ops.mma_min_n = 1
                     ops.matmul(x, w, out=y)
                     ops.synchronize()
-                    e0, e1 = drv.Event(), drv.Event()
-                    e0.record(ops.rt.stream)
-                    for _ in range(20):
-                        ops.matmul(x, w, out=y)
-                    e1.record(ops.rt.stream)
-                    e1.synchronize()
-                    times.append(round(e1.time_since(e0) / 20 * 1e3, 1))
+                    times.append(round(_event_ms(ops, lambda r: ops.matmul(x, w, out=y), 20) * 1e3, 1))
                     del ops.mma_min_n
                 res["sweep_us"][f"N={n} mma/rows"] = times
             out.append(res)
@@ -1886,14 +1857,7 @@ def _bench_model_layer(ops, rng, drv, N, mma0):
             for op, fn in calls.items():
                 fn()
                 ops.synchronize()
-                reps = 20 if mode else 5
-                e0, e1 = drv.Event(), drv.Event()
-                e0.record(ops.rt.stream)
-                for _ in range(reps):
-                    fn()
-                e1.record(ops.rt.stream)
-                e1.synchronize()
-                us = e1.time_since(e0) / reps * 1e3
+                us = _event_ms(ops, lambda r: fn(), 20 if mode else 5) * 1e3
                 res[f"{name} {op} {tag}_us"] = round(us, 1)
                 layer += us
             res[f"{name} layer {tag}_us"] = round(layer, 1)

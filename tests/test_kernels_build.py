@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from reflex_ipc import settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(ROOT, "kernels")
 
@@ -26,7 +28,7 @@ def load_build():
 
 build = load_build()
 NVCC = build.find_nvcc()
-needs_nvcc = pytest.mark.skipif(NVCC is None and not os.environ.get("REFLEX_REQUIRE_NVCC"),
+needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc,
                                 reason="nvcc not installed (set REFLEX_REQUIRE_NVCC=1 to make this fail)")
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
@@ -673,16 +675,19 @@ def test_cuda_ops_mmt_launches(fake_ops):
         assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3071, n, 4 * 144, 1) and y.shape == (n, 3071)
 
 
-def test_cuda_ops_mmnt_switch(monkeypatch):
-    """REFLEX_MMNT=0 turns matvec_nt.cuh's kernels off; unset or 1: on."""
+def test_cuda_ops_mmnt_and_chunked_are_always_on(monkeypatch):
+    """matvec_nt.cuh and the chunked recurrent prefill are on whatever the retired REFLEX_MMNT
+    and REFLEX_CHUNKED say (settings.RETIRED)."""
     from reflex_ipc.backends import cuda_ops
 
-    for env, want in (("", True), ("1", True), ("0", False)):
+    for env in ("", "0", "1"):
         rt = RecordingRuntime()
         rt.cc = (9, 0)
         monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
-        monkeypatch.setenv("REFLEX_MMNT", env) if env else monkeypatch.delenv("REFLEX_MMNT", raising=False)
-        assert cuda_ops.CudaOps().mmnt is want
+        for name in ("REFLEX_MMNT", "REFLEX_CHUNKED"):
+            monkeypatch.setenv(name, env) if env else monkeypatch.delenv(name, raising=False)
+        ops = cuda_ops.CudaOps()
+        assert ops.mmnt is True and ops.chunked is True and ops.mv_variant is None
 
 
 def test_cuda_ops_mma_switch(monkeypatch):
@@ -744,7 +749,7 @@ def _layer_kernels(ops, path):
         model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
     # output norm, LM head (+ final softcap); one launch for both with llama.py's fused ops
-    head = {"gemma3": 3}.get(hp.arch, 2 if os.environ.get("REFLEX_FUSE") == "0" else 1)
+    head = {"gemma3": 3}.get(hp.arch, 1 if settings.get().fuse else 2)
     bounds = starts + [len(names) - head]
     return [names[a:b] for a, b in zip(bounds, bounds[1:])]
 
@@ -885,8 +890,7 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     assert sa[:4] == (C.ptr, B.ptr, x.ptr, dt.ptr) and sa[4:6] == pa[4:6]
     assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 130, H, P, Gq, Ns)
     calls = dict(ops.recur_calls)
-    monkeypatch.setenv("REFLEX_CHUNKED", "0")
-    ops.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"  # as __init__ reads it
+    ops.chunked = False  # gpu-check's other form
     n0 = len(rt.launches)
     ops.ssm_scan(x, dt, A, B, C, sst, None)
     assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
@@ -994,7 +998,7 @@ def test_qwen35_decode_kernels_per_layer(fake_ops, monkeypatch, tmp_path, fuse):
 
 def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
     """REFLEX_MATVEC=new (ops.matvec): one-token matmuls of Q4_K / Q5_K / Q6_K / Q8_0 go to
-    matvec.cuh's kernels with the grid of the variant mv_pick (or REFLEX_MATVEC_VARIANT)
+    matvec.cuh's kernels with the grid of the variant mv_pick (or ops.mv_variant)
     chooses; other formats, several tokens, a misaligned weight, or the switch off keep the
     old kernels."""
     from reflex_ipc.backends import cuda_ops

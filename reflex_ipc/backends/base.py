@@ -114,9 +114,9 @@ FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store",
 
 def fusion_on() -> bool:
     """False when $REFLEX_FUSE is "0": models then run the plain ops' sequence."""
-    import os
+    from .. import settings
 
-    return os.environ.get("REFLEX_FUSE", "1") != "0"
+    return settings.get().fuse
 
 
 def _fused(ops, name, weights=()):

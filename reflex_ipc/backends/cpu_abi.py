@@ -39,6 +39,7 @@ FUNCTIONS = {
     # the library
     "rx_abi_version": (0, "int", "void"),
     "rx_isa_name": (0, "const char *", "void"),
+    "rx_set_isa": (0, "int", "const char *name"),  # "auto", "generic", "avx2": 0, else -1
     "rx_set_threads": (0, "int", "int n"),
     "rx_threads": (0, "int", "void"),
     "rx_set_spin": (0, "void", "int64_t worker_ns, int64_t wait_ns"),

@@ -5,7 +5,7 @@ their ctypes types, and the version the library must report."""
 
 from ctypes import Structure, c_char_p, c_double, c_float, c_int, c_int64, c_void_p  # noqa: F401
 
-ABI_VERSION = 1928674623
+ABI_VERSION = 1514198850
 CMD_WIDTH = 24
 
 
@@ -17,6 +17,7 @@ class RxWeight(Structure):
 SIGNATURES = {
     "rx_abi_version": ([], c_int),
     "rx_isa_name": ([], c_char_p),
+    "rx_set_isa": ([c_void_p], c_int),
     "rx_set_threads": ([c_int], c_int),
     "rx_threads": ([], c_int),
     "rx_set_spin": ([c_int64, c_int64], None),
@@ -103,6 +104,9 @@ class Launchers:
 
     def rx_isa_name(self):
         return self._lib.rx_isa_name()
+
+    def rx_set_isa(self, *, name):
+        return self._lib.rx_set_isa(name)
 
     def rx_set_threads(self, *, n):
         return self._lib.rx_set_threads(n)

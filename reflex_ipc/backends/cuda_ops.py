@@ -8,7 +8,6 @@ waits for the device.
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -41,19 +40,18 @@ NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # one-token matvecs of at most this many rows run a block per row, its threads over K (fused.cuh's
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
-# more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
-MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# more rows (an LM head) keep a warp per row (with REFLEX_FUSE=0: a warp per row always).
+MM_SPLIT_ROWS = 16384
 # matvecs of 2 <= N < MMA_MIN_N tokens (kernels/matvec_nt.cuh: mmt / mmtn / mmtglu): a block of
 # MMT_THREADS threads per MMT_ROWS weight rows (the gated unit: MMT_ROWS / 2 rows of gate and of
 # up), its threads over K, MMT_NT = 8 tokens a block (grid y: token groups; a short last group
-# skips the missing tokens).
-# REFLEX_MMNT=0 keeps the warp-per-row mm4 / mm8 kernels (A/B).
+# skips the missing tokens). CudaOps.mmnt False keeps the warp-per-row mm4 / mm8 kernels (tests).
 MMT_THREADS, MMT_ROWS, MMT_NT = 128, 4, 8  # MMT_THREADS, MMT_R, the NT instantiated in matvec_nt.cuh
 # bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
 # group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
 # them. REFLEX_MATVEC=new (the default) sends one-token matmuls (plain, q/k/v, gated, and the
 # RMSNorm-folded ones) there where mv_pick has a variant, =old keeps matmul.cuh / fused.cuh;
-# REFLEX_MATVEC_VARIANT=a..e forces one variant.
+# CudaOps.mv_variant forces one variant (tests, scripts/gpu/gpu-matvec).
 MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
 MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
 MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
@@ -123,7 +121,7 @@ CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (bl
 # the chunked form pays two launches, a workspace and a whole CHUNK_L-token chunk's tile work
 # whatever T. Measured on the H200 (Qwen3.5-2B layer, one call): T=64 chunked 95 us vs
 # sequential 76; T=512 524 vs 567 (in the model 362 vs 525); T=1024 1099 vs 1576: two chunks
-# and up. REFLEX_CHUNKED=0 keeps the sequential kernels for prefill too (A/B runs).
+# and up. CudaOps.chunked False keeps the sequential kernels for prefill too (gpu-check times both).
 CHUNK_L = 64  # CHUNK_L in chunked.cuh: tokens per chunk
 CHUNK_ROWS = 16  # CHUNK_ROWS in chunked.cuh: state rows per block of *_chunk_scan_f32
 CHUNK_THREADS = 256  # CHUNK_THREADS in chunked.cuh
@@ -165,14 +163,14 @@ class CudaOps:
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
-    mmnt = False  # set from REFLEX_MMNT in __init__ (default on)
+    mmnt = False  # matmuls of 2..63 tokens on matvec_nt.cuh: __init__ sets it (False: warp-per-row)
     flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
     flash_min_n = FLASH_MIN_N
     flash_launches = 0
     flash_last_splits = 0  # gridDim.z of the last one (1: not split)
 
     # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
-    # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
+    # more (CHUNK_MIN; chunked False: never); the calls of each path are counted
     # (recur_calls: gpu-check reports which one a prefill ran)
     chunked = True
     chunk_min = CHUNK_MIN
@@ -187,9 +185,13 @@ class CudaOps:
     mv_variant = None
 
     def __init__(self):
+        from .. import settings
+
+        s = settings.get()
         # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a
         # step waits for the device, so MoE models are then not captured in graphs
-        self._moe_host_mode = os.environ.get("REFLEX_CUDA_MOE", "") == "host"
+        self._moe_host_mode = s.cuda_moe == "host"
+        self.graphs = s.cuda_graph  # capture's graphs replayed by the runtime ($REFLEX_CUDA_GRAPH)
         self.moe_capturable = not self._moe_host_mode
         self.rt = _cuda_runtime()
         self.pool = self.rt.pool
@@ -199,14 +201,14 @@ class CudaOps:
         self._graph = None
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
-        self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
-        self.mmnt = os.environ.get("REFLEX_MMNT", "1") != "0"
-        self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.mma = s.mma and tuple(self.rt.cc) >= (8, 0)
+        self.mmnt = True
+        self.flash = s.flash and tuple(self.rt.cc) >= (8, 0)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
-        self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
-        self.matvec = os.environ.get("REFLEX_MATVEC", "new") == "new"  # see MV_KERNEL
-        self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
+        self.chunked = True
+        self.matvec = s.matvec == "new"  # see MV_KERNEL
+        self.mv_variant = None
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for

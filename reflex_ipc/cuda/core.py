@@ -5,7 +5,6 @@ Built by reflex_ipc.cuda's init thread; everything here assumes the primary cont
 is current in the calling thread.
 """
 
-import os
 import struct
 import threading
 import time
@@ -190,7 +189,9 @@ class Runtime:
         self._klock = threading.Lock()
         self.profiler = None  # $REFLEX_PROFILE=1: per-kernel GPU times (cuda/profile.py)
         self._kernel_cls = Kernel
-        if os.environ.get("REFLEX_PROFILE") == "1":
+        from .. import settings
+
+        if settings.get().profile:
             from .profile import Profiler, wrap_kernel
 
             self.profiler = Profiler(drv, self.stream)

@@ -33,7 +33,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Kernel, Pool  # noqa: E402
+from reflex_ipc.cuda.core import KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
 
 
 # -- build.py ---------------------------------------------------------------------------
@@ -212,16 +212,16 @@ class FakeFunc:
 
 def test_kernel_packs_arguments_in_c_layout():
     f = FakeFunc()
-    k = Kernel(f, "mm1_q8_0", SIGNATURES["mm1_q8_0"], "stream")
-    k((3, 2, 1), (128, 1, 1), 0x1000, 0x2000, 0x3000, 512, 203, 7, 34 * 16, 1)
+    k = make_kernel(f, "mm1_q8_0", "stream")
+    k((3, 2, 1), (128, 1, 1), W=0x1000, X=0x2000, Y=0x3000, K=512, M=203, N=7, rb=34 * 16, acc=1)
     grid, block, buf, shared, stream = f.calls[0]
     assert (grid, block, shared, stream) == ((3, 2, 1), (128, 1, 1), 0, "stream")
     # C layout: three pointers, three ints, pad to 8, a long long, an int (then tail padding)
     assert struct.unpack_from("<QQQiii", buf, 0) == (0x1000, 0x2000, 0x3000, 512, 203, 7)
     assert struct.unpack_from("<q", buf, 40)[0] == 34 * 16
     assert struct.unpack_from("<i", buf, 48)[0] == 1
-    k2 = Kernel(f, "scale_f32", SIGNATURES["scale_f32"], None)
-    k2((1, 1, 1), (256, 1, 1), 0xA0, 0.5, 0xB0, 1 << 40)
+    k2 = make_kernel(f, "scale_f32", None)
+    k2((1, 1, 1), (256, 1, 1), a=0xA0, s=0.5, y=0xB0, n=1 << 40)
     buf = f.calls[1][2]
     assert struct.unpack_from("<Qf", buf, 0) == (0xA0, 0.5)
     assert struct.unpack_from("<Qq", buf, 16) == (0xB0, 1 << 40)  # pointer realigned to 16
@@ -327,15 +327,19 @@ class RecordingRuntime:
         self.device = Device()
 
     def kernel(self, name):
+        """The kernel's real launcher (keyword arguments: cuda/launch.py, generated from the
+        sources) over a launch that records (name, grid, block, the arguments in order)."""
         rt = self
-        fmt = SIGNATURES[name]  # a KeyError here means a launch of an unknown kernel
+        fmt = KERNELS[name][0]  # a KeyError here means a launch of an unknown kernel
 
-        class K:
-            def __call__(self, grid, block, *args, shared=0):
-                struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
-                rt.launches.append((name, grid, block, args))
+        def pack(*args):
+            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+            return args
 
-        return K()
+        def launch(grid, block, args, shared, stream):
+            rt.launches.append((name, grid, block, args))
+
+        return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
 
 
 class FakeArena:

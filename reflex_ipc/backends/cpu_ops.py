@@ -38,6 +38,7 @@ import os
 import numpy as np
 
 from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, weight_shape
+from . import cpu_launch
 from .cpu_launch import ABI_VERSION, CMD_WIDTH, FLOAT_ARGS, MATMUL, OPS, SIGNATURES, Launchers, RxWeight
 
 _F32 = np.float32
@@ -74,6 +75,7 @@ def load_library():
         for name, (args, res) in SIGNATURES.items():  # cpu_abi.py's table (generated cpu_launch.py)
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
+        cpu_launch.bind(lib)  # the launchers' functions
         from .. import settings
 
         isa = settings.get().cpu_isa  # before any op: the kernel set is chosen at the first

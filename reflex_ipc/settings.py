@@ -82,6 +82,10 @@ TABLE = (
     ("REFLEX_MMA", "flag", True, "cuda",
      "Prefill matmuls of 64+ tokens on the tensor-core kernels, inputs rounded to float16 (0: "
      "the float32 kernels; an accuracy fallback, and scripts/gpu/gpu-prefill's A/B)."),
+    ("REFLEX_MOE_MMA", "flag", True, "cuda",
+     "Mixture-of-experts layers of 32+ tokens as tensor-core GEMMs over the tokens grouped by "
+     "expert, inputs rounded to float16 (0: one matvec per token and expert; an accuracy "
+     "fallback and gpu-bigmodel's A/B)."),
     ("REFLEX_FLASH", "flag", True, "cuda",
      "Attention of 16+ queries on the tensor-core flash kernel, q and the softmax weights "
      "rounded to float16 (0: the float32 kernel; an accuracy fallback)."),

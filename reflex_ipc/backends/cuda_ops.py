@@ -110,6 +110,15 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+# mixtures of experts of MOE_MMA_MIN_N or more tokens (prefill) on tensor cores: moe_group_i32
+# sorts the (token, slot) pairs by expert on the device, mmaglu_moe_* / mma_moe_* (mma.cuh) run
+# each expert's gathered rows through its gate/up and down tiles, moe_wsum_f32 adds each token's
+# k rows with their weights in slot order (deterministic). Fewer tokens (decode) keep the matvec
+# per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
+# MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
+MOE_MMA_MIN_N = 32
+MOE_GROUP_WARPS = 32
+MOE_GROUP_SHARED = 46 * 1024
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
@@ -180,6 +189,9 @@ class CudaOps:
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
+    moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
+    moe_mma_min_n = MOE_MMA_MIN_N
+    moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
     # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
     matvec = False
     mv_variant = None
@@ -204,6 +216,9 @@ class CudaOps:
         self.mma = s.mma and tuple(self.rt.cc) >= (8, 0)
         self.mmnt = True
         self.flash = s.flash and tuple(self.rt.cc) >= (8, 0)
+        self.moe_mma = s.moe_mma and tuple(self.rt.cc) >= (8, 0)
+        self.moe_mma_min_n = MOE_MMA_MIN_N
+        self.moe_mma_launches = 0
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
         self.chunked = True
@@ -709,6 +724,9 @@ class CudaOps:
         else:
             wg_ptr, wu_ptr, estride = w_gate.ptr, w_up.ptr, F
             same = w_gate.ggml_type == w_up.ggml_type and w_gate.row_bytes == w_up.row_bytes
+        if same and self._moe_mma_takes(N, k, E, w_gate, w_down):
+            return self._moe_grouped(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D,
+                                     0 if act == "silu" else 1)
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
         if same:
@@ -725,6 +743,46 @@ class CudaOps:
         self.k(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+        return out
+
+    def _moe_mma_takes(self, N, k, E, w_gate, w_down):
+        """Whether a moe of N tokens (k experts each of E) runs as grouped tensor-core GEMMs:
+        sm_80+, REFLEX_MOE_MMA not 0, N >= moe_mma_min_n, gate/up and down in MMA_FORMATS,
+        a tile grid within CUDA's 65535 blocks along y, and one warp's counts of E experts in
+        moe_group_i32's shared memory."""
+        P = N * k
+        return (self.moe_mma and N >= self.moe_mma_min_n and w_gate.ggml_type in MMA_FORMATS
+                and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
+                and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
+
+    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act):
+        """moe's prefill form (see MOE_MMA_MIN_N): the pairs grouped by expert (moe_group_i32),
+        H [P, F] f16 = act(gate) * up of each group's gathered tokens in group order
+        (mmaglu_moe_*), Y [P, D] = down of H's rows stored at their pairs (mma_moe_*), out [N, D]
+        = each token's k rows of Y weighted, in slot order (moe_wsum_f32). Launch arguments do
+        not depend on the routing (the tile grid is sized for the worst case), so a graph holds it."""
+        N, K = x.shape
+        k = ids.shape[1]
+        E = w_down.shape[0] // D
+        P = N * k
+        tmax = P // MMA_BN + min(E, P)
+        warps = max(1, min(MOE_GROUP_WARPS, (MOE_GROUP_SHARED // 4 - 2 * (E + 1)) // E))
+        order, eoff = self.empty((P,), "int32"), self.empty((E + 1,), "int32")
+        tiles = self.empty((1 + 2 * tmax,), "int32")
+        self.k("moe_group_i32")((1, 1, 1), (32 * warps, 1, 1), ids=ids.ptr, order=order.ptr, eoff=eoff.ptr,
+                                tiles=tiles.ptr, P=P, E=E, BN=MMA_BN, shared=4 * (warps * E + 2 * (E + 1)))
+        xh = self._mma_x16(x)
+        h = self.empty((P, F), "float16")
+        block = (MMA_THREADS, 1, 1)
+        self.k(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")(
+            (-(-F // MMA_BM), tmax, 1), block, Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr,
+            tiles=tiles.ptr, H=h.ptr, K=K, M=F, k=k, es=estride, rb=w_gate.row_bytes, act=act)
+        y = self.empty((P, D))
+        self.k(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
+            (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
+            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes)
+        self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
+        self.moe_mma_launches += 1
         return out
 
     def moe_route(self, logits, n_used, *, gating="softmax", norm=True, scale=1.0, selection_bias=None,

@@ -218,6 +218,13 @@ def _mma_bf16(launch, pack, stream):  # 10 kernels
     return kernel
 
 
+def _mma_moe_bf16(launch, pack, stream):  # 10 kernels
+    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, shared=0):
+        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb), shared, stream)
+
+    return kernel
+
+
 def _mma_reduce(launch, pack, stream):
     def kernel(grid, block, *, P, Y, S, NW, NM, mode, shared=0):
         return launch(grid, block, pack(P, Y, S, NW, NM, mode), shared, stream)
@@ -235,6 +242,13 @@ def _mma_x_f16(launch, pack, stream):
 def _mmaglu_bf16(launch, pack, stream):  # 10 kernels
     def kernel(grid, block, *, Wg, Wu, X, Y, K, M, N, rb, act, P, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, Y, K, M, N, rb, act, P), shared, stream)
+
+    return kernel
+
+
+def _mmaglu_moe_bf16(launch, pack, stream):  # 10 kernels
+    def kernel(grid, block, *, Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act, shared=0):
+        return launch(grid, block, pack(Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act), shared, stream)
 
     return kernel
 
@@ -294,6 +308,13 @@ def _moe_glu_bf16(launch, pack, stream):  # 11 kernels
     return kernel
 
 
+def _moe_group_i32(launch, pack, stream):
+    def kernel(grid, block, *, ids, order, eoff, tiles, P, E, BN, shared=0):
+        return launch(grid, block, pack(ids, order, eoff, tiles, P, E, BN), shared, stream)
+
+    return kernel
+
+
 def _moe_mm_bf16(launch, pack, stream):  # 11 kernels
     def kernel(grid, block, *, W, X, ids, Y, K, M, x_div, es, rb, shared=0):
         return launch(grid, block, pack(W, X, ids, Y, K, M, x_div, es, rb), shared, stream)
@@ -304,6 +325,13 @@ def _moe_mm_bf16(launch, pack, stream):  # 11 kernels
 def _moe_route_f32(launch, pack, stream):
     def kernel(grid, block, *, logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used, shared=0):
         return launch(grid, block, pack(logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used), shared, stream)
+
+    return kernel
+
+
+def _moe_wsum_f32(launch, pack, stream):
+    def kernel(grid, block, *, Y, wts, out, N, D, k, shared=0):
+        return launch(grid, block, pack(Y, wts, out, N, D, k), shared, stream)
 
     return kernel
 
@@ -551,6 +579,16 @@ KERNELS = {
     "mm8_q8_0": ("QQQiiiqi", _mm1_bf16),
     "mma_bf16": ("QQQiiiqiQ", _mma_bf16),
     "mma_f16": ("QQQiiiqiQ", _mma_bf16),
+    "mma_moe_bf16": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_f16": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_1": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_1": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q6_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q8_0": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_q4_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_1": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_k": ("QQQiiiqiQ", _mma_bf16),
@@ -563,6 +601,16 @@ KERNELS = {
     "mma_x_f16": ("QQq", _mma_x_f16),
     "mmaglu_bf16": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_f16": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_k": ("QQQQiiiqiQ", _mmaglu_bf16),
@@ -725,6 +773,7 @@ KERNELS = {
     "moe_glu_q5_k": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q6_k": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q8_0": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_group_i32": ("QQQQiii", _moe_group_i32),
     "moe_mm_bf16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f32": ("QQQQiiiqq", _moe_mm_bf16),
@@ -737,6 +786,7 @@ KERNELS = {
     "moe_mm_q6_k": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q8_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),
     "mul_col_f32": ("QQQqi", _add_row_f32),
     "mul_f32": ("QQQq", _add_f32),
     "mul_row_f32": ("QQQqi", _add_row_f32),

@@ -86,6 +86,10 @@ TABLE = (
      "Mixture-of-experts layers of 32+ tokens as tensor-core GEMMs over the tokens grouped by "
      "expert, inputs rounded to float16 (0: one matvec per token and expert; an accuracy "
      "fallback and gpu-bigmodel's A/B)."),
+    ("REFLEX_MLA_FLASH", "flag", True, "cuda",
+     "Latent attention (deepseek2) of 128+ queries with keys and values decompressed per head "
+     "and the flash kernel (0: the absorbed form, as decode runs it; an accuracy fallback and "
+     "gpu-bigmodel's A/B)."),
     ("REFLEX_FLASH", "flag", True, "cuda",
      "Attention of 16+ queries on the tensor-core flash kernel, q and the softmax weights "
      "rounded to float16 (0: the float32 kernel; an accuracy fallback)."),

@@ -104,6 +104,15 @@ FLASH_SPLIT_BELOW = 0.5
 FLASH_CHUNK = 256
 FLASH_MAX_SPLITS = 32
 FLASH_SPLIT_TARGET = 2
+# latent attention (deepseek2) of MLA_FLASH_MIN_N or more queries (prefill; never a captured
+# bucket, which holds at most 64) with keys and values decompressed per head (two GEMMs on the
+# latents, attn_k_b transposed to f16 once per layer) and the flash kernel of these (key, value)
+# widths; fewer queries (decode) keep the absorbed form over the latent cache, and so do more
+# than MLA_FLASH_MAX_KEYS keys (the decompressed heads would take ~1.3 KB a key and head).
+# REFLEX_MLA_FLASH=0 always keeps it.
+MLA_FLASH_MIN_N = 128
+MLA_FLASH_MAX_KEYS = 16384
+MLA_FLASH_KV = {(192, 128): "192_128"}  # (nope + rope, v) -> flash_attention_f16kv_* (flash.cuh)
 MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
@@ -192,6 +201,9 @@ class CudaOps:
     moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
     moe_mma_min_n = MOE_MMA_MIN_N
     moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
+    mla_flash = False  # long-prompt latent attention decompressed + flash (__init__: sm_80+, REFLEX_MLA_FLASH)
+    mla_flash_min_n = MLA_FLASH_MIN_N
+    mla_flash_launches = 0
     # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
     matvec = False
     mv_variant = None
@@ -219,6 +231,10 @@ class CudaOps:
         self.moe_mma = s.moe_mma and tuple(self.rt.cc) >= (8, 0)
         self.moe_mma_min_n = MOE_MMA_MIN_N
         self.moe_mma_launches = 0
+        self.mla_flash = s.mla_flash and tuple(self.rt.cc) >= (8, 0)
+        self.mla_flash_min_n = MLA_FLASH_MIN_N
+        self.mla_flash_launches = 0
+        self._mla_kbt = {}  # attn_k_b's device address -> its per-head transpose (f16 DeviceWeight)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
         self.chunked = True
@@ -1138,6 +1154,77 @@ class CudaOps:
         return out
 
     # -- multi-head latent attention --------------------------------------------------
+    def mla_attention(self, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, *, scale, causal=True, window=0,
+                      mask=None):
+        """base.latent_attention. Long prompts (mla_flash_takes): the latents c of keys
+        0..n_kv-1 as f16 [n_kv, R] (copy_cols_f16), each head's keys k_nope = W_h^T c by a GEMM
+        on attn_k_b's transpose (mla_kb_t_*, made once per layer and kept) and values by one on
+        attn_v_b, packed with the shared rope key into f16 K [H, n_kv, nope + r] and V [H, n_kv, dv]
+        (mla_pack_kv_f32), then flash attention of q = [q_nope, q_pe] (flash.cuh). Else the
+        absorbed form (decode)."""
+        N, H, nope = q_nope.shape
+        r = q_pe.shape[2]
+        R = kv.shape[2] - r
+        dv = wv_b.shape[0] // H if isinstance(wv_b, DeviceWeight) else 0
+        n_kv = int(n_kv)
+        if not self.mla_flash_takes(N, H, nope, r, R, dv, n_kv, wk_b, wv_b):
+            from .base import latent_attention_absorbed
+
+            return latent_attention_absorbed(self, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, scale=scale,
+                                             causal=causal, window=window, mask=mask)
+        kbt = self._mla_kb_t(wk_b, H, R, nope)
+        xc = self.empty((n_kv, R), "float16")
+        self.k("copy_cols_f16")(_ew_grid(n_kv * R), (EW_BLOCK, 1, 1), x=kv.ptr, y=xc.ptr, rows=n_kv, n=R, xs=R + r,
+                                xo=0, ys=R, yo=0)
+        kn, v = self.empty((n_kv, H * nope)), self.empty((n_kv, H * dv))
+        self._mma((kbt,), xc, kn, R, H * nope, n_kv, 0)
+        self._mma((wv_b,), xc, v, R, H * dv, n_kv, 0)
+        K, V = self.empty((H, n_kv, nope + r), "float16"), self.empty((H, n_kv, dv), "float16")
+        self.k("mla_pack_kv_f32")(_ew_grid(H * n_kv * (nope + r + dv)), (EW_BLOCK, 1, 1), kn=kn.ptr, v=v.ptr,
+                                  kc=kv.ptr, K=K.ptr, V=V.ptr, n=n_kv, H=H, nope=nope, r=r, R=R, dv=dv)
+        q = self.concat([q_nope, q_pe])
+        pos = self.positions(slots)
+        out = self.empty((N, H, dv))
+        tiles = H * -(-N // FLASH_BM)
+        chunk, S = self._flash_split(tiles, n_kv)
+        ml = acc = None
+        if S > 1:
+            ml, acc = self.empty((N * H * S * 2,)), self.empty((N * H * S * dv,))
+        kern = self.k(f"flash_attention_f16kv_{MLA_FLASH_KV[(nope + r, dv)]}")
+        kern((H, tiles // H, S), (FLASH_THREADS, 1, 1),
+             kern.head(q=q.ptr, kc=K.ptr, vc=V.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
+                       part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr, mask=mask.ptr if mask is not None else 0),
+             N=N, Hq=H, Hkv=H, ctx=n_kv, n_kv=n_kv, scale=float(scale), softcap=0.0, causal=1 if causal else 0,
+             window=int(window), chunk=chunk)
+        if S > 1:
+            self.k("attention_combine")((H, N, 1), (max(32, (dv + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
+                                        part_acc=acc.ptr, out=out.ptr, Hq=H, hd=dv, S=S)
+        self.mla_flash_launches += 1
+        return out
+
+    def mla_flash_takes(self, N, H, nope, r, R, dv, n_kv, wk_b, wv_b):
+        """Whether mla_attention decompresses: sm_80+, REFLEX_MLA_FLASH not 0, N >= mla_flash_min_n,
+        not while capturing (the transposed attn_k_b is made on first use), a flash kernel for
+        (nope + r, dv), at most MLA_FLASH_MAX_KEYS keys, weights on the device with attn_v_b in a
+        tensor-core format and R a multiple of 8."""
+        return (self.mla_flash and N >= self.mla_flash_min_n and self._graph is None
+                and (nope + r, dv) in MLA_FLASH_KV and 0 < n_kv <= MLA_FLASH_MAX_KEYS and R % 8 == 0
+                and isinstance(wk_b, DeviceWeight) and wk_b.shape == (H * R, nope) and nope % 8 == 0
+                and isinstance(wv_b, DeviceWeight) and wv_b.shape == (H * dv, R) and wv_b.ggml_type in MMA_FORMATS)
+
+    def _mla_kb_t(self, wk_b, H, R, nope):
+        """attn_k_b [H*R, nope] transposed per head to an f16 weight [H*nope, R] (mla_kb_t_*),
+        made on first use and kept for the backend's life (H*nope*R*2 bytes a layer)."""
+        w = self._mla_kbt.get(wk_b.ptr)
+        if w is None:
+            t = self.empty((H * nope, R), "float16")
+            self.k(f"mla_kb_t_{MM_KERNEL[wk_b.ggml_type]}")(_ew_grid(H * R * (nope // 8)), (EW_BLOCK, 1, 1),
+                                                             W=wk_b.ptr, y=t.ptr, H=H, R=R, nope=nope,
+                                                             rb=wk_b.row_bytes)
+            w = DeviceWeight(t.ptr, (H * nope, R), F16, "F16", R * 2, f"{wk_b.name} transposed", t)
+            self._mla_kbt[wk_b.ptr] = w
+        return w
+
     def _copy_cols(self, x, xo, y, yo, n):
         """y[..., yo:yo+n] = x[..., xo:xo+n] over the rows of 2+-D contiguous x and y."""
         rows = x.size // x.shape[-1]

@@ -82,7 +82,7 @@ def _columns_f32(launch, pack, stream):
     return kernel
 
 
-def _copy_cols_f32(launch, pack, stream):
+def _copy_cols_f16(launch, pack, stream):  # 2 kernels
     def kernel(grid, block, *, x, y, rows, n, xs, xo, ys, yo, shared=0):
         return launch(grid, block, pack(x, y, rows, n, xs, xo, ys, yo), shared, stream)
 
@@ -143,7 +143,7 @@ def _delta_qkv_f32(launch, pack, stream):
     return kernel
 
 
-def _flash_attention_f16kv_128(launch, pack, stream):  # 3 kernels
+def _flash_attention_f16kv_128(launch, pack, stream):  # 4 kernels
     def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask):
         return (q, kc, vc, out, part_ml, part_acc, pos, mask)
 
@@ -201,6 +201,20 @@ def _mla_attention_split(launch, pack, stream):
         return launch(grid, block, pack(*head, H, dk, dv, n_kv, scale, softcap, causal, window, chunk), shared, stream)
 
     kernel.head = head
+    return kernel
+
+
+def _mla_kb_t_bf16(launch, pack, stream):  # 11 kernels
+    def kernel(grid, block, *, W, y, H, R, nope, rb, shared=0):
+        return launch(grid, block, pack(W, y, H, R, nope, rb), shared, stream)
+
+    return kernel
+
+
+def _mla_pack_kv_f32(launch, pack, stream):
+    def kernel(grid, block, *, kn, v, kc, K, V, n, H, nope, r, R, dv, shared=0):
+        return launch(grid, block, pack(kn, v, kc, K, V, n, H, nope, r, R, dv), shared, stream)
+
     return kernel
 
 
@@ -496,7 +510,8 @@ KERNELS = {
     "attention_split_f16kv": ("QQQQQQQiiiiiffiii", _attention_split_f16kv),
     "attention_split_last_f16kv": ("QQQQQQQQQiiiiiffiii", _attention_split_last_f16kv),
     "columns_f32": ("QQqiii", _columns_f32),
-    "copy_cols_f32": ("QQqiiiii", _copy_cols_f32),
+    "copy_cols_f16": ("QQqiiiii", _copy_cols_f16),
+    "copy_cols_f32": ("QQqiiiii", _copy_cols_f16),
     "copy_f32": ("QQq", _copy_f32),
     "delta_chunk_prep_f32": ("QQQQQQQQQQiiiii", _delta_chunk_prep_f32),
     "delta_chunk_scan_f32": ("QQQQQQQQQiiiiif", _delta_chunk_scan_f32),
@@ -504,6 +519,7 @@ KERNELS = {
     "delta_net_f32": ("QQQQQQQQiiiiif", _delta_net_f32),
     "delta_qkv_f32": ("QQQQiiiiff", _delta_qkv_f32),
     "flash_attention_f16kv_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_192_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "flash_attention_f16kv_256": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "flash_attention_f16kv_64": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "geglu_f32": ("QQQqiii", _geglu_f32),
@@ -544,6 +560,18 @@ KERNELS = {
     "kv_store": ("QQQQQiiii", _kv_store),
     "logprob_rows": ("QqQQiQ", _logprob_rows),
     "mla_attention_split": ("QQQQQQiiiiffiii", _mla_attention_split),
+    "mla_kb_t_bf16": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_f16": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_f32": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_1": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_1": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q6_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q8_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_pack_kv_f32": ("QQQQQiiiiii", _mla_pack_kv_f32),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),

@@ -26,7 +26,7 @@ of `expert_group_count` groups), weights normalized (`expert_weights_norm`) and 
 import math
 from types import SimpleNamespace
 
-from ..backends.base import MLA_OPS
+from ..backends.base import MLA_OPS, latent_attention
 from ..errors import ReflexError
 from ..runtime.state import SlotSpec, State
 from .common import MOE_CAPTURABLE, HParams, Weights, residual
@@ -208,14 +208,13 @@ class Model:
             ops.matmul(ops.rms_norm(ops.matmul(h, L.wq_a), L.q_a_norm, hp.eps), L.wq)
         q_nope, q_pe = ops.split(q.reshape(N, H, self.nope + self.r), [self.nope, self.r])
         q_pe = ops.rope(q_pe, batch.pos, inplace=True, **self.rope)
-        q = ops.concat([ops.head_matmul(q_nope, L.wk_b), q_pe])  # [N, H, R + r]
         c, k_pe = ops.matmul_n(h, [L.w_c, L.w_pe])
         c = ops.rms_norm(c, L.kv_a_norm, hp.eps)
         k_pe = ops.rope(k_pe.reshape(N, 1, self.r), batch.pos, inplace=True, **self.rope)
         ops.kv_store(S.kv, None, ops.concat([c.reshape(N, 1, self.R), k_pe]), None, batch.slots)
-        o = ops.attention(q, S.kv, None, batch.slots, batch.n_kv, scale=self.scale, v_dim=self.R,
-                          **batch.attention_args(0))  # [N, H, R]
-        return ops.head_matmul(o, L.wv_b).reshape(N, H * self.v_dim)
+        o = latent_attention(ops, q_nope, q_pe, S.kv, L.wk_b, L.wv_b, batch.slots, batch.n_kv, scale=self.scale,
+                             **batch.attention_args(0))  # [N, H, v] (the absorbed form: base.py)
+        return o.reshape(N, H * self.v_dim)
 
     def _ffn(self, x, h, L):
         ops = self.ops

@@ -737,10 +737,10 @@ def check_attention(ops, rng):
     return rows
 
 
-def flash_row(case, out, ref):
+def flash_row(case, out, ref, op="flash_attention"):
     """A row of check_flash_attention: FLASH_TOL on the norm-relative error and FLASH_MAX_TOL on
     the largest element difference relative to max |ref|."""
-    r = row("flash_attention", case, out, ref, FLASH_TOL)
+    r = row(op, case, out, ref, FLASH_TOL)
     peak = float(np.max(np.abs(ref))) or 1.0
     r["max_rel"] = r["max_abs"] / peak
     r["ok"] = bool(r["ok"] and r["max_rel"] <= FLASH_MAX_TOL)
@@ -936,6 +936,61 @@ def check_mla(ops, rng):
     want = attention_ref(q, Kc, Kc[:, :, :R], pos, n_kv, 0.05, 0.0, False, 0, mask.astype(np.float64))
     rows.append(row("latent_attention", f"split-K decode n_kv={n_kv} mask", got, want, 1e-5))
     rows += _check_mla_step(ops, ref_ops, rng)
+    return rows
+
+
+def check_mla_prefill(ops, rng):
+    """base.latent_attention on the backend (CUDA's mla_attention: for 128+ queries the latents
+    decompressed per head by tensor-core GEMMs, attn_k_b transposed to f16, and the flash kernel
+    at key / value widths 192 / 128) against numpy's absorbed form in float64 on the same
+    dequantized weights: DeepSeek-V2-Lite's heads (16 x (128 + 64), v 128, latent 512) with Q8_0 /
+    Q4_K / F16 attn_k_b and attn_v_b, a first chunk, a second chunk over the first's keys (split
+    keys when its row tiles are few), a masked (system1-like) batch. On a backend with the
+    decompressed path (mla_flash), each call must have taken it (mla_flash_launches); tolerance
+    FLASH_TOL on the norm and FLASH_MAX_TOL on the largest element (K, V, q and p in f16)."""
+    from reflex_ipc.backends.base import latent_attention
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    ref_ops = NumpyOps(blas_threads=None)
+    rows = []
+    flash = getattr(ops, "mla_flash", False)
+    H, nope, r, R, dv = 16, 128, 64, 512, 128
+    scale = 1 / np.sqrt(nope + r)
+    for tk, tv, chunks, masked in (("Q8_0", "Q8_0", (200, 130), False), ("F16", "Q4_K", (128,), False),
+                                   ("Q8_0", "Q8_0", (160,), True), ("Q8_0", "Q6_K", (1000, 128), False)):
+        W = _weights(ops, {"kb": (tk, H * R, nope), "vb": (tv, H * dv, R)}, rng)
+        (wk, kb), (wv, vb) = W["kb"], W["vb"]
+        n_ctx = sum(chunks) + 8
+        cache = ops.zeros((1, n_ctx, R + r), getattr(ops, "kv_dtype", "float32"))
+        cache_ref = np.zeros((1, n_ctx, R + r), np.float32)
+        start = 0
+        for N in chunks:
+            pos = np.arange(start, start + N, dtype=np.int32)
+            lat = rng.standard_normal((N, 1, R + r)).astype(np.float16).astype(np.float32)
+            ops.kv_store(cache, None, ops.asarray(lat), None, ops.positions(pos))
+            cache_ref[0, pos] = lat[:, 0]
+            q_nope = rng.standard_normal((N, H, nope)).astype(np.float32)
+            q_pe = rng.standard_normal((N, H, r)).astype(np.float32)
+            n_kv = start + N
+            kw = {"causal": True, "window": 0, "mask": None}
+            if masked:  # each query sees a random half of the keys (and its own)
+                allowed = rng.random((N, n_kv)) < 0.5
+                allowed[np.arange(N), pos] = True
+                m = np.where(allowed, 0.0, -np.inf).astype(np.float32)
+                kw = {"causal": False, "window": 0, "mask": m}
+            want = latent_attention(ref_ops, q_nope.astype(np.float64), q_pe.astype(np.float64), cache_ref, kb, vb,
+                                    pos, n_kv, scale=scale, **kw)
+            before = getattr(ops, "mla_flash_launches", 0)
+            dkw = dict(kw, mask=None if kw["mask"] is None else ops.asarray(kw["mask"]))
+            got = ops.to_numpy(latent_attention(ops, ops.asarray(q_nope), ops.asarray(q_pe), cache, wk, wv,
+                                                ops.positions(pos), n_kv, scale=scale, **dkw))
+            case = f"k_b {tk} v_b {tv} N={N} keys={n_kv}" + (" masked" if masked else "")
+            took = getattr(ops, "mla_flash_launches", 0) == before + 1
+            r_ = flash_row(case, got, want, op="mla_prefill") if flash else row("mla_prefill", case, got, want, 1e-4)
+            if flash and N >= ops.mla_flash_min_n and not took:
+                r_["ok"], r_["error"] = False, "the decompressed path was not taken"
+            rows.append(r_)
+            start += N
     return rows
 
 
@@ -2005,7 +2060,7 @@ def run_all(ops, seed=0):
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
                check_sampling,
-               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
+               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
                check_matvec, check_matmul_nt):

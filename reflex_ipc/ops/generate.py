@@ -137,15 +137,13 @@ def decode(runner, req, prompt, *, on_token=None, should_cancel=None, **kw) -> d
     """runner.generate of `prompt` (text or token ids) with the request's decoding
     parameters (generate and infill; the CLI calls this too)."""
     from .. import prepare
+    from ..generation import Params
 
     extra = prepare.generate_extras(runner, logprobs=req.logprobs, cache_prompt=req.cache_prompt,
                                     json_schema=req.json_schema, regex=req.regex,
                                     grammar=req.grammar)
-    return runner.generate(
-        prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
-        top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
-        repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel, **extra, **kw)
+    return runner.generate(prompt, Params.of(req, stop=stops(req)), on_token=on_token,
+                           should_cancel=should_cancel, **extra, **kw)
 
 
 def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:

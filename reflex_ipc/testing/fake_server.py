@@ -40,12 +40,15 @@ class FakeRunner:
     def detokenize(self, ids, *, special=False):
         return "".join(chr(i) for i in ids)
 
-    def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
-                 min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None, cache_prompt=True):
-        self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+    def generate(self, prompt, params=None, *, on_token=None, should_cancel=None, cache_prompt=True,
+                 **kw):
+        from reflex_ipc.generation import Params
+
+        p = (params or Params()).replace(**kw) if kw else (params or Params())
+        max_tokens, stop = p.max_tokens, p.stop
+        self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=p.temperature,
+                               top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed,
+                               repeat_penalty=p.repeat_penalty, repeat_last_n=p.repeat_last_n,
                                stop=list(stop), cache_prompt=cache_prompt))
         if prompt == "boom":
             raise RuntimeError("boom")

@@ -34,7 +34,7 @@ class Params:
         "typical_p": 1.0, "seed": None, "repeat_penalty": 1.0, "repeat_last_n": 64,
         "frequency_penalty": 0.0, "presence_penalty": 0.0, "logit_bias": None,
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
-        "dry_penalty_last_n": -1, "dry_sequence_breakers": DRY_BREAKERS, "stop": (),
+        "dry_penalty_last_n": 64, "dry_sequence_breakers": DRY_BREAKERS, "stop": (),
         "logprobs": None, "n": 1, "thinking_budget": None, "reasoning": False,
     }
     __slots__ = tuple(DEFAULTS)

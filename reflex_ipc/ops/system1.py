@@ -5,9 +5,9 @@ from typing import Annotated, Optional
 
 from msgspec import Meta, Struct
 
-from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
-                    NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs, chat_prompt,
-                    exactly_one, kv_args, merge, ms)
+from ._base import (AddGenerationPrompt, ChatTemplate, EnableThinking, Messages, ModelName,
+                    ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    TemplateKwargs, chat_prompt, exactly_one, kv_args, merge, ms)
 
 
 EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
@@ -20,6 +20,7 @@ class System1Request(ModelRequest, kw_only=True):
     messages: Optional[Messages] = None
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
+    enable_thinking: EnableThinking = None
     add_generation_prompt: AddGenerationPrompt = True
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0,

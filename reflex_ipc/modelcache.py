@@ -26,13 +26,14 @@ class _Entry:
     """One cached runner: the file it came from (path and identity), its lease fd."""
 
     __slots__ = ("runner", "info", "path", "ident", "device", "nbytes", "lease_fd", "keys",
-                 "lora")
+                 "lora", "api")
 
     def __init__(self, runner, info, path, ident, device, nbytes, lease_fd):
         self.runner, self.info, self.path, self.ident = runner, info, path, ident
         self.device, self.nbytes, self.lease_fd = device, nbytes, lease_fd
         self.keys = []
         self.lora = None
+        self.api = None  # its api.Model, made by the first op that runs on it
 
 
 def file_identity(path):
@@ -293,6 +294,15 @@ class ModelCache:
         if self._active is None or self._active not in self.entries:
             self.active = key
         return key, e.runner
+
+    def api_model(self, key, runner):
+        """The api.Model over the runner cached under key (one per loaded model)."""
+        e = self.entries[key]
+        if e.api is None or e.api.runner is not runner:
+            from .api import Model
+
+            e.api = Model(runner)
+        return e.api
 
     def _add(self, e, key):
         e.keys.append(key)

@@ -271,6 +271,19 @@ class Call:
             raise ReflexError("cancelled", "cancelled before the request ran")
         return key, srv.models.infos[key], runner
 
+    def model(self, req, use_active=True):
+        """The api.Model of the request's model (Call.runner): the ops run its methods."""
+        key, _, runner = self.runner(req, use_active=use_active)
+        return self.server.models.api_model(key, runner)
+
+    def fields(self, result: dict) -> dict:
+        """A Model method's result as the op's result fields: its timings go into this
+        request's (beside parse and load; the loop writes the total)."""
+        t = result.pop("timings", None) or {}
+        t.pop("total", None)
+        self.timings.update(t)
+        return result
+
     def first_token(self) -> None:
         srv = self.server
         if not srv.first_result_done and srv.first_token_ms is None:

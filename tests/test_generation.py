@@ -13,7 +13,7 @@ from reflex_ipc.engine import load_runner
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.generation import Params
 from reflex_ipc.generation.reasoning import ReasoningSplitter
-from reflex_ipc.ops import generate as op_generate
+from reflex_ipc.api import Model
 
 pytestmark = pytest.mark.usefixtures("smollm2")
 
@@ -124,7 +124,7 @@ def test_n_choices_with_a_constraint(runner):
 
 def test_n_choices_over_the_protocol(runner):
     req = request(prompt=PROMPT, max_tokens=3, n=2, temperature=0.7, seed=1)
-    out = op_generate.execute(runner, req)
+    out = Model(runner).generate(req)
     assert len(out["choices"]) == 2 and out["prompt_tokens"] == 5
 
 
@@ -161,7 +161,7 @@ def test_reasoning_splitter_any_pieces(text, content, reasoning, open_):
 def chat(runner, **kw):
     req = request(messages=[{"role": "user", "content": "Why?"}], chat_template=TEMPLATE, **kw)
     events = []
-    out = op_generate.execute(runner, req, on_token=lambda t, text, **x: events.append((t, text, x)))
+    out = Model(runner).generate(req, on_token=lambda t, text, **x: events.append((t, text, x)))
     return out, events
 
 
@@ -209,17 +209,16 @@ def test_budget_needs_think_tokens(runner):
 
 def test_enable_thinking_rules(runner):
     with pytest.raises(ReflexError) as ei:
-        op_generate.execute(runner, request(prompt="x", enable_thinking=True))
+        Model(runner).generate(request(prompt="x", enable_thinking=True))
     assert ei.value.kind == "invalid_request"
     with pytest.raises(ReflexError) as ei:
-        op_generate.execute(runner, request(messages=[{"role": "user", "content": "x"}], chat_template=TEMPLATE,
-                                            enable_thinking=True,
-                                            chat_template_kwargs={"enable_thinking": False}))
+        Model(runner).generate(request(messages=[{"role": "user", "content": "x"}], chat_template=TEMPLATE,
+                                       enable_thinking=True, chat_template_kwargs={"enable_thinking": False}))
     assert ei.value.kind == "invalid_request" and "differ" in ei.value.message
 
 
 def test_typical_p_over_the_protocol(runner):
-    out = op_generate.execute(runner, request(prompt=PROMPT, max_tokens=4, temperature=1.0, typical_p=0.5,
-                                              seed=3))
+    out = Model(runner).generate(request(prompt=PROMPT, max_tokens=4, temperature=1.0, typical_p=0.5,
+                                         seed=3))
     assert out["completion_tokens"] == 4
     assert np.isfinite([out["timings"]["decode"]]).all()

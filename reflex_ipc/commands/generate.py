@@ -98,7 +98,7 @@ def run(args):
 
     given = {**chat_fields(args, read_text(args.prompt)), **constraint_fields(args)}
     req = request(generate.Request, args, given, skip=SKIP, flags=FLAGS, names=NAMES)
-    runner = load(args, req)
+    model, req = load(args, req)
     first = []
     shown = [0]  # the choice being printed
 
@@ -117,13 +117,13 @@ def run(args):
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    out = run_op(runner, lambda: generate.execute(runner, req, on_token=on_token))
-    if not finish(runner, out, args.json):
+    out = run_op(model, lambda: model.generate(req, on_token=on_token))
+    if not finish(model, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]
         sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} generated, "
                          f"finish {out['finish_reason']}; load {t['load']:.0f} ms, prompt "
                          f"{t['prompt_eval']:.0f} ms, decode {t['decode']:.0f} ms"
                          + (f" ({t['decode_tokens_per_s']:.1f} tok/s)" if t.get("decode_tokens_per_s") else "")
-                         + f", backend {runner.ops.name}]\n")
+                         + f", backend {model.runner.ops.name}]\n")
     return 0

@@ -1,6 +1,5 @@
 """generate: continue a prompt or a chat conversation, greedy by default, optionally streaming tokens."""
 
-import time
 from typing import Annotated, Any, Literal, Optional, Union
 
 from msgspec import Meta, Struct, field
@@ -8,7 +7,7 @@ from msgspec import Meta, Struct, field
 from . import MAX_TOKENS
 from ._base import (INT64_MAX, AddGenerationPrompt, ChatTemplate, EnableThinking, Messages,
                     ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
-                    TemplateKwargs, Tools, chat_prompt, exactly_one, kv_args, merge, ms)
+                    TemplateKwargs, Tools, exactly_one)
 
 MAX_LOGPROBS = 20
 MAX_N = 128  # choices of one request (OpenAI's limit for n)
@@ -196,35 +195,6 @@ def stops(req) -> list:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop)
 
 
-def decode(runner, req, prompt, *, on_token=None, should_cancel=None, reasoning=False, **kw) -> dict:
-    """runner.generate of `prompt` (text or token ids) with the request's decoding
-    parameters (generate and infill; the CLI calls this too). reasoning: separate a
-    reasoning model's <think> block (chat requests)."""
-    from .. import prepare
-    from ..generation import Params
-
-    extra = prepare.generate_extras(runner, logprobs=req.logprobs, cache_prompt=req.cache_prompt,
-                                    json_schema=req.json_schema, regex=req.regex,
-                                    grammar=req.grammar)
-    params = Params.of(req, stop=stops(req), reasoning=reasoning)
-    return runner.generate(prompt, params, on_token=on_token, should_cancel=should_cancel,
-                           **extra, **kw)
-
-
-def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
-    """runner.generate with the request's parameters (the CLI calls this too); with
-    `messages` the prompt is the rendered conversation, with `tools` the result gets the
-    parsed tool_calls."""
-    prompt = chat_prompt(runner, req)
-    out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel,
-                 reasoning=req.messages is not None, **kv_args(req))
-    if req.tools:
-        from .. import prepare
-
-        out = prepare.add_tool_calls(dict(out), req.tools)
-    return out
-
-
 def token_callback(call, req):
     def on_token(token_id, text, **extra):
         call.first_token()
@@ -235,7 +205,6 @@ def token_callback(call, req):
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, on_token=token_callback(call, req), should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    model = call.model(req)
+    return call.fields(model.generate(req, on_token=token_callback(call, req),
+                                      should_cancel=call.should_cancel))

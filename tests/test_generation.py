@@ -222,3 +222,20 @@ def test_typical_p_over_the_protocol(runner):
                                          seed=3))
     assert out["completion_tokens"] == 4
     assert np.isfinite([out["timings"]["decode"]]).all()
+
+
+def test_the_engine_imports_nothing_of_the_protocol(tiny_models):
+    """generate (with processors and choices), system1 and embed run without reflex_ipc.ops
+    or msgspec: the engine does not depend on the protocol."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom reflex_ipc.engine import load_runner\n"
+            f"r = load_runner({tiny_models['llama'][0]!r}, device='numpy', n_ctx=64)\n"
+            "r.generate('Hi', max_tokens=2, frequency_penalty=0.5, dry_multiplier=0.5, n=2, temperature=0.5,"
+            " logprobs=1, stop=['x'])\n"
+            "r.system1('Hi', [' a', ' b'])\nr.embed(['x'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('reflex_ipc.ops') or m == 'msgspec'"
+            " or m == 'reflex_ipc.api'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -146,6 +146,9 @@ def main(argv=None) -> int:
             pass  # a vanished reader: nothing left to tell it
     if done is not None:
         done(rc or 0)
+        w = sys.modules.get("reflex_ipc.cuda.weights")
+        if w is not None:  # a weight upload still streaming from disk: the answer is out, stop it
+            w.stop_streams()
         from .cuda import teardown_when_no_init
 
         teardown_when_no_init()

@@ -355,6 +355,11 @@ class FakeArena:
     def wait(self):
         self._waited = True
 
+    queue = None  # (not streaming)
+
+    def streaming(self):
+        return False
+
 
 @pytest.fixture
 def fake_ops(monkeypatch):

@@ -477,6 +477,11 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
         def wait(self):
             pass
 
+        queue = None  # (not streaming)
+
+        def streaming(self):
+            return False
+
     monkeypatch.setattr(cuda_ops, "WeightArena", Arena)
     ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
     rt = MemRuntime(nbytes=8 << 20, interpret=False)

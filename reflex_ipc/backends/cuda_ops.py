@@ -195,6 +195,7 @@ class CudaOps:
     n_chunked_calls = 0
     n_sequential_calls = 0
 
+    _guarded = None  # (see __init__)
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
@@ -221,6 +222,7 @@ class CudaOps:
         self.pool = self.rt.pool
         self.k = self.rt.kernel
         self._arenas = {}
+        self._guarded = None  # kernel name -> launcher behind _stream_guard (while streaming)
         self._extra_weights = []
         self._graph = None
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
@@ -242,12 +244,55 @@ class CudaOps:
         self.mv_variant = None
 
     def _k_after_upload(self, name):
-        """Kernel lookup while weight uploads are in flight: the first launch waits for
-        them (weights loaded earlier may be read by any kernel), then lookups go direct."""
+        """Kernel lookup while weight uploads are in flight. An arena streaming from a cold file
+        (cuda/weights.py): launchers that first make sure every tensor the kernel's pointers
+        fall in is on the device (_stream_guard), so the first layers run while later ones are
+        read. Else (or once every stream is done) the first launch waits for the uploads (weights
+        loaded earlier may be read by any kernel), then lookups go direct."""
+        if any(a.streaming() for a in self._arenas.values()):
+            if self._guarded is None:
+                self._guarded = {}
+            k = self._guarded.get(name)
+            if k is None:
+                k = self._guarded[name] = self.rt.guarded_kernel(name, self._stream_guard)
+            return k
         for a in self._arenas.values():
             a.wait()
         self.k = self.rt.kernel
+        self._guarded = None
         return self.k(name)
+
+    def _stream_guard(self, ptrs):
+        """A kernel's pointer arguments: each one inside a streaming arena waits for its tensor
+        (an arena not streaming is waited for whole)."""
+        for a in self._arenas.values():
+            lo, hi = a.base, a.base + a.nbytes
+            for p in ptrs:
+                if lo <= p < hi:
+                    if a.queue is None:
+                        a.wait()
+                    else:
+                        a.ensure_ptr(p)
+
+    def _moe_experts_ready(self, ids, parts):
+        """Before a MoE layer's expert kernels read expert rows from a streaming arena: the
+        routed experts' rows of each expert weight (parts: [(weight, rows a expert spans, rows
+        read from its start)]) uploaded first, ahead of the rest (their tokens' ids cross to
+        the host, a wait for the device: only while streaming, never inside a capture, which
+        waits for whole uploads first). Returns the kernel lookup the expert kernels must use:
+        the unguarded one after this (the guard would wait for whole expert tensors), or
+        self.k when nothing streams."""
+        arenas = {id(w.owner): w.owner for w, _, _ in parts if isinstance(w.owner, WeightArena)}
+        if not arenas or not any(a.streaming() for a in arenas.values()):
+            return self.k
+        experts = np.unique(self.to_numpy(ids))
+        for a in arenas.values():
+            a.ensure([(w.ptr + int(e) * span * w.row_bytes, w.ptr + (int(e) * span + rows) * w.row_bytes)
+                      for w, span, rows in parts if w.owner is a for e in experts])
+        for a in self._arenas.values():  # the expert kernels read nothing else from an arena
+            if a.queue is None:
+                a.wait()
+        return self.rt.kernel
 
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
@@ -277,8 +322,12 @@ class CudaOps:
         """Wait for the weight upload when x lives in a file's arena (a 1-D weight read back or
         copied before any kernel ran: the upload thread's copies are on their own stream, which
         the runtime's stream does not wait for; kernels wait through _k_after_upload)."""
-        if isinstance(getattr(x, "owner", None), WeightArena):
-            x.owner.wait()
+        a = getattr(x, "owner", None)
+        if isinstance(a, WeightArena):
+            if a.streaming():
+                a.ensure_ptr(x.ptr)
+            else:
+                a.wait()
 
     def copy(self, src, out):
         self._uploaded(src)
@@ -343,7 +392,7 @@ class CudaOps:
 
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
-        return [a.stats for a in self._arenas.values()]
+        return [a.report() for a in self._arenas.values()]
 
     # -- weights -----------------------------------------------------------------
     def _arena(self, f):
@@ -740,23 +789,26 @@ class CudaOps:
         else:
             wg_ptr, wu_ptr, estride = w_gate.ptr, w_up.ptr, F
             same = w_gate.ggml_type == w_up.ggml_type and w_gate.row_bytes == w_up.row_bytes
+        # expert rows: gate (and its up rows after it when fused), up, down
+        parts = [(w_gate, estride, estride), (w_down, D, D)] + ([] if w_up is None else [(w_up, F, F)])
+        kx = self._moe_experts_ready(ids, parts)
         if same and self._moe_mma_takes(N, k, E, w_gate, w_down):
             return self._moe_grouped(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D,
-                                     0 if act == "silu" else 1)
+                                     0 if act == "silu" else 1, kx)
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
         if same:
             h = self.empty((N * k, F))
-            self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
-                                                             Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
-                                                             act=0 if act == "silu" else 1)
+            kx(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
+                                                         Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
+                                                         act=0 if act == "silu" else 1)
         else:
             g, u = self.empty((N * k, F)), self.empty((N * k, F))
             for w, y in ((w_gate, g), (w_up, u)):
-                self.k(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
-                                                           M=F, x_div=k, es=estride, rb=w.row_bytes)
+                kx(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
+                                                       M=F, x_div=k, es=estride, rb=w.row_bytes)
             h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
-        self.k(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
+        kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
         return out
@@ -771,7 +823,7 @@ class CudaOps:
                 and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
                 and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
 
-    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act):
+    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None):
         """moe's prefill form (see MOE_MMA_MIN_N): the pairs grouped by expert (moe_group_i32),
         H [P, F] f16 = act(gate) * up of each group's gathered tokens in group order
         (mmaglu_moe_*), Y [P, D] = down of H's rows stored at their pairs (mma_moe_*), out [N, D]
@@ -790,11 +842,12 @@ class CudaOps:
         xh = self._mma_x16(x)
         h = self.empty((P, F), "float16")
         block = (MMA_THREADS, 1, 1)
-        self.k(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")(
+        kx = kx or self.k  # (the expert kernels' lookup: see _moe_experts_ready)
+        kx(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")(
             (-(-F // MMA_BM), tmax, 1), block, Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr,
             tiles=tiles.ptr, H=h.ptr, K=K, M=F, k=k, es=estride, rb=w_gate.row_bytes, act=act)
         y = self.empty((P, D))
-        self.k(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
+        kx(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
             (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
             tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes)
         self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)

@@ -68,8 +68,9 @@ TABLE = (
      "MiB per pread of the `read` upload."),
     ("REFLEX_CUDA_STREAM", "flag", True, "cuda",
      "The `read` upload streams: reads in the forward pass's order, each kernel launched once "
-     "the tensors it reads are on the device, a MoE layer's routed experts read first (0: the "
-     "whole file in file order, the first kernel waiting for all of it)."),
+     "the tensors it reads are on the device, a MoE layer's routed experts read first; `auto` "
+     "also streams MoE files from the page cache (0: the whole file in file order, the first "
+     "kernel waiting for all of it)."),
     ("REFLEX_CUDA_UPLOAD_DIRECT", "flag", False, "cuda",
      "The `read` upload uses O_DIRECT, leaving the file out of the page cache (cold-cache "
      "measurements)."),

@@ -310,3 +310,31 @@ def test_stop_ends_the_reads_without_an_error(tmp_path):
     run_jobs(fd, q, lambda i: FakeLane(bytearray(n), 1000, []), 1, slow)  # returns, no error
     os.close(fd)
     assert q.n_done == 5 and not q.complete() and q.take() is None
+
+
+def test_auto_streams_moe_files_from_the_page_cache(tmp_path, monkeypatch):
+    """auto on a cached file: register for a dense file (here: no libcuda, so staging), the
+    streaming read for a file mostly of expert tensors (unless REFLEX_CUDA_STREAM=0)."""
+    import os
+
+    from reflex_ipc.cuda import weights
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    from test_upload_reader import _FakeRt
+
+    tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
+    cfg = dict(FAMILY_CONFIGS["qwen3moe"], n_layer=4, n_expert=128, n_ff_exp=128)
+    moe = family_gguf(str(tmp_path / "moe.gguf"), **cfg, tokenizer=tok)
+    dense = family_gguf(str(tmp_path / "dense.gguf"), **FAMILY_CONFIGS["phi3_split_short"], tokenizer=tok)
+    for path, stream, want in ((moe, "1", "read"), (moe, "0", "staging"), (dense, "1", "staging")):
+        monkeypatch.setenv("REFLEX_CUDA_STREAM", stream)
+        monkeypatch.setenv("REFLEX_CUDA_UPLOAD", "auto")
+        with open(path, "rb") as fh:
+            fh.read()
+        with GGUFFile(path) as f:
+            assert (weights.expert_share(f) >= weights.EXPERT_SHARE_STREAM) == (path == moe)
+            a = weights.WeightArena(_FakeRt(), f)
+            a.wait()
+            assert a.stats["resident"] >= 0.9 and a.stats["mode"] == want, a.stats
+            assert bool(a.stats.get("streaming")) == (want == "read")

@@ -1246,7 +1246,8 @@ class CudaOps:
         kern = self.k(f"flash_attention_f16kv_{MLA_FLASH_KV[(nope + r, dv)]}")
         kern((H, tiles // H, S), (FLASH_THREADS, 1, 1),
              kern.head(q=q.ptr, kc=K.ptr, vc=V.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
-                       part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr, mask=mask.ptr if mask is not None else 0),
+                       part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr,
+                       mask=mask.ptr if mask is not None else 0),
              N=N, Hq=H, Hkv=H, ctx=n_kv, n_kv=n_kv, scale=float(scale), softcap=0.0, causal=1 if causal else 0,
              window=int(window), chunk=chunk)
         if S > 1:

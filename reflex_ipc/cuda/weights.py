@@ -42,6 +42,11 @@ HOST_REGISTER_READ_ONLY = 0x08
 CHUNK = 32 << 20  # bytes per staging buffer
 N_STAGING = 2
 RESIDENT_ENOUGH = 0.9  # auto: the sampled fraction of cached pages from which register is used
+# auto, streaming on: a file whose mixture-of-experts tensors hold at least this share of the
+# bytes streams (the read way) even from the page cache: a short prompt's first token needs its
+# attention weights and the experts it routes to (a third to a half of them), read at ~15 GB/s
+# from the page cache, where register copies everything first (~20 GB/s)
+EXPERT_SHARE_STREAM = 0.5
 READ_THREADS = 8  # read: default threads (REFLEX_CUDA_UPLOAD_THREADS), each with two buffers
 # read: MiB per pread and per copy: REFLEX_CUDA_UPLOAD_CHUNK_MB (settings.py, default 16)
 
@@ -57,6 +62,16 @@ def stop_streams():
             a.queue.stop()
 
 
+def _is_expert(t):
+    return "_exps." in t.name and len(t.shape) == 3 and t.shape[2] > 1 and t.nbytes % t.shape[2] == 0
+
+
+def expert_share(f):
+    """The share of GGUFFile f's tensor bytes in mixture-of-experts tensors (*_exps, 3-D)."""
+    total = sum(t.nbytes for t in f.tensors.values())
+    return sum(t.nbytes for t in f.tensors.values() if _is_expert(t)) / total if total else 0.0
+
+
 def stream_plan(f, start, chunk):
     """The streaming upload's jobs [(file_off, nbytes, dst_off)] for GGUFFile f's tensors (its
     tensor data starting at file offset `start`), in the order a forward pass needs them: tensors
@@ -69,7 +84,7 @@ def stream_plan(f, start, chunk):
     for t in f.tensors.values():
         m = re.match(r"blk\.(\d+)\.", t.name)
         layer = int(m.group(1)) if m else None
-        if "_exps." in t.name and len(t.shape) == 3 and t.shape[2] > 1 and t.nbytes % t.shape[2] == 0:
+        if _is_expert(t):
             per = t.nbytes // t.shape[2]
             lazy += [((layer if layer is not None else 1 << 30, t.offset + e * per), t.offset + e * per, per)
                      for e in range(t.shape[2])]
@@ -146,6 +161,9 @@ class WeightArena:
                     extra.update(probe)
                     if probe["resident"] < RESIDENT_ENOUGH:
                         mode = "read"
+                    elif settings.get().cuda_stream and expert_share(self.f) >= EXPERT_SHARE_STREAM:
+                        mode = "read"
+                        extra["why"] = "experts: stream the routed ones first"
             if mode == "read" and src.size:
                 try:
                     s = settings.get()

@@ -14,6 +14,7 @@ the GGUF's add_bos flag. Errors are ReflexError with the protocol's kinds.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from .errors import ReflexError
@@ -255,6 +256,9 @@ class Runner:
         return self.tok.decode(list(ids), special=special)
 
     def close(self):
+        store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+        if store is not None:
+            store.flush(self)  # what the last request queued, from the state it left
         self.exec.close()
         for a in self.lora:
             a.close()
@@ -300,7 +304,7 @@ class Runner:
             raise
         return sf
 
-    def _check_state(self, sf):
+    def _check_state(self, sf, segment=False):
         import os
 
         def bad(msg):
@@ -315,8 +319,11 @@ class Runner:
                       f"{os.path.basename(self.path)} has {digest.hex()[:16]})")
         if sf.adapters_digest != adig:
             raise bad("the state was saved with other LoRA adapters or scales than this model has loaded")
-        if sf.n_tokens > self.n_ctx:
-            raise bad(f"the state holds {sf.n_tokens} tokens; n_ctx {self.n_ctx} is too small")
+        if sf.start and not segment:
+            raise bad(f"the file holds the state of tokens from position {sf.start} on (a prefix "
+                      "store segment), not a state to start from")
+        if sf.start + sf.n_tokens > self.n_ctx:
+            raise bad(f"the state holds {sf.start + sf.n_tokens} tokens; n_ctx {self.n_ctx} is too small")
         specs = self.model.state_spec()
         if len(specs) != len(sf.layers):
             raise bad(f"{len(sf.layers)} layers of state; the model has {len(specs)}")
@@ -348,6 +355,24 @@ class Runner:
         with self._open_state(path) as sf:
             self._restore(sf)
             return {"path": sf.path, "n_tokens": sf.n_tokens, "timings": {"state_load": _ms(t0)}}
+
+    # -- the prefix store (runtime/prefixstore.py) -----------------------------------------
+    def _prefix_cache(self, wanted):
+        """Start a request: write what the previous one queued (the state is still its), then
+        give the executor this request's store session (None: off)."""
+        from .runtime import prefixstore
+
+        prefixstore.flush(self)
+        self.exec.store = prefixstore.session(self, wanted)
+
+    def _prefix_cache_done(self, timings):
+        """End a request: queue its prompt's segments for writing after the answer
+        (prefixstore.flush) and say in timings what came from the store."""
+        s, self.exec.store = self.exec.store, None
+        if s is not None:
+            s.finish()
+            timings["prefix_cache_tokens"] = s.tokens
+            timings["prefix_cache_import"] = round(s.import_ms, 3)
 
     def _continuation_ids(self, text):
         """Token ids of text that follows saved tokens: a string, tokenized as text that
@@ -426,7 +451,7 @@ class Runner:
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(), on_token=None,
                  should_cancel=None, cache_prompt=True, logprobs=None, constraint=None,
-                 on_logits=None, kv_import=None, kv_export=None) -> dict:
+                 on_logits=None, kv_import=None, kv_export=None, prefix_cache=True) -> dict:
         """Continue `prompt` (a string, or a list of token ids used as is). Generation ends at
         an end-of-generation token (not included in token_ids or text; finish_reason "stop"),
         after max_tokens tokens ("length"), when the text contains one of `stop`
@@ -454,6 +479,10 @@ class Runner:
         evaluated. kv_export: a file to save the state to once the prompt is evaluated
         (before generating). The result then has "kv_import"/"kv_export": {"path",
         "n_tokens"[, "bytes"]} and timings state_load/state_save.
+
+        prefix_cache: start from the prefix store's saved state of the prompt's leading
+        tokens and queue the prompt's state for it (runtime/prefixstore.py); timings
+        prefix_cache_tokens / prefix_cache_import say what came from it.
         """
         import numpy as np
 
@@ -467,6 +496,7 @@ class Runner:
         max_tokens = int(max_tokens)
         check = self._checker(should_cancel)
         extra_out, extra_t = {}, {}
+        self._prefix_cache(prefix_cache)
         sf = self._open_state(kv_import) if kv_import is not None else None
         try:
             ids = sf.tokens + self._continuation_ids(prompt) if sf is not None else self._prompt_ids(prompt)
@@ -582,11 +612,12 @@ class Runner:
             out["logprobs"] = entries[:len(out_ids)]
         out.update(extra_out)
         out["timings"].update(extra_t)
+        self._prefix_cache_done(out["timings"])
         return out
 
     # -- system1 -------------------------------------------------------------------
     def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None, cache_prompt=True,
-                kv_import=None, kv_export=None) -> dict:
+                kv_import=None, kv_export=None, prefix_cache=True) -> dict:
         """Score candidate continuations of `prompt` in one forward pass over all of them.
 
         Every candidate's tokens are stored after the prompt, each attending to the prompt and
@@ -615,6 +646,7 @@ class Runner:
             raise ReflexError("invalid_request", f"temperature must be > 0, not {temperature}")
         check = self._checker(should_cancel)
         extra_out, extra_t = {}, {}
+        self._prefix_cache(prefix_cache)
         sf = self._open_state(kv_import) if kv_import is not None else None
         try:
             return self._system1(prompt, candidates, temperature, check, cache_prompt, sf, kv_export,
@@ -748,6 +780,7 @@ class Runner:
             extra_t.update(saved.pop("timings"))
             extra_out["kv_export"] = saved
         t_end = time.perf_counter()
+        self._prefix_cache_done(extra_t)
         return {
             **extra_out,
             "candidates": out,
@@ -761,9 +794,11 @@ class Runner:
         }
 
     # -- embed ---------------------------------------------------------------------
-    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None) -> dict:
+    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None, prefix_cache=True) -> dict:
         """Pooled final hidden states (after the final norm) of each text: the mean over its
-        tokens, the last token's, or the first token's ("cls"); L2-normalized on request."""
+        tokens, the last token's, or the first token's ("cls"); L2-normalized on request.
+        With "last" pooling only the last token's hidden state counts, so the prefix store
+        (prefix_cache) and the state the previous request left give the leading tokens'."""
         import numpy as np
 
         t0 = time.perf_counter()
@@ -775,6 +810,9 @@ class Runner:
             raise ReflexError("invalid_request", "no texts to embed")
         check = self._checker(should_cancel)
         vectors, n_tokens = [], []
+        tail_only = pooling == "last"
+        self._prefix_cache(prefix_cache and tail_only)  # the last text's prompt is saved
+        timings = {}
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ReflexError("invalid_request", f"text {i} is not a string")
@@ -785,7 +823,7 @@ class Runner:
                 raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                                   f"context of {self.n_ctx}")
             acc = first = last = None
-            for h in self.exec.hidden(ids, check=check):
+            for h in self.exec.hidden(ids, check=check, reuse=tail_only):
                 h = self.ops.to_numpy(h).astype(np.float64)
                 acc = h.sum(axis=0) if acc is None else acc + h.sum(axis=0)
                 first = h[0] if first is None else first
@@ -797,5 +835,6 @@ class Runner:
             vectors.append(v.astype(np.float32).tolist())
             n_tokens.append(len(ids))
         t_end = time.perf_counter()
+        self._prefix_cache_done(timings)
         return {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
-                "timings": {"total": _ms(t0, t_end)}}
+                "timings": {"total": _ms(t0, t_end), **timings}}

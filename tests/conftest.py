@@ -27,6 +27,13 @@ def missing(what: str, why: str, install: str):
     pytest.skip(msg)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _prefix_store_dir(tmp_path_factory):
+    """The prefix store (reflex_ipc/runtime/prefixstore.py) of every test and of the processes
+    they start: a folder of this session, never the user's cache."""
+    os.environ["REFLEX_PREFIX_CACHE_DIR"] = str(tmp_path_factory.mktemp("prefix-store"))
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> str:
     """The path of SmolLM2-135M-Instruct's GGUF (the `smollm2` model alias)."""

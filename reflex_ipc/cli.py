@@ -23,6 +23,7 @@ COMMANDS = {
     "smoke": ("smoke", "load the CUDA kernels, launch one, report timings"),
     "doctor": ("doctor", "report GPU, driver, pycuda, kernel images, NVML"),
     "bench": ("bench", "cold-start, warm and decode benchmarks"),
+    "cache": ("cache", "the prefix cache of saved prompt states: ls, clear"),
 }
 
 
@@ -65,13 +66,26 @@ def _usage(out):
 _ONE_SHOT = ("generate", "infill", "system1", "embed")
 
 
+def _store_on(args) -> bool:
+    """Whether the prefix cache may write after the answer (runtime/prefixstore.py: on
+    unless REFLEX_PREFIX_CACHE=0 or --no-prefix-cache)."""
+    v = os.environ.get("REFLEX_PREFIX_CACHE", "").strip().lower()
+    return v not in ("0", "off", "false", "no") and "--no-prefix-cache" not in args
+
+
 def _detach_wanted(args) -> bool:
-    """Whether to run this one-shot command in a detached child: by default only when a
-    CUDA context will exist (its teardown at exit takes ~0.1 s); REFLEX_DETACH=1/0 forces."""
+    """Whether to run this one-shot command in a detached child: by default when a CUDA
+    context will exist (its teardown at exit takes ~0.1 s) or the prefix cache may write
+    after the answer (the caller has its answer and exit status first); REFLEX_DETACH=1/0
+    forces."""
     env = os.environ.get("REFLEX_DETACH")
     if env in ("0", "1"):
         return env == "1" and bool(args) and args[0] in _ONE_SHOT
-    if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) in ("cpu", "numpy"):
+    if not args or args[0] not in _ONE_SHOT:
+        return False
+    if _store_on(args[1:]):
+        return True
+    if _device_arg(args[1:]) in ("cpu", "numpy"):
         return False
     from .cuda import pycuda_installed
 
@@ -140,6 +154,10 @@ def main(argv=None) -> int:
             pass  # a vanished reader: nothing left to tell it
     if done is not None:
         done(rc or 0)
+    store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+    if store is not None:
+        store.flush()  # the prompt's state into the prefix cache, after the answer
+    if done is not None and "reflex_ipc.cuda" in sys.modules:
         from .cuda import teardown_when_no_init
 
         teardown_when_no_init()

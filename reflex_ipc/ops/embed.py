@@ -12,6 +12,9 @@ class EmbedRequest(ModelRequest, kw_only=True):
     input: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]]
     pooling: Literal["mean", "last", "cls"] = "mean"
     normalize: Annotated[bool, Meta(description="scale each embedding to unit L2 norm")] = False
+    prefix_cache: Annotated[bool, Meta(
+        description="with pooling last: start from the prefix cache's saved state of the "
+                    "text's leading tokens and save the last text's there (as in generate)")] = True
 
 
 class EmbedResult(_Result, kw_only=True):
@@ -30,7 +33,7 @@ def texts(req) -> list:
 
 def execute(runner, req, *, should_cancel=None) -> dict:
     out = dict(runner.embed(texts(req), pooling=req.pooling, normalize=req.normalize,
-                            should_cancel=should_cancel))
+                            should_cancel=should_cancel, prefix_cache=req.prefix_cache))
     out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
                          for e in out["embeddings"]]
     return out

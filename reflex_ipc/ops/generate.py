@@ -38,6 +38,11 @@ class DecodeRequest(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    prefix_cache: Annotated[bool, Meta(
+        description="start from the prefix cache's saved state of the prompt's leading tokens "
+                    "(shared by every reflex process of the machine) and save this prompt's "
+                    "state there after the answer; false: neither (REFLEX_PREFIX_CACHE=0 turns "
+                    "it off for the whole process)")] = True
     json_schema: Optional[Annotated[Union[dict[str, Any], bool], Meta(
         description="constrain the output to this JSON Schema")]] = None
     regex: Optional[Annotated[str, Meta(
@@ -145,7 +150,7 @@ def decode(runner, req, prompt, *, on_token=None, should_cancel=None, **kw) -> d
         prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
         top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
         repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel, **extra, **kw)
+        should_cancel=should_cancel, prefix_cache=req.prefix_cache, **extra, **kw)
 
 
 def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:

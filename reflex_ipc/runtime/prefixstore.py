@@ -274,7 +274,7 @@ class Session:
                 sf.close()
 
     def _drop(self, path, why):
-        _warn(f"refused {os.path.basename(path)}: {why}; deleted, its tokens are evaluated again")
+        _warn(f"refused a saved segment ({why}); deleted, its tokens are evaluated again")
         try:
             os.unlink(path)
         except OSError:
@@ -382,9 +382,16 @@ class Session:
                 "backend": r.ops.name, "block": self.block,
                 "lora": [{"path": a.path, "scale": a.scale} for a in r.lora]}
         tmp = f"{p}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(info, fh)
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(info, fh)
+            os.replace(tmp, p)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
 
 def session(runner, wanted=True):

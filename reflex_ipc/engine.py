@@ -161,16 +161,30 @@ def _name_of(name, path) -> str:
 
 class _StopText:
     """Generated text released as it becomes final: never past a stop string, and holding
-    back any tail that could still become the start of one."""
+    back any tail that could still become the start of one.
 
-    def __init__(self, stops):
+    llama.cpp server's limits for editors (infill): n_indent > 0 ends generation at the
+    first line after a newline whose indentation (spaces and tabs) is less than n_indent,
+    the text cut before that line's first other character (a line's leading whitespace is
+    held back until it is decided); t_max_predict_ms > 0 ends it at a token whose text holds
+    a newline once that many ms have passed since generation began (t0). Both end with
+    `reason` "length", as llama.cpp's limits do."""
+
+    def __init__(self, stops, n_indent=0, t_max_predict_ms=0):
         self.stops = [s for s in stops if s]
         self.maxlen = max((len(s) for s in self.stops), default=0)
         self.text = ""
         self.emitted = 0
+        self.n_indent = int(n_indent or 0)
+        self.t_max = float(t_max_predict_ms or 0)
+        self.t0 = None
+        self.scan = 0  # where the next newline whose line is undecided is looked for
+        self.reason = None  # why push said stop: None (a stop string) or "length"
 
     def push(self, piece):
         """Add decoded text; returns (newly final text, stopped)."""
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
         before = len(self.text)
         self.text += piece
         safe = len(self.text)
@@ -188,6 +202,26 @@ class _StopText:
                         hold = k
                         break
             safe -= hold
+        if self.n_indent > 0:
+            while True:
+                nl = self.text.find("\n", self.scan)
+                if nl < 0:
+                    break
+                p = start = nl + 1
+                while p < len(self.text) and self.text[p] in " \t":
+                    p += 1
+                if p == len(self.text):  # only whitespace so far: undecided
+                    if p - start < self.n_indent:
+                        safe = min(safe, start)
+                    break
+                if p - start < self.n_indent:
+                    self.text = self.text[:p]
+                    self.reason = "length"
+                    return self._release(p), True
+                self.scan = p
+        if self.t_max > 0 and "\n" in piece and (time.perf_counter() - self.t0) * 1e3 > self.t_max:
+            self.reason = "length"
+            return self._release(len(self.text)), True
         return self._release(safe), False
 
     def _release(self, upto):
@@ -451,7 +485,8 @@ class Runner:
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(), on_token=None,
                  should_cancel=None, cache_prompt=True, logprobs=None, constraint=None,
-                 on_logits=None, kv_import=None, kv_export=None, prefix_cache=True) -> dict:
+                 on_logits=None, kv_import=None, kv_export=None, prefix_cache=True, n_indent=0,
+                 t_max_predict_ms=0) -> dict:
         """Continue `prompt` (a string, or a list of token ids used as is). Generation ends at
         an end-of-generation token (not included in token_ids or text; finish_reason "stop"),
         after max_tokens tokens ("length"), when the text contains one of `stop`
@@ -479,6 +514,9 @@ class Runner:
         evaluated. kv_export: a file to save the state to once the prompt is evaluated
         (before generating). The result then has "kv_import"/"kv_export": {"path",
         "n_tokens"[, "bytes"]} and timings state_load/state_save.
+
+        n_indent, t_max_predict_ms: llama.cpp server's limits for editors (see _StopText); a
+        generation they end has finish_reason "length".
 
         prefix_cache: start from the prefix store's saved state of the prompt's leading
         tokens and queue the prompt's state for it (runtime/prefixstore.py); timings
@@ -521,7 +559,7 @@ class Runner:
         window = len(ids) + max_tokens if repeat_last_n < 0 else int(repeat_last_n)
         eog = self.tok.eog_ids
         dec = self.tok.stream_decoder()
-        st = _StopText(stop)
+        st = _StopText(stop, n_indent, t_max_predict_ms)
         out_ids: list = []
         entries: list = []
         finish = "length"
@@ -559,7 +597,7 @@ class Runner:
             extra_out["kv_export"] = saved
         if max_tokens > 0:
             self.ops.synchronize()  # an asynchronous backend's prefill ends here, not at its last launch
-        t_prompt = time.perf_counter()
+        t_prompt = st.t0 = time.perf_counter()
         tokens = ex.decode(logits, choose, check) if max_tokens > 0 else iter(())
         for tid in tokens:
             extra = {"logprobs": entries[-1]} if want_lp else {}
@@ -567,7 +605,7 @@ class Runner:
                 if want_lp:
                     entries.pop()  # the end-of-generation token is not part of the output
                 rest, stopped = st.push(dec.flush())
-                finish = "stop_string" if stopped else "stop"
+                finish = (st.reason or "stop_string") if stopped else "stop"
                 rest += "" if stopped else st.rest()
                 if rest and on_token is not None:
                     on_token(tid, rest)
@@ -586,7 +624,7 @@ class Runner:
             if on_token is not None:
                 on_token(tid, text, **extra)
             if stopped:
-                finish = "stop_string"
+                finish = st.reason or "stop_string"
                 break
             if last:
                 finish = "stop" if done else "length"

@@ -23,6 +23,14 @@ class InfillRequest(DecodeRequest, kw_only=True):
         max_length=4096, description="other files as context (repo-level layout)")] = []
     prompt: Annotated[str, Meta(description="text added after the prefix, before the "
                                             "middle")] = ""
+    n_indent: Annotated[int, Meta(
+        ge=0, le=2**31 - 1, description="end at the first generated line (after a newline) "
+                                        "indented by fewer spaces/tabs, cut before its text "
+                                        "(finish_reason length; llama.cpp's n_indent); 0 is off")] = 0
+    t_max_predict_ms: Annotated[int, Meta(
+        ge=-1, le=2**63 - 1, description="end at a token holding a newline once this many ms "
+                                         "passed since generation began (finish_reason "
+                                         "length; llama.cpp's); 0 or -1 is off")] = 0
 
 
 class InfillResult(DecodeResult, kw_only=True):
@@ -38,12 +46,15 @@ def prompt_ids(runner, req) -> list:
 
     return prepare.infill_ids(
         runner, req.prefix, req.suffix, prompt=req.prompt, max_tokens=req.max_tokens,
-        input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra])
+        input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra],
+        prefix_cache=req.prefix_cache)
 
 
 def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
+    limits = {k: v for k, v in (("n_indent", req.n_indent), ("t_max_predict_ms", req.t_max_predict_ms))
+              if v > 0}
     return decode(runner, req, prompt_ids(runner, req), on_token=on_token,
-                  should_cancel=should_cancel)
+                  should_cancel=should_cancel, **limits)
 
 
 def run(call, req) -> dict:

@@ -42,7 +42,7 @@ class FakeRunner:
 
     def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
                  min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None, cache_prompt=True):
+                 on_token=None, should_cancel=None, cache_prompt=True, prefix_cache=True):
         self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
@@ -75,7 +75,7 @@ class FakeRunner:
                 "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
 
     def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None,
-                cache_prompt=True):
+                cache_prompt=True, prefix_cache=True):
         if should_cancel and should_cancel():
             raise ReflexError("cancelled", "cancelled")
         c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
@@ -84,7 +84,7 @@ class FakeRunner:
                 "candidate_tokens": sum(len(x["token_ids"]) for x in c), "cached_tokens": 0,
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
-    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
+    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None, prefix_cache=True):
         import numpy as np
 
         e = np.ones((len(texts), 4), dtype=np.float32)

@@ -155,6 +155,24 @@ def test_warm_runner_and_numpy(store):
     assert len({os.path.dirname(f) for f in files(store)}) == 2
 
 
+def test_share_across_backends(store, monkeypatch):
+    """REFLEX_PREFIX_CACHE_SHARE=1: the numpy backend reads the cpu backend's float16
+    segments (converted to its float32 state) when it has none of its own."""
+    ref, ids = run_generate(LLAMA, device="numpy", prefix_cache=False)
+    run_generate(LLAMA)  # cpu writes
+    out, _ = run_generate(LLAMA, device="numpy")  # not shared: numpy evaluates (and writes its own)
+    assert out["timings"]["prefix_cache_tokens"] == 0
+    import shutil
+
+    for d in {os.path.dirname(f) for f in files(store)}:
+        if json.load(open(os.path.join(d, "model.json")))["backend"] == "numpy":
+            shutil.rmtree(d)
+    monkeypatch.setenv("REFLEX_PREFIX_CACHE_SHARE", "1")
+    out, _ = run_generate(LLAMA, device="numpy")
+    assert out["timings"]["prefix_cache_tokens"] == len(ids) - 1
+    assert out["token_ids"] == ref["token_ids"]  # within float16 rounding: the same greedy tokens here
+
+
 def test_switches(store, monkeypatch):
     run_generate(LLAMA, prefix_cache=False)
     assert files(store) == []

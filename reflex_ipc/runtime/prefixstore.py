@@ -26,9 +26,10 @@ here may fail a request: every error is a miss (or, when writing, nothing writte
 
 Settings (environment): REFLEX_PREFIX_CACHE=0 turns the store off (requests and the
 CLI turn it off one at a time: `prefix_cache: false`, `--no-prefix-cache`);
-REFLEX_PREFIX_CACHE_DIR (default: prefix/ in reflex's cache folder), 
+REFLEX_PREFIX_CACHE_DIR (default: prefix/ in reflex's cache folder),
 REFLEX_PREFIX_CACHE_MAX (bytes, or with K/M/G; default 4G), REFLEX_PREFIX_CACHE_BLOCK
-(tokens per block, default 256).
+(tokens per block, default 256), REFLEX_PREFIX_CACHE_SHARE=1 (also read the segments of
+the other backends: cpu <-> cuda <-> numpy, as the state format allows).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ DEFAULT_MAX = 4 << 30
 SUFFIX = ".rxs"
 INFO = "model.json"
 STALE_TMP_S = 3600  # a writer's temporary file older than this was left by a crash
+BACKENDS = ("cpu", "cuda", "numpy")
 PENDING = []  # sessions whose segments are written after the answer (flush)
 
 
@@ -67,6 +69,13 @@ def parse_size(text) -> int:
 
 def enabled() -> bool:
     return _truthy(os.environ.get("REFLEX_PREFIX_CACHE"))
+
+
+def share() -> bool:
+    """REFLEX_PREFIX_CACHE_SHARE=1: a backend also reads the segments other backends saved
+    (a state moves between backends within float16 rounding; off by default, so that an
+    answer is always what its own backend computes from scratch)."""
+    return _truthy(os.environ.get("REFLEX_PREFIX_CACHE_SHARE"), default=False)
 
 
 def root() -> str:
@@ -153,6 +162,14 @@ class Session:
         self.ns = namespace(digest, adig, runner.ops.name)
         self.root = folder
         self.dir = os.path.join(folder, self.ns.hex())
+        # where to look: this backend's segments, then (REFLEX_PREFIX_CACHE_SHARE=1) the other
+        # backends' (their rounding differs: the answer is then not bit for bit this backend's)
+        self.sources = [(self.ns, self.dir)]
+        if share():
+            for b in BACKENDS:
+                if b != runner.ops.name:
+                    ns = namespace(digest, adig, b)
+                    self.sources.append((ns, os.path.join(folder, ns.hex())))
         self.tokens = 0  # imported
         self.import_ms = 0.0
         self.files = 0
@@ -175,11 +192,16 @@ class Session:
         self.want = {b for _, b, _, _ in segs} if self.recurrent else ()
         if not load or not segs or segs[-1][1] <= held:
             return held
-        avail = []
-        for seg in segs:
-            if not os.path.isfile(self.path(seg[3])):
-                break
-            avail.append(seg)
+        avail = []  # the longest run of saved segments from the start, of one source
+        for i, (ns, d) in enumerate(self.sources):
+            run = []
+            for a, b, base, key in (segs if i == 0 else chain(ns, ids, [s[1] for s in segs])):
+                p = os.path.join(d, key.hex() + SUFFIX)
+                if not os.path.isfile(p):
+                    break
+                run.append((a, b, base, key, p))
+            if len(run) > len(avail):
+                avail = run
         if not avail or avail[-1][1] <= held:
             return held
         t0 = time.perf_counter()
@@ -207,8 +229,7 @@ class Session:
         from ..errors import ReflexError
         from .statefile import StateFile
 
-        a, b, base, key = seg
-        p = self.path(key)
+        a, b, base, key, p = seg
         try:
             sf = StateFile(p)
         except ReflexError as e:

@@ -318,14 +318,13 @@ class Session:
 
     # -- writing
     def finish(self):
-        """The request is done: queue the segments of its prompt the store lacks (written by
-        flush() after the answer, or at the runner's next request or close)."""
+        """The request is done: queue the segments of its prompt (those the store lacks are
+        written by flush() after the answer, or at the runner's next request or close)."""
         ids = self.ids
         self.want = ()
         if not ids or len(ids) - 1 < self.block // 2:  # too short to be worth a file
             return
-        segs = chain(self.ns, ids, bounds_of(len(ids), self.block))
-        todo = [s for s in segs if not os.path.isfile(self.path(s[3]))]
+        todo = chain(self.ns, ids, bounds_of(len(ids), self.block))  # write() skips the saved ones
         if self.recurrent:  # only the ends whose recurrent state was captured
             todo = [s for s in todo if s[1] in self.snaps]
         self.todo = todo
@@ -335,7 +334,7 @@ class Session:
     def write(self):
         """Write the queued segments from the runner's state (unchanged since the request:
         this runs before the next one). Errors (a full disk...) end the writing quietly."""
-        todo, self.todo = self.todo, []
+        todo, self.todo = [s for s in self.todo if not os.path.isfile(self.path(s[3]))], []
         st = self.ex.state
         if not todo or st is None:
             return 0

@@ -1,7 +1,8 @@
 """The prefix store (reflex_ipc/runtime/prefixstore.py, issue 29): a fresh runner (a fresh
 process) whose prompt starts like an earlier one's reads the saved segments instead of
 evaluating those tokens, with the same answer; every state kind (attention, latent-free
-synthetic llama, the recurrent hybrids qwen35 and granitehybrid); the switches; the size
+synthetic llama and qwen3, deepseek2's latent cache, gemma4's shared K/V, the recurrent
+hybrids qwen35 and granitehybrid); the switches; the size
 cap; `reflex cache`; and a fuzz of the store's folder (truncated, bit-flipped, swapped
 files, racing writers, a full disk): never a wrong answer, never a crash.
 
@@ -18,7 +19,7 @@ import pytest
 
 from reflex_ipc.engine import load_runner
 from reflex_ipc.runtime import prefixstore
-from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, granite_gguf, hybrid_gguf
+from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, arch_gguf, granite_gguf, hybrid_gguf
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the hybrid models borrow its tokenizer
 
@@ -52,6 +53,8 @@ def hybrids(tmp_path_factory, smollm2):
         p = str(d / f"{name}.gguf")
         fn(p, tokenizer=smollm2, **cfg)
         out[name] = p
+    for name in ("deepseek2", "gemma4"):  # a latent (MLA) cache; layers sharing K/V
+        out[name] = arch_gguf(name, str(d / f"{name}.gguf"), tokenizer=smollm2)
     return out
 
 
@@ -98,7 +101,7 @@ def test_bounds_and_chain():
     assert prefixstore.parse_size("4G") == 4 << 30 and prefixstore.parse_size("1000") == 1000
 
 
-@pytest.mark.parametrize("model", ["llama", "qwen3", "qwen35", "granitehybrid"])
+@pytest.mark.parametrize("model", ["llama", "qwen3", "qwen35", "granitehybrid", "deepseek2", "gemma4"])
 def test_second_process_reads_the_store(model, store, hybrids):
     path = {"llama": LLAMA, "qwen3": QWEN3, **hybrids}[model]
     ref, ids = run_generate(path, prefix_cache=False)

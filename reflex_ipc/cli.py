@@ -66,26 +66,13 @@ def _usage(out):
 _ONE_SHOT = ("generate", "infill", "system1", "embed")
 
 
-def _store_on(args) -> bool:
-    """Whether the prefix cache may write after the answer (runtime/prefixstore.py: on
-    unless REFLEX_PREFIX_CACHE=0 or --no-prefix-cache)."""
-    v = os.environ.get("REFLEX_PREFIX_CACHE", "").strip().lower()
-    return v not in ("0", "off", "false", "no") and "--no-prefix-cache" not in args
-
-
 def _detach_wanted(args) -> bool:
-    """Whether to run this one-shot command in a detached child: by default when a CUDA
-    context will exist (its teardown at exit takes ~0.1 s) or the prefix cache may write
-    after the answer (the caller has its answer and exit status first); REFLEX_DETACH=1/0
-    forces."""
+    """Whether to run this one-shot command in a detached child: by default only when a
+    CUDA context will exist (its teardown at exit takes ~0.1 s); REFLEX_DETACH=1/0 forces."""
     env = os.environ.get("REFLEX_DETACH")
     if env in ("0", "1"):
         return env == "1" and bool(args) and args[0] in _ONE_SHOT
-    if not args or args[0] not in _ONE_SHOT:
-        return False
-    if _store_on(args[1:]):
-        return True
-    if _device_arg(args[1:]) in ("cpu", "numpy"):
+    if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) in ("cpu", "numpy"):
         return False
     from .cuda import pycuda_installed
 
@@ -126,11 +113,33 @@ def _detach():
     os._exit(128 - code if code < 0 else code or 1)
 
 
+def _fork_off():
+    """Return in a child that the caller no longer waits for: the parent exits (its status
+    was decided: the caller's answer is out), the child lets go of the standard streams."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return  # no child: the work happens here, before the exit
+    if pid:
+        os._exit(_EXIT_STATUS[0])
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+
+
+_EXIT_STATUS = [0]
+
+
 def main(argv=None) -> int:
     """Entry point. As the console script (argv None) it ends with os._exit once its
     output is flushed, so interpreter teardown stays off the caller's wall clock; a one-shot
     command that will hold a CUDA context also runs in a detached child (_detach), which
-    keeps the driver's teardown off it too."""
+    keeps the driver's teardown off it too. The prefix cache's writes happen after the
+    answer: in that child, or else in a child forked once the output is flushed (only when
+    something is to be written; REFLEX_DETACH=0: before this process exits)."""
     if argv is not None:
         return _main(list(argv))
     args = sys.argv[1:]
@@ -152,11 +161,17 @@ def main(argv=None) -> int:
                 stream.flush()
         except (OSError, ValueError):
             pass  # a vanished reader: nothing left to tell it
+    _EXIT_STATUS[0] = rc or 0
     if done is not None:
         done(rc or 0)
     store = sys.modules.get("reflex_ipc.runtime.prefixstore")
-    if store is not None:
-        store.flush()  # the prompt's state into the prefix cache, after the answer
+    if store is not None and store.PENDING:
+        # the prompt's state into the prefix cache, after the answer: in the detached child,
+        # else in a child forked now (only when there is something to write), so that the
+        # caller has its exit status at once
+        if done is None and os.environ.get("REFLEX_DETACH") != "0":
+            _fork_off()
+        store.flush()
     if done is not None and "reflex_ipc.cuda" in sys.modules:
         from .cuda import teardown_when_no_init
 

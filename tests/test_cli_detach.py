@@ -1,7 +1,7 @@
 """The console script's detached mode (cli._detach): a one-shot command runs in a forked
 child; the parent, which the caller waits for, exits with the child's status as soon as
-the child has written its output. On by default when a CUDA context will exist or the
-prefix cache may write after the answer; REFLEX_DETACH=1 forces it here, on the CPU backend."""
+the child has written its output. On by default only when a CUDA context will exist;
+REFLEX_DETACH=1 forces it here, on the CPU backend."""
 
 import json
 import os

@@ -141,6 +141,23 @@ def test_longer_prompt_finds_the_saved_blocks(store):
     assert third["cached_tokens"] == len(lids) - 1 and third["token_ids"] == ref["token_ids"]
 
 
+def test_model_digest_memo(store):
+    """The model digest (a hash of the GGUF's metadata) is memoized in digests/ under the
+    file's identity, so a cold process's lookup does not hash the metadata; the memo says
+    what identity() computes, and a file changed since is hashed again."""
+    r = load_runner(LLAMA, device="cpu", n_ctx=N_CTX)
+    try:
+        want = r.identity()
+        r._identity = None
+        assert prefixstore.runner_identity(r, str(store)) == want  # computed, memo written
+        r._identity = None
+        assert prefixstore.runner_identity(r, str(store)) == want  # from the memo
+        assert len(list((store / "digests").iterdir())) == 1
+    finally:
+        r.close()
+    assert prefixstore.scan(str(store)) == {}  # the memo folder is not a model's
+
+
 def test_warm_runner_and_numpy(store):
     """A runner that already holds more of the prompt does not read the store; numpy's chain
     is its own (a float32 state never comes from a float16 backend)."""

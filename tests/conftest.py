@@ -31,7 +31,35 @@ def missing(what: str, why: str, install: str):
 def _prefix_store_dir(tmp_path_factory):
     """The prefix store (reflex_ipc/runtime/prefixstore.py) of every test and of the processes
     they start: a folder of this session, never the user's cache."""
+    from reflex_ipc import settings
+
     os.environ["REFLEX_PREFIX_CACHE_DIR"] = str(tmp_path_factory.mktemp("prefix-store"))
+    settings.reset()
+
+
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's monkeypatch, except that setting or removing a REFLEX_* variable makes
+    reflex_ipc.settings (read once per process) read the environment again at its next use,
+    and so does the end of the test, once the environment is put back."""
+    from reflex_ipc import settings
+
+    setenv, delenv = monkeypatch.setenv, monkeypatch.delenv
+
+    def _setenv(name, value, prepend=None):
+        setenv(name, value, prepend)
+        if name.startswith("REFLEX_"):
+            settings.reset()
+
+    def _delenv(name, raising=True):
+        delenv(name, raising)
+        if name.startswith("REFLEX_"):
+            settings.reset()
+
+    monkeypatch.setenv, monkeypatch.delenv = _setenv, _delenv
+    yield monkeypatch
+    monkeypatch.undo()
+    settings.reset()
 
 
 @pytest.fixture(scope="session")

@@ -123,8 +123,11 @@ def test_cuda_prefix_store(tmp_path):
 
     old = {k: os.environ.get(k) for k in ("REFLEX_PREFIX_CACHE_DIR", "REFLEX_PREFIX_CACHE_BLOCK",
                                           "REFLEX_PREFIX_CACHE_SHARE", "REFLEX_PREFIX_CACHE")}
+    from reflex_ipc import settings
+
     os.environ.update(REFLEX_PREFIX_CACHE_DIR=str(tmp_path / "store"), REFLEX_PREFIX_CACHE_BLOCK="16")
     os.environ.pop("REFLEX_PREFIX_CACHE", None)
+    settings.reset()
     prompt = P + T
 
     def run(m, device, **kw):
@@ -154,9 +157,11 @@ def test_cuda_prefix_store(tmp_path):
             third = run(m, "cuda")
             assert third["token_ids"] == ref["token_ids"] and third["timings"]["prefix_cache_tokens"] < n - 1, m
             os.environ["REFLEX_PREFIX_CACHE_SHARE"] = "1"
+            settings.reset()
             np_ref = run(m, "numpy", prefix_cache=False)
             shared = run(m, "numpy")
             os.environ.pop("REFLEX_PREFIX_CACHE_SHARE")
+            settings.reset()
             assert shared["timings"]["prefix_cache_tokens"] == n - 1, (m, shared["timings"])
             assert shared["token_ids"][:6] == np_ref["token_ids"][:6], (m, shared["token_ids"], np_ref["token_ids"])
             prefixstore.clear(str(tmp_path / "store"))
@@ -167,6 +172,7 @@ def test_cuda_prefix_store(tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        settings.reset()
 
 
 if __name__ == "__main__":

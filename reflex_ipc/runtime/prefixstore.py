@@ -48,12 +48,6 @@ BACKENDS = ("cpu", "cuda", "numpy")
 PENDING = []  # sessions whose segments are written after the answer (flush)
 
 
-def _truthy(v, default=True):
-    if v is None or v == "":
-        return default
-    return v.strip().lower() not in ("0", "off", "false", "no")
-
-
 def parse_size(text) -> int:
     """Bytes from "4G", "512M", "1000000" (K, M, G, T: powers of 1024)."""
     t = str(text).strip().upper().rstrip("B")
@@ -67,19 +61,25 @@ def parse_size(text) -> int:
     return int(n * mult)
 
 
+def _settings():
+    from .. import settings
+
+    return settings.get()
+
+
 def enabled() -> bool:
-    return _truthy(os.environ.get("REFLEX_PREFIX_CACHE"))
+    return _settings().prefix_cache
 
 
 def share() -> bool:
     """REFLEX_PREFIX_CACHE_SHARE=1: a backend also reads the segments other backends saved
     (a state moves between backends within float16 rounding; off by default, so that an
     answer is always what its own backend computes from scratch)."""
-    return _truthy(os.environ.get("REFLEX_PREFIX_CACHE_SHARE"), default=False)
+    return _settings().prefix_cache_share
 
 
 def root() -> str:
-    d = os.environ.get("REFLEX_PREFIX_CACHE_DIR")
+    d = _settings().prefix_cache_dir
     if d:
         return os.path.abspath(os.path.expanduser(d))
     from ..modelpath import cache_dir
@@ -89,14 +89,14 @@ def root() -> str:
 
 def max_bytes() -> int:
     try:
-        return parse_size(os.environ.get("REFLEX_PREFIX_CACHE_MAX") or DEFAULT_MAX)
+        return parse_size(_settings().prefix_cache_max or DEFAULT_MAX)
     except ValueError:
         return DEFAULT_MAX
 
 
 def block_size() -> int:
     try:
-        return max(MIN_BLOCK, int(os.environ.get("REFLEX_PREFIX_CACHE_BLOCK") or BLOCK))
+        return max(MIN_BLOCK, int(_settings().prefix_cache_block or BLOCK))
     except ValueError:
         return BLOCK
 

@@ -450,7 +450,9 @@ class StateFile:
 
         ops, n = state.ops, self.n_tokens
         if pinned is None:
-            pinned = os.environ.get("REFLEX_STATE_PINNED", "0") == "1"
+            from .. import settings
+
+            pinned = settings.get().state_pinned
         drv = getattr(getattr(ops, "rt", None), "drv", None)
         alloc = None
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):

@@ -378,9 +378,10 @@ class Runner:
         """Make the executor's state hold the saved tokens and arrays, with room for `room`
         more tokens (so that the request that follows needs no larger state)."""
         ex = self.exec
+        loaded = sf.load(self.ops)  # read and checked first: a bad file leaves the state as it was
         ex.forget()
         st = ex.reserve(max(sf.n_tokens + room, 1))
-        sf.restore(st)
+        sf.restore(st, loaded=loaded)
 
     def load_state(self, path) -> dict:
         """Load a saved state (the next request whose tokens start with its tokens evaluates

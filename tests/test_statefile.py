@@ -536,3 +536,23 @@ def test_checksum_cost_next_to_the_import(saved, capsys):
         print(f"\nstate import {min(t_imp) * 1e3:.2f} ms, of which checksums {min(t_crc) * 1e3:.2f} ms "
               f"({os.path.getsize(path)} bytes)")
     assert min(t_crc) <= min(t_imp)
+
+
+def test_failed_load_leaves_the_state(saved, tmp_path):
+    """A state file whose data fails its checksum is refused before the state is touched: the
+    runner still holds what it held (PROTOCOL.md, state_load)."""
+    path, p_ids, _ = saved[SYNTH["llama"]]
+    bad = bytearray(open(path, "rb").read())
+    bad[-1] ^= 1
+    bad_path = str(tmp_path / "bad.state")
+    open(bad_path, "wb").write(bytes(bad))
+    r = load_runner(SYNTH["llama"], device="cpu", n_ctx=N_CTX)
+    try:
+        r.load_state(path)
+        before_t, before = r.exec.state.snapshot()
+        assert _kind_msg(lambda: r.load_state(bad_path))[0] == "state_error"
+        after_t, after = r.exec.state.snapshot()
+        assert after_t == before_t == p_ids
+        assert all(np.array_equal(x[k], y[k]) for x, y in zip(before, after) for k in x)
+    finally:
+        r.close()

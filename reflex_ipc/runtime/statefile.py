@@ -438,17 +438,11 @@ class StateFile:
                                        offset=at).reshape(e.shape)
         return out
 
-    def restore(self, state, *, pinned=None, seq=True, set_tokens=True):
-        """Write the saved arrays into `state` (a runtime.state.State with at least start +
-        n_tokens slots and the same layer layout: checked by the caller): slot rows start ..
-        start + n_tokens - 1 and, with seq, the per-sequence arrays of sequence 0; with
-        set_tokens the state's tokens become the file's (start 0 only). Every array is read
-        and checked before the state is touched. On a backend with page-locked host memory
-        (CUDA) the data is read into one page-locked buffer when `pinned` (default:
-        $REFLEX_STATE_PINNED, off unless "1")."""
-        from .state import _write_slots
-
-        ops, n = state.ops, self.n_tokens
+    def load(self, ops, *, pinned=None, seq=True):
+        """Read and check (CRC) the arrays `restore` writes: slot arrays, and with seq the
+        per-sequence ones. Returns what `restore(state, loaded=...)` takes. On a backend with
+        page-locked host memory (CUDA) the data is read into one page-locked buffer when
+        `pinned` (default: $REFLEX_STATE_PINNED, off unless 1)."""
         if pinned is None:
             from .. import settings
 
@@ -460,21 +454,35 @@ class StateFile:
 
             def alloc(nbytes):
                 return drv.pagelocked_empty(max(nbytes, 1), np.uint8)
-        want = [(layer, kind, e) for layer, (kind, arrays) in zip(state.layers, self.layers)
-                for e in arrays if seq or kind == "slot"]
-        views = self.read([e for _, _, e in want], alloc=alloc)
+        entries = [e for kind, arrays in self.layers for e in arrays if seq or kind == "slot"]
+        return (self.read(entries, alloc=alloc), alloc is not None, seq)
+
+    def restore(self, state, *, pinned=None, seq=True, set_tokens=True, loaded=None):
+        """Write the saved arrays into `state` (a runtime.state.State with at least start +
+        n_tokens slots and the same layer layout: checked by the caller): slot rows start ..
+        start + n_tokens - 1 and, with seq, the per-sequence arrays of sequence 0; with
+        set_tokens the state's tokens become the file's (start 0 only). Every array is read
+        and checked before the state is touched (`loaded`: what `load` returned, read before
+        the state was made ready)."""
+        from .state import _write_slots
+
+        ops, n = state.ops, self.n_tokens
+        views, was_pinned, seq = loaded if loaded is not None else self.load(ops, pinned=pinned, seq=seq)
         try:
-            for layer, kind, e in want:
-                a = views[id(e)]
-                dst = layer.arrays[e.name]
-                if kind == "seq":
-                    ops.write(dst[0], a)
-                elif n:
-                    _write_slots(ops, dst, a, e.slot_axis, n, self.start)
-            if alloc is not None:
+            for layer, (kind, arrays) in zip(state.layers, self.layers):
+                for e in arrays:
+                    if kind == "seq" and not seq:
+                        continue
+                    a = views[id(e)]
+                    dst = layer.arrays[e.name]
+                    if kind == "seq":
+                        ops.write(dst[0], a)
+                    elif n:
+                        _write_slots(ops, dst, a, e.slot_axis, n, self.start)
+            if was_pinned:
                 ops.synchronize()  # the copies read the buffer until they are done
         finally:
-            views = None
+            views = loaded = None
         if set_tokens:
             state.tokens = list(self.tokens)
 

@@ -1,5 +1,5 @@
 """Infill for editors (issue 29): llama.cpp server's `n_indent` and `t_max_predict_ms`
-honoured (reflex_ipc/engine.py _StopText; the protocol's infill fields, the HTTP /infill
+honoured (reflex_ipc/generation/stops.py; the protocol's infill fields, the HTTP /infill
 body), the prefix cut at a block boundary, and a mid-file edit that reads the saved state
 of the unchanged text before it from the prefix store."""
 
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from reflex_ipc import infill, prepare
-from reflex_ipc.engine import _StopText, load_runner
+from reflex_ipc.api import Model
+from reflex_ipc.engine import load_runner
+from reflex_ipc.generation.stops import StopMatcher
 from reflex_ipc.ops import infill as infill_op
 from reflex_ipc.runtime import prefixstore
 from reflex_ipc.testing import vocab as vg
@@ -41,7 +43,7 @@ def test_n_indent_as_llama_cpp(text, n_indent):
     """Pushed one character at a time (any split gives the same), the released text is
     llama.cpp's cut, and nothing past the cut is ever released."""
     for step in (1, 3):
-        st = _StopText([], n_indent=n_indent)
+        st = StopMatcher([], n_indent=n_indent)
         out, stopped = "", False
         for i in range(0, len(text), step):
             t, stopped = st.push(text[i:i + step])
@@ -113,7 +115,7 @@ def test_infill_op_fields(fim_model):
     assert req.n_indent == 4 and req.t_max_predict_ms == 5000
     r = load_runner(fim_model, device="cpu", n_ctx=512)
     try:
-        out = infill_op.execute(r, req)
+        out = Model(r).infill(req)
         assert llama_cpp_indent(out["text"], 4)[0] == out["text"]
     finally:
         r.close()
@@ -168,8 +170,10 @@ def test_mid_file_edit_reuses_the_unchanged_prefix(fim_model, tmp_path, monkeypa
         req = msgspec.convert({**fields, "prefix_cache": cache}, infill_op.Request)
         r = load_runner(fim_model, device="cpu", n_ctx=512)
         try:
-            out = infill_op.execute(r, req)
-            ids = infill_op.prompt_ids(r, req)
+            out = Model(r).infill(req)
+            ids = prepare.infill_ids(r, req.prefix, req.suffix, prompt=req.prompt, max_tokens=req.max_tokens,
+                                     input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra],
+                                     prefix_cache=req.prefix_cache)
             prefixstore.flush()
             return out, ids
         finally:

@@ -295,7 +295,9 @@ class Session:
                 self._drop(p, e.message)
             return None
         try:
-            self.runner._check_state(sf, segment=True)
+            from ..savedstate import check
+
+            check(self.runner, sf, segment=True)
             if sf.start != a or sf.base != base or sf.tokens != list(ids[a:b]):
                 raise ReflexError("state_error", f"{p}: not the segment its name says")
         except ReflexError as e:
@@ -470,6 +472,23 @@ class Session:
             except OSError:
                 pass
             raise
+
+
+def begin(runner, wanted=True):
+    """Start a request on runner: write what its previous request queued (the state is still
+    that request's), then give its executor this request's session (None: off)."""
+    flush(runner)
+    runner.exec.store = session(runner, wanted)
+
+
+def end(runner, timings):
+    """End a request: queue its prompt's segments for writing after the answer (flush), and
+    say in timings what came from the store (prefix_cache_tokens, prefix_cache_import ms)."""
+    s, runner.exec.store = runner.exec.store, None
+    if s is not None:
+        s.finish()
+        timings["prefix_cache_tokens"] = s.tokens
+        timings["prefix_cache_import"] = round(s.import_ms, 3)
 
 
 def session(runner, wanted=True):

@@ -17,8 +17,10 @@ recorded and the rest goes on), a table last:
    real head widths 128 + 64 / 128 so that the flash form runs) through load_runner on
    --device against the numpy backend: the last logits of a 200-token prompt (the grouped
    MoE and the MLA flash forms) within 1e-2 x max|logit|, and the same with REFLEX_MOE_MMA=0
-   / REFLEX_MLA_FLASH=0 (the per-pair and absorbed forms), 16 greedy tokens after the long
-   prompt identical (or diverging only at a near-tie), the new paths' launch counts;
+   / REFLEX_MLA_FLASH=0 (the per-pair and absorbed forms) and with the weights streamed
+   (REFLEX_CUDA_UPLOAD=read: guarded launches, routed experts first), 16 greedy tokens after
+   the long prompt identical (or diverging only at a near-tie; the streamed run's graph capture
+   waits for the whole file), the new paths' launch counts;
 3. bench: benchrun.py's `bigmodel` suite (its docstring): per model generate, cold starts
    alternating with llama-simple (page cache warm, and dropped where root may), llama-bench
    -p 512 -n 128, reflex decode / prefill 512 / warm, the prefill switch's A/B, and a
@@ -108,7 +110,11 @@ def compare_engine(path, device):
     want = np.asarray(ref.prompt_logits(ids), np.float64)
     peak = float(np.max(np.abs(want)))
     res = {"file": os.path.basename(path), "prompt_tokens": len(ids), "max_abs_logit": peak}
-    for tag, over in (("new", {}), ("old", {"moe_mma": False, "mla_flash": False})):
+    # new: the prefill forms of issue 27; old: the per-pair and absorbed ones; stream: the new forms
+    # with the weights streamed (the read way forced on a cached file: guarded launches, routed
+    # experts first) and a greedy continuation, whose graph capture waits for the whole file
+    for tag, over in (("new", {}), ("old", {"moe_mma": False, "mla_flash": False}),
+                      ("stream", {"cuda_upload": "read", "cuda_stream": True})):
         with settings.override(**over):
             run = load_runner(path, device=device)
             ops = run.ops
@@ -119,17 +125,24 @@ def compare_engine(path, device):
             res[f"{tag}_logits_ok"] = bool(np.all(np.isfinite(got)) and err <= 1e-2 * peak)
             res[f"{tag}_moe_mma_launches"] = getattr(ops, "moe_mma_launches", 0) - m0
             res[f"{tag}_mla_flash_launches"] = getattr(ops, "mla_flash_launches", 0) - f0
-            if tag == "new":
+            if tag == "stream":
+                up = (ops.upload_stats() or [{}])[0] if hasattr(ops, "upload_stats") else {}
+                res["stream_upload"] = {k: up.get(k) for k in ("mode", "streaming", "bytes", "bytes_done",
+                                                                "bytes_asked_first", "in_progress")}
+            if tag in ("new", "stream"):
                 g = run.generate(ids, max_tokens=N_GEN, temperature=0.0)
-                r = ref.generate(ids, max_tokens=N_GEN, temperature=0.0)
-                res["greedy_identical"] = g["token_ids"] == r["token_ids"]
-                if not res["greedy_identical"]:
-                    a, b = r["token_ids"], g["token_ids"]
+                if tag == "new":
+                    r = ref.generate(ids, max_tokens=N_GEN, temperature=0.0)
+                    want_ids = r["token_ids"]
+                key = f"{tag}_greedy"
+                res[f"{key}_identical"] = g["token_ids"] == want_ids
+                if not res[f"{key}_identical"]:
+                    a, b = want_ids, g["token_ids"]
                     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                    res["greedy_diverges_at"] = k
-                    res["greedy_near_tie"] = _near_tie(ref.prompt_logits(ids + a[:k]))
-                res["timings"] = g.get("timings")
-    greedy_ok = res["greedy_identical"] or res.get("greedy_near_tie", False)
+                    res[f"{key}_diverges_at"] = k
+                    res[f"{key}_near_tie"] = _near_tie(ref.prompt_logits(ids + a[:k]))
+                res[f"{tag}_timings"] = g.get("timings")
+    greedy_ok = all(res[f"{t}_greedy_identical"] or res.get(f"{t}_greedy_near_tie", False) for t in ("new", "stream"))
     took = True
     if device == "cuda":  # the new forms ran where they exist, not with the switches off
         arch = "deepseek2" if "deepseek2" in res["file"] else "qwen3moe"
@@ -137,7 +150,10 @@ def compare_engine(path, device):
         if arch == "deepseek2":
             took = took and res["new_mla_flash_launches"] > 0 and res["old_mla_flash_launches"] == 0
         res["new_paths_taken"] = took
-    res["ok"] = bool(res["new_logits_ok"] and res["old_logits_ok"] and greedy_ok and took)
+    if device == "cuda":  # the stream variant streamed
+        took = took and bool((res.get("stream_upload") or {}).get("streaming"))
+    res["ok"] = bool(res["new_logits_ok"] and res["old_logits_ok"] and res["stream_logits_ok"] and greedy_ok
+                     and took)
     return res
 
 
@@ -195,8 +211,9 @@ def table(report):
     e = report.get("engine") or {}
     for r in e.get("runs", []):
         lines.append("engine: " + json.dumps({k: v for k, v in r.items() if k in (
-            "model", "ok", "new_logits_max_abs_diff", "old_logits_max_abs_diff", "max_abs_logit", "greedy_identical",
-            "greedy_near_tie", "new_moe_mma_launches", "new_mla_flash_launches", "error")})[:600])
+            "model", "ok", "new_logits_max_abs_diff", "old_logits_max_abs_diff", "stream_logits_max_abs_diff",
+            "max_abs_logit", "new_greedy_identical", "new_greedy_near_tie", "stream_greedy_identical",
+            "new_moe_mma_launches", "new_mla_flash_launches", "stream_upload", "error")})[:700])
     if e.get("error"):
         lines.append("engine: ERROR " + e["error"][-800:])
     b = report.get("bench") or {}

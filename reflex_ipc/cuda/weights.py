@@ -293,7 +293,7 @@ class WeightArena:
             _STREAMS.append(self)
             self._decided.set()
             threads = max(1, min(threads, len(jobs)))
-            per = fileread.run_jobs(fd, self.queue, lambda i: _PinnedLane(self, chunk), threads)
+            per = fileread.run_jobs(fd, self.queue, lambda i: _PinnedLane(self, chunk, 1), threads)
         finally:
             os.close(fd)
         t1 = time.perf_counter()
@@ -483,9 +483,10 @@ class WeightArena:
 class _PinnedLane:
     """One reader thread's side of the read upload (fileread.parallel_read's lane): the
     arena's context pushed on this thread, its own stream, two page-locked buffers of
-    `chunk` bytes (halves of one allocation) and an event per buffer for its last copy."""
+    `chunk` bytes (halves of one allocation; one for the streaming upload, which waits for
+    each copy) and an event per buffer for its last copy."""
 
-    def __init__(self, arena, chunk):
+    def __init__(self, arena, chunk, n_bufs=2):
         import numpy as np
 
         self.arena = arena
@@ -497,8 +498,8 @@ class _PinnedLane:
         self.events = [None, None]
         try:
             self.stream = self.drv.Stream()
-            self.host = self.drv.pagelocked_empty(2 * chunk, np.uint8)  # one allocation, two halves
-            self.bufs = [self.host[:chunk], self.host[chunk:]]
+            self.host = self.drv.pagelocked_empty(n_bufs * chunk, np.uint8)  # one allocation, n_bufs parts
+            self.bufs = [self.host[i * chunk:(i + 1) * chunk] for i in range(n_bufs)]
         except BaseException:
             self.close()
             raise

@@ -392,11 +392,11 @@ class Runner:
         self.step(rec, "cold_prompt_500", lambda: self.cold(path, n500, max(60, n500 * pair_s * 4), prompt=long_prompt))
 
     def mma_ab(self, rec, path, left, var="REFLEX_MMA"):
-        """Prefill with var=0 and =1, alternating twice (issue 19: REFLEX_MMA; issue 27: the
+        """Prefill with var=0 and =1, alternating twice (issue 19: REFLEX_MMA; issue 27, once: the
         grouped MoE GEMMs, the MLA flash form)."""
         def ab():
             rows = {"0": [], "1": []}
-            for _ in range(2):
+            for _ in range(1 if self.a.suite == "bigmodel" else 2):
                 for v in ("0", "1"):
                     r = self.bench("prefill", path, max(60, left()), "--runs", 3, "--prompt-tokens", 512,
                                    env={var: v})

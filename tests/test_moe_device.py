@@ -417,6 +417,32 @@ def test_cuda_moe_grouped_on_interpreted_kernels_equals_numpy(mem_ops, name):
         assert "moe_group_i32" not in names and ops.moe_mma_launches == 0
 
 
+@pytest.mark.parametrize("name", ["softmax", "fused gelu logits expert_scale", "gate/up of two formats"])
+def test_cuda_moe_down_split_launches_and_equals_numpy(mem_ops, name):
+    """CudaOps.moe_down_split: the down projection as moe_mm (a warp per pair and row, x_div 1)
+    and moe_wsum_f32 in place of moe_down, equal to numpy."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_down_split = True
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    rng = np.random.default_rng(len(name))
+    N, K, F, D = 2, 16, 8, 12
+    gate = (rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32)
+    up = None if fused else (rng.standard_normal((E * F, K)) * 0.3).astype(np.float16).astype(F32)
+    down = (rng.standard_normal((E * D, F)) * 0.3).astype(F32)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32)
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(act=o.get("act", "silu"))
+    want = NumpyOps().moe(x, router, gate, up, down, k, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 0), None if fused else rt.weight(up, tu),
+                  rt.weight(down, 0), k, logits=ops.asarray(lg),
+                  expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=1e-5, atol=1e-5)
+    names = [launch[0] for launch in rt.launches]
+    assert names[-2:] == ["moe_mm_f32", "moe_wsum_f32"] and not any(n.startswith("moe_down") for n in names)
+
+
 def test_cuda_moe_checks_its_arguments(mem_ops):
     ops, rt = mem_ops, mem_ops.rt
     x = ops.asarray(np.zeros((2, 16), F32))

@@ -202,6 +202,11 @@ class CudaOps:
     moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
     moe_mma_min_n = MOE_MMA_MIN_N
     moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
+    # the per-pair form's down projection as a warp per (pair, row) (moe_mm_*, x_div 1) and then
+    # moe_wsum_f32, instead of moe_down_*'s warp per row walking a token's k experts in turn:
+    # k times the warps for decode's one token, one more launch, the same bits. Off until the
+    # H200 measures it (opchecks.bench_moe's device_N1_graph_split_us against device_N1_graph_us).
+    moe_down_split = False
     mla_flash = False  # long-prompt latent attention decompressed + flash (__init__: sm_80+, REFLEX_MLA_FLASH)
     mla_flash_min_n = MLA_FLASH_MIN_N
     mla_flash_launches = 0
@@ -808,6 +813,13 @@ class CudaOps:
                 kx(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
                                                        M=F, x_div=k, es=estride, rb=w.row_bytes)
             h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+        if self.moe_down_split:  # a warp per (pair, row), then the slot-order sum: the same bits
+            y = self.empty((N * k, D))
+            kx(f"moe_mm_{MM_KERNEL[w_down.ggml_type]}")((N * k, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr,
+                                                       X=h.ptr, ids=ids.ptr, Y=y.ptr, K=F, M=D, x_div=1, es=D,
+                                                       rb=w_down.row_bytes)
+            self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
+            return out
         kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)

@@ -205,7 +205,8 @@ def table(report):
                 ns = sorted({int(k.split("_N")[1][:-3]) for k in b if k.startswith(("pairs_N", "grouped_N"))})
                 cells = [f"N={n}: {b.get(f'grouped_N{n}_us')} vs {b.get(f'pairs_N{n}_us')} us" for n in ns]
                 lines.append(f"moe layer {shape} grouped vs per-pair: " + "; ".join(cells)
-                             + f"; decode {b.get('device_N1_graph_us')} us (graph)")
+                             + f"; decode {b.get('device_N1_graph_us')} us (graph), down split "
+                             f"{b.get('device_N1_graph_split_us')} us (same bits: {b.get('down_split_same_bits')})")
     elif c:
         lines.append("checks: ERROR " + str(c.get("error", ""))[-800:])
     e = report.get("engine") or {}

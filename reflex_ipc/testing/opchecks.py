@@ -1572,6 +1572,17 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
         graph, _ = ops.capture(lambda: moe(X))
         res["device_N1_graph_us"] = timed(graph.launch, 200)[0]
         graph.close()
+        if hasattr(ops, "moe_down_split"):  # the down projection a warp per (pair, row): same bits?
+            split0 = ops.moe_down_split
+            try:
+                ref = ops.to_numpy(moe(X))
+                ops.moe_down_split = True
+                res["down_split_same_bits"] = bool(np.array_equal(ops.to_numpy(moe(X)), ref))
+                graph, _ = ops.capture(lambda: moe(X))
+                res["device_N1_graph_split_us"] = timed(graph.launch, 200)[0]
+                graph.close()
+            finally:
+                ops.moe_down_split = split0
         prev, ops._moe_host_mode = ops._moe_host_mode, True
         try:
             res["host_routed_N1_wall_us"] = timed(lambda: moe(X), 50)[1]

@@ -122,6 +122,9 @@ def stream_plan(f, start, chunk):
 
 
 class WeightArena:
+    queue = None  # (set in __init__; class defaults for stand-ins in tests)
+    _decided = None
+
     def __init__(self, rt, gguf_file, mode=None):
         self.rt = rt
         self.f = gguf_file
@@ -314,7 +317,8 @@ class WeightArena:
     # -- streaming: what a kernel reads, on the device before it runs -------------------------
     def streaming(self):
         """True while the streaming upload is under way (waits until the way is chosen)."""
-        self._decided.wait()
+        if self._decided is not None:
+            self._decided.wait()
         q = self.queue
         return q is not None and q.error is None and not q.complete()
 

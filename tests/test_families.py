@@ -376,7 +376,7 @@ def test_gemma4_shared_kv_state(models):
     """Layers that reuse an earlier layer's KV hold no state of their own."""
     with GGUFFile(models["gemma4_e2b"]) as f:
         model = load_model(NumpyOps(), f)
-    assert model.reuse == [None, None, None, 1, 2]
+    assert [L.reuse for L in model.layers] == [None, None, None, 1, 2]
     assert [len(L.arrays) for L in model.new_state(NumpyOps(), 8).layers] == [2, 2, 2, 0, 0]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.ggml_types import TYPES
-from reflex_ipc.models.common import linear, residual
+from reflex_ipc.models.blocks import linear, residual
 from reflex_ipc.testing import opchecks
 from reflex_ipc.testing.opchecks import random_weight, weights_gguf
 from reflex_ipc.testing.references import rms_norm_rope_ref

@@ -86,7 +86,7 @@ def test_logits_match_llama_cpp(models, name, device, llama_cpp):
     ops = _ops(device)
     with GGUFFile(path) as f:
         model = load_model(ops, f)
-        assert model.recurrent == KINDS[name]
+        assert [L.recurrent for L in model.layers] == KINDS[name]
         logits = model.forward(model.new_state(ops, 64), Batch(ops, IDS, range(len(IDS))))
     tol = 1e-3 if device == "numpy" else CPU_REL_TOL
     np.testing.assert_allclose(logits, ref, rtol=0, atol=tol * np.abs(ref).max())

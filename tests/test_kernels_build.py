@@ -967,12 +967,11 @@ def test_qwen35_decode_kernels_per_layer(fake_ops, monkeypatch, tmp_path, fuse):
     """A qwen35 decode step's element-wise kernels: with the fused ops, a Gated DeltaNet layer's
     chain (gates, conv + silu, q/k/v split and L2 norms, gated norm) is four launches and the
     gated attention's sigmoid gate one; REFLEX_FUSE=0 keeps the plain ops' launches."""
-    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     monkeypatch.setenv("REFLEX_FUSE", fuse)
     fake_ops._seq_memo = None
-    path = str(tmp_path / "q35.gguf")
-    hybrid_gguf(path, **HYBRID_CONFIGS["qwen35"])
+    path = example_gguf("qwen35", str(tmp_path / "q35.gguf"))
     layers = _layer_kernels(fake_ops, path)
     plain = {"add_row_f32", "softplus_f32", "mul_row_f32", "silu_f32", "columns_f32", "scale_f32", "sigmoid_f32",
              "mul_f32"}

@@ -30,6 +30,7 @@ import math
 
 from ..errors import ReflexError
 from ..runtime.state import State, attention_spec
+from .plan import BASE_KEYS
 
 MAX_LAYERS = 4096
 MAX_DIM = 1 << 20  # widths (embedding, feed-forward)
@@ -261,7 +262,7 @@ class Decoder:
     and its loading through them, and by default an attention K/V state per layer, of the
     layer's own KV head count and head width (`layers[i].n_head_kv`, `.head_dim`)."""
 
-    KEYS = None  # the architecture's metadata keys (plan.keys(...)); None: plan.BASE_KEYS
+    KEYS = BASE_KEYS  # the architecture's metadata keys (plan.keys(...))
     rope_scalings = ("none", "linear")  # the rope.scaling.type values it handles
     attention_free_layers = False  # a head_count_kv of 0 marks a layer without attention
 

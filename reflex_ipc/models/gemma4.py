@@ -71,7 +71,7 @@ class Model(Decoder):
         "gemma4_e2b": example({**_G4, "block_count": 5, "attention.head_count_kv": 2,
                                "attention.sliding_window_pattern": [True, True, False, True, False],
                                "embedding_length_per_layer_input": 8, "attention.shared_kv_layers": 2}, seed=3,
-                              has=_HAS),
+                              has=_HAS + ("attn_k.weight", "attn_k_norm.weight")),
         "gemma4_fused_qkv": example({**_G4, "block_count": 3, "attention.head_count": 2, "attention.head_count_kv": 1,
                                      "attention.sliding_window": 3, "attention.sliding_window_pattern": [True, False, True]},
                                     seed=1, has=("attn_qkv.weight", "layer_output_scale.weight")),

@@ -130,6 +130,25 @@ def walk(entries, has, i=None, prefix=""):
             yield i, prefix + e.name, e
 
 
+def selectors(entries, has, prefix=""):
+    """{full name: "alt" or "if"}: the tensors whose presence chooses a layout (an Alt option's
+    first tensor, an If's) in a file that has(full name) the tensors it has."""
+    out = {}
+    for e in entries:
+        if isinstance(e, _Layer):
+            out.update(selectors(e.entries, has, f"blk.{e.i}."))
+        elif isinstance(e, Alt):
+            for o in e.options[:-1]:
+                out[prefix + _first(o).name] = "alt"
+            for o in e.options:
+                out.update(selectors(o, has, prefix))
+        elif isinstance(e, If):
+            out[prefix + e.name] = "if"
+            if has(prefix + e.name):
+                out.update(selectors(e.entries() if callable(e.entries) else e.entries, has, prefix))
+    return out
+
+
 def _first(entries):
     e = next(e for e in entries if e is not None)
     return _first(e.options[0]) if isinstance(e, Alt) else e

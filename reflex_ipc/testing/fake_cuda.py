@@ -75,16 +75,21 @@ class RecordingRuntime:
         self.device = Device()
 
     def kernel(self, name):
-        from ..cuda.core import SIGNATURES
+        """The kernel's real launcher (keyword arguments: cuda/launch.py, generated from the
+        sources) over a launch that records (name, grid, block, the arguments in order)."""
+        from ..cuda.core import KERNELS, make_kernel
 
-        fmt = SIGNATURES[name]  # a KeyError here means a launch of an unknown kernel
+        fmt = KERNELS[name][0]  # a KeyError here means a launch of an unknown kernel
         rt = self
 
-        def launch(grid, block, *args, shared=0):
+        def pack(*args):
             struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+            return args
+
+        def launch(grid, block, args, shared, stream):
             rt.launches.append((name, grid, block, args))
 
-        return launch
+        return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
 
 
 class _Arena:
@@ -118,6 +123,7 @@ def recording_ops():
     ops.chunked = True
     ops.matvec = True
     ops.mv_variant = None
+    ops.graphs = True
     ops._arena = lambda f: ops._arenas.setdefault(f.path, _Arena(rt, f))
     return ops
 

@@ -172,7 +172,8 @@ def test_gpu_checks_of_the_fused_ops_pass_on_numpy(ops):
     check_rng = np.random.default_rng(5)
     for check in (opchecks.check_matmul_n, opchecks.check_matmul_glu,
                   opchecks.check_rms_norm_rope, opchecks.check_rms_norm_matmul_n,
-                  opchecks.check_rms_norm_matmul_glu, opchecks.check_qk_rope_kv_store):
+                  opchecks.check_rms_norm_matmul_glu, opchecks.check_qk_rope_kv_store,
+                  opchecks.check_residual_add):
         rows = check(ops, check_rng)
         assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
 

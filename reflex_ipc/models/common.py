@@ -234,28 +234,34 @@ class Weights:
         its shape checked as `__call__` does, as a float32 backend array of `as_shape` (default
         `shape`; same element count): the same kind of array on every backend, whatever the
         tensor's dimensions in the file."""
+        t = self.check(name, shape, optional)
+        return None if t is None else self.load_dense(t, shape, as_shape)
+
+    def __call__(self, name, shape, optional=False):
+        t = self.check(name, shape, optional)
+        return None if t is None else self.load(t, shape)
+
+    def load(self, t, shape):
+        """The tensor of TensorInfo t, checked against shape already (check), as a backend
+        weight (LoRA applied) or vector."""
+        # a tensor stored with ggml trailing dims of 1 ([n, 1]) loads without them (check)
+        ndim = len(shape) if len(t.shape) > len(shape) else None
+        w = self.ops.load_weight(self.f, t.name) if ndim is None else \
+            self.ops.load_weight(self.f, t.name, ndim=ndim)
+        if self.lora is not None and len(shape) == 2:
+            w = self.lora.apply(t.name, w)
+        return w
+
+    def load_dense(self, t, shape, as_shape=None):
+        """dense's array of TensorInfo t, checked against shape already."""
         import numpy as np
 
         from ..quants import dequantize
 
-        t = self.check(name, shape, optional)
-        if t is None:
-            return None
         # copied: F32 data would otherwise be a view of the file mapping
         a = np.array(dequantize(self.f.tensor_data(t), t.ggml_type, t.n_elements), np.float32)
         return self.ops.asarray(a.reshape(shape if as_shape is None else as_shape))
 
-    def __call__(self, name, shape, optional=False):
-        t = self.check(name, shape, optional)
-        if t is None:
-            return None
-        # a tensor stored with ggml trailing dims of 1 ([n, 1]) loads without them (check)
-        ndim = len(shape) if len(t.shape) > len(shape) else None
-        w = self.ops.load_weight(self.f, name) if ndim is None else \
-            self.ops.load_weight(self.f, name, ndim=ndim)
-        if self.lora is not None and len(shape) == 2:
-            w = self.lora.apply(name, w)
-        return w
 
 class Decoder:
     """What every architecture here shares: its declaration (KEYS, dims, plan: models/plan.py)

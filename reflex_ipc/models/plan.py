@@ -47,6 +47,9 @@ BASE_KEYS = {
 }
 
 
+_ATTR = {}  # tensor name in its layer -> attribute name
+
+
 class T:
     """One tensor: name (relative to its layer inside `layer`), numpy shape, kind."""
 
@@ -58,8 +61,11 @@ class T:
         self.optional, self.as_shape = optional, as_shape
 
     def attr(self):
-        n = self.name[:-len(".weight")] if self.name.endswith(".weight") else self.name
-        return n.replace(".", "_")
+        a = _ATTR.get(self.name)
+        if a is None:
+            n = self.name[:-len(".weight")] if self.name.endswith(".weight") else self.name
+            a = _ATTR[self.name] = n.replace(".", "_")
+        return a
 
     def __repr__(self):
         return f"T({self.name!r}, {self.shape})"
@@ -109,25 +115,27 @@ def layer(i, *entries):
     return _Layer(i, entries)
 
 
-def walk(entries, has, i=None, prefix=""):
-    """(layer index or None, full name, T) of every tensor of the plan a file holds, in order:
+def walk(entries, has, i=None, prefix="", out=None):
+    """[(layer index or None, full name, T)] of every tensor of the plan a file holds, in order:
     has(full name) says whether it holds a tensor (it decides Alt, If and optional tensors;
-    the loader asks the file, the writer its config). Optional tensors are yielded whatever
+    the loader asks the file, the writer its config). Optional tensors are listed whatever
     has says: the loader skips the absent, the writer the unwanted."""
+    out = [] if out is None else out
     for e in entries:
         if e is None:
             continue
-        if isinstance(e, _Layer):
-            yield from walk(e.entries, has, e.i, f"blk.{e.i}.")
+        if isinstance(e, T):
+            out.append((i, prefix + e.name, e))
+        elif isinstance(e, _Layer):
+            walk(e.entries, has, e.i, f"blk.{e.i}.", out)
         elif isinstance(e, Alt):
             k = next((k for k, o in enumerate(e.options[:-1]) if has(prefix + _first(o).name)),
                      len(e.options) - 1)
-            yield from walk(e.options[k], has, i, prefix)
+            walk(e.options[k], has, i, prefix, out)
         elif isinstance(e, If):
             if has(prefix + e.name):
-                yield from walk(e.entries() if callable(e.entries) else e.entries, has, i, prefix)
-        else:
-            yield i, prefix + e.name, e
+                walk(e.entries() if callable(e.entries) else e.entries, has, i, prefix, out)
+    return out
 
 
 def selectors(entries, has, prefix=""):
@@ -180,15 +188,11 @@ def load(w, entries, layers):
     tensor of the plan as an attribute (None when absent and optional, or in an alternative
     the file does not use), its layers starting as copies of `layers` (the dims' layers)."""
     out = Tensors(layers)
-    chosen = list(walk(entries, w.f.tensors.__contains__))
-    for i, name, t in chosen:
-        w.check(name, t.shape, t.optional)
-    for i, name, t in chosen:
-        if t.kind == DENSE:
-            v = w.dense(name, t.shape, t.optional, t.as_shape)
-        else:
-            v = w(name, t.shape, t.optional)
-        setattr(out if i is None else out.layers[i], t.attr(), v)
+    chosen = [(i, t, w.check(name, t.shape, t.optional)) for i, name, t in walk(entries, w.f.tensors.__contains__)]
+    for i, t, info in chosen:
+        if info is not None:
+            v = w.load_dense(info, t.shape, t.as_shape) if t.kind == DENSE else w.load(info, t.shape)
+            setattr(out if i is None else out.layers[i], t.attr(), v)
     return out
 
 

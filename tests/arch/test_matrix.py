@@ -267,28 +267,28 @@ def test_fused_path_equals_the_plain_ops(example, name, monkeypatch):
 # -- kernels: the CUDA decode step per layer (recording runtime) -------------------------------------------
 # Kernels per decode layer of each F32 example (F32 weights; one token), fused (the default) and
 # plain (REFLEX_FUSE=0), in layer order. Before the layer blocks (models/blocks.py) gemma3, phi3,
-# deepseek2, gemma4 and granitehybrid made no fused call (fused = plain): gemma3 14, phi3 10,
-# deepseek2 21 dense / 26 MoE, gemma4 16 (27 with experts), qwen35 10 / 10 (attention / DeltaNet),
-# granitehybrid 22 Mamba-2 / 14 attention.
+# deepseek2, gemma4 and granitehybrid made no fused call: gemma3 14, phi3 10, deepseek2 21 dense /
+# 26 MoE, gemma4 16 (27 with experts, 22 / 19 E2B), qwen35 10 / 10 (attention / DeltaNet), qwen35moe
+# 20 / 20, granitehybrid 22 Mamba-2 / 14 attention (17 / 27 with experts).
 KERNELS = {
-    "llama": ([6, 6], [11, 11]),
-    "qwen2": ([9, 9], [14, 14]),
-    "qwen3": ([6, 6], [11, 11]),
-    "qwen3moe": ([10, 10], [14, 14]),
-    "gemma3": ([10, 10, 10], [15, 15, 15]),
-    "phi3_fused_long": ([6, 6], [11, 11]),
-    "phi3_split_short": ([6, 6], [11, 11]),
     "deepseek2_v2": ([18, 24, 24], [20, 25, 25]),
     "deepseek2_v3": ([19, 25, 25], [22, 27, 27]),
-    "gemma4": ([12, 12, 12, 12], [17, 17, 17, 17]),
-    "gemma4_moe": ([23, 12, 23], [28, 17, 28]),
-    "gemma4_e2b": ([18, 18, 18, 17, 17], [23, 23, 23, 20, 20]),
-    "gemma4_fused_qkv": ([12, 12, 12], [17, 17, 17]),
+    "gemma3": ([8, 8, 8], [15, 15, 15]),
+    "gemma4": ([9, 9, 9, 9], [17, 17, 17, 17]),
+    "gemma4_moe": ([20, 9, 20], [28, 17, 28]),
+    "gemma4_e2b": ([14, 14, 14, 13, 13], [23, 23, 23, 20, 20]),
+    "gemma4_fused_qkv": ([9, 9, 9], [17, 17, 17]),
+    "granitehybrid": ([18, 8, 18, 8], [22, 15, 22, 15]),
+    "granitehybrid_moe": ([13, 23, 23, 13], [17, 26, 26, 17]),
+    "llama": ([6, 6], [11, 11]),
+    "phi3_fused_long": ([6, 6], [11, 11]),
+    "phi3_split_short": ([6, 6], [11, 11]),
+    "qwen2": ([9, 9], [14, 14]),
+    "qwen3": ([6, 6], [11, 11]),
     "qwen35": ([10, 8, 10, 8], [25, 15, 25, 15]),
     "qwen35_flags": ([8, 10, 10, 8], [15, 25, 25, 15]),
     "qwen35moe": ([20, 20, 20, 18], [34, 34, 34, 24]),
-    "granitehybrid": ([20, 10, 20, 10], [22, 15, 22, 15]),
-    "granitehybrid_moe": ([15, 25, 25, 15], [17, 26, 26, 17]),
+    "qwen3moe": ([10, 10], [14, 14]),
 }
 
 

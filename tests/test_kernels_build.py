@@ -33,7 +33,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.testing.fake_cuda import FakeArena, RecordingRuntime  # noqa: E402
 
 
 # -- build.py ---------------------------------------------------------------------------
@@ -290,72 +291,7 @@ def test_smoke_and_doctor_report_without_cuda():
             assert p.returncode == (0 if rep["cpu"]["ok"] else 1) and rep["ok"] is rep["cpu"]["ok"]
 
 
-# -- cuda_ops launch logic with a recording fake runtime (no GPU) -------------------------
-class RecordingRuntime:
-    """Stands in for reflex_ipc.cuda.core.Runtime: kernels record (name, grid, block, args)."""
-
-    def __init__(self):
-        self.launches = []
-        self.copies = []
-        self.memsets = []
-        self.pool = Pool(FakeDrv())
-        self.stream = "stream"
-        rt = self
-
-        class Drv:
-            @staticmethod
-            def memcpy_htod_async(ptr, a, stream):
-                rt.copies.append((ptr, a.copy(), stream))
-
-            @staticmethod
-            def memset_d32(ptr, value, count):
-                rt.memsets.append((ptr, value, count))
-
-            @staticmethod
-            def memset_d8_async(ptr, value, count, stream):
-                rt.memsets.append((ptr, value, count))
-
-            class device_attribute:
-                MULTIPROCESSOR_COUNT = "sms"
-
-        class Device:
-            @staticmethod
-            def get_attribute(attr):
-                return {"sms": 132}[attr]  # an H100 / H200
-
-        self.drv = Drv()
-        self.device = Device()
-
-    def kernel(self, name):
-        """The kernel's real launcher (keyword arguments: cuda/launch.py, generated from the
-        sources) over a launch that records (name, grid, block, the arguments in order)."""
-        rt = self
-        fmt = KERNELS[name][0]  # a KeyError here means a launch of an unknown kernel
-
-        def pack(*args):
-            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
-            return args
-
-        def launch(grid, block, args, shared, stream):
-            rt.launches.append((name, grid, block, args))
-
-        return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
-
-
-class FakeArena:
-    def __init__(self, rt, f):
-        self.base = 1 << 30
-        self.start = f.data_offset
-        self.nbytes = 0
-        self._waited = False
-
-    def ptr(self, info):
-        return self.base + (info.offset - self.start)
-
-    def wait(self):
-        self._waited = True
-
-
+# -- cuda_ops launch logic with a recording fake runtime (no GPU: testing/fake_cuda.py) --------
 @pytest.fixture
 def fake_ops(monkeypatch):
     from reflex_ipc.backends import cuda_ops

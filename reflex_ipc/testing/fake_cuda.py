@@ -92,7 +92,7 @@ class RecordingRuntime:
         return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
 
 
-class _Arena:
+class FakeArena:
     """The weight arena without a device: pointers into a fake range, nothing to wait for."""
 
     def __init__(self, rt, f):
@@ -124,7 +124,7 @@ def recording_ops():
     ops.matvec = True
     ops.mv_variant = None
     ops.graphs = True
-    ops._arena = lambda f: ops._arenas.setdefault(f.path, _Arena(rt, f))
+    ops._arena = lambda f: ops._arenas.setdefault(f.path, FakeArena(rt, f))
     return ops
 
 

@@ -239,7 +239,7 @@ def test_long_prompt_logits_match_llama_cpp(example, runner, llama_cpp):
 
 def test_system1_groups_and_prompt_reuse(example, runner, llama_cpp):
     """Four candidates: each equals itself scored alone and llama.cpp's log-probs; more candidates
-    than one group of sequences (engine.SEQ_GROUP) give the same numbers; the state holds the
+    than one group of sequences (scoring.SEQ_GROUP) give the same numbers; the state holds the
     prompt afterwards (sequence 0), which a generate continuing it reuses."""
     prompt = "The capital of France is"
     cands = [" Paris", " a city in Europe", " London, or so they say", " 42"]
@@ -254,14 +254,14 @@ def test_system1_groups_and_prompt_reuse(example, runner, llama_cpp):
                                                    n_ctx=512))
         per_tok = [lsm[len(p_ids) - 1 + t, tid] for t, tid in enumerate(got["token_ids"])]
         assert abs(sum(per_tok) - got["logprob"]) < _tol(runner, 1e-3, 5e-3) * len(per_tok)
-    import reflex_ipc.engine as engine
+    import reflex_ipc.scoring as scoring
 
-    saved = engine.SEQ_GROUP
-    engine.SEQ_GROUP = 3
+    saved = scoring.SEQ_GROUP
+    scoring.SEQ_GROUP = 3
     try:
         many = runner.system1(prompt, cands * 2, cache_prompt=False)["candidates"]
     finally:
-        engine.SEQ_GROUP = saved
+        scoring.SEQ_GROUP = saved
     np.testing.assert_allclose([c["logprob"] for c in many], [c["logprob"] for c in res["candidates"]] * 2,
                                rtol=0, atol=1e-4)
     g = runner.generate(p_ids + [28], max_tokens=2)

@@ -114,13 +114,13 @@ def test_a_failed_read_wakes_the_waiters(tmp_path):
 def test_stream_plan_orders_layers_and_cuts_experts(tmp_path):
     from reflex_ipc.cuda.weights import stream_plan
     from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     import os
 
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
-    path = family_gguf(str(tmp_path / "m.gguf"), **dict(FAMILY_CONFIGS["qwen3moe"], n_layer=3), tokenizer=tok,
-                       qtype="Q8_0")
+    path = example_gguf("qwen3moe", str(tmp_path / "m.gguf"), tokenizer=tok, keys={"block_count": 3},
+                        qtype="Q8_0")
     with GGUFFile(path) as f:
         start = f.data_offset
         jobs, n_eager = stream_plan(f, start, 4096)
@@ -319,14 +319,14 @@ def test_auto_streams_moe_files_from_the_page_cache(tmp_path, monkeypatch):
 
     from reflex_ipc.cuda import weights
     from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     from test_upload_reader import _FakeRt
 
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
-    cfg = dict(FAMILY_CONFIGS["qwen3moe"], n_layer=4, n_expert=128, n_ff_exp=128)
-    moe = family_gguf(str(tmp_path / "moe.gguf"), **cfg, tokenizer=tok)
-    dense = family_gguf(str(tmp_path / "dense.gguf"), **FAMILY_CONFIGS["phi3_split_short"], tokenizer=tok)
+    moe = example_gguf("qwen3moe", str(tmp_path / "moe.gguf"), tokenizer=tok,
+                       keys={"block_count": 4, "expert_count": 128, "expert_feed_forward_length": 128})
+    dense = example_gguf("phi3_split_short", str(tmp_path / "dense.gguf"), tokenizer=tok)
     for path, stream, want in ((moe, "1", "read"), (moe, "0", "staging"), (dense, "1", "staging")):
         monkeypatch.setenv("REFLEX_CUDA_STREAM", stream)
         monkeypatch.setenv("REFLEX_CUDA_UPLOAD", "auto")

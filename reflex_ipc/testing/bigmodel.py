@@ -13,7 +13,7 @@ recorded and the rest goes on), a table last:
    beside the others; check_moe, check_mla: the decode forms), and bench_moe's crossover
    sweep (grouped vs one matvec per pair at 8-512 tokens, Qwen3-30B-A3B and DeepSeek-V2-Lite
    layer shapes), on the backend of --device;
-2. engine: small qwen3moe and deepseek2 GGUFs (synthetic.family_gguf, Q8_0; DeepSeek with its
+2. engine: small qwen3moe and deepseek2 GGUFs (synthetic.example_gguf, Q8_0; DeepSeek with its
    real head widths 128 + 64 / 128 so that the flash form runs) through load_runner on
    --device against the numpy backend: the last logits of a 200-token prompt (the grouped
    MoE and the MLA flash forms) within 1e-2 x max|logit|, and the same with REFLEX_MOE_MMA=0
@@ -42,13 +42,18 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = 200  # prompt tokens of the engine check: above CudaOps' MOE_MMA_MIN_N and MLA_FLASH_MIN_N
 N_GEN = 16
-ENGINE_MODELS = {  # name: (synthetic.family_gguf arguments, quantization)
-    "qwen3moe-e32-k4": (dict(arch="qwen3moe", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head_dim=32,
-                             n_expert=32, n_used=4, n_ff_exp=64), "Q8_0"),
-    "deepseek2-v2-heads": (dict(arch="deepseek2", n_layer=3, n_embd=128, n_head=4, q_lora=0, kv_lora=64,
-                                nope=128, rope=64, v_dim=128, n_ff=256, n_dense=1, n_expert=16, n_used=4,
-                                n_ff_exp=64, n_shared=1, gating=1, norm=False, w_scale=1.0,
-                                yarn=(4.0, 0.0707, 32)), "Q8_0"),
+ENGINE_MODELS = {  # name: (synthetic example, its changed metadata keys, quantization)
+    "qwen3moe-e32-k4": ("qwen3moe", {"embedding_length": 128, "attention.key_length": 32,
+                                     "attention.value_length": 32, "expert_count": 32, "expert_used_count": 4,
+                                     "expert_feed_forward_length": 64}, "Q8_0"),
+    # DeepSeek-V2-Lite's head widths: keys 128 + 64 (rope) and values 128 per head (the flash form's
+    # 192 / 128), a latent of 64 (attention.key_length = latent + rope, value_length = latent)
+    "deepseek2-v2-heads": ("deepseek2_v2", {"embedding_length": 128, "feed_forward_length": 256,
+                                            "attention.kv_lora_rank": 64, "rope.dimension_count": 64,
+                                            "attention.key_length": 128, "attention.value_length": 64,
+                                            "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+                                            "expert_count": 16, "expert_used_count": 4,
+                                            "expert_feed_forward_length": 64}, "Q8_0"),
 }
 
 
@@ -86,12 +91,12 @@ def part_checks(device):
 
 
 def engine_models(folder, tokenizer=None):
-    from reflex_ipc.testing.synthetic import family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     tok = tokenizer or os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf")
     os.makedirs(folder, exist_ok=True)
-    return {name: family_gguf(os.path.join(folder, f"bigmodel-{name}.gguf"), **cfg, tokenizer=tok, qtype=q)
-            for name, (cfg, q) in ENGINE_MODELS.items()}
+    return {name: example_gguf(ex, os.path.join(folder, f"bigmodel-{name}.gguf"), tokenizer=tok, keys=keys, qtype=q)
+            for name, (ex, keys, q) in ENGINE_MODELS.items()}
 
 
 def _near_tie(lg):

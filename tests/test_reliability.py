@@ -610,3 +610,129 @@ def test_line_reader_matches_a_reference_under_any_chunking():
         check()
     finally:
         server.CHUNK = old
+
+
+# ---------------------------------------------------------------- hostile chat templates (issue 32: 4, 7)
+
+from reflex_ipc.testing.fuzz import HOSTILE_TEMPLATES  # noqa: E402
+
+
+class _Tok:
+    bos_id = eos_id = None
+
+    def token_text(self, i):
+        return ""
+
+
+@pytest.mark.parametrize("name,src,kind", HOSTILE_TEMPLATES, ids=[t[0] for t in HOSTILE_TEMPLATES])
+def test_hostile_chat_template_ends_in_its_kind_within_the_budget(name, src, kind):
+    """Work and memory bombs end in too_large within the render budget; templates that do
+    not compile (deep nesting, constants that cannot print) or fail (range past the
+    sandbox's cap, a lone surrogate) are invalid_request; never internal, never a hang."""
+    from reflex_ipc import chat
+
+    t = time.monotonic()
+    with pytest.raises(ReflexError) as e:
+        chat.render(_Tok(), None, [{"role": "user", "content": "hi"}], chat_template=src)
+    assert e.value.kind == kind, e.value.message
+    assert time.monotonic() - t < chat.COMPILE_SECONDS + chat.RENDER_SECONDS + 1
+
+
+def test_chat_template_compiles_once_per_content_failures_included():
+    from reflex_ipc import chat
+
+    chat.compile_template.cache_clear()
+    for src in ("{% for %}", "{{ messages[0].content }}"):
+        for _ in range(3):
+            try:
+                chat.compiled_template(src)
+            except ReflexError as e:
+                assert e.kind == "invalid_request"
+    info = chat.compile_template.cache_info()
+    assert info.misses == 2 and info.hits == 4
+
+
+def _chat_model(tmp_path, template):
+    """A tiny llama GGUF (the fuzz suite's seed) whose tokenizer.chat_template is `template`."""
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    kvs, tensors = fuzzlib.tiny_model("llama", np.random.default_rng(0))
+    path = tmp_path / "chat.gguf"
+    fuzzlib.write_gguf(path, kvs + [("tokenizer.chat_template", fuzzlib.STR, template)], tensors)
+    return path
+
+
+SLOW = {n: s for n, s, _ in HOSTILE_TEMPLATES}["nested_range"]  # runs until the budget ends it
+
+
+def _vm_hwm(pid):
+    from reflex_ipc.testing.fuzz import peak_rss_kib
+
+    return peak_rss_kib(pid)
+
+
+def test_hostile_templates_over_stdio_bounded_and_cancellable(tmp_path):
+    """Every hostile template through a real `reflex stdio` (the GGUF's own and as
+    `chat_template`): its kind, the server's peak RSS growing by less than 200 MiB over all
+    of them, a normal request after; SIGINT during a hung render answers `cancelled` at
+    once, SIGTERM during one ends the server (exit 0) within the budget."""
+    from reflex_ipc import chat
+
+    model = _chat_model(tmp_path, SLOW)
+    p = _live(model)
+    try:
+        msgs = [{"role": "user", "content": "hi"}]
+        assert _tok(p, 0)["ok"]
+        base = _vm_hwm(p.p.pid)
+        for i, (name, src, kind) in enumerate(HOSTILE_TEMPLATES, 1):
+            t = time.monotonic()
+            p.send({"id": i, "op": "tokenize", "messages": msgs, "chat_template": src})
+            _, res = p.response(timeout=60)
+            assert not res["ok"] and res["error"]["kind"] == kind, (name, res)
+            assert time.monotonic() - t < chat.COMPILE_SECONDS + chat.RENDER_SECONDS + 3, name
+        grown = (_vm_hwm(p.p.pid) - base) / 1024
+        assert grown < 200, f"peak RSS grew {grown:.0f} MiB"
+        p.send({"id": 100, "op": "generate", "messages": msgs, "chat_template": "{{ messages[0].content }}",
+                "max_tokens": 2})
+        _, res = p.response(timeout=60)
+        assert res["ok"], res
+        # the model's own template hangs: SIGINT cancels it, SIGTERM ends the loop
+        p.send({"id": 101, "op": "generate", "messages": msgs, "max_tokens": 2})
+        time.sleep(0.5)
+        t = time.monotonic()
+        p.p.send_signal(signal.SIGINT)
+        _, res = p.response(timeout=30)
+        assert res["error"]["kind"] == "cancelled" and time.monotonic() - t < 1.0, res
+        p.send({"id": 102, "op": "system1", "messages": msgs, "candidates": ["a", "b"]})
+        time.sleep(0.5)
+        t = time.monotonic()
+        p.p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert time.monotonic() - t < chat.RENDER_SECONDS + 2
+        assert "Traceback" not in p.err()
+    finally:
+        p.close()
+
+
+def test_generate_chat_on_a_hostile_gguf_template_exits(tmp_path):
+    """`reflex generate --chat` on a GGUF whose template never ends: too_large (exit 1)
+    within the budget; SIGINT while it renders: exit 130 at once."""
+    from reflex_ipc import chat
+
+    model = _chat_model(tmp_path, SLOW)
+    argv = [sys.executable, "-m", "reflex_ipc", "generate", "--chat", "--json", "--device", "cpu",
+            "--model", str(model), "--max-tokens", "2", "hi"]
+    t = time.monotonic()
+    env = dict(ENV, PYTHONPATH=str(TESTS.parent))
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "too_large", r
+    assert time.monotonic() - t < chat.RENDER_SECONDS + 10
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    time.sleep(1.5)
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, (out, err)
+    assert time.monotonic() - t < 1.0

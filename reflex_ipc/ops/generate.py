@@ -152,7 +152,7 @@ def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
     """runner.generate with the request's parameters (the CLI calls this too); with
     `messages` the prompt is the rendered conversation, with `tools` the result gets the
     parsed tool_calls."""
-    prompt = chat_prompt(runner, req)
+    prompt = chat_prompt(runner, req, should_cancel=should_cancel)
     out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel,
                  **kv_args(req))
     if req.tools:

@@ -61,7 +61,7 @@ Request, Result = System1Request, System1Result
 
 
 def execute(runner, req, *, should_cancel=None) -> dict:
-    return runner.system1(chat_prompt(runner, req), list(req.candidates),
+    return runner.system1(chat_prompt(runner, req, should_cancel=should_cancel), list(req.candidates),
                           temperature=req.temperature, should_cancel=should_cancel,
                           cache_prompt=req.cache_prompt, **kv_args(req))
 

@@ -42,7 +42,7 @@ def run(call, req) -> dict:
     _, info, runner = call.runner(req)
     t = time.perf_counter()
     if req.messages is not None:
-        text = chat_prompt(runner, req, "text")
+        text = chat_prompt(runner, req, "text", call.should_cancel)
         ids = runner.tokenize(text, add_bos=None, parse_special=True)
         call.timings["tokenize"] = ms(t)
         return {"token_ids": list(ids), "prompt": text, "model": info.get("model")}

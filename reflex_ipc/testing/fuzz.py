@@ -226,6 +226,62 @@ def tiny_model(arch, rng=None, vocab=None):
     return kvs, tensors
 
 
+# ---------------------------------------------------------------- hostile chat templates
+
+# (name, template source, the error kind it must give) -- issue 32 item 4 and 7: work and memory
+# bombs end in `too_large` within chat.RENDER_SECONDS, templates that cannot compile or fail on
+# their own terms in `invalid_request`; none may answer `internal`, hang or grow the server.
+HOSTILE_TEMPLATES = [
+    ("nested_range", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                     "{% endfor %}", "too_large"),
+    ("repeat", "{{ 'x' * 10**9 }}", "too_large"),
+    ("format_width", "{{ '{:>1000000000}'.format('a') }}", "too_large"),
+    ("format_nested_width", "{{ '{:>{w}}'.format('a', w=10**9) }}", "too_large"),
+    ("macro_fanout", "{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
+                     "{{ f(40) }}", "too_large"),
+    ("doubling", "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                 "{% endfor %}{{ ns.s|length }}", "too_large"),
+    ("plus_doubling", "{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+                      "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}", "too_large"),
+    ("percent_width", "{{ '%0999999999d' % 1 }}", "too_large"),
+    ("percent_star", "{{ '%*d' % (999999999, 1) }}", "too_large"),
+    ("format_filter", "{{ '%0999999999d'|format(1) }}", "too_large"),
+    ("center", "{{ 'x'|center(10**9) }}", "too_large"),
+    ("ljust", "{{ 'x'.ljust(10**9) }}", "too_large"),
+    ("tojson_shared", "{{ (['x' * 1000] * 100000)|tojson }}", "too_large"),
+    ("join_shared", "{{ (['x' * 1000] * 10000)|join }}", "too_large"),
+    ("output_shared", "{{ ['x' * 10000] * 100000 }}", "too_large"),
+    ("pow", "{{ 2 ** (10**9) }}", "too_large"),
+    ("int_square", "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}"
+                   "{% endfor %}", "too_large"),
+    ("to_bytes", "{{ (1).to_bytes(10**9, 'big') }}", "too_large"),
+    ("replace", "{{ ('x' * 1000)|replace('x', 'y' * 100000) }}", "too_large"),
+    ("str_replace", "{{ ('x' * 1000).replace('x', 'y' * 100000) }}", "too_large"),
+    ("indent", "{{ ('\n' * 10000)|indent(100000) }}", "too_large"),
+    ("expandtabs", "{{ ('\t' * 1000).expandtabs(1000000) }}", "too_large"),
+    ("batch_fill", "{{ [1]|batch(10**9, 'x')|list }}", "too_large"),
+    ("sum_lists", "{{ ([[1] * 1000] * 10000)|sum(start=[]) }}", "too_large"),
+    ("wordwrap", "{{ ('x' * 100000)|wordwrap(1, true, 'y' * 1000) }}", "too_large"),
+    ("strftime", "{{ strftime_now('%Y' * 100000) }}", "too_large"),
+    ("translate", "{{ ('a' * 1000).translate({97: 'b' * 100000}) }}", "too_large"),
+    ("list_repeat", "{{ ([1] * 1000000) * 1000 }}", "too_large"),
+    ("endless_cycle", "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}"
+                      "{% endfor %}", "too_large"),
+    ("too_big", "x" * ((128 << 10) + 1), "too_large"),
+    ("recursion", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "invalid_request"),
+    ("nested_if", "{% if true %}" * 5000 + "x" + "{% endif %}" * 5000, "invalid_request"),
+    ("nested_for", "{% for a in [1] %}" * 200 + "x" + "{% endfor %}" * 200, "invalid_request"),
+    ("huge_int_literal", "{{ 10**5000 }}", "invalid_request"),
+    ("range_cap", "{{ range(100001)|list|length }}", "invalid_request"),
+    ("lone_surrogate", "{{ '\\ud800' }}", "invalid_request"),
+    ("lipsum", "{{ lipsum(10**6) }}", "invalid_request"),
+    ("syntax", "{% for %}", "invalid_request"),
+    ("sandbox", "{{ messages.__class__.__mro__[1].__subclasses__() }}", "invalid_request"),
+    ("raises", "{{ raise_exception('no') }}", "invalid_request"),
+    ("divide", "{{ 1 / 0 }}", "invalid_request"),
+]
+
+
 # ---------------------------------------------------------------- GGUF mutations
 
 _BAD_SCALARS = [(F32, math.nan), (F32, math.inf), (F32, -math.inf), (F64, math.nan),

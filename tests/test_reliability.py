@@ -863,3 +863,76 @@ def test_installed_llguidance_passes_the_same_check(smollm2):
 
     res = constrain_check.run(smollm2)
     assert not res["failures"] and res["checks"] >= 20, res
+
+
+# ---------------------------------------------------------------- LoRA adapters (issue 32: 9, 11)
+
+
+def _adapter(path, rank=2, alpha=4.0, a_val=None, b_val=None, n_in=32, n_out=32):
+    """A LoRA adapter for the fuzz suite's tiny llama (blk.0.attn_q.weight, [32, 32]), written
+    by the raw GGUF writer (it takes any shape, rank 0 included)."""
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((rank, n_in)) * 0.1).astype(np.float32)
+    b = (rng.standard_normal((n_out, rank)) * 0.1).astype(np.float32)
+    if a_val is not None and a.size:
+        a.flat[0] = a_val
+    if b_val is not None and b.size:
+        b.flat[-1] = b_val
+    kvs = [("general.architecture", fuzzlib.STR, "llama"), ("general.type", fuzzlib.STR, "adapter"),
+           ("adapter.type", fuzzlib.STR, "lora"), ("adapter.lora.alpha", fuzzlib.F32, alpha)]
+    tensors = [("blk.0.attn_q.weight.lora_a", [n_in, rank], fuzzlib.GGML_F32, a.tobytes()),
+               ("blk.0.attn_q.weight.lora_b", [rank, n_out], fuzzlib.GGML_F32, b.tobytes())]
+    fuzzlib.write_gguf(path, kvs, tensors)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    path = tmp_path_factory.mktemp("lora") / "tiny.gguf"
+    fuzzlib.write_gguf(path, *fuzzlib.tiny_model("llama", np.random.default_rng(0)))
+    return str(path)
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+@pytest.mark.parametrize("case,kw,scale,kind,words", [
+    ("rank0", dict(rank=0), 1.0, "gguf_error", "rank 0"),
+    ("nan", dict(a_val=float("nan")), 1.0, "gguf_error", "NaN or infinite"),
+    ("inf", dict(b_val=float("inf")), 1.0, "gguf_error", "NaN or infinite"),
+    ("huge_values", dict(a_val=1e30), 1.0, "gguf_error", "could change a weight"),
+    ("huge_alpha", dict(alpha=1e38), 1.0, "gguf_error", "could change a weight"),
+    ("huge_scale", dict(), 1e30, "invalid_request", "the scale"),
+])
+def test_lora_adapter_refused_at_load(tmp_path, tiny_llama, device, case, kw, scale, kind, words):
+    """Rank 0 was `internal` (float division by zero); NaN, 1e30 values or alpha 1e38 loaded
+    and generated `ok` from broken weights: each is refused at load, naming the tensor."""
+    from reflex_ipc.engine import load_runner
+
+    ad = _adapter(tmp_path / f"{case}.gguf", **kw)
+    with pytest.raises(ReflexError) as e:
+        load_runner(tiny_llama, device=device, lora=[{"path": ad, "scale": scale}])
+    assert e.value.kind == kind and words in e.value.message and "blk.0.attn_q.weight" in e.value.message, \
+        e.value.message
+
+
+def test_sane_tiny_adapter_loads_and_changes_the_logits(tmp_path, tiny_llama):
+    import numpy as np
+
+    from reflex_ipc.engine import load_runner
+
+    ad = _adapter(tmp_path / "ok.gguf", rank=2, alpha=4.0)
+    logits = []
+    for lora in (None, [ad + ":2"]):
+        r = load_runner(tiny_llama, device="numpy", lora=lora)
+        try:
+            logits.append(r.prompt_logits(r.tokenize("Hello world")))
+        finally:
+            r.close()
+    assert np.all(np.isfinite(logits[1])) and not np.allclose(logits[0], logits[1])

@@ -936,3 +936,49 @@ def test_sane_tiny_adapter_loads_and_changes_the_logits(tmp_path, tiny_llama):
         finally:
             r.close()
     assert np.all(np.isfinite(logits[1])) and not np.allclose(logits[0], logits[1])
+
+
+# ---------------------------------------------------------------- detokenize memory (issue 32: 16)
+
+
+def test_detokenize_memory_does_not_grow_per_id():
+    """decode of many ids holds the text, not a piece per id (bytes.join added 80 bytes an
+    item: 8M ids of an empty control token peaked at +670 MiB)."""
+    import tracemalloc
+
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(GGUFFile(str(DATA / "synthetic-llama.gguf")))
+    ctrl = next(i for i in range(tok.n_vocab) if tok.is_control(i))
+    ids = [ctrl] * 1_000_000
+    tracemalloc.start()
+    try:
+        assert tok.decode(ids) == ""
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak / 2**20:.1f} MiB for 1M ids"
+    assert tok.decode([ctrl] * 3 + [300, 301] * 2) == tok.decode([300, 301] * 2)
+
+
+def test_detokenize_of_a_16mib_line_is_bounded():
+    """A 16 MiB detokenize line of 8M ids: the server's peak RSS grows by less than 10x the
+    line (was 54x)."""
+    from reflex_ipc.testing.fuzz import peak_rss_kib
+
+    p = _live(DATA / "synthetic-llama.gguf")
+    try:
+        assert p.request({"id": 0, "op": "detokenize", "token_ids": [1]})[1]["ok"]
+        base = peak_rss_kib(p.p.pid)
+        line = b'{"id":1,"op":"detokenize","token_ids":[' + b",".join([b"9"] * 8_000_000) + b"]}\n"
+        import threading
+
+        t = threading.Thread(target=lambda: (p.p.stdin.write(line), p.p.stdin.flush()), daemon=True)
+        t.start()
+        _, res = p.response(timeout=300)
+        assert res["ok"], res
+        grown = (peak_rss_kib(p.p.pid) - base) * 1024
+        assert grown < 10 * len(line), f"{grown / len(line):.1f}x the line"
+    finally:
+        p.close()

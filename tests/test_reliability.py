@@ -982,3 +982,167 @@ def test_detokenize_of_a_16mib_line_is_bounded():
         assert grown < 10 * len(line), f"{grown / len(line):.1f}x the line"
     finally:
         p.close()
+
+
+# ---------------------------------------------------------------- vocabulary and keys at load (issue 32: 10, 13, 15)
+
+
+def _tiny_variant(tmp_path, name, kv_fn=None, tensor_fn=None, arch="llama"):
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    kvs, tensors = fuzzlib.tiny_model(arch, np.random.default_rng(0))
+    if kv_fn:
+        kvs = kv_fn(list(kvs))
+    if tensor_fn:
+        tensors = tensor_fn(list(tensors))
+    path = tmp_path / f"{name}.gguf"
+    fuzzlib.write_gguf(path, kvs, tensors)
+    return str(path)
+
+
+def _embd_rows(rows, untie=False):
+    """token_embd.weight cut to `rows` rows (F32), with an untied full-size output.weight."""
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    def fn(tensors):
+        out = []
+        for n, d, gt, data in tensors:
+            if n == "token_embd.weight":
+                E, V = d
+                out.append((n, [E, rows], fuzzlib.GGML_F32,
+                            np.random.default_rng(1).standard_normal((rows, E)).astype(np.float32).tobytes()))
+                if untie:
+                    out.append(("output.weight", [E, V], fuzzlib.GGML_F32,
+                                np.random.default_rng(2).standard_normal((V, E)).astype(np.float32).tobytes()))
+            else:
+                out.append((n, d, gt, data))
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+@pytest.mark.parametrize("case", ["untied_short_embedding", "tied_short_embedding", "short_output",
+                                  "tokens_cut_short"])
+def test_vocabulary_that_does_not_fit_the_model_is_refused_at_load(tmp_path, case, device):
+    """Issue 32 items 10 and 13: a vocabulary longer than token_embd (an id past its rows:
+    IndexError, `internal`, or a read out of bounds on CUDA) or a tokens array cut short of
+    `{arch}.vocab_size` (every prompt 'empty') is gguf_error when the model loads."""
+    from reflex_ipc.engine import load_runner
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    if case == "untied_short_embedding":
+        path = _tiny_variant(tmp_path, case, tensor_fn=_embd_rows(100, untie=True))
+    elif case == "tied_short_embedding":
+        path = _tiny_variant(tmp_path, case, tensor_fn=_embd_rows(100))
+    elif case == "short_output":
+        def fn(tensors):
+            return [(n, [d[0], 100], gt, data[:len(data) * 100 // d[1]]) if n == "output.weight"
+                    else (n, d, gt, data) for n, d, gt, data in tensors]
+        path = _tiny_variant(tmp_path, case, tensor_fn=fn, arch="qwen2")  # qwen2's output is untied
+    else:
+        path = _tiny_variant(tmp_path, case, kv_fn=lambda kvs: [
+            (k, t, (fuzzlib.STR, ["x"]) if k == "tokenizer.ggml.tokens" else v) for k, t, v in kvs])
+    with pytest.raises(ReflexError) as e:
+        load_runner(path, device=device)
+    assert e.value.kind == "gguf_error", e.value.message
+    assert "rows for a vocabulary" in e.value.message or "vocab_size" in e.value.message
+
+
+def test_gemma4_per_layer_embedding_shorter_than_the_vocabulary(tmp_path, smollm2):
+    from reflex_ipc.engine import load_runner
+    from reflex_ipc.testing import fuzz as fuzzlib
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    src = family_gguf(tmp_path / "e2b.gguf", tokenizer=smollm2, **FAMILY_CONFIGS["gemma4_e2b"])
+    kvs, tensors = fuzzlib.read_gguf(src)
+    cut = []
+    for n, d, gt, data in tensors:
+        if n == "per_layer_token_embd.weight":
+            d, data = [d[0], 1000], data[:len(data) * 1000 // d[1]]
+        cut.append((n, d, gt, data))
+    path = tmp_path / "cut.gguf"
+    fuzzlib.write_gguf(path, kvs, cut)
+    with pytest.raises(ReflexError) as e:
+        load_runner(str(path), device="numpy")
+    assert e.value.kind == "gguf_error" and "per_layer_token_embd.weight" in e.value.message
+
+
+_LLAMA_LOADS = r"""
+import json, sys
+import llama_cpp
+for p in sys.argv[1:]:
+    try:
+        llm = llama_cpp.Llama(p, n_ctx=64, verbose=False, n_threads=1)
+        llm.eval([1, 2])
+        llm.close()
+        v = "ok"
+    except Exception as e:
+        v = str(e)[:100]
+    print("RXV", json.dumps([p, v]), flush=True)
+"""
+
+
+def _llama_cpp_verdicts(paths):
+    """{path: "ok" | why} from llama.cpp loading each file and evaluating two tokens, in
+    subprocesses (one that aborts -- a GGML_ASSERT -- is restarted after that file)."""
+    out, todo = {}, list(paths)
+    while todo:
+        r = subprocess.run([sys.executable, "-c", _LLAMA_LOADS, *todo], capture_output=True, text=True,
+                           timeout=900)
+        for line in r.stdout.splitlines():
+            if line.startswith("RXV "):
+                p, v = json.loads(line[4:])
+                out[p] = v
+        todo = [p for p in todo if p not in out]
+        if todo:
+            out[todo.pop(0)] = "aborted"
+    return out
+
+
+_KEY_MODELS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "deepseek2", "gemma4", "qwen35",
+               "qwen35moe", "granitehybrid"]
+
+
+@pytest.mark.parametrize("model", _KEY_MODELS)
+def test_required_keys_are_llama_cpps(tmp_path, model, smollm2, llama_cpp):
+    """Issue 32 item 15: drop each `{arch}.*` key of the architecture's model in turn; reflex
+    loads (and runs) the file exactly when llama.cpp loads and evaluates it (a real
+    Qwen3.5-MoE GGUF has no feed_forward_length, and llama.cpp loads it; reflex refused)."""
+    import numpy as np
+
+    from reflex_ipc.engine import load_runner
+    from reflex_ipc.testing import fuzz as fuzzlib
+    from reflex_ipc.testing.synthetic import ARCH_CONFIGS, arch_gguf
+
+    if model in fuzzlib.ARCHS:
+        base = tmp_path / "base.gguf"
+        fuzzlib.write_gguf(base, *fuzzlib.tiny_model(model, np.random.default_rng(0)))
+    else:
+        base = arch_gguf(model, tmp_path / "base.gguf", tokenizer=smollm2, quantize=False)
+    kvs, tensors = fuzzlib.read_gguf(base)
+    arch = next(v for k, t, v in kvs if k == "general.architecture").decode()
+    files = {None: str(base)}
+    for k, _, _ in kvs:
+        if k.startswith(arch + "."):
+            files[k] = str(tmp_path / f"drop-{k}.gguf")
+            fuzzlib.write_gguf(files[k], [x for x in kvs if x[0] != k], tensors)
+    theirs = _llama_cpp_verdicts(list(files.values()))
+    differ = []
+    for key, path in files.items():
+        try:
+            r = load_runner(path, device="numpy")
+            try:
+                r.generate([1, 2], max_tokens=1)
+            finally:
+                r.close()
+            ours = "ok"
+        except ReflexError as e:
+            assert e.kind in ("gguf_error", "unsupported_architecture"), (key, e.kind, e.message)
+            ours = f"{e.kind}: {e.message}"
+        if (ours == "ok") != (theirs[path] == "ok"):
+            differ.append((key, ours[:100], theirs[path][:60]))
+    assert theirs[str(base)] == "ok" and not differ, differ

@@ -57,15 +57,23 @@ MOE_CAPTURABLE = property(lambda self: moe_captured(self.ops),
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f, rope_scalings=("none", "linear"), attention_free_layers=False):
+    def __init__(self, f, rope_scalings=("none", "linear"), attention_free_layers=False, dense_ffn=True):
         """rope_scalings: the rope.scaling.type values the architecture handles.
         attention_free_layers: a per-layer head_count_kv of 0 marks a layer without attention
-        (granitehybrid's recurrent layers); otherwise every layer needs at least one KV head."""
+        (granitehybrid's recurrent layers); otherwise every layer needs at least one KV head.
+        dense_ffn: the architecture has dense feed-forward layers, so feed_forward_length is
+        required; without (every layer a mixture of experts: qwen3moe, qwen35moe) it is
+        optional, as in llama.cpp, 0 when absent.
+
+        Required keys are llama.cpp's (its loader's get_key without `false`, or a key whose
+        absence leaves a tensor it needs without a shape): context_length, block_count,
+        embedding_length, the head count, the norm epsilon; tests/test_reliability.py drops
+        every key of every architecture's model and compares with llama.cpp."""
         self.arch = arch = f.architecture
         self._f = f
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
         self.n_embd = self.int("embedding_length", required=True, lo=1, hi=MAX_DIM)
-        self.n_ff_l = self.per_layer("feed_forward_length", required=True, lo=0, hi=MAX_DIM)
+        self.n_ff_l = self.per_layer("feed_forward_length", required=dense_ffn, default=0, lo=0, hi=MAX_DIM)
         self.n_head_l = self.per_layer("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
         self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l,
                                           lo=0 if attention_free_layers else 1, hi=MAX_HEADS)
@@ -87,7 +95,7 @@ class HParams:
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
-        self.n_ctx_train = self.int("context_length", default=0, lo=0, hi=MAX_CTX)
+        self.n_ctx_train = self.int("context_length", required=True, lo=0, hi=MAX_CTX)
         self.attn_scale = self.float("attention.scale", default=0.0, lo=0.0)
         self.final_softcap = self.float("final_logit_softcapping", default=0.0, lo=0.0)
         tokens = f.metadata.get("tokenizer.ggml.tokens")

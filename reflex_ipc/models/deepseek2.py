@@ -79,7 +79,9 @@ class Model:
         self.nope, self.v_dim = k_mla - self.r, v_mla
         if self.nope < 1:
             raise _bad(f"{a}.attention.key_length_mla", f"{k_mla} leaves no non-rope dims beside {self.r}")
-        if hp.head_dim != self.R + self.r or hp.head_dim_v != self.R:
+        # value_length may be absent (llama.cpp loads such files; the latent's width is R)
+        has_v = f.metadata.get(f"{a}.attention.value_length") is not None
+        if hp.head_dim != self.R + self.r or (has_v and hp.head_dim_v != self.R):
             raise _bad(f"{a}.attention.key_length", f"key/value length {hp.head_dim}/{hp.head_dim_v}, "
                        f"expected kv_lora_rank + rope dims = {self.R + self.r} / {self.R}")
         if any(h != 1 for h in hp.n_head_kv_l):

@@ -110,6 +110,9 @@ class Model:
                 Fs = self.n_ff_shexp
                 L.sh = (w(p + "ffn_gate_shexp.weight", (Fs, E)), w(p + "ffn_up_shexp.weight", (Fs, E)),
                         w(p + "ffn_down_shexp.weight", (E, Fs)))
+            elif w.has(p + "ffn_gate_shexp.weight"):  # silently unused otherwise; llama.cpp refuses too
+                raise ReflexError("gguf_error", f"tensor '{p}ffn_gate_shexp.weight' is present but metadata "
+                                  f"key {hp.arch}.expert_shared_feed_forward_length is missing or 0")
         else:
             L.gate, L.up, L.down = (w(p + "ffn_gate.weight", (F, E)), w(p + "ffn_up.weight", (F, E)),
                                     w(p + "ffn_down.weight", (E, F)))

@@ -15,10 +15,11 @@ from .common import Decoder, HParams, Weights, bias, default_attn_scale, residua
 class Model(Decoder):
     rope_neox = False  # llama.cpp rope type: "norm" (pairs 2i, 2i+1)
     qk_norm = False  # RMSNorm over each head of q and k before rope
+    dense_ffn = True  # feed_forward_length required (HParams)
 
     def __init__(self, ops, f, lora=None):
         self.ops = ops
-        self.hp = hp = HParams(f)
+        self.hp = hp = HParams(f, dense_ffn=self.dense_ffn)
         same_head_dims(hp)
         w = Weights(ops, f, lora)
         self.tok_embd = w("token_embd.weight", (None, hp.n_embd))

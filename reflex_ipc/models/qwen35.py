@@ -37,11 +37,12 @@ def _bad(key, msg):
 
 
 class Model:
+    dense_ffn = True  # feed_forward_length required (HParams)
 
     def __init__(self, ops, f, lora=None):
         require_ops(ops, RECURRENT_OPS, f.architecture)
         self.ops = ops
-        self.hp = hp = HParams(f)
+        self.hp = hp = HParams(f, dense_ffn=self.dense_ffn)
         a = hp.arch
         nextn = hp.int("nextn_predict_layers", default=0, lo=0, hi=hp.n_layer - 1)
         self.n_layer = hp.n_layer - nextn

@@ -14,11 +14,12 @@ from .qwen35 import Model as _Qwen35
 
 class Model(_Qwen35):
     capturable = MOE_CAPTURABLE
+    dense_ffn = False  # every layer routed: feed_forward_length optional, as in llama.cpp
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams
 
-        hp = HParams(f)
+        hp = HParams(f, dense_ffn=False)
         self.n_expert = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
         self.n_used = hp.per_layer("expert_used_count", required=True, lo=1, hi=self.n_expert)
         n_ff_exp = hp.per_layer("expert_feed_forward_length", default=0, lo=0, hi=1 << 20)

@@ -15,11 +15,12 @@ from .qwen3 import Model as _Qwen3
 
 class Model(_Qwen3):
     capturable = MOE_CAPTURABLE
+    dense_ffn = False  # every layer routed: feed_forward_length optional, as in llama.cpp
 
     def __init__(self, ops, f, lora=None):
         from .common import HParams
 
-        hp = HParams(f)
+        hp = HParams(f, dense_ffn=False)
         self.n_expert = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
         self.n_used = hp.per_layer("expert_used_count", required=True, lo=1, hi=self.n_expert)
         if len(set(self.n_used)) > 1:  # llama.cpp would route every layer with layer 0's count

@@ -282,6 +282,29 @@ HOSTILE_TEMPLATES = [
 ]
 
 
+def read_gguf(path):
+    """(kvs, tensors) of a GGUF file as write_gguf takes them (keys with their value types,
+    tensors' raw bytes): to rewrite a real model with a key dropped or a tensor changed."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    kvs = []
+    for fld in r.fields.values():
+        if fld.name.startswith("GGUF."):
+            continue
+        t = int(fld.types[0])
+        if t == ARR:
+            et = int(fld.types[1])
+            items = [bytes(fld.parts[i]) if et == STR else fld.parts[i][0].item() for i in fld.data]
+            kvs.append((fld.name, ARR, (et, items)))
+        elif t == STR:
+            kvs.append((fld.name, STR, bytes(fld.parts[fld.data[0]])))
+        else:
+            kvs.append((fld.name, t, fld.parts[fld.data[0]][0].item()))
+    tensors = [(t.name, [int(x) for x in t.shape], int(t.tensor_type), t.data.tobytes()) for t in r.tensors]
+    return kvs, tensors
+
+
 # ---------------------------------------------------------------- GGUF mutations
 
 _BAD_SCALARS = [(F32, math.nan), (F32, math.inf), (F32, -math.inf), (F64, math.nan),

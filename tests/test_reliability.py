@@ -1146,3 +1146,46 @@ def test_required_keys_are_llama_cpps(tmp_path, model, smollm2, llama_cpp):
         if (ours == "ok") != (theirs[path] == "ok"):
             differ.append((key, ours[:100], theirs[path][:60]))
     assert theirs[str(base)] == "ok" and not differ, differ
+
+
+# ---------------------------------------------------------------- gpu-check's reference (issue 32: 17)
+
+_GPU_CHECK_ENGINE = r"""
+import importlib.util, json, sys
+import reflex_ipc.engine as eng
+calls, real = [], eng.load_runner
+
+def fake(path, device="auto", **kw):  # CUDA played by the numpy backend: only the devices matter
+    calls.append(device)
+    r = real(path, device="numpy", **kw)
+    if device == "cuda":
+        info = r.info
+        r.info = lambda: dict(info(), backend="cuda")
+    return r
+
+eng.load_runner = fake
+spec = importlib.util.spec_from_file_location("gcm", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+res = m.compare_engine(sys.argv[2])
+print(json.dumps({"calls": calls, "reference_device": res["reference_device"], "ok": res["ok"]}))
+"""
+
+
+def test_gpu_check_engine_comparison_uses_the_numpy_oracle(tmp_path):
+    """scripts/gpu/gpu_check_models.compare_engine compared CUDA with `--device cpu`, the C
+    backend (int8 activations) once its library is built on the GPU host, and failed honest
+    CUDA results; its reference is the numpy backend for every model."""
+    import numpy as np
+
+    from reflex_ipc.testing import fuzz as fuzzlib
+
+    model = tmp_path / "m.gguf"
+    fuzzlib.write_gguf(model, *fuzzlib.tiny_model("qwen3", np.random.default_rng(0)))
+    script = TESTS.parent / "scripts" / "gpu" / "gpu_check_models.py"
+    r = subprocess.run([sys.executable, "-c", _GPU_CHECK_ENGINE, str(script), str(model)], capture_output=True,
+                       text=True, timeout=600, env=dict(ENV, PYTHONPATH=str(TESTS.parent)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(res["calls"]) == ["cuda", "numpy"] and res["reference_device"] == "numpy", res
+    assert res["ok"], res

@@ -1189,3 +1189,58 @@ def test_gpu_check_engine_comparison_uses_the_numpy_oracle(tmp_path):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert sorted(res["calls"]) == ["cuda", "numpy"] and res["reference_device"] == "numpy", res
     assert res["ok"], res
+
+
+# ---------------------------------------------------------------- precision against llama.cpp (issue 32: 18)
+
+_S1_PROMPT, _S1_CANDIDATES = "The capital of France is", [" Paris", " London, of course", " a city"]
+
+
+def _llama_system1(llama_cpp, path, p_ids, cands):
+    import numpy as np
+
+    llm = llama_cpp.Llama(path, logits_all=True, n_ctx=256, n_batch=256, n_ubatch=256, type_k=0, type_v=0,
+                          n_threads=1, n_threads_batch=1, verbose=False)
+    out = []
+    try:
+        for ids in cands:
+            llm.reset()
+            llm.eval(p_ids + ids)
+            z = np.array(llm.scores[:len(p_ids) + len(ids)], dtype=np.float64)
+            z = z - z.max(axis=-1, keepdims=True)
+            lp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+            out.append(sum(lp[len(p_ids) - 1 + t, tid] for t, tid in enumerate(ids)))
+    finally:
+        llm.close()
+    return out
+
+
+def _system1_per_token_diff(path, llama_cpp):
+    from reflex_ipc.engine import load_runner
+
+    r = load_runner(path, device="numpy", n_ctx=256)
+    try:
+        res = r.system1(_S1_PROMPT, _S1_CANDIDATES)
+        p_ids = r._prompt_ids(_S1_PROMPT)
+    finally:
+        r.close()
+    cands = [c["token_ids"] for c in res["candidates"]]
+    ref = _llama_system1(llama_cpp, path, p_ids, cands)
+    return max(abs(c["logprob"] - w) / len(c["token_ids"]) for c, w in zip(res["candidates"], ref))
+
+
+def test_gemma4_system1_difference_is_llama_cpps_gelu_table(tmp_path, smollm2, llama_cpp, monkeypatch):
+    """gemma4's system1 log-probs differ from llama.cpp's (F32 weights and KV cache) by up to
+    ~4e-3 per token (the E2B-like model; issue 32 item 18): llama.cpp's CPU backend evaluates
+    GELU through a float16 table (GGML_GELU_FP16). With that table in place of the exact gelu
+    the difference falls below 2e-5: the table is the cause, not reflex (which keeps the exact
+    gelu; bench/results/gemma4-gelu-system1-*.json has the measurement)."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+    from reflex_ipc.testing.references import ggml_cpu_gelu
+    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+
+    path = str(family_gguf(tmp_path / "e2b.gguf", tokenizer=smollm2, **FAMILY_CONFIGS["gemma4_e2b"]))
+    exact = _system1_per_token_diff(path, llama_cpp)
+    monkeypatch.setattr(NumpyOps, "gelu", lambda self, a: ggml_cpu_gelu(a))
+    table = _system1_per_token_diff(path, llama_cpp)
+    assert exact > 1e-3 and table < 2e-5 and table < exact / 50, (exact, table)

@@ -166,14 +166,13 @@ def _check(ad, base):
             raise bad(f"{stem}: rank 0 (lora_a {list(a.shape)}, lora_b {list(b.shape)})", "gguf_error")
         ad.pairs[stem] = (a, b)
         ad.bounds[stem] = _bound(f, a, b, lambda msg: bad(f"{stem}: {msg}", "gguf_error"))
-    for stem in ad.pairs:
-        c = ad.factor(stem)
-        delta = abs(c) * ad.bounds[stem]
-        if not delta <= MAX_DELTA:  # NaN too
-            own = abs(ad.alpha / ad.pairs[stem][1].shape[0] if ad.alpha else 1.0) * ad.bounds[stem]
-            if not own <= MAX_DELTA:
-                raise bad(f"{stem}: its values and alpha {ad.alpha:g} could change a weight by "
-                          f"{own:.3g}; the limit is {MAX_DELTA:g}", "gguf_error")
+    for stem in ad.pairs:  # the file's own values first (whatever the scale), then the scale's
+        own = abs(ad.alpha / ad.pairs[stem][1].shape[0] if ad.alpha else 1.0) * ad.bounds[stem]
+        if not own <= MAX_DELTA:  # NaN too
+            raise bad(f"{stem}: its values and alpha {ad.alpha:g} could change a weight by "
+                      f"{own:.3g}; the limit is {MAX_DELTA:g}", "gguf_error")
+        delta = abs(ad.factor(stem)) * ad.bounds[stem]
+        if not delta <= MAX_DELTA:
             raise bad(f"the scale {ad.scale:g} makes {stem} change a weight by up to {delta:.3g}; "
                       f"the limit is {MAX_DELTA:g}")
 

@@ -621,6 +621,27 @@ def compile_template(source: str):
 _COMPILE_CANCEL = [None]  # the should_cancel of the compile in progress
 
 
+MAX_NESTING = 40  # block tags inside each other (real templates: < 10; Python compiles 20 loops)
+_BLOCK_OPEN = ("for", "if", "macro", "call", "filter", "block", "with", "generation", "raw")
+
+
+def _nesting(source) -> int:
+    """The deepest nesting of block tags ({% for %} ... {% endfor %}), by a scan of the tag names:
+    a template nested past MAX_NESTING cannot compile (Python allows 20 nested loops and 100
+    indentation levels), and jinja takes seconds to find that out at 200 levels."""
+    import re
+
+    depth = deepest = 0
+    for m in re.finditer(r"\{%[-+]?\s*(\w+)", source):
+        word = m.group(1)
+        if word in _BLOCK_OPEN:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif word.startswith("end") and word[3:] in _BLOCK_OPEN:
+            depth -= 1
+    return deepest
+
+
 def _compile(source):
     import jinja2
 
@@ -629,6 +650,10 @@ def _compile(source):
     if n > MAX_TEMPLATE_BYTES:
         return ReflexError("too_large", f"`chat_template`: the template is {n} bytes; the limit is "
                                         f"{MAX_TEMPLATE_BYTES}")
+    depth = _nesting(source)
+    if depth > MAX_NESTING:
+        return _bad("chat_template", f"the template does not compile: its blocks nest {depth} deep; "
+                                     f"at most {MAX_NESTING} compile")
     budget = _Budget(COMPILE_SECONDS, _COMPILE_CANCEL[0], "compile")
     try:
         return budget.run(env.from_string, source)

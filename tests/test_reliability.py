@@ -1244,3 +1244,57 @@ def test_gemma4_system1_difference_is_llama_cpps_gelu_table(tmp_path, smollm2, l
     monkeypatch.setattr(NumpyOps, "gelu", lambda self, a: ggml_cpu_gelu(a))
     table = _system1_per_token_diff(path, llama_cpp)
     assert exact > 1e-3 and table < 2e-5 and table < exact / 50, (exact, table)
+
+
+@pytest.mark.parametrize("exact", [None, "float32"], ids=["f16_latent", "f32_latent"])
+def test_deepseek2_latent_cache_precision_emulated(tmp_path, smollm2, llama_cpp, exact):
+    """Issue 32 item 18: CUDA's f16 KV cache rounded deepseek2's MLA latent -- both the keys and
+    the values of every head -- and moved system1 log-probs of a DeepSeek-V3-like model by up to
+    7e-4 per token where the numpy backend is within 1e-6 of llama.cpp (F32 twin). Emulated here
+    on the numpy backend given CUDA's cache dtypes: with the latent in float16 the drift shows;
+    with SlotSpec(exact=True) and the backend's exact_kv_dtype (CudaOps: float32) it is gone.
+    (On the GPU: opchecks.check_mla's float32-latent rows.)"""
+    from reflex_ipc.engine import load_runner
+    from reflex_ipc.testing.synthetic import arch_gguf
+
+    path = arch_gguf("deepseek2", tmp_path / "ds.gguf", tokenizer=smollm2) + ".twin.gguf"
+    r = load_runner(path, device="numpy", n_ctx=256)
+    r.ops.kv_dtype = "float16"  # CUDA's KV cache
+    r.ops.exact_kv_dtype = exact
+    try:
+        worst = 0.0
+        for prompt in (_S1_PROMPT, "Once upon a time", "Question: 2+2=? Answer:"):
+            res = r.system1(prompt, _S1_CANDIDATES + [" 4", " there was"])
+            p_ids = r._prompt_ids(prompt)
+            assert r.exec.state.layers[0].kv.dtype == (exact or "float16")
+            cands = [c["token_ids"] for c in res["candidates"]]
+            for c, want in zip(res["candidates"], _llama_system1(llama_cpp, path, p_ids, cands)):
+                worst = max(worst, abs(c["logprob"] - want) / len(c["token_ids"]))
+    finally:
+        r.close()
+    if exact:
+        assert worst < 1e-5, worst
+    else:
+        assert worst > 1e-4, worst  # the f16 latent's rounding, visible
+
+
+def test_exact_slot_arrays_follow_the_backends_exact_dtype():
+    """runtime.state: SlotSpec(exact=True) arrays take ops.exact_kv_dtype when the backend has
+    one, else its kv_dtype; restore writes a snapshot in each array's own dtype."""
+    import numpy as np
+
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+    from reflex_ipc.runtime.state import SlotSpec, State, attention_spec
+
+    ops = NumpyOps()
+    ops.kv_dtype, ops.exact_kv_dtype = "float16", "float32"
+    specs = [SlotSpec(kv=(1, None, 6), exact=True), attention_spec(2, 4)]
+    st = State(ops, specs, 8)
+    assert st.layers[0].kv.dtype == np.float32 and st.layers[1].k.dtype == np.float16
+    x = np.random.default_rng(0).standard_normal((1, 3, 6)).astype(np.float32) * 1e-3 + 1.0
+    st2 = st.grown(16)
+    assert st2.layers[0].kv.dtype == np.float32
+    st2.restore([1, 2, 3], [{"kv": x}, {"k": np.zeros((2, 3, 4)), "v": np.zeros((2, 3, 4))}])
+    np.testing.assert_array_equal(st2.layers[0].kv[:, :3], x)  # no f16 rounding on the way
+    ops.exact_kv_dtype = None
+    assert State(ops, specs, 4).layers[0].kv.dtype == np.float16

@@ -162,6 +162,9 @@ class CudaOps:
     name = "cuda"
     device = "cuda"
     kv_dtype = "float16"
+    # slot arrays a model marks exact (runtime.state.SlotSpec(exact=True): deepseek2's MLA latent,
+    # both its keys and its values) stay float32 (issue 32 item 18)
+    exact_kv_dtype = "float32"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
@@ -932,6 +935,12 @@ class CudaOps:
         if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
             raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
+        if k_cache.dtype == "float32":  # an exact (MLA latent) cache: keys only
+            if v is not None or Hkv != 1:
+                raise ValueError("kv_store: a float32 cache holds one latent head, keys only")
+            self.k("kv_store_latent_f32")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, k_cache.ptr, slots.ptr,
+                                          N, hd)
+            return
         self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr if v is not None else 0,
                            k_cache.ptr, v_cache.ptr if v_cache is not None else 0,
                            slots.ptr, N, Hkv, hd, k_cache.shape[1])
@@ -1041,7 +1050,8 @@ class CudaOps:
         chunk, S = mla_split_plan(N * H, n_kv)
         ml = self.empty((N * H * S * 2,))
         acc = self.empty((N * H * S * dv,))
-        self.k("mla_attention_split")((H, N, S), (32 * MLA_WARPS, 1, 1), q.ptr, k_cache.ptr, ml.ptr, acc.ptr,
+        kernel = "mla_attention_split_f32" if k_cache.dtype == "float32" else "mla_attention_split"
+        self.k(kernel)((H, N, S), (32 * MLA_WARPS, 1, 1), q.ptr, k_cache.ptr, ml.ptr, acc.ptr,
                                       pos.ptr, mask.ptr if mask is not None else 0, H, dk, dv, n_kv,
                                       float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
         self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), ml.ptr,

@@ -27,7 +27,8 @@ SIGNATURES = {
     "attention_f16kv": "QQQQQQiiiiiffii", "attention_split_f16kv": "QQQQQQQiiiiiffiii",
     "attention_combine": "QQQiii",
     "copy_cols_f32": "QQqiiiii", "rope_yarn_f32": "QQiiiiffQiffff",
-    "mla_attention_split": "QQQQQQiiiiffiii",
+    "mla_attention_split": "QQQQQQiiiiffiii", "mla_attention_split_f32": "QQQQQQiiiiffiii",
+    "kv_store_latent_f32": "QQQii",
     "argmax_f32": "QiQ", "topk_f32": "QQiiiQQ",
     "logprob_rows": "QqQQiQ",
     # recurrent.cuh

@@ -195,7 +195,10 @@ class Model:
     # -- state -----------------------------------------------------------------------------
     def state_spec(self):
         """One latent head per layer: [c (kv_lora_rank), rope(k_pe) (rope dims)] per slot."""
-        return [SlotSpec(kv=(1, None, self.R + self.r)) for _ in self.layers]
+        # exact: float32 where the backend's KV cache is float16 (CUDA): the latent is both the keys
+        # and the values of every head, and its f16 rounding moved system1 log-probs by up to
+        # 7e-4 per token (issue 32 item 18)
+        return [SlotSpec(kv=(1, None, self.R + self.r), exact=True) for _ in self.layers]
 
     def new_state(self, ops, n_slots, n_seq=1):
         return State(ops, self.state_spec(), n_slots, n_seq)

@@ -340,6 +340,16 @@ def compare_engine(path):
         lg = np.asarray(cpu.prompt_logits(ids + a[:k]), np.float64)
         res["diverges_at"], res["near_tie"] = k, near_tie(lg)
         ok = res["near_tie"]
+    # system1 log-probs against numpy, per candidate token: deepseek2 keeps its MLA latent in
+    # float32 on CUDA (issue 32 item 18: its f16 latent moved them by up to 7e-4 a token), so it
+    # must agree within float32 rounding; the others (f16 K/V) are reported
+    cands = [" Paris", " London, of course", " a city"]
+    s_ref = cpu.system1("The capital of France is", cands)["candidates"]
+    s_gpu = gpu.system1("The capital of France is", cands)["candidates"]
+    s1 = max(abs(a["logprob"] - b["logprob"]) / max(1, len(a["token_ids"])) for a, b in zip(s_ref, s_gpu))
+    res["system1_max_per_token_diff"] = s1
+    arch = cpu.info().get("architecture")
+    res["system1_ok"] = s1 <= 5e-5 if arch == "deepseek2" else True
     # prefill speed: a 512-token prompt (from an empty cache), CUDA and numpy
     long_ids = (ids * (512 // len(ids) + 1))[:512]
     for name, r in (("cuda", gpu), (ref_device, cpu)):
@@ -347,7 +357,7 @@ def compare_engine(path):
         t0 = time.perf_counter()
         r.prompt_logits(long_ids)
         res[f"prefill_512_ms_{name}"] = round((time.perf_counter() - t0) * 1e3, 1)
-    res["ok"] = res["logits_ok"] and ok and res["backend"] == "cuda"
+    res["ok"] = res["logits_ok"] and ok and res["backend"] == "cuda" and res["system1_ok"]
     return res
 
 

@@ -1298,3 +1298,26 @@ def test_exact_slot_arrays_follow_the_backends_exact_dtype():
     np.testing.assert_array_equal(st2.layers[0].kv[:, :3], x)  # no f16 rounding on the way
     ops.exact_kv_dtype = None
     assert State(ops, specs, 4).layers[0].kv.dtype == np.float16
+
+
+def test_adapter_rewritten_in_place_is_loaded_again(tmp_path, tiny_llama):
+    """The server cached a model with its adapters by path and scale: an adapter file rewritten
+    in place (here: with NaN values, same size) was still served from the old load (found by
+    the fuzz suite's adapters phase). Its identity is part of the key now, as a model file's."""
+    ad = tmp_path / "a.gguf"
+    _adapter(ad)
+    p = _live(tiny_llama)
+    try:
+        req = {"op": "load", "model": tiny_llama, "lora": [{"path": str(ad), "scale": 1.0}]}
+        assert p.request(dict(req, id=1))[1]["ok"]
+        st = os.stat(ad)
+        _adapter(ad, a_val=float("nan"))
+        assert os.stat(ad).st_size == st.st_size
+        os.utime(ad, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        _, res = p.request(dict(req, id=2))
+        assert not res["ok"] and res["error"]["kind"] == "gguf_error", res
+        _adapter(ad, rank=2, alpha=8.0)
+        _, res = p.request(dict(req, id=3))
+        assert res["ok"] and not res["cached"], res
+    finally:
+        p.close()

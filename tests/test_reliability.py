@@ -1057,9 +1057,9 @@ def test_vocabulary_that_does_not_fit_the_model_is_refused_at_load(tmp_path, cas
 def test_gemma4_per_layer_embedding_shorter_than_the_vocabulary(tmp_path, smollm2):
     from reflex_ipc.engine import load_runner
     from reflex_ipc.testing import fuzz as fuzzlib
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
-    src = family_gguf(tmp_path / "e2b.gguf", tokenizer=smollm2, **FAMILY_CONFIGS["gemma4_e2b"])
+    src = example_gguf("gemma4_e2b", tmp_path / "e2b.gguf", tokenizer=smollm2)
     kvs, tensors = fuzzlib.read_gguf(src)
     cut = []
     for n, d, gt, data in tensors:
@@ -1105,8 +1105,8 @@ def _llama_cpp_verdicts(paths):
     return out
 
 
-_KEY_MODELS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3", "deepseek2", "gemma4", "qwen35",
-               "qwen35moe", "granitehybrid"]
+_KEY_MODELS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "phi3_fused_long", "deepseek2_v3", "gemma4_moe",
+               "gemma4_e2b", "qwen35", "qwen35moe", "granitehybrid_moe"]
 
 
 @pytest.mark.parametrize("model", _KEY_MODELS)
@@ -1118,13 +1118,13 @@ def test_required_keys_are_llama_cpps(tmp_path, model, smollm2, llama_cpp):
 
     from reflex_ipc.engine import load_runner
     from reflex_ipc.testing import fuzz as fuzzlib
-    from reflex_ipc.testing.synthetic import ARCH_CONFIGS, arch_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     if model in fuzzlib.ARCHS:
         base = tmp_path / "base.gguf"
         fuzzlib.write_gguf(base, *fuzzlib.tiny_model(model, np.random.default_rng(0)))
     else:
-        base = arch_gguf(model, tmp_path / "base.gguf", tokenizer=smollm2, quantize=False)
+        base = example_gguf(model, tmp_path / "base.gguf", tokenizer=smollm2, quantize=False)
     kvs, tensors = fuzzlib.read_gguf(base)
     arch = next(v for k, t, v in kvs if k == "general.architecture").decode()
     files = {None: str(base)}
@@ -1239,9 +1239,9 @@ def test_gemma4_system1_difference_is_llama_cpps_gelu_table(tmp_path, smollm2, l
     gelu; bench/results/gemma4-gelu-system1-*.json has the measurement)."""
     from reflex_ipc.backends.numpy_ops import NumpyOps
     from reflex_ipc.testing.references import ggml_cpu_gelu
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
-    path = str(family_gguf(tmp_path / "e2b.gguf", tokenizer=smollm2, **FAMILY_CONFIGS["gemma4_e2b"]))
+    path = example_gguf("gemma4_e2b", tmp_path / "e2b.gguf", tokenizer=smollm2)
     exact = _system1_per_token_diff(path, llama_cpp)
     monkeypatch.setattr(NumpyOps, "gelu", lambda self, a: ggml_cpu_gelu(a))
     table = _system1_per_token_diff(path, llama_cpp)
@@ -1257,9 +1257,9 @@ def test_deepseek2_latent_cache_precision_emulated(tmp_path, smollm2, llama_cpp,
     with SlotSpec(exact=True) and the backend's exact_kv_dtype (CudaOps: float32) it is gone.
     (On the GPU: opchecks.check_mla's float32-latent rows.)"""
     from reflex_ipc.engine import load_runner
-    from reflex_ipc.testing.synthetic import arch_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
-    path = arch_gguf("deepseek2", tmp_path / "ds.gguf", tokenizer=smollm2) + ".twin.gguf"
+    path = example_gguf("deepseek2_v3", tmp_path / "ds.gguf", tokenizer=smollm2, quantize=False)
     r = load_runner(path, device="numpy", n_ctx=256)
     r.ops.kv_dtype = "float16"  # CUDA's KV cache
     r.ops.exact_kv_dtype = exact

@@ -211,7 +211,7 @@ class Runner:
 
     def detokenize(self, ids, *, special=False) -> str:
         """The text of token ids; control tokens (e.g. <|im_end|>) rendered when special."""
-        return self.tok.decode(list(ids), special=special)
+        return self.tok.decode(ids, special=special)  # iterated once: no copy of a long list
 
     def close(self):
         store = sys.modules.get("reflex_ipc.runtime.prefixstore")

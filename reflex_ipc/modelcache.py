@@ -229,6 +229,12 @@ class ModelCache:
         for k in e.keys:  # most recently used last
             self.entries[k] = self.entries.pop(k)
 
+    def _adapter_identity(self, path):
+        try:
+            return self._identify(path)
+        except Exception:  # noqa: BLE001  (a missing adapter: loading it names the error)
+            return None
+
     def runner_for(self, model, device, timings, use_active=True, lora=None):
         """The runner for (model, device), loading it when not cached. Either
         left out means the active model's (with use_active, and one is
@@ -251,7 +257,9 @@ class ModelCache:
         if device == "auto" and self.auto_device:
             device = self.auto_device
         ident = self._identify(path)
-        key = (ident, device) + ((lora,) if lora else ())
+        # adapters by path, scale and their file's identity: one rewritten in place is loaded
+        # again, as a model file is (the fuzz suite found a stale adapter served; issue 32)
+        key = (ident, device) + ((tuple((p, sc, self._adapter_identity(p)) for p, sc in lora),) if lora else ())
         e = self.entries.get(key)
         if e is not None and e.lease_fd is not None and _lease_broken(e.lease_fd):
             self._evict(e)

@@ -6,7 +6,9 @@ the K largest logits (ids and values), max|logit| and the gap between the two be
 `--reference FILE` compares against one: token ids must match, except where the
 reference's own top-2 gap at the first differing step is under the tolerance (a near
 tie: reported, and the rest of that prompt is not compared); the logits of matching
-steps must agree within the tolerance relative to the reference's max|logit|.
+steps must agree within the tolerance relative to the reference's max|logit|. A reference
+that disagrees with itself (its token_ids not its steps' tokens, a step's token not the
+best of its own logits, a gap that is not top-1 minus top-2) is refused (exit 2).
 
 Exit status: 0 pass, 1 mismatch (the report names prompt, step, ids, gap), 2 usage or
 input error (bad arguments, an unreadable reference, a reference of another model).
@@ -96,8 +98,55 @@ def load_reference(path):
     return ref
 
 
+def _num(x):
+    import math
+
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_reference(ref, path="the reference"):
+    """InputError unless every prompt of the reference agrees with itself: each step's
+    token is the best of its own top logits (sorted, finite, gap = top-1 - top-2), its
+    token_ids are its steps' tokens (one step more when generation stopped at an
+    end-of-generation token), max_abs_logit covers the top logits."""
+    if not isinstance(ref.get("model"), dict):
+        raise InputError(f"{path}: `model` is missing")
+    for i, p in enumerate(ref["prompts"]):
+        where = f"{path}: prompt {i}"
+        if not isinstance(p, dict) or not isinstance(p.get("prompt"), str):
+            raise InputError(f"{where} is not an object with a `prompt`")
+        ids, steps = p.get("token_ids"), p.get("steps")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InputError(f"{where}: token_ids is not a list of token ids")
+        if not isinstance(steps, list) or len(steps) not in (len(ids), len(ids) + 1):
+            raise InputError(f"{where}: {len(steps) if isinstance(steps, list) else 'no'} steps for "
+                             f"{len(ids)} token_ids (the reference disagrees with itself)")
+        for k, st in enumerate(steps):
+            w = f"{where}, step {k}"
+            top, lg = st.get("top_ids") if isinstance(st, dict) else None, st.get("top_logits")                 if isinstance(st, dict) else None
+            if not (isinstance(top, list) and isinstance(lg, list) and len(top) == len(lg) >= 2
+                    and all(isinstance(t, int) for t in top) and all(_num(x) for x in lg)
+                    and len(set(top)) == len(top)):
+                raise InputError(f"{w}: top_ids/top_logits are not two or more ids and finite logits")
+            if any(a < b for a, b in zip(lg, lg[1:])):
+                raise InputError(f"{w}: top_logits are not in descending order")
+            tid = st.get("token_id")
+            if tid not in top or lg[top.index(tid)] != lg[0]:
+                raise InputError(f"{w}: token_id {tid!r} is not the best of its top logits "
+                                 f"(top {top[:2]}) (the reference disagrees with itself)")
+            if k < len(ids) and ids[k] != tid:
+                raise InputError(f"{where}: token_ids[{k}] is {ids[k]} but step {k} chose {tid} "
+                                 f"(the reference disagrees with itself)")
+            gap, mx = st.get("gap"), st.get("max_abs_logit")
+            if not (_num(gap) and abs(gap - (lg[0] - lg[1])) <= 1e-6 * max(1.0, abs(lg[0]))):
+                raise InputError(f"{w}: gap {gap!r} is not top-1 minus top-2 ({lg[0] - lg[1]})")
+            if not (_num(mx) and mx > 0 and mx >= max(abs(lg[0]), abs(lg[-1])) * (1 - 1e-6)):
+                raise InputError(f"{w}: max_abs_logit {mx!r} does not cover its top logits")
+
+
 def compare(ref, run, tol):
     """[(prompt index, verdict dict)] and whether everything passed."""
+    validate_reference(ref)
     if ref["model"].get("identity") not in (None, run["model"]["identity"]):
         raise InputError(f"the reference is of another model (identity {ref['model'].get('identity')}, "
                          f"{ref['model'].get('name')!r}); this model is {run['model']['identity']} "
@@ -135,6 +184,11 @@ def compare(ref, run, tol):
         else:
             if len(rp["steps"]) != len(p["steps"]) and v["status"] == "pass":
                 v.update(status="length_mismatch", ref_steps=len(rp["steps"]), steps=len(p["steps"]))
+        if v["status"] == "pass" and rp["token_ids"] != p["token_ids"]:  # the ids, not only the steps
+            a, b = rp["token_ids"], p["token_ids"]
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            v.update(status="token_mismatch", step=k, ref_token=a[k] if k < len(a) else None,
+                     token=b[k] if k < len(b) else None, ref_gap=None)
         if v["status"] not in ("pass", "near_tie"):
             ok = False
         reports.append(v)

@@ -82,15 +82,17 @@ def exactly_one(req, a: str, b: str) -> None:
         raise ValueError(f"give exactly one of `{a}` and `{b}`")
 
 
-def chat_prompt(runner, req, text_field: str = "prompt") -> str:
-    """The request's text, or its messages rendered with the model's chat template."""
+def chat_prompt(runner, req, text_field: str = "prompt", should_cancel=None) -> str:
+    """The request's text, or its messages rendered with the model's chat template (which
+    stops with `cancelled` once should_cancel() says so)."""
     from .. import prepare
 
     return prepare.prompt_of(
         runner, prompt=getattr(req, text_field), messages=messages_of(req),
         tools=getattr(req, "tools", None), chat_template=req.chat_template,
         add_generation_prompt=req.add_generation_prompt,
-        chat_template_kwargs=req.chat_template_kwargs, enable_thinking=req.enable_thinking)
+        chat_template_kwargs=req.chat_template_kwargs, enable_thinking=req.enable_thinking,
+        should_cancel=should_cancel)
 
 
 StatePath = Optional[Annotated[str, Meta(min_length=1)]]

@@ -234,3 +234,20 @@ def test_system1_table_says_what_its_columns_are():
     head, *rows = out.splitlines()
     assert head.split() == ["prob", "logprob", "tokens", "candidate"] and len(rows) == 2
     assert sum(r.startswith("*") for r in rows) == 1
+
+
+def test_demo_files_for_infill_and_lora(tmp_path, smollm2):
+    """README's way to try infill and LoRA without a FIM model or an adapter at hand."""
+    fim, lora = str(tmp_path / "fim.gguf"), str(tmp_path / "lora.gguf")
+    for args in (["fim", fim], ["lora", lora]):
+        p = subprocess.run([sys.executable, "-m", "reflex_ipc.testing.demo", *args], capture_output=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+        assert p.returncode == 0, p.stderr
+    rc, out, err = reflex("infill", "--json", "--device", "cpu", "--model", fim, "--max-tokens", "4",
+                          "--prefix", "def add(a, b):\n    return ", "--suffix", "\n")
+    assert rc == 0 and json.loads(out)["completion_tokens"] >= 1, err
+    base = ["generate", "--json", "--device", "cpu", "--max-tokens", "8", "Once upon a time"]
+    rc, plain, err = reflex(*base)
+    rc2, adapted, err2 = reflex(*base, "--lora", lora + ":0.5")
+    assert rc == rc2 == 0, err + err2
+    assert json.loads(adapted)["token_ids"] != json.loads(plain)["token_ids"]

@@ -9,7 +9,7 @@ NAMES = {"prefix": "--prefix", "suffix": "--suffix", "input_extra": "--extra",
 
 
 EXAMPLES = """\
-  reflex infill --model coder.gguf --prefix "def add(a, b):\\n    return " --suffix "\\n"
+  reflex infill --model coder.gguf --prefix $'def add(a, b):\\n    return ' --suffix $'\\n'
   reflex infill --model coder.gguf --prefix @before.py --suffix @after.py --extra utils.py
 The model must have been trained to fill in the middle (FIM tokens in its vocabulary),
 e.g. Qwen2.5-Coder-0.5B's GGUF from Hugging Face; the default model (SmolLM2) has none.

@@ -18,8 +18,8 @@ install:
 	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
 
 demo: install
-	@echo "== reflex generate --max-tokens 32 \"The three primary colors are\""
-	@reflex generate --max-tokens 32 "The three primary colors are"
+	@echo "== reflex generate --chat \"Name the three primary colors.\""
+	@reflex generate --chat "Name the three primary colors."
 
 install-test: install
 	@bash scripts/setup-check tools

@@ -65,10 +65,13 @@ def wanted_archs(nvcc):
     return supported_archs(nvcc)
 
 
-def nvcc_command(nvcc, archs, out):
+def nvcc_command(nvcc, archs, out, keep_dir=None):
+    """keep_dir: nvcc keeps its intermediate files there (the PTX of each target:
+    all.compute_<arch>.ptx; the tests read it instead of compiling the PTX again)."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
-    return [nvcc, "--fatbin", *FLAGS, *gencode, "-o", out, os.path.join(HERE, MAIN)]
+    keep = ["--keep", "--keep-dir", keep_dir] if keep_dir else []
+    return [nvcc, "--fatbin", *FLAGS, *gencode, *keep, "-o", out, os.path.join(HERE, MAIN)]
 
 
 def sources():
@@ -165,8 +168,9 @@ def build_if_wanted(out_dir):
     return None
 
 
-def build(out_dir, force=False, why="asked"):
-    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing."""
+def build(out_dir, force=False, why="asked", keep_dir=None):
+    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing.
+    keep_dir: keep nvcc's intermediate files there (see nvcc_command)."""
     os.makedirs(out_dir, exist_ok=True)
     nvcc = find_nvcc()
     if not nvcc:
@@ -184,7 +188,9 @@ def build(out_dir, force=False, why="asked"):
          f"(~{(15 * len(archs) + 59) // 60}-{(30 * len(archs) + 59) // 60} min; REFLEX_CUDA_ARCHS=90 builds one target)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN))
+        if keep_dir:
+            os.makedirs(keep_dir, exist_ok=True)
+        cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN), keep_dir)
         _say(" ".join(cmd))
         subprocess.run(cmd, check=True)
         shutil.move(os.path.join(tmp, FATBIN), out)

@@ -35,12 +35,33 @@ from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Kernel, Pool  # noqa: E40
 
 
 # -- build.py ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def two_arch_build(tmp_path_factory):
+    """One nvcc run for every test here that needs compiled kernels (once per session, shared
+    by the xdist workers): build.build for sm_90 and sm_75 (+ PTX 90), nvcc's intermediate
+    files kept in keep/ (the PTX the signature test reads)."""
+    from conftest import shared_dir
+
+    def fill(d):
+        old = os.environ.get("REFLEX_CUDA_ARCHS")
+        os.environ["REFLEX_CUDA_ARCHS"] = "90,75"
+        try:
+            build.build(str(d), keep_dir=str(d / "keep"))
+        finally:
+            if old is None:
+                del os.environ["REFLEX_CUDA_ARCHS"]
+            else:
+                os.environ["REFLEX_CUDA_ARCHS"] = old
+
+    return shared_dir(tmp_path_factory, "cuda-two-archs", fill)
+
+
 @needs_nvcc
-def test_build_two_archs_has_sass_and_ptx(tmp_path, monkeypatch):
-    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
-    out = build.build(str(tmp_path))
-    assert out and os.path.exists(out)
-    info = json.load(open(tmp_path / "build.json"))
+def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
+    d = two_arch_build
+    out = str(d / build.FATBIN)
+    assert os.path.exists(out)
+    info = json.load(open(d / "build.json"))
     assert info["built"] is True and info["archs"] == [75, 90] and info["ptx"] == 90
     imgs = fatbin.read_images(out)
     assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
@@ -49,8 +70,9 @@ def test_build_two_archs_has_sass_and_ptx(tmp_path, monkeypatch):
     for name in SIGNATURES:
         assert name.encode() + b"\0" in elf, name
     # up to date: a second build does not run nvcc
+    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
     monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
-    assert build.build(str(tmp_path)) == out
+    assert build.build(str(d)) == out
 
 
 def test_default_archs_cover_the_issue_list():
@@ -142,13 +164,11 @@ def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
 
 
 @needs_nvcc
-def test_signatures_match_the_kernel_parameters(tmp_path):
+def test_signatures_match_the_kernel_parameters(two_arch_build):
     """Each packing format in SIGNATURES has the kernel's parameter types in order: the
-    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32)."""
-    ptx = tmp_path / "all.ptx"
-    subprocess.run([NVCC, "--ptx", "-std=c++17", "-arch=compute_90", "-o", str(ptx),
-                    os.path.join(KDIR, "all.cu")], check=True)
-    text = ptx.read_text()
+    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32); the
+    PTX is the shared build's (nvcc --keep)."""
+    text = (two_arch_build / "keep" / "all.compute_90.ptx").read_text()
     entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
     code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
     assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)

@@ -24,6 +24,8 @@ install:
 	@PROGRESS_EVERY=10 bash scripts/progress "pip install" $(PIP) -e '.[chat]'
 	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
 	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
+	@echo "== byte-compile the checkout (an editable install is not; every reflex process, and the tests start hundreds, would compile it again)"
+	@$(PY) -m compileall -q -j 0 reflex_ipc clients/python/reflex_client >/dev/null
 
 demo: install
 	@echo "== reflex generate --chat \"Name the three primary colors.\""

@@ -87,12 +87,14 @@ def _cpu_library():
         ok, what = cpu_ops.available()
         out["ok"] = ok
         if ok:
+            from .. import settings
+
+            st = settings.get()
             out["isa"] = what
-            env = os.environ.get("REFLEX_CPU_THREADS", "").strip()
-            out["threads"] = (int(env) if env.isdigit() else env) if env else cpu_ops.physical_cores()
-            out["threads_from"] = "$REFLEX_CPU_THREADS" if env else "the physical cores"
-            if os.environ.get("REFLEX_CPU_ISA"):
-                out["isa_forced_by"] = f"REFLEX_CPU_ISA={os.environ['REFLEX_CPU_ISA']}"
+            out["threads"] = st.cpu_threads or cpu_ops.physical_cores()
+            out["threads_from"] = "$REFLEX_CPU_THREADS" if st.cpu_threads else "the physical cores"
+            if st.cpu_isa != "auto":
+                out["isa_forced_by"] = f"REFLEX_CPU_ISA={st.cpu_isa}"
         else:
             out["error"] = what
         try:
@@ -196,7 +198,8 @@ def _text(rep):
         lines.append(f"  C kernels   {lib['path']}")
         lines.append(f"  path        {lib['isa']}" + (f" (forced by {lib['isa_forced_by']})"
                                                      if lib.get("isa_forced_by") else ""))
-        lines.append(f"  threads     {lib['threads']} ({lib['threads_from']}; $REFLEX_CPU_THREADS sets it)")
+        lines.append(f"  threads     {lib['threads']} (" + ("from $REFLEX_CPU_THREADS)" if lib["threads_from"].startswith("$")
+                                                    else "the physical cores; $REFLEX_CPU_THREADS sets it)"))
     else:
         lines.append(f"  C kernels   NOT LOADED: {lib.get('error')}; --device cpu runs numpy instead")
     if lib.get("cpu_features") is not None:

@@ -652,8 +652,9 @@ def summary_table(out):
                 row(f"cold {v['name']} (spawn to exit)", v.get("wall_ms"),
                     notes=f"{failed} of {r['runs']} FAILED" if failed else "")
                 sp = v.get("speedup_pairwise")
-                rows.append((f"  {v['name']} / reflex, pair by pair", _num(_p50(sp), "x", 2),
-                             _num((sp or {}).get("p95"), "x", 2), _num((sp or {}).get("n")),
+                ratio = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+                rows.append((f"  {v['name']} / reflex, pair by pair", ratio(_p50(sp)),
+                             ratio((sp or {}).get("p95")), _num((sp or {}).get("n")),
                              "" if sp else "no pair where both ran"))
         elif r["mode"] == "warm":
             rows.append(("warm: server ready", _num(r.get("ready_ms"), "ms"), "", "", ""))

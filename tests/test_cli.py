@@ -251,3 +251,17 @@ def test_demo_files_for_infill_and_lora(tmp_path, smollm2):
     rc2, adapted, err2 = reflex(*base, "--lora", lora + ":0.5")
     assert rc == rc2 == 0, err + err2
     assert json.loads(adapted)["token_ids"] != json.loads(plain)["token_ids"]
+
+
+def test_published_names():
+    """README, "Names": the distribution reflex-ipc installs `reflex` and `reflex-ipc` (the
+    same program; PyPI's unrelated `reflex` package owns a `reflex` command too); the Python
+    client is reflex-ipc-client (PyPI's `reflex-client` is another project)."""
+    import re
+
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    assert re.search(r'(?m)^name = "reflex-ipc"$', text)
+    scripts = dict(re.findall(r'(?m)^([\w-]+) = "([\w.:]+)"$', text.split("[project.scripts]")[1].split("\n[")[0]))
+    assert scripts == {"reflex": "reflex_ipc.cli:main", "reflex-ipc": "reflex_ipc.cli:main"}
+    client = open(os.path.join(ROOT, "clients", "python", "pyproject.toml"), encoding="utf-8").read()
+    assert re.search(r'(?m)^name = "reflex-ipc-client"', client)

@@ -13,19 +13,28 @@ JOBS ?= auto
 ORACLE := llama-cpp-python==0.3.36
 ORACLE_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/scripts/oracle.cmake
 export PY
+# Stamps in the environment's own folder: an install step runs again only in a new virtual
+# environment or when what it installs changed (`make test` after `make demo` skips the pip
+# step both start with)
+PREFIX := $(or $(shell $(PY) -c 'import sys; print(sys.prefix)' 2>/dev/null),.)
+STAMP := $(PREFIX)/.reflex-ipc-make
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard kernels/*.cu kernels/*.cuh kernels/build.py kernels/cpu/*.c kernels/cpu/*.h kernels/cpu/build.py)
 
 .PHONY: install install-test oracle demo test wheel
 
-install:
+install: $(STAMP).install
+	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
+	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
+	@echo "== byte-compile the checkout (an editable install is not; every reflex process, and the tests start hundreds, would compile it again)"
+	@$(PY) -m compileall -q -j 0 reflex_ipc clients/python/reflex_client >/dev/null
+
+$(STAMP).install: $(BUILD_INPUTS)
 	@bash scripts/setup-check python
 	@echo "== CUDA kernels: built only when something will use them (see kernels/build.py)"
 	@$(PY) kernels/build.py --auto >/dev/null
 	@echo "== pip install -e '.[chat]' (reflex-ipc, its runtime dependencies numpy, orjson, msgspec, and jinja2 for --chat)"
 	@PROGRESS_EVERY=10 bash scripts/progress "pip install" $(PIP) -e '.[chat]'
-	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
-	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
-	@echo "== byte-compile the checkout (an editable install is not; every reflex process, and the tests start hundreds, would compile it again)"
-	@$(PY) -m compileall -q -j 0 reflex_ipc clients/python/reflex_client >/dev/null
+	@touch $@
 
 demo: install
 	@echo "== reflex generate --chat \"Name the three primary colors.\""
@@ -44,11 +53,14 @@ oracle:
 	    $(PY) -m pip install -v --disable-pip-version-check $(ORACLE); \
 	fi
 
-install-test: install oracle
+install-test: install oracle $(STAMP).test
 	@bash scripts/setup-check tools
+
+$(STAMP).test: $(STAMP).install clients/python/pyproject.toml
 	@echo "== pip install -e '.[test]' and -e clients/python: pytest (with pytest-xdist), hypothesis,"
 	@echo "   jsonschema, gguf, llguidance, the http extra with openai, httpx and kubernetes-validate"
 	@PROGRESS_EVERY=10 bash scripts/progress "pip install (test extra)" $(PIP) -e '.[test]' -e clients/python
+	@touch $@
 
 test: install-test
 	@echo "== pytest -n $(JOBS): engine, tokenizers vs llama.cpp's vectors, parity goldens, protocol"

@@ -9,7 +9,8 @@ PIP := $(PY) -m pip install -qq --disable-pip-version-check
 JOBS ?= auto
 # The parity oracle, llama-cpp-python, built from its sdist (PyPI has no Linux wheel of it):
 # only libllama and ggml's CPU backend, which is all its Python package loads for the tests;
-# no multimodal library (LLAVA_BUILD), no `common` library or HTTP client (scripts/oracle.cmake).
+# no multimodal library (LLAVA_BUILD), no `common` library or HTTP client (scripts/oracle.cmake);
+# scikit-build-core builds the `llama` target and what it links (SKBUILD_BUILD_TARGETS).
 ORACLE := llama-cpp-python==0.3.36
 ORACLE_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/scripts/oracle.cmake
 export PY
@@ -49,7 +50,7 @@ oracle:
 	  echo "== the parity oracle $(ORACLE): installed"; \
 	else \
 	  echo "== the parity oracle $(ORACLE): from pip's cache, else built from its sdist (libllama and ggml only)"; \
-	  CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" bash scripts/progress "$(ORACLE)" \
+	  CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" SKBUILD_BUILD_TARGETS=llama bash scripts/progress "$(ORACLE)" \
 	    $(PY) -m pip install -v --disable-pip-version-check $(ORACLE); \
 	fi
 

@@ -58,7 +58,13 @@ def two_arch_build(tmp_path_factory):
     return shared_dir(tmp_path_factory, "cuda-two-archs", fill)
 
 
+# both tests that read the shared nvcc build run in one xdist worker (`--dist loadgroup`, as
+# `make test` runs pytest): the other worker goes on with other tests meanwhile
+NVCC_GROUP = pytest.mark.xdist_group("nvcc")
+
+
 @needs_nvcc
+@NVCC_GROUP
 def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
     d = two_arch_build
     out = str(d / build.FATBIN)
@@ -166,6 +172,7 @@ def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
 
 
 @needs_nvcc
+@NVCC_GROUP
 def test_signatures_match_the_kernel_parameters(two_arch_build):
     """Each packing format in SIGNATURES has the kernel's parameter types in order: the
     PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32); the

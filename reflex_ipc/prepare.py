@@ -32,14 +32,22 @@ def chat_text(runner, messages, *, tools=None, chat_template=None, add_generatio
 
 
 def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=None,
-              add_generation_prompt=True, chat_template_kwargs=None) -> str:
+              add_generation_prompt=True, chat_template_kwargs=None, enable_thinking=None) -> str:
     """The prompt text of a request with exactly one of `prompt` / `messages`."""
     if (prompt is None) == (messages is None):
         raise _bad("give exactly one of `prompt` and `messages`")
     if messages is None:
-        if tools is not None or chat_template is not None or chat_template_kwargs is not None:
-            raise _bad("`tools`, `chat_template` and `chat_template_kwargs` go with `messages`")
+        if (tools is not None or chat_template is not None or chat_template_kwargs is not None
+                or enable_thinking is not None):
+            raise _bad("`tools`, `chat_template`, `chat_template_kwargs` and `enable_thinking` "
+                       "go with `messages`")
         return prompt
+    if enable_thinking is not None:
+        kw = dict(chat_template_kwargs or {})
+        if kw.get("enable_thinking", enable_thinking) != enable_thinking:
+            raise _bad("`enable_thinking` and `chat_template_kwargs.enable_thinking` differ")
+        kw["enable_thinking"] = enable_thinking
+        chat_template_kwargs = kw
     return chat_text(runner, messages, tools=tools, chat_template=chat_template,
                      add_generation_prompt=add_generation_prompt,
                      chat_template_kwargs=chat_template_kwargs)
@@ -95,8 +103,9 @@ def add_tool_calls(out: dict, tools) -> dict:
 
     names = [t["function"]["name"] for t in tools
              if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    content, calls = parse_tool_calls(out.get("text", ""), names)
-    if calls:
-        out["tool_calls"] = calls
-        out["content"] = content
+    for part in [out, *out.get("choices", ())]:  # with n > 1: each choice too
+        content, calls = parse_tool_calls(part.get("text", ""), names)
+        if calls:
+            part["tool_calls"] = calls
+            part["content"] = content
     return out

@@ -41,6 +41,7 @@ TABLE = {
                                  ("system1: Paris| London| Berlin", " Paris")],
     "def is_even(n):": [("plain", r"return n % 2 == 0")],
     "Once upon a time": [("plain", r"\w+ \w+ \w+"), ("sampled", r"\w+ \w+ \w+")],
+    "Name a color.": [("chat", r"\b(red|blue|green|yellow|orange|purple|violet|indigo|pink|black|white)\b")],
     "The sky on a clear day is": [("system1: blue| green", " blue")],
     "Review: the food was cold and the waiter was rude. Sentiment:":
         [("system1: positive| negative", " negative")],
@@ -50,6 +51,7 @@ TABLE = {
 NOT_QUESTIONS = {
     "Hello <|im_end|>", "hello", "world", "a", "b",  # tokenize / embed inputs
     " Question: ...", " Answer:",  # the saved-state examples continue a placeholder prompt
+    "Hi",  # the in-process API's example of an invalid request (max_tokens=0)
     SYSTEM,  # the system message of the chat+system questions
 }
 
@@ -71,6 +73,8 @@ def cli_texts(command, args):
         a, _ = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit):
         return []
+    if a.model not in (None, "smollm2"):
+        return []  # an example for another model (--model qwen3.gguf ...)
     return [t for t in (a.prompt, getattr(a, "system", None)) if t and t != "-"]
 
 
@@ -79,6 +83,7 @@ def doc_texts():
     pats = [
         r'"prompt":\s*"((?:[^"\\]|\\.)*)"', r"\bprompt=\"([^\"]*)\"", r"\bPrompt:\s*\"([^\"]*)\"",
         r"\bprompt:\s*'([^']*)'", r'"content":\s*"((?:[^"\\]|\\.)*)"', r"\bcontent:\s*'([^']*)'",
+        r'\.(?:generate|decide)\("([^"]*)"',  # the in-process API: model.generate("...")
     ]
     out = {}
     for rel in DOCS:
@@ -122,25 +127,20 @@ def test_the_table_covers_the_docs():
 
 
 @pytest.fixture(scope="module")
-def runner(smollm2):
-    from reflex_ipc.engine import load_runner
+def model(smollm2):
+    from reflex_ipc import Model
 
-    r = load_runner(None, device="auto", n_ctx=1024)
-    yield r
-    r.close()
-
-
-def _generate(runner, max_tokens=48, **params):
-    from reflex_ipc.ops import generate
-
-    return generate.execute(runner, msgspec.convert({"max_tokens": max_tokens, **params},
-                                                    generate.Request))["text"]
+    m = Model.load(None, device="auto")  # the default model on the default backend
+    yield m
+    m.close()
 
 
-def _system1(runner, candidates, **params):
-    from reflex_ipc.ops import system1
+def _generate(model, max_tokens=48, **params):
+    return model.generate(max_tokens=max_tokens, **params)["text"]
 
-    out = system1.execute(runner, msgspec.convert({"candidates": candidates, **params}, system1.Request))
+
+def _system1(model, candidates, **params):
+    out = model.decide(candidates=candidates, **params)
     return out["candidates"][out["best_idx"]]["text"]
 
 
@@ -148,28 +148,28 @@ CASES = [(text, kind, want) for text, rows in TABLE.items() for kind, want in ro
 
 
 @pytest.mark.parametrize("text,kind,want", CASES, ids=[f"{k}:{t[:40]}" for t, k, _ in CASES])
-def test_answer(runner, text, kind, want):
+def test_answer(model, text, kind, want):
     user = [{"role": "user", "content": text}]
     if kind == "plain":
-        got = _generate(runner, prompt=text)
+        got = _generate(model, prompt=text)
     elif kind == "sampled":  # README's --temperature 0.7 --seed 1 example
-        got = _generate(runner, prompt=text, temperature=0.7, seed=1)
+        got = _generate(model, prompt=text, temperature=0.7, seed=1)
     elif kind == "chat":
-        got = _generate(runner, messages=user)
+        got = _generate(model, messages=user)
     elif kind == "chat+system":
-        got = _generate(runner, messages=[{"role": "system", "content": SYSTEM}] + user)
+        got = _generate(model, messages=[{"role": "system", "content": SYSTEM}] + user)
     elif kind == "json-city":
         pytest.importorskip("llguidance") if not os.environ.get("CI") else None
         schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-        got = msgspec.json.decode(_generate(runner, messages=user, json_schema=schema))["city"]
+        got = msgspec.json.decode(_generate(model, messages=user, json_schema=schema))["city"]
     elif kind.startswith("system1:"):
-        got = _system1(runner, kind.split(":", 1)[1].split("|"), prompt=text)
+        got = _system1(model, kind.split(":", 1)[1].split("|"), prompt=text)
         assert got == want, f"{text!r}: best candidate {got!r}"
         return
     elif kind.startswith("chat-system1:"):
-        got = _system1(runner, kind.split(":", 1)[1].split("|"), messages=user)
+        got = _system1(model, kind.split(":", 1)[1].split("|"), messages=user)
         assert got == want, f"{text!r}: best candidate {got!r}"
         return
     else:
         raise AssertionError(kind)
-    assert re.search(want, got, re.I | re.S), f"{kind} {text!r} -> {got!r} (backend {runner.ops.name})"
+    assert re.search(want, got, re.I | re.S), f"{kind} {text!r} -> {got!r} (backend {model.info()['backend']})"

@@ -50,9 +50,8 @@ def two_arch_build(tmp_path_factory):
         try:
             build.build(str(d), keep_dir=str(d / "keep"))
         finally:
-            if old is None:
-                del os.environ["REFLEX_CUDA_ARCHS"]
-            else:
+            os.environ.pop("REFLEX_CUDA_ARCHS", None)
+            if old is not None:
                 os.environ["REFLEX_CUDA_ARCHS"] = old
 
     return shared_dir(tmp_path_factory, "cuda-two-archs", fill)

@@ -54,6 +54,7 @@ for c in "${CMDS[@]}"; do
   rc=$?
   took=$((SECONDS - start))
   times+=("$(printf '%5d s  %s' $took "$c")")
+  echo "replay: '$c' took $took s (exit $rc; load average now $(cut -d' ' -f1-3 /proc/loadavg))"
   [ "$rc" = 0 ] || fail "'$c' exited $rc"
   case $c in "make test"*) test_took=$took ;; esac
 done

@@ -5,8 +5,7 @@ PY ?= python3
 # -qq: errors only (this machine's pip configuration warns about every package that its local
 # index folders lack; a failure still prints pip's error and stops)
 PIP := $(PY) -m pip install -qq --disable-pip-version-check
-# pytest-xdist workers for `make test` (auto: one per core); tests are handed out one by one,
-# those marked xdist_group(NAME) to one worker together (--dist loadgroup)
+# pytest-xdist workers for `make test` (auto: one per core); tests are handed out one by one
 JOBS ?= auto
 # The parity oracle, llama-cpp-python, built from its sdist (PyPI has no Linux wheel of it):
 # only libllama and ggml's CPU backend, which is all its Python package loads for the tests;
@@ -66,7 +65,7 @@ $(STAMP).test: $(STAMP).install clients/python/pyproject.toml
 
 test: install-test
 	@echo "== pytest -n $(JOBS): engine, tokenizers vs llama.cpp's vectors, parity goldens, protocol"
-	@t=$$(date +%s); $(PY) -m pytest -n $(JOBS) --dist loadgroup -q; rc=$$?; \
+	@t=$$(date +%s); $(PY) -m pytest -n $(JOBS) -q; rc=$$?; \
 	  echo "   pytest: $$([ $$rc = 0 ] && echo done in || echo FAILED after) $$(( $$(date +%s) - t )) s"; exit $$rc
 	@echo "== the client suites (Node, Go, Python) and the README snippets, against a real reflex stdio"
 	@t=$$(date +%s); bash clients/run-tests.sh; rc=$$?; \

@@ -57,13 +57,7 @@ def two_arch_build(tmp_path_factory):
     return shared_dir(tmp_path_factory, "cuda-two-archs", fill)
 
 
-# both tests that read the shared nvcc build run in one xdist worker (`--dist loadgroup`, as
-# `make test` runs pytest): the other worker goes on with other tests meanwhile
-NVCC_GROUP = pytest.mark.xdist_group("nvcc")
-
-
 @needs_nvcc
-@NVCC_GROUP
 def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
     d = two_arch_build
     out = str(d / build.FATBIN)
@@ -80,6 +74,23 @@ def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
     monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
     monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     assert build.build(str(d)) == out
+    # one test reads the build (a second one, in another xdist worker, would wait for it)
+    _check_signatures(d)
+
+
+def _check_signatures(two_arch_build):
+    """Each packing format in SIGNATURES has the kernel's parameter types in order: the
+    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32); the
+    PTX is the shared build's (nvcc --keep)."""
+    text = (two_arch_build / "keep" / "all.compute_90.ptx").read_text()
+    entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+    code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
+    assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
+    for name, params in entries.items():
+        kinds = re.findall(r"\.param \.(\w+)", params)
+        got = "".join(code[k] for k in kinds)
+        want = SIGNATURES[name].replace("q", "Q")  # both are 8-byte integers
+        assert got.replace("q", "Q") == want, (name, got, SIGNATURES[name])
 
 
 def test_default_archs_cover_the_issue_list():
@@ -168,23 +179,6 @@ def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
     (tmp_path / "build.json").write_text(json.dumps({"built": False, "reason": "nvcc was not found"}))
     msg = cuda.kernels_missing_reason()
     assert msg.startswith("CUDA kernels were not built") and "nvcc was not found" in msg
-
-
-@needs_nvcc
-@NVCC_GROUP
-def test_signatures_match_the_kernel_parameters(two_arch_build):
-    """Each packing format in SIGNATURES has the kernel's parameter types in order: the
-    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32); the
-    PTX is the shared build's (nvcc --keep)."""
-    text = (two_arch_build / "keep" / "all.compute_90.ptx").read_text()
-    entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
-    code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
-    assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
-    for name, params in entries.items():
-        kinds = re.findall(r"\.param \.(\w+)", params)
-        got = "".join(code[k] for k in kinds)
-        want = SIGNATURES[name].replace("q", "Q")  # both are 8-byte integers
-        assert got.replace("q", "Q") == want, (name, got, SIGNATURES[name])
 
 
 # -- the fatbin reader ---------------------------------------------------------------------

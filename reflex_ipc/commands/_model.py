@@ -10,7 +10,10 @@ MODEL_HELP = {"model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2
               # the protocol's descriptions name repository files; an installed wheel has none
               "kv_import": "a state file written by --export-kv to start from; PROMPT is then "
                            "the text that follows its tokens",
-              "kv_export": "save the model's state after the prompt to FILE (replaced atomically)"}
+              "kv_export": "save the model's state after the prompt to FILE (replaced atomically)",
+              "prefix_cache": "neither read nor write the prefix cache (the saved states of "
+                              "prompts' leading tokens that the machine's reflex processes share, "
+                              "written after the answer; see `reflex cache --help`)"}
 
 
 def _positive(text):

@@ -126,7 +126,7 @@ TABLE = (
     ("REFLEX_FUZZ_SEED", "int", 12, "harness",
      "tests/test_fuzz.py's seed."),
     ("REFLEX_PARITY_DEVICES", "text", "numpy,cpu", "harness",
-     "The backends tests/test_parity.py compares with llama.cpp, comma-separated."),
+     "The backends tests/arch/test_goldens.py compares with llama.cpp, comma-separated."),
     ("REFLEX_CMD", "text", None, "harness",
      "The command the client suites (clients/*/tests) start as the real server (unset: "
      "`reflex stdio`)."),

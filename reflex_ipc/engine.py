@@ -189,6 +189,8 @@ class Runner:
         hp = self.model.hp
         import os
 
+        from .modeldefaults import sampling_defaults
+
         return {
             "model": _name_of(self.f.get("general.name"), self.path),
             "path": self.path,
@@ -204,6 +206,7 @@ class Runner:
             "n_head_kv": hp.n_head_kv,
             "load_ms": self.load_ms,
             "lora": [{"path": a.path, "scale": a.scale} for a in self.lora],
+            "sampling": sampling_defaults(self.f),
         }
 
     def tokenize(self, text, *, add_bos=False, parse_special=True) -> list:

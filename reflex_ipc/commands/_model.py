@@ -5,7 +5,12 @@ hints, then report."""
 import sys
 
 MODEL_HELP = {"model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2",
-              "device": "auto: CUDA when usable, else CPU; default: auto",
+              "device": "auto: CUDA when usable, else the C kernels (cpu); numpy: the float32 "
+                        "oracle; default: auto",
+              # the protocol's descriptions name repository files; an installed wheel has none
+              "kv_import": "a state file written by --export-kv to start from; PROMPT is then "
+                           "the text that follows its tokens",
+              "kv_export": "save the model's state after the prompt to FILE (replaced atomically)",
               "prefix_cache": "neither read nor write the prefix cache (the saved states of "
                               "prompts' leading tokens that the machine's reflex processes share, "
                               "written after the answer; see `reflex cache --help`)"}
@@ -23,19 +28,20 @@ def _positive(text):
     return n
 
 
-def add_common(p, cls, **kw):
-    """The op's options (from its Request struct), --n-ctx and --json."""
+def add_common(layout, cls, **kw):
+    """The op's options (from its Request struct), --n-ctx, --lora and --json, into the
+    sections of `layout` (a _args.Layout; the command adds its own, then calls done())."""
     from ._args import add_options
 
-    add_options(p, cls, helps={**MODEL_HELP, **kw.pop("helps", {})}, **kw)
-    p.add_argument("--n-ctx", type=_positive, default=None, metavar="N",
-                   help="context size in tokens; default: the model's trained context, "
-                        "at most 4096 (above the trained context: a warning)")
-    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
-                   help="apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
-                   "product scaled by SCALE (default 1); repeatable")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout "
-                   "(errors too: {\"error\": {\"kind\", \"message\"}})")
+    add_options(layout, cls, helps={**MODEL_HELP, **kw.pop("helps", {})}, **kw)
+    layout.add("model", "--n-ctx", type=_positive, default=None, metavar="N",
+               help="context size in tokens; default: the model's trained context, "
+                    "at most 4096 (above the trained context: a warning)")
+    layout.add("model", "--lora", action="append", default=[], metavar="FILE[:SCALE]",
+               help="apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
+               "product scaled by SCALE (default 1); repeatable")
+    layout.add("output", "--json", action="store_true", help="one JSON object on stdout "
+               "(errors too: {\"error\": {\"kind\", \"message\"}})")
 
 
 def load(args, req=None):

@@ -21,17 +21,22 @@ FORMAT_VERSION = 1
 TOP_K = 8
 
 
+EXAMPLES = """\
+  reflex check --device numpy --write-reference ref.json "The capital of France is"
+  reflex check --device cpu --reference ref.json     (the same prompts; exit 1 on a mismatch)"""
+
+
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
+    p.add_argument("--model", metavar="MODEL", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
     from ..ops import DEVICES
 
     p.add_argument("--device", default="auto", choices=DEVICES,
                    help="backend (default: %(default)s)")
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: min(train, 4096))")
-    p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt (default: %(default)s)")
+    p.add_argument("--n-ctx", type=int, default=None, metavar="N", help="context size (default: min(train, 4096))")
+    p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="greedy tokens per prompt (default: %(default)s)")
     p.add_argument("--reference", metavar="FILE", help="compare against this reference")
     p.add_argument("--write-reference", metavar="FILE", help="write this run's record as a reference")
-    p.add_argument("--tolerance", type=float, default=1e-2,
+    p.add_argument("--tolerance", type=float, default=1e-2, metavar="X",
                    help="logit tolerance relative to max|logit|, and the near-tie gap (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
     p.add_argument("prompt", nargs="*", metavar="PROMPT",

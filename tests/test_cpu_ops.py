@@ -94,7 +94,7 @@ def load(ops, name, raw, rows, cols):
 def test_conforms(ops):
     assert missing_ops(ops) == []
     assert ops.name == "cpu" and ops.device == "cpu" and ops.kv_dtype in ("float16", "float32")
-    assert ops.isa in ("generic", "avx2", "avx512vnni") and ops.threads >= 1
+    assert ops.isa in ("generic", "avx2", "avx512vnni", "neon", "dotprod", "i8mm") and ops.threads >= 1
 
 
 # --- kernels ---------------------------------------------------------------------------
@@ -169,14 +169,21 @@ def _isa_results(isa):
 
 
 def test_every_code_path_agrees():
-    """The portable C kernels and the x86 ones compute the same integer sums."""
+    """The portable C kernels and the x86 ones compute the same integer sums; the aarch64
+    ones (neon.c) return generic.c's results bit for bit."""
+    import platform
+
     base = _isa_results("generic")
     assert base["isa"] == "generic"
-    others = [_isa_results("avx2"), _isa_results("native")]
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    others = [_isa_results(i) for i in (("neon", "dotprod", "native") if arm else ("avx2", "native"))]
     for res in others:
         for name in QUANT + FLOAT:
-            np.testing.assert_allclose(res[name], base[name], rtol=2e-5, atol=1e-6,
-                                       err_msg=f"{name} on {res['isa']}")
+            if arm:
+                assert res[name] == base[name], f"{name} on {res['isa']}"
+            else:
+                np.testing.assert_allclose(res[name], base[name], rtol=2e-5, atol=1e-6,
+                                           err_msg=f"{name} on {res['isa']}")
 
 
 # --- ops against the oracle ----------------------------------------------------------------

@@ -20,6 +20,12 @@
 
 #include "rx_cpu.h"
 
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#define RX_HWCAP_ASIMDDP (1ul << 20) /* asm/hwcap.h */
+#define RX_HWCAP2_I8MM (1ul << 13)
+#endif
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -51,6 +57,22 @@ static void init_isa(void) {
 #endif
         if (vnni) rx_fill_avx512vnni(&T);
         else rx_fill_avx2(&T);
+    }
+#elif defined(__aarch64__)
+    /* NEON is part of every aarch64 core; dotprod (SDOT) and i8mm (SMMLA) are read from
+     * the kernel's hwcaps. The dotprod / i8mm objects are absent when the compiler could
+     * not build them (weak symbols, then NULL). */
+    void rx_fill_dotprod(rx_isa *t) __attribute__((weak));
+    void rx_fill_i8mm(rx_isa *t) __attribute__((weak));
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    int dp = (hw & RX_HWCAP_ASIMDDP) && rx_fill_dotprod, mm = dp && (hw2 & RX_HWCAP2_I8MM) && rx_fill_i8mm;
+    const char *force = getenv("REFLEX_CPU_ISA"); /* "generic" / "neon" / "dotprod": for tests */
+    if (force && !strcmp(force, "neon")) dp = mm = 0;
+    if (force && !strcmp(force, "dotprod")) mm = 0;
+    if (!(force && !strcmp(force, "generic"))) {
+        if (mm) rx_fill_i8mm(&T);
+        else if (dp) rx_fill_dotprod(&T);
+        else rx_fill_neon(&T);
     }
 #endif
     T_ready = 1;

@@ -64,6 +64,11 @@ void rx_dequant_row(int type, const void *src, float *y, int64_t k);
 void rx_fill_avx2(rx_isa *t);
 void rx_fill_avx512vnni(rx_isa *t);
 #endif
+#if defined(__aarch64__)
+void rx_fill_neon(rx_isa *t);
+void rx_fill_dotprod(rx_isa *t);
+void rx_fill_i8mm(rx_isa *t);
+#endif
 
 /* scalar half <-> float (portable) */
 static inline float rx_h2f(uint16_t h) {

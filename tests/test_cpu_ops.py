@@ -567,6 +567,43 @@ def test_model_matches_numpy(runners, path):
         assert np.mean(diffs) <= MODEL_LOGPROB_TOL, f"{prompt!r}: log-prob differences {diffs}"
 
 
+def _isa_model(isa, path):
+    code = (
+        "import sys, json\n"
+        "from reflex_ipc.engine import load_runner\n"
+        f"r = load_runner({path!r}, device='cpu', n_ctx=256)\n"
+        "out = {'isa': r.ops.isa, 'logits': [], 'gen': []}\n"
+        f"for p in {PROMPTS[:2]!r}:\n"
+        "    out['logits'].append(r.prompt_logits(r.tok.encode(p)).tolist())\n"
+        "    out['gen'].append(r.generate(p, max_tokens=6, temperature=0.0)['token_ids'])\n"
+        "print(json.dumps(out))\n")
+    env = dict(os.environ, REFLEX_CPU_ISA=isa, REFLEX_CPU_THREADS="2")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", [p for p in _models() if "synthetic-" in p][:2], ids=os.path.basename)
+def test_model_identical_on_every_code_path(path):
+    """A whole model (prompt logits, greedy tokens) on each code path against the portable C
+    one: bit-identical on aarch64 (neon.c keeps generic.c's order of float sums), within float
+    rounding of the sums' order on x86."""
+    import platform
+
+    base = _isa_model("generic", path)
+    assert base["isa"] == "generic"
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    for isa in ("neon", "native") if arm else ("avx2", "native"):
+        res = _isa_model(isa, path)
+        if arm:
+            assert res["logits"] == base["logits"] and res["gen"] == base["gen"], f"{res['isa']}"
+            continue
+        for a, b in zip(res["logits"], base["logits"]):
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max(), res["isa"]
+
+
 # --- the build -----------------------------------------------------------------------------
 def _cpu_build():
     import importlib.util

@@ -13,15 +13,8 @@
 #include <string.h>
 #include <sys/auxv.h>
 
+#include "../../kernels/cpu/rx_abi.h" /* ops.c's exports */
 #include "../../kernels/cpu/rx_cpu.h"
-
-/* ops.c's exports */
-typedef struct { int64_t type; const uint8_t *data; int64_t M, K, row_bytes; } rx_weight;
-const char *rx_isa_name(void);
-int rx_set_threads(int n);
-int rx_matmul(int64_t N, int64_t K, const float *x, int64_t ldx, int64_t nw, const rx_weight *w0,
-              const rx_weight *w1, const rx_weight *w2, float *y0, float *y1, float *y2, int64_t mode,
-              int64_t accumulate);
 
 static int passed, failed;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;

@@ -135,6 +135,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
         net = load_model(ops, f, lora_set)
         phases.mark("weights_loaded")  # with CUDA: uploaded
         runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
+        f.release_metadata()  # parsed: its pages leave the resident set (the page cache keeps them)
     except BaseException:
         for a in adapters:
             a.close()
@@ -522,6 +523,7 @@ class Runner:
             return tid
 
         if max_tokens > 0 or kv_export is not None:
+            self.f.release_metadata()  # what the request's set-up read of the vocabulary: not held
             logits, cached = ex.prefill(ids, room=max_tokens, reuse=cache_prompt, check=check)
         if kv_export is not None:
             saved = self.save_state(kv_export)
@@ -697,6 +699,7 @@ class Runner:
             lp_tok = np.empty(M)
             C = len(cand_ids)
             group = min(C, SEQ_GROUP) if recurrent else C
+            self.f.release_metadata()
             first, held = ex.prefill(p_ids, room=M, reuse=cache_prompt, check=check,
                                      n_seq=group + 1 if recurrent else 1)
             lp_tok[starts] = self.ops.logprobs(first, np.zeros(int(starts.sum()), np.int64), flat[starts],

@@ -365,6 +365,11 @@ class Tokenizer:
         self._encode_fragments(self._partition(text, parse_special), out)
         if add_bos is None and self.add_eos and self.eos_id is not None:
             out.append(self.eos_id)
+        # the vocabulary's pages this read (with the kernel's fault-around, 64 KB for each
+        # string compared) leave the resident set again: the page cache keeps them
+        release = getattr(self._f, "release_metadata", None)
+        if release is not None:
+            release()
         return out
 
     def _encode_fragments(self, frags, out):

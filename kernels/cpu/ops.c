@@ -399,7 +399,34 @@ static void mm_chunk(void *p, int64_t c) {
         const rx_weight *wg = j->w[0], *wu = j->w[1];
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
         rx_dot2_fn dg2 = T.dot2[wg->type], du2 = T.dot2[wu->type];
-        for (int64_t n = 0; n < j->N;) {
+        rx_tile_fn tg = T.tile[wg->type], tu = T.tile[wu->type];
+        int64_t n0 = 0;
+        if (tg && tu && j->N >= RX_TILE_N) { /* tiles of 4 activation rows x 4 weight rows */
+            int64_t rt = r0 + (r1 - r0) / RX_TILE_M * RX_TILE_M;
+            float g[RX_TILE_N * RX_TILE_M], u[RX_TILE_N * RX_TILE_M];
+            for (; n0 + RX_TILE_N <= j->N; n0 += RX_TILE_N) {
+                const uint8_t *ag = (const uint8_t *)j->a[0] + n0 * j->a_row[0];
+                const uint8_t *au = (const uint8_t *)j->a[1] + n0 * j->a_row[1];
+                float *y = j->y[0] + n0 * wg->M;
+                for (int64_t r = r0; r < r1; r += RX_TILE_M) {
+                    if (r < rt) {
+                        tg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], g, RX_TILE_M);
+                        tu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], u, RX_TILE_M);
+                    }
+                    for (int c = 0; c < RX_TILE_N; c++)
+                        for (int64_t i = 0; i < RX_TILE_M && r + i < r1; i++) {
+                            float gv, uv;
+                            if (r < rt) { gv = g[c * RX_TILE_M + i]; uv = u[c * RX_TILE_M + i]; }
+                            else {
+                                gv = dg(j->K, wg->data + (r + i) * wg->row_bytes, ag + c * j->a_row[0]);
+                                uv = du(j->K, wu->data + (r + i) * wu->row_bytes, au + c * j->a_row[1]);
+                            }
+                            y[c * wg->M + r + i] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+                        }
+                }
+            }
+        }
+        for (int64_t n = n0; n < j->N;) {
             const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
             const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
             float *y = j->y[0] + n * wg->M;
@@ -430,8 +457,27 @@ static void mm_chunk(void *p, int64_t c) {
         const rx_weight *w = j->w[i];
         rx_dot_fn dot = T.dot[w->type];
         rx_dot2_fn dot2 = T.dot2[w->type];
-        int64_t base = j->row0[i];
-        for (int64_t n = 0; n < j->N;) {
+        rx_tile_fn tile = T.tile[w->type];
+        int64_t base = j->row0[i], n0 = 0;
+        if (tile && j->N >= RX_TILE_N) { /* tiles of 4 activation rows x 4 weight rows */
+            int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
+            float t[RX_TILE_N * RX_TILE_M];
+            for (; n0 + RX_TILE_N <= j->N; n0 += RX_TILE_N) {
+                const uint8_t *a = (const uint8_t *)j->a[i] + n0 * j->a_row[i];
+                float *y = j->y[i] + n0 * w->M - base;
+                for (int64_t r = a0; r < a1; r += RX_TILE_M) {
+                    if (r < rt) tile(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], t, RX_TILE_M);
+                    for (int c = 0; c < RX_TILE_N; c++)
+                        for (int64_t k = 0; k < RX_TILE_M && r + k < a1; k++) {
+                            float v = r < rt ? t[c * RX_TILE_M + k]
+                                             : dot(j->K, w->data + (r + k - base) * w->row_bytes, a + c * j->a_row[i]);
+                            if (j->accumulate) y[c * w->M + r + k] += v;
+                            else y[c * w->M + r + k] = v;
+                        }
+                }
+            }
+        }
+        for (int64_t n = n0; n < j->N;) {
             const uint8_t *a = (const uint8_t *)j->a[i] + n * j->a_row[i];
             float *y = j->y[i] + n * w->M - base;
             if (dot2 && n + 1 < j->N) {

@@ -44,10 +44,21 @@ typedef float (*rx_dot_fn)(int64_t n, const void *w, const void *a);
 /* the same weight row with two activation rows (its blocks unpacked once): s[0], s[1] */
 typedef void (*rx_dot2_fn)(int64_t n, const void *w, const void *a0, const void *a1, float *s);
 
+/* A tile of a matrix product (prompt passes, batches): RX_TILE_M consecutive weight rows (at
+ * w, row_bytes apart) against RX_TILE_N prepared activation rows (at a, a_row bytes apart):
+ * y[c * ldy + r] = dot(weight row r, activation row c). The weight blocks are unpacked once
+ * for all the tile's activation rows, and each activation block loaded once for all its
+ * weight rows. */
+#define RX_TILE_M 4
+#define RX_TILE_N 4
+typedef void (*rx_tile_fn)(int64_t n, const uint8_t *w, int64_t row_bytes, const uint8_t *a, size_t a_row,
+                           float *y, int64_t ldy);
+
 typedef struct {
     const char *name;
     rx_dot_fn dot[RX_NTYPES];
     rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
+    rx_tile_fn tile[RX_NTYPES]; /* optional (NULL: dot2 / dot) */
     void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
     void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
     /* attention helpers: float32 or float16 rows */

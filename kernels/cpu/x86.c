@@ -164,6 +164,93 @@ DOT2_A32(dot2_q5_1, rx_q5_1,
          _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
 #undef d2m
 
+/* ---------------------------------------------------------------- tiles (RX_TILE_M x RX_TILE_N)
+ * The learnt scheme of ggml's repacked / llamafile's tiled products, on the GGUF's blocks in
+ * place (no repacked copy of the weights: none of the memory a repack costs): per block, the
+ * 4 weight rows' blocks are unpacked once to unsigned bytes (value + offset; the offset's
+ * share, offset * d_w * (activation block sum), is the per-block "min" term m), each of the
+ * 4 activation blocks is loaded once, and the 16 int32 dot products are reduced to one
+ * 4-lane vector per activation row, scaled by (d_w of the 4 rows) * d_a. */
+
+/* sums of the 8 int32 lanes of d0..d3 as one vector [s0, s1, s2, s3] */
+static inline __m128i hsum4x8(__m256i d0, __m256i d1, __m256i d2, __m256i d3) {
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(d0, d1), _mm256_hadd_epi32(d2, d3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+}
+
+/* UNPACK(block pointer) -> __m256i of 32 unsigned values; MIN(block pointer, d) -> the float
+ * offset term per unit of activation sum (value = d * u + MIN) */
+#define TILE_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                     \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
+                     int64_t ldy) {                                                                \
+        const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
+        const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
+        const rx_a32 *y0 = (const rx_a32 *)a, *y1 = (const rx_a32 *)(a + ar);                        \
+        const rx_a32 *y2 = (const rx_a32 *)(a + 2 * ar), *y3 = (const rx_a32 *)(a + 3 * ar);         \
+        __m128 acc0 = _mm_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                     \
+        for (int64_t b = 0; b < n / 32; b++) {                                                     \
+            /* the next tile's rows: a large matrix streams from memory (the output layer) */       \
+            _mm_prefetch((const char *)(x0 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x1 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x2 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x3 + b) + 4 * rb, _MM_HINT_T0);                            \
+            __m256i q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
+            __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                                  \
+            __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                    \
+            __m256i p;                                                                             \
+            __m128 s;                                                                              \
+            p = _mm256_loadu_si256((const __m256i *)y0[b].q);                                      \
+            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
+            acc0 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y0[b].d)), s, acc0);                    \
+            acc0 = _mm_fmadd_ps(mw, _mm_set1_ps(y0[b].s), acc0);                                   \
+            p = _mm256_loadu_si256((const __m256i *)y1[b].q);                                      \
+            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
+            acc1 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y1[b].d)), s, acc1);                    \
+            acc1 = _mm_fmadd_ps(mw, _mm_set1_ps(y1[b].s), acc1);                                   \
+            p = _mm256_loadu_si256((const __m256i *)y2[b].q);                                      \
+            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
+            acc2 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y2[b].d)), s, acc2);                    \
+            acc2 = _mm_fmadd_ps(mw, _mm_set1_ps(y2[b].s), acc2);                                   \
+            p = _mm256_loadu_si256((const __m256i *)y3[b].q);                                      \
+            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
+            acc3 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y3[b].d)), s, acc3);                    \
+            acc3 = _mm_fmadd_ps(mw, _mm_set1_ps(y3[b].s), acc3);                                   \
+        }                                                                                          \
+        _mm_storeu_ps(y, acc0);                                                                    \
+        _mm_storeu_ps(y + ldy, acc1);                                                              \
+        _mm_storeu_ps(y + 2 * ldy, acc2);                                                          \
+        _mm_storeu_ps(y + 3 * ldy, acc3);                                                          \
+    }
+
+static inline __m256i u_q4(const uint8_t *qs) { return nibbles32(qs); }
+static inline __m256i u_q5(const uint8_t *qs, const uint8_t *qh) {
+    return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
+}
+#define UNPACK_Q4_0(x) u_q4((x)->qs)
+#define UNPACK_Q4_1(x) u_q4((x)->qs)
+#define UNPACK_Q5_0(x) u_q5((x)->qs, (x)->qh)
+#define UNPACK_Q5_1(x) u_q5((x)->qs, (x)->qh)
+#define MIN_OFF8(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-8.f))
+#define MIN_OFF16(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-16.f))
+#define MIN_M(a, b, c, d, dw) half4((a)->m, (b)->m, (c)->m, (d)->m)
+#define MIN_NONE(a, b, c, d, dw) _mm_setzero_ps()
+TILE_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
+TILE_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
+TILE_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
+TILE_A32(tile_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, dot_us)
+#ifdef RX_VNNI /* int8 weights + 128 as unsigned bytes: VPDPBUSD has no 16-bit saturation */
+#define UNPACK_Q8_0(x) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x)->qs), _mm256_set1_epi8((char)0x80))
+#define MIN_OFF128(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-128.f))
+TILE_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
+#else
+#define UNPACK_Q8_0(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
+TILE_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
+#endif
+
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
 static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
     int summ = 0;
@@ -512,6 +599,11 @@ void RX_FILL(rx_isa *t) {
     t->dot2[RX_Q8_0] = dot2_q8_0;
     t->dot2[RX_Q4_K] = dot2_q4_k;
     t->dot2[RX_Q6_K] = dot2_q6_k;
+    t->tile[RX_Q4_0] = tile_q4_0;
+    t->tile[RX_Q4_1] = tile_q4_1;
+    t->tile[RX_Q5_0] = tile_q5_0;
+    t->tile[RX_Q5_1] = tile_q5_1;
+    t->tile[RX_Q8_0] = tile_q8_0;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

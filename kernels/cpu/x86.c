@@ -429,6 +429,128 @@ static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, 
     out[1] = hsum8(acc1) - accc1;
 }
 
+/* K-quant tiles: per super-block, the int32 sums of scale_g * (group g of the weights . the
+ * activations) for the 16 (row, activation) pairs, reduced to one 4-lane vector per
+ * activation row; the mins (Q4_K) / the -32 offset (Q6_K) through the activations' group
+ * sums, as in the dot products above. */
+static inline __m256i acc_scaled(__m256i acc, __m256i p16, __m256i scale16) {
+#ifdef RX_VNNI
+    return _mm256_dpwssd_epi32(acc, p16, scale16);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale16));
+#endif
+}
+
+/* [sum of a0's 4 lanes, a1's, a2's, a3's] */
+static inline __m128i hsum4x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3) {
+    return _mm_hadd_epi32(_mm_hadd_epi32(a0, a1), _mm_hadd_epi32(a2, a3));
+}
+
+static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
+                           (const rx_q4_k *)(w + 3 * rb)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
+                            (const rx_a256 *)(a + 3 * ar)};
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[4][8], mn[4][8];
+        for (int i = 0; i < 4; i++) {
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 128, _MM_HINT_T0);
+            for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[i][b].scales, &sc[i][g], &mn[i][g]);
+        }
+        __m256i s[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+        for (int g2 = 0; g2 < 4; g2++) { /* 32 bytes: groups 2 g2 (low nibbles), 2 g2 + 1 (high) */
+            __m256i lo[4], hi[4];
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x[i][b].qs + 32 * g2));
+                lo[i] = _mm256_and_si256(q, m4);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            for (int c = 0; c < 4; c++) {
+                __m256i p0 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2));
+                __m256i p1 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2 + 32));
+                for (int i = 0; i < 4; i++) {
+                    s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(lo[i], p0), _mm256_set1_epi16(sc[i][2 * g2]));
+                    s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(hi[i], p1), _mm256_set1_epi16(sc[i][2 * g2 + 1]));
+                }
+            }
+        }
+        __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+        __m128 dmin = half4(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin);
+        __m128i mins[4];
+        for (int i = 0; i < 4; i++)
+            mins[i] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn[i]));
+        for (int c = 0; c < 4; c++) {
+            const int16_t *bs = yv[c][b].bsum;
+            /* pair sums of the 16 group sums: the activation sum of each group of 32 */
+            __m128i b01 = _mm_loadu_si128((const __m128i *)bs), b23 = _mm_loadu_si128((const __m128i *)(bs + 8));
+            __m128i pairs = _mm_packs_epi32(_mm_madd_epi16(b01, _mm_set1_epi16(1)), _mm_madd_epi16(b23, _mm_set1_epi16(1)));
+            __m128i summ = hsum4x4(_mm_madd_epi16(mins[0], pairs), _mm_madd_epi16(mins[1], pairs),
+                                   _mm_madd_epi16(mins[2], pairs), _mm_madd_epi16(mins[3], pairs));
+            __m128i sumi = hsum4x8(s[0][c], s[1][c], s[2][c], s[3][c]);
+            __m128 t = _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(sumi)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(summ)));
+            acc[c] = _mm_fmadd_ps(_mm_set1_ps(yv[c][b].d), t, acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
+static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
+                           (const rx_q6_k *)(w + 3 * rb)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
+                            (const rx_a256 *)(a + 3 * ar)};
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        __m256i s[4][4];
+        for (int i = 0; i < 4; i++) {
+            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + 4 * rb + k, _MM_HINT_T0);
+            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+        }
+        for (int h = 0; h < 2; h++) {
+            for (int part = 0; part < 4; part++) { /* 32 values: part 0..3 of the half (q1..q4) */
+                __m256i q[4], scale[4];
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t *ql = x[i][b].ql + 64 * h;
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i][b].qh + 32 * h));
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + (part & 1) * 32));
+                    __m256i lv = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    __m256i hv = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)), m2);
+                    q[i] = _mm256_or_si256(lv, _mm256_slli_epi16(hv, 4));
+                    const int8_t *sc = x[i][b].scales + 8 * h + 2 * part;
+                    scale[i] = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+                }
+                for (int c = 0; c < 4; c++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 128 * h + 32 * part));
+                    for (int i = 0; i < 4; i++) s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(q[i], p), scale[i]);
+                }
+            }
+        }
+        __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+        for (int c = 0; c < 4; c++) {
+            /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
+            __m128i b0 = _mm_loadu_si128((const __m128i *)yv[c][b].bsum);
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(yv[c][b].bsum + 8));
+            __m128i cr[4];
+            for (int i = 0; i < 4; i++) {
+                __m128i sc = _mm_loadu_si128((const __m128i *)x[i][b].scales);
+                __m128i s0 = _mm_cvtepi8_epi16(sc), s1 = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+                cr[i] = _mm_add_epi32(_mm_madd_epi16(s0, b0), _mm_madd_epi16(s1, b1));
+            }
+            __m128i corr = hsum4x4(cr[0], cr[1], cr[2], cr[3]);
+            __m128i sumi = _mm_sub_epi32(hsum4x8(s[0][c], s[1][c], s[2][c], s[3][c]), _mm_slli_epi32(corr, 5));
+            acc[c] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(yv[c][b].d)), _mm_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
 static float dot_q8_k(int64_t n, const void *w, const void *a) {
     const rx_q8_k *x = w; const rx_a256 *y = a;
     __m256 acc = _mm256_setzero_ps();
@@ -604,6 +726,8 @@ void RX_FILL(rx_isa *t) {
     t->tile[RX_Q5_0] = tile_q5_0;
     t->tile[RX_Q5_1] = tile_q5_1;
     t->tile[RX_Q8_0] = tile_q8_0;
+    t->tile[RX_Q4_K] = tile_q4_k;
+    t->tile[RX_Q6_K] = tile_q6_k;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

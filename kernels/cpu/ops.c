@@ -400,20 +400,24 @@ static void mm_chunk(void *p, int64_t c) {
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
         rx_dot2_fn dg2 = T.dot2[wg->type], du2 = T.dot2[wu->type];
         rx_tile_fn tg = T.tile[wg->type], tu = T.tile[wu->type];
+        rx_tile_fn tg8 = T.tile8[wg->type], tu8 = T.tile8[wu->type];
         int64_t n0 = 0;
-        if (tg && tu && j->N >= RX_TILE_N) { /* tiles of 4 activation rows x 4 weight rows */
+        if (tg && tu && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
             int64_t rt = r0 + (r1 - r0) / RX_TILE_M * RX_TILE_M;
-            float g[RX_TILE_N * RX_TILE_M], u[RX_TILE_N * RX_TILE_M];
-            for (; n0 + RX_TILE_N <= j->N; n0 += RX_TILE_N) {
+            float g[2 * RX_TILE_N * RX_TILE_M], u[2 * RX_TILE_N * RX_TILE_M];
+            for (int nc; n0 + RX_TILE_N <= j->N; n0 += nc) {
+                int wide = tg8 && tu8 && n0 + 2 * RX_TILE_N <= j->N;
+                rx_tile_fn fg = wide ? tg8 : tg, fu = wide ? tu8 : tu;
+                nc = wide ? 2 * RX_TILE_N : RX_TILE_N;
                 const uint8_t *ag = (const uint8_t *)j->a[0] + n0 * j->a_row[0];
                 const uint8_t *au = (const uint8_t *)j->a[1] + n0 * j->a_row[1];
                 float *y = j->y[0] + n0 * wg->M;
                 for (int64_t r = r0; r < r1; r += RX_TILE_M) {
                     if (r < rt) {
-                        tg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], g, RX_TILE_M);
-                        tu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], u, RX_TILE_M);
+                        fg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], g, RX_TILE_M);
+                        fu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], u, RX_TILE_M);
                     }
-                    for (int c = 0; c < RX_TILE_N; c++)
+                    for (int c = 0; c < nc; c++)
                         for (int64_t i = 0; i < RX_TILE_M && r + i < r1; i++) {
                             float gv, uv;
                             if (r < rt) { gv = g[c * RX_TILE_M + i]; uv = u[c * RX_TILE_M + i]; }
@@ -457,17 +461,20 @@ static void mm_chunk(void *p, int64_t c) {
         const rx_weight *w = j->w[i];
         rx_dot_fn dot = T.dot[w->type];
         rx_dot2_fn dot2 = T.dot2[w->type];
-        rx_tile_fn tile = T.tile[w->type];
+        rx_tile_fn tile = T.tile[w->type], tile8 = T.tile8[w->type];
         int64_t base = j->row0[i], n0 = 0;
-        if (tile && j->N >= RX_TILE_N) { /* tiles of 4 activation rows x 4 weight rows */
+        if (tile && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
             int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
-            float t[RX_TILE_N * RX_TILE_M];
-            for (; n0 + RX_TILE_N <= j->N; n0 += RX_TILE_N) {
+            float t[2 * RX_TILE_N * RX_TILE_M];
+            for (int nc; n0 + RX_TILE_N <= j->N; n0 += nc) {
+                int wide = tile8 && n0 + 2 * RX_TILE_N <= j->N;
+                rx_tile_fn f = wide ? tile8 : tile;
+                nc = wide ? 2 * RX_TILE_N : RX_TILE_N;
                 const uint8_t *a = (const uint8_t *)j->a[i] + n0 * j->a_row[i];
                 float *y = j->y[i] + n0 * w->M - base;
                 for (int64_t r = a0; r < a1; r += RX_TILE_M) {
-                    if (r < rt) tile(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], t, RX_TILE_M);
-                    for (int c = 0; c < RX_TILE_N; c++)
+                    if (r < rt) f(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], t, RX_TILE_M);
+                    for (int c = 0; c < nc; c++)
                         for (int64_t k = 0; k < RX_TILE_M && r + k < a1; k++) {
                             float v = r < rt ? t[c * RX_TILE_M + k]
                                              : dot(j->K, w->data + (r + k - base) * w->row_bytes, a + c * j->a_row[i]);

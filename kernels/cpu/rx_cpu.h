@@ -59,6 +59,7 @@ typedef struct {
     rx_dot_fn dot[RX_NTYPES];
     rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
     rx_tile_fn tile[RX_NTYPES]; /* optional (NULL: dot2 / dot) */
+    rx_tile_fn tile8[RX_NTYPES]; /* optional: the same with 2 * RX_TILE_N activation rows */
     void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
     void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
     /* attention helpers: float32 or float16 rows */

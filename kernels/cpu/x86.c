@@ -184,14 +184,13 @@ static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
 
 /* UNPACK(block pointer) -> __m256i of 32 unsigned values; MIN(block pointer, d) -> the float
  * offset term per unit of activation sum (value = d * u + MIN) */
-#define TILE_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                     \
+#define TILE_A32(NAME, NC, TYPE, UNPACK, MIN, DOT)                                                 \
     static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
                      int64_t ldy) {                                                                \
         const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
         const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
-        const rx_a32 *y0 = (const rx_a32 *)a, *y1 = (const rx_a32 *)(a + ar);                        \
-        const rx_a32 *y2 = (const rx_a32 *)(a + 2 * ar), *y3 = (const rx_a32 *)(a + 3 * ar);         \
-        __m128 acc0 = _mm_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                     \
+        __m128 acc[NC];                                                                            \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();            \
         for (int64_t b = 0; b < n / 32; b++) {                                                     \
             /* the next tile's rows: a large matrix streams from memory (the output layer) */       \
             _mm_prefetch((const char *)(x0 + b) + 4 * rb, _MM_HINT_T0);                            \
@@ -201,29 +200,15 @@ static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
             __m256i q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
             __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                                  \
             __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                    \
-            __m256i p;                                                                             \
-            __m128 s;                                                                              \
-            p = _mm256_loadu_si256((const __m256i *)y0[b].q);                                      \
-            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
-            acc0 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y0[b].d)), s, acc0);                    \
-            acc0 = _mm_fmadd_ps(mw, _mm_set1_ps(y0[b].s), acc0);                                   \
-            p = _mm256_loadu_si256((const __m256i *)y1[b].q);                                      \
-            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
-            acc1 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y1[b].d)), s, acc1);                    \
-            acc1 = _mm_fmadd_ps(mw, _mm_set1_ps(y1[b].s), acc1);                                   \
-            p = _mm256_loadu_si256((const __m256i *)y2[b].q);                                      \
-            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
-            acc2 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y2[b].d)), s, acc2);                    \
-            acc2 = _mm_fmadd_ps(mw, _mm_set1_ps(y2[b].s), acc2);                                   \
-            p = _mm256_loadu_si256((const __m256i *)y3[b].q);                                      \
-            s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));          \
-            acc3 = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(y3[b].d)), s, acc3);                    \
-            acc3 = _mm_fmadd_ps(mw, _mm_set1_ps(y3[b].s), acc3);                                   \
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                                  \
+                const rx_a32 *yc = (const rx_a32 *)(a + c * ar) + b;                                \
+                __m256i p = _mm256_loadu_si256((const __m256i *)yc->q);                            \
+                __m128 s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));\
+                acc[c] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(yc->d)), s, acc[c]);              \
+                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(yc->s), acc[c]);                             \
+            }                                                                                      \
         }                                                                                          \
-        _mm_storeu_ps(y, acc0);                                                                    \
-        _mm_storeu_ps(y + ldy, acc1);                                                              \
-        _mm_storeu_ps(y + 2 * ldy, acc2);                                                          \
-        _mm_storeu_ps(y + 3 * ldy, acc3);                                                          \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm_storeu_ps(y + c * ldy, acc[c]);   \
     }
 
 static inline __m256i u_q4(const uint8_t *qs) { return nibbles32(qs); }
@@ -238,17 +223,20 @@ static inline __m256i u_q5(const uint8_t *qs, const uint8_t *qh) {
 #define MIN_OFF16(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-16.f))
 #define MIN_M(a, b, c, d, dw) half4((a)->m, (b)->m, (c)->m, (d)->m)
 #define MIN_NONE(a, b, c, d, dw) _mm_setzero_ps()
-TILE_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
-TILE_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
-TILE_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
-TILE_A32(tile_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, dot_us)
+#define TILES_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
+    TILE_A32(NAME, 4, TYPE, UNPACK, MIN, DOT)                                                      \
+    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)
+TILES_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
+TILES_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
+TILES_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
+TILES_A32(tile_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, dot_us)
 #ifdef RX_VNNI /* int8 weights + 128 as unsigned bytes: VPDPBUSD has no 16-bit saturation */
 #define UNPACK_Q8_0(x) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x)->qs), _mm256_set1_epi8((char)0x80))
 #define MIN_OFF128(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-128.f))
-TILE_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
+TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
 #else
 #define UNPACK_Q8_0(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
-TILE_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
+TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
 #endif
 
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
@@ -726,6 +714,11 @@ void RX_FILL(rx_isa *t) {
     t->tile[RX_Q5_0] = tile_q5_0;
     t->tile[RX_Q5_1] = tile_q5_1;
     t->tile[RX_Q8_0] = tile_q8_0;
+    t->tile8[RX_Q4_0] = tile_q4_0_8;
+    t->tile8[RX_Q4_1] = tile_q4_1_8;
+    t->tile8[RX_Q5_0] = tile_q5_0_8;
+    t->tile8[RX_Q5_1] = tile_q5_1_8;
+    t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->tile[RX_Q4_K] = tile_q4_k;
     t->tile[RX_Q6_K] = tile_q6_k;
     t->quant_a32 = quant_a32;

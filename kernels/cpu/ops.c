@@ -391,6 +391,34 @@ static inline float act_gelu(float g) {
     return 0.5f * g * (1.f + tanhf(SQRT_2_OVER_PI * (g + 0.044715f * g * g * g)));
 }
 
+/* out[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (mode 1) or gelu (mode 2): the table's
+ * vector version where it has one, else these scalar loops (the portable path's results) */
+static void glu_apply(int mode, float *out, const float *g, const float *u, int64_t n) {
+    if (T.act) {
+        T.act(mode, out, g, u, n);
+        return;
+    }
+    if (mode == 1) {
+        if (u) for (int64_t i = 0; i < n; i++) out[i] = act_silu(g[i]) * u[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = act_silu(g[i]);
+    } else {
+        if (u) for (int64_t i = 0; i < n; i++) out[i] = act_gelu(g[i]) * u[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = act_gelu(g[i]);
+    }
+}
+
+static _Thread_local float *tl_up;
+static _Thread_local size_t tl_up_cap;
+
+static float *up_buf(size_t n) { /* the up projections of a chunk's rows */
+    if (n > tl_up_cap) {
+        free(tl_up);
+        tl_up_cap = n + 256;
+        tl_up = malloc(tl_up_cap * sizeof(float));
+    }
+    return tl_up;
+}
+
 static void mm_chunk(void *p, int64_t c) {
     mm_job *j = p;
     int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
@@ -416,16 +444,16 @@ static void mm_chunk(void *p, int64_t c) {
                     if (r < rt) {
                         fg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], g, RX_TILE_M);
                         fu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], u, RX_TILE_M);
+                        glu_apply(j->mode, g, g, u, (int64_t)nc * RX_TILE_M);
+                        for (int c = 0; c < nc; c++)
+                            memcpy(y + c * wg->M + r, g + c * RX_TILE_M, RX_TILE_M * sizeof(float));
+                        continue;
                     }
                     for (int c = 0; c < nc; c++)
-                        for (int64_t i = 0; i < RX_TILE_M && r + i < r1; i++) {
-                            float gv, uv;
-                            if (r < rt) { gv = g[c * RX_TILE_M + i]; uv = u[c * RX_TILE_M + i]; }
-                            else {
-                                gv = dg(j->K, wg->data + (r + i) * wg->row_bytes, ag + c * j->a_row[0]);
-                                uv = du(j->K, wu->data + (r + i) * wu->row_bytes, au + c * j->a_row[1]);
-                            }
-                            y[c * wg->M + r + i] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+                        for (int64_t i = 0; r + i < r1; i++) {
+                            float gv = dg(j->K, wg->data + (r + i) * wg->row_bytes, ag + c * j->a_row[0]);
+                            float uv = du(j->K, wu->data + (r + i) * wu->row_bytes, au + c * j->a_row[1]);
+                            glu_apply(j->mode, y + c * wg->M + r + i, &gv, &uv, 1);
                         }
                 }
             }
@@ -434,22 +462,28 @@ static void mm_chunk(void *p, int64_t c) {
             const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
             const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
             float *y = j->y[0] + n * wg->M;
+            /* the gate projections into y, the up ones into a buffer, then the unit over the rows */
+            float *ub = up_buf((size_t)(2 * (r1 - r0)));
             if (dg2 && du2 && n + 1 < j->N) { /* two rows of activations at a time */
                 float g[2], u[2];
                 for (int64_t r = r0; r < r1; r++) {
                     dg2(j->K, wg->data + r * wg->row_bytes, ag, ag + j->a_row[0], g);
                     du2(j->K, wu->data + r * wu->row_bytes, au, au + j->a_row[1], u);
-                    y[r] = (j->mode == 1 ? act_silu(g[0]) : act_gelu(g[0])) * u[0];
-                    y[wg->M + r] = (j->mode == 1 ? act_silu(g[1]) : act_gelu(g[1])) * u[1];
+                    y[r] = g[0];
+                    y[wg->M + r] = g[1];
+                    ub[r - r0] = u[0];
+                    ub[r1 - r0 + r - r0] = u[1];
                 }
+                glu_apply(j->mode, y + r0, y + r0, ub, r1 - r0);
+                glu_apply(j->mode, y + wg->M + r0, y + wg->M + r0, ub + (r1 - r0), r1 - r0);
                 n += 2;
                 continue;
             }
             for (int64_t r = r0; r < r1; r++) {
-                float gv = dg(j->K, wg->data + r * wg->row_bytes, ag);
-                float uv = du(j->K, wu->data + r * wu->row_bytes, au);
-                y[r] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+                y[r] = dg(j->K, wg->data + r * wg->row_bytes, ag);
+                ub[r - r0] = du(j->K, wu->data + r * wu->row_bytes, au);
             }
+            glu_apply(j->mode, y + r0, y + r0, ub, r1 - r0);
             n += 1;
         }
         return;
@@ -807,10 +841,10 @@ RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, 
     switch (op) {
     case 0: for (int64_t i = 0; i < n; i++) out[i] = a[i] * p; break;
     case 1: for (int64_t i = 0; i < n; i++) out[i] = tanhf(a[i] / p) * p; break;
-    case 2: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]); break;
-    case 3: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]); break;
-    case 4: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]) * b[i]; break;
-    case 5: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]) * b[i]; break;
+    case 2: init_isa(); glu_apply(1, out, a, NULL, n); break;
+    case 3: init_isa(); glu_apply(2, out, a, NULL, n); break;
+    case 4: init_isa(); glu_apply(1, out, a, b, n); break;
+    case 5: init_isa(); glu_apply(2, out, a, b, n); break;
     case 6: for (int64_t i = 0; i < n; i++) out[i] = 1.f / (1.f + expf(-a[i])); break;
     case 7: for (int64_t i = 0; i < n; i++) out[i] = a[i] > 20.f ? a[i] : log1pf(expf(a[i])); break;
     default: break;

@@ -68,6 +68,8 @@ typedef struct {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+    /* optional: y[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (1) / gelu-tanh (2) */
+    void (*act)(int mode, float *y, const float *g, const float *u, int64_t n);
 } rx_isa;
 
 void rx_fill_generic(rx_isa *t);

@@ -6,6 +6,7 @@
  * block's 4/5/6-bit values into 32 bytes, multiply them with the int8 activations as
  * u8 x s8 pairs summed into int32, and scale the int32 sums by the two float scales. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "rx_cpu.h"
@@ -688,7 +689,56 @@ static void quant_a256(const float *x, rx_a256 *y, int64_t n) {
     }
 }
 
+/* exp(x) in float32 (Cephes' reduction and polynomial: within 2 ulp of expf) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float silu1(float g) { return g / (1.f + expf(-g)); }
+static inline float gelu1(float g) { /* as the vector form below */
+    return g / (1.f + expf(-2.f * 0.79788456080286535588f * (g + 0.044715f * g * g * g)));
+}
+
+/* the gated units' activations, 8 at a time: silu(g) = g / (1 + e^-g); gelu (tanh form)
+ * g * 0.5 (1 + tanh w) = g / (1 + e^-2w), w = sqrt(2/pi) (g + 0.044715 g^3) */
+static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), v;
+        if (mode == 1) {
+            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        } else {
+            /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
+            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
+                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
+        }
+        if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; i++) {
+        float v = mode == 1 ? silu1(g[i]) : gelu1(g[i]);
+        y[i] = u ? v * u[i] : v;
+    }
+}
+
 void RX_FILL(rx_isa *t) {
+    t->act = act;
     t->name = RX_NAME;
     t->dot[RX_Q4_0] = dot_q4_0;
     t->dot[RX_Q4_1] = dot_q4_1;

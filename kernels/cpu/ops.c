@@ -774,6 +774,84 @@ static void attn_chunk(void *p, int64_t c) {
     for (int64_t i = 0; i < j->hdv; i++) o[i] *= inv;
 }
 
+/* The g = Hq / Hkv query heads that share a KV head, for one query row: each float16 key and
+ * value row is read (and converted) once for all of them (the table's dotn / axpyn; the
+ * portable path calls its per-head functions, in the per-head order of attn_chunk: the same
+ * results). */
+#define ATTN_MAX_GROUP 64
+
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t n, float *out) {
+    if (T.dotn_f32_f16) {
+        T.dotn_f32_f16(q, ldq, nq, k, n, out);
+        return;
+    }
+    for (int h = 0; h < nq; h++) out[h] = T.dot_f32_f16(q + h * ldq, k, n);
+}
+
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t n) {
+    if (T.axpyn_f16) {
+        T.axpyn_f16(y, ldy, ny, a, x, n);
+        return;
+    }
+    for (int h = 0; h < ny; h++)
+        if (a[h] != 0.f) T.axpy_f16(y + h * ldy, a[h], x, n);
+}
+
+static void attn_group_chunk(void *p, int64_t c) {
+    attn_job *j = p;
+    int g = (int)(j->Hq / j->Hkv);
+    int64_t n = c / j->Hkv, kvh = c % j->Hkv;
+    const float *q = j->q + (n * j->Hq + kvh * g) * j->hdk;
+    float *o = j->out + (n * j->Hq + kvh * g) * j->hdv;
+    int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
+    if (hi > j->n_kv - 1) hi = j->n_kv - 1;
+    int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    memset(o, 0, (size_t)g * j->hdv * sizeof(float));
+    if (hi < lo) return;
+    int64_t L = hi - lo + 1;
+    float *s = thread_buf((size_t)(g * L)), mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP], v[ATTN_MAX_GROUP];
+    const float *mrow = j->mask ? j->mask + n * j->n_kv : NULL;
+    size_t kbase = (size_t)kvh * j->n_slots;
+    for (int h = 0; h < g; h++) mx[h] = -INFINITY;
+    for (int64_t t = lo; t <= hi; t++) {
+        if (mrow && mrow[t] == -INFINITY) { /* hidden: no dot */
+            for (int h = 0; h < g; h++) s[h * L + t - lo] = -INFINITY;
+            continue;
+        }
+        dotn_f32_f16(q, j->hdk, g, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk, v);
+        for (int h = 0; h < g; h++) {
+            float x = v[h] * j->scale;
+            if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
+            if (mrow) x += mrow[t];
+            s[h * L + t - lo] = x;
+            if (x > mx[h]) mx[h] = x;
+        }
+    }
+    for (int h = 0; h < g; h++) {
+        float *sh = s + h * L, su = 0.f;
+        for (int64_t i = 0; i < L; i++) {
+            float e = mx[h] == -INFINITY || sh[i] == -INFINITY ? 0.f : expf(sh[i] - mx[h]);
+            sh[i] = e;
+            su += e;
+        }
+        sum[h] = su;
+    }
+    for (int64_t t = lo; t <= hi; t++) {
+        int any = 0;
+        for (int h = 0; h < g; h++) {
+            v[h] = s[h * L + t - lo];
+            any |= v[h] != 0.f;
+        }
+        if (any) axpyn_f16(o, j->hdv, g, v, (const uint16_t *)j->vc + (kbase + t) * j->ldv, j->hdv);
+    }
+    for (int h = 0; h < g; h++) {
+        if (mx[h] == -INFINITY) continue; /* nothing visible: zeros */
+        float inv = 1.f / sum[h];
+        for (int64_t i = 0; i < j->hdv; i++) o[h * j->hdv + i] *= inv;
+    }
+}
+
 /* out [N, Hq, hdv] = attention of q [N, Hq, hdk] over slots 0..n_kv-1 (backends/base.py) */
 RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
                             const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
@@ -784,7 +862,10 @@ RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, floa
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
                   scale, softcap, (int)causal, (int)f16, hdv};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
-    pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
+    if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
+        pool_run(attn_group_chunk, &j, N * Hkv, work >= 65536.0);
+    else
+        pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
     pthread_mutex_unlock(&g_lock);
 }
 

@@ -689,6 +689,43 @@ static void quant_a256(const float *x, rx_a256 *y, int64_t n) {
     }
 }
 
+/* several queries / output rows against one float16 key / value row (attention's grouped
+ * query heads): the row converted once, 8 values at a time */
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t n, float *out) {
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        int m = nq - h0 < 4 ? nq - h0 : 4;
+        const float *q0 = q + h0 * ldq;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 kv = load_h8(k + i);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
+            if (m > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + ldq + i), kv, a1);
+            if (m > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * ldq + i), kv, a2);
+            if (m > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * ldq + i), kv, a3);
+        }
+        float r[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        for (; i < n; i++)
+            for (int h = 0; h < m; h++) r[h] += q0[h * ldq + i] * half1(k[i]);
+        for (int h = 0; h < m; h++) out[h0 + h] = r[h];
+    }
+}
+
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = load_h8(x + i);
+        for (int h = 0; h < ny; h++) {
+            float *yh = y + h * ldy + i;
+            _mm256_storeu_ps(yh, _mm256_fmadd_ps(_mm256_set1_ps(a[h]), xv, _mm256_loadu_ps(yh)));
+        }
+    }
+    for (; i < n; i++) {
+        float xv = half1(x[i]);
+        for (int h = 0; h < ny; h++) y[h * ldy + i] += a[h] * xv;
+    }
+}
+
 /* exp(x) in float32 (Cephes' reduction and polynomial: within 2 ulp of expf) */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -739,6 +776,8 @@ static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
 
 void RX_FILL(rx_isa *t) {
     t->act = act;
+    t->dotn_f32_f16 = dotn_f32_f16;
+    t->axpyn_f16 = axpyn_f16;
     t->name = RX_NAME;
     t->dot[RX_Q4_0] = dot_q4_0;
     t->dot[RX_Q4_1] = dot_q4_1;

@@ -175,6 +175,88 @@ DOT_A32(dot_q4_1, rx_q4_1, unpack_q4_1, 1)
 DOT_A32(dot_q5_1, rx_q5_1, unpack_q5_1, 1)
 #undef MOF
 
+/* Tiles (prompt passes, batches: ops.c's rx_tile_fn): 4 weight rows x NC activation rows per
+ * block, the 4 rows' blocks unpacked once. Each (row, activation row) pair gets generic.c's
+ * per-block expression, lane by lane (the 4 weight rows in the 4 lanes), added block after
+ * block: the same bits as 16 single dots. With i8mm, SMMLA makes a 2x2 tile of the sums
+ * from 8-byte slices of two weight rows and two activation rows. */
+#define TILE_A32(NAME, NC, TYPE, UNPACK, HAS_M)                                                    \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
+                     int64_t ldy) {                                                                \
+        const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
+        const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
+        float32x4_t acc[NC];                                                                       \
+        for (int c = 0; c < NC; c++) acc[c] = vdupq_n_f32(0.f);                                    \
+        for (int64_t b = 0; b < n / 32; b++) {                                                     \
+            q32 q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
+            const rx_half hd[4] = {x0[b].d, x1[b].d, x2[b].d, x3[b].d};                            \
+            float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hd)));                     \
+            float32x4_t mw = vdupq_n_f32(0.f);                                                     \
+            if (HAS_M) {                                                                           \
+                const rx_half hm[4] = {MOF(x0[b]), MOF(x1[b]), MOF(x2[b]), MOF(x3[b])};            \
+                mw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hm)));                             \
+            }                                                                                      \
+            int32x4_t s[NC];                                                                       \
+            TILE_SUMS(NC)                                                                          \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const rx_a32 *yc = (const rx_a32 *)(a + c * ar) + b;                                \
+                float32x4_t p = vmulq_f32(vmulq_n_f32(dw, yc->d), vcvtq_f32_s32(s[c]));            \
+                if (HAS_M) p = vaddq_f32(p, vmulq_n_f32(mw, yc->s));                               \
+                acc[c] = vaddq_f32(acc[c], p);                                                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) vst1q_f32(y + c * ldy, acc[c]);                               \
+    }
+
+#if defined(RX_I8MM)
+/* s[c] = [row0 . act c, row1 . act c, row2 . act c, row3 . act c] from 2x2 SMMLA tiles */
+static inline int8x16_t pair8(int8x16_t u, int8x16_t v, int hi) { /* 8 bytes of u, then of v */
+    int64x2_t a = vreinterpretq_s64_s8(u), b = vreinterpretq_s64_s8(v);
+    return vreinterpretq_s8_s64(hi ? vzip2q_s64(a, b) : vzip1q_s64(a, b));
+}
+#define TILE_SUMS(NC)                                                                              \
+    {                                                                                              \
+        int8x16_t w01[4], w23[4];                                                                  \
+        w01[0] = pair8(q0.lo, q1.lo, 0); w01[1] = pair8(q0.lo, q1.lo, 1);                          \
+        w01[2] = pair8(q0.hi, q1.hi, 0); w01[3] = pair8(q0.hi, q1.hi, 1);                          \
+        w23[0] = pair8(q2.lo, q3.lo, 0); w23[1] = pair8(q2.lo, q3.lo, 1);                          \
+        w23[2] = pair8(q2.hi, q3.hi, 0); w23[3] = pair8(q2.hi, q3.hi, 1);                          \
+        for (int c = 0; c < NC; c += 2) {                                                          \
+            const rx_a32 *ya = (const rx_a32 *)(a + c * ar) + b, *yb = (const rx_a32 *)(a + (c + 1) * ar) + b; \
+            int8x16_t pa0 = vld1q_s8(ya->q), pa1 = vld1q_s8(ya->q + 16);                           \
+            int8x16_t pb0 = vld1q_s8(yb->q), pb1 = vld1q_s8(yb->q + 16);                           \
+            int8x16_t p[4] = {pair8(pa0, pb0, 0), pair8(pa0, pb0, 1), pair8(pa1, pb1, 0), pair8(pa1, pb1, 1)}; \
+            int32x4_t m01 = vdupq_n_s32(0), m23 = vdupq_n_s32(0);                                  \
+            for (int k = 0; k < 4; k++) {                                                          \
+                m01 = vmmlaq_s32(m01, w01[k], p[k]);                                               \
+                m23 = vmmlaq_s32(m23, w23[k], p[k]);                                               \
+            }                                                                                      \
+            /* m01 = [r0.a, r0.b, r1.a, r1.b], m23 = [r2.a, r2.b, r3.a, r3.b] */                    \
+            s[c] = vuzp1q_s32(m01, m23);                                                           \
+            s[c + 1] = vuzp2q_s32(m01, m23);                                                       \
+        }                                                                                          \
+    }
+#else
+#define TILE_SUMS(NC)                                                                              \
+    for (int c = 0; c < NC; c++) {                                                                 \
+        const rx_a32 *yc = (const rx_a32 *)(a + c * ar) + b;                                        \
+        s[c] = sums4(block_dot(q0, yc), block_dot(q1, yc), block_dot(q2, yc), block_dot(q3, yc));  \
+    }
+#endif
+
+#define TILES_A32(NAME, TYPE, UNPACK, HAS_M)                                                       \
+    TILE_A32(NAME, 4, TYPE, UNPACK, HAS_M)                                                         \
+    TILE_A32(NAME##_8, 8, TYPE, UNPACK, HAS_M)
+#define MOF(blk) (blk).d
+TILES_A32(tile_q4_0, rx_q4_0, unpack_q4_0, 0)
+TILES_A32(tile_q5_0, rx_q5_0, unpack_q5_0, 0)
+TILES_A32(tile_q8_0, rx_q8_0, unpack_q8_0, 0)
+#undef MOF
+#define MOF(blk) (blk).m
+TILES_A32(tile_q4_1, rx_q4_1, unpack_q4_1, 1)
+TILES_A32(tile_q5_1, rx_q5_1, unpack_q5_1, 1)
+#undef MOF
+
 /* ------------------------------------------------------------------ 256-value blocks */
 static inline int k_mins(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
     int summ = 0;
@@ -495,6 +577,16 @@ void RX_FILL(rx_isa *t) {
     t->dot2[RX_Q5_1] = dot_q5_12;
     t->dot2[RX_Q8_0] = dot_q8_02;
 #endif
+    t->tile[RX_Q4_0] = tile_q4_0;
+    t->tile[RX_Q4_1] = tile_q4_1;
+    t->tile[RX_Q5_0] = tile_q5_0;
+    t->tile[RX_Q5_1] = tile_q5_1;
+    t->tile[RX_Q8_0] = tile_q8_0;
+    t->tile8[RX_Q4_0] = tile_q4_0_8;
+    t->tile8[RX_Q4_1] = tile_q4_1_8;
+    t->tile8[RX_Q5_0] = tile_q5_0_8;
+    t->tile8[RX_Q5_1] = tile_q5_1_8;
+    t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->dot2[RX_Q4_K] = dot2_q4_k;
     t->dot2[RX_Q6_K] = dot2_q6_k;
     t->quant_a32 = quant_a32;

@@ -146,6 +146,33 @@ static void check_table(const rx_isa *g, const rx_isa *t) {
             if (f->type == RX_Q4_0 || f->type == RX_Q4_K) report(t->name, what, badq, cases);
         }
     }
+    /* tiles: 4 weight rows x 4 / 8 activation rows against 32 single dots of the portable path */
+    for (int fi = 0; fi < NFMT; fi++) {
+        const struct fmt *f = &FMTS[fi];
+        if (!t->tile[f->type] && !t->tile8[f->type]) continue;
+        int bad = 0;
+        const int64_t n = 768;
+        size_t rb = (size_t)(n / f->blk) * f->bsize, ab = act_bytes(f->act, n);
+        uint8_t *wt = malloc(4 * rb), *at = malloc(8 * ab);
+        float *xs = malloc(n * sizeof(float)), yt[64];
+        for (int trial = 0; trial < 20; trial++) {
+            for (int r = 0; r < 4; r++) random_row(f, n, wt + r * rb);
+            for (int c = 0; c < 8; c++) { random_x(xs, n); prep(g, f->act, xs, at + c * ab, n); }
+            for (int wide = 0; wide < 2; wide++) {
+                rx_tile_fn fn = wide ? t->tile8[f->type] : t->tile[f->type];
+                int nc = wide ? 8 : 4;
+                if (!fn) continue;
+                fn(n, wt, (int64_t)rb, at, ab, yt, 4);
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < 4; r++)
+                        if (!same_f(yt[c * 4 + r], g->dot[f->type](n, wt + r * rb, at + c * ab))) bad++;
+            }
+        }
+        char what[32];
+        snprintf(what, sizeof what, "tiles %s", f->name);
+        report(t->name, what, bad, 20);
+        free(wt); free(at); free(xs);
+    }
     /* attention and recurrence helpers */
     int bd = 0, bh = 0, ba = 0, bah = 0, bf = 0;
     float *y0 = malloc(1100 * sizeof(float)), *y1 = malloc(1100 * sizeof(float));

@@ -780,21 +780,25 @@ static void attn_chunk(void *p, int64_t c) {
  * results). */
 #define ATTN_MAX_GROUP 64
 
-static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t n, float *out) {
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out) {
     if (T.dotn_f32_f16) {
-        T.dotn_f32_f16(q, ldq, nq, k, n, out);
+        T.dotn_f32_f16(q, ldq, nq, k, ldk, nk, n, out);
         return;
     }
-    for (int h = 0; h < nq; h++) out[h] = T.dot_f32_f16(q + h * ldq, k, n);
+    for (int i = 0; i < nk; i++)
+        for (int h = 0; h < nq; h++) out[i * nq + h] = T.dot_f32_f16(q + h * ldq, k + i * ldk, n);
 }
 
-static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t n) {
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n) {
     if (T.axpyn_f16) {
-        T.axpyn_f16(y, ldy, ny, a, x, n);
+        T.axpyn_f16(y, ldy, ny, a, x, ldx, nx, n);
         return;
     }
-    for (int h = 0; h < ny; h++)
-        if (a[h] != 0.f) T.axpy_f16(y + h * ldy, a[h], x, n);
+    for (int i = 0; i < nx; i++) /* value row after value row, as attn_chunk adds them */
+        for (int h = 0; h < ny; h++)
+            if (a[i * ny + h] != 0.f) T.axpy_f16(y + h * ldy, a[i * ny + h], x + i * ldx, n);
 }
 
 static void attn_group_chunk(void *p, int64_t c) {
@@ -810,23 +814,26 @@ static void attn_group_chunk(void *p, int64_t c) {
     memset(o, 0, (size_t)g * j->hdv * sizeof(float));
     if (hi < lo) return;
     int64_t L = hi - lo + 1;
-    float *s = thread_buf((size_t)(g * L)), mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP], v[ATTN_MAX_GROUP];
+    float *s = thread_buf((size_t)(g * L)), mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP], v[2 * ATTN_MAX_GROUP];
     const float *mrow = j->mask ? j->mask + n * j->n_kv : NULL;
     size_t kbase = (size_t)kvh * j->n_slots;
     for (int h = 0; h < g; h++) mx[h] = -INFINITY;
-    for (int64_t t = lo; t <= hi; t++) {
+    for (int64_t t = lo, nk; t <= hi; t += nk) {
         if (mrow && mrow[t] == -INFINITY) { /* hidden: no dot */
             for (int h = 0; h < g; h++) s[h * L + t - lo] = -INFINITY;
+            nk = 1;
             continue;
         }
-        dotn_f32_f16(q, j->hdk, g, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk, v);
-        for (int h = 0; h < g; h++) {
-            float x = v[h] * j->scale;
-            if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
-            if (mrow) x += mrow[t];
-            s[h * L + t - lo] = x;
-            if (x > mx[h]) mx[h] = x;
-        }
+        nk = t < hi && !(mrow && mrow[t + 1] == -INFINITY) ? 2 : 1; /* two keys at a time */
+        dotn_f32_f16(q, j->hdk, g, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk, (int)nk, j->hdk, v);
+        for (int64_t i = 0; i < nk; i++)
+            for (int h = 0; h < g; h++) {
+                float x = v[i * g + h] * j->scale;
+                if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
+                if (mrow) x += mrow[t + i];
+                s[h * L + t + i - lo] = x;
+                if (x > mx[h]) mx[h] = x;
+            }
     }
     for (int h = 0; h < g; h++) {
         float *sh = s + h * L, su = 0.f;
@@ -837,13 +844,15 @@ static void attn_group_chunk(void *p, int64_t c) {
         }
         sum[h] = su;
     }
-    for (int64_t t = lo; t <= hi; t++) {
+    for (int64_t t = lo, nx; t <= hi; t += nx) {
+        nx = t < hi ? 2 : 1; /* two value rows at a time */
         int any = 0;
-        for (int h = 0; h < g; h++) {
-            v[h] = s[h * L + t - lo];
-            any |= v[h] != 0.f;
-        }
-        if (any) axpyn_f16(o, j->hdv, g, v, (const uint16_t *)j->vc + (kbase + t) * j->ldv, j->hdv);
+        for (int64_t i = 0; i < nx; i++)
+            for (int h = 0; h < g; h++) {
+                v[i * g + h] = s[h * L + t + i - lo];
+                any |= v[i * g + h] != 0.f;
+            }
+        if (any) axpyn_f16(o, j->hdv, g, v, (const uint16_t *)j->vc + (kbase + t) * j->ldv, j->ldv, (int)nx, j->hdv);
     }
     for (int h = 0; h < g; h++) {
         if (mx[h] == -INFINITY) continue; /* nothing visible: zeros */

@@ -68,10 +68,14 @@ typedef struct {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
-    /* optional: out[h] = dot(q + h * ldq, k) for nq queries (a float16 key read once) */
-    void (*dotn_f32_f16)(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t n, float *out);
-    /* optional: y + h * ldy += a[h] * x for ny rows (a float16 value row read once) */
-    void (*axpyn_f16)(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t n);
+    /* optional: out[i * nq + h] = dot(q + h * ldq, k + i * ldk) for nq queries and nk (1, 2)
+     * float16 keys, each key read once */
+    void (*dotn_f32_f16)(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out);
+    /* optional: y + h * ldy += sum over i < nx of a[i * ny + h] * (x + i * ldx) for ny rows and nx
+     * (1, 2) float16 value rows, each read once */
+    void (*axpyn_f16)(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n);
     /* optional: y[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (1) / gelu-tanh (2) */
     void (*act)(int mode, float *y, const float *g, const float *u, int64_t n);
 } rx_isa;

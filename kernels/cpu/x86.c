@@ -691,39 +691,54 @@ static void quant_a256(const float *x, rx_a256 *y, int64_t n) {
 
 /* several queries / output rows against one float16 key / value row (attention's grouped
  * query heads): the row converted once, 8 values at a time */
-static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t n, float *out) {
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out) {
+    const uint16_t *k1 = nk > 1 ? k + ldk : k;
     for (int h0 = 0; h0 < nq; h0 += 4) {
         int m = nq - h0 < 4 ? nq - h0 : 4;
         const float *q0 = q + h0 * ldq;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
-            __m256 kv = load_h8(k + i);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
-            if (m > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + ldq + i), kv, a1);
-            if (m > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * ldq + i), kv, a2);
-            if (m > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * ldq + i), kv, a3);
+            __m256 kv = load_h8(k + i), kw = load_h8(k1 + i);
+            for (int h = 0; h < 4; h++) {
+                if (h >= m) break;
+                __m256 qv = _mm256_loadu_ps(q0 + h * ldq + i);
+                a[h] = _mm256_fmadd_ps(qv, kv, a[h]);
+                b[h] = _mm256_fmadd_ps(qv, kw, b[h]);
+            }
         }
-        float r[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-        for (; i < n; i++)
-            for (int h = 0; h < m; h++) r[h] += q0[h * ldq + i] * half1(k[i]);
-        for (int h = 0; h < m; h++) out[h0 + h] = r[h];
+        for (int h = 0; h < m; h++) {
+            float ra = hsum8(a[h]), rb = hsum8(b[h]);
+            for (int64_t e = i; e < n; e++) {
+                ra += q0[h * ldq + e] * half1(k[e]);
+                rb += q0[h * ldq + e] * half1(k1[e]);
+            }
+            out[h0 + h] = ra;
+            if (nk > 1) out[nq + h0 + h] = rb;
+        }
     }
 }
 
-static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t n) {
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n) {
+    const uint16_t *x1 = x + ldx;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 xv = load_h8(x + i);
+        __m256 xv = load_h8(x + i), xw = nx > 1 ? load_h8(x1 + i) : _mm256_setzero_ps();
         for (int h = 0; h < ny; h++) {
             float *yh = y + h * ldy + i;
-            _mm256_storeu_ps(yh, _mm256_fmadd_ps(_mm256_set1_ps(a[h]), xv, _mm256_loadu_ps(yh)));
+            __m256 acc = _mm256_fmadd_ps(_mm256_set1_ps(a[h]), xv, _mm256_loadu_ps(yh));
+            if (nx > 1) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[ny + h]), xw, acc);
+            _mm256_storeu_ps(yh, acc);
         }
     }
-    for (; i < n; i++) {
-        float xv = half1(x[i]);
-        for (int h = 0; h < ny; h++) y[h * ldy + i] += a[h] * xv;
-    }
+    for (; i < n; i++)
+        for (int k = 0; k < nx; k++) {
+            float xv = half1(x[k * ldx + i]);
+            for (int h = 0; h < ny; h++) y[h * ldy + i] += a[k * ny + h] * xv;
+        }
 }
 
 /* exp(x) in float32 (Cephes' reduction and polynomial: within 2 ulp of expf) */

@@ -176,7 +176,7 @@ def test_every_code_path_agrees():
     base = _isa_results("generic")
     assert base["isa"] == "generic"
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    others = [_isa_results(i) for i in (("neon", "dotprod", "native") if arm else ("avx2", "native"))]
+    others = [_isa_results(i) for i in (("neon", "dotprod", "auto") if arm else ("avx2", "auto"))]
     for res in others:
         for name in QUANT + FLOAT:
             if arm:
@@ -594,7 +594,7 @@ def test_model_identical_on_every_code_path(path):
     base = _isa_model("generic", path)
     assert base["isa"] == "generic"
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    for isa in ("neon", "native") if arm else ("avx2", "native"):
+    for isa in ("neon", "auto") if arm else ("avx2", "auto"):
         res = _isa_model(isa, path)
         if arm:
             assert res["logits"] == base["logits"] and res["gen"] == base["gen"], f"{res['isa']}"

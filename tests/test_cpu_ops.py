@@ -163,7 +163,7 @@ def _isa_results(isa):
         "print(json.dumps(out))\n")
     env = dict(os.environ, REFLEX_CPU_ISA=isa)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=300)
+                       timeout=1800)  # minutes under qemu-aarch64 (scripts/aarch64-check)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -579,7 +579,7 @@ def _isa_model(isa, path):
         "print(json.dumps(out))\n")
     env = dict(os.environ, REFLEX_CPU_ISA=isa, REFLEX_CPU_THREADS="2")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=1200)
+                       timeout=1800)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -32,24 +32,40 @@ def chat_text(runner, messages, *, tools=None, chat_template=None, add_generatio
 
 
 def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=None,
-              add_generation_prompt=True, chat_template_kwargs=None) -> str:
+              add_generation_prompt=True, chat_template_kwargs=None, enable_thinking=None) -> str:
     """The prompt text of a request with exactly one of `prompt` / `messages`."""
     if (prompt is None) == (messages is None):
         raise _bad("give exactly one of `prompt` and `messages`")
     if messages is None:
-        if tools is not None or chat_template is not None or chat_template_kwargs is not None:
-            raise _bad("`tools`, `chat_template` and `chat_template_kwargs` go with `messages`")
+        if (tools is not None or chat_template is not None or chat_template_kwargs is not None
+                or enable_thinking is not None):
+            raise _bad("`tools`, `chat_template`, `chat_template_kwargs` and `enable_thinking` "
+                       "go with `messages`")
         return prompt
+    if enable_thinking is not None:
+        kw = dict(chat_template_kwargs or {})
+        if kw.get("enable_thinking", enable_thinking) != enable_thinking:
+            raise _bad("`enable_thinking` and `chat_template_kwargs.enable_thinking` differ")
+        kw["enable_thinking"] = enable_thinking
+        chat_template_kwargs = kw
     return chat_text(runner, messages, tools=tools, chat_template=chat_template,
                      add_generation_prompt=add_generation_prompt,
                      chat_template_kwargs=chat_template_kwargs)
 
 
-def infill_ids(runner, prefix, suffix, *, input_extra=None, prompt="", max_tokens=64) -> list:
+def infill_ids(runner, prefix, suffix, *, input_extra=None, prompt="", max_tokens=64,
+               prefix_cache=False) -> list:
+    """The FIM prompt's ids; with prefix_cache (and the prefix cache on) a long prefix is cut
+    at a block boundary (infill.py) so that an edit keeps the saved state before it."""
     from .infill import infill_prompt
 
+    align = 0
+    if prefix_cache:
+        from .runtime import prefixstore
+
+        align = prefixstore.block_size() if prefixstore.enabled() else 0
     return infill_prompt(runner.tok, prefix, suffix, input_extra=input_extra, prompt=prompt,
-                         n_ctx=runner.n_ctx, max_tokens=max_tokens)
+                         n_ctx=runner.n_ctx, max_tokens=max_tokens, align=align)
 
 
 def check_logprobs(n):
@@ -70,7 +86,7 @@ def constraint_of(runner, *, json_schema=None, regex=None, grammar=None):
 
 
 def generate_extras(runner, *, logprobs=None, cache_prompt=True, json_schema=None, regex=None,
-                    grammar=None) -> dict:
+                    grammar=None, prefix_cache=True) -> dict:
     """The keyword arguments Runner.generate takes beyond the sampling parameters;
     only those that differ from its defaults (so a plain request calls it as before)."""
     kw = {}
@@ -79,6 +95,8 @@ def generate_extras(runner, *, logprobs=None, cache_prompt=True, json_schema=Non
         kw["logprobs"] = n
     if cache_prompt is False:
         kw["cache_prompt"] = False
+    if prefix_cache is False:
+        kw["prefix_cache"] = False
     c = constraint_of(runner, json_schema=json_schema, regex=regex, grammar=grammar)
     if c is not None:
         kw["constraint"] = c
@@ -95,8 +113,9 @@ def add_tool_calls(out: dict, tools) -> dict:
 
     names = [t["function"]["name"] for t in tools
              if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    content, calls = parse_tool_calls(out.get("text", ""), names)
-    if calls:
-        out["tool_calls"] = calls
-        out["content"] = content
+    for part in [out, *out.get("choices", ())]:  # with n > 1: each choice too
+        content, calls = parse_tool_calls(part.get("text", ""), names)
+        if calls:
+            part["tool_calls"] = calls
+            part["content"] = content
     return out

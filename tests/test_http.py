@@ -188,11 +188,35 @@ def test_completion_errors(oai):
         oai.completions.create(model="any", prompt=PROMPT, max_tokens=100000)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        oai.completions.create(model="any", prompt=PROMPT, n=2)
+        oai.completions.create(model="any", prompt=PROMPT, n=2, stream=True)
     assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model="any", prompt=PROMPT, logit_bias={"x": 1})
+    assert e.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model="any", prompt=PROMPT, temperature=3)
     assert e.value.param == "temperature"
+
+
+def test_sampling_parameters_follow_the_engine(oai, engine):
+    """n, the penalties, logit_bias and llama.cpp's typical_p / DRY reach the engine as its
+    parameters of the same names: the front's answer is the engine's."""
+    kw = dict(max_tokens=6, temperature=0, frequency_penalty=1.5, presence_penalty=0.5,
+              logit_bias={"7042": -100})
+    r = oai.completions.create(model="any", prompt=PROMPT, **kw)
+    ref = engine.generate(PROMPT, **kw)
+    assert r.choices[0].text == ref["text"]
+    assert ref["text"] != engine.generate(PROMPT, max_tokens=6, temperature=0)["text"]
+    extra = dict(typical_p=0.9, dry_multiplier=0.8, dry_allowed_length=1, repeat_last_n=16)
+    r = oai.completions.create(model="any", prompt=PROMPT, max_tokens=5, temperature=0.9, seed=7,
+                               n=3, extra_body=extra)
+    ref = engine.generate(PROMPT, max_tokens=5, temperature=0.9, seed=7, n=3, **extra)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c["text"] for c in ref["choices"]]
+    assert r.usage.completion_tokens == sum(c["completion_tokens"] for c in ref["choices"])
+    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=3, temperature=0.9, seed=7, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
 
 
 def test_embeddings_match_engine(oai, engine):

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -159,6 +160,31 @@ func TestChatInfillLogprobsSchema(t *testing.T) {
 	}
 	_, err = c.Chat(ctx, capital, GenerateRequest{DecodeOptions: DecodeOptions{JSONSchema: map[string]any{"type": "nope"}}})
 	wantKind(t, err, "invalid_request", "json_schema")
+}
+
+func TestSamplingFieldsAndChoices(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	prompt := "The capital of France is"
+	plain, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 6, SamplingOptions: SamplingOptions{
+		FrequencyPenalty: 1.0, PresencePenalty: 0.5, DryMultiplier: 0.8, TypicalP: 0.95,
+		LogitBias: map[string]float64{strconv.Itoa(plain.TokenIDs[0]): -100}}})
+	if err != nil || r.TokenIDs[0] == plain.TokenIDs[0] {
+		t.Fatalf("penalties and logit_bias: %v %+v", err, r)
+	}
+	seed := int64(1)
+	n, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 3, Temperature: 0.8, Seed: &seed,
+		SamplingOptions: SamplingOptions{N: 2}})
+	if err != nil || len(n.Choices) != 2 || n.Choices[1].Index != 1 || n.Text != n.Choices[0].Text {
+		t.Fatalf("n: %v %+v", err, n)
+	}
+	on := true
+	_, err = c.Chat(ctx, []Message{{Role: "user", Content: "Hi"}}, GenerateRequest{MaxTokens: 2,
+		ChatOptions: ChatOptions{EnableThinking: &on}, SamplingOptions: SamplingOptions{ThinkingBudget: Intp(4)}})
+	wantKind(t, err, "invalid_request", "<think>")
 }
 
 func TestSavedState(t *testing.T) {
@@ -329,5 +355,25 @@ func TestUDS(t *testing.T) {
 	wantKind(t, err, "cancelled", "")
 	if tk, err := c.Tokenize(ctx, TokenizeRequest{Text: "Hi"}); err != nil || len(tk.TokenIDs) == 0 {
 		t.Fatal(err)
+	}
+}
+
+func TestPrefixCacheSwitch(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	long := strings.Repeat("word ", 200)
+	no := false
+	g, err := c.Generate(ctx, GenerateRequest{Prompt: long, MaxTokens: 1, DecodeOptions: DecodeOptions{PrefixCache: &no}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.Timings["prefix_cache_tokens"]; ok {
+		t.Fatalf("prefix_cache false still read the cache: %v", g.Timings)
+	}
+	s, err := c.System1(ctx, System1Request{Prompt: long, Candidates: []string{" a", " b"}, PrefixCache: &no})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Timings["prefix_cache_tokens"]; ok {
+		t.Fatalf("prefix_cache false still read the cache: %v", s.Timings)
 	}
 }

@@ -1,17 +1,19 @@
 """embed: pooled final hidden states of one or more texts."""
 
-import time
 from typing import Annotated, Literal, Union
 
 from msgspec import Meta
 
-from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, merge, ms
+from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result
 
 
 class EmbedRequest(ModelRequest, kw_only=True):
     input: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]]
     pooling: Literal["mean", "last", "cls"] = "mean"
     normalize: Annotated[bool, Meta(description="scale each embedding to unit L2 norm")] = False
+    prefix_cache: Annotated[bool, Meta(
+        description="with pooling last: start from the prefix cache's saved state of the "
+                    "text's leading tokens and save the last text's there (as in generate)")] = True
 
 
 class EmbedResult(_Result, kw_only=True):
@@ -24,20 +26,5 @@ class EmbedResult(_Result, kw_only=True):
 Request, Result = EmbedRequest, EmbedResult
 
 
-def texts(req) -> list:
-    return [req.input] if isinstance(req.input, str) else list(req.input)
-
-
-def execute(runner, req, *, should_cancel=None) -> dict:
-    out = dict(runner.embed(texts(req), pooling=req.pooling, normalize=req.normalize,
-                            should_cancel=should_cancel))
-    out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
-                         for e in out["embeddings"]]
-    return out
-
-
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).embed(req, should_cancel=call.should_cancel))

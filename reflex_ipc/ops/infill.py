@@ -1,12 +1,10 @@
 """infill: fill in the middle between a prefix and a suffix (models with FIM tokens)."""
 
-import time
 from typing import Annotated
 
 from msgspec import Meta, Struct
 
-from ._base import merge, ms
-from .generate import DecodeRequest, DecodeResult, decode, token_callback
+from .generate import DecodeRequest, DecodeResult, token_callback
 
 
 class ExtraChunk(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -23,6 +21,14 @@ class InfillRequest(DecodeRequest, kw_only=True):
         max_length=4096, description="other files as context (repo-level layout)")] = []
     prompt: Annotated[str, Meta(description="text added after the prefix, before the "
                                             "middle")] = ""
+    n_indent: Annotated[int, Meta(
+        ge=0, le=2**31 - 1, description="end at the first generated line (after a newline) "
+                                        "indented by fewer spaces/tabs, cut before its text "
+                                        "(finish_reason length; llama.cpp's n_indent); 0 is off")] = 0
+    t_max_predict_ms: Annotated[int, Meta(
+        ge=-1, le=2**63 - 1, description="end at a token holding a newline once this many ms "
+                                         "passed since generation began (finish_reason "
+                                         "length; llama.cpp's); 0 or -1 is off")] = 0
 
 
 class InfillResult(DecodeResult, kw_only=True):
@@ -32,22 +38,7 @@ class InfillResult(DecodeResult, kw_only=True):
 Request, Result = InfillRequest, InfillResult
 
 
-def prompt_ids(runner, req) -> list:
-    """The request's FIM prompt token ids (llama.cpp server's layout)."""
-    from .. import prepare
-
-    return prepare.infill_ids(
-        runner, req.prefix, req.suffix, prompt=req.prompt, max_tokens=req.max_tokens,
-        input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra])
-
-
-def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
-    return decode(runner, req, prompt_ids(runner, req), on_token=on_token,
-                  should_cancel=should_cancel)
-
-
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, on_token=token_callback(call, req), should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    model = call.model(req)
+    return call.fields(model.infill(req, on_token=token_callback(call, req),
+                                    should_cancel=call.should_cancel))

@@ -135,6 +135,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None):
         net = load_model(ops, f, lora_set)
         phases.mark("weights_loaded")  # with CUDA: uploaded
         runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
+        f.release_metadata()  # parsed: its pages leave the resident set (the page cache keeps them)
     except BaseException:
         for a in adapters:
             a.close()

@@ -209,6 +209,20 @@ class GGUFFile:
             self.close()
             raise
 
+    def release_metadata(self):
+        """Drop this process's pages of the metadata (keys and the tokenizer's arrays, before
+        the tensor data) from its resident set, once they are parsed: they stay in the page
+        cache, and a later read (the lazy tokenizer's) maps them back. For Gemma-3's 262144
+        tokens that is 6.5 MB of a cold process's peak."""
+        import mmap
+
+        end = (getattr(self, "data_offset", 0) or 0) // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._mm is not None and end > 0 and hasattr(self._mm, "madvise"):
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, 0, end)
+            except (OSError, ValueError, AttributeError):
+                pass  # advice only
+
     # -- bounds-checked primitives -------------------------------------------------
     def _need(self, off, n, field):
         if n < 0 or off + n > self.size:

@@ -105,6 +105,7 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
     key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
     mine = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
     recurrent = ex.recurrent
+    runner.f.release_metadata()  # what the request's set-up read of the vocabulary: not held
     held = ex.begin(p_ids, room=M, reuse=cache_prompt) if not recurrent else 0
     if not recurrent and P - held + M <= ex.chunk:
         # one pass over the prompt tokens not held and the candidates: the prompt causal,

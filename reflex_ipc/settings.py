@@ -63,9 +63,10 @@ TABLE = (
     ("REFLEX_CPU_THREADS", "count", None, "cpu, numpy",
      "Threads of the cpu backend (unset: the physical cores) and BLAS threads of the numpy "
      "backend (unset: 1)."),
-    ("REFLEX_CPU_ISA", ("auto", "generic", "avx2"), "auto", "cpu",
+    ("REFLEX_CPU_ISA", ("auto", "generic", "avx2", "neon", "dotprod"), "auto", "cpu",
      "The cpu backend's kernel set: `generic` forces the portable C, `avx2` the AVX2 kernels "
-     "without AVX-512 VNNI (tests compare them)."),
+     "without AVX-512 VNNI, `neon` / `dotprod` the aarch64 kernels without dotprod / i8mm "
+     "(tests compare them)."),
     ("REFLEX_CPU_GRAPH", "flag", True, "cpu",
      "The cpu backend replays recorded decode steps and small passes in one C call (0: every "
      "op called from Python). The cpu backend only."),

@@ -166,6 +166,7 @@ class Generation:
         for index in range(n):
             if index == 0:
                 if self.max_tokens > 0 or self.kv_export is not None:
+                    r.f.release_metadata()  # what the request's set-up read of the vocabulary: not held
                     logits, cached = ex.prefill(self.ids, room=self.max_tokens, reuse=self.cache_prompt,
                                                 check=self.check)
                 if self.kv_export is not None:

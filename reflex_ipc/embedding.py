@@ -25,6 +25,7 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
         raise ReflexError("invalid_request", "no texts to embed")
     check = runner._checker(should_cancel)
     vectors, n_tokens = [], []
+    all_ids = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise ReflexError("invalid_request", f"text {i} is not a string")
@@ -34,6 +35,9 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
         if len(ids) > runner.n_ctx:
             raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                               f"context of {runner.n_ctx}")
+        all_ids.append(ids)
+    start = runner.start_request("embed", sum(len(x) for x in all_ids), 0, one_pass=True)
+    for ids in all_ids:
         acc = first = last = None
         for h in runner.exec.hidden(ids, check=check):
             h = runner.ops.to_numpy(h).astype(np.float64)
@@ -47,5 +51,11 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
         vectors.append(v.astype(np.float32).tolist())
         n_tokens.append(len(ids))
     t_end = time.perf_counter()
-    return {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
-            "timings": {"total": _ms(t0, t_end)}}
+    out = {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
+           "timings": {"total": _ms(t0, t_end)}}
+    if start is not None:
+        start = {**start, "steps": [{"backend": runner.ops.name, "tokens": len(all_ids)}]}
+        for k, v in (start.get("est_ms") or {}).items():
+            out["timings"][f"start_est_{k}"] = v
+        out["start"] = start
+    return out

@@ -109,13 +109,16 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
     for it (startrule.py decides per request; handover.py moves the runner)."""
     t0 = time.perf_counter()
     mode = _start_mode(start) if device == "auto" else None
+    import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
+
+    # CUDA's init: cuInit and the context run on a ctypes thread the CLI starts first thing
+    # (cuda.start_driver); its pycuda side starts here, after numpy, which pycuda imports too:
+    # started before, it held the import lock and the GIL against the main thread's imports
     gpu = False
     if device == "cuda" or (device == "auto" and mode == "gpu"):
         from . import cuda
 
         gpu = cuda.start_init()  # overlaps CUDA start-up with the GGUF parse and the tokenizer
-    import numpy  # noqa: F401  (needed anyway; loaded first, GGUFFile walks the vocab with it)
-
     from . import phases
     from .gguffile import GGUFFile
     from .modelpath import resolve_model
@@ -143,7 +146,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
 
             late = cuda.pycuda_installed()  # else "auto" is the cpu backend anyway
             if late and gpu_now:
-                cuda.start_init()
+                cuda.start_init()  # beside the tokenizer and the cpu backend's load
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None
@@ -152,8 +155,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
 
             adapters = lora_mod.open_adapters(lora_mod.normalize(lora), f)
         if late:
-            # leave a core to the CUDA start-up and the upload threads while they run
-            ops = _cpu_backend(threads=_cpu_threads_beside_gpu())
+            ops = _cpu_backend(threads=_cpu_threads_beside_gpu(gpu_now))
             phases.mark("cpu_backend_ready")
         else:
             ops = make_backend(device, no_cpu=f.architecture in NO_CPU)
@@ -186,11 +188,16 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
     return runner
 
 
-def _cpu_threads_beside_gpu():
-    from . import settings, startrule
+def _cpu_threads_beside_gpu(gpu_now):
+    """The cpu backend's threads while CUDA comes up: a core left to its init and upload
+    threads (also to cuInit alone, which the CLI starts first thing)."""
+    from . import cuda, settings, startrule
 
     n = settings.get().cpu_threads
-    return n if n else max(1, startrule.host()["cores"] - 1)
+    if n:
+        return n
+    cores = startrule.host()["cores"]
+    return max(1, cores - 1) if (gpu_now or cuda.started()) and cores > 2 else None
 
 
 def _want_cuda(runner, f, adapters):

@@ -235,3 +235,55 @@ def test_a_backend_that_fails_leaves_the_runner_where_it_is(tiny_models):
     out = gen(r)
     assert out["completion_tokens"] == N and r.pending is None
     assert "no GPU after all" in r.gpu_error and r.ops.name == "numpy"
+
+
+def _serve(srv, *reqs):
+    import json
+    import tempfile
+
+    from reflex_ipc import server
+    from reflex_ipc.testing.fake_server import lines_of
+
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+        fin.write(lines_of(*reqs))
+        fin.seek(0)
+        srv.serve_conn(server.FdConn(fin.fileno(), fout.fileno(), 1 << 20))
+        fout.seek(0)
+        return [json.loads(x) for x in fout.read().split(b"\n")[:-1]]
+
+
+def test_server_serves_at_once_then_moves(tiny_models):
+    """`reflex stdio`/`uds`: ready as soon as the first backend can serve (ready names the one
+    coming: next_backend); requests before it is ready run where they are, the first request
+    after it moves the runner (its state with it), and hello reports the new backend."""
+    from reflex_ipc import server
+    from reflex_ipc.testing.fake_server import check_schema
+
+    path = tiny_models["llama"][0]
+    ev = threading.Event()
+    made = []
+
+    def loader(p, d, lora=None):
+        made.append(with_late(runner_on(p, "numpy"), "cpu", ev, mode="cpu"))
+        return made[-1]
+
+    srv = server.Server(loader=loader, model=path)
+    srv.preload()
+    out = _serve(srv, {"id": 1, "op": "generate", "prompt": PROMPT, "max_tokens": 3},
+                 {"id": 2, "op": "hello"})
+    for line in out:
+        check_schema(line)
+    assert out[0]["event"] == "ready" and out[0]["backend"] == "numpy" and out[0]["next_backend"] == "cpu"
+    assert out[1]["start"]["choice"] == "cpu" and out[1]["start"]["steps"] == [{"backend": "numpy", "tokens": 3}]
+    assert "start_est_gpu" in out[1]["timings"]
+    assert out[2]["backend"] == "numpy" and out[2]["next_backend"] == "cpu"
+    ev.set()
+    out2 = _serve(srv, {"id": 3, "op": "generate", "prompt": PROMPT, "max_tokens": 3},
+                  {"id": 4, "op": "hello"})
+    for line in out2:
+        check_schema(line)
+    assert out2[1]["start"]["ready"] and out2[1]["start"]["steps"][0]["backend"] == "cpu"
+    assert out2[1]["cached_tokens"] > 0  # the state moved with the runner
+    assert out2[1]["token_ids"] == out[1]["token_ids"]
+    assert out2[2]["backend"] == "cpu" and "next_backend" not in out2[2]
+    assert len(made) == 1

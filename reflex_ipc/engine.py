@@ -129,6 +129,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
     phases.mark("gguf_open")
     adapters = []
     late = False
+    pf = None
     try:
         from .models import ARCHITECTURES, NO_CPU, NO_CUDA, NUMPY_ONLY, cuda_unfit, load_model
         from .tokenizer import load_tokenizer
@@ -147,6 +148,8 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
             late = cuda.pycuda_installed()  # else "auto" is the cpu backend anyway
             if late and gpu_now:
                 cuda.start_init()  # beside the tokenizer and the cpu backend's load
+        if late or device in ("cpu", "numpy") or (device == "auto" and not gpu):
+            pf = _prefault(f)  # the first pass on the CPU finds its pages mapped
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None
@@ -166,6 +169,8 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
         phases.mark("weights_loaded")  # with CUDA: uploaded
         runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
     except BaseException:
+        if pf is not None:
+            pf.stop()
         for a in adapters:
             a.close()
         f.close()
@@ -175,6 +180,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
             from . import cuda
 
             cuda.startup_done()
+    runner.prefault = pf
     if adapters:
         runner.lora = adapters
         runner.lora_mode = lora_set.mode
@@ -186,6 +192,18 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
         else:
             runner.want_gpu = lambda: _want_cuda(runner, f, adapters)
     return runner
+
+
+def _prefault(f):
+    """Map the tensor data's pages on a thread (prefault.py) while the tokenizer and the
+    backend load: the cpu backend reads every weight in place on its first pass."""
+    n = f.size - f.data_offset
+    if n <= 0:
+        return None
+    from . import prefault
+
+    v = f.bytes_view(f.data_offset, n)
+    return prefault.start(v.ctypes.data, n)
 
 
 def _cpu_threads_beside_gpu(gpu_now):
@@ -278,6 +296,7 @@ class Runner:
         self.handovers = []  # [{"from", "to", "at_ms", "ms", "bytes", "tokens"}]
         self.gpu_error = None  # why the pending backend failed (the runner stays where it is)
         self._weight_bytes = None
+        self.prefault = None  # prefault.Prefault of the file's tensor data (cpu backends)
         self._mapped = False  # a pass has run on this backend (its weight pages are mapped)
 
     # -- small things ----------------------------------------------------------------
@@ -311,6 +330,8 @@ class Runner:
         return self.tok.decode(list(ids), special=special)
 
     def close(self):
+        if self.prefault is not None:
+            self.prefault.stop()
         self.exec.close()
         for a in self.lora:
             a.close()
@@ -407,8 +428,8 @@ class Runner:
         savedstate.restore(self, sf, room)
 
     # -- starting on the CPU, finishing on the GPU (startrule.py, handover.py) -----------
-    def weight_bytes(self) -> int:
-        """The weight bytes one forward pass reads: every tensor, mixture-of-experts tensors
+    def weight_bytes(self):
+        """(bytes, weights) one forward pass reads: every tensor, mixture-of-experts tensors
         scaled by the share of experts a token uses, the embedding table left out when the
         output matrix is its own (only rows of it are read)."""
         if self._weight_bytes is None:
@@ -417,12 +438,14 @@ class Runner:
             used = getattr(hp, "n_expert_used", 0) or 0
             share = used / n_exp if n_exp and used else 1.0
             untied = "output.weight" in f.tensors
-            total = 0
+            total = elems = 0
             for name, t in f.tensors.items():
                 if untied and name == "token_embd.weight":
                     continue
-                total += t.nbytes * (share if "_exps" in name else 1.0)
-            self._weight_bytes = int(total)
+                k = share if "_exps" in name else 1.0
+                total += t.nbytes * k
+                elems += t.n_elements * k
+            self._weight_bytes = (int(total), int(elems))
         return self._weight_bytes
 
     def adopt(self, wait=False) -> bool:
@@ -470,7 +493,8 @@ class Runner:
 
         req = startrule.Request(op, prompt_tokens, gen_tokens, one_pass=one_pass,
                                 state_bytes=self._state_bytes())
-        d = startrule.decide(self.weight_bytes(), req, mode=self.start_mode or "auto",
+        W, E = self.weight_bytes()
+        d = startrule.decide(W, req, elems=E, mode=self.start_mode or "auto",
                              now_ms=phases.since_launch_ms(), progress=progress(),
                              cpu_mapped=self._mapped, threads=getattr(self.ops, "threads", None))
         d["backend"] = self.ops.name

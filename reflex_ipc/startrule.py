@@ -4,32 +4,38 @@ GPU mid-generation (a race).
 
 It compares three estimates of the time until the answer is complete, in ms from now:
 
-    cpu  = cpu_load + first_touch(W) + forward(P) + (T - 1) * forward(1)        on the C backend
-    gpu  = max(gpu_ready + upload(W), 0) + gpu_first(P) + (T - 1) * gpu_step(W)
+    cpu  = [host load] + cpu load + first pass overhead + pass(P) + (T - 1) * step
+    gpu  = max(GPU ready + build, host load) + upload(W) + gpu_first(P) + (T - 1) * gpu_step(W)
     race = the CPU's tokens until the GPU is ready, the hand-over, the rest on the GPU
 
-with W the weight bytes a forward pass reads, P the prompt tokens to evaluate (system1: the
-prompt and every candidate token, one pass), T the tokens to generate (times n choices), and
-picks the smallest (ties go to the GPU, then to the CPU over the race). Nothing here imports
-numpy: the CLI asks `early()` before any model work, to know whether to bring CUDA up at all.
+with W the weight bytes a forward pass reads and E their weight count (elements), P the prompt
+tokens to evaluate (system1: the prompt and every candidate token, one pass), T the tokens to
+generate (times n choices), and picks the smallest (ties within 1% go to the GPU, then to the
+CPU over the race). Nothing here imports numpy: the CLI asks `early()` before any model work,
+to know whether to bring CUDA up at all.
 
 The constants and where they come from (ARCHITECTURE.md, "Starting on the CPU"; bench/README.md):
 
-* CPU: a forward pass of P tokens over W bytes, on `threads` threads of ISA `isa`:
-      forward(P) = W / min(threads * CPU_BW_THREAD, CPU_BW_HOST) + P * W * CPU_NS_PER_BYTE[isa] / threads
-  (reading the weights once, memory-bound, then the int8 dot products, compute-bound); the
-  first pass also maps the file's pages (CPU_FAULT_NS_PER_BYTE, over the threads). Calibrated
-  on the development machine (AMD EPYC, AVX-512 VNNI, 2 cores; bench/results/startrule-cpu-*.json,
-  `python bench/startrule_calibrate.py`), scaled by the host's physical cores; the host
-  bandwidth cap is an assumption for a 2-socket GPU server (checked by scripts/gpu/gpu-bench-cpufirst,
-  which records every estimate beside the measured time).
-* GPU: from the committed H200 figures (bench/results/final-h200-0039d18/cold19,
-  scale-h200-508a1a0): the CUDA init thread's backend is ready GPU_INIT_MS after it starts
-  (cuInit ~105 ms, primary context ~107 ms, fatbin ~12 ms, the rest pycuda and hand-overs;
-  phase marks p50 over 7 cold runs), the weights upload at GPU_UPLOAD_GBPS from the page cache,
-  the first (eager) forward costs GPU_FIRST_MS plus GPU_PREFILL_MS_PER_GB per token and GB,
-  and a decode step GPU_STEP_MS + GPU_STEP_MS_PER_GB per GB (a fit to 893 tok/s at 0.43 GB and
-  74.8 tok/s at 21.6 GB, Qwen3-shaped Q4_K).
+* CPU, on `threads` threads of kernel set `isa` (bench/startrule_calibrate.py on the development
+  machine, AMD EPYC with AVX-512 VNNI, one thread, process CPU time so that its load average
+  of 13-22 did not count; bench/results/startrule-cpu-*.json):
+      pass(P) = max(W / CPU_BW_HOST, E * (CPU_NS_FIRST + (P - 1) * CPU_NS_MORE) * isa / threads)
+      step    = pass(1) + CPU_STEP_MS                       (a replayed decode graph)
+  CPU_NS_FIRST: a one-token pass costs 0.053-0.064 ns per weight (0.6B Q8_0 / Q4_K, SmolLM2
+  Q4_1); CPU_NS_MORE: each more token of a batch 0.022-0.034 ns (weight blocks are unpacked
+  once per two rows); avx2 1.01-1.13x, the portable C 4.9-13.6x. The first pass also maps the
+  file's pages (0.07-0.31 ns per byte; prefault.py maps them on a thread meanwhile) and, in a
+  cold process, costs CPU_FIRST_MS more: the H200 host's `--device cpu` probe (issue 28: first
+  token 62-89 ms after the tokenizer for the 0.6B Q8_0 shape on 16 threads, where this model
+  gives ~17 ms: thread pool start, workers woken per op, the eager pass's Python). The host's
+  memory bandwidth cap is assumed (a GPU server's sockets).
+* GPU, from the committed H200 figures (bench/results/final-h200-0039d18/cold19,
+  scale-h200-508a1a0: 7 cold runs, 0.6B to 32B): the CUDA init thread's backend is ready
+  GPU_INIT_MS after it starts (p50; GPU_AFTER_CUINIT_MS after cuInit returns,
+  GPU_AFTER_CONTEXT_MS after the primary context), the weights upload at GPU_UPLOAD_GBPS from
+  the page cache, the first (eager) forward costs GPU_FIRST_MS plus GPU_PREFILL_MS_PER_GB per
+  token and GB, a decode step GPU_STEP_MS + GPU_STEP_MS_PER_GB per GB (a fit to 893 tok/s at
+  0.43 GB and 74.8 tok/s at 21.6 GB, Qwen3-shaped Q4_K).
 """
 
 from __future__ import annotations
@@ -38,20 +44,25 @@ import os
 
 CHOICES = ("cpu", "gpu", "race")
 
-# -- the CPU side (calibrated on the development machine: bench/startrule_calibrate.py) ------
-CPU_NS_PER_BYTE = {"avx512vnni": 0.20, "avx2": 0.30, "generic": 1.6}  # per token, one thread
-CPU_BW_THREAD = 6.0e9  # bytes/s one thread streams from memory (the page cache's pages)
-CPU_BW_HOST = 60.0e9  # bytes/s all threads together (assumed for a GPU server's sockets)
-CPU_FAULT_NS_PER_BYTE = 0.05  # first pass: mapping the page-cache pages (one thread)
-CPU_LOAD_MS = 8.0  # CpuOps + the model's weight handles
+# -- the CPU side (bench/startrule_calibrate.py; the H200 probe for CPU_FIRST_MS) -----------
+CPU_NS_FIRST = 0.058  # ns per weight, a one-token pass, one thread (AVX-512 VNNI / AVX2)
+CPU_NS_MORE = 0.028  # ns per weight for each more token of a batch, one thread
+CPU_ISA_FACTOR = {"avx512vnni": 1.0, "avx2": 1.1, "generic": 10.0}
+CPU_BW_HOST = 60.0e9  # bytes/s all threads together stream at most (assumed, conservative)
+CPU_FAULT_NS_PER_BYTE = 0.15  # the first pass: mapping the page-cache pages (one thread)
+CPU_FAULT_THREADS = 4  # threads whose page faults overlap well (assumed)
+CPU_FIRST_MS = 45.0  # a cold process's first pass beyond the model above (the H200 probe)
+CPU_LOAD_MS = 6.0  # CpuOps + the model's weight handles (4-6 ms measured)
 CPU_STEP_MS = 0.3  # per decode step besides the weights (attention, sampling, Python)
 HOST_LOAD_MS = 137.0  # the CLI's arguments parsed -> tokenizer loaded (numpy, GGUF, vocabulary):
 #                       the H200 host's `--device cpu` phase marks (issue 28's probe)
+ELEMS_PER_BYTE_EARLY = 1.78  # before the GGUF is parsed: weights per file byte as for Q4_K (an
+#                              upper bound for the usual formats: more work for the CPU, never less)
 
 # -- the GPU side (the committed H200 figures) ----------------------------------------------
-GPU_INIT_MS = 262.0  # CUDA init thread start -> backend ready (p50, 7 cold runs)
-GPU_AFTER_CUINIT_MS = 125.0  # cuInit done -> backend ready (context ~107 + fatbin ~12 + ...)
-GPU_AFTER_CONTEXT_MS = 18.0  # primary context done -> backend ready (fatbin, pycuda's context)
+GPU_INIT_MS = 290.0  # CUDA init thread start -> backend ready (p50 of 7 cold runs: 224-344)
+GPU_AFTER_CUINIT_MS = 135.0  # cuInit returned -> backend ready (113-153)
+GPU_AFTER_CONTEXT_MS = 14.0  # primary context made -> backend ready (fatbin, pycuda; 10-16)
 GPU_BUILD_MS = 6.0  # CudaOps + the model's device handles (backend_ready -> weights_loaded)
 GPU_UPLOAD_GBPS = 15.0  # registered mapping -> device, from the page cache (p50 15.3 GB/s)
 GPU_FIRST_MS = 10.0  # the first forward: eager launches, kernels loaded on first use
@@ -59,6 +70,8 @@ GPU_PREFILL_MS_PER_GB = 0.05  # per prompt token and GB of weights (512-token pr
 GPU_STEP_MS = 0.87  # decode step: fixed part
 GPU_STEP_MS_PER_GB = 0.579  # decode step: per GB of weights
 GPU_SWITCH_MS = 12.0  # the hand-over: state to the GPU, the first step's graph capture
+RACE_MARGIN = 0.9  # a race must beat waiting for the GPU by 10%: its costs beside the model
+#                    (the GIL shared with the CUDA start-up, cores shared with the upload)
 STATE_GBPS = 5.0  # the moved state's bytes through the host (snapshot, pageable upload)
 
 _host = None
@@ -119,15 +132,15 @@ def cpu_isa():
 
 
 # -- estimates -------------------------------------------------------------------------------
-def cpu_forward_ms(weight_bytes, tokens, threads, isa):
-    """One forward pass of `tokens` tokens on the cpu backend (pages already mapped)."""
-    bw = min(threads * CPU_BW_THREAD, CPU_BW_HOST)
-    ns = CPU_NS_PER_BYTE.get(isa, CPU_NS_PER_BYTE["generic"])
-    return weight_bytes / bw * 1e3 + tokens * weight_bytes * ns / threads / 1e6
+def cpu_pass_ms(weight_bytes, elems, tokens, threads, isa):
+    """One forward pass of `tokens` tokens on the cpu backend (pages mapped, a warm process)."""
+    f = CPU_ISA_FACTOR.get(isa, CPU_ISA_FACTOR["generic"])
+    compute = elems * (CPU_NS_FIRST + max(0, tokens - 1) * CPU_NS_MORE) * f / max(1, threads) / 1e6
+    return max(weight_bytes / CPU_BW_HOST * 1e3, compute)
 
 
 def cpu_first_touch_ms(weight_bytes, threads):
-    return weight_bytes * CPU_FAULT_NS_PER_BYTE / max(1, threads) / 1e6
+    return weight_bytes * CPU_FAULT_NS_PER_BYTE / max(1, min(threads, CPU_FAULT_THREADS)) / 1e6
 
 
 def gpu_step_ms(weight_bytes):
@@ -153,22 +166,25 @@ class Request:
         self.one_pass, self.state_bytes = bool(one_pass), int(state_bytes)
 
 
-def estimate(weight_bytes, req, *, gpu_in_ms, cpu_mapped=False, cpu_loaded=True, threads=None, isa=None,
-             gpu_ready=False, host_in_ms=0.0):
+def estimate(weight_bytes, req, *, gpu_in_ms, elems=None, cpu_mapped=False, cpu_loaded=True, threads=None,
+             isa=None, gpu_ready=False, host_in_ms=0.0):
     """{"cpu", "gpu", "race"} ms from now until the answer is complete.
 
     gpu_in_ms: ms from now until the GPU backend is ready (before its weights are uploaded);
-    gpu_ready: the GPU already holds the weights. cpu_mapped: the CPU has run a pass before (its
-    pages are mapped); cpu_loaded: the cpu model exists (else CPU_LOAD_MS more). host_in_ms:
+    gpu_ready: the GPU already holds the weights. elems: the weights' count (default: as many
+    as Q4_K packs in weight_bytes). cpu_mapped: the CPU has run a pass in this process (pages
+    mapped, pool warm); cpu_loaded: the cpu model exists (else CPU_LOAD_MS more). host_in_ms:
     what both wait for first (the GGUF parse and the tokenizer, when asked before them)."""
     h = host()
     threads = threads or h["cores"]
     isa = isa or h["isa"]
     W = float(weight_bytes)
+    E = float(elems) if elems else W * ELEMS_PER_BYTE_EARLY
     P, T = max(1, req.prompt_tokens), max(0, req.gen_tokens)
-    step_c = cpu_forward_ms(W, 1, threads, isa) + CPU_STEP_MS
-    first_c = host_in_ms + (0.0 if cpu_loaded else CPU_LOAD_MS) + (0.0 if cpu_mapped else cpu_first_touch_ms(W, threads)) \
-        + cpu_forward_ms(W, P, threads, isa)
+    step_c = cpu_pass_ms(W, E, 1, threads, isa) + CPU_STEP_MS
+    first_c = host_in_ms + (0.0 if cpu_loaded else CPU_LOAD_MS) \
+        + (0.0 if cpu_mapped else CPU_FIRST_MS + cpu_first_touch_ms(W, threads)) \
+        + cpu_pass_ms(W, E, P, threads, isa)
     cpu = first_c + max(0, T - 1) * step_c
     g_ready = 0.0 if gpu_ready else max(max(0.0, gpu_in_ms) + GPU_BUILD_MS, host_in_ms) + upload_ms(W)
     step_g = gpu_step_ms(W)
@@ -197,10 +213,12 @@ def _state_bytes_per_token(weight_bytes):
 
 
 def pick(est, allowed=CHOICES):
-    """The choice of smallest estimate: ties (within 1%) to the GPU, then the CPU."""
+    """The choice of smallest estimate: ties (within 1%) to the GPU, then the CPU; a race only
+    when it beats the GPU by RACE_MARGIN."""
     order = {"gpu": 0, "cpu": 1, "race": 2}
-    best = min(est[c] for c in allowed)
-    tied = [c for c in allowed if est[c] <= best * 1.01 + 0.5]
+    cand = [c for c in allowed if c != "race" or "gpu" not in allowed or est["race"] <= RACE_MARGIN * est["gpu"]]
+    best = min(est[c] for c in cand)
+    tied = [c for c in cand if est[c] <= best * 1.01 + 0.5]
     return min(tied, key=order.get)
 
 
@@ -231,7 +249,8 @@ def decide(weight_bytes, req, *, mode="auto", now_ms=0.0, progress=None, gpu_rea
         choice = pick(est, allowed)
     h = host()
     return {"choice": choice, "mode": mode, "est_ms": est, "gpu_in_ms": round(g_in, 2),
-            "inputs": {"op": req.op, "weight_bytes": int(weight_bytes), "prompt_tokens": req.prompt_tokens,
+            "inputs": {"op": req.op, "weight_bytes": int(weight_bytes), "weight_elems": kw.get("elems"),
+                       "prompt_tokens": req.prompt_tokens,
                        "gen_tokens": req.gen_tokens, "threads": kw.get("threads") or h["cores"],
                        "isa": kw.get("isa") or h["isa"]}}
 

@@ -287,3 +287,49 @@ def test_server_serves_at_once_then_moves(tiny_models):
     assert out2[1]["token_ids"] == out[1]["token_ids"]
     assert out2[2]["backend"] == "cpu" and "next_backend" not in out2[2]
     assert len(made) == 1
+
+
+def test_auto_on_a_host_whose_gpu_never_comes(tiny_models, monkeypatch):
+    """Device auto where pycuda is found but CUDA cannot start: the runner serves on the cpu
+    backend from the start, the late backend's failure is recorded, nothing waits for it."""
+    from reflex_ipc import cuda
+
+    monkeypatch.setattr(cuda, "pycuda_installed", lambda: True)
+    monkeypatch.setattr(cuda, "start_init", lambda *a, **k: True)
+    monkeypatch.setattr(cuda, "runtime", lambda: (_ for _ in ()).throw(RuntimeError("no driver here")))
+    for mode in ("auto", "race", "cpu"):
+        r = load_runner(tiny_models["llama"][0], device="auto", n_ctx=256, start=mode)
+        assert r.ops.name in ("cpu", "numpy") and r.start_mode == mode
+        r.pending.wait(30)
+        out = gen(r, max_tokens=4)
+        assert out["completion_tokens"] == 4 and r.pending is None
+        assert r.gpu_error and "ModuleNotFoundError" in r.gpu_error or "no driver" in r.gpu_error
+    # a request that asks for the GPU the load did not bring up (gpu_now=False) brings it up
+    r = load_runner(tiny_models["llama"][0], device="auto", n_ctx=256, start="gpu", gpu_now=False)
+    assert r.pending is None  # start "gpu" is the CUDA-only load: here, auto's cpu fallback
+    r = load_runner(tiny_models["llama"][0], device="auto", n_ctx=256, start="race", gpu_now=False)
+    assert r.pending is None and r.want_gpu is not None
+    out = gen(r, max_tokens=4)
+    assert out["start"]["choice"] == "race" and r.want_gpu is None
+
+
+def test_the_cli_early_decision(tiny_models, monkeypatch):
+    """commands/_model.early_start: a short request on a small file runs on the cpu backend
+    without bringing CUDA up; a long prompt brings it up; REFLEX_START=gpu is the CUDA load."""
+    from reflex_ipc import cuda, protocol
+    from reflex_ipc.commands import _model
+
+    monkeypatch.setattr(cuda, "pycuda_installed", lambda: True)
+    path = tiny_models["llama"][0]
+
+    def req(**f):
+        import json
+
+        return protocol.parse_request(json.dumps({"op": "generate", **f}).encode())[2]
+
+    assert _model.early_start("generate", path, req(prompt=PROMPT, max_tokens=1)) == {"gpu_now": False}
+    assert _model.EARLY["choice"] == "cpu" and set(_model.EARLY["est_ms"]) == {"cpu", "gpu", "race"}
+    long = req(prompt="word " * 20000, max_tokens=1)
+    assert _model.early_start("generate", path, long) == {"start": "gpu"}
+    monkeypatch.setenv("REFLEX_START", "gpu")
+    assert _model.early_start("generate", path, req(prompt=PROMPT, max_tokens=1)) == {}

@@ -129,7 +129,6 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
     phases.mark("gguf_open")
     adapters = []
     late = False
-    pf = None
     try:
         from .models import ARCHITECTURES, NO_CPU, NO_CUDA, NUMPY_ONLY, cuda_unfit, load_model
         from .tokenizer import load_tokenizer
@@ -149,7 +148,7 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
             if late and gpu_now:
                 cuda.start_init()  # beside the tokenizer and the cpu backend's load
         if late or device in ("cpu", "numpy") or (device == "auto" and not gpu):
-            pf = _prefault(f)  # the first pass on the CPU finds its pages mapped
+            _prefault(f)  # the first pass on the CPU finds its pages mapped
         tok = load_tokenizer(f)
         phases.mark("tokenizer")
         lora_set = None
@@ -169,8 +168,6 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
         phases.mark("weights_loaded")  # with CUDA: uploaded
         runner = Runner(path, f, ops, net, tok, n_ctx, _ms(t0))
     except BaseException:
-        if pf is not None:
-            pf.stop()
         for a in adapters:
             a.close()
         f.close()
@@ -180,7 +177,6 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
             from . import cuda
 
             cuda.startup_done()
-    runner.prefault = pf
     if adapters:
         runner.lora = adapters
         runner.lora_mode = lora_set.mode
@@ -197,13 +193,16 @@ def load_runner(model=None, device="auto", n_ctx=None, lora=None, start=None, gp
 def _prefault(f):
     """Map the tensor data's pages on a thread (prefault.py) while the tokenizer and the
     backend load: the cpu backend reads every weight in place on its first pass."""
+    if f.prefault is not None:  # the CLI premapped the file and started on it already
+        return None
     n = f.size - f.data_offset
     if n <= 0:
         return None
     from . import prefault
 
     v = f.bytes_view(f.data_offset, n)
-    return prefault.start(v.ctypes.data, n)
+    f.prefault = prefault.start(v.ctypes.data, n)
+    return None
 
 
 def _cpu_threads_beside_gpu(gpu_now):
@@ -296,7 +295,6 @@ class Runner:
         self.handovers = []  # [{"from", "to", "at_ms", "ms", "bytes", "tokens"}]
         self.gpu_error = None  # why the pending backend failed (the runner stays where it is)
         self._weight_bytes = None
-        self.prefault = None  # prefault.Prefault of the file's tensor data (cpu backends)
         self._mapped = False  # a pass has run on this backend (its weight pages are mapped)
 
     # -- small things ----------------------------------------------------------------
@@ -330,8 +328,6 @@ class Runner:
         return self.tok.decode(list(ids), special=special)
 
     def close(self):
-        if self.prefault is not None:
-            self.prefault.stop()
         self.exec.close()
         for a in self.lora:
             a.close()

@@ -6,11 +6,13 @@ but this process's page tables do not map it yet). `start(addr, nbytes)` asks th
 map them all at once (madvise MADV_POPULATE_READ, Linux 5.14+; else MADV_WILLNEED, which only
 reads ahead) on a daemon thread: ctypes releases the GIL for the call, so it runs beside the
 main thread's imports, GGUF parse and tokenizer. Nothing waits for it: a page the first pass
-reaches before the thread is a fault as before.
+reaches before the thread is a fault as before. `premap(path)` starts it before numpy is even
+imported (the CLI): GGUFFile takes that mapping (`take`) instead of making its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 MADV_WILLNEED = 3
@@ -68,6 +70,84 @@ class Prefault:
         self.stopped = True
         if wait:
             self.done.wait()
+
+
+def address(obj):
+    """The address of a buffer object's memory (e.g. a read-only mmap) without numpy: the
+    buffer protocol through ctypes.pythonapi, the buffer released at once (the object keeps
+    the memory; the caller keeps the object)."""
+    import ctypes
+
+    class Buf(ctypes.Structure):  # Py_buffer
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                    ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+    api = ctypes.pythonapi
+    get, release = api.PyObject_GetBuffer, api.PyBuffer_Release
+    get.argtypes, get.restype = (ctypes.py_object, ctypes.POINTER(Buf), ctypes.c_int), ctypes.c_int
+    release.argtypes, release.restype = (ctypes.POINTER(Buf),), None
+    b = Buf()
+    if get(obj, ctypes.byref(b), 0) != 0:
+        raise BufferError("no buffer")
+    try:
+        return b.buf, b.len
+    finally:
+        release(ctypes.byref(b))
+
+
+_premapped = {}  # path -> (identity, mmap, Prefault): premap()'s, until GGUFFile takes one
+
+
+def _identity(st):
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def premap(path):
+    """Map a model file and start populating all of it now, before numpy is imported and the
+    GGUF parsed (the CLI, once it knows the cpu backend will run): GGUFFile(path) then takes
+    this mapping (take()) instead of making its own. Never an error: a file that cannot be
+    mapped is left to GGUFFile to report."""
+    import mmap
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 24:
+            return None
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    try:
+        addr, n = address(mm)
+    except Exception:  # noqa: BLE001
+        mm.close()
+        return None
+    pf = start(addr, n)
+    _premapped[os.path.abspath(path)] = (_identity(st), mm, pf)
+    return pf
+
+
+def take(path, st):
+    """(mmap, Prefault) premapped for `path` when the file is still the one mapped (same
+    device, inode, size and mtime as `st`), else None (a stale one is closed)."""
+    e = _premapped.pop(os.path.abspath(path), None)
+    if e is None:
+        return None
+    ident, mm, pf = e
+    if ident != _identity(st):
+        if pf is not None:
+            pf.stop()
+        mm.close()
+        return None
+    return mm, pf
 
 
 def start(addr, nbytes):

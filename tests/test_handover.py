@@ -332,4 +332,34 @@ def test_the_cli_early_decision(tiny_models, monkeypatch):
     long = req(prompt="word " * 20000, max_tokens=1)
     assert _model.early_start("generate", path, long) == {"start": "gpu"}
     monkeypatch.setenv("REFLEX_START", "gpu")
-    assert _model.early_start("generate", path, req(prompt=PROMPT, max_tokens=1)) == {}
+    assert _model.early_start("generate", path, req(prompt=PROMPT, max_tokens=1)) == {"start": "gpu"}
+
+
+def test_premapped_file_is_taken_by_the_gguf_parse(tiny_models, tmp_path):
+    """prefault.premap maps and populates a model file before numpy and the GGUF parse;
+    GGUFFile takes that mapping when the file is still the same one, else maps it anew."""
+    import os
+    import shutil
+
+    from reflex_ipc import prefault
+    from reflex_ipc.gguffile import GGUFFile
+
+    path = str(tmp_path / "m.gguf")
+    shutil.copy(tiny_models["llama"][0], path)
+    pf = prefault.premap(path)
+    assert pf is not None and pf.done.wait(30) and pf.how in ("populate", "willneed")
+    mm = prefault._premapped[os.path.abspath(path)][1]
+    f = GGUFFile(path)
+    assert f._mm is mm and f.prefault is pf and not prefault._premapped
+    r = load_runner(path, device="numpy", n_ctx=64)
+    assert r.generate(PROMPT, max_tokens=2)["completion_tokens"] == 2
+    r.close()
+    f.close()
+    assert f.prefault is None
+    prefault.premap(path)
+    os.utime(path, ns=(1, 1))  # another file now: the premapped one is dropped
+    f = GGUFFile(path)
+    assert f.prefault is None and not prefault._premapped
+    f.close()
+    addr, n = prefault.address(b"abc")
+    assert addr and n == 3

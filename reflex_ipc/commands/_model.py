@@ -48,6 +48,8 @@ def load(args, req=None):
     model, device = (req.model, req.device) if req is not None else (args.model, args.device)
     device = device or "auto"
     start = early_start(args.command, model, req) if device == "auto" and req is not None else {}
+    if device in ("cpu", "numpy") or (device == "auto" and start.get("start") != "gpu"):
+        premap(model)
     m = Model.load(model, device=device, n_ctx=args.n_ctx, lora=getattr(args, "lora", None), **start)
     phases.mark("runner_loaded")
     train = m.info().get("n_ctx_train")
@@ -72,8 +74,10 @@ def early_start(command, model, req) -> dict:
     from ..modelpath import resolve_model
 
     mode = settings.get().start
-    if mode == "gpu" or not pycuda_installed():
-        return {}
+    if not pycuda_installed():
+        return {}  # "auto" is the cpu backend here
+    if mode == "gpu":
+        return {"start": "gpu"}
     try:
         path = resolve_model(model)
     except ReflexError:
@@ -103,6 +107,19 @@ def early_start(command, model, req) -> dict:
 
 
 EARLY = {}  # the CLI's early start decision (finish() reports it)
+
+
+def premap(model):
+    """The cpu backend will read every weight page on its first pass: map the file now and
+    populate its pages on a thread while numpy imports and the GGUF is parsed (prefault.py)."""
+    from .. import prefault
+    from ..errors import ReflexError
+    from ..modelpath import resolve_model
+
+    try:
+        prefault.premap(resolve_model(model))
+    except ReflexError:
+        pass  # the load reports it
 
 
 def run_op(model, fn):

@@ -328,6 +328,9 @@ class Runner:
         return self.tok.decode(list(ids), special=special)
 
     def close(self):
+        if self.pending is not None:  # a backend still coming up: dropped when its thread ends
+            self.pending.cancelled = True
+        self.pending = self.want_gpu = None
         self.exec.close()
         for a in self.lora:
             a.close()

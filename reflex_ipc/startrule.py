@@ -276,3 +276,47 @@ def early(path, op, *, prompt_bytes, gen_tokens=0, candidate_bytes=0, chat=False
     req = Request(op, P, 0 if one else gen_tokens * max(1, n), one_pass=one)
     return decide(W, req, mode=mode, now_ms=now_ms, progress=progress, cpu_mapped=False, cpu_loaded=False,
                   host_in_ms=HOST_LOAD_MS)
+
+
+# -- the crossover, for the documentation (python -m reflex_ipc.startrule --table) -------------
+SHAPES = {"0.6B Q8_0": (0.633e9, 0.596e9), "0.6B Q4_K": (0.406e9, 0.596e9), "4B Q4_K": (2.72e9, 4.02e9),
+          "8B Q4_K": (5.44e9, 8.19e9), "14B Q4_K": (9.76e9, 14.8e9), "32B Q4_K": (21.6e9, 32.8e9)}
+
+
+def crossover(cores=16, isa="avx512vnni", now_ms=180.0, cuda_start_ms=25.0):
+    """Per shape: the choice for a 1-token generate and system1, the most tokens the CPU
+    still generates alone, and the longest prompt it still takes for one token, on a host of
+    `cores` cores deciding `now_ms` after spawn (the CLI's decision after its tokenizer)."""
+    global _host
+    saved = _host
+    _host = {"cores": cores, "isa": isa}
+    try:
+        rows = []
+        prog = {"cuda_thread_start_at": cuda_start_ms}
+        for name, (W, E) in SHAPES.items():
+            def choice(P, T, one=False):
+                return decide(W, Request("x", P, T, one_pass=one), elems=E, now_ms=now_ms, progress=prog)["choice"]
+
+            T = 1
+            while T < 4096 and choice(6, T + 1) == "cpu":
+                T += 1
+            P = 1
+            while P < 8192 and choice(P * 2, 1) == "cpu":
+                P *= 2
+            d = decide(W, Request("x", 6, 1), elems=E, now_ms=now_ms, progress=prog)
+            rows.append({"shape": name, "gen1": d["choice"], "gen1_est_ms": d["est_ms"],
+                         "system1_x3": choice(9, 0, True), "cpu_max_tokens": T if choice(6, 1) == "cpu" else 0,
+                         "cpu_max_prompt_tokens": P if choice(1, 1) == "cpu" else 0,
+                         "gen32": choice(6, 32)})
+        return rows
+    finally:
+        _host = saved
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    cores = int(sys.argv[sys.argv.index("--cores") + 1]) if "--cores" in sys.argv else 16
+    for row in crossover(cores):
+        print(json.dumps(row))

@@ -14,6 +14,7 @@ the GGUF's add_bos flag. Errors are ReflexError with the protocol's kinds.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from .errors import ReflexError
@@ -331,6 +332,9 @@ class Runner:
         if self.pending is not None:  # a backend still coming up: dropped when its thread ends
             self.pending.cancelled = True
         self.pending = self.want_gpu = None
+        store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+        if store is not None:
+            store.flush(self)  # what the last request queued, from the state it left
         self.exec.close()
         for a in self.lora:
             a.close()
@@ -447,10 +451,11 @@ class Runner:
             self._weight_bytes = (int(total), int(elems))
         return self._weight_bytes
 
-    def adopt(self, wait=False) -> bool:
+    def adopt(self, wait=False, mid_request=False) -> bool:
         """Move to the pending backend when it is ready (with wait: once it is). Returns whether
         the runner moved. A backend that failed is dropped (its error in gpu_error); the runner
-        stays where it is."""
+        stays where it is. mid_request: a request's state, partly computed on the old backend,
+        is not offered to the prefix store (its segments are kept per backend)."""
         lb = self.pending
         if lb is None or not (wait or lb.ready()):
             return False
@@ -468,6 +473,8 @@ class Runner:
             model.configure(self.n_ctx)
         old = self.ops.name
         n = len(self.exec.tokens)
+        if mid_request:
+            self.exec.store = None
         moved = self.exec.move_to(ops, model)
         self.ops, self.model = ops, model
         self._mapped = False
@@ -513,7 +520,7 @@ class Runner:
 
     def _poll(self):
         if self.pending is not None and self.pending.ready():
-            self.adopt()
+            self.adopt(mid_request=True)
 
     def _state_bytes(self):
         from .handover import state_nbytes
@@ -522,7 +529,7 @@ class Runner:
 
     # -- the algorithms ----------------------------------------------------------------
     def stream(self, prompt, params=None, *, constraint=None, on_logits=None, should_cancel=None,
-               cache_prompt=True, kv_import=None, kv_export=None, **kw):
+               cache_prompt=True, kv_import=None, kv_export=None, prefix_cache=True, **kw):
         """A generation.Generation of `prompt` (a string, or a list of token ids used as is):
         iterate it for the token events, then read its .result. `params` (a
         generation.Params) says what to generate; keyword arguments name its fields instead
@@ -543,7 +550,9 @@ class Runner:
         tokens, tokenized without BOS, and only that is evaluated. kv_export: a file to save
         the state to once the prompt is evaluated (before generating). The result then has
         "kv_import"/"kv_export": {"path", "n_tokens"[, "bytes"]} and timings
-        state_load/state_save.
+        state_load/state_save. prefix_cache: start from the prefix cache's saved state of the
+        prompt's leading tokens and queue the prompt's state for it after the answer
+        (runtime/prefixstore.py); timings prefix_cache_tokens / prefix_cache_import.
         """
         from .generation import Generation, Params
 
@@ -553,7 +562,7 @@ class Runner:
             params = params.replace(**kw)
         return Generation(self, prompt, params, constraint=constraint, on_logits=on_logits,
                           should_cancel=should_cancel, cache_prompt=cache_prompt,
-                          kv_import=kv_import, kv_export=kv_export)
+                          kv_import=kv_import, kv_export=kv_export, prefix_cache=prefix_cache)
 
     def generate(self, prompt, params=None, *, on_token=None, **kw) -> dict:
         """stream(prompt, params, **kw) run to the end. Returns

@@ -151,10 +151,9 @@ def test_move_across_backends_continues_as_the_target(tiny_models, smollm2, src,
 def test_hybrid_state_moves(tiny_models, tmp_path, smollm2):
     """A recurrent hybrid (qwen35: conv and delta-rule state per sequence) moves its
     per-sequence state too: numpy -> numpy' is exact, cpu -> numpy continues as numpy does."""
-    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
-    path = str(tmp_path / "qwen35.gguf")
-    hybrid_gguf(path, tokenizer=smollm2, **HYBRID_CONFIGS["qwen35"])
+    path = example_gguf("qwen35", tmp_path / "qwen35.gguf", tokenizer=smollm2)
     ref = gen(runner_on(path, "numpy"))
     ev = threading.Event()
     out = gen(with_late(runner_on(path, "numpy"), "numpy", ev), on_token=at_token(3, ev))

@@ -362,3 +362,35 @@ def test_premapped_file_is_taken_by_the_gguf_parse(tiny_models, tmp_path):
     f.close()
     addr, n = prefault.address(b"abc")
     assert addr and n == 3
+
+
+def test_auto_loads_on_the_cpu_and_moves_when_the_late_backend_is_built(smollm2, monkeypatch):
+    """load_runner(device="auto") on a host where pycuda is found: the cpu backend serves at
+    once and engine._late_cuda's thread builds the other backend (here a numpy one, released at
+    the 3rd token); a race moves there mid-generation with the same tokens as a run that never
+    moved (cpu -> numpy within the near-tie rule: compared greedy, token by token)."""
+    from reflex_ipc import cuda, engine
+
+    monkeypatch.setattr(cuda, "pycuda_installed", lambda: True)
+    monkeypatch.setattr(cuda, "start_init", lambda *a, **k: True)
+    gate = threading.Event()
+
+    ops = NumpyOps()
+    model = load_model(ops, runner_on(smollm2, "numpy").f)  # made beforehand: only the gate waits
+
+    def late(f, adapters):
+        def build():
+            gate.wait(60)  # "uploaded" at the 3rd token
+            return ops, model
+        return LateBackend.thread(build, "numpy")
+
+    monkeypatch.setattr(engine, "_late_cuda", late)
+    r = load_runner(smollm2, device="auto", n_ctx=256, start="race")
+    assert r.ops.name == "cpu" and r.pending is not None and r.info()["next_backend"] == "numpy"
+    out = gen(r, on_token=at_token(3, gate))
+    assert [s["backend"] for s in out["start"]["steps"]] == ["cpu", "numpy"]
+    # the build thread wakes after the 3rd token: the move comes at the next step or soon after
+    assert 3 <= out["start"]["steps"][0]["tokens"] < N and r.info()["next_backend"] is None
+    assert sum(x["tokens"] for x in out["start"]["steps"]) == out["completion_tokens"] + (out["finish_reason"] == "stop")
+    ref = gen(runner_on(smollm2, "cpu"))
+    assert out["token_ids"][:3] == ref["token_ids"][:3]

@@ -259,6 +259,8 @@ class ModelCache:
             self._evict(e)
             e = None
         if e is None:
+            e = self._coming(ident, device, key[2:])
+        if e is None:
             self._evict_stale(path, ident)
             # a lease only with our SIGIO handler in place (SIGIO's default action kills)
             lease = _take_lease(path, ident) if self.leases and self.sigio else None
@@ -289,6 +291,21 @@ class ModelCache:
         if self._active is None or self._active not in self.entries:
             self.active = key
         return key, e.runner
+
+    def _coming(self, ident, device, rest):
+        """A runner of this file serving on the cpu backend while `device` (e.g. "cuda") comes
+        up for it: a request naming that device waits for it rather than loading the file on
+        it a second time. None when there is none."""
+        for e in self._unique_entries():
+            lb = getattr(e.runner, "pending", None)
+            if e.ident == ident and lb is not None and lb.name == device and tuple(e.keys[0][2:]) == tuple(rest):
+                e.runner.adopt(wait=True)
+                if e.runner.ops.name != device:
+                    return None  # it failed to come up: load as asked (and report why)
+                self._settle(e)
+                self._touch(e)
+                return e
+        return None
 
     def _settle(self, e):
         """"auto" (or "cuda") resolved to a concrete device: cache the runner under that name

@@ -394,3 +394,28 @@ def test_auto_loads_on_the_cpu_and_moves_when_the_late_backend_is_built(smollm2,
     assert sum(x["tokens"] for x in out["start"]["steps"]) == out["completion_tokens"] + (out["finish_reason"] == "stop")
     ref = gen(runner_on(smollm2, "cpu"))
     assert out["token_ids"][:3] == ref["token_ids"][:3]
+
+
+def test_server_request_naming_the_coming_device_waits_for_it(tiny_models):
+    """A request that names the device the active model is moving to (device "cuda" while it
+    serves on the CPU; here "cpu" while it serves on numpy) waits for that move instead of
+    loading the file there a second time."""
+    from reflex_ipc import server
+
+    path = tiny_models["llama"][0]
+    ev = threading.Event()
+    made = []
+
+    def loader(p, d, lora=None):
+        if d == "cpu":
+            raise AssertionError("loaded a second time")
+        made.append(with_late(runner_on(p, "numpy"), "cpu", ev, mode="cpu"))
+        return made[-1]
+
+    srv = server.Server(loader=loader, model=path)
+    srv.preload()
+    threading.Timer(0.5, ev.set).start()
+    out = _serve(srv, {"id": 1, "op": "generate", "prompt": PROMPT, "max_tokens": 2, "device": "cpu"},
+                 {"id": 2, "op": "hello"})
+    assert out[1]["ok"], out[1]
+    assert out[2]["backend"] == "cpu" and len(made) == 1

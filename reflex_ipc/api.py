@@ -119,14 +119,17 @@ class Model:
         self._name = None
 
     @classmethod
-    def load(cls, model=None, *, device="auto", n_ctx=None, lora=None) -> "Model":
+    def load(cls, model=None, *, device="auto", n_ctx=None, lora=None, start=None, gpu_now=True) -> "Model":
         """Load a GGUF (a path, an alias such as "smollm2", or None: $REFLEX_MODEL, else
         SmolLM2) on device "auto" (CUDA when usable, else the C CPU backend), "cpu", "cuda"
         or "numpy"; n_ctx: the context (default: the model's trained context, at most
-        4096); lora: adapters ["FILE[:SCALE]", ...] applied at load."""
+        4096); lora: adapters ["FILE[:SCALE]", ...] applied at load. With "auto" on a CUDA
+        host the model answers on the cpu backend until CUDA is up (engine.load_runner:
+        start, default $REFLEX_START; gpu_now: bring CUDA up now or when a request asks)."""
         from .engine import load_runner
 
-        return cls(load_runner(model, device=device or "auto", n_ctx=n_ctx, lora=lora))
+        return cls(load_runner(model, device=device or "auto", n_ctx=n_ctx, lora=lora, start=start,
+                               gpu_now=gpu_now))
 
     # -- small things --------------------------------------------------------------------
     @property

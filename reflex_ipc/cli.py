@@ -44,17 +44,25 @@ def _device_arg(args):
 
 
 def _start_cuda_init(args):
-    """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
-    unless --device cpu."""
+    """Begin cuInit + context now, overlapping the imports and the model load, unless --device
+    cpu. With --device cuda (and auto with REFLEX_START=gpu) the pycuda side (import, kernel
+    load) starts now too; with auto it starts once the engine knows it wants the GPU (after
+    numpy, which it imports too): a request the cpu backend answers first never waits for it
+    (reflex_ipc/startrule.py)."""
     dev = _device_arg(args)
     if dev in ("cpu", "numpy"):
         return
-    from .cuda import device_index, start_init
+    from . import settings
+    from .cuda import device_index, start_driver, start_init
 
     try:
-        start_init(device_index(dev))
+        index = device_index(dev)
     except ValueError:
-        pass  # a bad --device value: argparse reports it
+        return  # a bad --device value: argparse reports it
+    if dev == "auto" and settings.get().start != "gpu":
+        start_driver(index)
+    else:
+        start_init(index)
 
 
 def _usage(out):

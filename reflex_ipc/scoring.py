@@ -89,6 +89,14 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
         raise ReflexError("context_overflow", f"{P} prompt tokens + {M} candidate tokens exceed "
                           f"the context of {runner.n_ctx}")
     ex = runner.exec
+    start = None
+    if runner.pending is not None or runner.want_gpu is not None:
+        from .runtime.executor import common_prefix
+
+        held0 = 0 if sf is not None or not cache_prompt else min(common_prefix(ex.tokens, p_ids), P - 1)
+        start = runner.start_request("system1", P - (sf.n_tokens if sf is not None else held0) + M, 0,
+                                     one_pass=True)
+        ex = runner.exec
     if sf is not None:
         t_imp = time.perf_counter()
         runner._restore(sf, room=P - sf.n_tokens + M)
@@ -184,6 +192,9 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
     from .runtime import prefixstore
 
     prefixstore.end(runner, extra_t)
+    if start is not None:
+        extra_out["start"] = {**start, "steps": [{"backend": runner.ops.name, "tokens": 1}]}
+        extra_t.update({f"start_est_{k}": v for k, v in (start.get("est_ms") or {}).items()})
     return {
         **extra_out,
         "candidates": out,

@@ -57,6 +57,11 @@ TABLE = (
     ("REFLEX_T_LAUNCH", "int", None, "cli",
      "Set by benchmark harnesses (`reflex bench`): the spawn time (time.time_ns()), origin of "
      "the phase marks."),
+    ("REFLEX_START", ("auto", "cpu", "gpu", "race"), "auto", "engine",
+     "With `--device auto` on a CUDA host, where a request that comes before the GPU is ready "
+     "runs: `cpu` on the cpu backend, `gpu` waits for the GPU, `race` starts on the cpu backend and "
+     "moves a generation to the GPU once it is ready, `auto` picks by the measured rule "
+     "(reflex_ipc/startrule.py)."),
     ("REFLEX_API_KEY", "text", None, "http",
      "`reflex http`'s bearer key when `--api-key` is not given (unset: no key)."),
     # the cpu backend

@@ -313,6 +313,12 @@ class CudaOps:
     def synchronize(self):
         self.rt.stream.synchronize()
 
+    def wait_uploads(self):
+        """Until every weight arena's upload is done (a backend brought up beside the cpu
+        backend is ready to take over only then: engine._late_cuda); its error, if any."""
+        for a in self._arenas.values():
+            a.wait()
+
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
         return [a.stats for a in self._arenas.values()]

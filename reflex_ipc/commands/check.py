@@ -66,7 +66,10 @@ def record(runner, prompts, max_tokens):
                 digest.append(hashlib.blake2b(np.ascontiguousarray(row, np.float32).tobytes(),
                                               digest_size=8).hexdigest())
             top = np.argsort(-row, kind="stable")[:TOP_K]
-            steps.append({"top_ids": [int(i) for i in top], "top_logits": [float(row[i]) for i in top],
+            # the backend that computed this step: with device auto on a CUDA host the first
+            # steps may be the cpu backend's and the rest CUDA's (engine: start on the CPU)
+            steps.append({"backend": runner.ops.name,
+                          "top_ids": [int(i) for i in top], "top_logits": [float(row[i]) for i in top],
                           "max_abs_logit": float(np.abs(row).max()),
                           "gap": float(row[top[0]] - row[top[1]]) if len(top) > 1 else None})
 
@@ -77,6 +80,7 @@ def record(runner, prompts, max_tokens):
             st["token_id"] = tid if tid is not None else st["top_ids"][0]
             st["text"] = runner.tok.token_bytes(st["token_id"]).decode("utf-8", "replace")
         out.append({"prompt": text, "prompt_tokens": res["prompt_tokens"], "token_ids": ids,
+                    "backends": _runs(st["backend"] for st in steps),
                     "text": res["text"], "finish_reason": res["finish_reason"],
                     "first_logits_digest": digest[0] if digest else None, "steps": steps})
     info = runner.info()
@@ -85,6 +89,17 @@ def record(runner, prompts, max_tokens):
                       "architecture": info.get("architecture"), "path": info.get("path")},
             "backend": info.get("backend"), "device": info.get("device"), "max_tokens": max_tokens,
             "top_k": TOP_K, "prompts": out}
+
+
+def _runs(names):
+    """[{"backend", "steps"}]: consecutive steps of one backend, in order."""
+    out = []
+    for n in names:
+        if out and out[-1]["backend"] == n:
+            out[-1]["steps"] += 1
+        else:
+            out.append({"backend": n, "steps": 1})
+    return out
 
 
 def load_reference(path):
@@ -194,6 +209,7 @@ def compare(ref, run, tol):
             k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             v.update(status="token_mismatch", step=k, ref_token=a[k] if k < len(a) else None,
                      token=b[k] if k < len(b) else None, ref_gap=None)
+        v["backends"] = p.get("backends")
         if v["status"] not in ("pass", "near_tie"):
             ok = False
         reports.append(v)
@@ -255,7 +271,8 @@ def run(args) -> int:
         for p in rec["prompts"]:
             first = p["steps"][0] if p["steps"] else None
             sys.stdout.write(f"{p['prompt'][:60]!r}: {len(p['token_ids'])} tokens {p['token_ids']}\n"
-                             f"  text {p['text']!r}\n")
+                             f"  text {p['text']!r}\n  steps by backend: "
+                             + ", ".join(f"{b['backend']} x{b['steps']}" for b in p["backends"]) + "\n")
             if first:
                 sys.stdout.write(f"  first step: top {first['top_ids'][:4]} logits "
                                  f"{[round(x, 4) for x in first['top_logits'][:4]]} gap {first['gap']:.4f}; "

@@ -111,6 +111,13 @@ class StateInfo(Struct, kw_only=True):
     bytes: Optional[Annotated[int, Meta(description="the file's size (written files)")]] = None
 
 
+StartInfo = Annotated[Optional[dict[str, Any]], Meta(description=(
+    "device auto on a CUDA host, a request that came while the GPU was coming up: where it ran "
+    "(reflex_ipc/startrule.py): choice (cpu, gpu or race), mode (REFLEX_START), est_ms {cpu, gpu, "
+    "race}, steps [{backend, tokens}] (which backend computed each token's logits, in order), "
+    "handovers [{from, to, ms, bytes, tokens}]"))]
+
+
 class Result(Struct, kw_only=True):
     """A result's op-specific fields (the envelope -- event, id, op, ok, timings --
     is added by protocol.result). Servers may add fields."""

@@ -395,10 +395,31 @@ class _FakeDeviceFlash(_FakeDevice):
         assert NW == 1 and mode == 0
         self.view(Y, NM, np.float32)[...] = self.view(P, S * NM, np.float32).reshape(S, NM).sum(0)
 
-    def k_mla_pack_kv_f32(self, grid, block, kn, v, kc, K, V, n, H, nope, r, R, dv):
+    def k_kv_store_latent_f32(self, grid, block, k, kc, pos, N, dk):
+        p = self.view(pos, N, np.int32)
+        C = self.view(kc, (int(p.max()) + 1) * dk, np.float32).reshape(-1, dk)
+        C[p] = self.view(k, N * dk, np.float32).reshape(N, dk)
+
+    def k_mla_attention_split_f32(self, grid, block, q, kc, ml, acc, pos, mask, H, dk, dv, n_kv, scale, softcap,
+                                  causal, window, chunk):
+        """mla_attention_split over a float32 latent: _FakeDevice's model on its f16 copy (the
+        values are f16-representable in this test)."""
+        lat = self.view(kc, n_kv * dk, np.float32)
+        assert np.array_equal(lat.astype(np.float16).astype(np.float32), lat)
+        tmp = self.pool.alloc(n_kv * dk * 2)[0]
+        self.view(tmp, n_kv * dk, np.float16)[...] = lat.astype(np.float16)
+        self.k_mla_attention_split(grid, block, q, tmp, ml, acc, pos, mask, H, dk, dv, n_kv, scale, softcap,
+                                   causal, window, chunk)
+
+    def k_copy_cols_f32_f16(self, grid, block, x, y, rows, n, xs, xo, ys, yo):
+        X = self.view(x, rows * xs, np.float32).reshape(rows, xs)
+        Y = self.view(y, rows * ys, np.float16).reshape(rows, ys)
+        Y[:, yo:yo + n] = X[:, xo:xo + n].astype(np.float16)
+
+    def k_mla_pack_kv_f32(self, grid, block, kn, v, kc, K, V, n, H, nope, r, R, dv, kc32):
         Kn = self.view(kn, n * H * nope, np.float32).reshape(n, H, nope)
         Vv = self.view(v, n * H * dv, np.float32).reshape(n, H, dv)
-        lat = self.view(kc, n * (R + r), np.float16).reshape(n, R + r)
+        lat = self.view(kc, n * (R + r), np.float32 if kc32 else np.float16).reshape(n, R + r).astype(np.float16)
         Kh = self.view(K, H * n * (nope + r), np.float16).reshape(H, n, nope + r)
         Kh[:, :, :nope] = Kn.transpose(1, 0, 2).astype(np.float16)
         Kh[:, :, nope:] = lat[None, :, R:]
@@ -417,7 +438,8 @@ class _FakeDeviceFlash(_FakeDevice):
         self.view(out, N * Hq * 128, np.float32)[...] = o.reshape(-1)
 
 
-def test_cuda_host_code_of_the_mla_prefill_on_a_fake_device(ops):
+@pytest.mark.parametrize("cache_dtype", ["float16", "float32"])
+def test_cuda_host_code_of_the_mla_prefill_on_a_fake_device(ops, cache_dtype):
     """CudaOps.mla_attention's long-prompt form (the latents decompressed per head by two GEMMs,
     packed with the shared rope key, the flash kernel at 192 / 128) on _FakeDeviceFlash equals
     numpy's absorbed form: a first chunk, then a second one over the first's keys; decode steps
@@ -441,7 +463,7 @@ def test_cuda_host_code_of_the_mla_prefill_on_a_fake_device(ops):
     wv = DeviceWeight(vb16.ptr, vb.shape, F16, "F16", R * 2, "v_b")
 
     cache_np = ops.zeros((1, n_ctx, R + r), "float32")
-    cache_cu = cu.zeros((1, n_ctx, R + r), cu.kv_dtype)
+    cache_cu = cu.zeros((1, n_ctx, R + r), cache_dtype)  # f16, or the exact float32 latent
     for span in (range(0, 70), range(70, 100), range(100, 101)):
         N = len(span)
         pos = np.array(list(span), np.int32)
@@ -461,8 +483,9 @@ def test_cuda_host_code_of_the_mla_prefill_on_a_fake_device(ops):
         rel = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert rel < 3e-3, rel  # f16 keys, values, q and p (a wrong index is O(1))
     assert dev.launches.count("mla_kb_t_f32") == 1
-    assert {"copy_cols_f16", "mma_f16", "mla_pack_kv_f32", "flash_attention_f16kv_192_128",
-            "mla_attention_split"} <= set(dev.launches)
+    assert {"copy_cols_f16" if cache_dtype == "float16" else "copy_cols_f32_f16", "mma_f16", "mla_pack_kv_f32",
+            "flash_attention_f16kv_192_128"} <= set(dev.launches)
+    assert {"mla_attention_split", "mla_attention_split_f32"} & set(dev.launches)  # the decode step
 
 
 def test_mla_prefill_check_runs_on_numpy(ops):

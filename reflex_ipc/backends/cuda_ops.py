@@ -178,6 +178,9 @@ class CudaOps:
     name = "cuda"
     device = "cuda"
     kv_dtype = "float16"
+    # slot arrays a model marks exact (runtime.state.SlotSpec(exact=True): deepseek2's MLA latent,
+    # both its keys and its values) stay float32 (issue 32 item 18)
+    exact_kv_dtype = "float32"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
@@ -394,6 +397,12 @@ class CudaOps:
 
     def synchronize(self):
         self.rt.stream.synchronize()
+
+    def wait_uploads(self):
+        """Until every weight arena's upload is done (a backend brought up beside the cpu
+        backend is ready to take over only then: engine._late_cuda); its error, if any."""
+        for a in self._arenas.values():
+            a.wait()
 
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
@@ -1106,6 +1115,12 @@ class CudaOps:
         if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
             raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
+        if k_cache.dtype == "float32":  # an exact (MLA latent) cache: keys only
+            if v is not None or Hkv != 1:
+                raise ValueError("kv_store: a float32 cache holds one latent head, keys only")
+            self.k("kv_store_latent_f32")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, kc=k_cache.ptr,
+                                          pos=slots.ptr, N=N, dk=hd)
+            return
         self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, v=v.ptr if v is not None else 0,
                            kc=k_cache.ptr, vc=v_cache.ptr if v_cache is not None else 0, pos=slots.ptr, N=N, Hkv=Hkv,
                            hd=hd, ctx=k_cache.shape[1])
@@ -1223,7 +1238,7 @@ class CudaOps:
         chunk, S = mla_split_plan(N * H, n_kv)
         ml = self.empty((N * H * S * 2,))
         acc = self.empty((N * H * S * dv,))
-        kern = self.k("mla_attention_split")
+        kern = self.k("mla_attention_split_f32" if k_cache.dtype == "float32" else "mla_attention_split")
         kern((H, N, S), (32 * MLA_WARPS, 1, 1),
              kern.head(q=q.ptr, kc=k_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
                        mask=mask.ptr if mask is not None else 0),
@@ -1237,7 +1252,8 @@ class CudaOps:
     def mla_attention(self, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, *, scale, causal=True, window=0,
                       mask=None):
         """base.latent_attention. Long prompts (mla_flash_takes): the latents c of keys
-        0..n_kv-1 as f16 [n_kv, R] (copy_cols_f16), each head's keys k_nope = W_h^T c by a GEMM
+        0..n_kv-1 as f16 [n_kv, R] (copy_cols_f16, or copy_cols_f32_f16 from the exact float32
+        latent), each head's keys k_nope = W_h^T c by a GEMM
         on attn_k_b's transpose (mla_kb_t_*, made once per layer and kept) and values by one on
         attn_v_b, packed with the shared rope key into f16 K [H, n_kv, nope + r] and V [H, n_kv, dv]
         (mla_pack_kv_f32), then flash attention of q = [q_nope, q_pe] (flash.cuh). Else the
@@ -1254,14 +1270,17 @@ class CudaOps:
                                              causal=causal, window=window, mask=mask)
         kbt = self._mla_kb_t(wk_b, H, R, nope)
         xc = self.empty((n_kv, R), "float16")
-        self.k("copy_cols_f16")(_ew_grid(n_kv * R), (EW_BLOCK, 1, 1), x=kv.ptr, y=xc.ptr, rows=n_kv, n=R, xs=R + r,
-                                xo=0, ys=R, yo=0)
+        kc32 = kv.dtype == "float32"  # the exact latent (SlotSpec(exact=True)), else f16
+        self.k("copy_cols_f32_f16" if kc32 else "copy_cols_f16")(_ew_grid(n_kv * R), (EW_BLOCK, 1, 1), x=kv.ptr,
+                                                                  y=xc.ptr, rows=n_kv, n=R, xs=R + r, xo=0, ys=R,
+                                                                  yo=0)
         kn, v = self.empty((n_kv, H * nope)), self.empty((n_kv, H * dv))
         self._mma((kbt,), xc, kn, R, H * nope, n_kv, 0)
         self._mma((wv_b,), xc, v, R, H * dv, n_kv, 0)
         K, V = self.empty((H, n_kv, nope + r), "float16"), self.empty((H, n_kv, dv), "float16")
         self.k("mla_pack_kv_f32")(_ew_grid(H * n_kv * (nope + r + dv)), (EW_BLOCK, 1, 1), kn=kn.ptr, v=v.ptr,
-                                  kc=kv.ptr, K=K.ptr, V=V.ptr, n=n_kv, H=H, nope=nope, r=r, R=R, dv=dv)
+                                  kc=kv.ptr, K=K.ptr, V=V.ptr, n=n_kv, H=H, nope=nope, r=r, R=R, dv=dv,
+                                  kc32=1 if kc32 else 0)
         q = self.concat([q_nope, q_pe])
         pos = self.positions(slots)
         out = self.empty((N, H, dv))

@@ -82,7 +82,7 @@ def _columns_f32(launch, pack, stream):
     return kernel
 
 
-def _copy_cols_f16(launch, pack, stream):  # 2 kernels
+def _copy_cols_f16(launch, pack, stream):  # 3 kernels
     def kernel(grid, block, *, x, y, rows, n, xs, xo, ys, yo, shared=0):
         return launch(grid, block, pack(x, y, rows, n, xs, xo, ys, yo), shared, stream)
 
@@ -184,6 +184,13 @@ def _kv_store(launch, pack, stream):
     return kernel
 
 
+def _kv_store_latent_f32(launch, pack, stream):
+    def kernel(grid, block, *, k, kc, pos, N, dk, shared=0):
+        return launch(grid, block, pack(k, kc, pos, N, dk), shared, stream)
+
+    return kernel
+
+
 def _logprob_rows(launch, pack, stream):
     def kernel(grid, block, *, x, ld, rows, targets, n, out, shared=0):
         return launch(grid, block, pack(x, ld, rows, targets, n, out), shared, stream)
@@ -191,7 +198,7 @@ def _logprob_rows(launch, pack, stream):
     return kernel
 
 
-def _mla_attention_split(launch, pack, stream):
+def _mla_attention_split(launch, pack, stream):  # 2 kernels
     def head(*, q, kc, part_ml, part_acc, pos, mask):
         return (q, kc, part_ml, part_acc, pos, mask)
 
@@ -212,8 +219,8 @@ def _mla_kb_t_bf16(launch, pack, stream):  # 11 kernels
 
 
 def _mla_pack_kv_f32(launch, pack, stream):
-    def kernel(grid, block, *, kn, v, kc, K, V, n, H, nope, r, R, dv, shared=0):
-        return launch(grid, block, pack(kn, v, kc, K, V, n, H, nope, r, R, dv), shared, stream)
+    def kernel(grid, block, *, kn, v, kc, K, V, n, H, nope, r, R, dv, kc32, shared=0):
+        return launch(grid, block, pack(kn, v, kc, K, V, n, H, nope, r, R, dv, kc32), shared, stream)
 
     return kernel
 
@@ -519,6 +526,7 @@ KERNELS = {
     "columns_f32": ("QQqiii", _columns_f32),
     "copy_cols_f16": ("QQqiiiii", _copy_cols_f16),
     "copy_cols_f32": ("QQqiiiii", _copy_cols_f16),
+    "copy_cols_f32_f16": ("QQqiiiii", _copy_cols_f16),
     "copy_f32": ("QQq", _copy_f32),
     "delta_chunk_prep_f32": ("QQQQQQQQQQiiiii", _delta_chunk_prep_f32),
     "delta_chunk_scan_f32": ("QQQQQQQQQiiiiif", _delta_chunk_scan_f32),
@@ -565,8 +573,10 @@ KERNELS = {
     "hmm8_q6_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q8_0": ("QQQiiiiq", _hmm1_bf16),
     "kv_store": ("QQQQQiiii", _kv_store),
+    "kv_store_latent_f32": ("QQQii", _kv_store_latent_f32),
     "logprob_rows": ("QqQQiQ", _logprob_rows),
     "mla_attention_split": ("QQQQQQiiiiffiii", _mla_attention_split),
+    "mla_attention_split_f32": ("QQQQQQiiiiffiii", _mla_attention_split),
     "mla_kb_t_bf16": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_f16": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_f32": ("QQiiiq", _mla_kb_t_bf16),
@@ -578,7 +588,7 @@ KERNELS = {
     "mla_kb_t_q5_k": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q6_k": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q8_0": ("QQiiiq", _mla_kb_t_bf16),
-    "mla_pack_kv_f32": ("QQQQQiiiiii", _mla_pack_kv_f32),
+    "mla_pack_kv_f32": ("QQQQQiiiiiii", _mla_pack_kv_f32),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),

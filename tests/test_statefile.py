@@ -79,9 +79,19 @@ def test_generate_import_equals_full_prompt(model, saved):
         b = r.system1(P + T, cands)
     finally:
         r.close()
+    # The import evaluates T's tokens in another batch than the full prompt does. The portable
+    # and aarch64 kernels give a row the same sums in any batch; x86's 4-row tiles order
+    # their float sums unlike the single-row dots of a batch's last N % 4 rows, and the int8
+    # activation rounding of every later matmul amplifies that (SmolLM2's Q4_1: 0.03 in a
+    # logprob of -1.56; REFLEX_CPU_ISA=generic gives equal logprobs). The synthetic models'
+    # float32 weights have no such rounding.
+    from reflex_ipc.backends.cpu_ops import available
+
+    x86 = available()[1] not in ("generic", "neon", "dotprod", "i8mm")
+    tol = dict(rel=0, abs=0.1) if model == "smollm2" and x86 else dict(rel=1e-4, abs=1e-3)
     for x, y in zip(a["candidates"], b["candidates"]):
         assert x["token_ids"] == y["token_ids"]
-        assert x["logprob"] == pytest.approx(y["logprob"], rel=1e-4, abs=1e-3)
+        assert x["logprob"] == pytest.approx(y["logprob"], **tol)
 
 
 def test_round_trip_is_bit_exact(saved, tmp_path):

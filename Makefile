@@ -38,8 +38,8 @@ $(STAMP).install: $(BUILD_INPUTS)
 	@touch $@
 
 demo: install
-	@echo "== reflex generate --chat \"Name the three primary colors.\""
-	@reflex generate --chat "Name the three primary colors."
+	@echo "== reflex generate --chat \"How many days are in a week?\""
+	@reflex generate --chat "How many days are in a week?"
 
 # The oracle first, on its own: pip reuses the wheel in its cache when an earlier build left
 # one there (seconds); else it builds it (about 4 minutes on 2 idle cores; the count of

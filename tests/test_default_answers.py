@@ -23,14 +23,13 @@ DOCS = ("README.md", "clients/README.md", "protocol/PROTOCOL.md", "deploy/README
         "deploy/scripts/smoke.sh", "Makefile")
 
 SYSTEM = "Answer in one word."
-PRIMARY = r"red\b.*\bblue\b.*\byellow|red\b.*\byellow\b.*\bblue"
 
 # text -> [(how the docs ask it, expected fact (regex, case-insensitive; for system1 the
 # best candidate)), ...]. kinds: "plain" (a prompt continued), "chat" (a user message),
 # "chat+system" (after the system message SYSTEM), "system1:<c1>|<c2>..." (candidates of
 # a prompt), "chat-system1:<c1>|..." (candidates of the assistant's first words).
 TABLE = {
-    "Name the three primary colors.": [("chat", PRIMARY)],
+    "How many days are in a week?": [("chat", r"\b(7|seven)\b")],
     "Which planet is known as the red planet?": [("chat+system", r"\bmars\b")],
     "What is the capital of France?": [("chat-system1:Paris|London|Berlin", "Paris"),
                                        ("chat+system", r"\bparis\b")],
@@ -117,7 +116,7 @@ def doc_texts():
 
 def test_the_table_covers_the_docs():
     found = doc_texts()
-    assert "Makefile" in found["Name the three primary colors."]  # make demo asks it
+    assert "Makefile" in found["How many days are in a week?"]  # make demo asks it
     assert "deploy/k8s/job.yaml" in str(found.values()) and "The capital of France is" in found
     missing = {t: f for t, f in found.items() if t not in TABLE and t not in NOT_QUESTIONS}
     assert not missing, ("example prompts without an expected answer in TABLE "

@@ -101,3 +101,16 @@ def test_plan_declines_what_it_cannot_pad(runner):
     k2, b2 = fg._plan(7, pos[:7], None, False, slice(6, 7), "logits")
     assert k1 == k2 and b1 == b2 == 8  # two prompt lengths, one graph
     assert fg._plan(9, pos[:9], None, False, slice(8, 9), "logits")[1] == 16
+
+
+def test_cpu_graphs_are_not_padded(runner):
+    """On a backend whose capture is the recorded run (the CPU) a shape is the batch's own
+    length: padding would move the real rows into the x86 kernels' tiles, which sum in
+    another order than a short batch's dots, so a repeated request could answer otherwise."""
+    from types import SimpleNamespace
+
+    pos = np.arange(3, dtype=np.int32)
+    for ops, want in ((None, 8), (SimpleNamespace(capture_runs=True), 3)):
+        fg = ForwardGraphs(ops, runner.model, runner.state)
+        key, nb = fg._plan(3, pos, None, False, slice(2, 3), "logits")
+        assert nb == key[0] == want

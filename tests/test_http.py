@@ -612,9 +612,9 @@ def test_omitted_temperature_is_greedy_on_a_model_without_defaults(oai, engine, 
     ref = engine.generate(PROMPT, max_tokens=8)["text"]
     for _ in range(2):
         assert oai.completions.create(model="any", prompt=PROMPT, max_tokens=8).choices[0].text == ref
-    chat = engine.chat([{"role": "user", "content": "Name the three primary colors."}], max_tokens=12)["text"]
+    chat = engine.chat([{"role": "user", "content": "How many days are in a week?"}], max_tokens=12)["text"]
     r = oai.chat.completions.create(model="any", max_tokens=12,
-                                    messages=[{"role": "user", "content": "Name the three primary colors."}])
+                                    messages=[{"role": "user", "content": "How many days are in a week?"}])
     assert r.choices[0].message.content == chat
     assert httpx.get(front.url + "/v1/models", timeout=10).json()["data"][0]["sampling_defaults"] == {}
 

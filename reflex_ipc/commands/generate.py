@@ -12,7 +12,7 @@ NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "json_schema": "--json-schema
 FLAGS = {"kv_import": ["--import-kv"], "kv_export": ["--export-kv"]}
 
 EXAMPLES = """\
-  reflex generate --chat "Name the three primary colors."
+  reflex generate --chat "How many days are in a week?"
   reflex generate --chat --system "Answer in one word." "Which planet is known as the red planet?"
   reflex generate --max-tokens 8 "The capital of France is"      (plain continuation)
   reflex generate --temperature 0.7 --seed 1 "Once upon a time"

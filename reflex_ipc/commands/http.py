@@ -35,7 +35,7 @@ def _count(text, least=0):
 EXAMPLES = """\
   reflex http --port 8080                            (then http://127.0.0.1:8080/v1 with any OpenAI client)
   curl -s 127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
-      -d '{"messages": [{"role": "user", "content": "Name the three primary colors."}]}'
+      -d '{"messages": [{"role": "user", "content": "How many days are in a week?"}]}'
   reflex http --connect /tmp/reflex.sock --api-key "$KEY"
 Needs the http extra: pip install 'reflex-ipc[http]'."""
 

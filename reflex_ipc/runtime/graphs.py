@@ -82,7 +82,14 @@ class ForwardGraphs:
     batch attends through masks over all the state's slots (which the state keeps finite:
     it starts zeroed), so where its slots start does not matter either. A shape is
     (bucket, rows kept from the end, masked, output). The returned array is reused by the
-    next call of the same shape."""
+    next call of the same shape.
+
+    A backend whose capture is the recorded run itself (`capture_runs`: the CPU) records a
+    shape for free, and there padding would change the numbers: the CPU's kernels take a
+    batch of 4+ rows in tiles whose float sums are ordered unlike a short batch's single-row
+    dots (x86), so a 1-token prompt padded to 8 rows could answer otherwise than the same
+    prompt run eagerly. Its buckets are the batch's own length: a replay is then the eager
+    run's very calls, and the same request gives the same answer each time."""
 
     BUCKETS = (8, 16, 24, 32, 48, 64)
     MAX_GRAPHS = 8
@@ -94,12 +101,13 @@ class ForwardGraphs:
         self.failed = set()  # keys whose capture failed: always eager
         self.captures = 0
         self.replays = 0
+        self.pad = not getattr(ops, "capture_runs", False)  # see above: not on the CPU
 
     def _plan(self, n, pos, slots, masked, rows, output):
         """(key, bucket) for a batch, or None when it is not replayed from a graph."""
         if rows is None or rows.stop != n or not 0 <= (rows.start or 0) < n or n > self.BUCKETS[-1]:
             return None
-        nb = next(b for b in self.BUCKETS if b >= n)
+        nb = next(b for b in self.BUCKETS if b >= n) if self.pad else n
         if (slots is None) == masked:  # masked batches give their slots, causal ones do not
             return None
         if int((slots if masked else pos).max()) + (nb - n) >= self.state.n_slots:

@@ -60,9 +60,9 @@ test('the other ops', async () => {
 });
 
 test('chat, infill, logprobs, json_schema', async () => {
-  const capital = [{ role: 'user', content: 'Name the three primary colors.' }];
+  const capital = [{ role: 'user', content: 'How many days are in a week?' }];
   const r = await c.chat(capital, { max_tokens: 24 });
-  assert.match(r.text, /Red/);
+  assert.match(r.text, /\b7\b/);
   assert.equal(r.finish_reason, 'stop');
   let streamed = '';
   for await (const ev of c.streamChat(capital, { max_tokens: 24 })) if (ev.event === 'token') streamed += ev.text;

@@ -44,13 +44,17 @@ def units():
     """(source, extra flags, object name) for every translation unit of this machine."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     # ops.c: every exported function needs its prototype from rx_abi.h (the ABI table)
-    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o")]
+    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o"),
+           ("iq.c", [], "iq.o")]
     if x86:
         isa = ["-mavx2", "-mfma", "-mf16c"]
         out.append(("x86.c", isa, "x86_avx2.o"))
         out.append(("x86.c", isa + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                     "-DRX_VNNI"], "x86_vnni.o"))
     return out
+
+
+QUANT_TABLES = os.path.join(os.path.dirname(HERE), "quant_tables.h")  # iq*.c include it
 
 
 def sources():
@@ -95,7 +99,7 @@ def _up_to_date(out_dir):
         t = os.path.getmtime(lib)
     except OSError:
         return False
-    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__), ABI_TABLE]
+    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__), ABI_TABLE, QUANT_TABLES]
     return all(os.path.getmtime(p) <= t for p in here)
 
 

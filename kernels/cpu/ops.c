@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "rx_cpu.h"
+#include "rx_iq.h"
 #define RX_ABI_REPLAY /* rx_replay_one: rx_run's dispatch of one recorded command */
 #include "rx_abi.h"   /* generated from reflex_ipc/backends/cpu_abi.py: prototypes, replay codes */
 
@@ -316,7 +317,7 @@ static int act_format(int64_t type) {
     case RX_F32: case RX_F16: case RX_BF16: return RX_ACT_F32;
     case RX_Q4_0: case RX_Q4_1: case RX_Q5_0: case RX_Q5_1: case RX_Q8_0: return RX_ACT_A32;
     case RX_Q4_K: case RX_Q5_K: case RX_Q6_K: case RX_Q8_K: return RX_ACT_A256;
-    default: return RX_ACT_NONE;
+    default: return rx_iq_act_format((int)type); /* iq.c's formats, else RX_ACT_NONE */
     }
 }
 

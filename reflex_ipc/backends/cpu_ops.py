@@ -47,8 +47,10 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _lib = None
 _lib_error = None
 
-# ggml types the kernels read in place (others are dequantized to float32 at load)
-NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30})
+# ggml types the kernels read in place (others are dequantized to float32 at load): the float
+# types, Q4_0..Q8_0, Q4_K..Q8_K, and kernels/cpu/iq.c's IQ1_S..IQ4_XS, TQ1_0, TQ2_0, MXFP4
+NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30,
+                          16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39})
 
 
 def library_path():

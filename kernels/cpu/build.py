@@ -49,6 +49,7 @@ def units():
     if x86:
         isa = ["-mavx2", "-mfma", "-mf16c"]
         out.append(("x86.c", isa, "x86_avx2.o"))
+        out.append(("iq_x86.c", isa, "iq_avx2.o"))
         out.append(("x86.c", isa + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                     "-DRX_VNNI"], "x86_vnni.o"))
     return out

@@ -18,9 +18,12 @@ int rx_iq_act_format(int type) {
 }
 
 /* sum_j g[j] * (bit j of signs ? -p[j] : p[j]) over n values (grid bytes are unsigned) */
+static int8_t g_signs[256][8]; /* a byte's 8 sign bits as +-1 (rx_fill_iq fills it) */
+
 static inline int signed_dot(const uint8_t *g, uint8_t signs, const int8_t *p, int n) {
+    const int8_t *sv = g_signs[signs];
     int s = 0;
-    for (int j = 0; j < n; j++) s += (signs >> j & 1) ? -g[j] * p[j] : g[j] * p[j];
+    for (int j = 0; j < n; j++) s += g[j] * sv[j] * p[j];
     return s;
 }
 
@@ -272,6 +275,8 @@ static float dot_tq2_0(int64_t n, const void *w, const void *a) {
 }
 
 void rx_fill_iq(rx_isa *t) {
+    for (int b = 0; b < 256; b++)
+        for (int j = 0; j < 8; j++) g_signs[b][j] = (int8_t)((b >> j & 1) ? -1 : 1);
     t->dot[RX_IQ2_XXS] = dot_iq2_xxs;
     t->dot[RX_IQ2_XS] = dot_iq2_xs;
     t->dot[RX_IQ2_S] = dot_iq2_s;

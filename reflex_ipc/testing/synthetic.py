@@ -90,6 +90,59 @@ def random_blocks(rng, tname, rows, cols, std):
     return raw.reshape(rows, -1)
 
 
+# the block formats gguf-py cannot quantize (the IQ ones) take random well-formed blocks: any
+# bytes are a valid block (grid indices, sign bits, sub-block scales), then the block's scale is
+# set so that its values have the wanted standard deviation. Where the float16 d of each lives
+# (IQ1_M spreads it over the top nibbles of its scale words; MXFP4's is a power of two).
+IQ_SCALE_AT = {"IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0, "IQ1_S": 0, "IQ4_NL": 0,
+               "IQ4_XS": 0, "IQ1_M": None}
+
+
+def _set_block_scale(tname, raw, d):
+    """Write the per-block scales d (float64 [nb]) into the blocks raw [nb, bytes] of format tname."""
+    if tname == "MXFP4":  # E8M0, taken at half by ggml: d = 2^(e - 128)
+        raw[:, 0] = np.clip(np.round(np.log2(np.maximum(d, 1e-30))) + 128, 2, 254).astype(np.uint8)
+    elif tname == "IQ1_M":
+        h = np.asarray(d, np.float16).view(np.uint16)
+        sc = np.ascontiguousarray(raw[:, 48:56]).view("<u2") & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[:, k] |= ((h >> (4 * k)) & 0xF).astype(np.uint16) << 12
+        raw[:, 48:56] = sc.view(np.uint8)
+    else:
+        at = IQ_SCALE_AT[tname]
+        raw[:, at:at + 2] = _f16_bytes(d)
+
+
+def random_iq_blocks(rng, tname, rows, cols, std):
+    """uint8 [rows, row bytes]: random blocks of an IQ format (IQ_SCALE_AT) or MXFP4 whose values
+    have standard deviation ~std (per-block scales log-normal, sigma 0.25, like random_blocks')."""
+    from reflex_ipc.ggml_types import TYPES
+    from reflex_ipc.quants import dequantize  # gguf-py's values (tests/test_quants.py), faster
+
+    tid, blk, bsize = TYPES[tname]
+    if cols % blk:
+        raise ValueError(f"{tname} needs rows of a multiple of {blk} values, not {cols}")
+    nb = rows * cols // blk
+    raw = rng.integers(0, 256, size=(nb, bsize), dtype=np.uint8)
+    _set_block_scale(tname, raw, np.ones(nb))
+    unit = dequantize(raw.reshape(-1), tid, nb * blk).reshape(nb, blk).std(axis=1, dtype=np.float64)
+    jitter = np.exp(0.25 * rng.standard_normal(nb))
+    _set_block_scale(tname, raw, std / np.maximum(unit, 1e-3) * jitter)
+    return raw.reshape(rows, -1)
+
+
+def quantized(rng, a, tname):
+    """The F32 matrix a [..., cols] in block format tname: gguf-py's quantization where it has
+    one, else random blocks of a's standard deviation (random_iq_blocks; a's values are lost)."""
+    from gguf import GGMLQuantizationType as T
+    import gguf.quants as gq
+
+    if tname in IQ_SCALE_AT:
+        raw = random_iq_blocks(rng, tname, int(np.prod(a.shape[:-1])), a.shape[-1], float(a.std()))
+        return raw.reshape(*a.shape[:-1], -1)
+    return gq.quantize(np.ascontiguousarray(a, dtype=np.float32), T[tname])
+
+
 def weight(rng, tname, rows, cols, std):
     """(data, raw_dtype) for GGUFWriter.add_tensor: a [rows, cols] matrix (ggml shape
     [cols, rows]) in format tname."""
@@ -730,13 +783,56 @@ def _tiny_tokenizer(path):
     return _TINY_TOKENIZER[path]
 
 
+def _twin_writer(path, arch, twin):
+    """A GGUFWriter for path that also writes `twin`: the same metadata (but general.*) and every
+    tensor given to add_tensor as F32 (quantized ones dequantized by gguf-py): an f32_twin
+    written at once, without reading the file back."""
+    import gguf
+    import gguf.quants as gq
+
+    class Writer(gguf.GGUFWriter):
+        def __init__(self):
+            super().__init__(str(path), arch)
+            self.twin = gguf.GGUFWriter(str(twin), arch)
+
+        def add_key_value(self, key, val, vtype, **kw):
+            super().add_key_value(key, val, vtype, **kw)
+            if not key.startswith("general."):
+                self.twin.add_key_value(key, val, vtype, **kw)
+
+        def add_tensor(self, name, a, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+            super().add_tensor(name, a, raw_dtype=raw_dtype)
+            f = a if raw_dtype is None else gq.dequantize(a, raw_dtype)
+            self.twin.add_tensor(name, np.ascontiguousarray(f, dtype=np.float32))
+
+        def write_header_to_file(self, *args, **kw):
+            super().write_header_to_file(*args, **kw)
+            self.twin.write_header_to_file(*args, **kw)
+
+        def write_kv_data_to_file(self):
+            super().write_kv_data_to_file()
+            self.twin.write_kv_data_to_file()
+
+        def write_tensors_to_file(self, *args, **kw):
+            super().write_tensors_to_file(*args, **kw)
+            self.twin.write_tensors_to_file(*args, **kw)
+
+        def close(self):
+            super().close()
+            self.twin.close()
+
+    return Writer()
+
+
 def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None,
               n_ff=64, rope_base=10000.0, eps=1e-5, untied=False, qkv_bias=False, qk_norm=False,
               rope_freqs=False, window=0, pattern=None, rope_base_swa=None, rope_factor=None,
-              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None):
+              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None, twin=None):
     """Write a random tiny model with the tokenizer of the GGUF `tokenizer` (default: SmolLM2,
     whose vocabulary of TINY_N_VOCAB tokens the embedding assumes); returns {tensor name:
-    float64 numpy array (numpy order)} as stored (quantized ones dequantized)."""
+    float64 numpy array (numpy order)} as stored (quantized ones dequantized). qtype: the
+    matrices' block format (any, the IQ ones as random blocks: `quantized`); twin: also write
+    the F32 twin there."""
     import gguf
     import gguf.quants
 
@@ -746,7 +842,7 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
         tokenizer = resolve_model("smollm2")
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch) if twin is None else _twin_writer(path, arch, twin)
     write_tokenizer(w, _tiny_tokenizer(tokenizer))
     w.add_context_length(128)
     w.add_block_count(n_layer)
@@ -783,7 +879,7 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
             return
         a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
         if matrix and quant is not None:
-            q = gguf.quants.quantize(a, quant)
+            q = quantized(rng, a, qtype)
             tensors[name] = gguf.quants.dequantize(q, quant).astype(np.float64)
             w.add_tensor(name, q, raw_dtype=quant)
         else:

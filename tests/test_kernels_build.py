@@ -33,7 +33,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.core import IQ_TYPES, KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.launch import MODULE_OF  # noqa: E402
 
 
 # -- build.py ---------------------------------------------------------------------------
@@ -44,12 +45,17 @@ def test_build_two_archs_has_sass_and_ptx(tmp_path, monkeypatch):
     assert out and os.path.exists(out)
     info = json.load(open(tmp_path / "build.json"))
     assert info["built"] is True and info["archs"] == [75, 90] and info["ptx"] == 90
-    imgs = fatbin.read_images(out)
-    assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
-    # every kernel the backend may launch is in the machine code
-    elf = open(out, "rb").read()
+    assert info["fatbins"] == [fat for _, fat in build.UNITS]
+    elf = {}
+    for _, fat in build.UNITS:  # the main fatbin and the IQ formats' one
+        imgs = fatbin.read_images(str(tmp_path / fat))
+        assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
+        elf[fat] = open(tmp_path / fat, "rb").read()
+    # every kernel the backend may launch is in the machine code of its fatbin, and only there
     for name in SIGNATURES:
-        assert name.encode() + b"\0" in elf, name
+        home = MODULE_OF.get(name, build.FATBIN)
+        for fat, data in elf.items():
+            assert (name.encode() + b"\0" in data) == (fat == home), (name, fat)
     # up to date: a second build does not run nvcc
     monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     assert build.build(str(tmp_path)) == out
@@ -75,11 +81,12 @@ def test_archs_env(monkeypatch):
 
 
 def test_no_nvcc_installs_without_kernels(tmp_path, monkeypatch, capsys):
-    (tmp_path / build.FATBIN).write_bytes(b"stale")
+    for _, fat in build.UNITS:
+        (tmp_path / fat).write_bytes(b"stale")
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
     assert build.build(str(tmp_path)) is None
     assert "nvcc not found" in capsys.readouterr().err
-    assert not (tmp_path / build.FATBIN).exists()
+    assert not any((tmp_path / fat).exists() for _, fat in build.UNITS)
     info = json.load(open(tmp_path / "build.json"))
     assert info["built"] is False and "nvcc" in info["reason"]
 
@@ -121,15 +128,17 @@ def test_rule_builds_when_asked_or_when_a_driver_is_present(tmp_path, monkeypatc
 
 def test_rule_keeps_a_current_fatbin_and_drops_a_stale_one(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REFLEX_BUILD_CUDA", "0")
-    fat = tmp_path / build.FATBIN
-    fat.write_bytes(b"fatbin")
+    fats = [tmp_path / f for _, f in build.UNITS]
+    fat, iq = fats
     (tmp_path / "build.json").write_text(json.dumps({"built": True}))
     newest = max(os.path.getmtime(os.path.join(KDIR, s)) for s in build.sources())
-    os.utime(fat, (newest + 10, newest + 10))
+    for f in fats:
+        f.write_bytes(b"fatbin")
+        os.utime(f, (newest + 10, newest + 10))
     assert build.build_if_wanted(str(tmp_path)) == str(fat)  # built earlier, still current
     assert "keeping the current one" in capsys.readouterr().err
-    os.utime(fat, (newest - 10, newest - 10))  # a kernel source changed since
-    assert build.build_if_wanted(str(tmp_path)) is None and not fat.exists()
+    os.utime(iq, (newest - 10, newest - 10))  # a kernel source changed since the IQ fatbin was built
+    assert build.build_if_wanted(str(tmp_path)) is None and not any(f.exists() for f in fats)
     assert json.load(open(tmp_path / "build.json"))["built"] is False
 
 
@@ -146,12 +155,16 @@ def test_backend_reports_missing_kernels(tmp_path, monkeypatch):
 @needs_nvcc
 def test_signatures_match_the_kernel_parameters(tmp_path):
     """Each packing format in SIGNATURES has the kernel's parameter types in order: the
-    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32)."""
-    ptx = tmp_path / "all.ptx"
-    subprocess.run([NVCC, "--ptx", "-std=c++17", "-arch=compute_90", "-o", str(ptx),
-                    os.path.join(KDIR, "all.cu")], check=True)
-    text = ptx.read_text()
-    entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+    PTX of the translation units lists them (.u64 pointers, .u32/.s32 ints, .f32)."""
+    entries = {}
+    for unit, fat in build.UNITS:
+        ptx = tmp_path / (unit + ".ptx")
+        subprocess.run([NVCC, "--ptx", "-std=c++17", "-arch=compute_90", "-o", str(ptx),
+                        os.path.join(KDIR, unit)], check=True)
+        found = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", ptx.read_text()))
+        assert not set(found) & set(entries), "a kernel in two fatbins"
+        assert all(MODULE_OF.get(k, build.FATBIN) == fat for k in found), unit
+        entries.update(found)
     code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
     assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
     for name, params in entries.items():
@@ -227,8 +240,14 @@ def test_kernel_packs_arguments_in_c_layout():
     assert struct.unpack_from("<Qq", buf, 16) == (0xB0, 1 << 40)  # pointer realigned to 16
 
 
+def test_build_units_are_the_abi_units():
+    from reflex_ipc.cuda import abi
+
+    assert build.UNITS == abi.UNITS
+
+
 def test_every_matmul_type_has_kernels():
-    for t in MM_TYPES:
+    for t in MM_TYPES + IQ_TYPES:
         for nt in (1, 4, 8):
             assert f"mm{nt}_{t}" in SIGNATURES
         assert f"get_rows_{t}" in SIGNATURES
@@ -1155,3 +1174,39 @@ def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
         assert variant_free(names) == want, t
         taken += sum(n.startswith("mv") for n in names)
     assert taken  # the fixtures have Q8_0 / Q4_K matrices
+
+
+def test_cuda_ops_iq_weights_stay_blocks_and_take_their_kernels(fake_ops, tmp_path):
+    """An IQ / TQ / MXFP4 weight stays its blocks in the arena (no dequantized copy), its loading
+    asks for a kernel of its fatbin (the real runtime loads that fatbin then, outside any graph
+    capture), and every matmul path launches that format's kernel of the same family."""
+    import numpy as np
+
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing.synthetic import tensors_gguf
+    from reflex_ipc.testing.opchecks import IQ_TYPES, random_weight
+    from reflex_ipc.ggml_types import TYPES
+
+    ops = fake_ops
+    rng = np.random.default_rng(0)
+    specs = {t: (random_weight(t, 64, 512, rng, ref=False)[0], TYPES[t][0], (64, 512)) for t in IQ_TYPES}
+    path = tensors_gguf(str(tmp_path / "iq.gguf"), specs)
+    with GGUFFile(path) as f:
+        for t in IQ_TYPES:
+            ops.rt.launches.clear()
+            info = f.tensors[t]
+            w = ops.load_weight(f, t)
+            low = t.lower()
+            assert isinstance(w, DeviceWeight) and w.type_name == t and w.row_bytes * 64 == info.nbytes
+            assert w.ptr == (1 << 30) + info.offset - f.data_offset  # inside the arena: no copy
+            assert MODULE_OF[f"get_rows_{low}"] == "reflex_kernels_iq.fatbin"
+            for n, kern in ((1, f"mm1_{low}"), (5, f"mm8_{low}"), (100, f"mma_{low}")):
+                x = DeviceArray.empty(ops.pool, (n, 512))
+                ops.matmul(x, w)
+                assert any(name == kern for name, *_ in ops.rt.launches), (t, n, [k for k, *_ in ops.rt.launches])
+            ops.matmul_glu(DeviceArray.empty(ops.pool, (1, 512)), w, w)
+            ops.embed(w, DeviceArray.empty(ops.pool, (3,), "int32"))
+            names = [name for name, *_ in ops.rt.launches]
+            assert f"mmglu1_{low}" in names and f"get_rows_{low}" in names
+            assert all(n in MODULE_OF for n in names if n.endswith("_" + low))

@@ -20,6 +20,11 @@ from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
              Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
+# the IQ formats, TQ1_0 / TQ2_0 and MXFP4: every matmul family too (kernels/iq_all.cu: the families'
+# own kernels over iq.cuh's block readers), in the fatbin loaded when such a weight is
+IQ_KERNEL = {TYPES[n.upper()][0]: n for n in ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
+                                            "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4")}
+MM_KERNEL.update(IQ_KERNEL)
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
@@ -333,12 +338,14 @@ class CudaOps:
             rows = math.prod(shape[:-1])
             cols = shape[-1]
             _, blk, bsize = TYPES[type_name(t.ggml_type)]
+            if t.ggml_type in IQ_KERNEL:  # their fatbin is loaded now, never inside a graph capture
+                self.rt.kernel(f"get_rows_{IQ_KERNEL[t.ggml_type]}")
             return DeviceWeight(arena.ptr(t), (rows, cols), t.ggml_type, type_name(t.ggml_type),
                                 cols // blk * bsize, name, arena)
         from ..quants import dequantize
 
         if len(shape) >= 2:
-            # a block format without a kernel here (Q2_K, Q3_K, IQ*): dequantized to f16 once
+            # a block format without a kernel here (Q2_K, Q3_K): dequantized to f16 once
             rows, cols = math.prod(shape[:-1]), shape[-1]
             host = dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).astype(np.float16)
             dev = self.asarray(host.reshape(rows, cols), "float16")

@@ -21,8 +21,13 @@ from .references import attention_ref, rms_norm_rope_ref
 
 # byte offsets of the float16 scale fields in each block format
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
+              "IQ4_NL": [0], "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64], "IQ1_M": [], "MXFP4": []}
 MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# the formats of kernels/iq_all.cu (their own fatbin on CUDA): check_iq
+IQ_TYPES = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+            "MXFP4"]
 # Tolerance of the tensor-core matmuls (CudaOps with N >= mma_min_n): x and the dequantized
 # weights are rounded to float16 (unit roundoff 2^-11 = 4.9e-4, a relative rounding error
 # of rms 2^-11/sqrt(3) = 2.8e-4 on each operand), products are summed in float32. For a
@@ -88,6 +93,14 @@ def random_weight(name, rows, cols, rng, ref=True):
         for off in F16_FIELDS[name]:
             s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
             raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
+        if name == "IQ1_M":  # its float16 d in the top nibbles of the 4 scale words (bytes 48..55)
+            h = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype("<f2").view("<u2")
+            sc = np.ascontiguousarray(raw[:, 48:56]).view("<u2") & np.uint16(0x0FFF)
+            for k in range(4):
+                sc[:, k] |= ((h >> (4 * k)) & 0xF).astype(np.uint16) << 12
+            raw[:, 48:56] = sc.view(np.uint8)
+        elif name == "MXFP4":  # E8M0, 2^(e - 128) with the doubled E2M1 values: 2^-9 .. 2^-6
+            raw[:, 0] = rng.integers(119, 123, nb)
         raw = raw.reshape(-1)
     if not ref:
         return np.ascontiguousarray(raw), None
@@ -1068,7 +1081,7 @@ def _moe_inputs(rng, N, K, E, k, gating, bias, groups, router=None):
 def _moe_width(types):
     """An expert width F (the down projection's columns) that every format's blocks divide,
     not a multiple of 256 where the formats allow (tails of the row loops)."""
-    if any(t in ("Q4_K", "Q5_K", "Q6_K") for t in types):
+    if any(t is not None and TYPES[t][1] == 256 for t in types):
         return 256
     return 200 if all(t in (None, "F32", "F16", "BF16") for t in types) else 224
 
@@ -1862,6 +1875,112 @@ def _bench_model_layer(ops, rng, drv, N, mma0):
           ", ".join(f"{k}={v}" for k, v in res.items() if "layer" in k or "model" in k or "tok/s" in k),
           flush=True)
     return res
+
+
+def check_iq(ops, rng):
+    """The IQ formats, TQ1_0, TQ2_0 and MXFP4 (CUDA: kernels/iq_all.cu's families, in their own
+    fatbin) through every matmul path, against float64 products with the weights dequantized by
+    quants.py: one token (a block per row; a warp per row on a weight of more rows than
+    cuda_ops.MM_SPLIT_ROWS), 2..63 tokens (mmt), 64+ (the tensor-core tiles, K not a multiple of
+    their 64-column slices for the 32-value formats), plain and accumulate; the embedding rows;
+    q/k/v in one launch; gate/up (silu, gelu); the RMSNorm-folded one-token ops; head_matmul
+    (MLA's per-head weights) where the backend has it; the routed experts (moe) against
+    NumpyOps.moe; a one-token step replayed from a captured graph. Outputs poisoned first. On
+    the cpu backend (its int8 activation rounding) the bound is CPU_ACT_TOL."""
+    from reflex_ipc.backends.base import rms_norm_matmul_glu, rms_norm_matmul_n
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    cpu = getattr(ops, "name", "") == "cpu"
+
+    def tol(N):
+        return CPU_ACT_TOL if cpu else (MMA_TOL if getattr(ops, "mma", False) and N >= ops.mma_min_n else MM_TOL)
+
+    rows = []
+    npo = NumpyOps()
+    for name in IQ_TYPES:
+        blk = TYPES[name][1]
+        K = 768 if blk == 256 else 352  # 352: 5.5 slices of the tensor-core tiles
+        W = _weights(ops, {"a": (name, 203, K), "b": (name, 203, K), "c": (name, 70, K), "d": (name, 57, K),
+                           "wide": (name, 16500, 256)}, rng)
+        (wa, ra), (wb, rb), (wc, rc), (wd, rd) = W["a"], W["b"], W["c"], W["d"]
+        for N in (1, 3, 8, 13, 63, 64, 100):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X, x64 = ops.asarray(x), x.astype(np.float64)
+            poison(ops, (N, 203))
+            rows.append(row("iq_matmul", f"{name} K={K} N={N}", ops.to_numpy(ops.matmul(X, wa)), x64 @ ra.T, tol(N)))
+            if N in (1, 9, 13, 100):
+                y0 = rng.standard_normal((N, 203)).astype(np.float32)
+                Y = ops.asarray(y0.copy())
+                ops.matmul(X, wa, out=Y, accumulate=True)
+                rows.append(row("iq_matmul", f"{name} K={K} N={N} accumulate", ops.to_numpy(Y), y0 + x64 @ ra.T,
+                                tol(N)))
+            if N in (1, 13, 100):
+                poison(ops, (N, 203), (N, 70), (N, 57))
+                outs = ops.matmul_n(X, [wa, wc, wd])
+                for i, (out, r) in enumerate(zip(outs, (ra, rc, rd))):
+                    rows.append(row("iq_matmul_n", f"{name} N={N} out{i}", ops.to_numpy(out), x64 @ r.T, tol(N)))
+                xg = (x * 2 / np.std(x64 @ ra.T)).astype(np.float32)  # gate values of a few units
+                g64, u64 = xg.astype(np.float64) @ ra.T, xg.astype(np.float64) @ rb.T
+                for act in ("silu", "gelu"):
+                    poison(ops, (N, 203))
+                    out = ops.to_numpy(ops.matmul_glu(ops.asarray(xg), wa, wb, act=act))
+                    rows.append(row("iq_matmul_glu", f"{name} {act} N={N}", out, glu_ref(g64, u64, act), 2 * tol(N)))
+        # one token, a weight of more rows than a block-per-row launch takes (CUDA: mm1)
+        x = rng.standard_normal((1, 256)).astype(np.float32)
+        wide, rwide = W["wide"]
+        rows.append(row("iq_matmul", f"{name} M=16500 K=256 N=1", ops.to_numpy(ops.matmul(ops.asarray(x), wide)),
+                        x.astype(np.float64) @ rwide.T, tol(1)))
+        ids = np.array([0, 5, 202, 17, 5], dtype=np.int32)
+        rows.append(row("iq_get_rows", name, ops.to_numpy(ops.embed(wa, ids, scale=0.5)), ra[ids] * 0.5, 1e-6))
+        # the RMSNorm folded into the one-token q/k/v and gate/up (CUDA: mmnorm1 / mmgnorm1)
+        x = (rng.standard_normal((1, K)) * 3 + 0.5).astype(np.float32)
+        nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+        X, NW = ops.asarray(x), ops.asarray(nw)
+        h = _rms64(x, nw, 1e-6)
+        poison(ops, (1, 203), (1, 70), (1, 57))
+        for i, (out, r) in enumerate(zip(rms_norm_matmul_n(ops, X, NW, 1e-6, [wa, wc, wd]), (ra, rc, rd))):
+            rows.append(row("iq_rms_norm_matmul_n", f"{name} out{i}", ops.to_numpy(out), h @ r.T, tol(1)))
+        hs = _rms64(x, nw * np.float32(2 / np.std(h @ ra.T)), 1e-6)  # gate values of a few units
+        NWs = ops.asarray((nw * np.float32(2 / np.std(h @ ra.T))).astype(np.float32))
+        out = ops.to_numpy(rms_norm_matmul_glu(ops, X, NWs, 1e-6, wa, wb, act="silu"))
+        rows.append(row("iq_rms_norm_matmul_glu", name, out, glu_ref(hs @ ra.T, hs @ rb.T, "silu"), 2 * tol(1)))
+        # MLA's per-head weights: x [N, H, K] by [H * M, K]
+        if getattr(ops, "head_matmul", None) is not None:
+            Wh = _weights(ops, {"h": (name, 3 * 37, K)}, rng)["h"]
+            for N in (1, 5, 13):
+                x = rng.standard_normal((N, 3, K)).astype(np.float32)
+                poison(ops, (N, 3, 37))
+                got = ops.to_numpy(ops.head_matmul(ops.asarray(x), Wh[0]))
+                want = np.einsum("nhk,hmk->nhm", x.astype(np.float64), Wh[1].reshape(3, 37, K))
+                rows.append(row("iq_head_matmul", f"{name} N={N}", got, want, tol(N)))
+        # routed experts: every weight of the format, against numpy's moe on the dequantized weights
+        E, k, F, Km, D = 8, 2, (256 if blk == 256 else 224), 512, 203
+        Wm = _weights(ops, {"gate": (name, E * F, Km), "up": (name, E * F, Km), "down": (name, E * D, F),
+                            "router": ("F32", E, Km)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in Wm.items()}
+        for N in (1, 3, 17):
+            x = _moe_inputs(rng, N, Km, E, k, "softmax", None, None, router=ref["router"].astype(np.float64))[0]
+            with np.errstate(over="ignore"):
+                want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+            poison(ops, (N, D), (N * k, F))
+            got = ops.moe(ops.asarray(x), Wm["router"][0], Wm["gate"][0], Wm["up"][0], Wm["down"][0], k)
+            rows.append(row("iq_moe", f"{name} E={E} k={k} N={N}", ops.to_numpy(got), want,
+                            3 * CPU_ACT_TOL if cpu else 1e-4))  # cpu: three roundings chained
+        # a one-token step (q/k/v, gate/up, down) from a captured graph, replayed on a new x
+        if hasattr(ops, "capture"):
+            X = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
+            g, outs = ops.capture(lambda: ops.matmul_n(X, [wa, wc]) + [ops.matmul_glu(X, wa, wb)])
+            try:
+                x2 = rng.standard_normal((1, K)).astype(np.float32)
+                ops.write(X, x2)
+                g.launch()
+                x64 = x2.astype(np.float64)
+                refs = [x64 @ ra.T, x64 @ rc.T, glu_ref(x64 @ ra.T, x64 @ rb.T, "silu")]
+                for i, (o, r) in enumerate(zip(outs, refs)):
+                    rows.append(row("iq_graph", f"{name} out{i}", ops.to_numpy(o), r, 2 * tol(1)))
+            finally:
+                g.close()
+    return rows
 
 
 def run_all(ops, seed=0):

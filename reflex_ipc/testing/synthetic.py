@@ -977,8 +977,8 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
     list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
     (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
     attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps), n_pl
-    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0"):
-    matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
+    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0", or an
+    IQ format: `quantized`): matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
     import gguf
     import gguf.quants
 
@@ -1047,7 +1047,7 @@ def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_di
         if name in drop:
             return
         if quant is not None and len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[quant][0] == 0:
-            w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
+            w.add_tensor(name, quantized(rng, a, qtype), raw_dtype=quant)
         else:
             w.add_tensor(name, a)
 

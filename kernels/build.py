@@ -75,10 +75,14 @@ def wanted_archs(nvcc):
     return supported_archs(nvcc)
 
 
-def nvcc_command(nvcc, archs, out, unit=MAIN):
+def nvcc_command(nvcc, archs, out, keep_dir=None, unit=MAIN):
+    """keep_dir: nvcc keeps its intermediate files there (the PTX of each target:
+    <unit>.compute_<arch>.ptx, e.g. all.compute_90.ptx; the tests read it instead of compiling
+    the PTX again)."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
-    return [nvcc, "--fatbin", *FLAGS, *gencode, "-o", out, os.path.join(HERE, unit)]
+    keep = ["--keep", "--keep-dir", keep_dir] if keep_dir else []
+    return [nvcc, "--fatbin", *FLAGS, *gencode, *keep, "-o", out, os.path.join(HERE, unit)]
 
 
 def sources():
@@ -190,8 +194,9 @@ def check_abi():
         raise SystemExit(f"kernels: {e}") from None
 
 
-def build(out_dir, force=False, why="asked"):
-    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing."""
+def build(out_dir, force=False, why="asked", keep_dir=None):
+    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing.
+    keep_dir: keep nvcc's intermediate files there (see nvcc_command)."""
     os.makedirs(out_dir, exist_ok=True)
     nvcc = find_nvcc()
     if not nvcc:
@@ -210,8 +215,10 @@ def build(out_dir, force=False, why="asked"):
     t0 = time.monotonic()
     check_abi()
     with tempfile.TemporaryDirectory() as tmp:
+        if keep_dir:
+            os.makedirs(keep_dir, exist_ok=True)
         for unit, fat in UNITS:
-            cmd = nvcc_command(nvcc, archs, os.path.join(tmp, fat), unit)
+            cmd = nvcc_command(nvcc, archs, os.path.join(tmp, fat), keep_dir, unit)
             _say(" ".join(cmd))
             subprocess.run(cmd, check=True)
         for _, fat in UNITS:  # all or nothing

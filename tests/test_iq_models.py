@@ -141,5 +141,9 @@ def test_cpu_reads_the_blocks_in_place(iq_model, fmt):
 
     m = runner(iq_model(fmt), "cpu").model
     L = m.layers[0]
-    for w in (m.tok_embd, m.output, L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down):
+    ws = [m.tok_embd, m.output] + [getattr(L, n) for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                             "ffn_up", "ffn_down")]
+    for w in ws:
+        if w is None:  # the LM head is the (tied) embedding
+            continue
         assert w.ggml_type == TYPES[fmt][0] and w.raw.dtype == np.uint8 and not w.raw.flags.owndata, fmt

@@ -16,7 +16,7 @@ concat run in numpy.
 Numerics: the numpy backend (float32 dequantized weights, float32 KV) stays the
 oracle. The activation rounding adds a relative error of about 0.5/127 per block
 to each product, and the float16 KV cache about 2^-11 per value; the tests bound
-the resulting differences (tests/test_cpu_ops.py, tests/test_parity.py).
+the resulting differences (tests/test_cpu_ops.py, tests/arch/test_goldens.py).
 
 The library is loaded with ctypes at first use. When it is missing or fails to
 load, `available()` says why and the engine falls back to the numpy backend with
@@ -795,18 +795,23 @@ class CpuOps(Launchers):
             return None, result
         return Graph(self._lib, rec, keep), result
 
-    def capture(self, fn):
+    # capture(fn, run=True) keeps the recorded run's effect (runtime/graphs.capture_step)
+    capture_runs = True
+
+    def capture(self, fn, run=False):
         """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
         arrays (the runtime writes new inputs into them first), in one call. When fn did
         something in numpy that a replay would miss (a mixture of experts' routing, say), the
         graph runs fn again at each launch and copies its result into the first one's array.
         As on CUDA, where a capture runs nothing, the step takes effect at launch: capturing
         runs fn, so the recurrent state it updated in place is put back afterwards (the KV
-        store it made is rewritten with the same values by the launch)."""
-        self._saved = []
+        store it made is rewritten with the same values by the launch). run=True: the step
+        has taken effect when capture returns (the recorded run is the step: nothing is put
+        back, and the caller does not launch the graph for this step)."""
+        self._saved = None if run else []
         try:
             graph, result = self.record(fn)
-            for a, before in self._saved:
+            for a, before in self._saved or ():
                 np.copyto(a, before)
         finally:
             self._saved = None

@@ -165,6 +165,9 @@ class CudaOps:
     name = "cuda"
     device = "cuda"
     kv_dtype = "float16"
+    # slot arrays a model marks exact (runtime.state.SlotSpec(exact=True): deepseek2's MLA latent,
+    # both its keys and its values) stay float32 (issue 32 item 18)
+    exact_kv_dtype = "float32"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
@@ -314,6 +317,12 @@ class CudaOps:
 
     def synchronize(self):
         self.rt.stream.synchronize()
+
+    def wait_uploads(self):
+        """Until every weight arena's upload is done (a backend brought up beside the cpu
+        backend is ready to take over only then: engine._late_cuda); its error, if any."""
+        for a in self._arenas.values():
+            a.wait()
 
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
@@ -673,6 +682,21 @@ class CudaOps:
              neox=1 if neox else 0, mscale=float(mscale))
         return q, k
 
+    def residual_add(self, x, y, w, eps, *, norm=True, scale=1.0, out_scale=1.0):
+        """base.residual_add in one launch (residual_add_f32): x = (x + scale * rms_norm(y, w,
+        eps)) * out_scale (y itself when not norm), in place on x [rows, dim]."""
+        self._f32("residual_add", x, y, *([w] if norm and w is not None else []))
+        dim = x.shape[-1]
+        if y.shape != x.shape or (norm and w is not None and w.shape != (dim,)):
+            raise ValueError(f"residual_add: x {x.shape}, y {y.shape}, w {None if w is None else w.shape}")
+        rows = x.size // dim if dim else 0
+        if rows:
+            threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
+            self.k("residual_add_f32")((rows, 1, 1), (threads, 1, 1), x=x.ptr, y=y.ptr,
+                                       w=w.ptr if norm and w is not None else 0, dim=dim, norm=1 if norm else 0,
+                                       eps=float(eps), scale=float(scale), out_scale=float(out_scale))
+        return x
+
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
             selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """base.py's moe on the device, with no host round trip (so a graph can hold it): the
@@ -959,6 +983,12 @@ class CudaOps:
         if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
             raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
+        if k_cache.dtype == "float32":  # an exact (MLA latent) cache: keys only
+            if v is not None or Hkv != 1:
+                raise ValueError("kv_store: a float32 cache holds one latent head, keys only")
+            self.k("kv_store_latent_f32")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, kc=k_cache.ptr,
+                                          pos=slots.ptr, N=N, dk=hd)
+            return
         self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, v=v.ptr if v is not None else 0,
                            kc=k_cache.ptr, vc=v_cache.ptr if v_cache is not None else 0, pos=slots.ptr, N=N, Hkv=Hkv,
                            hd=hd, ctx=k_cache.shape[1])
@@ -1076,7 +1106,7 @@ class CudaOps:
         chunk, S = mla_split_plan(N * H, n_kv)
         ml = self.empty((N * H * S * 2,))
         acc = self.empty((N * H * S * dv,))
-        kern = self.k("mla_attention_split")
+        kern = self.k("mla_attention_split_f32" if k_cache.dtype == "float32" else "mla_attention_split")
         kern((H, N, S), (32 * MLA_WARPS, 1, 1),
              kern.head(q=q.ptr, kc=k_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
                        mask=mask.ptr if mask is not None else 0),

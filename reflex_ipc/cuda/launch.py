@@ -184,6 +184,13 @@ def _kv_store(launch, pack, stream):
     return kernel
 
 
+def _kv_store_latent_f32(launch, pack, stream):
+    def kernel(grid, block, *, k, kc, pos, N, dk, shared=0):
+        return launch(grid, block, pack(k, kc, pos, N, dk), shared, stream)
+
+    return kernel
+
+
 def _logprob_rows(launch, pack, stream):
     def kernel(grid, block, *, x, ld, rows, targets, n, out, shared=0):
         return launch(grid, block, pack(x, ld, rows, targets, n, out), shared, stream)
@@ -191,7 +198,7 @@ def _logprob_rows(launch, pack, stream):
     return kernel
 
 
-def _mla_attention_split(launch, pack, stream):
+def _mla_attention_split(launch, pack, stream):  # 2 kernels
     def head(*, q, kc, part_ml, part_acc, pos, mask):
         return (q, kc, part_ml, part_acc, pos, mask)
 
@@ -345,6 +352,13 @@ def _qk_rope_kv_store_f32(launch, pack, stream):
         return launch(grid, block, pack(*head, Hq, Hkv, hd, dv, ctx, norm, eps, n_rot, base, freq_scale, ff, neox, mscale), shared, stream)
 
     kernel.head = head
+    return kernel
+
+
+def _residual_add_f32(launch, pack, stream):
+    def kernel(grid, block, *, x, y, w, dim, norm, eps, scale, out_scale, shared=0):
+        return launch(grid, block, pack(x, y, w, dim, norm, eps, scale, out_scale), shared, stream)
+
     return kernel
 
 
@@ -550,8 +564,10 @@ KERNELS = {
     "hmm8_tq1_0": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_tq2_0": ("QQQiiiiq", _hmm1_bf16),
     "kv_store": ("QQQQQiiii", _kv_store),
+    "kv_store_latent_f32": ("QQQii", _kv_store_latent_f32),
     "logprob_rows": ("QqQQiQ", _logprob_rows),
     "mla_attention_split": ("QQQQQQiiiiffiii", _mla_attention_split),
+    "mla_attention_split_f32": ("QQQQQQiiiiffiii", _mla_attention_split),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),
@@ -1077,6 +1093,7 @@ KERNELS = {
     "mvne_q6_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q8_0": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "qk_rope_kv_store_f32": ("QQQQQQQQQiiiiiiififfQif", _qk_rope_kv_store_f32),
+    "residual_add_f32": ("QQQiifff", _residual_add_f32),
     "rms_norm_gate_f32": ("QQQQiif", _rms_norm_gate_f32),
     "rmsnorm_f32": ("QQQif", _rmsnorm_f32),
     "rmsnorm_rope_f32": ("QQQiiififfQif", _rmsnorm_rope_f32),

@@ -69,7 +69,7 @@ def run():
     from reflex_ipc import settings
     from reflex_ipc.backends.cuda_ops import CudaOps
     from reflex_ipc.testing import opchecks
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf, tiny_gguf
+    from reflex_ipc.testing.synthetic import example_gguf, tiny_gguf
 
     syn = settings.get().synth_dir
     os.makedirs(syn, exist_ok=True)
@@ -90,11 +90,12 @@ def run():
         p = os.path.join(syn, f"iq-{fmt.lower()}.gguf")
         tiny_gguf(p, tokenizer=tok, qtype=fmt, seed=31, **CONFIG)
         paths.append(p)
-    q = FAMILY_CONFIGS["qwen3moe"]
-    paths.append(family_gguf(os.path.join(syn, "iq-qwen3moe-mxfp4.gguf"), **dict(q, n_embd=64, n_ff_exp=64,
-                             n_expert=16, n_used=4, seed=5), tokenizer=tok, qtype="MXFP4"))
-    paths.append(family_gguf(os.path.join(syn, "iq-qwen3moe-iq2_xxs.gguf"), **dict(q, n_embd=256, n_ff_exp=256,
-                             n_expert=8, n_used=2, seed=6), tokenizer=tok, qtype="IQ2_XXS"))
+    for qtype, keys in (("MXFP4", {"embedding_length": 64, "expert_feed_forward_length": 64, "expert_count": 16,
+                                   "expert_used_count": 4}),
+                        ("IQ2_XXS", {"embedding_length": 256, "expert_feed_forward_length": 256, "expert_count": 8,
+                                     "expert_used_count": 2})):
+        paths.append(example_gguf("qwen3moe", os.path.join(syn, f"iq-qwen3moe-{qtype.lower()}.gguf"), tokenizer=tok,
+                                  keys=keys, qtype=qtype, seed=5))
     models = []
     for p in paths:
         try:

@@ -8,7 +8,9 @@ The results are bit-for-bit those of the reference dequantizers (ggml's C
 code, and `gguf.quants`, which tests/test_quants.py compares against): each
 value is computed with the same float32 operations in the same order, e.g.
 Q4_1 is `d * q + m` and Q4_K is `(d * sc) * q - dmin * m`, never a fused or
-reordered form.
+reordered form. Formats: F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q8_K, the IQ grid formats
+(IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S; ggml's grids and sign tables from
+quant_tables.py, imported at the first such tensor), IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4.
 
 Speed: the blocks are processed in chunks small enough for the temporaries
 to stay in cache, and large tensors are split across threads (numpy releases

@@ -4,8 +4,9 @@ Arrays are numpy arrays, as on the numpy backend; what differs is where the time
 goes. Weights stay the GGUF's own blocks, read in place from the file mapping
 (no dequantization and no copy at load: a weight handle is the tensor's address,
 type and row stride). `matmul` rounds each row of activations to int8 blocks
-(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, 256 values
-with group sums for the K-quants, as ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
+(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/MXFP4 weights, 256 values
+with group sums for the K-quants and the other IQ / TQ formats (kernels/cpu/iq*.c), as
+ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
 and runs integer dot products on the packed weights; F32/F16/BF16 weights take
 the float32 activations as they are. Norms, rotary, the KV store and attention
 are C loops as well; the KV cache is float16 (`kv_dtype`). So are the recurrent layers'

@@ -1,4 +1,4 @@
-/* AVX2 kernels of the IQ, TQ2_0 and MXFP4 formats (rx_iq.h; the portable ones are iq.c, the
+/* AVX2 kernels of the IQ, TQ1_0, TQ2_0 and MXFP4 formats (rx_iq.h; the portable ones are iq.c, the
  * same integer sums). Built with -mavx2 -mfma -mf16c; x86.c's fills register them.
  *
  * The grid formats: 32 values at a time, their grid points gathered as 4 (8-value) or 8
@@ -297,6 +297,51 @@ static float dot_tq2_0(int64_t n, const void *w, const void *a) {
     return hsum8(acc);
 }
 
+/* TQ1_0: digit k of each byte of v (5 base-3 digits a byte: ((q * 3^k mod 256) * 3) >> 8),
+ * 16-bit lanes, order kept (unpack and pack work per 128-bit lane alike) */
+static inline __m256i tq1_digits(__m256i v, int pow3) {
+    const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16(255), p = _mm256_set1_epi16((short)pow3);
+    const __m256i three = _mm256_set1_epi16(3);
+    __m256i lo = _mm256_and_si256(_mm256_mullo_epi16(_mm256_unpacklo_epi8(v, z), p), m);
+    __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_unpackhi_epi8(v, z), p), m);
+    lo = _mm256_srli_epi16(_mm256_mullo_epi16(lo, three), 8);
+    hi = _mm256_srli_epi16(_mm256_mullo_epi16(hi, three), 8);
+    return _mm256_packus_epi16(lo, hi);
+}
+
+static float dot_tq1_0(int64_t n, const void *w, const void *a) {
+    const uint8_t *x = w; const rx_a256 *y = a;
+    const __m256i one = _mm256_set1_epi16(1);
+    static const int pow3[5] = {1, 3, 9, 27, 81};
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++, x += RX_TQ1_0_B) {
+        const int8_t *p = y[b].q;
+        __m256i sum = _mm256_setzero_si256();
+        /* bytes 0..31: digit k is values 32 k + m */
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)x);
+        for (int k = 0; k < 5; k++)
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(tq1_digits(q0, pow3[k]), load32(p + 32 * k)), one));
+        /* bytes 32..47: digit k is values 160 + 16 k + m; digits (0, 1) and (2, 3) a vector each */
+        const __m128i q1 = _mm_loadu_si128((const __m128i *)(x + 32));
+        for (int k = 0; k < 4; k += 2) {
+            const __m256i d = _mm256_set_m128i(_mm256_castsi256_si128(tq1_digits(_mm256_castsi128_si256(q1), pow3[k + 1])),
+                                               _mm256_castsi256_si128(tq1_digits(_mm256_castsi128_si256(q1), pow3[k])));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(d, load32(p + 160 + 16 * k)), one));
+        }
+        /* values 224..255: digit 4 of bytes 32..47, then qh's 4 digits of 4 bytes (240 + 4 k + j) */
+        uint8_t t[16];
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 4; j++) t[4 * k + j] = (uint8_t)(((uint16_t)(uint8_t)(x[48 + j] * pow3[k]) * 3) >> 8);
+        const __m256i d = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)t),
+                                           _mm256_castsi256_si128(tq1_digits(_mm256_castsi128_si256(q1), pow3[4])));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(d, load32(p + 224)), one));
+        /* the value is digit - 1: subtract the activations' sum */
+        sum = _mm256_sub_epi32(sum, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsum), one));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x + 52) * y[b].d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    return hsum8(acc);
+}
+
 void rx_fill_iq_avx2(rx_isa *t) {
     t->dot[RX_IQ2_XXS] = dot_iq2_xxs;
     t->dot[RX_IQ2_XS] = dot_iq2_xs;
@@ -307,6 +352,7 @@ void rx_fill_iq_avx2(rx_isa *t) {
     t->dot[RX_IQ1_M] = dot_iq1_m;
     t->dot[RX_IQ4_NL] = dot_iq4_nl;
     t->dot[RX_IQ4_XS] = dot_iq4_xs;
+    t->dot[RX_TQ1_0] = dot_tq1_0;
     t->dot[RX_TQ2_0] = dot_tq2_0;
     t->dot[RX_MXFP4] = dot_mxfp4;
 }

@@ -74,6 +74,7 @@ def units(machine=None):
                                     "-DRX_VNNI"], "x86_vnni.o"))
     elif machine in ("aarch64", "arm64"):
         out.append(("neon.c", ["-march=armv8-a"], "neon.o"))
+        out.append(("iq_neon.c", ["-march=armv8-a"], "iq_neon.o"))
         out.append(("neon.c", ["-march=armv8.2-a+dotprod", "-DRX_DOTPROD"], "neon_dotprod.o"))
         out.append(("neon.c", ["-march=armv8.2-a+dotprod+i8mm", "-DRX_I8MM"], "neon_i8mm.o"))
     return out

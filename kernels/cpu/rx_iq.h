@@ -3,7 +3,7 @@
  * dot products of the stored blocks with the int8 activations (IQ4_NL and MXFP4 with A32,
  * the 256-value formats with A256, as ggml's CPU backend pairs them with Q8_0 / Q8_K), and
  * their rows dequantized (the embedding lookup). iq.c is the portable C path, iq_x86.c the
- * AVX2 one (the same integer sums). Block layouts: ggml-common.h; tables: ../quant_tables.h. */
+ * AVX2 one (the same integer sums), iq_neon.c the aarch64 one (the same results, bit for bit). Block layouts: ggml-common.h; tables: ../quant_tables.h. */
 #ifndef RX_IQ_H
 #define RX_IQ_H
 
@@ -16,6 +16,10 @@ void rx_fill_iq(rx_isa *t);
 #if defined(__x86_64__) || defined(_M_X64)
 /* overrides them with the AVX2 ones (needs AVX2; called from x86.c's fill) */
 void rx_fill_iq_avx2(rx_isa *t);
+#endif
+#if defined(__aarch64__)
+/* ... with the NEON ones (iq_neon.c: bit for bit iq.c's; called from neon.c's fills) */
+void rx_fill_iq_neon(rx_isa *t);
 #endif
 /* one row of k values of one of these types -> float32; 0 when `type` is not one of them */
 int rx_iq_dequant_row(int type, const void *src, float *y, int64_t k);

@@ -3,11 +3,12 @@
 // loads it only when a model holds weights of these formats (cuda/core.py), so the main
 // fatbin, which every start reads and loads, does not grow with them.
 //
-// The kernels are the families' own (matmul.cuh, mma.cuh, matvec_nt.cuh, fused.cuh, mla.cuh,
-// moe.cuh: their templates over deq8, with iq.cuh's block readers): their headers are
-// included with RX_EXTERN turned into an unused template, so that nothing they define as a
-// kernel is emitted here (their formats stay in the main fatbin), then RX_EXTERN is restored
-// and each family's instantiation macro is applied to RX_IQ_FORMATS.
+// The kernels are the families' own (matmul.cuh, mma.cuh with its grouped MoE GEMMs,
+// matvec_nt.cuh, fused.cuh, mla.cuh with attn_k_b's transpose, moe.cuh: their templates over
+// deq8, with iq.cuh's block readers): their headers are included with RX_EXTERN turned into
+// an unused template, so that nothing they define as a kernel is emitted here (their formats
+// stay in the main fatbin), then RX_EXTERN is restored and each family's instantiation macro
+// is applied to RX_IQ_FORMATS.
 #include "common.cuh"
 
 #undef RX_EXTERN
@@ -25,7 +26,9 @@
 
 RX_IQ_FORMATS(RX_MM)
 RX_IQ_FORMATS(RX_MMA)
+RX_IQ_FORMATS(RX_MMA_MOE)
 RX_IQ_FORMATS(RX_MMT)
 RX_IQ_FORMATS(RX_MMNORM)
 RX_IQ_FORMATS(RX_HMM)
+RX_IQ_FORMATS(RX_MLA_KB_T)
 RX_IQ_FORMATS(RX_MOE)

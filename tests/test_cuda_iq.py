@@ -75,20 +75,64 @@ def test_chunks_match_quants(checker, name, sane):
     assert bad.size == 0, f"{name}: {bad.size} values differ, first at {bad[0]}: {got[bad[0]]!r} != {want[bad[0]]!r}"
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("backend", ["numpy", "numpy-grouped", "cpu"])
 def test_the_gpu_check_runs(backend):
     """opchecks.check_iq (scripts/gpu/gpu-check's iq section) passes on the numpy and cpu backends
     (where it checks their paths, the cpu one with its int8 activation bound): the code the GPU
-    host runs is exercised here first."""
+    host runs is exercised here first. numpy-grouped: numpy dressed as a backend whose moe has a
+    grouped prefill path from 32 tokens (CUDA's moe_mma): those rows appear, and a call that did
+    not take the path fails them."""
     from reflex_ipc.testing import opchecks
 
-    if backend == "numpy":
-        from reflex_ipc.backends.numpy_ops import NumpyOps as Ops
-    else:
+    if backend == "cpu":
         from reflex_ipc.backends.cpu_ops import CpuOps as Ops
+    else:
+        from reflex_ipc.backends.numpy_ops import NumpyOps as Ops
+    if backend == "numpy-grouped":
+        class Grouped(Ops):
+            moe_mma, moe_mma_min_n, moe_mma_launches = True, 32, 0
+
+            def moe(self, x, *a, **kw):
+                self.moe_mma_launches += x.shape[0] >= self.moe_mma_min_n
+                return super().moe(x, *a, **kw)
+        Ops = Grouped
     rows = opchecks.check_iq(Ops(), np.random.default_rng(0))
     assert {r["op"] for r in rows} >= {"iq_matmul", "iq_matmul_n", "iq_matmul_glu", "iq_get_rows", "iq_moe",
-                                       "iq_rms_norm_matmul_n", "iq_rms_norm_matmul_glu", "iq_head_matmul"}
-    assert {r["case"].split()[0] for r in rows} == set(FORMATS)
+                                       "iq_rms_norm_matmul_n", "iq_rms_norm_matmul_glu", "iq_head_matmul",
+                                       "iq_mla_prefill"}
+    assert {r["case"].split()[0] for r in rows if r["op"] != "iq_mla_prefill"} == set(FORMATS)
+    assert {r["case"].split()[1] for r in rows if r["op"] == "iq_mla_prefill"} == {"IQ4_NL", "MXFP4"}
+    grouped = [r for r in rows if r["case"].endswith(" grouped")]
+    assert len(grouped) == (2 * len(FORMATS) if backend == "numpy-grouped" else 0)
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad[:3]
+    if backend == "numpy-grouped":  # a backend whose calls never take the path
+        class Missed(Ops):
+            def moe(self, x, *a, **kw):
+                from reflex_ipc.backends.numpy_ops import NumpyOps
+
+                return NumpyOps.moe(self, x, *a, **kw)
+
+        rows = opchecks.check_iq(Missed(), np.random.default_rng(0))
+        assert all(not r["ok"] for r in rows if r["case"].endswith(" grouped"))
+
+
+def test_every_format_family_has_the_iq_kernels():
+    """Each kernel family made per weight format (those named <family>_q8_0) has a kernel of
+    every IQ / TQ / MXFP4 format, in the IQ fatbin, except matvec.cuh's bandwidth matvecs (mv*:
+    four formats only, cuda_ops.MV_KERNEL): a path the backend takes for Q8_0 weights (the
+    grouped MoE GEMMs, attn_k_b's transpose for the MLA prefill, ...) cannot meet a missing
+    kernel with IQ weights."""
+    from reflex_ipc.backends.cuda_ops import IQ_KERNEL, MV_KERNEL
+    from reflex_ipc.cuda.core import KERNELS
+    from reflex_ipc.cuda.launch import MODULE_OF
+
+    families = {n[:-len("_q8_0")] for n in KERNELS if n.endswith("_q8_0")}
+    assert {"mma_moe", "mmaglu_moe", "mla_kb_t", "moe_glu", "mma", "get_rows"} <= families
+    mv = {f for f in families if f.startswith("mv")}
+    assert mv
+    assert set(MV_KERNEL.values()) == {"q4_k", "q5_k", "q6_k", "q8_0"}
+    missing = [f"{f}_{s}" for f in sorted(families - mv) for s in IQ_KERNEL.values() if f"{f}_{s}" not in KERNELS]
+    assert not missing, missing
+    assert {MODULE_OF[f"{f}_{s}"] for f in families - mv for s in IQ_KERNEL.values()} == {"reflex_kernels_iq.fatbin"}
+    assert not any(f"{f}_{s}" in KERNELS for f in mv for s in IQ_KERNEL.values())

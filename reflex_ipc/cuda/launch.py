@@ -82,7 +82,7 @@ def _columns_f32(launch, pack, stream):
     return kernel
 
 
-def _copy_cols_f32(launch, pack, stream):
+def _copy_cols_f16(launch, pack, stream):  # 3 kernels
     def kernel(grid, block, *, x, y, rows, n, xs, xo, ys, yo, shared=0):
         return launch(grid, block, pack(x, y, rows, n, xs, xo, ys, yo), shared, stream)
 
@@ -143,7 +143,7 @@ def _delta_qkv_f32(launch, pack, stream):
     return kernel
 
 
-def _flash_attention_f16kv_128(launch, pack, stream):  # 3 kernels
+def _flash_attention_f16kv_128(launch, pack, stream):  # 4 kernels
     def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask):
         return (q, kc, vc, out, part_ml, part_acc, pos, mask)
 
@@ -211,6 +211,20 @@ def _mla_attention_split(launch, pack, stream):  # 2 kernels
     return kernel
 
 
+def _mla_kb_t_bf16(launch, pack, stream):  # 23 kernels
+    def kernel(grid, block, *, W, y, H, R, nope, rb, shared=0):
+        return launch(grid, block, pack(W, y, H, R, nope, rb), shared, stream)
+
+    return kernel
+
+
+def _mla_pack_kv_f32(launch, pack, stream):
+    def kernel(grid, block, *, kn, v, kc, K, V, n, H, nope, r, R, dv, kc32, shared=0):
+        return launch(grid, block, pack(kn, v, kc, K, V, n, H, nope, r, R, dv, kc32), shared, stream)
+
+    return kernel
+
+
 def _mm1_bf16(launch, pack, stream):  # 92 kernels
     def kernel(grid, block, *, W, X, Y, K, M, N, rb, acc, shared=0):
         return launch(grid, block, pack(W, X, Y, K, M, N, rb, acc), shared, stream)
@@ -221,6 +235,13 @@ def _mm1_bf16(launch, pack, stream):  # 92 kernels
 def _mma_bf16(launch, pack, stream):  # 22 kernels
     def kernel(grid, block, *, W, X, Y, K, M, N, rb, acc, P, shared=0):
         return launch(grid, block, pack(W, X, Y, K, M, N, rb, acc, P), shared, stream)
+
+    return kernel
+
+
+def _mma_moe_bf16(launch, pack, stream):  # 22 kernels
+    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, shared=0):
+        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb), shared, stream)
 
     return kernel
 
@@ -242,6 +263,13 @@ def _mma_x_f16(launch, pack, stream):
 def _mmaglu_bf16(launch, pack, stream):  # 22 kernels
     def kernel(grid, block, *, Wg, Wu, X, Y, K, M, N, rb, act, P, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, Y, K, M, N, rb, act, P), shared, stream)
+
+    return kernel
+
+
+def _mmaglu_moe_bf16(launch, pack, stream):  # 22 kernels
+    def kernel(grid, block, *, Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act, shared=0):
+        return launch(grid, block, pack(Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act), shared, stream)
 
     return kernel
 
@@ -301,6 +329,13 @@ def _moe_glu_bf16(launch, pack, stream):  # 23 kernels
     return kernel
 
 
+def _moe_group_i32(launch, pack, stream):
+    def kernel(grid, block, *, ids, order, eoff, tiles, P, E, BN, shared=0):
+        return launch(grid, block, pack(ids, order, eoff, tiles, P, E, BN), shared, stream)
+
+    return kernel
+
+
 def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, X, ids, Y, K, M, x_div, es, rb, shared=0):
         return launch(grid, block, pack(W, X, ids, Y, K, M, x_div, es, rb), shared, stream)
@@ -311,6 +346,13 @@ def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
 def _moe_route_f32(launch, pack, stream):
     def kernel(grid, block, *, logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used, shared=0):
         return launch(grid, block, pack(logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used), shared, stream)
+
+    return kernel
+
+
+def _moe_wsum_f32(launch, pack, stream):
+    def kernel(grid, block, *, Y, wts, out, N, D, k, shared=0):
+        return launch(grid, block, pack(Y, wts, out, N, D, k), shared, stream)
 
     return kernel
 
@@ -482,7 +524,9 @@ KERNELS = {
     "attention_split_f16kv": ("QQQQQQQiiiiiffiii", _attention_split_f16kv),
     "attention_split_last_f16kv": ("QQQQQQQQQiiiiiffiii", _attention_split_last_f16kv),
     "columns_f32": ("QQqiii", _columns_f32),
-    "copy_cols_f32": ("QQqiiiii", _copy_cols_f32),
+    "copy_cols_f16": ("QQqiiiii", _copy_cols_f16),
+    "copy_cols_f32": ("QQqiiiii", _copy_cols_f16),
+    "copy_cols_f32_f16": ("QQqiiiii", _copy_cols_f16),
     "copy_f32": ("QQq", _copy_f32),
     "delta_chunk_prep_f32": ("QQQQQQQQQQiiiii", _delta_chunk_prep_f32),
     "delta_chunk_scan_f32": ("QQQQQQQQQiiiiif", _delta_chunk_scan_f32),
@@ -490,6 +534,7 @@ KERNELS = {
     "delta_net_f32": ("QQQQQQQQiiiiif", _delta_net_f32),
     "delta_qkv_f32": ("QQQQiiiiff", _delta_qkv_f32),
     "flash_attention_f16kv_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_192_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "flash_attention_f16kv_256": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "flash_attention_f16kv_64": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
     "geglu_f32": ("QQQqiii", _geglu_f32),
@@ -568,6 +613,30 @@ KERNELS = {
     "logprob_rows": ("QqQQiQ", _logprob_rows),
     "mla_attention_split": ("QQQQQQiiiiffiii", _mla_attention_split),
     "mla_attention_split_f32": ("QQQQQQiiiiffiii", _mla_attention_split),
+    "mla_kb_t_bf16": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_f16": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_f32": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq1_m": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq1_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_xs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_xxs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq3_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq3_xxs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq4_nl": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq4_xs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_mxfp4": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_1": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q4_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_1": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q5_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q6_k": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_q8_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_tq1_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_tq2_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_pack_kv_f32": ("QQQQQiiiiiii", _mla_pack_kv_f32),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),
@@ -648,6 +717,28 @@ KERNELS = {
     "mma_iq3_xxs": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_nl": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_xs": ("QQQiiiqiQ", _mma_bf16),
+    "mma_moe_bf16": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_f16": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq1_m": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq1_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_xs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq3_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq3_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq4_nl": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq4_xs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_mxfp4": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_1": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q4_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_1": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q5_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q6_k": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_q8_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_tq1_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_tq2_0": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_mxfp4": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_1": ("QQQiiiqiQ", _mma_bf16),
@@ -672,6 +763,28 @@ KERNELS = {
     "mmaglu_iq3_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_nl": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_m": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xxs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_xxs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_nl": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_xs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_mxfp4": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq1_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq2_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
     "mmaglu_mxfp4": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),
@@ -1005,6 +1118,7 @@ KERNELS = {
     "moe_glu_q8_0": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_tq1_0": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_tq2_0": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_group_i32": ("QQQQiii", _moe_group_i32),
     "moe_mm_bf16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f32": ("QQQQiiiqq", _moe_mm_bf16),
@@ -1029,6 +1143,7 @@ KERNELS = {
     "moe_mm_tq1_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq2_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),
     "mul_col_f32": ("QQQqi", _add_row_f32),
     "mul_f32": ("QQQq", _add_f32),
     "mul_row_f32": ("QQQqi", _add_row_f32),
@@ -1153,6 +1268,18 @@ MODULE_OF = {
     "hmm8_mxfp4": "reflex_kernels_iq.fatbin",
     "hmm8_tq1_0": "reflex_kernels_iq.fatbin",
     "hmm8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq1_m": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq1_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq3_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_mxfp4": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_tq1_0": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_tq2_0": "reflex_kernels_iq.fatbin",
     "mm1_iq1_m": "reflex_kernels_iq.fatbin",
     "mm1_iq1_s": "reflex_kernels_iq.fatbin",
     "mm1_iq2_s": "reflex_kernels_iq.fatbin",
@@ -1198,6 +1325,18 @@ MODULE_OF = {
     "mma_iq3_xxs": "reflex_kernels_iq.fatbin",
     "mma_iq4_nl": "reflex_kernels_iq.fatbin",
     "mma_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq1_m": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq1_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq3_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_mxfp4": "reflex_kernels_iq.fatbin",
+    "mma_moe_tq1_0": "reflex_kernels_iq.fatbin",
+    "mma_moe_tq2_0": "reflex_kernels_iq.fatbin",
     "mma_mxfp4": "reflex_kernels_iq.fatbin",
     "mma_tq1_0": "reflex_kernels_iq.fatbin",
     "mma_tq2_0": "reflex_kernels_iq.fatbin",
@@ -1210,6 +1349,18 @@ MODULE_OF = {
     "mmaglu_iq3_xxs": "reflex_kernels_iq.fatbin",
     "mmaglu_iq4_nl": "reflex_kernels_iq.fatbin",
     "mmaglu_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_tq2_0": "reflex_kernels_iq.fatbin",
     "mmaglu_mxfp4": "reflex_kernels_iq.fatbin",
     "mmaglu_tq1_0": "reflex_kernels_iq.fatbin",
     "mmaglu_tq2_0": "reflex_kernels_iq.fatbin",

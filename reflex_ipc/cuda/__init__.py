@@ -307,6 +307,20 @@ def runtime():
     return rt
 
 
+def release_thread():
+    """Pop the context that runtime() pushed in this thread (not the main thread's: atexit pops
+    that one). pycuda aborts the whole process when a thread ends with a context still on its
+    stack, so a thread that made CUDA objects for another (handover's late backend) lets go of
+    it before it ends; the taking thread pushes its own through runtime()."""
+    if not getattr(_pushed, "done", False) or threading.current_thread() is threading.main_thread():
+        return
+    rt = _result.get("runtime")
+    _pushed.done = False
+    if rt is not None:
+        rt.ctx.synchronize()
+        rt.ctx.pop()
+
+
 def _pop_at_exit(ctx):
     import warnings
 

@@ -3,7 +3,9 @@ its `iq` section; `scripts/gpu/gpu-check --only iq` runs just this).
 
 - ops: reflex_ipc.testing.opchecks.check_iq (every matmul path of every format against float64
   products with quants.py's dequantized weights: one token, 2..63 tokens, the tensor-core tiles,
-  q/k/v, gate/up, the RMSNorm-folded ops, get_rows, head_matmul, moe, a captured graph).
+  q/k/v, gate/up, the RMSNorm-folded ops, get_rows, head_matmul, moe (per pair, and from 32
+  tokens the grouped tensor-core GEMMs, which each such call must take), a captured graph, the
+  MLA prefill with IQ4_NL / MXFP4 attn_k_b and IQ attn_v_b on the decompressed flash path).
 - models: a small llama model per format (synthetic.tiny_gguf, every matrix and the tied
   embedding in that format, as tests/test_iq_models.py writes them) and qwen3moe files with
   MXFP4 and IQ2_XXS experts, through gpu_check_models.compare_backend: CUDA against numpy

@@ -136,3 +136,20 @@ def test_every_format_family_has_the_iq_kernels():
     assert not missing, missing
     assert {MODULE_OF[f"{f}_{s}"] for f in families - mv for s in IQ_KERNEL.values()} == {"reflex_kernels_iq.fatbin"}
     assert not any(f"{f}_{s}" in KERNELS for f in mv for s in IQ_KERNEL.values())
+
+
+def test_gpu_check_iq_covers_every_format():
+    """scripts/gpu/gpu_check_iq.py (gpu-check's iq section) imports without a GPU, and its
+    model files and opchecks.check_iq cover every format of cuda_ops.IQ_KERNEL."""
+    import importlib.util
+
+    from reflex_ipc.backends.cuda_ops import IQ_KERNEL
+    from reflex_ipc.ggml_types import type_name
+    from reflex_ipc.testing import opchecks
+
+    spec = importlib.util.spec_from_file_location("gpu_check_iq", os.path.join(ROOT, "scripts", "gpu", "gpu_check_iq.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    names = {type_name(t) for t in IQ_KERNEL}
+    assert set(mod.FORMATS) == set(opchecks.IQ_TYPES) == set(FORMATS) == names
+    assert mod.IQ_FATBIN == "reflex_kernels_iq.fatbin"

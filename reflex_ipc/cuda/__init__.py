@@ -148,6 +148,7 @@ def _driver_init(device_index, t):
 
 def _init_worker(device_index, driver_thread, drv_err, t):
     t0 = time.perf_counter()
+    _at(t, "pycuda_start")
     try:
         reason = kernels_missing_reason()
         if reason:

@@ -178,9 +178,9 @@ VOCAB = "<the tokenizer's vocabulary size>"  # a key value write_gguf replaces b
 
 def model_class(arch):
     """The Model class of an architecture (its module is imported)."""
-    import importlib
+    from reflex_ipc.models import module
 
-    return importlib.import_module(f"reflex_ipc.models.{arch}").Model
+    return module(arch).Model
 
 
 def _relative(name):

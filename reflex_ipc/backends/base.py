@@ -359,7 +359,8 @@ def swiglu_oai(g, u, alpha=OAI_ALPHA, limit=OAI_LIMIT):
 
     x = np.minimum(np.asarray(g, np.float32), np.float32(limit))
     y = np.clip(np.asarray(u, np.float32), np.float32(-limit), np.float32(limit))
-    return (x / (np.float32(1) + np.exp(np.float32(-alpha) * x)) * (y + np.float32(1))).astype(np.float32)
+    with np.errstate(over="ignore"):  # exp overflowing to inf for a very negative x: x / inf = -0, as in C
+        return (x / (np.float32(1) + np.exp(np.float32(-alpha) * x)) * (y + np.float32(1))).astype(np.float32)
 
 
 def pos_temperature(pos, floor, scale, offset=1.0):

@@ -50,7 +50,7 @@ class Model(Decoder):
         d.n_expert, used, n_ff_exp = experts(hp)
         step = hp.int("interleave_moe_layer_step", required=True, lo=0, hi=1 << 16)
         # absent or nonzero: chunks of CHUNK (llama.cpp ignores the value); 0: no chunks
-        d.chunked = hp.int("attention.sliding_window", default=CHUNK, lo=0, hi=1 << 24) != 0
+        d.chunked = hp.int("attention.sliding_window", default=1, lo=0, hi=1 << 24) != 0
         swa = swa_layers(hp, 4) if d.chunked else [False] * hp.n_layer
         nope_step = NOPE_STEP if d.chunked else hp.n_layer
         d.qk_norm = d.n_expert != 128

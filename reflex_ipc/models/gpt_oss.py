@@ -36,7 +36,7 @@ class Model(Decoder):
     capturable = MOE_CAPTURABLE
     EXAMPLES = {
         "gpt-oss": example(_EXAMPLE, has=("attn_q.bias", "attn_k.bias", "attn_v.bias"),
-                           rules={"attn_sinks.weight": (0.0, 1.0)}),
+                           rules={"attn_sinks.weight": (0.0, 1.0)}, vocab="o200k-harmony"),
         "gpt-oss@q": variant("gpt-oss", {"expert_feed_forward_length": 256}, quantize=True)}
 
     @classmethod

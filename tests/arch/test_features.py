@@ -521,3 +521,29 @@ def test_gpt_oss_sinks_and_window_matter(example, llama_cpp):
 
     for ops in (NoSinks(), NoWindow()):
         assert np.abs(_logits(path, ids, ops) - ref).max() / np.abs(ref).max() > 10 * base + 1e-3
+
+
+@pytest.mark.parametrize("device", ("numpy", "cpu"))
+@pytest.mark.parametrize("name", ["gpt-oss", "llama4"])
+def test_new_families_state_prefix_and_logprobs(example, tmp_path, name, device):
+    """gpt-oss and Llama 4 like every family: a saved state continues as the unbroken run, a
+    second request reuses the first's prompt state (same tokens), log-probabilities come with
+    the tokens, and decode steps replay from the backend's graphs where it has them."""
+    path = example(name)
+    ids = IDS + IDS[:6]
+    r = load_runner(path, device=device, n_ctx=N_CTX)
+    try:
+        full = r.generate(ids, max_tokens=10, cache_prompt=False, logprobs=2)
+        assert len(full["logprobs"]) == 10 and all(len(e["top"]) == 2 for e in full["logprobs"])
+        again = r.generate(ids, max_tokens=10)
+        assert again["token_ids"] == full["token_ids"] and again["cached_tokens"] > 0
+        state = str(tmp_path / "s.state")
+        r.generate(ids[:12], max_tokens=1, kv_export=state, cache_prompt=False)
+    finally:
+        r.close()
+    r = load_runner(path, device=device, n_ctx=N_CTX)
+    try:
+        cont = r.generate(ids[12:], max_tokens=10, kv_import=state)
+        assert cont["token_ids"] == full["token_ids"]
+    finally:
+        r.close()

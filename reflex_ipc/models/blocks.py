@@ -83,12 +83,11 @@ def residual(ops, x, a, w, b=None, *, post_norm=None, eps=0.0, scale=1.0, out_sc
     """x += scale * post(a @ w.T + b), in place on x (the model's own hidden state, which
     nothing else reads as the old value); post = rms_norm(., post_norm, eps) when given (a
     sandwich norm), then x *= out_scale. Plain: the product is added into x by the matmul
-    itself."""
+    itself, then the bias."""
     if post_norm is None and scale == 1.0 and out_scale == 1.0:
-        if b is None:
-            ops.matmul(a, w, out=x, accumulate=True)
-        else:
-            ops.add(x, linear(ops, a, w, b), out=x)
+        ops.matmul(a, w, out=x, accumulate=True)
+        if b is not None:
+            ops.add(x, b, out=x)
         return x
     return add(ops, x, linear(ops, a, w, b), post_norm=post_norm, eps=eps, scale=scale, out_scale=out_scale)
 

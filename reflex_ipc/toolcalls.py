@@ -74,8 +74,11 @@ def parse_tool_calls(text: str, tool_names=()):
             return "".join(pieces).strip(), calls
         return text, None
     body = text.strip()
-    if body.startswith(_PY_TAG):
-        body = body[len(_PY_TAG):].strip()
+    for tag in (_PY_TAG, "<|python_start|>"):  # Llama 3's, Llama 4's
+        if body.startswith(tag):
+            body = body[len(tag):].strip()
+    if body.endswith("<|python_end|>"):
+        body = body[:-len("<|python_end|>")].strip()
     if body.startswith("{") and body.endswith("}"):
         try:
             obj = json.loads(body)

@@ -132,3 +132,11 @@ def test_generation_splits_the_channels(harmony_runner, monkeypatch):
     out, _ = _scripted(r, monkeypatch, script, tools=tools)
     assert out["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert out["content"] == ""
+
+
+def test_llama4_json_tool_call():
+    """Llama 4 writes the Llama 3 JSON call, possibly between its python tags."""
+    for text in ('<|python_start|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|python_end|>',
+                 '{"name": "get_weather", "parameters": {"city": "Paris"}}'):
+        content, calls = parse_tool_calls(text, ["get_weather"])
+        assert content == "" and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}

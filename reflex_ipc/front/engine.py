@@ -183,12 +183,15 @@ class Engine:
             self.busy = False
             self._lock.release()
 
-    async def events(self, op, params):
+    async def events(self, op, params, prepare=None):
         """One request: its events, then its result (ReflexError for an error result).
-        Close the iterator (contextlib.aclosing) to cancel it early."""
+        Close the iterator (contextlib.aclosing) to cancel it early. prepare(params, the
+        model's sampling defaults) runs once the engine is up, before the request is sent."""
         done = False
         try:
             async with self.turn() as client:
+                if prepare is not None:
+                    params = prepare(params, (self.info or {}).get("sampling"))
                 try:
                     async with contextlib.aclosing(client.events(op, params)) as evs:
                         async for ev in evs:

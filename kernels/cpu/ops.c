@@ -829,6 +829,7 @@ static void attn_group_chunk(void *p, int64_t c) {
     int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
     if (hi > j->n_kv - 1) hi = j->n_kv - 1;
     int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (j->chunk > 0 && lo < j->pos[n] - j->pos[n] % j->chunk) lo = j->pos[n] - j->pos[n] % j->chunk;
     if (lo < 0) lo = 0;
     memset(o, 0, (size_t)g * j->hdv * sizeof(float));
     if (hi < lo) return;
@@ -856,6 +857,11 @@ static void attn_group_chunk(void *p, int64_t c) {
     }
     for (int h = 0; h < g; h++) {
         float *sh = s + h * L, su = 0.f;
+        if (j->sinks && mx[h] != -INFINITY) { /* attention sinks: attn_chunk's */
+            float sink = j->sinks[kvh * g + h];
+            if (sink > mx[h]) mx[h] = sink;
+            su = expf(sink - mx[h]);
+        }
         for (int64_t i = 0; i < L; i++) {
             float e = mx[h] == -INFINITY || sh[i] == -INFINITY ? 0.f : expf(sh[i] - mx[h]);
             sh[i] = e;

@@ -31,7 +31,7 @@ class Model(Decoder):
     KEYS = keys(required=("expert_count", "expert_used_count", "expert_feed_forward_length",
                           "attention.sliding_window"),
                 optional=("attention.sliding_window_pattern", "rope.freq_base_swa", "rope.scaling.attn_factor",
-                          "rope.scaling.original_context_length"))
+                          "rope.scaling.original_context_length", "feed_forward_length"))  # every layer routed
     rope_scalings = ("none", "linear", "yarn")
     capturable = MOE_CAPTURABLE
     EXAMPLES = {

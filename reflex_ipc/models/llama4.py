@@ -33,7 +33,7 @@ _EXAMPLE = {"block_count": 4, "attention.key_length": 16, "attention.value_lengt
 class Model(Decoder):
     KEYS = keys(required=("expert_count", "expert_used_count", "expert_feed_forward_length",
                           "interleave_moe_layer_step"),
-                optional=("attention.sliding_window",
+                optional=("feed_forward_length", "attention.sliding_window",  # llama.cpp's: optional
                           "attention.sliding_window_pattern", "rope.freq_base_swa"))
     capturable = MOE_CAPTURABLE
     EXAMPLES = {

@@ -288,9 +288,9 @@ class _FakeDevice:
                     e = np.exp(sc - m)
                     ML[slot], A[slot] = (m, e.sum()), e @ lat[lo_:hi_ + 1, :dv]
 
-    def k_attention_combine(self, grid, block, ml, acc, out, H, hd, S):
+    def k_attention_combine(self, grid, block, ml, acc, out, sinks, H, hd, S):
         N = grid[1]
-        assert grid[0] == H and block[0] >= min(hd, 1024)
+        assert grid[0] == H and block[0] >= min(hd, 1024) and sinks == 0  # no attention sinks in MLA
         ML = self.view(ml, N * H * S * 2, np.float32).reshape(N, H, S, 2).astype(np.float64)
         A = self.view(acc, N * H * S * hd, np.float32).reshape(N, H, S, hd).astype(np.float64)
         M = ML[..., 0].max(-1, keepdims=True)

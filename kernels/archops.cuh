@@ -10,7 +10,8 @@
 // gpt-oss's experts: for pair p (token p / k's j-th chosen expert e = ids[p]) and r < F,
 //   g = G[p, r] + bg[e, r], u = U[p, r] + bu[e, r]   (bg, bu may be null: no bias)
 //   x = min(g, limit), y = clamp(u, -limit, limit), H[p, r] = x / (1 + exp(-alpha x)) * (y + 1)
-// llama.cpp's swiglu_oai (alpha 1.702, limit 7). G, U, H [n_pairs, F].
+// llama.cpp's swiglu_oai (alpha 1.702, limit 7; common.cuh). G, U, H [n_pairs, F]. The grouped
+// prefill (mma.cuh's mmaglu_moe_*, act 2) applies the same biases and unit in its epilogue.
 RX_EXTERN void moe_swiglu_oai_f32(const float* __restrict__ G, const float* __restrict__ U,
                                   const float* __restrict__ bg, const float* __restrict__ bu,
                                   const int* __restrict__ ids, float* __restrict__ H, long long n, int F,
@@ -21,8 +22,7 @@ RX_EXTERN void moe_swiglu_oai_f32(const float* __restrict__ G, const float* __re
         float g = G[i], u = U[i];
         if (bg) g += bg[e * F + r];
         if (bu) u += bu[e * F + r];
-        const float x = fminf(g, limit), y = fminf(fmaxf(u, -limit), limit);
-        H[i] = x / (1.f + expf(alpha * (-x))) * (y + 1.f);
+        H[i] = swiglu_oai(g, u, alpha, limit);
     }
 }
 

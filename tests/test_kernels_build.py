@@ -397,6 +397,9 @@ def test_cuda_ops_attention_paths(fake_ops):
     assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[13] == 4096
     assert n2 == "attention_combine" and g2 == (8, 20, 1) and b2 == (128, 1, 1)
     assert a2 == (a1[4], a1[5], out.ptr, 0, 8, 128, S)  # no sinks
+    assert a1[-1] == 0  # span: no chunked attention (the keys' cover is not the chunk)
+    ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1, chunk=512)
+    assert ops.rt.launches[-2][0] == "flash_attention_f16kv_128" and ops.rt.launches[-2][3][-1] == 512
     # while capturing a graph, the split covers every slot (replays see later positions)
     ops._graph = type("G", (), {"pool": ops.pool})()
     try:

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from reflex_ipc.backends.base import fusion_on, moe_route
+from reflex_ipc.backends.base import fusion_on, moe_route, swiglu_oai
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
@@ -218,6 +218,11 @@ class MemRuntime:
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
+            if gating == 2:  # softmax_weight (gpt-oss): the kernel's scans are checked on the GPU (opchecks)
+                top, w = moe_route(self.f32(logits, grid[0] * E).reshape(-1, E), k, "softmax_weight", norm, scale)
+                self.i32(ids, grid[0] * k)[:] = top.reshape(-1)
+                self.f32(wts, grid[0] * k)[:] = w.reshape(-1)
+                return
             for n in range(grid[0]):
                 b = self.f32(bias, E).copy() if bias else None
                 es = self.f32(escale, E).copy() if escale else None
@@ -258,6 +263,79 @@ class MemRuntime:
                         w = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F)
                         s += wv[p] * (w @ self.f32(H + 4 * p * F, F))
                     y[n * D + r] = s
+        elif name == "moe_group_i32":  # (its warp-level algorithm: tests/test_moe_grouped.py)
+            ids, order, eoff, tiles, P, E, BN = args
+            assert grid == (1, 1, 1) and shared == 4 * ((block[0] // 32) * E + 2 * (E + 1)) <= 46 * 1024
+            idv = self.i32(ids, P)
+            self.i32(order, P)[:] = np.argsort(idv, kind="stable")
+            cnt = np.bincount(idv, minlength=E)
+            self.i32(eoff, E + 1)[:] = np.concatenate([[0], np.cumsum(cnt)])
+            tl = [(e, r) for e in range(E) for r in range(0, cnt[e], BN)]
+            self.i32(tiles, 1 + 2 * len(tl))[:] = [len(tl)] + [v for t in tl for v in t]
+        elif name == "mma_x_f16":
+            x, y, n = args
+            self.mem[y:y + 2 * n] = self.f32(x, n).astype(np.float16).view(np.uint8)
+        elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
+            glu = op == "mmaglu_moe"
+            if glu:
+                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit = args
+            else:
+                Wg, X, order, eoff, tiles, H, K, M, es, rb = args
+                Wu, k, act = Wg, 1, 0
+            assert block == (256, 1, 1) and grid[0] == -(-M // 64)
+            nt = int(self.i32(tiles, 1)[0])
+            assert nt <= grid[1]
+            tl = self.i32(tiles + 4, 2 * nt).reshape(nt, 2)
+            off = self.i32(eoff, int(tl[:, 0].max()) + 2 if nt else 1)
+            for e, r0 in tl:
+                g0 = off[e] + r0
+                for g in range(g0, min(g0 + 64, off[e + 1])):
+                    pair = int(self.i32(order + 4 * g, 1)[0])
+                    xrow = pair // k if glu else g
+                    x = self.mem[X + 2 * xrow * K:X + 2 * (xrow + 1) * K].view(np.float16).astype(F32)
+                    wg = np.stack([self.rows(Wg + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                    if glu:
+                        wu = np.stack([self.rows(Wu + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                        a, u = wg @ x, wu @ x
+                        if act == 2:  # gpt-oss: the expert's biases, then the clamped SwiGLU
+                            a = a + (self.f32(bg + 4 * int(e) * M, M) if bg else 0)
+                            u = u + (self.f32(bu + 4 * int(e) * M, M) if bu else 0)
+                            h = swiglu_oai(a.astype(F32), u.astype(F32), alpha, limit)
+                        else:
+                            h = (a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)) * u
+                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = h.astype(np.float16).view(np.uint8)
+                    else:
+                        self.f32(H + 4 * pair * M, M)[:] = wg @ x
+        elif name == "moe_wsum_f32":
+            Y, wts, out, N, D, k = args
+            y, w = self.f32(Y, N * k * D).reshape(N, k, D), self.f32(wts, N * k).reshape(N, k)
+            self.f32(out, N * D)[:] = (w[:, :, None] * y).sum(1).reshape(-1)
+        elif name == "add_row_f32":
+            a, v, y, n, ncol = args
+            self.f32(y, n)[:] = (self.f32(a, n).reshape(-1, ncol) + self.f32(v, ncol)).reshape(-1)
+        elif name == "moe_swiglu_oai_f32":
+            G, U, bg, bu, ids, H, n, Fw, alpha, limit = args
+            e = self.i32(ids, n // Fw).astype(np.int64)
+            g, u = self.f32(G, n).reshape(-1, Fw).copy(), self.f32(U, n).reshape(-1, Fw).copy()
+            if bg:
+                g += self.f32(bg, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            if bu:
+                u += self.f32(bu, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            self.f32(H, n)[:] = swiglu_oai(g, u, alpha, limit).reshape(-1)
+        elif name == "moe_down_bias_f32":
+            Y, bd, ids, wts, n, D, k = args
+            Nt = n // D
+            e, w = self.i32(ids, Nt * k).astype(np.int64).reshape(Nt, k), self.f32(wts, Nt * k).reshape(Nt, k)
+            b = self.f32(bd, (e.max() + 1) * D).reshape(-1, D)
+            y = self.f32(Y, n).reshape(Nt, D)
+            for j in range(k):  # slot order
+                y += w[:, j:j + 1] * b[e[:, j]]
+        elif name == "moe_weight_input_f32":
+            X, wts, X2, ones, n, K, k = args
+            P = n // K
+            w = self.f32(wts, P)
+            self.f32(X2, n)[:] = (self.f32(X, (P // k) * K).reshape(-1, K)[np.arange(P) // k] * w[:, None]).reshape(-1)
+            self.f32(ones, P)[:] = 1
         elif name in ("swiglu_f32", "geglu_f32"):
             g, u, y, n, ncol, gs, us = args
             gg, uu = self.f32(g, n), self.f32(u, n)
@@ -287,6 +365,10 @@ MOE_CASES = {  # name: (E, k, fused gate_up, types (gate, up, down), moe keyword
     "fused gelu logits expert_scale": (8, 3, True, (0, None, 0), dict(act="gelu", logits=True, escale=True)),
     "gate/up of two formats": (8, 2, False, (0, 1, 0), {}),
     "gate/up of two formats gelu": (8, 2, False, (1, 0, 1), dict(act="gelu")),
+    "f16": (8, 2, False, (1, 1, 1), {}),
+    "f16 sigmoid bias groups scale": (16, 4, False, (1, 1, 1), dict(gating="sigmoid", bias=True, groups=(4, 2),
+                                                                       scale=2.5)),
+    "f16 fused gelu logits expert_scale": (8, 3, True, (1, None, 1), dict(act="gelu", logits=True, escale=True)),
 }
 
 
@@ -325,6 +407,76 @@ def test_cuda_moe_on_interpreted_kernels_equals_numpy(mem_ops, name, N):
     router = "mm4_f32" if N > 1 else ("mmsk1_f32" if fusion_on() else "mm1_f32")
     assert names == ([] if lg is not None else [router]) + ["moe_route_f32"] + glu + \
         [f"moe_down_{kind[td]}"]
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CASES))
+def test_cuda_moe_grouped_on_interpreted_kernels_equals_numpy(mem_ops, name):
+    """The tensor-core prefill form (CudaOps.moe_mma, N >= moe_mma_min_n): the grouping, the
+    grouped gate/up and down GEMMs and the weighted sum launched with the right arguments (their
+    rounding of x and of H to f16 included), against numpy; gate/up of two formats keep the
+    per-pair kernels."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, 2, 132
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    N, K, F, D = 70, 16, 8, 12
+    rng = np.random.default_rng(len(name) * 5 + 1)
+    q = (lambda a, t: a if t == 0 else a.astype(np.float16).astype(F32))
+    gate = q((rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32), tg)
+    up = None if fused else q((rng.standard_normal((E * F, K)) * 0.3).astype(F32), tu)
+    down = q((rng.standard_normal((E * D, F)) * 0.3).astype(F32), td)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32) if o.get("logits") else None
+    bias = (rng.integers(0, 3, E) * 1.0).astype(F32) if o.get("bias") else None
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(gating=o.get("gating", "softmax"), norm=o.get("norm", True), scale=o.get("scale", 1.0),
+              act=o.get("act", "silu"), groups=o.get("groups"))
+    mma_types = {1}  # F16 takes the tensor cores, F32 does not
+    grouped = (fused or tg == tu) and tg in mma_types and td in mma_types
+    if lg is None:
+        lg = x @ router.T  # the router's logits as given: the interpreter's mm4 is float32 already
+    want = NumpyOps().moe(x.astype(np.float16).astype(F32) if grouped else x, router, gate, up, down, k,
+                          selection_bias=bias, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, tg), None if fused else rt.weight(up, tu),
+                  rt.weight(down, td), k, selection_bias=None if bias is None else ops.asarray(bias),
+                  logits=ops.asarray(lg), expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    names = [launch[0] for launch in rt.launches]
+    tol = 2e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol)
+    if grouped:
+        assert names == ["moe_route_f32", "moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16",
+                         "moe_wsum_f32"], names
+        tmax = N * k // 64 + min(E, N * k)
+        assert all(launch[1][1] == tmax for launch in rt.launches if "_moe_" in launch[0])
+        assert ops.moe_mma_launches == 1
+    else:
+        assert "moe_group_i32" not in names and ops.moe_mma_launches == 0
+
+
+@pytest.mark.parametrize("name", ["softmax", "fused gelu logits expert_scale", "gate/up of two formats"])
+def test_cuda_moe_down_split_launches_and_equals_numpy(mem_ops, name):
+    """CudaOps.moe_down_split: the down projection as moe_mm (a warp per pair and row, x_div 1)
+    and moe_wsum_f32 in place of moe_down, equal to numpy."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_down_split = True
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    rng = np.random.default_rng(len(name))
+    N, K, F, D = 2, 16, 8, 12
+    gate = (rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32)
+    up = None if fused else (rng.standard_normal((E * F, K)) * 0.3).astype(np.float16).astype(F32)
+    down = (rng.standard_normal((E * D, F)) * 0.3).astype(F32)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32)
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(act=o.get("act", "silu"))
+    want = NumpyOps().moe(x, router, gate, up, down, k, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 0), None if fused else rt.weight(up, tu),
+                  rt.weight(down, 0), k, logits=ops.asarray(lg),
+                  expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=1e-5, atol=1e-5)
+    names = [launch[0] for launch in rt.launches]
+    assert names[-2:] == ["moe_mm_f32", "moe_wsum_f32"] and not any(n.startswith("moe_down") for n in names)
 
 
 def test_cuda_moe_checks_its_arguments(mem_ops):
@@ -387,6 +539,11 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
         def wait(self):
             pass
 
+        queue = None  # (not streaming)
+
+        def streaming(self):
+            return False
+
     monkeypatch.setattr(cuda_ops, "WeightArena", Arena)
     ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)
     rt = MemRuntime(nbytes=8 << 20, interpret=False)
@@ -408,3 +565,69 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
                 assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
             route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
             assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (keys["expert_count"], keys["expert_used_count"])
+
+
+ARCH_CASES = {  # name: (E, k, moe keyword arguments, gpt-oss biases)
+    "gpt-oss softmax_weight swiglu_oai biases": (8, 4, dict(gating="softmax_weight", norm=False, act="swiglu_oai"),
+                                                 True),
+    "gpt-oss swiglu_oai no biases": (8, 2, dict(gating="softmax_weight", norm=False, act="swiglu_oai"), False),
+    "llama4 sigmoid weight_before k=1": (8, 1, dict(gating="sigmoid", norm=False, weight_before=True), False),
+    "llama4 sigmoid weight_before k=2": (8, 2, dict(gating="sigmoid", norm=False, weight_before=True), False),
+}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("name", sorted(ARCH_CASES))
+def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, grouped):
+    """gpt-oss's MoE (router bias, softmax_weight, expert gate/up biases and the clamped SwiGLU,
+    down biases) and Llama 4's (the weight applied to each pair's input) in both forms: per pair
+    (moe_mm twice, moe_swiglu_oai_f32 / moe_weight_input_f32, moe_down) and grouped on tensor
+    cores (mmaglu_moe's act 2 with the biases in its epilogue; x rows per pair, k = 1, for
+    Llama 4), against numpy (MXFP4 experts reach these kernels as F16: load_weight)."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, (2 if grouped else 10 ** 9), 132
+    E, k, kw, biases = ARCH_CASES[name]
+    N, K, F, D = (70 if grouped else 3), 16, 8, 12
+    rng = np.random.default_rng(len(name) * 3 + grouped)
+    h16 = (lambda a: a.astype(np.float16).astype(F32))
+    gate = h16(rng.standard_normal((E * F, K)).astype(F32))  # gate values past the clamp of 7
+    up = h16(rng.standard_normal((E * F, K)).astype(F32))
+    down = h16((rng.standard_normal((E * D, F)) * 0.3).astype(F32))
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = (rng.standard_normal((N, K)) * 2).astype(F32)
+    extra = {}
+    if biases:
+        extra = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                 "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+        extra = {n: a.astype(F32) for n, a in extra.items()}
+    lg = x @ router.T  # the router's logits as given (the interpreter's matmul is float32 already)
+    if grouped:  # what the tensor cores read: x (Llama 4: x times the pair's weight) as f16
+        ids, w = moe_route(lg + extra.get("router_bias", 0), k, kw["gating"], False, 1.0)
+        if kw.get("weight_before"):
+            xp = h16(np.repeat(x, k, 0) * w.reshape(-1, 1))
+            want = np.zeros((N, D), F32)
+            for p in range(N * k):
+                e = ids.reshape(-1)[p]
+                g, u = gate[e * F:(e + 1) * F] @ xp[p], up[e * F:(e + 1) * F] @ xp[p]
+                want[p // k] += down[e * D:(e + 1) * D] @ h16(g / (1 + np.exp(-g)) * u)
+        else:
+            want = None
+    xin = h16(x) if grouped else x
+    if not (grouped and kw.get("weight_before")):
+        want = NumpyOps().moe(xin, router, gate, up, down, k, logits=lg, **kw, **extra)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 1), rt.weight(up, 1), rt.weight(down, 1), k,
+                  logits=ops.asarray(lg), **kw, **{n: ops.asarray(a) for n, a in extra.items()})
+    names = [launch[0] for launch in rt.launches]
+    tol = 4e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol * np.abs(want).max())
+    pre = (["add_row_f32"] if biases else []) + ["moe_route_f32"] + \
+        (["moe_weight_input_f32"] if kw.get("weight_before") else [])
+    post = ["moe_down_bias_f32"] if biases else []
+    if grouped:
+        assert names == pre + ["moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16", "moe_wsum_f32"] + post
+        glu = next(launch for launch in rt.launches if launch[0] == "mmaglu_moe_f16")[3]
+        assert glu[14] == (2 if kw.get("act") == "swiglu_oai" else 0) and glu[11] == (1 if kw.get("weight_before") else k)
+        assert ops.moe_mma_launches == 1
+    else:
+        mid = ["moe_mm_f16", "moe_mm_f16", "moe_swiglu_oai_f32"] if kw.get("act") == "swiglu_oai" else ["moe_glu_f16"]
+        assert names == pre + mid + ["moe_down_f16"] + post

@@ -203,19 +203,7 @@ def _iq4_xs(b, out):
     np.multiply(dl, _IQ4_VALUES[q], out=out.reshape(n, 8, 32))
 
 
-# MXFP4 (gpt-oss's experts): E2M1 values doubled (ggml's table), so the E8M0 exponent e scales
-# them by 2^(e - 128): half of 2^(e - 127)
-_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
-
-
-def _mxfp4(b, out):
-    d = np.ldexp(np.float32(1), b[:, :1].astype(np.int32) - 128).astype(np.float32)
-    q = _split_nibbles(np.ascontiguousarray(b[:, 1:]))
-    np.multiply(d, _MXFP4_VALUES[q], out=out)
-
-
 _KERNELS = {
-    39: _mxfp4,
     2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
     10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k, 15: _q8_k,
     20: _iq4_nl, 23: _iq4_xs,

@@ -583,7 +583,7 @@ def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, gro
     down biases) and Llama 4's (the weight applied to each pair's input) in both forms: per pair
     (moe_mm twice, moe_swiglu_oai_f32 / moe_weight_input_f32, moe_down) and grouped on tensor
     cores (mmaglu_moe's act 2 with the biases in its epilogue; x rows per pair, k = 1, for
-    Llama 4), against numpy (MXFP4 experts reach these kernels as F16: load_weight)."""
+    Llama 4), against numpy."""
     ops, rt = mem_ops, mem_ops.rt
     ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, (2 if grouped else 10 ** 9), 132
     E, k, kw, biases = ARCH_CASES[name]

@@ -37,9 +37,7 @@ class Model(Decoder):
     EXAMPLES = {
         "gpt-oss": example(_EXAMPLE, has=("attn_q.bias", "attn_k.bias", "attn_v.bias"),
                            rules={"attn_sinks.weight": (0.0, 1.0)}, vocab="o200k-harmony"),
-        "gpt-oss@q": variant("gpt-oss", {"expert_feed_forward_length": 256}, quantize=True),
-        # the experts in MXFP4, as released (the other matrices as @q's)
-        "gpt-oss@mxfp4": variant("gpt-oss", {"expert_feed_forward_length": 64}, quantize={"_exps": "MXFP4"})}
+        "gpt-oss@q": variant("gpt-oss", {"expert_feed_forward_length": 256}, quantize=True)}
 
     @classmethod
     def dims(cls, hp):

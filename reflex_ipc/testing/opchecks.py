@@ -1453,7 +1453,7 @@ def check_moe_grouped(ops, rng):
 def _check_moe_grouped_archs(ops, rng, npo):
     """The grouped prefill in gpt-oss's form (router bias, softmax_weight, expert gate/up biases
     and the clamped SwiGLU in mmaglu_moe's epilogue: act 2, down biases after the weighted sum;
-    F16 experts, as MXFP4 ones load, and a Q8_0 twin) and Llama 4's (sigmoid, each pair's input
+    F16 and Q8_0 experts) and Llama 4's (sigmoid, each pair's input
     weighted first: x rows per pair, unit weights; k = 1 and 2), against NumpyOps.moe within
     MMA_TOL; each call must take the grouped path and repeat its bits; one captured graph."""
     rows = []

@@ -351,8 +351,7 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     metadata-only changes (None removes a key; the tensors do not follow: bad-input files);
     has / lacks: more optional tensors and layouts (write_gguf); drop, shapes, extra: tensors
     left out, reshaped or added (Init, write_gguf); quantize (default: the example's): matrices
-    quantized where their rows fit (_quantized_writer: the F32 twin goes to `{path}.twin.gguf`;
-    a dict {name part: format} picks the format of the tensors whose names hold that part);
+    quantized where their rows fit (_quantized_writer: the F32 twin goes to `{path}.twin.gguf`);
     qtype: matrices stored in that format where rows fit (the GPU checks), as random blocks with
     `blocks` (Init: large timing models)."""
     arch, spec = examples()[name]
@@ -367,9 +366,7 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     toks = _vocab_entries(spec["vocab"]) if spec.get("vocab") else _tiny_tokenizer(tokenizer)
     write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=toks,
                has=set(spec.get("has", ())) | set(has), lacks=set(spec.get("lacks", ())) | set(lacks),
-               override=override, extra=extra,
-               writer=_quantized_writer(path, arch, seed, quantize if isinstance(quantize, dict) else None)
-               if quantize else None)
+               override=override, extra=extra, writer=_quantized_writer(path, arch, seed) if quantize else None)
     return str(path)
 
 
@@ -561,15 +558,13 @@ def _copy_metadata(r, dst):
 _KEEP_F32 = ("norm", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "rope_", ".scale", ".bias", "layer_output_scale")
 
 
-def _quantized_writer(path, arch, seed=0, formats=None):
+def _quantized_writer(path, arch, seed=0):
     """A GGUFWriter for path that stores the F32 matrices given to add_tensor quantized where
     their rows fit the blocks: rows of a multiple of 256 values alternate Q4_K and Q6_K
     (random well-formed blocks with the F32 tensor's standard deviation, random_blocks),
     other rows of a multiple of 32 values Q8_0 (the F32 values quantized); the rest stays
-    F32; formats {name part: format}: a matrix whose name holds the part is random blocks of that
-    format instead (e.g. {"_exps": "MXFP4"}: gpt-oss's experts as released). It writes
-    `{path}.twin.gguf` beside it: the same metadata with every tensor as stored dequantized to
-    F32 (the f32_twin, the exact-arithmetic reference)."""
+    F32. It writes `{path}.twin.gguf` beside it: the same metadata with every tensor as
+    stored dequantized to F32 (the f32_twin, the exact-arithmetic reference)."""
     import gguf
     import gguf.quants as gq
     from gguf import GGMLQuantizationType as T
@@ -594,12 +589,7 @@ def _quantized_writer(path, arch, seed=0, formats=None):
                 self.twin.add_tensor(name, a if raw_dtype is None else np.ascontiguousarray(
                     gq.dequantize(a, raw_dtype), dtype=np.float32))
                 return
-            fmt = next((f for part, f in (formats or {}).items() if part in name), None)
-            if fmt is not None:
-                t = T[fmt]
-                q = random_blocks(self.rng, fmt, int(np.prod(shape[:-1])), cols, float(a.std()))
-                q = q.reshape(*shape[:-1], -1)
-            elif cols % 256 == 0:
+            if cols % 256 == 0:
                 t = T[("Q4_K", "Q6_K")[self.k % 2]]
                 self.k += 1
                 q = random_blocks(self.rng, t.name, int(np.prod(shape[:-1])), cols, float(a.std()))

@@ -217,17 +217,10 @@ def test_quantized_system1_on_the_twin(example, runners, name, llama_cpp):
 
 @pytest.mark.parametrize("name", QUANT)
 def test_quantized_files_hold_k_quants(example, name):
-    """Every quantized example holds Q8_0 matrices and K-quant ones (its widths of 256), or the
-    formats it names for some tensors (gpt-oss@mxfp4: its experts), and those tensors in them."""
-    formats = EXAMPLES[name][1]["quantize"]
+    """Every quantized example holds Q8_0 matrices and K-quant ones (its widths of 256)."""
     with GGUFFile(example(name)) as f:
         types = {t.type_name for t in f.tensors.values()}
-        if isinstance(formats, dict):
-            for part, fmt in formats.items():
-                named = [t.type_name for n, t in f.tensors.items() if part in n and n.endswith(".weight")]
-                assert named and set(named) == {fmt}, (part, named)
-    want = {"Q8_0"} | (set(formats.values()) if isinstance(formats, dict) else {"Q4_K", "Q6_K"})
-    assert want <= types, types
+    assert {"Q8_0", "Q4_K", "Q6_K"} <= types, types
 
 
 def test_every_architecture_has_examples_of_both_rules():

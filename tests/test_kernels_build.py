@@ -388,8 +388,8 @@ def test_cuda_ops_attention_paths(fake_ops):
     (n1, g1, b1, a1), (n2, g2, _, a2) = ops.rt.launches[-2:]
     assert n1 == "attention_split_f16kv" and n2 == "attention_combine"
     S = g1[2]
-    chunk = a1[-1]
-    assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
+    chunk = a1[-2]  # then span (chunked attention's chunk: 0)
+    assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S and a1[-1] == 0
     assert a1[1] == kc.ptr and a1[2] == vc.ptr
     # prefill: the tensor-core kernel, a block per kv head and 64 rows of its 4 query heads
     qq = ops.empty((64, 8, 128))
@@ -397,8 +397,8 @@ def test_cuda_ops_attention_paths(fake_ops):
     out = ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, window=7)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "flash_attention_f16kv_128" and grid == (2, 4, 1) and block == (128, 1, 1)
-    assert args[:6] == (qq.ptr, kc.ptr, vc.ptr, out.ptr, 0, 0) and args[7] == 0
-    assert args[8:13] == (64, 8, 2, 4096, 4096) and args[14:17] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
+    assert args[:6] == (qq.ptr, kc.ptr, vc.ptr, out.ptr, 0, 0) and args[7] == 0 and args[8] == 0  # mask, sinks
+    assert args[9:14] == (64, 8, 2, 4096, 4096) and args[15:18] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
     # odd sizes round the row tiles up: 17 queries x 4 heads = 68 rows -> 2 tiles
     ops.attention(ops.empty((17, 8, 128)), kc, vc, ops.positions(range(17)), 17, scale=0.1)
     assert ops.rt.launches[-1][:2] == ("flash_attention_f16kv_128", (2, 2, 1))
@@ -406,17 +406,20 @@ def test_cuda_ops_attention_paths(fake_ops):
     m = ops.empty((64, 64))
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     name, _, _, args = ops.rt.launches[-1]
-    assert name == "flash_attention_f16kv_128" and args[7] == m.ptr and args[12] == 64 and args[15] == 0
+    assert name == "flash_attention_f16kv_128" and args[7] == m.ptr and args[13] == 64 and args[16] == 0
     # few row tiles over many keys: the keys split over grid z (shares of a multiple of 64),
     # attention_combine merges the partials
     q20 = ops.empty((20, 8, 128))
     out = ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1)
     (n1, g1, _, a1), (n2, g2, b2, a2) = ops.rt.launches[-2:]
-    S, chunk = g1[2], a1[-1]
+    S, chunk = g1[2], a1[-2]
     assert n1 == "flash_attention_f16kv_128" and g1[:2] == (2, 2) and S > 1 and ops.flash_last_splits == S
-    assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[12] == 4096
+    assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[13] == 4096
     assert n2 == "attention_combine" and g2 == (8, 20, 1) and b2 == (128, 1, 1)
-    assert a2 == (a1[4], a1[5], out.ptr, 8, 128, S)
+    assert a2 == (a1[4], a1[5], out.ptr, 0, 8, 128, S)  # no sinks
+    assert a1[-1] == 0  # span: no chunked attention (the keys' cover is not the chunk)
+    ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1, chunk=512)
+    assert ops.rt.launches[-2][0] == "flash_attention_f16kv_128" and ops.rt.launches[-2][3][-1] == 512
     # while capturing a graph, the split covers every slot (replays see later positions)
     ops._graph = type("G", (), {"pool": ops.pool})()
     try:
@@ -424,7 +427,7 @@ def test_cuda_ops_attention_paths(fake_ops):
     finally:
         ops._graph = None
     g1, a1 = ops.rt.launches[-2][1], ops.rt.launches[-2][3]
-    assert (g1[2] - 1) * a1[-1] < 4096 <= g1[2] * a1[-1]
+    assert (g1[2] - 1) * a1[-2] < 4096 <= g1[2] * a1[-2]
     # many row tiles, or few keys: one pass
     ops.attention(q20, kc, vc, ops.positions(range(20)), 20, scale=0.1)
     assert ops.rt.launches[-1][0] == "flash_attention_f16kv_128" and ops.rt.launches[-1][1][2] == 1
@@ -442,7 +445,7 @@ def test_cuda_ops_attention_paths(fake_ops):
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
-    assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
+    assert args[5] == m.ptr and args[6] == 0 and args[11] == 64 and args[14] == 0
 
 
 def test_cuda_ops_load_weight_keeps_blocks(fake_ops, smollm2):

@@ -30,20 +30,20 @@ def _argmax_f32(launch, pack, stream):
 
 
 def _attention_combine(launch, pack, stream):
-    def kernel(grid, block, *, part_ml, part_acc, out, Hq, hd, S, shared=0):
-        return launch(grid, block, pack(part_ml, part_acc, out, Hq, hd, S), shared, stream)
+    def kernel(grid, block, *, part_ml, part_acc, out, sinks, Hq, hd, S, shared=0):
+        return launch(grid, block, pack(part_ml, part_acc, out, sinks, Hq, hd, S), shared, stream)
 
     return kernel
 
 
 def _attention_f16kv(launch, pack, stream):
-    def head(*, q, kc, vc, out, pos, mask):
-        return (q, kc, vc, out, pos, mask)
+    def head(*, q, kc, vc, out, pos, mask, sinks):
+        return (q, kc, vc, out, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, shared=0):
-        if len(head) != 6:
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span, shared=0):
+        if len(head) != 7:
             raise TypeError("attention_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -53,23 +53,23 @@ def _attention_split_f16kv(launch, pack, stream):
     def head(*, q, kc, vc, part_ml, part_acc, pos, mask):
         return (q, kc, vc, part_ml, part_acc, pos, mask)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
         if len(head) != 7:
             raise TypeError("attention_split_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
 
 
 def _attention_split_last_f16kv(launch, pack, stream):
-    def head(*, q, kc, vc, part_ml, part_acc, out, count, pos, mask):
-        return (q, kc, vc, part_ml, part_acc, out, count, pos, mask)
+    def head(*, q, kc, vc, part_ml, part_acc, out, count, pos, mask, sinks):
+        return (q, kc, vc, part_ml, part_acc, out, count, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
-        if len(head) != 9:
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
+        if len(head) != 10:
             raise TypeError("attention_split_last_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -144,13 +144,13 @@ def _delta_qkv_f32(launch, pack, stream):
 
 
 def _flash_attention_f16kv_128(launch, pack, stream):  # 4 kernels
-    def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask):
-        return (q, kc, vc, out, part_ml, part_acc, pos, mask)
+    def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask, sinks):
+        return (q, kc, vc, out, part_ml, part_acc, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
-        if len(head) != 8:
+    def kernel(grid, block, head, *, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
+        if len(head) != 9:
             raise TypeError("flash_attention_f16kv_128: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -268,9 +268,15 @@ def _mmaglu_bf16(launch, pack, stream):  # 22 kernels
 
 
 def _mmaglu_moe_bf16(launch, pack, stream):  # 22 kernels
-    def kernel(grid, block, *, Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act, shared=0):
-        return launch(grid, block, pack(Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act), shared, stream)
+    def head(*, Wg, Wu, X, order, eoff, tiles, H, bg, bu):
+        return (Wg, Wu, X, order, eoff, tiles, H, bg, bu)
 
+    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, shared=0):
+        if len(head) != 9:
+            raise TypeError("mmaglu_moe_bf16: the third argument must be kernel.head(...)")
+        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit), shared, stream)
+
+    kernel.head = head
     return kernel
 
 
@@ -322,6 +328,13 @@ def _moe_down_bf16(launch, pack, stream):  # 23 kernels
     return kernel
 
 
+def _moe_down_bias_f32(launch, pack, stream):
+    def kernel(grid, block, *, Y, bd, ids, wts, n, D, k, shared=0):
+        return launch(grid, block, pack(Y, bd, ids, wts, n, D, k), shared, stream)
+
+    return kernel
+
+
 def _moe_glu_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, Wg, Wu, X, ids, Y, K, F, k, es, rb, act, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, ids, Y, K, F, k, es, rb, act), shared, stream)
@@ -346,6 +359,20 @@ def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
 def _moe_route_f32(launch, pack, stream):
     def kernel(grid, block, *, logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used, shared=0):
         return launch(grid, block, pack(logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used), shared, stream)
+
+    return kernel
+
+
+def _moe_swiglu_oai_f32(launch, pack, stream):
+    def kernel(grid, block, *, G, U, bg, bu, ids, H, n, F, alpha, limit, shared=0):
+        return launch(grid, block, pack(G, U, bg, bu, ids, H, n, F, alpha, limit), shared, stream)
+
+    return kernel
+
+
+def _moe_weight_input_f32(launch, pack, stream):
+    def kernel(grid, block, *, X, wts, X2, ones, n, K, k, shared=0):
+        return launch(grid, block, pack(X, wts, X2, ones, n, K, k), shared, stream)
 
     return kernel
 
@@ -381,6 +408,13 @@ def _mvna_q4_k(launch, pack, stream):  # 20 kernels
         return launch(grid, block, pack(*head, eps, Y0, Y1, Y2, K, M0, M1, M2, rb, norm), shared, stream)
 
     kernel.head = head
+    return kernel
+
+
+def _pos_scale_f32(launch, pack, stream):
+    def kernel(grid, block, *, x, pos, y, n, row, floor_, scale, offset, shared=0):
+        return launch(grid, block, pack(x, pos, y, n, row, floor_, scale, offset), shared, stream)
+
     return kernel
 
 
@@ -519,10 +553,10 @@ KERNELS = {
     "add_f32": ("QQQq", _add_f32),
     "add_row_f32": ("QQQqi", _add_row_f32),
     "argmax_f32": ("QiQ", _argmax_f32),
-    "attention_combine": ("QQQiii", _attention_combine),
-    "attention_f16kv": ("QQQQQQiiiiiffii", _attention_f16kv),
-    "attention_split_f16kv": ("QQQQQQQiiiiiffiii", _attention_split_f16kv),
-    "attention_split_last_f16kv": ("QQQQQQQQQiiiiiffiii", _attention_split_last_f16kv),
+    "attention_combine": ("QQQQiii", _attention_combine),
+    "attention_f16kv": ("QQQQQQQiiiiiffiii", _attention_f16kv),
+    "attention_split_f16kv": ("QQQQQQQiiiiiffiiii", _attention_split_f16kv),
+    "attention_split_last_f16kv": ("QQQQQQQQQQiiiiiffiiii", _attention_split_last_f16kv),
     "columns_f32": ("QQqiii", _columns_f32),
     "copy_cols_f16": ("QQqiiiii", _copy_cols_f16),
     "copy_cols_f32": ("QQqiiiii", _copy_cols_f16),
@@ -533,10 +567,10 @@ KERNELS = {
     "delta_gates_f32": ("QQQQQQqi", _delta_gates_f32),
     "delta_net_f32": ("QQQQQQQQiiiiif", _delta_net_f32),
     "delta_qkv_f32": ("QQQQiiiiff", _delta_qkv_f32),
-    "flash_attention_f16kv_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_192_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_256": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_64": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_128": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_192_128": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_256": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_64": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
     "geglu_f32": ("QQQqiii", _geglu_f32),
     "gelu_f32": ("QQq", _copy_f32),
     "get_rows_bf16": ("QQQiqf", _get_rows_bf16),
@@ -763,28 +797,28 @@ KERNELS = {
     "mmaglu_iq3_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_nl": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
-    "mmaglu_moe_bf16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_f16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_m": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xxs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_s": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_xxs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_nl": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_xs": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_mxfp4": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q6_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q8_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq1_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq2_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
     "mmaglu_mxfp4": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),
@@ -1073,6 +1107,7 @@ KERNELS = {
     "mmtn8_tq1_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_tq2_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "moe_down_bf16": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_bias_f32": ("QQQQqii", _moe_down_bias_f32),
     "moe_down_f16": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_f32": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_iq1_m": ("QQQQQiiiqq", _moe_down_bf16),
@@ -1143,6 +1178,8 @@ KERNELS = {
     "moe_mm_tq1_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq2_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_swiglu_oai_f32": ("QQQQQQqiff", _moe_swiglu_oai_f32),
+    "moe_weight_input_f32": ("QQQQqii", _moe_weight_input_f32),
     "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),
     "mul_col_f32": ("QQQqi", _add_row_f32),
     "mul_f32": ("QQQq", _add_f32),
@@ -1207,6 +1244,7 @@ KERNELS = {
     "mvne_q5_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q6_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q8_0": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
+    "pos_scale_f32": ("QQQqifff", _pos_scale_f32),
     "qk_rope_kv_store_f32": ("QQQQQQQQQiiiiiiififfQif", _qk_rope_kv_store_f32),
     "residual_add_f32": ("QQQiifff", _residual_add_f32),
     "rms_norm_gate_f32": ("QQQQiif", _rms_norm_gate_f32),

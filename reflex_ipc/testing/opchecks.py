@@ -796,6 +796,128 @@ def check_attention(ops, rng):
     return rows
 
 
+def check_attention_sinks_chunks(ops, rng):
+    """gpt-oss's attention sinks and Llama 4's chunked attention in every form of attention
+    (CUDA: the split-key decode, fused and two-kernel; the tensor-core prefill, one share and
+    split over key shares; attention_f16kv with flash off; a mask; a captured graph) against
+    the float64 reference, sinks large enough to take a real share of the softmax."""
+    rows = []
+    hd, Hq, Hkv, ctx = 64, 16, 2, 2400
+    cache = (ops.zeros((Hkv, ctx, hd), ops.kv_dtype), ops.zeros((Hkv, ctx, hd), ops.kv_dtype))
+    n_all = 2200
+    k = rng.standard_normal((n_all, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_all, Hkv, hd)).astype(np.float32)
+    ops.kv_store(*cache, ops.asarray(k), ops.asarray(v), np.arange(n_all))
+    Kc, Vc = (ops.to_numpy(c)[:, :n_all].astype(np.float64) for c in cache)  # as stored (f16 or f32)
+    sinks = rng.uniform(-1.0, 3.0, Hq).astype(np.float32)
+    S = ops.asarray(sinks)
+    scale = 1 / np.sqrt(hd)
+
+    def one(case, N, n_kv, kw, tol=None, mask=None, flash=True):
+        q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+        pos = np.arange(n_kv - N, n_kv)
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0.0, mask is None, kw.get("window", 0),
+                            None if mask is None else mask.astype(np.float64),
+                            sinks if kw.get("sinks") is not None else None, kw.get("chunk", 0))
+        before = _flash_count(ops)
+        old = getattr(ops, "flash", None)
+        if old is not None and not flash:
+            ops.flash = False
+        try:
+            out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, causal=mask is None,
+                                             mask=None if mask is None else ops.asarray(mask), **kw))
+        finally:
+            if old is not None:
+                ops.flash = old
+        rows.append(row("attention", case, out, ref, tol if tol is not None else _att_tol(ops, before)))
+
+    for label, kw in (("sinks", dict(sinks=S)), ("chunk=512", dict(chunk=512)),
+                      ("sinks chunk=512", dict(sinks=S, chunk=512)), ("sinks window=300", dict(sinks=S, window=300))):
+        one(f"split-K decode n_kv=2200 {label}", 1, 2200, kw, 1e-5)
+        one(f"split-K decode n_kv=1025 {label}", 2, 1025, kw, 1e-5)
+        with settings.override(fuse=False):
+            one(f"split-K decode (split + combine) n_kv=2200 {label}", 1, 2200, kw, 1e-5)
+        one(f"prefill N=100 n_kv=700 {label}", 100, 700, kw)
+        one(f"prefill N=100 n_kv=700 {label} attention_f16kv", 100, 700, kw, 1e-5, flash=False)
+        one(f"prefill N=16 n_kv=2200 (key shares) {label}", 16, 2200, kw)
+        one(f"prefill N=517 n_kv=1030 {label}", 517, 1030, kw)
+    mask = np.where(rng.random((40, 900)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    mask[:, 0] = 0
+    mask[3] = -np.inf  # nothing visible: zeros whatever the sink
+    one("masked N=40 n_kv=900 sinks", 40, 900, dict(sinks=S), mask=mask)
+    one("masked N=2 n_kv=900 sinks (split-K)", 2, 900, dict(sinks=S), 1e-5, mask=mask[:2])
+    if hasattr(ops, "capture"):
+        q = rng.standard_normal((1, Hq, hd)).astype(np.float32)
+        Q, P = ops.asarray(q), ops.positions(np.array([1999], np.int32))
+        g, out = ops.capture(lambda: ops.attention(Q, *cache, P, n_all, scale=scale, sinks=S, chunk=512))
+        try:
+            for i, p in enumerate((1999, 2047, 2048, 2199)):
+                qi = rng.standard_normal(q.shape).astype(np.float32)
+                ops.write(Q, qi)
+                ops.write(P, np.array([p], np.int32))
+                g.launch()
+                ref = attention_ref(qi.astype(np.float64), Kc, Vc, [p], p + 1, scale, 0.0, True, 0, None, sinks, 512)
+                rows.append(row("attention", f"graph replay pos={p} sinks chunk=512", ops.to_numpy(out), ref, 1e-5))
+        finally:
+            g.close()
+    return rows
+
+
+def check_archops(ops, rng):
+    """pos_scale (Llama 4's attention temperature) on positions around its floor steps, and moe's
+    gpt-oss form (router bias, softmax_weight gating, expert biases, swiglu_oai: a clamp that
+    bites) and Llama 4's (sigmoid, the weight before the experts, k = 1 and 2) against
+    NumpyOps.moe on the same dequantized weights, also inside a captured graph."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    npo = NumpyOps()
+    rows = []
+    # the cpu backend rounds activations to int8 blocks (twice: x, then the glu for the down
+    # products), through the clamps and gates of these units: a few % of the outputs' norm
+    tol = 5e-2 if ops.name == "cpu" else 1e-4
+    x = rng.standard_normal((7, 4, 16)).astype(np.float32)
+    pos = np.array([0, 8190, 8191, 8192, 16383, 40000, 100000], np.int32)
+    got = ops.to_numpy(ops.pos_scale(ops.asarray(x), pos, floor=8192.0, scale=0.1, offset=1.0))
+    rows.append(row("pos_scale", "floor 8192 scale 0.1", got, npo.pos_scale(x, pos, floor=8192.0, scale=0.1), 1e-7))
+    E, K, D = 8, 256, 256
+    for label, kw, k, fmt in (("gpt-oss-like", dict(gating="softmax_weight", norm=False, act="swiglu_oai",
+                                                    oai=True), 4, "Q8_0"),
+                              ("gpt-oss-like F32", dict(gating="softmax_weight", norm=False, act="swiglu_oai",
+                                                        oai=True), 2, "F32"),
+                              ("llama4-like k=1", dict(gating="sigmoid", norm=False, weight_before=True), 1, "Q4_K"),
+                              ("llama4-like k=2", dict(gating="sigmoid", norm=False, weight_before=True), 2, "F16")):
+        F = 256 if fmt.endswith("_K") else 224
+        W = _weights(ops, {"gate": (fmt, E * F, K), "up": (fmt, E * F, K), "down": (fmt, E * D, F),
+                           "router": ("F32", E, K)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        kw = dict(kw)
+        extra_np, extra = {}, {}
+        if kw.pop("oai", False):
+            b = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                 "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+            extra_np = {n: a.astype(np.float32) for n, a in b.items()}
+            extra = {n: ops.asarray(a) for n, a in extra_np.items()}
+        for N in (1, 5):
+            xx = (rng.standard_normal((N, K)) * 3).astype(np.float32)  # gate values past the clamp of 7
+            want = npo.moe(xx, ref["router"], ref["gate"], ref["up"], ref["down"], k, **kw, **extra_np)
+            got = ops.moe(ops.asarray(xx), W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k, **kw, **extra)
+            rows.append(row("moe", f"{label} {fmt} k={k} N={N}", ops.to_numpy(got), want, tol))
+        if hasattr(ops, "capture"):
+            X = ops.empty((3, K))
+            graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k,
+                                                     **kw, **extra))
+            try:
+                for rep in range(2):
+                    xx = (rng.standard_normal((3, K)) * 3).astype(np.float32)
+                    ops.write(X, xx)
+                    graph.launch()
+                    want = npo.moe(xx, ref["router"], ref["gate"], ref["up"], ref["down"], k, **kw, **extra_np)
+                    rows.append(row("moe", f"{label} graph replay {rep}", ops.to_numpy(out), want, tol))
+            finally:
+                graph.close()
+    return rows
+
+
 def flash_row(case, out, ref, op="flash_attention"):
     """A row of check_flash_attention: FLASH_TOL on the norm-relative error and FLASH_MAX_TOL on
     the largest element difference relative to max |ref|."""
@@ -1343,6 +1465,75 @@ def check_moe_grouped(ops, rng):
             rows.append({"op": "moe_grouped", "case": f"{label} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
     rows += _check_moe_grouped_graph(ops, rng, npo)
+    rows += _check_moe_grouped_archs(ops, rng, npo)
+    return rows
+
+
+def _check_moe_grouped_archs(ops, rng, npo):
+    """The grouped prefill in gpt-oss's form (router bias, softmax_weight, expert gate/up biases
+    and the clamped SwiGLU in mmaglu_moe's epilogue: act 2, down biases after the weighted sum;
+    F16 and Q8_0 experts) and Llama 4's (sigmoid, each pair's input
+    weighted first: x rows per pair, unit weights; k = 1 and 2), against NumpyOps.moe within
+    MMA_TOL; each call must take the grouped path and repeat its bits; one captured graph."""
+    rows = []
+    n_min = ops.moe_mma_min_n
+    E, K, D = 32, 256, 264
+    oai = dict(gating="softmax_weight", norm=False, act="swiglu_oai")
+    l4 = dict(gating="sigmoid", norm=False, weight_before=True)
+    for label, k, fmt, kw in (("gpt-oss-like", 4, ("F16", "F16", "F16"), oai),
+                              ("gpt-oss-like", 4, ("Q8_0", "Q8_0", "Q8_0"), oai),
+                              ("llama4-like k=1", 1, ("Q4_K", "Q4_K", "Q6_K"), l4),
+                              ("llama4-like k=2", 2, ("F16", "F16", "F16"), l4)):
+        F = _moe_width(fmt)
+        W = _weights(ops, {"gate": (fmt[0], E * F, K), "up": (fmt[1], E * F, K), "down": (fmt[2], E * D, F),
+                           "router": ("F32", E, K)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        # gate products of std ~4: the clamp at 7 bites, f16 rounding of x stays far below MMA_TOL
+        xs = 4.0 / (float(np.sqrt(np.mean(ref["gate"].astype(np.float64) ** 2))) * np.sqrt(K))
+        if kw is l4:  # the silu unit: |h| ~ g * u stays small
+            xs = 0.03 if fmt[0].endswith("_K") else 0.5
+        extra_np = {}
+        if kw is oai:
+            extra_np = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                        "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+            extra_np = {n: a.astype(np.float32) for n, a in extra_np.items()}
+        extra = {n: ops.asarray(a) for n, a in extra_np.items()}
+        name = f"{label} {'/'.join(fmt)} E={E} k={k}"
+        for N in (n_min, 150):
+            x, lg = _moe_inputs(rng, N, K, E, k, "sigmoid" if kw is l4 else "softmax", None, None, xs=xs)
+            lg = (lg - extra_np.get("router_bias", np.float32(0))).astype(np.float32)  # + router bias: lg as drawn
+            want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k, logits=lg, **kw, **extra_np)
+            X, LG = ops.asarray(x), ops.asarray(lg)
+            args = (W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k)
+            before = ops.moe_mma_launches
+            poison(ops, (N, D), (N * k, D))
+            got = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
+            took = ops.moe_mma_launches == before + 1
+            r = row("moe_grouped", f"{name} N={N}", got, want, MMA_TOL)
+            r["ok"] = r["ok"] and took
+            if not took:
+                r["error"] = "the grouped path was not taken"
+            rows.append(r)
+            again = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
+            rows.append({"op": "moe_grouped", "case": f"{name} N={N} repeated: same bits",
+                         "ok": bool(np.array_equal(again, got))})
+        if hasattr(ops, "capture") and fmt[0] == "Q8_0" and 48 >= n_min:
+            N = 48
+            X, LG = ops.empty((N, K)), ops.empty((N, E))
+            graph, out = ops.capture(lambda: ops.moe(X, *args, logits=LG, **kw, **extra))
+            try:
+                for rep in range(2):
+                    x, lg = _moe_inputs(rng, N, K, E, k, "softmax", None, None, xs=xs)
+                    lg = (lg - extra_np["router_bias"]).astype(np.float32)
+                    ops.write(X, x)
+                    ops.write(LG, lg)
+                    graph.launch()
+                    want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k, logits=lg, **kw,
+                                   **extra_np)
+                    rows.append(row("moe_grouped", f"{name} graph N={N} replay {rep}", ops.to_numpy(out), want,
+                                    MMA_TOL))
+            finally:
+                graph.close()
     return rows
 
 
@@ -2273,7 +2464,7 @@ def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
-               check_sampling,
+               check_attention_sinks_chunks, check_archops, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,

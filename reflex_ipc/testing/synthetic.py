@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 # Block layouts: elements per block, bytes per block.
-BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210), "MXFP4": (32, 17)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -89,6 +89,11 @@ def random_blocks(rng, tname, rows, cols, std):
         scales *= np.where(rng.random((nb, 16)) < 0.5, -1, 1).astype(np.int16)
         raw[:, 192:208] = scales.astype(np.int8).view(np.uint8)
         raw[:, 208:210] = _f16_bytes(std / (18.5 * np.abs(scales).mean(axis=1)) * jitter)
+    elif tname == "MXFP4":
+        # an E8M0 exponent e then 16 bytes of 32 E2M1 nibbles, value kvalues[q] * 2^(e - 128)
+        # (ggml's), kvalues {0, 1, 2, 3, 4, 6, 8, 12} with signs: uniform nibbles have std ~5.85
+        e = np.rint(128 + np.log2(std * jitter / 5.85)).clip(1, 254)
+        raw[:, 0] = e.astype(np.uint8)
     else:
         raise ValueError(f"no random blocks for {tname}")
     return raw.reshape(rows, -1)
@@ -231,9 +236,9 @@ VOCAB = "<the tokenizer's vocabulary size>"  # a key value write_gguf replaces b
 
 def model_class(arch):
     """The Model class of an architecture (its module is imported)."""
-    import importlib
+    from reflex_ipc.models import module
 
-    return importlib.import_module(f"reflex_ipc.models.{arch}").Model
+    return module(arch).Model
 
 
 def _relative(name):
@@ -396,7 +401,7 @@ def examples():
 def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quantize=None, has=(), lacks=(),
                  drop=(), shapes=None, extra=None, seed=None, qtype=None, blocks=False):
     """Write the example `name` (examples()) to path with the tokenizer of the GGUF `tokenizer`
-    (default SmolLM2); returns path. keys: changed keys (the tensors follow them); override:
+    (default SmolLM2; an example that names a `vocab`, VOCABS, has that one); returns path. keys: changed keys (the tensors follow them); override:
     metadata-only changes (None removes a key; the tensors do not follow: bad-input files);
     has / lacks: more optional tensors and layouts (write_gguf); drop, shapes, extra: tensors
     left out, reshaped or added (Init, write_gguf); quantize (default: the example's): matrices
@@ -404,7 +409,7 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     qtype: matrices stored in that format where rows fit (the GPU checks), as random blocks with
     `blocks` (Init: large timing models)."""
     arch, spec = examples()[name]
-    if tokenizer is None:
+    if tokenizer is None and not spec.get("vocab"):
         from reflex_ipc.modelpath import resolve_model
 
         tokenizer = resolve_model("smollm2")
@@ -412,7 +417,8 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     quantize = spec.get("quantize", False) if quantize is None else quantize
     init = Init(seed, embd_std=spec.get("embd_std", 1.0), gain=spec.get("gain", 1.0), qtype=qtype, drop=drop,
                 shapes=shapes, rules=spec.get("rules"), blocks=blocks)
-    write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=_tiny_tokenizer(tokenizer),
+    toks = _vocab_entries(spec["vocab"]) if spec.get("vocab") else _tiny_tokenizer(tokenizer)
+    write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=toks,
                has=set(spec.get("has", ())) | set(has), lacks=set(spec.get("lacks", ())) | set(lacks),
                override=override, extra=extra, writer=_quantized_writer(path, arch, seed) if quantize else None)
     return str(path)
@@ -929,6 +935,21 @@ TINY_CONFIGS = {
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")  # tiny_gguf's (another name: llama's tensors)
 _TINY_TOKENIZER = {}
+# vocabularies an example may name (plan.example(..., vocab=)): dump_vocab npz files of real ones
+VOCABS = {"o200k-harmony": "o200k-harmony-vocab.npz"}  # gpt-oss's (scripts/fixtures/make_o200k_vocab.py)
+
+
+def vocab_path(name):
+    """The npz of a VOCABS vocabulary (scripts/fixtures/data/)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(root, "scripts", "fixtures", "data", VOCABS[name])
+
+
+def _vocab_entries(name):
+    """The tokenizer entries (chat template included) of a VOCABS vocabulary, read once."""
+    if name not in _TINY_TOKENIZER:
+        _TINY_TOKENIZER[name] = load_vocab(vocab_path(name))
+    return _TINY_TOKENIZER[name]
 
 
 def _tiny_tokenizer(path):

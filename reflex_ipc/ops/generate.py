@@ -3,6 +3,7 @@
 import time
 from typing import Annotated, Any, Literal, Optional, Union
 
+import msgspec
 from msgspec import Meta, Struct
 
 from . import MAX_TOKENS
@@ -46,12 +47,29 @@ class DecodeRequest(ModelRequest, kw_only=True):
         description="constrain the output to this Lark grammar")]] = None
 
 
+class ToolChoiceFunction(Struct, kw_only=True):
+    name: NonEmptyStr
+
+
+class ToolChoice(Struct, kw_only=True):
+    """A named function that the reply must call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
 class GenerateRequest(DecodeRequest, kw_only=True):
     prompt: Optional[Annotated[str, Meta(
         min_length=1, description="tokenized with special tokens parsed, BOS per the GGUF "
                                   "(exactly one of this and messages)")]] = None
     messages: Optional[Messages] = None
     tools: Optional[Tools] = None
+    tool_choice: Annotated[Union[Literal["auto", "none", "required"], ToolChoice], Meta(
+        description="with tools: auto (the model decides), none (tools not offered), required "
+                    "(at least one call) or a named function, the last two enforced by a grammar "
+                    "so the arguments always parse")] = "auto"
+    parallel_tool_calls: Annotated[bool, Meta(
+        description="with tools: allow more than one call in a reply")] = True
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
     add_generation_prompt: AddGenerationPrompt = True
@@ -152,14 +170,36 @@ def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
     """runner.generate with the request's parameters (the CLI calls this too); with
     `messages` the prompt is the rendered conversation, with `tools` the result gets the
     parsed tool_calls."""
+    tools = req.tools if req.tool_choice != "none" else None
+    if tools is None and req.tools is not None:
+        req = msgspec.structs.replace(req, tools=None)
+    elif tools and req.tool_choice != "auto":
+        req = _forced_call(runner, req)
     prompt = chat_prompt(runner, req)
     out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel,
                  **kv_args(req))
-    if req.tools:
+    if tools:
         from .. import prepare
 
-        out = prepare.add_tool_calls(dict(out), req.tools)
+        out = prepare.add_tool_calls(dict(out), tools, runner=runner, chat_template=req.chat_template,
+                                     parallel=req.parallel_tool_calls)
     return out
+
+
+def _forced_call(runner, req):
+    """tool_choice required / named: the request with the grammar that forces the call."""
+    from .. import prepare
+    from ..errors import ReflexError
+
+    if req.messages is None:
+        raise ReflexError("invalid_request", "`tool_choice`: goes with `messages` and `tools`")
+    if any(getattr(req, k) is not None for k in ("json_schema", "regex", "grammar")):
+        raise ReflexError("invalid_request", "`tool_choice` required or named forces a tool call; "
+                                             "it cannot be combined with json_schema, regex or grammar")
+    choice = req.tool_choice if isinstance(req.tool_choice, str) else msgspec.to_builtins(req.tool_choice)
+    thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is True
+    g = prepare.tool_grammar(runner, req.tools, choice, req.parallel_tool_calls, req.chat_template, thinking)
+    return msgspec.structs.replace(req, grammar=g)
 
 
 def token_callback(call, req):

@@ -19,7 +19,7 @@ MAX_TOKENS = 131072  # the largest max_tokens of generate
 DEVICES = ("auto", "cpu", "cuda", "numpy")  # `device` of a request, --device of every command
 BACKENDS = ("numpy", "cpu", "cuda")  # what ready/hello/load report as `backend`
 
-NAMES = ("hello", "load", "generate", "infill", "system1", "embed", "tokenize", "detokenize",
+NAMES = ("hello", "load", "generate", "infill", "system1", "classify", "embed", "tokenize", "detokenize",
          "state_save", "state_load", "ping", "shutdown")
 
 _registry = None

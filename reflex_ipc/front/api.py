@@ -236,13 +236,24 @@ def chat_params(req: ChatRequest, default_max_tokens=512):
                             param="response_format", code="invalid_value")
     choice = req.tool_choice
     if req.tools and choice != "none":
-        if choice not in (None, "auto"):
-            raise unsupported("tool_choice", "may be \"auto\" or \"none\" only")
         for i, t in enumerate(req.tools):
             if t.get("type") != "function" or not isinstance(t.get("function"), dict):
                 raise HTTPError(400, f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{...}}}}",
                                 param=f"tools[{i}]", code="invalid_value")
         p["tools"] = req.tools
+        if choice == "required":
+            p["tool_choice"] = "required"
+        elif isinstance(choice, dict):
+            fn = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise HTTPError(400, "`tool_choice` must be auto, none, required or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}", param="tool_choice", code="invalid_value")
+            p["tool_choice"] = {"type": "function", "function": {"name": fn["name"]}}
+        elif choice not in (None, "auto"):
+            raise HTTPError(400, f"`tool_choice` must be auto, none, required or a named function, not {choice!r}",
+                            param="tool_choice", code="invalid_value")
+        if req.parallel_tool_calls is False:
+            p["parallel_tool_calls"] = False
     return "generate", p
 
 
@@ -290,7 +301,7 @@ _FIELD = re.compile(r"at `\$\.([A-Za-z_]+)")
 
 # engine field -> the HTTP parameter it comes from
 HTTP_PARAM = {"messages": "messages", "logprobs": "logprobs", "json_schema": "response_format",
-              "tools": "tools", "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra"}
+              "tools": "tools", "tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls", "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra"}
 
 
 def engine_error(kind, message, op):
@@ -377,10 +388,16 @@ def completion_response(result, model, rid=None):
 
 
 def chat_response(result, model, rid=None):
-    msg = {"role": "assistant", "content": result.get("text", ""), "refusal": None}
+    from .textstream import split_reasoning
+
+    reasoning, content, _ = split_reasoning(result)
+    msg = {"role": "assistant", "content": content, "refusal": None}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
     finish = FINISH.get(result.get("finish_reason"), result.get("finish_reason"))
     calls = tool_calls(result)
     if calls:
+        msg["content"] = content or None
         msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
         finish = "tool_calls"
     choice = {"index": 0, "message": msg, "finish_reason": finish,

@@ -59,6 +59,12 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+def anthropic_error(e: HTTPError):
+    from .anthropic import error_body
+
+    return JSON(error_body(e), status_code=e.status, headers=e.headers)
+
+
 def sse(obj):
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -87,8 +93,10 @@ class Front:
             return
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     async def read_body(self, request):
@@ -192,7 +200,10 @@ class Front:
         ev, events = await self._first(request, op, params)
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        gen = (self._chat_stream if chat else self._completion_stream)(ev, events, rid, model, include_usage)
+        if chat:
+            gen = self._chat_stream(ev, events, rid, model, include_usage, tools=bool(params.get("tools")))
+        else:
+            gen = self._completion_stream(ev, events, rid, model, include_usage)
         return EventStream(gen)
 
     async def _engine_stream(self, first, events):
@@ -235,14 +246,21 @@ class Front:
                     yield sse({**base, "choices": [], "usage": api.usage(ev)})
         yield b"data: [DONE]\n\n"
 
-    async def _chat_stream(self, first, events, rid, model, include_usage):
+    async def _chat_stream(self, first, events, rid, model, include_usage, tools=False):
         import time
+
+        from .textstream import Turn
 
         base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 
         def chunk(delta, finish=None, lp=None):
             return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
+        def deltas(pieces):
+            return [chunk({"reasoning_content" if kind == "reasoning" else "content": text})
+                    for kind, text in pieces]
+
+        turn = Turn(tools)
         yield chunk({"role": "assistant", "content": ""})
         async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
             async for ev in evs:
@@ -250,13 +268,21 @@ class Front:
                     yield sse(ev)
                     break
                 if ev.get("event") == "token":
-                    lp = None
+                    pieces = turn.feed(ev)
                     if ev.get("logprobs") is not None:
                         lp = api.chat_logprobs(api._entries(ev["logprobs"]))
-                    if ev.get("text") or lp is not None:
-                        yield chunk({"content": ev.get("text", "")}, lp=lp)
+                        text = "".join(t for k, t in pieces if k == "content")
+                        for c in deltas([p for p in pieces if p[0] == "reasoning"]):
+                            yield c
+                        yield chunk({"content": text}, lp=lp)
+                    else:
+                        for c in deltas(pieces):
+                            yield c
                     continue
                 finish = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
+                rest, _ = turn.finish(ev)
+                for c in deltas(rest):
+                    yield c
                 calls = api.tool_calls(ev)
                 if calls:
                     yield chunk({"tool_calls": calls})
@@ -296,20 +322,196 @@ class Front:
 
         return EventStream(gen())
 
+    # -- decisions -----------------------------------------------------------------------
+
+    async def classify(self, request):
+        from . import classify
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), classify.ClassifyRequest)
+        result = await self.call(request, "classify", classify.params(req))
+        return JSON(classify.response(result, self.model_id()))
+
+    # -- Anthropic's Messages API --------------------------------------------------------
+
+    async def messages(self, request):
+        from . import anthropic as A
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), A.MessagesRequest)
+        params = A.params(req)
+        model = self.model_id()
+        if not req.stream:
+            return JSON(A.response(await self.call(request, "generate", params), model, req.stop_sequences))
+        params["stream"] = True
+        ev, events = await self._first(request, "generate", params)
+        return EventStream(self._messages_stream(ev, events, model, bool(params.get("tools")), req.stop_sequences),
+                           media_type="text/event-stream")
+
+    async def _messages_stream(self, first, events, model, tools, stops):
+        from . import anthropic as A
+        from .textstream import Turn
+
+        turn, st = Turn(tools), A.StreamState()
+        kinds = {"reasoning": "thinking", "content": "text"}
+        yield A.message_start(A.new_id("msg"), model)
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    yield A.event("error", {"error": {"type": "api_error", "message": ev["error"]["message"]}})
+                    return
+                if ev.get("event") == "token":
+                    for kind, text in turn.feed(ev):
+                        for out in st.delta(kinds[kind], text):
+                            yield out
+                    continue
+                rest, calls = turn.finish(ev)
+                for kind, text in rest:
+                    for out in st.delta(kinds[kind], text):
+                        yield out
+                if st.index < 0 and not calls:  # an empty reply still has its text block
+                    for out in st.start("text"):
+                        yield out
+                for out in st.stop():
+                    yield out
+                for call in calls:
+                    for out in st.tool_use(call):
+                        yield out
+                reason, seq = A.stop_reason(ev, stops)
+                yield A.event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                                "usage": A.usage(ev)})
+                yield A.event("message_stop", {})
+
+    # -- OpenAI's Responses API ----------------------------------------------------------
+
+    async def responses(self, request):
+        from . import responses as R
+        from .textstream import split_reasoning
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), R.ResponsesRequest)
+        params = R.params(req, self.chat_max_tokens)
+        model = self.model_id()
+        if not req.stream:
+            result = await self.call(request, "generate", params)
+            return JSON(R.response(result, req, model, *split_reasoning(result)))
+        params["stream"] = True
+        ev, events = await self._first(request, "generate", params)
+        return EventStream(self._responses_stream(ev, events, req, model, bool(params.get("tools"))))
+
+    async def _responses_stream(self, first, events, req, model, tools):
+        import time
+
+        from . import responses as R
+        from .textstream import Turn
+
+        E, turn = R.Events(), Turn(tools)
+        rid, created = R.new_id("resp"), int(time.time())
+        output = []  # finished output items
+        cur = {"kind": None, "item": None, "text": ""}
+
+        def env(status, result=None):
+            return R.envelope(rid, req, model, created, status, list(output), result)
+
+        def close():
+            kind, item, text = cur["kind"], cur["item"], cur["text"]
+            if kind is None:
+                return []
+            idx = len(output)
+            if kind == "content":
+                part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                item = {**item, "status": "completed", "content": [part]}
+                evs = [E("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                         text=text, logprobs=[]),
+                       E("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                         part=part)]
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                item = {**item, "status": "completed", "content": [part]}
+                evs = [E("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                         text=text),
+                       E("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                         part=part)]
+            evs.append(E("response.output_item.done", output_index=idx, item=item))
+            output.append(item)
+            cur.update(kind=None, item=None, text="")
+            return evs
+
+        def delta(kind, text):
+            evs = []
+            if cur["kind"] != kind:
+                evs += close()
+                idx = len(output)
+                if kind == "content":
+                    item = R.message_item("", status="in_progress")
+                    item["content"] = []
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                else:
+                    item = R.reasoning_item("")
+                    item.update(status="in_progress", content=[])
+                    part = {"type": "reasoning_text", "text": ""}
+                cur.update(kind=kind, item=item, text="")
+                evs += [E("response.output_item.added", output_index=idx, item=item),
+                        E("response.content_part.added", item_id=item["id"], output_index=idx, content_index=0,
+                          part=part)]
+            cur["text"] += text
+            name = "response.output_text.delta" if kind == "content" else "response.reasoning_text.delta"
+            extra = {"logprobs": []} if kind == "content" else {}
+            evs.append(E(name, item_id=cur["item"]["id"], output_index=len(output), content_index=0, delta=text,
+                         **extra))
+            return evs
+
+        yield E("response.created", response=env("in_progress"))
+        yield E("response.in_progress", response=env("in_progress"))
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    err = ev["error"]
+                    yield E("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
+                    return
+                if ev.get("event") == "token":
+                    for kind, text in turn.feed(ev):
+                        for out in delta(kind, text):
+                            yield out
+                    continue
+                rest, calls = turn.finish(ev)
+                for kind, text in rest:
+                    for out in delta(kind, text):
+                        yield out
+                if not output and cur["kind"] is None and not calls:
+                    for out in delta("content", ""):
+                        yield out
+                for out in close():
+                    yield out
+                for call in calls:
+                    item = R.call_item(call)
+                    idx = len(output)
+                    yield E("response.output_item.added", output_index=idx,
+                            item={**item, "arguments": "", "status": "in_progress"})
+                    yield E("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
+                            delta=item["arguments"])
+                    yield E("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                            arguments=item["arguments"], name=item["name"])
+                    yield E("response.output_item.done", output_index=idx, item=item)
+                    output.append(item)
+                status = R.status_of(ev)
+                final = env(status, ev)
+                yield E("response.completed" if status == "completed" else "response.incomplete", response=final)
+
 
 def build_app(front: Front):
-    def guard(handler):
+    def guard(handler, shape=error_response):
         async def endpoint(request):
             try:
                 return await handler(request)
             except HTTPError as e:
-                return error_response(e)
+                return shape(e)
             except QueueFull:
-                return error_response(front.busy_error())
+                return shape(front.busy_error())
             except EngineUnavailable as e:
-                return error_response(HTTPError(503, f"the engine is unavailable: {e} (the next request "
-                                                "starts or reconnects it)", code="engine_died",
-                                                headers={"Retry-After": str(front.retry_after)}))
+                return shape(HTTPError(503, f"the engine is unavailable: {e} (the next request "
+                                       "starts or reconnects it)", code="engine_died",
+                                       headers={"Retry-After": str(front.retry_after)}))
             except (asyncio.CancelledError, ClientDisconnect):
                 return Response(status_code=499)  # the client went away: nobody reads this
 
@@ -332,6 +534,9 @@ def build_app(front: Front):
         Route("/v1/chat/completions", guard(front.chat), methods=["POST"]),
         Route("/v1/embeddings", guard(front.embeddings), methods=["POST"]),
         Route("/infill", guard(front.infill), methods=["POST"]),
+        Route("/v1/classify", guard(front.classify), methods=["POST"]),
+        Route("/v1/messages", guard(front.messages, anthropic_error), methods=["POST"]),
+        Route("/v1/responses", guard(front.responses), methods=["POST"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -153,7 +153,9 @@ def _parse_tagged(text, known):
         last = m.end()
     if not calls:
         return None
-    pieces.append(text[last:])
+    tail = text[last:]
+    cut = tail.find("<tool_call>")  # a call cut off by max_tokens is not content
+    pieces.append(tail if cut < 0 else tail[:cut])
     return "".join(pieces).strip(), calls
 
 

@@ -575,8 +575,10 @@ def test_build_produces_a_loadable_library(tmp_path):
 
     info = _cpu_build().build(str(tmp_path), force=True)
     assert info["built"], info.get("reason")
+    from reflex_ipc.backends.cpu_launch import ABI_VERSION
+
     lib = ctypes.CDLL(str(tmp_path / "libreflex_cpu.so"))
-    assert lib.rx_abi_version() == 1
+    assert lib.rx_abi_version() == ABI_VERSION
     assert json.loads((tmp_path / "cpu_build.json").read_text())["built"] is True
 
 

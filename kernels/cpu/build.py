@@ -10,6 +10,11 @@ library) records what was built or why nothing was; without a compiler, or when
 the compile fails, the build succeeds with a warning and the package falls back
 to the numpy backend at run time (reflex_ipc/backends/cpu_ops.py says so once).
 REFLEX_CPU_BUILD=strict turns a failed build into an error (CI).
+
+The library's C ABI is declared once, in reflex_ipc/backends/cpu_abi.py; every build first
+writes what that table generates (kernels/cpu/rx_abi.h: structs, prototypes, the replay
+dispatch; reflex_ipc/backends/cpu_launch.py: the keyword launchers and ctypes types), so the
+compiler checks ops.c against it. `python3 kernels/cpu/build.py --abi` writes only those.
 """
 import json
 import os
@@ -20,6 +25,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ABI_TABLE = os.path.join(ROOT, "reflex_ipc", "backends", "cpu_abi.py")
 LIB = "libreflex_cpu.so"
 BUILD_JSON = "cpu_build.json"
 CFLAGS = ["-O3", "-std=c11", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-Wall",
@@ -36,7 +43,8 @@ def find_cc():
 def units():
     """(source, extra flags, object name) for every translation unit of this machine."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread"], "ops.o")]
+    # ops.c: every exported function needs its prototype from rx_abi.h (the ABI table)
+    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o")]
     if x86:
         isa = ["-mavx2", "-mfma", "-mf16c"]
         out.append(("x86.c", isa, "x86_avx2.o"))
@@ -47,6 +55,33 @@ def units():
 
 def sources():
     return sorted(f for f in os.listdir(HERE) if f.endswith((".c", ".h")))
+
+
+def abi_table():
+    """reflex_ipc/backends/cpu_abi.py, loaded by path (the package need not be importable)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reflex_cpu_abi_table", ABI_TABLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_abi():
+    """Write the files the ABI table generates, where they differ; returns the paths written."""
+    written = []
+    for rel, text in abi_table().outputs().items():
+        path = os.path.join(ROOT, rel)
+        try:
+            with open(path) as fh:
+                if fh.read() == text:
+                    continue
+        except OSError:
+            pass
+        with open(path, "w") as fh:
+            fh.write(text)
+        written.append(rel)
+    return written
 
 
 def _write_json(out_dir, info):
@@ -60,7 +95,7 @@ def _up_to_date(out_dir):
         t = os.path.getmtime(lib)
     except OSError:
         return False
-    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__)]
+    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__), ABI_TABLE]
     return all(os.path.getmtime(p) <= t for p in here)
 
 
@@ -69,6 +104,7 @@ def build(out_dir=None, force=False):
     out_dir = out_dir or os.path.join(os.path.dirname(os.path.dirname(HERE)), "reflex_ipc", "kernels")
     os.makedirs(out_dir, exist_ok=True)
     strict = os.environ.get("REFLEX_CPU_BUILD", "") == "strict"
+    write_abi()
     if not force and _up_to_date(out_dir):
         with open(os.path.join(out_dir, BUILD_JSON)) as fh:
             return json.load(fh)
@@ -94,7 +130,7 @@ def build(out_dir=None, force=False):
             objs.append(os.path.join(tmp, obj))
         if not any(o.endswith("x86_vnni.o") for o in objs):
             info["defines"] = "RX_NO_VNNI"
-            r = subprocess.run([*cc.split(), *CFLAGS, "-pthread", "-DRX_NO_VNNI", "-c",
+            r = subprocess.run([*cc.split(), *CFLAGS, "-pthread", "-Werror=missing-prototypes", "-DRX_NO_VNNI", "-c",
                                 os.path.join(HERE, "ops.c"), "-o", os.path.join(tmp, "ops.o")],
                                capture_output=True, text=True)
             if r.returncode:
@@ -102,7 +138,9 @@ def build(out_dir=None, force=False):
                 _fail(out_dir, info, strict)
                 return info
         tmp_lib = os.path.join(tmp, LIB)
-        cmd = [*cc.split(), "-shared", "-pthread", *objs, "-o", tmp_lib, "-lm"]
+        # -z defs: a function of the ABI table that nothing defines fails here, not at load
+        defs = ["-Wl,-z,defs"] if sys.platform.startswith("linux") else []
+        cmd = [*cc.split(), "-shared", "-pthread", *objs, "-o", tmp_lib, "-lm", *defs]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             info["reason"] = f"{' '.join(cmd)}\n{r.stderr[-2000:]}"
@@ -128,6 +166,9 @@ def _fail(out_dir, info, strict):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--abi"]:
+        print("\n".join(write_abi()) or "the generated ABI files are current")
+        sys.exit(0)
     res = build(sys.argv[1] if len(sys.argv) > 1 else None, force=True)
     print(json.dumps(res, indent=1))
     sys.exit(0 if res.get("built") else 1)

@@ -19,6 +19,8 @@
 #include <time.h>
 
 #include "rx_cpu.h"
+#define RX_ABI_REPLAY /* rx_replay_one: rx_run's dispatch of one recorded command */
+#include "rx_abi.h"   /* generated from reflex_ipc/backends/cpu_abi.py: prototypes, replay codes */
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -266,7 +268,7 @@ RX_EXPORT const char *rx_isa_name(void) {
     return T.name;
 }
 
-RX_EXPORT int rx_abi_version(void) { return 1; }
+RX_EXPORT int rx_abi_version(void) { return RX_ABI_VERSION; }
 
 /* ------------------------------------------------------------------ scratch */
 static void *g_scratch[3];
@@ -295,13 +297,8 @@ static float *thread_buf(size_t n) {
 }
 
 /* ------------------------------------------------------------------ matmul */
-/* A weight: `M` rows of `K` values of ggml type `type`, row r at data + r * row_bytes. */
-typedef struct {
-    int64_t type;
-    const uint8_t *data;
-    int64_t M, K, row_bytes;
-} rx_weight;
-
+/* A weight (rx_weight, rx_abi.h): `M` rows of `K` values of ggml type `type`, row r at
+ * data + r * row_bytes. */
 static int act_format(int64_t type) {
     switch (type) {
     case RX_F32: case RX_F16: case RX_BF16: return RX_ACT_F32;
@@ -901,49 +898,12 @@ RX_EXPORT void rx_ssm_scan(const float *x, const float *dt, const float *A, cons
 }
 
 /* ------------------------------------------------------------------ recorded graphs */
-/* A captured op sequence: rows of 24 int64, [op, args...] with the arguments of the
- * exported function of that op (doubles stored as their bits). */
-enum { OP_MATMUL = 1, OP_NORM_ROPE, OP_RMS, OP_KV_STORE, OP_ATTN, OP_EMBED, OP_BINARY, OP_UNARY, OP_COPY,
-       OP_ARGMAX, OP_SSM_CONV, OP_DELTA_NET, OP_SSM_SCAN, OP_COLUMNS };
-
-static inline double as_d(int64_t v) { double d; memcpy(&d, &v, 8); return d; }
-#define P(i) ((void *)(intptr_t)a[i])
-
+/* A captured op sequence: rows of `stride` int64, [replay code, args...] with the arguments of
+ * that code's function (reflex_ipc/backends/cpu_abi.py; doubles stored as their bits). */
 RX_EXPORT int rx_run(const int64_t *cmds, int64_t n, int64_t stride) {
     for (int64_t c = 0; c < n; c++) {
-        const int64_t *a = cmds + c * stride;
-        switch (a[0]) {
-        case OP_MATMUL:
-            if (rx_matmul(a[1], a[2], P(3), a[4], a[5], P(6), P(7), P(8), P(9), P(10), P(11), a[12], a[13]))
-                return -1;
-            break;
-        case OP_NORM_ROPE:
-            rx_norm_rope(P(1), a[2], a[3], a[4], P(5), a[6], as_d(a[7]), as_d(a[8]), P(9), a[10], as_d(a[11]),
-                         a[12], P(13), (float)as_d(a[14]));
-            break;
-        case OP_RMS: rx_rms_norm(P(1), P(2), P(3), a[4], a[5], (float)as_d(a[6])); break;
-        case OP_KV_STORE: rx_kv_store(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9], a[10], a[11]); break;
-        case OP_ATTN:
-            rx_attention(P(1), P(2), P(3), P(4), P(5), P(6), a[7], a[8], a[9], a[10], a[11], a[12], a[13],
-                         (float)as_d(a[14]), (float)as_d(a[15]), a[16], a[17], a[18]);
-            break;
-        case OP_ARGMAX: rx_argmax(P(1), a[2], a[3], P(4)); break;
-        case OP_EMBED: if (rx_embed(P(1), P(2), a[3], P(4), (float)as_d(a[5]))) return -1; break;
-        case OP_BINARY: rx_binary(a[1], P(2), P(3), P(4), a[5], a[6]); break;
-        case OP_UNARY: rx_unary(a[1], P(2), P(3), P(4), a[5], (float)as_d(a[6])); break;
-        case OP_COPY: rx_copy(P(1), P(2), a[3]); break;
-        case OP_COLUMNS: rx_columns(P(1), P(2), a[3], a[4], a[5], a[6]); break;
-        case OP_SSM_CONV: rx_ssm_conv(P(1), P(2), P(3), P(4), P(5), a[6], a[7], a[8], a[9]); break;
-        case OP_DELTA_NET:
-            rx_delta_net(P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), a[9], a[10], a[11], a[12], a[13],
-                         (float)as_d(a[14]));
-            break;
-        case OP_SSM_SCAN:
-            rx_ssm_scan(P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), a[10], a[11], a[12], a[13], a[14],
-                        a[15]);
-            break;
-        default: return -2;
-        }
+        int rc = rx_replay_one(cmds + c * stride);
+        if (rc) return rc;
     }
     return 0;
 }

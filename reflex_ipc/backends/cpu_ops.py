@@ -37,6 +37,7 @@ import os
 import numpy as np
 
 from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, weight_shape
+from .cpu_launch import ABI_VERSION, CMD_WIDTH, FLOAT_ARGS, MATMUL, OPS, SIGNATURES, Launchers, RxWeight
 
 _F32 = np.float32
 _LIB_NAME = "libreflex_cpu.so"
@@ -46,51 +47,6 @@ _lib_error = None
 
 # ggml types the kernels read in place (others are dequantized to float32 at load)
 NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30})
-
-_i64, _f32c, _f64, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_void_p
-
-
-class _Weight(ctypes.Structure):
-    _fields_ = [("type", _i64), ("data", _vp), ("M", _i64), ("K", _i64), ("row_bytes", _i64)]
-
-
-_SIGNATURES = {
-    "rx_set_threads": ([ctypes.c_int], ctypes.c_int),
-    "rx_threads": ([], ctypes.c_int),
-    "rx_set_spin": ([_i64, _i64], None),
-    "rx_isa_name": ([], ctypes.c_char_p),
-    "rx_abi_version": ([], ctypes.c_int),
-    "rx_act_format": ([_i64], ctypes.c_int),
-    "rx_matmul": ([_i64, _i64, _vp, _i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64], ctypes.c_int),
-    "rx_dot": ([_vp, _i64, _vp], _f32c),
-    "rx_rms_norm": ([_vp, _vp, _vp, _i64, _i64, _f32c], None),
-    "rx_norm_rope": ([_vp, _i64, _i64, _i64, _vp, _i64, _f64, _f64, _vp, _i64, _f64, _i64, _vp, _f32c],
-                     None),
-    "rx_kv_store": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64], None),
-    "rx_attention": ([_vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c,
-                      _i64, _i64, _i64], None),
-    "rx_to_f16": ([_vp, _vp, _i64], None),
-    "rx_embed": ([_vp, _vp, _i64, _vp, _f32c], ctypes.c_int),
-    "rx_binary": ([_i64, _vp, _vp, _vp, _i64, _i64], None),
-    "rx_unary": ([_i64, _vp, _vp, _vp, _i64, _f32c], None),
-    "rx_copy": ([_vp, _vp, _i64], None),
-    "rx_run": ([_vp, _i64, _i64], ctypes.c_int),
-    "rx_argmax": ([_vp, _i64, _i64, _vp], None),
-    "rx_ssm_conv": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64], None),
-    "rx_delta_net": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _f32c], None),
-    "rx_ssm_scan": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64], None),
-    "rx_columns": ([_vp, _vp, _i64, _i64, _i64, _i64], None),
-    "rx_attention_latent": ([_vp, _vp, _vp, _vp, _vp, _i64, _i64, _i64, _i64, _i64, _i64, _f32c, _f32c, _i64,
-                             _i64, _i64], None),
-}
-
-# op codes of recorded graphs (kernels/cpu/ops.c, rx_run): the C function of each
-_OPS = {1: "rx_matmul", 2: "rx_norm_rope", 3: "rx_rms_norm", 4: "rx_kv_store", 5: "rx_attention",
-        6: "rx_embed", 7: "rx_binary", 8: "rx_unary", 9: "rx_copy", 10: "rx_argmax", 11: "rx_ssm_conv",
-        12: "rx_delta_net", 13: "rx_ssm_scan", 14: "rx_columns"}
-(MATMUL, NORM_ROPE, RMS, KV_STORE, ATTN, EMBED, BINARY, UNARY, COPY, ARGMAX, SSM_CONV, DELTA_NET, SSM_SCAN,
- COLUMNS) = range(1, 15)
-_CMD_WIDTH = 24
 
 
 def library_path():
@@ -109,11 +65,14 @@ def load_library():
         return None
     try:
         lib = ctypes.CDLL(path)
-        for name, (args, res) in _SIGNATURES.items():
+        # rx_abi_version first: a library built from another ABI table may lack the others
+        lib.rx_abi_version.argtypes, lib.rx_abi_version.restype = SIGNATURES["rx_abi_version"]
+        if lib.rx_abi_version() != ABI_VERSION:
+            raise OSError(f"ABI version {lib.rx_abi_version()}, expected {ABI_VERSION} (built from another "
+                          "reflex_ipc/backends/cpu_abi.py: rebuild the kernels)")
+        for name, (args, res) in SIGNATURES.items():  # cpu_abi.py's table (generated cpu_launch.py)
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
-        if lib.rx_abi_version() != 1:
-            raise OSError(f"ABI version {lib.rx_abi_version()}, expected 1 (rebuild the kernels)")
     except (OSError, AttributeError) as e:
         _lib_error = f"{path} could not be loaded: {e}"
         return None
@@ -160,7 +119,7 @@ class CpuWeight:
         self.ggml_type = ggml_type
         self.raw = raw
         self.row_bytes = row_bytes
-        self.desc = _Weight(ggml_type, raw.ctypes.data, rows, cols, row_bytes)
+        self.desc = RxWeight(ggml_type, raw.ctypes.data, rows, cols, row_bytes)
         self.ptr = ctypes.addressof(self.desc)
         # F32 weights: numpy's BLAS on a view of the mapping for batches
         self.dense = raw.view(_F32).reshape(rows, cols) if ggml_type == 0 else None
@@ -181,7 +140,11 @@ class CpuWeight:
             len(ids), self.shape[1])
 
 
-class CpuOps:
+class CpuOps(Launchers):
+    """The ops on the C kernels. The library's functions are methods inherited from
+    cpu_launch.Launchers (generated from cpu_abi.py), called with keyword arguments:
+    `self.rx_matmul(N=..., ...)`; the recorded ones append to a graph being recorded."""
+
     name = "cpu"
     device = "cpu"
     kv_dtype = "float16"
@@ -201,13 +164,12 @@ class CpuOps:
 
                 raise ReflexError("invalid_request", f"REFLEX_CPU_THREADS={env!r} is not a number of "
                                   "threads") from None
-        self.threads = lib.rx_set_threads(max(1, int(threads)))
-        self.isa = lib.rx_isa_name().decode()
+        self.threads = self.rx_set_threads(n=max(1, int(threads)))
+        self.isa = self.rx_isa_name().decode()
         if kv_dtype is not None:
             if kv_dtype not in ("float16", "float32"):
                 raise ValueError(f"kv_dtype must be float16 or float32, not {kv_dtype!r}")
             self.kv_dtype = kv_dtype
-        self._fns = {code: getattr(lib, fn) for code, fn in _OPS.items()}
         self._rec = None  # while recording a graph: [(op code, args)]
         self._keep = None  # ... and the buffers its commands point into
         self._consts = None  # ... and the constants converted from host data
@@ -217,21 +179,18 @@ class CpuOps:
         self._saved = None  # while capturing: [(recurrent state, its values before)]
 
     def set_threads(self, n):
-        self.threads = self._lib.rx_set_threads(max(1, int(n)))
+        self.threads = self.rx_set_threads(n=max(1, int(n)))
         return self.threads
 
-    # -- the C calls, recorded while capturing ---------------------------------------
-    def _c(self, code, *args):
-        if self._rec is not None:
-            self._rec.append((code, args))
-        rc = self._fns[code](*args)
-        if rc:  # matmul, embed: 0 or a negative error (the others return None)
-            from ..errors import ReflexError
+    # -- the C calls (Launchers' methods; recorded while capturing) ---------------------
+    @staticmethod
+    def _failed(code, rc):
+        """A recorded function returned rc != 0 (matmul, embed: a negative error)."""
+        from ..errors import ReflexError
 
-            if code == MATMUL and rc == -2:
-                raise ReflexError("out_of_memory", "cpu matmul: no memory for the activation buffer")
-            raise ReflexError("internal", f"cpu kernel {_OPS[code]} failed ({rc})")
-        return rc
+        if code == MATMUL and rc == -2:
+            raise ReflexError("out_of_memory", "cpu matmul: no memory for the activation buffer")
+        raise ReflexError("internal", f"cpu kernel {OPS[code]} failed ({rc})")
 
     def _new(self, shape, dtype=_F32):
         if self._keep is None:
@@ -300,7 +259,7 @@ class CpuOps:
     def copy(self, src, out):
         if (src.dtype == out.dtype and src.shape == out.shape and src.flags.c_contiguous
                 and out.flags.c_contiguous):
-            self._c(COPY, src.ctypes.data, out.ctypes.data, src.nbytes)
+            self.rx_copy(src=src.ctypes.data, dst=out.ctypes.data, bytes=src.nbytes)
         else:
             self._eager("copy between different layouts")
             out[...] = src
@@ -362,8 +321,8 @@ class CpuOps:
                 self._eager("accumulate into a non-contiguous out")
                 y[...] = out
         if N:
-            self._c(MATMUL, N, K, x.ctypes.data, K, 1, w.ptr, None, None, y.ctypes.data, None, None, 0,
-                    1 if accumulate else 0)
+            self.rx_matmul(N=N, K=K, x=x.ctypes.data, ldx=K, nw=1, w0=w.ptr, w1=None, w2=None, y0=y.ctypes.data,
+                           y1=None, y2=None, mode=0, accumulate=1 if accumulate else 0)
         if out is not None and y is not out:
             out[...] = y
             return out
@@ -383,7 +342,8 @@ class CpuOps:
         if N:
             p = [w.ptr for w in ws] + [None] * (3 - len(ws))
             yp = [y.ctypes.data for y in ys] + [None] * (3 - len(ws))
-            self._c(MATMUL, N, K, x.ctypes.data, K, len(ws), p[0], p[1], p[2], yp[0], yp[1], yp[2], 0, 0)
+            self.rx_matmul(N=N, K=K, x=x.ctypes.data, ldx=K, nw=len(ws), w0=p[0], w1=p[1], w2=p[2], y0=yp[0],
+                           y1=yp[1], y2=yp[2], mode=0, accumulate=0)
         return ys
 
     def matmul_glu(self, x, w_gate, w_up, act="silu"):
@@ -397,8 +357,8 @@ class CpuOps:
             return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
         y = self._new(x.shape[:-1] + (w_gate.shape[0],))
         if N:
-            self._c(MATMUL, N, K, x.ctypes.data, K, 2, w_gate.ptr, w_up.ptr, None, y.ctypes.data, None, None,
-                    1 if act == "silu" else 2, 0)
+            self.rx_matmul(N=N, K=K, x=x.ctypes.data, ldx=K, nw=2, w0=w_gate.ptr, w1=w_up.ptr, w2=None,
+                           y0=y.ctypes.data, y1=None, y2=None, mode=1 if act == "silu" else 2, accumulate=0)
         return y
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
@@ -440,7 +400,7 @@ class CpuOps:
             raise ValueError(f"embed: token ids outside 0..{M - 1}")
         out = self._new((N, K))
         if w.ggml_type in NATIVE_TYPES and (N <= 8 or self._rec is not None):
-            self._c(EMBED, w.ptr, ids.ctypes.data, N, out.ctypes.data, float(scale))
+            self.rx_embed(w=w.ptr, ids=ids.ctypes.data, N=N, out=out.ctypes.data, scale=float(scale))
             return out
         out[...] = w.rows(ids)  # many rows: numpy's dequantizer (threaded, exact)
         if scale != 1.0:
@@ -455,7 +415,7 @@ class CpuOps:
                 and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
             y = self._new(a.shape) if out is None else out
             if a.size:
-                self._c(BINARY, code, a.ctypes.data, b.ctypes.data, y.ctypes.data, a.size, b.size)
+                self.rx_binary(op=code, a=a.ctypes.data, b=b.ctypes.data, out=y.ctypes.data, n=a.size, nb=b.size)
             return y
         self._eager("element-wise op on other shapes or dtypes")
         f = np.add if code == 0 else np.multiply
@@ -467,8 +427,8 @@ class CpuOps:
                 and (out is None or (out.shape == a.shape and out.dtype == _F32 and out.flags.c_contiguous))):
             y = self._new(a.shape) if out is None else out
             if a.size:
-                self._c(UNARY, code, a.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data, a.size,
-                        float(p))
+                self.rx_unary(op=code, a=a.ctypes.data, b=None if b is None else b.ctypes.data, out=y.ctypes.data,
+                              n=a.size, p=float(p))
             return y
         self._eager("element-wise op on other layouts")
         a = np.asarray(a, dtype=_F32)
@@ -524,8 +484,8 @@ class CpuOps:
                 raise ValueError(f"rms_norm: weight of {w.shape[-1]} for rows of {D}")
         y = self._new(x.shape)
         if x.size:
-            self._c(RMS, x.ctypes.data, y.ctypes.data, None if w is None else w.ctypes.data, x.size // D, D,
-                    float(eps))
+            self.rx_rms_norm(x=x.ctypes.data, y=y.ctypes.data, w=None if w is None else w.ctypes.data, R=x.size // D,
+                             D=D, eps=float(eps))
         return y
 
     def _rope(self, x, pos, w, eps, norm, n_rot, base, freq_scale, freq_factors, neox, mscale):
@@ -544,9 +504,10 @@ class CpuOps:
         if w is not None:
             w = self._f32(w)
         if x.size:
-            self._c(NORM_ROPE, x.ctypes.data, N, H, hd, pos.ctypes.data, n_rot, float(base), float(freq_scale),
-                    None if ff is None else ff.ctypes.data, 1 if neox else 0, float(mscale), 1 if norm else 0,
-                    None if w is None else w.ctypes.data, float(eps))
+            self.rx_norm_rope(x=x.ctypes.data, N=N, H=H, hd=hd, pos=pos.ctypes.data, n_rot=n_rot, base=float(base),
+                              freq_scale=float(freq_scale), ff=None if ff is None else ff.ctypes.data,
+                              neox=1 if neox else 0, mscale=float(mscale), norm=1 if norm else 0,
+                              w=None if w is None else w.ctypes.data, eps=float(eps))
         return x
 
     def _inplace_target(self, x):
@@ -610,8 +571,8 @@ class CpuOps:
             raise ValueError(f"kv_store: k {k.shape} / v {v.shape} for {N} slots of {Hkv} heads")
         if N and self._rec is None and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise ValueError(f"kv_store: slots outside 0..{n_slots - 1}")
-        self._c(KV_STORE, k_cache.ctypes.data, v_cache.ctypes.data, k.ctypes.data, v.ctypes.data,
-                slots.ctypes.data, N, Hkv, n_slots, hdk, hdv, f16)
+        self.rx_kv_store(kc=k_cache.ctypes.data, vc=v_cache.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
+                         slots=slots.ctypes.data, N=N, Hkv=Hkv, n_slots=n_slots, hdk=hdk, hdv=hdv, f16=f16)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None, v_dim=None):
@@ -628,9 +589,10 @@ class CpuOps:
             raise ValueError(f"attention: q {q.shape} against a cache of {k_cache.shape}")
         n_kv, pos, m = self._attention_keys(n_kv, n_slots, pos, mask, N)
         out = self._new((N, Hq, hdv))
-        self._c(ATTN, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, out.ctypes.data, pos.ctypes.data,
-                None if m is None else m.ctypes.data, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, float(scale),
-                float(softcap), 1 if causal else 0, int(window), f16)
+        self.rx_attention(q=q.ctypes.data, kc=k_cache.ctypes.data, vc=v_cache.ctypes.data, out=out.ctypes.data,
+                          pos=pos.ctypes.data, mask=None if m is None else m.ctypes.data, N=N, Hq=Hq, Hkv=Hkv,
+                          n_slots=n_slots, hdk=hdk, hdv=hdv, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+                          causal=1 if causal else 0, window=int(window), f16=f16)
         return out
 
     def _attention_keys(self, n_kv, n_slots, pos, mask, N):
@@ -657,9 +619,10 @@ class CpuOps:
         n_kv, pos, m = self._attention_keys(n_kv, n_slots, pos, mask, N)
         self._eager("latent attention (not a recorded op)")
         out = self._new((N, Hq, v_dim))
-        self._lib.rx_attention_latent(q.ctypes.data, kc.ctypes.data, out.ctypes.data, pos.ctypes.data,
-                                      None if m is None else m.ctypes.data, N, Hq, n_slots, hdk, v_dim, n_kv,
-                                      float(scale), float(softcap), 1 if causal else 0, int(window), f16)
+        self.rx_attention_latent(q=q.ctypes.data, kc=kc.ctypes.data, out=out.ctypes.data, pos=pos.ctypes.data,
+                                 mask=None if m is None else m.ctypes.data, N=N, Hq=Hq, n_slots=n_slots, hdk=hdk,
+                                 hdv=v_dim, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+                                 causal=1 if causal else 0, window=int(window), f16=f16)
         return out
 
     def _numpy(self):
@@ -719,7 +682,7 @@ class CpuOps:
         rows = x.size // cols if cols else 0
         y = self._new(x.shape[:-1] + (n,))
         if y.size:
-            self._c(COLUMNS, x.ctypes.data, y.ctypes.data, rows, cols, start, n)
+            self.rx_columns(src=x.ctypes.data, dst=y.ctypes.data, rows=rows, cols=cols, start=start, n=n)
         return y
 
     def _groups(self, seqs, N, state):
@@ -752,8 +715,8 @@ class CpuOps:
         tab, G = self._groups(seqs, N, state)
         out = self._new((N, C))
         if N and C:
-            self._c(SSM_CONV, x.ctypes.data, state.ctypes.data, w.ctypes.data, out.ctypes.data, tab.ctypes.data,
-                    G, N, C, K)
+            self.rx_ssm_conv(x=x.ctypes.data, state=state.ctypes.data, w=w.ctypes.data, out=out.ctypes.data,
+                             tab=tab.ctypes.data, G=G, N=N, C=C, K=K)
         return out
 
     def delta_net(self, q, k, v, g, beta, state, seqs=None, scale=1.0):
@@ -767,8 +730,9 @@ class CpuOps:
         tab, G = self._groups(seqs, N, state)
         out = self._new((N, Hv, D))
         if N and D:
-            self._c(DELTA_NET, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data, beta.ctypes.data,
-                    state.ctypes.data, out.ctypes.data, tab.ctypes.data, G, N, Hk, Hv, D, float(scale))
+            self.rx_delta_net(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data, g=g.ctypes.data, beta=beta.ctypes.data,
+                              state=state.ctypes.data, out=out.ctypes.data, tab=tab.ctypes.data, G=G, N=N, Hk=Hk,
+                              Hv=Hv, D=D, scale=float(scale))
         return out
 
     def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
@@ -783,9 +747,9 @@ class CpuOps:
         tab, G = self._groups(seqs, N, state)
         out = self._new((N, H, P))
         if N and P:
-            self._c(SSM_SCAN, x.ctypes.data, dt.ctypes.data, A.ctypes.data, B.ctypes.data, C.ctypes.data,
-                    None if Dp is None else Dp.ctypes.data, state.ctypes.data, out.ctypes.data, tab.ctypes.data,
-                    G, N, H, P, Ng, Ns)
+            self.rx_ssm_scan(x=x.ctypes.data, dt=dt.ctypes.data, A=A.ctypes.data, B=B.ctypes.data, C=C.ctypes.data,
+                             Dp=None if Dp is None else Dp.ctypes.data, state=state.ctypes.data, out=out.ctypes.data,
+                             tab=tab.ctypes.data, G=G, N=N, H=H, P=P, Ng=Ng, Ns=Ns)
         return out
 
     # -- selection ---------------------------------------------------------------
@@ -798,7 +762,7 @@ class CpuOps:
         if out.dtype != np.int32 or not out.flags.c_contiguous or out.size != rows:
             raise ValueError(f"argmax: out must be int32 with one entry per row ({rows})")
         if rows:
-            self._c(ARGMAX, x.ctypes.data, rows, V, out.ctypes.data)
+            self.rx_argmax(x=x.ctypes.data, rows=rows, V=V, out=out.ctypes.data)
         return out
 
     def topk(self, logits, k, n=None):
@@ -866,19 +830,20 @@ class Graph:
     def __init__(self, lib, rec, keep):
         import struct
 
-        cmds = np.zeros((max(1, len(rec)), _CMD_WIDTH), np.int64)
+        cmds = np.zeros((max(1, len(rec)), CMD_WIDTH), np.int64)
         for i, (code, args) in enumerate(rec):
             cmds[i, 0] = code
+            floats = FLOAT_ARGS[code]  # float and double arguments: the bits of a double
             for j, a in enumerate(args, 1):
-                if a is None:
-                    continue
-                if isinstance(a, float):
-                    a = struct.unpack("<q", struct.pack("<d", a))[0]
-                cmds[i, j] = int(a)
+                if j in floats:
+                    cmds[i, j] = struct.unpack("<q", struct.pack("<d", a))[0]
+                elif a is not None:
+                    cmds[i, j] = a
+        # the replay: one call of rx_run (cmds, n, stride) straight through ctypes
         self.cmds, self.n, self.keep, self._run = cmds, len(rec), keep, lib.rx_run
 
     def launch(self):
-        rc = self._run(self.cmds.ctypes.data, self.n, _CMD_WIDTH)
+        rc = self._run(self.cmds.ctypes.data, self.n, CMD_WIDTH)
         if rc:
             raise ValueError(f"graph replay failed ({rc}): a token id out of range?")
 

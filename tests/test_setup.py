@@ -63,7 +63,7 @@ def test_dependencies_are_what_the_runtime_imports():
                                     third_party(_imports(testing)))
     runtime = {_dist(r) for r in project["dependencies"]}
     extras = project["optional-dependencies"]
-    optional = {_dist(r) for name in ("cuda", "bench", "http", "chat", "constrain") for r in extras[name]}
+    optional = {_dist(r) for name in ("cuda", "bench", "http", "chat", "constrain", "mcp") for r in extras[name]}
     # every import is declared, in the runtime list or in a feature's extra ...
     assert third_party <= runtime | optional, third_party - runtime - optional
     # ... nothing is declared that the package never imports ...

@@ -14,6 +14,10 @@
    (ready line, then first token event). Alternating, --cold-runs each.
 
     python bench/http_front.py [--samples N] [--cold-runs N] [--out DIR]
+        [--endpoints completions,classify,messages,responses]
+
+   --endpoints measures 1. for each endpoint given, paired with the engine op it maps to
+   (/v1/classify: classify; /v1/messages and /v1/responses: generate with messages).
 """
 
 from __future__ import annotations
@@ -54,22 +58,43 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def summary(xs):
     return {"p50": round(statistics.median(xs), 3), "p10": round(pct(xs, 0.1), 3),
             "p90": round(pct(xs, 0.9), 3), "min": round(min(xs), 3), "n": len(xs)}
 
 
+# endpoint: (HTTP path, HTTP body, the engine op and params the front sends for it)
+ENDPOINTS = {
+    "completions": ("/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 1, "temperature": 0},
+                    ("generate", {"prompt": PROMPT, "max_tokens": 1})),
+    "classify": ("/v1/classify", {"input": "Is the sky blue? Answer:", "labels": [" yes", " no"]},
+                 ("classify", {"input": "Is the sky blue? Answer:", "labels": [" yes", " no"]})),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 1, "temperature": 0,
+                                  "messages": [{"role": "user", "content": PROMPT}]},
+                 ("generate", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                               "temperature": 0.0})),
+    "responses": ("/v1/responses", {"model": "m", "input": PROMPT, "max_output_tokens": 1, "temperature": 0},
+                  ("generate", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                                "temperature": 0.0})),
+}
+
+
 class Direct:
-    def __init__(self, path):
+    def __init__(self, path, endpoint="completions"):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
         self.f = self.sock.makefile("rb")
         assert json.loads(self.f.readline())["event"] == "ready"
         self.n = 0
+        self.op, self.params = ENDPOINTS[endpoint][2]
 
     def once(self):
         self.n += 1
-        line = json.dumps({"id": self.n, "op": "generate", "prompt": PROMPT, "max_tokens": 1}).encode() + b"\n"
+        line = json.dumps({"id": self.n, "op": self.op, **self.params}).encode() + b"\n"
         t0 = time.perf_counter()
         self.sock.sendall(line)
         while True:
@@ -86,7 +111,7 @@ class Direct:
 
 
 class Front:
-    def __init__(self, sock_path):
+    def __init__(self, sock_path, endpoint="completions"):
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "http", "--connect", sock_path,
                                       "--port", str(self.port)], env=env(), stderr=subprocess.DEVNULL)
@@ -102,11 +127,12 @@ class Front:
             assert time.time() < deadline and self.proc.poll() is None
             time.sleep(0.05)
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        self.body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}).encode()
+        self.path, body, _ = ENDPOINTS[endpoint]
+        self.body = json.dumps(body).encode()
 
     def once(self):
         t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", body=self.body, headers={"Content-Type": "application/json"})
+        self.conn.request("POST", self.path, body=self.body, headers={"Content-Type": "application/json"})
         r = self.conn.getresponse()
         data = r.read()
         wall = (time.perf_counter() - t0) * 1e3
@@ -127,7 +153,7 @@ class Front:
         self.proc.wait(20)
 
 
-def latency(samples, warmup):
+def latency(samples, warmup, endpoint="completions"):
     d = tempfile.mkdtemp(prefix="reflex-bench-")
     path = os.path.join(d, "engine.sock")
     eng = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "uds", path, "--device", "cpu",
@@ -138,7 +164,7 @@ def latency(samples, warmup):
             time.sleep(0.02)
         for rnd in range(2):
             for name in ("direct", "front"):
-                c = Direct(path) if name == "direct" else Front(path)
+                c = Direct(path, endpoint) if name == "direct" else Front(path, endpoint)
                 for _ in range(warmup):
                     c.once()
                 cpu0 = c.cpu_ms() if name == "front" else None
@@ -215,6 +241,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--endpoints", default="completions",
+                    help="comma-separated, of: " + ", ".join(ENDPOINTS) + " (the first is the headline figure)")
     a = ap.parse_args()
     from reflex_ipc.commands.bench import cpu_model
 
@@ -222,9 +250,13 @@ def main():
                             text=True).stdout.strip()
     res = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0],
                        "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "loadavg_before": os.getloadavg()},
+                       "loadavg_before": os.getloadavg(), "uptime_before": uptime()},
            "request": {"op": "generate", "prompt": PROMPT, "max_tokens": 1, "model": "smollm2", "device": "cpu"}}
-    res["latency"] = latency(a.samples, a.warmup)
+    endpoints = a.endpoints.split(",")
+    res["latency"] = latency(a.samples, a.warmup, endpoints[0])
+    res["endpoints"] = {e: latency(a.samples, a.warmup, e) for e in endpoints[1:]}
+    for e, r in res["endpoints"].items():
+        print(f"{e}: added p50 {r['added_p50_ms']} ms, front CPU per request {r['front_cpu_ms_per_request']} ms")
     cold = {"front": [], "stdio": []}
     cold_front()  # warm the page cache and bytecode once for both
     for _ in range(a.cold_runs):
@@ -237,6 +269,7 @@ def main():
     res["cold"]["front_vs_stdio_p50"] = round(res["cold"]["front_first_token_ms"]["p50"]
                                               / res["cold"]["stdio_first_token_ms"]["p50"], 3)
     res["machine"]["loadavg_after"] = os.getloadavg()
+    res["machine"]["uptime_after"] = uptime()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"http_front-{time.strftime('%Y-%m-%d')}-{commit or 'nocommit'}.json")
     with open(path, "w") as f:

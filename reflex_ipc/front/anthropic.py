@@ -253,7 +253,7 @@ def response(result, model, stops=None):
     reason, seq = stop_reason(result, stops)
     return {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model,
             "content": content_blocks(result), "stop_reason": reason, "stop_sequence": seq,
-            "usage": usage(result)}
+            "usage": usage(result), "timings": result.get("timings")}
 
 
 def error_body(e: HTTPError):

@@ -236,7 +236,9 @@ def response(result, req, model, reasoning, content, calls):
     if content or not calls:
         output.append(message_item(content))
     output.extend(call_item(c) for c in calls)
-    return envelope(new_id("resp"), req, model, int(time.time()), status_of(result), output, result)
+    out = envelope(new_id("resp"), req, model, int(time.time()), status_of(result), output, result)
+    out["timings"] = result.get("timings")
+    return out
 
 
 class Events:

@@ -20,7 +20,8 @@ class ClassifyRequest(ModelRequest, kw_only=True):
                                   "messages); with questions, the shared prefix")]] = None
     messages: Optional[Messages] = None
     labels: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=MAX_LABELS,
-                                              description="the choices, distinct")]
+                                              description="the choices, distinct",
+                                              extra_json_schema={"uniqueItems": True})]
     questions: Optional[Annotated[list[NonEmptyStr], Meta(
         min_length=1, max_length=MAX_QUESTIONS,
         description="a batch: each question is appended to the input (as a user message to "

@@ -348,3 +348,29 @@ def test_turn_splits_reasoning():
     # cut off while thinking: all of it is reasoning
     out, joined, _ = _run_turn(["<think>\nstill go", "ing"], {"text": "<think>\nstill going"}, tools=False)
     assert joined == {"reasoning": "still going"}
+
+
+def test_sampling_extras_pass_through(claude, oai, engine):
+    """Sampling fields the official clients do not type go as extra body fields, under the
+    engine's names; one the engine lacks is a 400 naming it."""
+    sampled = dict(temperature=1.0, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1)
+    ref = engine.chat([{"role": "user", "content": "Name a primary color."}], max_tokens=8, **sampled)
+    m = claude.messages.create(model="any", max_tokens=8, messages=[{"role": "user", "content": "Name a primary color."}],
+                               extra_body=sampled)
+    assert m.content[0].text == ref["text"]
+    r = oai.responses.create(model="any", input="Name a primary color.", max_output_tokens=8,
+                             temperature=1.0, extra_body={k: v for k, v in sampled.items() if k != "temperature"})
+    assert r.output_text == ref["text"]
+    try:
+        engine.generate("x", max_tokens=1, typical_p=0.5)
+        has_typical = True
+    except Exception:
+        has_typical = False
+    if not has_typical:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            claude.messages.create(model="any", max_tokens=4, messages=[{"role": "user", "content": "x"}],
+                                   extra_body={"typical_p": 0.5})
+        assert "typical_p" in e.value.body["error"]["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.responses.create(model="any", input="x", max_output_tokens=4, extra_body={"typical_p": 0.5})
+        assert e.value.param == "typical_p" and e.value.code == "unsupported_parameter"

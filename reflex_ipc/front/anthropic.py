@@ -26,6 +26,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .api import MAX_TOKENS, HTTPError
+from .sampling import Extras, extras
 
 # -- requests --------------------------------------------------------------------------------
 
@@ -57,7 +58,7 @@ class Message(Struct, kw_only=True):
     content: Union[str, list[dict[str, Any]]]
 
 
-class MessagesRequest(Struct, kw_only=True):
+class MessagesRequest(Extras, kw_only=True):
     model: Optional[str] = None
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
     messages: Annotated[list[Message], Meta(min_length=1)]
@@ -66,7 +67,6 @@ class MessagesRequest(Struct, kw_only=True):
     stream: bool = False
     temperature: Optional[Annotated[float, Meta(ge=0.0, le=1.0)]] = None
     top_p: Optional[Annotated[float, Meta(gt=0.0, le=1.0)]] = None
-    top_k: Optional[Annotated[int, Meta(ge=0)]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[ToolChoice] = None
     thinking: Optional[Thinking] = None
@@ -164,8 +164,7 @@ def params(req: MessagesRequest, extra=None):
          "temperature": 1.0 if req.temperature is None else req.temperature}
     if req.top_p is not None:
         p["top_p"] = req.top_p
-    if req.top_k is not None:
-        p["top_k"] = req.top_k
+    p.update(extras(req))
     if req.stop_sequences:
         p["stop"] = list(req.stop_sequences)
     choice = req.tool_choice

@@ -23,12 +23,13 @@ import uuid
 from typing import Annotated, Any, Optional, Union
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import Meta
 
 from .api import MAX_TOKENS, HTTPError, unsupported
+from .sampling import Extras, extras
 
 
-class ResponsesRequest(Struct, kw_only=True):
+class ResponsesRequest(Extras, kw_only=True):
     model: Optional[str] = None
     input: Union[Annotated[str, Meta(min_length=1)], Annotated[list[dict[str, Any]], Meta(min_length=1)]]
     instructions: Optional[str] = None
@@ -142,6 +143,7 @@ def params(req: ResponsesRequest, default_max_tokens=512, extra=None):
          "temperature": 1.0 if req.temperature is None else req.temperature}
     if req.top_p is not None:
         p["top_p"] = req.top_p
+    p.update(extras(req))
     if req.top_logprobs:
         p["logprobs"] = req.top_logprobs
     choice = req.tool_choice

@@ -154,8 +154,8 @@ def _parse_tagged(text, known):
     if not calls:
         return None
     tail = text[last:]
-    cut = tail.find("<tool_call>")  # a call cut off by max_tokens is not content
-    pieces.append(tail if cut < 0 else tail[:cut])
+    cut = tail.rfind("<tool_call>")  # a call cut off by max_tokens (never closed) is not content
+    pieces.append(tail if cut < 0 or "</tool_call>" in tail[cut:] else tail[:cut])
     return "".join(pieces).strip(), calls
 
 

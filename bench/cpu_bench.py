@@ -92,7 +92,10 @@ sys.stdout.write(out["choices"][0]["text"] + "\\n")
 def _ours(model, threads):
     os.environ["REFLEX_CPU_THREADS"] = str(threads)
     sys.path.insert(0, ROOT)
+    from reflex_ipc import settings
     from reflex_ipc.engine import load_runner
+
+    settings.reload()  # the thread count just set
 
     r = load_runner(model, device="cpu", n_ctx=1024)
     assert r.ops.name == "cpu", f"the cpu backend did not load ({r.ops.name})"

@@ -5,6 +5,9 @@ the best of --repeats rounds of --n calls each: what the Python layer in front o
 call costs. Run it against two checkouts to compare (PYTHONPATH picks the tree), paired:
 
     for i in 1 2 3; do PYTHONPATH=A python bench/cpu_launch.py; PYTHONPATH=B python bench/cpu_launch.py; done
+
+Times are the thread's CPU time (time.thread_time), so that other processes on a busy machine
+count less than with wall time.
 """
 
 import argparse
@@ -39,6 +42,10 @@ def main():
         "rms_norm (rx_rms_norm, 6 args)": lambda: ops.rms_norm(x, nw, 1e-5),
         "matmul (rx_matmul, 13 args)": lambda: ops.matmul(x, w, out=y),
     }
+    kc, vc = ops.zeros((1, 8, 32), ops.kv_dtype), ops.zeros((1, 8, 32), ops.kv_dtype)
+    q = rng.standard_normal((1, 1, 32)).astype(np.float32)
+    pos = ops.positions([3])
+    cases["attention (rx_attention, 18 args)"] = lambda: ops.attention(q, kc, vc, pos, 4, scale=0.2)
     pa, pb, po = a.ctypes.data, b.ctypes.data, out.ctypes.data
     if hasattr(ops, "_c"):  # before the ABI table: positional arguments through _c
         cases["launch only: rx_binary"] = lambda: ops._c(7, 0, pa, pb, po, 8, 8)
@@ -55,10 +62,10 @@ def main():
             fn()
         best = float("inf")
         for _ in range(args.repeats):
-            t = time.perf_counter()
+            t = time.thread_time()
             for _ in range(args.n):
                 fn()
-            best = min(best, (time.perf_counter() - t) / args.n)
+            best = min(best, (time.thread_time() - t) / args.n)
         res[name] = round(best * 1e9)
     print(json.dumps({"tree": os.path.dirname(os.path.dirname(os.path.abspath(cpu_ops.__file__))),
                       "ns_per_call": res, "load": os.getloadavg()[0]}))

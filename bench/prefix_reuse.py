@@ -74,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
+    from reflex_ipc import settings
     from reflex_ipc.commands.bench import cpu_model
     from reflex_ipc.engine import load_runner
 
@@ -121,7 +122,7 @@ def main(argv=None):
         "samples_ms_with_reuse": with_ms, "samples_ms_without_reuse": without_ms,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "loadavg": os.getloadavg(),
-                    "cpu_threads": os.environ.get("REFLEX_CPU_THREADS", "1")},
+                    "cpu_threads": settings.get().cpu_threads or 1},
         "commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     os.makedirs(args.out, exist_ok=True)

@@ -16,6 +16,11 @@ and this machine has an NVIDIA driver (/proc/driver/nvidia or a loadable libcuda
 Otherwise build.json says why nothing was built and the CUDA backend reports exactly
 that; the numpy backend needs no kernels. A kernel that does not compile fails the build.
 Every decision and the build's duration are printed on stderr.
+
+Before nvcc runs, the kernels' launchers (reflex_ipc/cuda/launch.py, generated from these
+sources by reflex_ipc/cuda/abi.py: each kernel's parameters by name and type) are checked
+against the sources: a kernel added or changed without `python -m reflex_ipc.cuda.abi`
+fails the build here.
 """
 import json
 import os
@@ -165,6 +170,20 @@ def build_if_wanted(out_dir):
     return None
 
 
+def check_abi():
+    """Fail (SystemExit) when reflex_ipc/cuda/launch.py is not what the kernel sources give."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(HERE), "reflex_ipc", "cuda", "abi.py")
+    spec = importlib.util.spec_from_file_location("reflex_cuda_abi_check", path)
+    abi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(abi)
+    try:
+        abi.check(kernels_dir=HERE, root=os.path.dirname(HERE))
+    except abi.AbiError as e:
+        raise SystemExit(f"kernels: {e}") from None
+
+
 def build(out_dir, force=False, why="asked"):
     """Build the fatbin into out_dir; returns its path, or None when nvcc is missing."""
     os.makedirs(out_dir, exist_ok=True)
@@ -183,6 +202,7 @@ def build(out_dir, force=False, why="asked"):
          f"+ PTX {archs[-1]}: 15-30 s per target on 2 cores "
          f"(~{(15 * len(archs) + 59) // 60}-{(30 * len(archs) + 59) // 60} min; REFLEX_CUDA_ARCHS=90 builds one target)")
     t0 = time.monotonic()
+    check_abi()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN))
         _say(" ".join(cmd))

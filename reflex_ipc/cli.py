@@ -69,9 +69,15 @@ _ONE_SHOT = ("generate", "infill", "system1", "embed")
 def _detach_wanted(args) -> bool:
     """Whether to run this one-shot command in a detached child: by default only when a
     CUDA context will exist (its teardown at exit takes ~0.1 s); REFLEX_DETACH=1/0 forces."""
-    env = os.environ.get("REFLEX_DETACH")
-    if env in ("0", "1"):
-        return env == "1" and bool(args) and args[0] in _ONE_SHOT
+    from . import settings
+    from .errors import ReflexError
+
+    try:
+        env = settings.get().detach
+    except ReflexError:  # a bad setting: _main reports it
+        return False
+    if env is not None:
+        return env and bool(args) and args[0] in _ONE_SHOT
     if not args or args[0] not in _ONE_SHOT or _device_arg(args[1:]) in ("cpu", "numpy"):
         return False
     from .cuda import pycuda_installed
@@ -163,12 +169,18 @@ def _main(argv) -> int:
         sys.stderr.write(f"reflex: unknown command {name!r}\n")
         _usage(sys.stderr)
         return 2
+    as_json = "--json" in argv[1:argv.index("--") if "--" in argv else len(argv)]
+    from . import settings
+    from .errors import ReflexError
+
+    try:
+        settings.get()  # every REFLEX_* variable, checked once (read at phases' import)
+    except ReflexError as e:
+        return _fail(name, e.kind, e.message, as_json)
     if name in _MODEL_COMMANDS:
         _start_cuda_init(argv[1:])
     import argparse
     import importlib
-
-    as_json = "--json" in argv[1:argv.index("--") if "--" in argv else len(argv)]
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # a usage error: exit 2, as JSON with --json

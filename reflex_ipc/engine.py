@@ -35,7 +35,7 @@ def _cpu_backend():
     if ok:
         try:
             return cpu_ops.CpuOps()
-        except ReflexError:  # the user's settings (a bad $REFLEX_CPU_THREADS)
+        except ReflexError:  # the user's settings (a bad REFLEX_* variable)
             raise
         except Exception as e:  # the library misbehaves: say so, run on numpy
             why = f"{type(e).__name__}: {e}"

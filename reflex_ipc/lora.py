@@ -168,10 +168,9 @@ def digest(ad):
 
 
 def default_mode(ops):
-    mode = os.environ.get("REFLEX_LORA") or ("merge" if ops.name == "numpy" else "runtime")
-    if mode not in MODES:
-        raise ReflexError("invalid_request", f"$REFLEX_LORA must be one of {', '.join(MODES)}, not {mode!r}")
-    return mode
+    from . import settings
+
+    return settings.get().lora or ("merge" if ops.name == "numpy" else "runtime")
 
 
 class LoraWeight:

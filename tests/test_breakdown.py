@@ -57,18 +57,24 @@ def test_profiler_sums_kernels_and_skips_captures():
 
     p = profile.Profiler(_Drv, stream=None)
     calls = []
-    K = profile.wrap_kernel(_FakeKernel)
-    k1, k2 = K("a", calls), K("b", calls)
-    k1((1, 1, 1), (32, 1, 1), 5)  # no window: launched, not recorded
+    def kernel(name):  # copy_f32's launcher (a, y, n) over a recording launch, timed
+        from reflex_ipc.cuda.core import make_kernel
+
+        launch = profile.timed_launch(name, lambda grid, block, args, shared, stream: calls.append(
+            (grid, block, *args)))
+        return make_kernel(None, "copy_f32", None, pack=lambda a, y, n: (n,), launch=launch)
+
+    k1, k2 = kernel("a"), kernel("b")
+    k1((1, 1, 1), (32, 1, 1), a=0, y=0, n=5)  # no window: launched, not recorded
     p.window()
-    k1((1, 1, 1), (32, 1, 1), 1)
-    k2((1, 1, 1), (32, 1, 1), 2)
+    k1((1, 1, 1), (32, 1, 1), a=0, y=0, n=1)
+    k2((1, 1, 1), (32, 1, 1), a=0, y=0, n=2)
     profile.CAPTURING[0] = True
     try:
-        k2((1, 1, 1), (32, 1, 1), 3)  # captured: launched, not recorded
+        k2((1, 1, 1), (32, 1, 1), a=0, y=0, n=3)  # captured: launched, not recorded
     finally:
         profile.CAPTURING[0] = False
-    k1((1, 1, 1), (32, 1, 1), 4)
+    k1((1, 1, 1), (32, 1, 1), a=0, y=0, n=4)
     rep = p.report()
     assert [c[2] for c in calls] == [5, 1, 2, 3, 4]
     assert rep["kernels"] == 3
@@ -78,12 +84,3 @@ def test_profiler_sums_kernels_and_skips_captures():
     assert rep["by_kernel"] == {"a": [2, 2.0], "b": [1, 1.0]}
     assert profile.ACTIVE is None
 
-
-class _FakeKernel:
-    __slots__ = ("name", "pack", "_launch", "stream")
-
-    def __init__(self, name, calls):
-        self.name = name
-        self.pack = lambda *a: a
-        self._launch = lambda grid, block, args, shared, stream: calls.append((grid, block, *args))
-        self.stream = None

@@ -172,7 +172,7 @@ def test_every_code_path_agrees():
     """The portable C kernels and the x86 ones compute the same integer sums."""
     base = _isa_results("generic")
     assert base["isa"] == "generic"
-    others = [_isa_results("avx2"), _isa_results("native")]
+    others = [_isa_results("avx2"), _isa_results("auto")]
     for res in others:
         for name in QUANT + FLOAT:
             np.testing.assert_allclose(res[name], base[name], rtol=2e-5, atol=1e-6,

@@ -3,14 +3,13 @@ lines, GGUF mutations, signals, stalled clients, tokenizer-cache corruption and 
 changed under a live server, with zero violations allowed. REFLEX_FUZZ=long runs the long
 mode here instead (scripts/fuzz-long writes its figures to bench/results/fuzz-long-DATE.json)."""
 
-import os
-
 import pytest
 
+from reflex_ipc import settings
 from reflex_ipc.testing import fuzz as fuzzlib
 
-LONG = os.environ.get("REFLEX_FUZZ") == "long"
-SEED = int(os.environ.get("REFLEX_FUZZ_SEED", "12"))
+LONG = settings.get().fuzz == "long"
+SEED = settings.get().fuzz_seed
 
 
 def _run(phase, n=None):

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from reflex_ipc import settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(ROOT, "kernels")
 
@@ -26,12 +28,12 @@ def load_build():
 
 build = load_build()
 NVCC = build.find_nvcc()
-needs_nvcc = pytest.mark.skipif(NVCC is None and not os.environ.get("REFLEX_REQUIRE_NVCC"),
+needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc,
                                 reason="nvcc not installed (set REFLEX_REQUIRE_NVCC=1 to make this fail)")
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Kernel, Pool  # noqa: E402
+from reflex_ipc.cuda.core import KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
 
 
 # -- build.py ---------------------------------------------------------------------------
@@ -210,16 +212,16 @@ class FakeFunc:
 
 def test_kernel_packs_arguments_in_c_layout():
     f = FakeFunc()
-    k = Kernel(f, "mm1_q8_0", SIGNATURES["mm1_q8_0"], "stream")
-    k((3, 2, 1), (128, 1, 1), 0x1000, 0x2000, 0x3000, 512, 203, 7, 34 * 16, 1)
+    k = make_kernel(f, "mm1_q8_0", "stream")
+    k((3, 2, 1), (128, 1, 1), W=0x1000, X=0x2000, Y=0x3000, K=512, M=203, N=7, rb=34 * 16, acc=1)
     grid, block, buf, shared, stream = f.calls[0]
     assert (grid, block, shared, stream) == ((3, 2, 1), (128, 1, 1), 0, "stream")
     # C layout: three pointers, three ints, pad to 8, a long long, an int (then tail padding)
     assert struct.unpack_from("<QQQiii", buf, 0) == (0x1000, 0x2000, 0x3000, 512, 203, 7)
     assert struct.unpack_from("<q", buf, 40)[0] == 34 * 16
     assert struct.unpack_from("<i", buf, 48)[0] == 1
-    k2 = Kernel(f, "scale_f32", SIGNATURES["scale_f32"], None)
-    k2((1, 1, 1), (256, 1, 1), 0xA0, 0.5, 0xB0, 1 << 40)
+    k2 = make_kernel(f, "scale_f32", None)
+    k2((1, 1, 1), (256, 1, 1), a=0xA0, s=0.5, y=0xB0, n=1 << 40)
     buf = f.calls[1][2]
     assert struct.unpack_from("<Qf", buf, 0) == (0xA0, 0.5)
     assert struct.unpack_from("<Qq", buf, 16) == (0xB0, 1 << 40)  # pointer realigned to 16
@@ -325,15 +327,19 @@ class RecordingRuntime:
         self.device = Device()
 
     def kernel(self, name):
+        """The kernel's real launcher (keyword arguments: cuda/launch.py, generated from the
+        sources) over a launch that records (name, grid, block, the arguments in order)."""
         rt = self
-        fmt = SIGNATURES[name]  # a KeyError here means a launch of an unknown kernel
+        fmt = KERNELS[name][0]  # a KeyError here means a launch of an unknown kernel
 
-        class K:
-            def __call__(self, grid, block, *args, shared=0):
-                struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
-                rt.launches.append((name, grid, block, args))
+        def pack(*args):
+            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+            return args
 
-        return K()
+        def launch(grid, block, args, shared, stream):
+            rt.launches.append((name, grid, block, args))
+
+        return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
 
 
 class FakeArena:
@@ -673,16 +679,19 @@ def test_cuda_ops_mmt_launches(fake_ops):
         assert args == (wg.ptr, wu.ptr, x.ptr, y.ptr, 1024, 3071, n, 4 * 144, 1) and y.shape == (n, 3071)
 
 
-def test_cuda_ops_mmnt_switch(monkeypatch):
-    """REFLEX_MMNT=0 turns matvec_nt.cuh's kernels off; unset or 1: on."""
+def test_cuda_ops_mmnt_and_chunked_are_always_on(monkeypatch):
+    """matvec_nt.cuh and the chunked recurrent prefill are on whatever the retired REFLEX_MMNT
+    and REFLEX_CHUNKED say (settings.RETIRED)."""
     from reflex_ipc.backends import cuda_ops
 
-    for env, want in (("", True), ("1", True), ("0", False)):
+    for env in ("", "0", "1"):
         rt = RecordingRuntime()
         rt.cc = (9, 0)
         monkeypatch.setattr(cuda_ops, "_cuda_runtime", lambda rt=rt: rt)
-        monkeypatch.setenv("REFLEX_MMNT", env) if env else monkeypatch.delenv("REFLEX_MMNT", raising=False)
-        assert cuda_ops.CudaOps().mmnt is want
+        for name in ("REFLEX_MMNT", "REFLEX_CHUNKED"):
+            monkeypatch.setenv(name, env) if env else monkeypatch.delenv(name, raising=False)
+        ops = cuda_ops.CudaOps()
+        assert ops.mmnt is True and ops.chunked is True and ops.mv_variant is None
 
 
 def test_cuda_ops_mma_switch(monkeypatch):
@@ -744,7 +753,7 @@ def _layer_kernels(ops, path):
         model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
     # output norm, LM head (+ final softcap); one launch for both with llama.py's fused ops
-    head = {"gemma3": 3}.get(hp.arch, 2 if os.environ.get("REFLEX_FUSE") == "0" else 1)
+    head = {"gemma3": 3}.get(hp.arch, 1 if settings.get().fuse else 2)
     bounds = starts + [len(names) - head]
     return [names[a:b] for a, b in zip(bounds, bounds[1:])]
 
@@ -885,8 +894,7 @@ def test_cuda_ops_recurrent_paths(fake_ops, monkeypatch):
     assert sa[:4] == (C.ptr, B.ptr, x.ptr, dt.ptr) and sa[4:6] == pa[4:6]
     assert sa[6:10] == (Dk.ptr, sst.ptr, y.ptr, 0) and sa[10:] == (1, 130, H, P, Gq, Ns)
     calls = dict(ops.recur_calls)
-    monkeypatch.setenv("REFLEX_CHUNKED", "0")
-    ops.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"  # as __init__ reads it
+    ops.chunked = False  # gpu-check's other form
     n0 = len(rt.launches)
     ops.ssm_scan(x, dt, A, B, C, sst, None)
     assert [x[0] for x in rt.launches[n0:]] == ["ssm_scan_f32"]
@@ -994,7 +1002,7 @@ def test_qwen35_decode_kernels_per_layer(fake_ops, monkeypatch, tmp_path, fuse):
 
 def test_cuda_ops_matvec_switch_launches(fake_ops, monkeypatch):
     """REFLEX_MATVEC=new (ops.matvec): one-token matmuls of Q4_K / Q5_K / Q6_K / Q8_0 go to
-    matvec.cuh's kernels with the grid of the variant mv_pick (or REFLEX_MATVEC_VARIANT)
+    matvec.cuh's kernels with the grid of the variant mv_pick (or ops.mv_variant)
     chooses; other formats, several tokens, a misaligned weight, or the switch off keep the
     old kernels."""
     from reflex_ipc.backends import cuda_ops

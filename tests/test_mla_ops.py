@@ -226,10 +226,14 @@ class _FakeDevice:
         return self.mem[off:off + n * np.dtype(dtype).itemsize].view(dtype)
 
     def kernel(self, name):
-        def launch(grid, block, *args):
+        """The kernel's real launcher (keyword arguments, reflex_ipc/cuda/launch.py) over a launch
+        that runs the numpy model with the arguments in the kernel's order."""
+        from reflex_ipc.cuda.core import make_kernel
+
+        def launch(grid, block, args, shared, stream):
             self.launches.append(name)
             getattr(self, "k_" + name.replace("hmm1_", "hmm_").replace("hmm8_", "hmm_"))(grid, block, *args)
-        return launch
+        return make_kernel(None, name, None, pack=lambda *args: args, launch=launch)
 
     # -- the kernels ---------------------------------------------------------------------
     def k_copy_f32(self, grid, block, x, y, n):

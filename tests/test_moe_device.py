@@ -13,7 +13,7 @@ import pytest
 from reflex_ipc.backends.base import fusion_on, moe_route
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
-from reflex_ipc.cuda.core import SIGNATURES, Pool
+from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
 
 F32 = np.float32
 INT_MAX = 2 ** 31 - 1
@@ -186,17 +186,21 @@ class MemRuntime:
         return self.mem[ptr:ptr + rb].view(dt).astype(F32)
 
     def kernel(self, name):
+        """The kernel's real launcher (keyword arguments, cuda/launch.py) over a launch that
+        records (and interprets) the arguments in the kernel's order."""
         rt = self
-        fmt = SIGNATURES[name]
+        fmt = KERNELS[name][0]
 
-        class K:
-            def __call__(self, grid, block, *args, shared=0):
-                struct.pack(fmt, *args)
-                rt.launches.append((name, grid, block, args, shared))
-                if rt.interpret:
-                    rt.run(name, grid, block, args, shared)
+        def pack(*args):
+            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
+            return args
 
-        return K()
+        def launch(grid, block, args, shared, stream):
+            rt.launches.append((name, grid, block, args, shared))
+            if rt.interpret:
+                rt.run(name, grid, block, args, shared)
+
+        return make_kernel(None, name, None, pack=pack, launch=launch)
 
     def run(self, name, grid, block, args, shared):
         op, _, kind = name.rpartition("_")

@@ -45,6 +45,7 @@ import os
 import numpy as np
 import pytest
 
+from reflex_ipc import settings
 from reflex_ipc.testing.parity import (CPU_NOISE_FACTOR, EXACT_REL_TOL, LOGIT_REL_TOL, NOISE_FACTOR,  # noqa: F401
                                       TIE_REL, greedy_verdict, logit_error)
 
@@ -70,7 +71,7 @@ def _goldens():
 
 
 GOLDEN = _goldens()
-DEVICES = [d for d in os.environ.get("REFLEX_PARITY_DEVICES", "numpy,cpu").split(",") if d]
+DEVICES = [d for d in settings.get().parity_devices.split(",") if d]
 CASES = [pytest.param(name, i, dev, id=f"{dev}-{name}-{p['kind']}")
          for dev in DEVICES for name, g in GOLDEN.items() for i, p in enumerate(g["prompts"])]
 

@@ -33,6 +33,7 @@
 static rx_isa T;
 static int T_ready;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* one op at a time */
+static char g_isa_force[16]; /* rx_set_isa ($REFLEX_CPU_ISA): "" auto, "generic", "avx2" */
 
 /* ------------------------------------------------------------------ cpu features */
 static void init_isa(void) {
@@ -42,7 +43,7 @@ static void init_isa(void) {
     void rx_fill_avx512vnni(rx_isa *t) __attribute__((weak));
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    const char *force = getenv("REFLEX_CPU_ISA"); /* "generic" / "avx2": for tests */
+    const char *force = g_isa_force; /* "generic" / "avx2": for tests */
     if (force && !strcmp(force, "generic")) avx2 = 0;
     if (avx2) {
         int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
@@ -257,6 +258,17 @@ RX_EXPORT int rx_set_threads(int n) {
 }
 
 RX_EXPORT int rx_threads(void) { return g_nth; }
+
+/* The kernel set: "auto" (the CPU's best), "generic" (portable C), "avx2" (no VNNI). Takes
+ * effect at the next op. 0, or -1 for another name. */
+RX_EXPORT int rx_set_isa(const char *name) {
+    if (!name || (strcmp(name, "auto") && strcmp(name, "generic") && strcmp(name, "avx2"))) return -1;
+    pthread_mutex_lock(&g_lock);
+    strcpy(g_isa_force, strcmp(name, "auto") ? name : "");
+    T_ready = 0;
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
 
 RX_EXPORT void rx_set_spin(int64_t worker_ns, int64_t wait_ns) {
     if (worker_ns >= 0) g_spin_ns = worker_ns;

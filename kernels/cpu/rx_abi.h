@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RX_ABI_VERSION 1928674623
+#define RX_ABI_VERSION 1514198850
 #define RX_CMD_WIDTH 24
 #define RX_API __attribute__((visibility("default")))
 
@@ -37,6 +37,7 @@ enum {
 
 RX_API int rx_abi_version(void);
 RX_API const char *rx_isa_name(void);
+RX_API int rx_set_isa(const char *name);
 RX_API int rx_set_threads(int n);
 RX_API int rx_threads(void);
 RX_API void rx_set_spin(int64_t worker_ns, int64_t wait_ns);

@@ -71,6 +71,8 @@ from __future__ import annotations
 
 import math
 
+from .. import settings as _settings
+
 # The op names every backend must provide (see Ops for their contracts).
 OPS = (
     "empty", "zeros", "asarray", "to_numpy", "write", "copy", "synchronize", "positions",
@@ -114,9 +116,7 @@ FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store",
 
 def fusion_on() -> bool:
     """False when $REFLEX_FUSE is "0": models then run the plain ops' sequence."""
-    import os
-
-    return os.environ.get("REFLEX_FUSE", "1") != "0"
+    return _settings.get().fuse
 
 
 def _fused(ops, name, weights=()):

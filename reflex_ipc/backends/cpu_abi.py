@@ -39,6 +39,7 @@ FUNCTIONS = {
     # the library
     "rx_abi_version": (0, "int", "void"),
     "rx_isa_name": (0, "const char *", "void"),
+    "rx_set_isa": (0, "int", "const char *name"),  # "auto", "generic", "avx2": 0, else -1
     "rx_set_threads": (0, "int", "int n"),
     "rx_threads": (0, "int", "void"),
     "rx_set_spin": (0, "void", "int64_t worker_ns, int64_t wait_ns"),
@@ -245,15 +246,22 @@ def python_module():
         out.append(f"    {code}: {fl!r},")
     out += ["}"]
     out += [f"{_op_name(name)} = {code}" for code, name in recorded]
+    names = list(FUNCTIONS)
+    out += ["", "# the library's functions (ctypes), set by bind(lib) once cpu_ops has loaded and typed them:",
+            "# module globals, the cheapest lookup for the launchers below",
+            " = ".join(f"_{n}" for n in names) + " = None", "", "",
+            "def bind(lib):",
+            f"    global {', '.join(f'_{n}' for n in names)}"]
+    out += [f"    _{n} = lib.{n}" for n in names]
     out += ["", "", "class Launchers:",
-            '    """The library\'s functions as methods with keyword-only arguments. The class using it',
-            "    sets _lib (the ctypes library), _rec (None, or the list a recording appends (code,",
-            '    args) to) and _failed(code, rc) (raises: a recorded function returned an error)."""',
+            '    """The library\'s functions as methods with keyword-only arguments (after bind). The class',
+            "    using it sets _rec (None, or the list a recording appends (code, args) to) and",
+            '    _failed(code, rc) (raises: a recorded function returned an error)."""',
             "", "    __slots__ = ()"]
     for name, (code, ret, _) in FUNCTIONS.items():
         ps = [n for _, n, _ in params(name)]
         sig = ", ".join(["self"] + (["*"] + ps if ps else []))
-        call = f"self._lib.{name}({', '.join(ps)})"
+        call = f"_{name}({', '.join(ps)})"
         out += ["", f"    def {name}({sig}):"]
         if code:
             tup = ", ".join(ps) + ("," if len(ps) == 1 else "")

@@ -5,7 +5,7 @@ their ctypes types, and the version the library must report."""
 
 from ctypes import Structure, c_char_p, c_double, c_float, c_int, c_int64, c_void_p  # noqa: F401
 
-ABI_VERSION = 1928674623
+ABI_VERSION = 1514198850
 CMD_WIDTH = 24
 
 
@@ -17,6 +17,7 @@ class RxWeight(Structure):
 SIGNATURES = {
     "rx_abi_version": ([], c_int),
     "rx_isa_name": ([], c_char_p),
+    "rx_set_isa": ([c_void_p], c_int),
     "rx_set_threads": ([c_int], c_int),
     "rx_threads": ([], c_int),
     "rx_set_spin": ([c_int64, c_int64], None),
@@ -90,53 +91,90 @@ DELTA_NET = 12
 SSM_SCAN = 13
 COLUMNS = 14
 
+# the library's functions (ctypes), set by bind(lib) once cpu_ops has loaded and typed them:
+# module globals, the cheapest lookup for the launchers below
+_rx_abi_version = _rx_isa_name = _rx_set_isa = _rx_set_threads = _rx_threads = _rx_set_spin = _rx_solo_jobs = _rx_act_format = _rx_run = _rx_matmul = _rx_dot = _rx_embed = _rx_norm_rope = _rx_rms_norm = _rx_kv_store = _rx_attention = _rx_attention_latent = _rx_to_f16 = _rx_binary = _rx_unary = _rx_copy = _rx_argmax = _rx_columns = _rx_ssm_conv = _rx_delta_net = _rx_ssm_scan = None
+
+
+def bind(lib):
+    global _rx_abi_version, _rx_isa_name, _rx_set_isa, _rx_set_threads, _rx_threads, _rx_set_spin, _rx_solo_jobs, _rx_act_format, _rx_run, _rx_matmul, _rx_dot, _rx_embed, _rx_norm_rope, _rx_rms_norm, _rx_kv_store, _rx_attention, _rx_attention_latent, _rx_to_f16, _rx_binary, _rx_unary, _rx_copy, _rx_argmax, _rx_columns, _rx_ssm_conv, _rx_delta_net, _rx_ssm_scan
+    _rx_abi_version = lib.rx_abi_version
+    _rx_isa_name = lib.rx_isa_name
+    _rx_set_isa = lib.rx_set_isa
+    _rx_set_threads = lib.rx_set_threads
+    _rx_threads = lib.rx_threads
+    _rx_set_spin = lib.rx_set_spin
+    _rx_solo_jobs = lib.rx_solo_jobs
+    _rx_act_format = lib.rx_act_format
+    _rx_run = lib.rx_run
+    _rx_matmul = lib.rx_matmul
+    _rx_dot = lib.rx_dot
+    _rx_embed = lib.rx_embed
+    _rx_norm_rope = lib.rx_norm_rope
+    _rx_rms_norm = lib.rx_rms_norm
+    _rx_kv_store = lib.rx_kv_store
+    _rx_attention = lib.rx_attention
+    _rx_attention_latent = lib.rx_attention_latent
+    _rx_to_f16 = lib.rx_to_f16
+    _rx_binary = lib.rx_binary
+    _rx_unary = lib.rx_unary
+    _rx_copy = lib.rx_copy
+    _rx_argmax = lib.rx_argmax
+    _rx_columns = lib.rx_columns
+    _rx_ssm_conv = lib.rx_ssm_conv
+    _rx_delta_net = lib.rx_delta_net
+    _rx_ssm_scan = lib.rx_ssm_scan
+
 
 class Launchers:
-    """The library's functions as methods with keyword-only arguments. The class using it
-    sets _lib (the ctypes library), _rec (None, or the list a recording appends (code,
-    args) to) and _failed(code, rc) (raises: a recorded function returned an error)."""
+    """The library's functions as methods with keyword-only arguments (after bind). The class
+    using it sets _rec (None, or the list a recording appends (code, args) to) and
+    _failed(code, rc) (raises: a recorded function returned an error)."""
 
     __slots__ = ()
 
     def rx_abi_version(self):
-        return self._lib.rx_abi_version()
+        return _rx_abi_version()
 
     def rx_isa_name(self):
-        return self._lib.rx_isa_name()
+        return _rx_isa_name()
+
+    def rx_set_isa(self, *, name):
+        return _rx_set_isa(name)
 
     def rx_set_threads(self, *, n):
-        return self._lib.rx_set_threads(n)
+        return _rx_set_threads(n)
 
     def rx_threads(self):
-        return self._lib.rx_threads()
+        return _rx_threads()
 
     def rx_set_spin(self, *, worker_ns, wait_ns):
-        return self._lib.rx_set_spin(worker_ns, wait_ns)
+        return _rx_set_spin(worker_ns, wait_ns)
 
     def rx_solo_jobs(self):
-        return self._lib.rx_solo_jobs()
+        return _rx_solo_jobs()
 
     def rx_act_format(self, *, type):
-        return self._lib.rx_act_format(type)
+        return _rx_act_format(type)
 
     def rx_run(self, *, cmds, n, stride):
-        return self._lib.rx_run(cmds, n, stride)
+        return _rx_run(cmds, n, stride)
 
     def rx_matmul(self, *, N, K, x, ldx, nw, w0, w1, w2, y0, y1, y2, mode, accumulate):
         if self._rec is not None:
             self._rec.append((1, (N, K, x, ldx, nw, w0, w1, w2, y0, y1, y2, mode, accumulate)))
-        rc = self._lib.rx_matmul(N, K, x, ldx, nw, w0, w1, w2, y0, y1, y2, mode, accumulate)
+        rc = _rx_matmul(N, K, x, ldx, nw, w0, w1, w2, y0, y1, y2, mode, accumulate)
         if rc:
             self._failed(1, rc)
         return rc
 
     def rx_dot(self, *, w, row, x):
-        return self._lib.rx_dot(w, row, x)
+        return _rx_dot(w, row, x)
 
     def rx_embed(self, *, w, ids, N, out, scale):
         if self._rec is not None:
             self._rec.append((6, (w, ids, N, out, scale)))
-        rc = self._lib.rx_embed(w, ids, N, out, scale)
+        rc = _rx_embed(w, ids, N, out, scale)
         if rc:
             self._failed(6, rc)
         return rc
@@ -144,65 +182,65 @@ class Launchers:
     def rx_norm_rope(self, *, x, N, H, hd, pos, n_rot, base, freq_scale, ff, neox, mscale, norm, w, eps):
         if self._rec is not None:
             self._rec.append((2, (x, N, H, hd, pos, n_rot, base, freq_scale, ff, neox, mscale, norm, w, eps)))
-        self._lib.rx_norm_rope(x, N, H, hd, pos, n_rot, base, freq_scale, ff, neox, mscale, norm, w, eps)
+        _rx_norm_rope(x, N, H, hd, pos, n_rot, base, freq_scale, ff, neox, mscale, norm, w, eps)
 
     def rx_rms_norm(self, *, x, y, w, R, D, eps):
         if self._rec is not None:
             self._rec.append((3, (x, y, w, R, D, eps)))
-        self._lib.rx_rms_norm(x, y, w, R, D, eps)
+        _rx_rms_norm(x, y, w, R, D, eps)
 
     def rx_kv_store(self, *, kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16):
         if self._rec is not None:
             self._rec.append((4, (kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16)))
-        self._lib.rx_kv_store(kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16)
+        _rx_kv_store(kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16)
 
     def rx_attention(self, *, q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16):
         if self._rec is not None:
             self._rec.append((5, (q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)))
-        self._lib.rx_attention(q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)
+        _rx_attention(q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)
 
     def rx_attention_latent(self, *, q, kc, out, pos, mask, N, Hq, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16):
-        return self._lib.rx_attention_latent(q, kc, out, pos, mask, N, Hq, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)
+        return _rx_attention_latent(q, kc, out, pos, mask, N, Hq, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)
 
     def rx_to_f16(self, *, x, y, n):
-        return self._lib.rx_to_f16(x, y, n)
+        return _rx_to_f16(x, y, n)
 
     def rx_binary(self, *, op, a, b, out, n, nb):
         if self._rec is not None:
             self._rec.append((7, (op, a, b, out, n, nb)))
-        self._lib.rx_binary(op, a, b, out, n, nb)
+        _rx_binary(op, a, b, out, n, nb)
 
     def rx_unary(self, *, op, a, b, out, n, p):
         if self._rec is not None:
             self._rec.append((8, (op, a, b, out, n, p)))
-        self._lib.rx_unary(op, a, b, out, n, p)
+        _rx_unary(op, a, b, out, n, p)
 
     def rx_copy(self, *, src, dst, bytes):
         if self._rec is not None:
             self._rec.append((9, (src, dst, bytes)))
-        self._lib.rx_copy(src, dst, bytes)
+        _rx_copy(src, dst, bytes)
 
     def rx_argmax(self, *, x, rows, V, out):
         if self._rec is not None:
             self._rec.append((10, (x, rows, V, out)))
-        self._lib.rx_argmax(x, rows, V, out)
+        _rx_argmax(x, rows, V, out)
 
     def rx_columns(self, *, src, dst, rows, cols, start, n):
         if self._rec is not None:
             self._rec.append((14, (src, dst, rows, cols, start, n)))
-        self._lib.rx_columns(src, dst, rows, cols, start, n)
+        _rx_columns(src, dst, rows, cols, start, n)
 
     def rx_ssm_conv(self, *, x, state, w, out, tab, G, N, C, K):
         if self._rec is not None:
             self._rec.append((11, (x, state, w, out, tab, G, N, C, K)))
-        self._lib.rx_ssm_conv(x, state, w, out, tab, G, N, C, K)
+        _rx_ssm_conv(x, state, w, out, tab, G, N, C, K)
 
     def rx_delta_net(self, *, q, k, v, g, beta, state, out, tab, G, N, Hk, Hv, D, scale):
         if self._rec is not None:
             self._rec.append((12, (q, k, v, g, beta, state, out, tab, G, N, Hk, Hv, D, scale)))
-        self._lib.rx_delta_net(q, k, v, g, beta, state, out, tab, G, N, Hk, Hv, D, scale)
+        _rx_delta_net(q, k, v, g, beta, state, out, tab, G, N, Hk, Hv, D, scale)
 
     def rx_ssm_scan(self, *, x, dt, A, B, C, Dp, state, out, tab, G, N, H, P, Ng, Ns):
         if self._rec is not None:
             self._rec.append((13, (x, dt, A, B, C, Dp, state, out, tab, G, N, H, P, Ng, Ns)))
-        self._lib.rx_ssm_scan(x, dt, A, B, C, Dp, state, out, tab, G, N, H, P, Ng, Ns)
+        _rx_ssm_scan(x, dt, A, B, C, Dp, state, out, tab, G, N, H, P, Ng, Ns)

@@ -25,7 +25,8 @@ one warning (engine.make_backend).
 Threads: a pool of (physical cores) threads in C, spin-then-sleep, with chunks
 claimed one at a time so that a core taken by another process slows us down in
 proportion instead of stalling every op at a barrier. $REFLEX_CPU_THREADS sets
-the count.
+the count, $REFLEX_CPU_ISA the kernel set, $REFLEX_CPU_GRAPH=0 turns the runtime's
+replays of recorded steps off (reflex_ipc/settings.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import os
 import numpy as np
 
 from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, weight_shape
+from . import cpu_launch
 from .cpu_launch import ABI_VERSION, CMD_WIDTH, FLOAT_ARGS, MATMUL, OPS, SIGNATURES, Launchers, RxWeight
 
 _F32 = np.float32
@@ -73,6 +75,12 @@ def load_library():
         for name, (args, res) in SIGNATURES.items():  # cpu_abi.py's table (generated cpu_launch.py)
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
+        cpu_launch.bind(lib)  # the launchers' functions
+        from .. import settings
+
+        isa = settings.get().cpu_isa  # before any op: the kernel set is chosen at the first
+        if lib.rx_set_isa(isa.encode()):
+            raise OSError(f"the library does not know the kernel set {isa!r}")
     except (OSError, AttributeError) as e:
         _lib_error = f"{path} could not be loaded: {e}"
         return None
@@ -155,15 +163,12 @@ class CpuOps(Launchers):
         if lib is None:
             raise RuntimeError(_lib_error)
         self._lib = lib
-        if threads is None:
-            env = os.environ.get("REFLEX_CPU_THREADS", "").strip()
-            try:
-                threads = int(env) if env else physical_cores()
-            except ValueError:
-                from ..errors import ReflexError
+        from .. import settings
 
-                raise ReflexError("invalid_request", f"REFLEX_CPU_THREADS={env!r} is not a number of "
-                                  "threads") from None
+        s = settings.get()
+        if threads is None:
+            threads = s.cpu_threads or physical_cores()
+        self.graphs = s.cpu_graph  # capture's graphs replayed by the runtime ($REFLEX_CPU_GRAPH)
         self.threads = self.rx_set_threads(n=max(1, int(threads)))
         self.isa = self.rx_isa_name().decode()
         if kv_dtype is not None:

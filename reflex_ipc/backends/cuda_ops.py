@@ -8,7 +8,6 @@ waits for the device.
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -41,19 +40,18 @@ NORM_ROPE_ROWS = 4  # RMSNORM_ROPE_ROWS in elementwise.cuh
 QK_ROPE_ROWS = 4  # QK_ROPE_ROWS in fused.cuh
 # one-token matvecs of at most this many rows run a block per row, its threads over K (fused.cuh's
 # split layout: the few thousand rows of a small model's projections fill the GPU that way);
-# more rows (an LM head) keep a warp per row. REFLEX_MM_SPLIT_ROWS=0 turns it off (A/B).
-MM_SPLIT_ROWS = int(os.environ.get("REFLEX_MM_SPLIT_ROWS", "16384"))
+# more rows (an LM head) keep a warp per row (with REFLEX_FUSE=0: a warp per row always).
+MM_SPLIT_ROWS = 16384
 # matvecs of 2 <= N < MMA_MIN_N tokens (kernels/matvec_nt.cuh: mmt / mmtn / mmtglu): a block of
 # MMT_THREADS threads per MMT_ROWS weight rows (the gated unit: MMT_ROWS / 2 rows of gate and of
 # up), its threads over K, MMT_NT = 8 tokens a block (grid y: token groups; a short last group
-# skips the missing tokens).
-# REFLEX_MMNT=0 keeps the warp-per-row mm4 / mm8 kernels (A/B).
+# skips the missing tokens). CudaOps.mmnt False keeps the warp-per-row mm4 / mm8 kernels (tests).
 MMT_THREADS, MMT_ROWS, MMT_NT = 128, 4, 8  # MMT_THREADS, MMT_R, the NT instantiated in matvec_nt.cuh
 # bandwidth-shaped one-token matvecs (kernels/matvec.cuh) for these formats: variant -> (rows a
 # group R, warps a group W (over K), groups a block G, steps in flight U), as RX_MV instantiates
 # them. REFLEX_MATVEC=new (the default) sends one-token matmuls (plain, q/k/v, gated, and the
 # RMSNorm-folded ones) there where mv_pick has a variant, =old keeps matmul.cuh / fused.cuh;
-# REFLEX_MATVEC_VARIANT=a..e forces one variant.
+# CudaOps.mv_variant forces one variant (tests, scripts/gpu/gpu-matvec).
 MV_KERNEL = {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k", Q8_0: "q8_0"}
 MV_VARIANTS = {"a": (1, 4, 1, 2), "b": (2, 4, 1, 1), "c": (4, 2, 1, 1), "d": (2, 1, 4, 1), "e": (4, 1, 2, 1)}
 MV_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 2, Q8_0: 2}  # weight pointer alignment the kernels' loads need
@@ -123,7 +121,7 @@ CONV_TOKEN_BLOCKS = 64  # ssm_conv_f32: blocks along the tokens of a prefill (bl
 # the chunked form pays two launches, a workspace and a whole CHUNK_L-token chunk's tile work
 # whatever T. Measured on the H200 (Qwen3.5-2B layer, one call): T=64 chunked 95 us vs
 # sequential 76; T=512 524 vs 567 (in the model 362 vs 525); T=1024 1099 vs 1576: two chunks
-# and up. REFLEX_CHUNKED=0 keeps the sequential kernels for prefill too (A/B runs).
+# and up. CudaOps.chunked False keeps the sequential kernels for prefill too (gpu-check times both).
 CHUNK_L = 64  # CHUNK_L in chunked.cuh: tokens per chunk
 CHUNK_ROWS = 16  # CHUNK_ROWS in chunked.cuh: state rows per block of *_chunk_scan_f32
 CHUNK_THREADS = 256  # CHUNK_THREADS in chunked.cuh
@@ -165,14 +163,14 @@ class CudaOps:
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
-    mmnt = False  # set from REFLEX_MMNT in __init__ (default on)
+    mmnt = False  # matmuls of 2..63 tokens on matvec_nt.cuh: __init__ sets it (False: warp-per-row)
     flash = False  # the tensor-core prefill attention (set in __init__: sm_80+, REFLEX_FLASH)
     flash_min_n = FLASH_MIN_N
     flash_launches = 0
     flash_last_splits = 0  # gridDim.z of the last one (1: not split)
 
     # delta_net / ssm_scan: the chunked kernels for calls with a group of chunk_min tokens or
-    # more (CHUNK_MIN; REFLEX_CHUNKED=0: never); the calls of each path are counted
+    # more (CHUNK_MIN; chunked False: never); the calls of each path are counted
     # (recur_calls: gpu-check reports which one a prefill ran)
     chunked = True
     chunk_min = CHUNK_MIN
@@ -187,9 +185,13 @@ class CudaOps:
     mv_variant = None
 
     def __init__(self):
+        from .. import settings
+
+        s = settings.get()
         # REFLEX_CUDA_MOE=host: mixtures of experts routed on the host (A/B, fallback); such a
         # step waits for the device, so MoE models are then not captured in graphs
-        self._moe_host_mode = os.environ.get("REFLEX_CUDA_MOE", "") == "host"
+        self._moe_host_mode = s.cuda_moe == "host"
+        self.graphs = s.cuda_graph  # capture's graphs replayed by the runtime ($REFLEX_CUDA_GRAPH)
         self.moe_capturable = not self._moe_host_mode
         self.rt = _cuda_runtime()
         self.pool = self.rt.pool
@@ -199,14 +201,14 @@ class CudaOps:
         self._graph = None
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
         self._seq_memo = None  # (seqs array, _seq_arg's answer, its device buffer): layers share it
-        self.mma = os.environ.get("REFLEX_MMA", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
-        self.mmnt = os.environ.get("REFLEX_MMNT", "1") != "0"
-        self.flash = os.environ.get("REFLEX_FLASH", "1") != "0" and tuple(self.rt.cc) >= (8, 0)
+        self.mma = s.mma and tuple(self.rt.cc) >= (8, 0)
+        self.mmnt = True
+        self.flash = s.flash and tuple(self.rt.cc) >= (8, 0)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
-        self.chunked = os.environ.get("REFLEX_CHUNKED", "1") != "0"
-        self.matvec = os.environ.get("REFLEX_MATVEC", "new") == "new"  # see MV_KERNEL
-        self.mv_variant = os.environ.get("REFLEX_MATVEC_VARIANT") or None
+        self.chunked = True
+        self.matvec = s.matvec == "new"  # see MV_KERNEL
+        self.mv_variant = None
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight: the first launch waits for
@@ -426,7 +428,7 @@ class CudaOps:
         """x (float32, size a multiple of 8) as f16: the tensor-core kernels' X operand."""
         xh = self.empty((x.size,), "float16")
         blocks = min(-(-x.size // (4 * EW_BLOCK)), 8 * self._sm_count())
-        self.k("mma_x_f16")((blocks, 1, 1), (EW_BLOCK, 1, 1), x.ptr, xh.ptr, x.size)
+        self.k("mma_x_f16")((blocks, 1, 1), (EW_BLOCK, 1, 1), x=x.ptr, y=xh.ptr, n=x.size)
         return xh
 
     def _mma(self, ws, xh, out, K, M, N, mode):
@@ -438,12 +440,16 @@ class CudaOps:
         S = self._mma_splits(M, N, K, nw)
         grid = (-(-M // MMA_BM), -(-N // MMA_BN), S)
         P = self.empty((S * nw * N * M,)) if S > 1 else None
-        name = f"{'mma' if nw == 1 else 'mmaglu'}_{MM_KERNEL[ws[0].ggml_type]}"
-        self.k(name)(grid, (MMA_THREADS, 1, 1), *[w.ptr for w in ws], xh.ptr, out.ptr, K, M, N, ws[0].row_bytes,
-                     mode, P.ptr if S > 1 else 0)
+        t, block, rb, p = MM_KERNEL[ws[0].ggml_type], (MMA_THREADS, 1, 1), ws[0].row_bytes, P.ptr if S > 1 else 0
+        if nw == 1:
+            self.k(f"mma_{t}")(grid, block, W=ws[0].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb, acc=mode, P=p)
+        else:
+            self.k(f"mmaglu_{t}")(grid, block, Wg=ws[0].ptr, Wu=ws[1].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb,
+                                  act=mode, P=p)
         if S > 1:
             blocks = min(-(-(N * M) // EW_BLOCK), 8 * self._sm_count())
-            self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P.ptr, out.ptr, S, nw, N * M, mode)
+            self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P=P.ptr, Y=out.ptr, S=S, NW=nw, NM=N * M,
+                                 mode=mode)
         return out
 
     def _mv_ok(self, x, ws):
@@ -476,11 +482,11 @@ class CudaOps:
                              1 if accumulate else 0)
         if N == 1 and (mv := self._mv("mv", x, (w,), K, M)):
             k, grid, block = mv
-            k(grid, block, w.ptr, x.ptr, out.ptr, K, M, w.row_bytes, 1 if accumulate else 0)
+            k(grid, block, Wt=w.ptr, X=x.ptr, Y=out.ptr, K=K, M=M, rb=w.row_bytes, acc=1 if accumulate else 0)
             return out
         if N == 1 and M <= MM_SPLIT_ROWS and fusion_on():  # one token, few rows: a block per row
-            self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K,
-                                                      w.row_bytes, 1 if accumulate else 0)
+            self.k(f"mmsk1_{MM_KERNEL[w.ggml_type]}")((M, 1, 1), (32 * MM_ROWS, 1, 1), W=w.ptr, X=x.ptr, Y=out.ptr,
+                                                      K=K, rb=w.row_bytes, acc=1 if accumulate else 0)
             return out
         if self._use_mmt(N):
             nt, grid, block = self._mmt_launch(M, N)
@@ -488,7 +494,8 @@ class CudaOps:
         else:
             nt, grid, block = self._mm_launch(M, N)
             name = f"mm{nt}_{MM_KERNEL[w.ggml_type]}"
-        self.k(name)(grid, block, w.ptr, x.ptr, out.ptr, K, M, N, w.row_bytes, 1 if accumulate else 0)
+        self.k(name)(grid, block, W=w.ptr, X=x.ptr, Y=out.ptr, K=K, M=M, N=N, rb=w.row_bytes,
+                     acc=1 if accumulate else 0)
         return out
 
     def matmul_n(self, x, ws):
@@ -514,13 +521,15 @@ class CudaOps:
             group = [ws[i] for i in idx]
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
+            W = [w.ptr for w in group] + pad
+            Y = [y.ptr for y in ys] + pad
             Ms = [w.shape[0] for w in group] + pad
             K = group[0].shape[1]
             N = x.size // K
             if N == 1 and (mv := self._mv("mvn", x, group, K, sum(Ms))):  # mvn without the norm
                 k, grid, block = mv
-                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, 0, 0.0, *[y.ptr for y in ys], *pad, K, *Ms,
-                  group[0].row_bytes, 0)
+                k(grid, block, k.head(W0=W[0], W1=W[1], W2=W[2], X=x.ptr, nw=0), eps=0.0, Y0=Y[0], Y1=Y[1], Y2=Y[2],
+                  K=K, M0=Ms[0], M1=Ms[1], M2=Ms[2], rb=group[0].row_bytes, norm=0)
                 for i, y in zip(idx, ys):
                     outs[i] = y
                 continue
@@ -530,9 +539,8 @@ class CudaOps:
             else:
                 nt, grid, block = self._mm_launch(sum(Ms), N)
                 name = f"mmn{nt}_{MM_KERNEL[group[0].ggml_type]}"
-            self.k(name)(
-                grid, block, *[w.ptr for w in group], *pad, x.ptr, *[y.ptr for y in ys], *pad, K, *Ms, N,
-                group[0].row_bytes)
+            self.k(name)(grid, block, W0=W[0], W1=W[1], W2=W[2], X=x.ptr, Y0=Y[0], Y1=Y[1], Y2=Y[2], K=K, M0=Ms[0],
+                         M1=Ms[1], M2=Ms[2], N=N, rb=group[0].row_bytes)
             for i, y in zip(idx, ys):
                 outs[i] = y
         return outs
@@ -551,8 +559,8 @@ class CudaOps:
             return self._mma((w_gate, w_up), self._mma_x16(x), out, K, M, N, 0 if act == "silu" else 1)
         if N == 1 and (mv := self._mv("mvglu", x, (w_gate, w_up), K, M)):  # mvglu without the norm
             k, grid, block = mv
-            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, 0, 0.0, out.ptr, K, M, w_gate.row_bytes,
-              0 if act == "silu" else 1, 0)
+            k(grid, block, Wg=w_gate.ptr, Wu=w_up.ptr, X=x.ptr, nw=0, eps=0.0, Y=out.ptr, K=K, M=M,
+              rb=w_gate.row_bytes, act=0 if act == "silu" else 1, norm=0)
             return out
         if self._use_mmt(N):  # a block: MMT_ROWS / 2 rows of gate and the same rows of up
             nt, grid, block = self._mmt_launch(M, N, MMT_ROWS // 2)
@@ -560,8 +568,8 @@ class CudaOps:
         else:
             nt, grid, block = self._mm_launch(M, N)
             name = f"mmglu{nt}_{MM_KERNEL[w_gate.ggml_type]}"
-        self.k(name)(grid, block, w_gate.ptr, w_up.ptr, x.ptr, out.ptr, K, M, N, w_gate.row_bytes,
-                     0 if act == "silu" else 1)
+        self.k(name)(grid, block, Wg=w_gate.ptr, Wu=w_up.ptr, X=x.ptr, Y=out.ptr, K=K, M=M, N=N, rb=w_gate.row_bytes,
+                     act=0 if act == "silu" else 1)
         return out
 
     # -- fused decode ops (base.FUSED_OPS; models reach them through base's functions) --------
@@ -583,21 +591,24 @@ class CudaOps:
             group = [ws[i] for i in idx]
             ys = [self.empty(x.shape[:-1] + (w.shape[0],)) for w in group]
             pad = [0] * (3 - len(group))
+            W = [w.ptr for w in group] + pad
+            Y = [y.ptr for y in ys] + pad
             Ms = [w.shape[0] for w in group] + pad
+            nw = w_norm.ptr if w_norm is not None else 0
             mv = self._mv("mvn", x, group, K, sum(Ms)) if w_norm is None or w_norm.ptr % 16 == 0 else None
             if mv:  # mvn, the norm folded in
                 k, grid, block = mv
-                k(grid, block, *[w.ptr for w in group], *pad, x.ptr, w_norm.ptr if w_norm is not None else 0,
-                  float(eps), *[y.ptr for y in ys], *pad, K, *Ms, group[0].row_bytes, 1)
+                k(grid, block, k.head(W0=W[0], W1=W[1], W2=W[2], X=x.ptr, nw=nw), eps=float(eps), Y0=Y[0],
+                  Y1=Y[1], Y2=Y[2], K=K, M0=Ms[0], M1=Ms[1], M2=Ms[2], rb=group[0].row_bytes, norm=1)
                 for i, y in zip(idx, ys):
                     outs[i] = y
                 continue
             split = sum(Ms) <= MM_SPLIT_ROWS
             grid = (sum(Ms) if split else (sum(Ms) + MM_ROWS - 1) // MM_ROWS, 1, 1)
-            self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")(
-                grid, (32 * MM_ROWS, 1, 1), *[w.ptr for w in group], *pad, x.ptr,
-                w_norm.ptr if w_norm is not None else 0, float(eps), *[y.ptr for y in ys], *pad, K, *Ms,
-                group[0].row_bytes, 1 if split else 0)
+            kern = self.k(f"mmnorm1_{MM_KERNEL[group[0].ggml_type]}")
+            kern(grid, (32 * MM_ROWS, 1, 1), kern.head(W0=W[0], W1=W[1], W2=W[2], X=x.ptr, nw=nw), eps=float(eps),
+                 Y0=Y[0], Y1=Y[1], Y2=Y[2], K=K, M0=Ms[0], M1=Ms[1], M2=Ms[2], rb=group[0].row_bytes,
+                 split=1 if split else 0)
             for i, y in zip(idx, ys):
                 outs[i] = y
         return outs
@@ -614,14 +625,14 @@ class CudaOps:
         mv = self._mv("mvglu", x, (w_gate, w_up), K, M) if w_norm is None or w_norm.ptr % 16 == 0 else None
         if mv:
             k, grid, block = mv
-            k(grid, block, w_gate.ptr, w_up.ptr, x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps),
-              out.ptr, K, M, w_gate.row_bytes, 0 if act == "silu" else 1, 1)
+            k(grid, block, Wg=w_gate.ptr, Wu=w_up.ptr, X=x.ptr, nw=w_norm.ptr if w_norm is not None else 0,
+              eps=float(eps), Y=out.ptr, K=K, M=M, rb=w_gate.row_bytes, act=0 if act == "silu" else 1, norm=1)
             return out
         split = M <= MM_SPLIT_ROWS
         self.k(f"mmgnorm1_{MM_KERNEL[w_gate.ggml_type]}")(
-            (M if split else (M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), w_gate.ptr, w_up.ptr,
-            x.ptr, w_norm.ptr if w_norm is not None else 0, float(eps), out.ptr, K, M, w_gate.row_bytes,
-            0 if act == "silu" else 1, 1 if split else 0)
+            (M if split else (M + MM_ROWS - 1) // MM_ROWS, 1, 1), (32 * MM_ROWS, 1, 1), Wg=w_gate.ptr, Wu=w_up.ptr,
+            X=x.ptr, nw=w_norm.ptr if w_norm is not None else 0, eps=float(eps), Y=out.ptr, K=K, M=M,
+            rb=w_gate.row_bytes, act=0 if act == "silu" else 1, split=1 if split else 0)
         return out
 
     def qk_rope_kv_store(self, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,
@@ -645,12 +656,14 @@ class CudaOps:
         rows = N * (Hq + Hkv)
         if rows == 0:
             return q, k
-        self.k("qk_rope_kv_store_f32")(
-            ((rows + QK_ROPE_ROWS - 1) // QK_ROPE_ROWS, 1, 1), (32 * QK_ROPE_ROWS, 1, 1), q.ptr, k.ptr, v.ptr,
-            q_norm.ptr if norm and q_norm is not None else 0, k_norm.ptr if norm and k_norm is not None else 0,
-            k_cache.ptr, v_cache.ptr, pos.ptr, slots.ptr, N, Hq, Hkv, hd, dv, k_cache.shape[1],
-            1 if norm else 0, float(eps), n_rot, float(base), float(freq_scale),
-            freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0, float(mscale))
+        kern = self.k("qk_rope_kv_store_f32")
+        kern(((rows + QK_ROPE_ROWS - 1) // QK_ROPE_ROWS, 1, 1), (32 * QK_ROPE_ROWS, 1, 1),
+             kern.head(q=q.ptr, k=k.ptr, v=v.ptr, qw=q_norm.ptr if norm and q_norm is not None else 0,
+                       kw=k_norm.ptr if norm and k_norm is not None else 0, kc=k_cache.ptr, vc=v_cache.ptr, pos=pos.ptr,
+                       slots=slots.ptr, N=N),
+             Hq=Hq, Hkv=Hkv, hd=hd, dv=dv, ctx=k_cache.shape[1], norm=1 if norm else 0, eps=float(eps), n_rot=n_rot,
+             base=float(base), freq_scale=float(freq_scale), ff=freq_factors.ptr if freq_factors is not None else 0,
+             neox=1 if neox else 0, mscale=float(mscale))
         return q, k
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
@@ -700,18 +713,18 @@ class CudaOps:
         block = (32 * MM_ROWS, 1, 1)
         if same:
             h = self.empty((N * k, F))
-            self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, wg_ptr, wu_ptr, x.ptr, ids.ptr, h.ptr,
-                                                             K, F, k, estride, w_gate.row_bytes,
-                                                             0 if act == "silu" else 1)
+            self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
+                                                             Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
+                                                             act=0 if act == "silu" else 1)
         else:
             g, u = self.empty((N * k, F)), self.empty((N * k, F))
             for w, y in ((w_gate, g), (w_up, u)):
-                self.k(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, w.ptr, x.ptr, ids.ptr, y.ptr, K, F, k,
-                                                           estride, w.row_bytes)
+                self.k(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
+                                                           M=F, x_div=k, es=estride, rb=w.row_bytes)
             h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
         self.k(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
-            (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, w_down.ptr, h.ptr, ids.ptr, wts.ptr, out.ptr, F, D, k, D,
-            w_down.row_bytes)
+            (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
+            F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
         return out
 
     def moe_route(self, logits, n_used, *, gating="softmax", norm=True, scale=1.0, selection_bias=None,
@@ -736,11 +749,12 @@ class CudaOps:
                               "routing kernel's shared memory (REFLEX_CUDA_MOE=host routes on the host)")
         ids, wts = self.empty((N, k), "int32"), self.empty((N, k))
         if N:
-            self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits.ptr,
-                                    selection_bias.ptr if selection_bias is not None else 0,
-                                    expert_scale.ptr if expert_scale is not None else 0, ids.ptr, wts.ptr, E, k,
-                                    0 if gating == "softmax" else 1, 1 if norm else 0,
-                                    1.0 if scale in (0.0, 1.0) else float(scale), G, G_used, shared=shared)
+            self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits=logits.ptr,
+                                    bias=selection_bias.ptr if selection_bias is not None else 0,
+                                    escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
+                                    wts=wts.ptr, E=E, k=k, gating=0 if gating == "softmax" else 1,
+                                    norm=1 if norm else 0, scale=1.0 if scale in (0.0, 1.0) else float(scale), G=G,
+                                    G_used=G_used, shared=shared)
         return ids, wts
 
     def _moe_host(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
@@ -780,8 +794,8 @@ class CudaOps:
         M, K = w.shape
         out = self.empty((n, K))
         self.k(f"get_rows_{MM_KERNEL[w.ggml_type]}")(
-            ((K // 8 + 127) // 128, n, 1), (128, 1, 1), w.ptr, ids.ptr, out.ptr, K, w.row_bytes,
-            float(scale))
+            ((K // 8 + 127) // 128, n, 1), (128, 1, 1), W=w.ptr, ids=ids.ptr, out=out.ptr, K=K, rb=w.row_bytes,
+            scale=float(scale))
         return out
 
     # -- element-wise ------------------------------------------------------------
@@ -789,43 +803,46 @@ class CudaOps:
         if a.shape != b.shape:
             raise ValueError(f"{name}: shapes {a.shape} and {b.shape}")
         out = out if out is not None else self.empty(a.shape)
-        self.k(name)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size)
+        self.k(name)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, b=b.ptr, y=out.ptr, n=a.size)
         return out
 
     def add(self, a, b, out=None):
         if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
             out = out if out is not None else self.empty(a.shape)
-            self.k("add_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
+            self.k("add_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, v=b.ptr, y=out.ptr, n=a.size,
+                                  ncol=b.size)
             return out
         return self._binary("add_f32", a, b, out)
 
     def mul(self, a, b, out=None):
         if b.ndim == 1 and a.shape[-1] == b.shape[0] and a.shape != b.shape:
             out = out if out is not None else self.empty(a.shape)
-            self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, b.size)
+            self.k("mul_row_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, v=b.ptr, y=out.ptr, n=a.size,
+                                  ncol=b.size)
             return out
         if a.ndim == 2 and b.shape == (a.shape[0], 1) and a.shape != b.shape:  # a per-row gate
             out = out if out is not None else self.empty(a.shape)
             if a.size:
-                self.k("mul_col_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, b.ptr, out.ptr, a.size, a.shape[1])
+                self.k("mul_col_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, v=b.ptr, y=out.ptr, n=a.size,
+                                      ncol=a.shape[1])
             return out
         return self._binary("mul_f32", a, b, out)
 
     def scale(self, a, s, out=None):
         out = out if out is not None else self.empty(a.shape)
-        self.k("scale_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(s), out.ptr, a.size)
+        self.k("scale_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, s=float(s), y=out.ptr, n=a.size)
         return out
 
     def softcap(self, a, cap, out=None):
         out = out if out is not None else self.empty(a.shape)
-        self.k("softcap_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, float(cap), out.ptr, a.size)
+        self.k("softcap_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, c=float(cap), y=out.ptr, n=a.size)
         return out
 
     def _unary(self, kernel, a):
         """A new array of `kernel` (an elementwise y[i] = f(a[i]) of elementwise.cuh or
         recurrent.cuh) applied to a."""
         out = self.empty(a.shape)
-        self.k(kernel)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, out.ptr, a.size)
+        self.k(kernel)(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, y=out.ptr, n=a.size)
         return out
 
     def silu(self, a):
@@ -839,7 +856,8 @@ class CudaOps:
             raise ValueError(f"{name}: shapes {g.shape} and {u.shape}")
         ncol = g.shape[-1]
         out = self.empty(g.shape)
-        self.k(name)(_ew_grid(g.size), (EW_BLOCK, 1, 1), g.ptr, u.ptr, out.ptr, g.size, ncol, ncol, ncol)
+        self.k(name)(_ew_grid(g.size), (EW_BLOCK, 1, 1), g=g.ptr, u=u.ptr, y=out.ptr, n=g.size, ncol=ncol, gs=ncol,
+                     us=ncol)
         return out
 
     def swiglu(self, g, u):
@@ -856,8 +874,8 @@ class CudaOps:
         out = self.empty(x.shape)
         rows = x.size // dim
         threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
-        self.k("rmsnorm_f32")((rows, 1, 1), (threads, 1, 1), x.ptr, w.ptr if w is not None else 0,
-                              out.ptr, dim, float(eps))
+        self.k("rmsnorm_f32")((rows, 1, 1), (threads, 1, 1), x=x.ptr, w=w.ptr if w is not None else 0, y=out.ptr,
+                              dim=dim, eps=float(eps))
         return out
 
     def positions(self, pos):
@@ -876,19 +894,20 @@ class CudaOps:
         pos = self.positions(pos)
         if not inplace:
             y = self.empty(x.shape)
-            self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), x.ptr, y.ptr, x.size)
+            self.k("copy_f32")(_ew_grid(x.size), (EW_BLOCK, 1, 1), a=x.ptr, y=y.ptr, n=x.size)
             x = y
         total = N * H * (n_rot // 2)
         if yarn is not None and yarn[0] != 0.0:
             ext_factor, lo, hi, ms = yarn_args(yarn, n_rot, base, freq_scale, mscale)
-            self.k("rope_yarn_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
-                                    float(base), float(freq_scale),
-                                    freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0,
-                                    float(ms), float(ext_factor), float(lo), float(hi))
+            self.k("rope_yarn_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x=x.ptr, pos=pos.ptr, N=N, H=H, hd=hd,
+                                    n_rot=n_rot, base=float(base), freq_scale=float(freq_scale),
+                                    ff=freq_factors.ptr if freq_factors is not None else 0, neox=1 if neox else 0,
+                                    mscale=float(ms), ext_factor=float(ext_factor), lo=float(lo), hi=float(hi))
             return x
-        self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x.ptr, pos.ptr, N, H, hd, n_rot,
-                           float(base), float(freq_scale), freq_factors.ptr if freq_factors is not None else 0,
-                           1 if neox else 0, float(mscale))
+        self.k("rope_f32")(_ew_grid(total), (EW_BLOCK, 1, 1), x=x.ptr, pos=pos.ptr, N=N, H=H, hd=hd, n_rot=n_rot,
+                           base=float(base), freq_scale=float(freq_scale),
+                           ff=freq_factors.ptr if freq_factors is not None else 0, neox=1 if neox else 0,
+                           mscale=float(mscale))
         return x
 
     def rms_norm_rope(self, x, w, eps, pos, *, n_rot=None, base=10000.0, freq_scale=1.0,
@@ -903,10 +922,11 @@ class CudaOps:
         if rows == 0:
             return x
         self.k("rmsnorm_rope_f32")(((rows + NORM_ROPE_ROWS - 1) // NORM_ROPE_ROWS, 1, 1),
-                                   (32 * NORM_ROPE_ROWS, 1, 1), x.ptr, w.ptr if w is not None else 0,
-                                   pos.ptr, rows, H, hd, float(eps), n_rot, float(base), float(freq_scale),
-                                   freq_factors.ptr if freq_factors is not None else 0, 1 if neox else 0,
-                                   float(mscale))
+                                   (32 * NORM_ROPE_ROWS, 1, 1), x=x.ptr, w=w.ptr if w is not None else 0,
+                                   pos=pos.ptr, rows=rows, H=H, hd=hd, eps=float(eps), n_rot=n_rot, base=float(base),
+                                   freq_scale=float(freq_scale),
+                                   ff=freq_factors.ptr if freq_factors is not None else 0, neox=1 if neox else 0,
+                                   mscale=float(mscale))
         return x
 
     # -- attention ---------------------------------------------------------------
@@ -932,9 +952,9 @@ class CudaOps:
         if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
             raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
-        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k.ptr, v.ptr if v is not None else 0,
-                           k_cache.ptr, v_cache.ptr if v_cache is not None else 0,
-                           slots.ptr, N, Hkv, hd, k_cache.shape[1])
+        self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, v=v.ptr if v is not None else 0,
+                           kc=k_cache.ptr, vc=v_cache.ptr if v_cache is not None else 0, pos=slots.ptr, N=N, Hkv=Hkv,
+                           hd=hd, ctx=k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
                   mask=None, v_dim=None):
@@ -962,17 +982,21 @@ class CudaOps:
             ml = self.empty((N * Hq * S * 2,))
             acc = self.empty((N * Hq * S * hd,))
             if fusion_on():  # one launch: the last block of each (head, query) merges
-                self.k("attention_split_last_f16kv")(
-                    (Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, ml.ptr, acc.ptr, out.ptr,
-                    self._att_tickets().ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv, float(scale), float(softcap),
-                    1 if causal else 0, int(window), chunk)
+                kern = self.k("attention_split_last_f16kv")
+                kern((Hq, N, S), (32 * ATT_WARPS, 1, 1),
+                     kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, out=out.ptr,
+                               count=self._att_tickets().ptr, pos=pos.ptr, mask=mptr),
+                     Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+                     causal=1 if causal else 0, window=int(window), chunk=chunk)
                 return out
-            self.k("attention_split_f16kv")((Hq, N, S), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr,
-                                            v_cache.ptr, ml.ptr, acc.ptr, pos.ptr, mptr, Hq,
-                                            Hkv, hd, ctx, n_kv, float(scale),
-                                            float(softcap), 1 if causal else 0, int(window), chunk)
-            self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
-                                        out.ptr, Hq, hd, S)
+            kern = self.k("attention_split_f16kv")
+            kern((Hq, N, S), (32 * ATT_WARPS, 1, 1),
+                 kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
+                           mask=mptr),
+                 Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+                 causal=1 if causal else 0, window=int(window), chunk=chunk)
+            self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
+                                        part_acc=acc.ptr, out=out.ptr, Hq=Hq, hd=hd, S=S)
             return out
         if (self.flash_takes(N, Hq, Hkv, hd) and v_cache.shape == k_cache.shape
                 and k_cache.ptr % 16 == 0 and v_cache.ptr % 16 == 0 and q.ptr % 8 == 0):
@@ -988,17 +1012,21 @@ class CudaOps:
             if S > 1:
                 ml = self.empty((N * Hq * S * 2,))
                 acc = self.empty((N * Hq * S * hd,))
-            self.k(f"flash_attention_f16kv_{hd}")(
-                (Hkv, tiles // Hkv, S), (FLASH_THREADS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr, out.ptr,
-                ml.ptr if ml is not None else 0, acc.ptr if acc is not None else 0, pos.ptr, mptr, N, Hq, Hkv, ctx,
-                n_kv, float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
+            kern = self.k(f"flash_attention_f16kv_{hd}")
+            kern((Hkv, tiles // Hkv, S), (FLASH_THREADS, 1, 1),
+                 kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
+                           part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr, mask=mptr),
+                 N=N, Hq=Hq, Hkv=Hkv, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+                 causal=1 if causal else 0, window=int(window), chunk=chunk)
             if S > 1:
-                self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), ml.ptr, acc.ptr,
-                                            out.ptr, Hq, hd, S)
+                self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
+                                            part_acc=acc.ptr, out=out.ptr, Hq=Hq, hd=hd, S=S)
             return out
-        self.k("attention_f16kv")((Hq, N, 1), (32 * ATT_WARPS, 1, 1), q.ptr, k_cache.ptr, v_cache.ptr,
-                                  out.ptr, pos.ptr, mptr, Hq, Hkv, hd, ctx, n_kv,
-                                  float(scale), float(softcap), 1 if causal else 0, int(window))
+        kern = self.k("attention_f16kv")
+        kern((Hq, N, 1), (32 * ATT_WARPS, 1, 1),
+             kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, out=out.ptr, pos=pos.ptr, mask=mptr),
+             Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
+             causal=1 if causal else 0, window=int(window))
         return out
 
     def flash_takes(self, N, Hq, Hkv, hd):
@@ -1041,11 +1069,14 @@ class CudaOps:
         chunk, S = mla_split_plan(N * H, n_kv)
         ml = self.empty((N * H * S * 2,))
         acc = self.empty((N * H * S * dv,))
-        self.k("mla_attention_split")((H, N, S), (32 * MLA_WARPS, 1, 1), q.ptr, k_cache.ptr, ml.ptr, acc.ptr,
-                                      pos.ptr, mask.ptr if mask is not None else 0, H, dk, dv, n_kv,
-                                      float(scale), float(softcap), 1 if causal else 0, int(window), chunk)
-        self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), ml.ptr,
-                                    acc.ptr, out.ptr, H, dv, S)
+        kern = self.k("mla_attention_split")
+        kern((H, N, S), (32 * MLA_WARPS, 1, 1),
+             kern.head(q=q.ptr, kc=k_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
+                       mask=mask.ptr if mask is not None else 0),
+             H=H, dk=dk, dv=dv, n_kv=n_kv, scale=float(scale), softcap=float(softcap), causal=1 if causal else 0,
+             window=int(window), chunk=chunk)
+        self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), part_ml=ml.ptr,
+                                    part_acc=acc.ptr, out=out.ptr, Hq=H, hd=dv, S=S)
         return out
 
     # -- multi-head latent attention --------------------------------------------------
@@ -1053,8 +1084,8 @@ class CudaOps:
         """y[..., yo:yo+n] = x[..., xo:xo+n] over the rows of 2+-D contiguous x and y."""
         rows = x.size // x.shape[-1]
         if rows and n:
-            self.k("copy_cols_f32")(_ew_grid(rows * n), (EW_BLOCK, 1, 1), x.ptr, y.ptr, rows, n, x.shape[-1],
-                                    xo, y.shape[-1], yo)
+            self.k("copy_cols_f32")(_ew_grid(rows * n), (EW_BLOCK, 1, 1), x=x.ptr, y=y.ptr, rows=rows, n=n,
+                                    xs=x.shape[-1], xo=xo, ys=y.shape[-1], yo=yo)
 
     def split(self, x, sizes):
         """x [..., sum(sizes)] -> its column slices as new contiguous arrays (one launch each)."""
@@ -1097,8 +1128,8 @@ class CudaOps:
             return out
         nt = 1 if N == 1 else 8
         self.k(f"hmm{nt}_{MM_KERNEL[w.ggml_type]}")(((H * M + MM_ROWS - 1) // MM_ROWS, (N + nt - 1) // nt, 1),
-                                                    (32 * MM_ROWS, 1, 1), w.ptr, x.ptr, out.ptr, K, M, H, N,
-                                                    w.row_bytes)
+                                                    (32 * MM_ROWS, 1, 1), W=w.ptr, X=x.ptr, Y=out.ptr, K=K, M=M,
+                                                    H=H, N=N, rb=w.row_bytes)
         return out
 
     # -- recurrent layers ----------------------------------------------------------------
@@ -1114,8 +1145,8 @@ class CudaOps:
             raise ValueError(f"columns: {start}..{start + n} of {W}")
         out = self.empty(x.shape[:-1] + (n,))
         if out.size:
-            self.k("columns_f32")(_ew_grid(out.size), (EW_BLOCK, 1, 1), x.ptr, out.ptr, out.size, W, int(start),
-                                  int(n))
+            self.k("columns_f32")(_ew_grid(out.size), (EW_BLOCK, 1, 1), x=x.ptr, y=out.ptr, total=out.size, W=W,
+                                  start=int(start), ncol=int(n))
         return out
 
     def _seq_arg(self, seqs, N, n_seq):
@@ -1165,10 +1196,11 @@ class CudaOps:
         if N:
             cb = (C + EW_BLOCK - 1) // EW_BLOCK
             z = min(T, CONV_TOKEN_BLOCKS)  # 1 for a decode step: the state is updated in the same kernel
-            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x.ptr, state.ptr, w.ptr, out.ptr, sg, G, N, C, K,
-                                  act)
+            self.k("ssm_conv_f32")((cb, G, z), (EW_BLOCK, 1, 1), x=x.ptr, state=state.ptr, w=w.ptr, y=out.ptr, sg=sg,
+                                  n_groups=G, N=N, C=C, K=K, act=act)
             if z > 1:
-                self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x.ptr, state.ptr, sg, G, N, C, K)
+                self.k("ssm_conv_state_f32")((cb, G, 1), (EW_BLOCK, 1, 1), x=x.ptr, state=state.ptr, sg=sg, n_groups=G,
+                                        N=N, C=C, K=K)
         return out
 
     # -- fused element-wise ops of the hybrid layers (kernels/hybrid.cuh; models reach them
@@ -1181,8 +1213,8 @@ class CudaOps:
             raise ValueError(f"delta_gates: alpha {alpha.shape} dt_bias {dt_bias.shape} a {a.shape} b {b.shape}")
         g, beta = self.empty(alpha.shape), self.empty(alpha.shape)
         if alpha.size:
-            self.k("delta_gates_f32")(_ew_grid(alpha.size), (EW_BLOCK, 1, 1), alpha.ptr, dt_bias.ptr, a.ptr, b.ptr,
-                                      g.ptr, beta.ptr, alpha.size, H)
+            self.k("delta_gates_f32")(_ew_grid(alpha.size), (EW_BLOCK, 1, 1), alpha=alpha.ptr, bias=dt_bias.ptr,
+                                      a=a.ptr, b=b.ptr, g=g.ptr, beta=beta.ptr, n=alpha.size, H=H)
         return g, beta
 
     def delta_qkv(self, c, n_k, n_v, d, eps):
@@ -1195,8 +1227,9 @@ class CudaOps:
         q, k, v = self.empty((N, n_k, d)), self.empty((N, n_k, d)), self.empty((N, n_v, d))
         rows = N * rpt
         if rows:
-            self.k("delta_qkv_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), c.ptr, q.ptr, k.ptr, v.ptr,
-                                    N, n_k, n_v, d, float(eps / d), float(1.0 / math.sqrt(d)))
+            self.k("delta_qkv_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), c=c.ptr, q=q.ptr, k=k.ptr,
+                                    v=v.ptr, N=N, nk=n_k, nv=n_v, d=d, eps=float(eps / d),
+                                    scale=float(1.0 / math.sqrt(d)))
         return q, k, v
 
     def rms_norm_gate(self, x, w, eps, z):
@@ -1208,8 +1241,9 @@ class CudaOps:
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
-            self.k("rms_norm_gate_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), x.ptr,
-                                        w.ptr if w is not None else 0, z.ptr, out.ptr, rows, d, float(eps))
+            self.k("rms_norm_gate_f32")((-(-rows // HYB_ROWS), 1, 1), (32 * HYB_ROWS, 1, 1), x=x.ptr,
+                                        w=w.ptr if w is not None else 0, z=z.ptr, y=out.ptr, rows=rows, d=d,
+                                        eps=float(eps))
         return out
 
     def sigmoid_gate(self, a, x, start, width):
@@ -1222,8 +1256,8 @@ class CudaOps:
             raise ValueError(f"sigmoid_gate: a {a.shape}, columns {start}..{start + width} of x {x.shape}")
         out = self.empty(a.shape)
         if a.size:
-            self.k("sigmoid_gate_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a.ptr, x.ptr, out.ptr, a.size, width, W,
-                                       int(start))
+            self.k("sigmoid_gate_f32")(_ew_grid(a.size), (EW_BLOCK, 1, 1), a=a.ptr, x=x.ptr, y=out.ptr, n=a.size,
+                                       width=width, W=W, start=int(start))
         return out
 
     def _chunked_path(self, T):
@@ -1261,17 +1295,21 @@ class CudaOps:
             # workspaces, by a token's position in the group table's order (chunked.cuh)
             aqk, gc = self.empty((N, Hv, CHUNK_L)), self.empty((N, Hv))
             wv, wk = self.empty((N, Hv, D)), self.empty((N, Hv, D))
-            self.k("delta_chunk_prep_f32")((-(-T // CHUNK_L), Hv, G), (CHUNK_THREADS, 1, 1),
-                                           q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, aqk.ptr, gc.ptr, wv.ptr, wk.ptr,
-                                           sg, G, N, Hk, Hv, D)
-            self.k("delta_chunk_scan_f32")((-(-D // CHUNK_ROWS), Hv, G), (CHUNK_THREADS, 1, 1),
-                                           q.ptr, k.ptr, wv.ptr, wk.ptr, aqk.ptr, gc.ptr, state.ptr, out.ptr,
-                                           sg, G, N, Hk, Hv, D, float(scale))
+            kern = self.k("delta_chunk_prep_f32")
+            kern((-(-T // CHUNK_L), Hv, G), (CHUNK_THREADS, 1, 1),
+                 kern.head(q=q.ptr, k=k.ptr, v=v.ptr, g=g.ptr, beta=beta.ptr, Aqk=aqk.ptr, Gc=gc.ptr, Wv=wv.ptr,
+                           Wk=wk.ptr, sg=sg),
+                 n_groups=G, N=N, Hk=Hk, Hv=Hv, D=D)
+            kern = self.k("delta_chunk_scan_f32")
+            kern((-(-D // CHUNK_ROWS), Hv, G), (CHUNK_THREADS, 1, 1),
+                 kern.head(q=q.ptr, k=k.ptr, Wv=wv.ptr, Wk=wk.ptr, Aqk=aqk.ptr, Gc=gc.ptr, state=state.ptr,
+                           out=out.ptr, sg=sg),
+                 n_groups=G, N=N, Hk=Hk, Hv=Hv, D=D, scale=float(scale))
             return out
         rows = Hv * D
         self.k("delta_net_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, G, 1), (32 * RECUR_WARPS, 1, 1),
-                                q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state.ptr, out.ptr, sg, G, N, Hk, Hv, D,
-                                float(scale))
+                                q=q.ptr, k=k.ptr, v=v.ptr, g=g.ptr, beta=beta.ptr, state=state.ptr, out=out.ptr,
+                                sg=sg, n_groups=G, N=N, Hk=Hk, Hv=Hv, D=D, scale=float(scale))
         return out
 
     def ssm_scan(self, x, dt, A, B, C, state, seqs=None, D=None):
@@ -1293,14 +1331,19 @@ class CudaOps:
         if self._chunked_path(T):
             aqk, gc = self.empty((N, H, CHUNK_L)), self.empty((N, H))
             self.k("ssm_chunk_prep_f32")((-(-T // CHUNK_L), H, ng), (CHUNK_THREADS, 1, 1),
-                                         C.ptr, B.ptr, dt.ptr, A.ptr, aqk.ptr, gc.ptr, sg, ng, N, H, G, Ns)
-            self.k("ssm_chunk_scan_f32")((-(-P // CHUNK_ROWS), H, ng), (CHUNK_THREADS, 1, 1),
-                                         C.ptr, B.ptr, x.ptr, dt.ptr, aqk.ptr, gc.ptr, dptr, state.ptr, out.ptr,
-                                         sg, ng, N, H, P, G, Ns)
+                                         C=C.ptr, B=B.ptr, dt=dt.ptr, A=A.ptr, Aqk=aqk.ptr, Gc=gc.ptr, sg=sg,
+                                         n_groups=ng, N=N, H=H, G=G, Ns=Ns)
+            kern = self.k("ssm_chunk_scan_f32")
+            kern((-(-P // CHUNK_ROWS), H, ng), (CHUNK_THREADS, 1, 1),
+                 kern.head(C=C.ptr, B=B.ptr, x=x.ptr, dt=dt.ptr, Aqk=aqk.ptr, Gc=gc.ptr, Dskip=dptr, state=state.ptr,
+                           y=out.ptr, sg=sg),
+                 n_groups=ng, N=N, H=H, P=P, G=G, Ns=Ns)
             return out
         rows = H * P
-        self.k("ssm_scan_f32")(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),
-                               x.ptr, dt.ptr, A.ptr, B.ptr, C.ptr, dptr, state.ptr, out.ptr, sg, ng, N, H, P, G, Ns)
+        kern = self.k("ssm_scan_f32")
+        kern(((rows + RECUR_WARPS - 1) // RECUR_WARPS, ng, 1), (32 * RECUR_WARPS, 1, 1),
+             kern.head(x=x.ptr, dt=dt.ptr, A=A.ptr, B=B.ptr, C=C.ptr, Dskip=dptr, state=state.ptr, y=out.ptr, sg=sg),
+             n_groups=ng, N=N, H=H, P=P, G=G, Ns=Ns)
         return out
 
     # -- sampling ----------------------------------------------------------------
@@ -1310,7 +1353,7 @@ class CudaOps:
         n = logits.shape[-1]
         rows = logits.size // n
         dev = out if out is not None else self.empty((rows,), "int32")
-        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), logits.ptr, n, dev.ptr)
+        self.k("argmax_f32")((rows, 1, 1), (1024, 1, 1), x=logits.ptr, n=n, out=dev.ptr)
         return dev if out is not None else self.to_numpy(dev).reshape(logits.shape[:-1])
 
     def logprobs(self, logits, rows, targets, n=None):
@@ -1322,7 +1365,8 @@ class CudaOps:
             return np.empty(0)
         dev = self.asarray(idx, "int32")
         out = self.empty((K,), "float64")
-        self.k("logprob_rows")((K, 1, 1), (1024, 1, 1), logits.ptr, V, dev.ptr, dev.ptr + 4 * K, n, out.ptr)
+        self.k("logprob_rows")((K, 1, 1), (1024, 1, 1), x=logits.ptr, ld=V, rows=dev.ptr, targets=dev.ptr + 4 * K,
+                               n=n, out=out.ptr)
         return self.to_numpy(out)
 
     def topk(self, logits, k, n=None):
@@ -1334,13 +1378,15 @@ class CudaOps:
         nb = (n + TOPK_SLICE - 1) // TOPK_SLICE
         cv = self.empty((nb * k,))
         ci = self.empty((nb * k,), "int32")
-        self.k("topk_f32")((nb, 1, 1), (256, 1, 1), logits.ptr, 0, n, k, TOPK_SLICE, cv.ptr, ci.ptr)
+        self.k("topk_f32")((nb, 1, 1), (256, 1, 1), x=logits.ptr, idx=0, n=n, k=k, slice=TOPK_SLICE, out_v=cv.ptr,
+                           out_i=ci.ptr)
         if nb > 1:
             m = nb * k
             if m > TOPK_SLICE:  # more candidates than one block holds: sort on the host
                 return host_topk(self.to_numpy(logits), k, n)
             v2 = self.empty((k,))
             i2 = self.empty((k,), "int32")
-            self.k("topk_f32")((1, 1, 1), (1024, 1, 1), cv.ptr, ci.ptr, m, k, m, v2.ptr, i2.ptr)
+            self.k("topk_f32")((1, 1, 1), (1024, 1, 1), x=cv.ptr, idx=ci.ptr, n=m, k=k, slice=m, out_v=v2.ptr,
+                               out_i=i2.ptr)
             ci = i2
         return self.to_numpy(ci)[:k].astype(np.int64)

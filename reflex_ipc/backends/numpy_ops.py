@@ -104,9 +104,11 @@ def _default_blas_threads():
     neighbour; 1 thread 14-20 tok/s either way)."""
     import os
 
-    want = os.environ.get("REFLEX_CPU_THREADS")
+    from .. import settings
+
+    want = settings.get().cpu_threads
     if want:
-        set_blas_threads(max(1, int(want)))
+        set_blas_threads(want)
     elif not (os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
         set_blas_threads(1)
 

@@ -516,7 +516,9 @@ def cpu_model():
 
 def machine_info(gpu):
     cpu = cpu_model()
-    commit = os.environ.get("REFLEX_COMMIT")
+    from .. import settings
+
+    commit = settings.get().commit
     if not commit:
         try:
             commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

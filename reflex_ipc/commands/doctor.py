@@ -70,7 +70,9 @@ def _cpu():
     try:
         from ..modelpath import DEFAULT_ALIAS, resolve_model
 
-        out["default_model"] = {"name": os.environ.get("REFLEX_MODEL") or DEFAULT_ALIAS,
+        from .. import settings
+
+        out["default_model"] = {"name": settings.get().model or DEFAULT_ALIAS,
                                 "path": resolve_model(None)}
     except Exception as e:
         out["default_model"] = {"error": getattr(e, "message", None) or str(e)}

@@ -5,7 +5,6 @@ speaks the JSON-lines protocol to it; the engine keeps no network socket. Needs 
 extra (Starlette, Uvicorn), imported only here.
 """
 
-import os
 import sys
 
 
@@ -59,7 +58,9 @@ def run(args) -> int:
         sys.stderr.write("reflex http: --model applies to a spawned engine; with --connect, "
                          "the running engine's model is used\n")
         return 2
-    api_key = args.api_key if args.api_key is not None else os.environ.get("REFLEX_API_KEY") or None
+    from .. import settings
+
+    api_key = args.api_key if args.api_key is not None else settings.get().api_key
     # The engine starts first, so its start-up overlaps the import of the HTTP stack.
     from ..front import process
 

@@ -34,7 +34,7 @@ def run(args) -> int:
         dx = rt.drv.mem_alloc(x.nbytes)
         dout = rt.drv.mem_alloc(4)
         rt.drv.memcpy_htod(dx, x)
-        rt.kernel("argmax_f32")((1, 1, 1), (1024, 1, 1), int(dx), n, int(dout))
+        rt.kernel("argmax_f32")((1, 1, 1), (1024, 1, 1), x=int(dx), n=n, out=int(dout))
         got = np.empty(1, np.int32)
         rt.drv.memcpy_dtoh_async(got, dout, rt.stream)
         rt.stream.synchronize()

@@ -70,7 +70,9 @@ def _hold_init_lock():
     context are made, so that an exiting reflex process (teardown_when_no_init) delays its
     driver teardown until no start-up is in that phase. Never blocks: a start-up that finds
     the lock taken goes on without it. Returns the open fd (kept open: closing releases it)."""
-    if os.environ.get("REFLEX_TEARDOWN") == "now":
+    from .. import settings
+
+    if settings.get().teardown == "now":
         return None
     import fcntl
 
@@ -93,7 +95,9 @@ def teardown_when_no_init(linger_s=0.15, wait_s=1.0):
     land on another process's cuInit. Measured on the H200 (bench/results/cold19-h200-d960b5d):
     20 back-to-back cold starts p50 458 -> 300 ms (Q8_0), 431 -> 291 ms (Q4_K), isolated starts
     393 / 379 ms. REFLEX_TEARDOWN=now turns it off."""
-    if os.environ.get("REFLEX_TEARDOWN") == "now":
+    from .. import settings
+
+    if settings.get().teardown == "now":
         return
     import fcntl
 

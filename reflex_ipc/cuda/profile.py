@@ -1,7 +1,7 @@
 """Per-kernel GPU time for breakdowns ($REFLEX_PROFILE=1; off otherwise, and never imported).
 
-With the switch on, Runtime.kernel hands out ProfiledKernel, which records a CUDA event
-before and after each launch on the runtime's stream, and Graph.launch records one around a
+With the switch on, Runtime.kernel makes each launcher with `timed_launch`, which records a
+CUDA event before and after each launch on the runtime's stream, and Graph.launch records one around a
 whole replay (named "graph:<nodes>"). Nothing is recorded while a stream captures a graph
 (an event in a capture is a dependency, not a timestamp). `Profiler.window()` opens a
 window; `Profiler.report()` waits for the GPU and returns, for the window:
@@ -74,16 +74,14 @@ class Profiler:
                 "by_kernel": {k: [n, round(t, 4)] for k, (n, t) in ordered}}
 
 
-def wrap_kernel(kernel_cls):
-    """The Kernel subclass that times every launch while a window is open."""
+def timed_launch(name, launch):
+    """The launch function (grid, block, packed args, shared, stream) of kernel `name`, timed
+    while a window is open (core.make_kernel's `launch`)."""
 
-    class ProfiledKernel(kernel_cls):
-        __slots__ = ()
+    def timed(grid, block, args, shared, stream):
+        p = ACTIVE
+        if p is None:
+            return launch(grid, block, args, shared, stream)
+        return p.around(name, launch, grid, block, args, shared, stream)
 
-        def __call__(self, grid, block, *args, shared=0):
-            p = ACTIVE
-            if p is None:
-                return self._launch(grid, block, self.pack(*args), shared, self.stream)
-            return p.around(self.name, self._launch, grid, block, self.pack(*args), shared, self.stream)
-
-    return ProfiledKernel
+    return timed

@@ -23,13 +23,15 @@ import os
 import threading
 import time
 
+from .. import settings
+
 HOST_REGISTER_READ_ONLY = 0x08
 
 CHUNK = 32 << 20  # bytes per staging buffer
 N_STAGING = 2
 RESIDENT_ENOUGH = 0.9  # auto: the sampled fraction of cached pages from which register is used
 READ_THREADS = 8  # read: default threads (REFLEX_CUDA_UPLOAD_THREADS), each with two buffers
-READ_CHUNK_MB = 16  # read: MiB per pread and per copy (REFLEX_CUDA_UPLOAD_CHUNK_MB)
+# read: MiB per pread and per copy: REFLEX_CUDA_UPLOAD_CHUNK_MB (settings.py, default 16)
 
 
 class WeightArena:
@@ -43,7 +45,7 @@ class WeightArena:
         self.base = int(self.alloc)
         self.error = None
         self.stats = {}
-        self.mode = mode or os.environ.get("REFLEX_CUDA_UPLOAD", "auto")
+        self.mode = mode or settings.get().cuda_upload
         self._thread = threading.Thread(target=self._upload, name="reflex-cuda-upload", daemon=True)
         self._thread.start()
         self._waited = False
@@ -100,9 +102,10 @@ class WeightArena:
 
         t0 = time.perf_counter()
         n = src.size
-        threads = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_THREADS", READ_THREADS)))
-        chunk = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_CHUNK_MB", READ_CHUNK_MB))) << 20
-        direct = os.environ.get("REFLEX_CUDA_UPLOAD_DIRECT") == "1"
+        s = settings.get()
+        threads = s.cuda_upload_threads or READ_THREADS
+        chunk = s.cuda_upload_chunk_mb << 20
+        direct = s.cuda_upload_direct
         fd = os.open(self.f.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         fd_direct = None
         try:
@@ -153,7 +156,7 @@ class WeightArena:
         mm_addr = src.ctypes.data - self.start  # the mapping starts at file offset 0 (page aligned)
         data_addr = src.ctypes.data
         end = data_addr + src.size
-        n = max(1, int(os.environ.get("REFLEX_CUDA_UPLOAD_THREADS", "4")))
+        n = settings.get().cuda_upload_threads or 4
         page = os.sysconf("SC_PAGE_SIZE")
         cuts = [mm_addr] + sorted({(data_addr + src.size * i // n) // page * page for i in range(1, n)}) + [end]
         cuts = [c for i, c in enumerate(cuts) if i == 0 or c > cuts[i - 1]]

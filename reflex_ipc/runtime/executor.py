@@ -11,7 +11,6 @@ models see only `forward(state, batch, ...)`.
 
 from __future__ import annotations
 
-import os
 
 STATE_MIN = 256  # smallest state, in slots
 
@@ -30,9 +29,10 @@ class Executor:
         self.ops, self.model, self.n_ctx = ops, model, int(n_ctx)
         self.chunk = ops.prefill_chunk
         self.state = None
-        # captured graphs where the backend can capture ($REFLEX_CUDA_GRAPH=0 turns them off)
+        # captured graphs where the backend can capture and its switch allows (ops.graphs:
+        # $REFLEX_CUDA_GRAPH on cuda, $REFLEX_CPU_GRAPH on cpu)
         self.use_graphs = (hasattr(ops, "capture") and getattr(model, "capturable", True)
-                           and os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0")
+                           and getattr(ops, "graphs", True))
         # padded batch graphs (ForwardGraphs) put padding tokens before the real ones, which a
         # recurrence would take in: recurrent models replay only the decode step
         self.use_forward_graphs = self.use_graphs and not self.recurrent

@@ -324,7 +324,9 @@ class StateFile:
         base = 0
         buf = None
         if pinned is None:
-            pinned = os.environ.get("REFLEX_STATE_PINNED", "0") == "1"
+            from .. import settings
+
+            pinned = settings.get().state_pinned
         drv = getattr(getattr(ops, "rt", None), "drv", None)
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):
             import numpy as np

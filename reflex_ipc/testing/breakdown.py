@@ -15,9 +15,9 @@ events around every launch, only inside a window, so unprofiled runs pay one Non
   and the server's own timings, so protocol + pipe = client - server total;
 - prefill: prompt_logits of 512 tokens (a new prompt, empty state): wall p50 and per kernel;
 - decode: 64 tokens with the captured graph (ms/token, GPU time per replay) and 16 eager
-  tokens per kernel (REFLEX_CUDA_GRAPH=0): kernels per token and the GPU budget per token;
+  tokens per kernel (REFLEX_CUDA_GRAPH=0, REFLEX_CPU_GRAPH=0): kernels per token and the GPU budget per token;
 - llama-bench -p 512 -n 128 (pp512, tg128) on the same file, when $LLAMA_BENCH is set;
-- each --variant (e.g. REFLEX_CHUNKED=0) reruns the in-process warm part, prefill and decode with it.
+- each --variant (e.g. REFLEX_FLASH=0) reruns the in-process warm part, prefill and decode with it.
 
 Writes OUT/NAME.json per model and prints a table last.
 """
@@ -29,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from reflex_ipc import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "The capital of France is"
@@ -63,7 +65,7 @@ class _NoProfiler:
 def _runner(path):
     from reflex_ipc.engine import load_runner
 
-    device = os.environ.get("REFLEX_BREAKDOWN_DEVICE", "cuda")
+    device = settings.get().breakdown_device
     r = load_runner(path, device=device)
     prof = getattr(getattr(r.ops, "rt", None), "profiler", None)
     if prof is None:
@@ -149,7 +151,7 @@ def part_decode(path, n_graph=64, n_eager=16):
     rep = prof.report(top=30)
     n = max(1, len(res["token_ids"]) - 1)
     return {"ms_per_token": round(best, 4), "tokens_per_s": round(1e3 / best, 1),
-            "graph": os.environ.get("REFLEX_CUDA_GRAPH", "1") != "0",
+            "graph": bool(getattr(r.ops, "graphs", False)),
             "profiled_tokens": n, "per_token": {k: round(rep[k] / n, 4) for k in ("gpu_ms", "span_ms", "idle_ms",
                                                                                     "launch_host_ms")},
             "kernels_per_token": round(rep["kernels"] / n, 1), "gpu": rep}
@@ -177,7 +179,7 @@ def run_child(part, path, runs, env_extra=None, timeout=240):
 
 def stdio_requests(path, runs):
     """The four warm requests through `reflex stdio`: client ms and the server's timings."""
-    argv = [sys.executable, "-m", "reflex_ipc", "stdio", "--device", os.environ.get("REFLEX_BREAKDOWN_DEVICE", "cuda"),
+    argv = [sys.executable, "-m", "reflex_ipc", "stdio", "--device", settings.get().breakdown_device,
             "--model", path]
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
     ready = json.loads(p.stdout.readline())
@@ -322,13 +324,14 @@ def main(argv=None):
         t0 = time.monotonic()
         path = make_model(model, a.models_dir)
         rec = {"model": name, "path": path, "bytes": os.path.getsize(path),
-               "commit": os.environ.get("REFLEX_COMMIT"), "runs": a.runs, "machine": machine}
+               "commit": settings.get().commit, "runs": a.runs, "machine": machine}
         results[name] = rec
         steps = [("warm", lambda: run_child("warm", path, a.runs)),
                  ("stdio", lambda: stdio_requests(path, a.runs)),
                  ("prefill", lambda: run_child("prefill", path, a.runs)),
                  ("decode", lambda: run_child("decode", path, a.runs)),
-                 ("decode_eager", lambda: run_child("decode", path, a.runs, {"REFLEX_CUDA_GRAPH": "0"})),
+                 ("decode_eager", lambda: run_child("decode", path, a.runs, {"REFLEX_CUDA_GRAPH": "0",
+                                                                                  "REFLEX_CPU_GRAPH": "0"})),
                  ("llama_bench", lambda: llama_bench(path))]
         for step, fn in steps:
             try:

@@ -46,6 +46,8 @@ import sys
 import tempfile
 import time
 
+from reflex_ipc import settings
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout (schema, tests/data)
 SCHEMA = json.loads((ROOT / "protocol" / "schema.json").read_text())
 
@@ -930,48 +932,39 @@ def phase_cache(report, n, seed, work):
     from reflex_ipc.tokenizer import load_tokenizer
 
     cache = work / "tokcache"
-    old_env = {k: os.environ.get(k) for k in ("REFLEX_CACHE", "REFLEX_TOKENIZER_CACHE")}
-    os.environ["REFLEX_CACHE"] = str(cache)
-    try:
-        models = [ROOT / "tests" / "data" / n_ for n_ in
-                  ("synthetic-llama.gguf", "synthetic-gemma3.gguf", "synthetic-qwen2.gguf")]
-        local = []
-        for m in models:
-            dst = work / ("c-" + m.name)
-            shutil.copy(m, dst)
-            local.append(dst)
+    models = [ROOT / "tests" / "data" / n_ for n_ in
+              ("synthetic-llama.gguf", "synthetic-gemma3.gguf", "synthetic-qwen2.gguf")]
+    local = []
+    for m in models:
+        dst = work / ("c-" + m.name)
+        shutil.copy(m, dst)
+        local.append(dst)
 
-        def encode(path, cached):
-            os.environ["REFLEX_TOKENIZER_CACHE"] = "1" if cached else "0"
-            with GGUFFile(str(path)) as f:
-                t = load_tokenizer(f)
-                return [t.encode(x) for x in _CACHE_TEXTS]
+    def encode(path, cached):
+        # the cache folder and switch of this process's settings, for this load
+        with settings.override(cache=str(cache), tokenizer_cache=cached), GGUFFile(str(path)) as f:
+            t = load_tokenizer(f)
+            return [t.encode(x) for x in _CACHE_TEXTS]
 
-        for i in range(n):
-            path = rng.choice(local)
-            if rng.random() < 0.15:  # same size and mtime, another vocabulary order
-                _swap_tokens(path, rng)
-            want = encode(path, False)
-            got = encode(path, True)  # fills or reads the cache
-            report.add("cache_checks")
-            if got != want:
-                report.violation(phase, "wrong tokens from the tokenizer cache", path.name)
-            files = sorted((cache / "tokenizer").glob("*")) if (cache / "tokenizer").exists() \
-                else []
-            for f_ in files:
-                if rng.random() < 0.5:
-                    _damage(f_, rng, files)
-            got = encode(path, True)
-            report.add("cache_checks")
-            if got != want:
-                report.violation(phase, "wrong tokens from a corrupted tokenizer cache",
-                                 path.name)
-    finally:
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for i in range(n):
+        path = rng.choice(local)
+        if rng.random() < 0.15:  # same size and mtime, another vocabulary order
+            _swap_tokens(path, rng)
+        want = encode(path, False)
+        got = encode(path, True)  # fills or reads the cache
+        report.add("cache_checks")
+        if got != want:
+            report.violation(phase, "wrong tokens from the tokenizer cache", path.name)
+        files = sorted((cache / "tokenizer").glob("*")) if (cache / "tokenizer").exists() \
+            else []
+        for f_ in files:
+            if rng.random() < 0.5:
+                _damage(f_, rng, files)
+        got = encode(path, True)
+        report.add("cache_checks")
+        if got != want:
+            report.violation(phase, "wrong tokens from a corrupted tokenizer cache",
+                             path.name)
 
 
 def _swap_tokens(path, rng):
@@ -1032,9 +1025,8 @@ def phase_files(report, n, seed, work):
     text = "Hello world, the files phase."
 
     def expected(path):
-        os.environ["REFLEX_TOKENIZER_CACHE"] = "0"
         try:
-            with GGUFFile(str(path)) as f:
+            with settings.override(tokenizer_cache=False), GGUFFile(str(path)) as f:
                 return load_tokenizer(f).encode(text, add_bos=False)
         except Exception:  # noqa: BLE001  (not a GGUF now: the server must say gguf_error)
             return None
@@ -1093,7 +1085,6 @@ def phase_files(report, n, seed, work):
         srv.check_stderr()
     finally:
         srv.close()
-        os.environ.pop("REFLEX_TOKENIZER_CACHE", None)
 
 
 # ---------------------------------------------------------------- driver

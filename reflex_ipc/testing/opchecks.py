@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from reflex_ipc import settings
 from reflex_ipc.ggml_types import TYPES
 from reflex_ipc.quants import dequantize
 
@@ -324,7 +325,7 @@ def check_matmul_glu(ops, rng):
 
 def check_matmul_nt(ops, rng):
     """Matvecs of 2 <= N < 64 tokens (CUDA: matvec_nt.cuh's mmt / mmtn / mmtglu, switched on
-    here whatever REFLEX_MMNT says, and compared with the warp-per-row mm4 / mm8 ones): every
+    here whatever CudaOps.mmnt says, and compared with the warp-per-row mm4 / mm8 ones): every
     format, odd row counts, K of 2304 (threads with 3 chunks and with 2) and 256 (one warp
     busy), token counts around the 8-token groups, plain and accumulate, q/k/v of three
     heights (blocks straddling two weights), gate/up silu and gelu; outputs poisoned."""
@@ -716,15 +717,8 @@ def check_attention(ops, rng):
     rows.append(row("attention", f"split-K decode n_kv={n_kv} mask", out, ref, 1e-5))
     # the split launch against the two-kernel form (REFLEX_FUSE=0: split + combine kernels)
     fused = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09))
-    saved = os.environ.get("REFLEX_FUSE")
-    os.environ["REFLEX_FUSE"] = "0"
-    try:
+    with settings.override(fuse=False):
         plain = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=0.09))
-    finally:
-        if saved is None:
-            os.environ.pop("REFLEX_FUSE", None)
-        else:
-            os.environ["REFLEX_FUSE"] = saved
     rows.append(row("attention", f"split-K decode n_kv={n_kv} vs REFLEX_FUSE=0", fused, plain, 1e-6))
     # replayed from a graph, new queries each time (CUDA's split launch leaves its tickets at 0)
     if hasattr(ops, "capture"):
@@ -1737,7 +1731,7 @@ def check_recurrent_chunked(ops, rng):
 def bench_recurrent(ops, rng):
     """Device time (us) of one prefill call of delta_net (Qwen3.5's layer: Hk 16, Hv 32, D 128)
     and ssm_scan (a Granite-4.0-H-like layer: H 64, P 64, G 1, Ns 128) over T tokens of one
-    sequence, on the chunked kernels and on the sequential ones (REFLEX_CHUNKED=0's path)."""
+    sequence, on the chunked kernels and on the sequential ones (CudaOps.chunked False's path)."""
     F = np.float32
 
     def timed(fn, reps=5):

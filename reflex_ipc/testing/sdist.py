@@ -22,8 +22,9 @@ _MEMBER_DIR = "vendor/llama.cpp/models/"
 
 
 def cache_dir() -> str:
-    d = os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                       "reflex-ipc")
+    from reflex_ipc.modelpath import cache_dir as reflex_cache
+
+    d = reflex_cache()
     os.makedirs(d, exist_ok=True)
     return d
 

@@ -173,7 +173,9 @@ def _read_cache(path: str, count: int, src_crc: int):
 
 def cache_file(f, arr, what: str) -> str | None:
     """The disk-cache file for the index of string array `arr` of GGUFFile `f`, or None."""
-    if os.environ.get("REFLEX_TOKENIZER_CACHE", "1") == "0":
+    from .. import settings
+
+    if not settings.get().tokenizer_cache:
         return None
     try:
         st = os.stat(f.path)
@@ -184,8 +186,9 @@ def cache_file(f, arr, what: str) -> str | None:
     path = os.path.realpath(f.path)
     ident = (f"{path}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{arr.offset}|"
              f"{arr.count}|{what}|v2")
-    base = os.environ.get("REFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                         "reflex-ipc")
+    from ..modelpath import cache_dir
+
+    base = cache_dir()
     name = f"{os.path.basename(path)[:64]}.{what}.{zlib.crc32(ident.encode()):08x}.u64"
     return os.path.join(base, "tokenizer", name)
 

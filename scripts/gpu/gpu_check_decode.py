@@ -339,6 +339,7 @@ def fuse_ab(ops, kinds=("q8_0", "q4k"), steps=128, rounds=3):
     import os
     import tempfile
 
+    from reflex_ipc import settings
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.models import load_model
     from reflex_ipc.backends import cuda_ops
@@ -349,7 +350,6 @@ def fuse_ab(ops, kinds=("q8_0", "q4k"), steps=128, rounds=3):
     variants = {"fuse0": ("0", None), "fuse1": ("1", None), "fuse1_split2048": ("1", 2048),
                 "fuse1_nosplit": ("1", 0)}
     out = {}
-    saved = os.environ.get("REFLEX_FUSE")
     for kind in kinds:
         fd, path = tempfile.mkstemp(prefix=f"reflex-qwen3-{kind}-", suffix=".gguf")
         os.close(fd)
@@ -362,12 +362,12 @@ def fuse_ab(ops, kinds=("q8_0", "q4k"), steps=128, rounds=3):
             graphs, res = {}, {"model_gen_s": round(gen_s, 1), "n_layer": model.hp.n_layer}
             split_default = cuda_ops.MM_SPLIT_ROWS
             for name, (fuse, split) in variants.items():
-                os.environ["REFLEX_FUSE"] = fuse
                 cuda_ops.MM_SPLIT_ROWS = split_default if split is None else split
                 try:
-                    state = model.new_state(ops, 1024)
-                    g = DecodeGraph(ops, model, state)
-                    first = ops.to_numpy(g(1, 0)).astype(np.float64)  # captures under this setting
+                    with settings.override(fuse=fuse == "1"):
+                        state = model.new_state(ops, 1024)
+                        g = DecodeGraph(ops, model, state)
+                        first = ops.to_numpy(g(1, 0)).astype(np.float64)  # captures under this setting
                 finally:
                     cuda_ops.MM_SPLIT_ROWS = split_default
                 graphs[name] = (g, first)
@@ -425,10 +425,6 @@ def fuse_ab(ops, kinds=("q8_0", "q4k"), steps=128, rounds=3):
             out[kind] = res
             del model, f
         finally:
-            if saved is None:
-                os.environ.pop("REFLEX_FUSE", None)
-            else:
-                os.environ["REFLEX_FUSE"] = saved
             os.unlink(path)
     out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
     return out

@@ -263,7 +263,7 @@ def hybrid_checks(path):
         full = np.asarray(gpu.ops.to_numpy(full)[0], np.float64)
         _, prefill_layers = ex.state.snapshot()
         # which form of delta_net / ssm_scan the 500-token prefill ran (CudaOps.recur_calls):
-        # chunked unless REFLEX_CHUNKED=0; then the same prefill on the other form, timed
+        # chunked (CudaOps.chunked); then the same prefill on the other form, timed
         ran = {k: ops.recur_calls[k] - calls0[k] for k in calls0}
         res["prefill_recurrent_calls"] = ran
         res["prefill_path_ok"] = ran["chunked" if ops.chunked else "sequential"] > 0 and \
@@ -392,15 +392,16 @@ def stdio_e2e(path):
 
 
 def run(model_dir=None):
+    from reflex_ipc import settings
     from reflex_ipc.backends.cuda_ops import CudaOps
     from reflex_ipc.testing.synthetic import mixed_model
 
-    syn = os.environ.get("REFLEX_SYNTH_DIR", "/tmp/reflex-synth")
+    syn = settings.get().synth_dir
     os.makedirs(syn, exist_ok=True)
     # the project's parity fixtures (tests/data, committed) and, from synthetic.mixed_model,
     # variants that use every matmul format; their tokenizer: SmolLM2's, via the llama fixture
     fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "synthetic-*.gguf")))
-    tok = os.environ.get("REFLEX_SYNTH_TOKENIZER", os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf"))
+    tok = settings.get().synth_tokenizer or os.path.join(ROOT, "tests", "data", "synthetic-llama.gguf")
     paths = []
     if model_dir:
         paths += sorted(os.path.join(model_dir, f) for f in os.listdir(model_dir) if f.endswith(".gguf"))

@@ -342,7 +342,7 @@ def test_turn_splits_reasoning():
     from reflex_ipc.front.textstream import Turn
 
     t = Turn(False)
-    assert t.feed({"text": "hmm", "reasoning": True}) == [("reasoning", "hmm")]
+    assert t.feed({"text": "", "reasoning_content": "hmm"}) == [("reasoning", "hmm")]
     assert t.feed({"text": "Yes"}) == [("content", "Yes")]
     assert t.finish({"text": "Yes", "reasoning_content": "hmm"}) == ([], [])
     # cut off while thinking: all of it is reasoning

@@ -9,9 +9,9 @@ its tail could still become one). At the end `finish(result)` gives what is left
 content (the result's `content`, outside the calls, past what was already sent) and the
 calls.
 
-Reasoning: the engine's result carries it as `reasoning_content` (and token events flag
-reasoning tokens with `"reasoning": true`) when the template's thinking is parsed there;
-otherwise a reply that opens with `<think>` is split at `</think>` here.
+Reasoning: the engine's result carries it as `reasoning_content` (and its token events
+carry their part of it as `reasoning_content` beside `text`) when the engine separates
+it; otherwise a reply that opens with `<think>` is split at `</think>` here.
 """
 
 MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<｜tool▁calls▁begin｜>", "<|python_tag|>", "<function=")
@@ -123,13 +123,15 @@ class Turn:
         return out
 
     def feed(self, ev):
-        text = ev.get("text", "")
-        if not text:
-            return []
-        if ev.get("reasoning"):  # the engine split it
+        out = []
+        reasoning = ev.get("reasoning_content")
+        if reasoning is not None:  # the engine splits the reasoning off itself
             self.think = "out"
-            return self._emit([("reasoning", text)])
-        return self._emit(self._split(text))
+            out += self._emit([("reasoning", reasoning)])
+        text = ev.get("text", "")
+        if text:
+            out += self._emit(self._split(text))
+        return out
 
     def finish(self, result):
         reasoning, content, calls = split_reasoning(result)

@@ -197,7 +197,8 @@ def _forced_call(runner, req):
         raise ReflexError("invalid_request", "`tool_choice` required or named forces a tool call; "
                                              "it cannot be combined with json_schema, regex or grammar")
     choice = req.tool_choice if isinstance(req.tool_choice, str) else msgspec.to_builtins(req.tool_choice)
-    thinking = (req.chat_template_kwargs or {}).get("enable_thinking") is True
+    thinking = (getattr(req, "enable_thinking", None) is True
+                or (req.chat_template_kwargs or {}).get("enable_thinking") is True)
     g = prepare.tool_grammar(runner, req.tools, choice, req.parallel_tool_calls, req.chat_template, thinking)
     return msgspec.structs.replace(req, grammar=g)
 

@@ -189,6 +189,10 @@ class Constraint:
     def done(self) -> bool:
         return self.m.is_stopped()
 
+    def reset(self) -> None:
+        """Back to the grammar's start (the next choice of a request with n > 1)."""
+        self.m.reset()
+
 
 def make_constraint(tok, json_schema=None, regex=None, grammar=None):
     """A Constraint for the one field given, or None when none is."""

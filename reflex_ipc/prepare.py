@@ -37,14 +37,22 @@ def chat_text(runner, messages, *, tools=None, chat_template=None, add_generatio
 
 
 def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=None,
-              add_generation_prompt=True, chat_template_kwargs=None) -> str:
+              add_generation_prompt=True, chat_template_kwargs=None, enable_thinking=None) -> str:
     """The prompt text of a request with exactly one of `prompt` / `messages`."""
     if (prompt is None) == (messages is None):
         raise _bad("give exactly one of `prompt` and `messages`")
     if messages is None:
-        if tools is not None or chat_template is not None or chat_template_kwargs is not None:
-            raise _bad("`tools`, `chat_template` and `chat_template_kwargs` go with `messages`")
+        if (tools is not None or chat_template is not None or chat_template_kwargs is not None
+                or enable_thinking is not None):
+            raise _bad("`tools`, `chat_template`, `chat_template_kwargs` and `enable_thinking` "
+                       "go with `messages`")
         return prompt
+    if enable_thinking is not None:
+        kw = dict(chat_template_kwargs or {})
+        if kw.get("enable_thinking", enable_thinking) != enable_thinking:
+            raise _bad("`enable_thinking` and `chat_template_kwargs.enable_thinking` differ")
+        kw["enable_thinking"] = enable_thinking
+        chat_template_kwargs = kw
     return chat_text(runner, messages, tools=tools, chat_template=chat_template,
                      add_generation_prompt=add_generation_prompt,
                      chat_template_kwargs=chat_template_kwargs)
@@ -134,6 +142,12 @@ def _text_with_markers(runner, out, fmt):
     for m in _MARKERS.get(fmt, ()) if fmt else {x for v in _MARKERS.values() for x in v}:
         i = tok.find_text(m)
         if i >= 0 and tok.is_control(i) and i in ids:
+            if out.get("reasoning_content"):  # the text after the reasoning block
+                from .generation.reasoning import think_tokens
+
+                think = think_tokens(tok)
+                if think is not None and think[1][0] in ids:
+                    ids = ids[len(ids) - ids[::-1].index(think[1][0]):]
             dec = tok.stream_decoder(special=True)
             return "".join(dec.feed(t) for t in ids if t not in tok.eog_ids) + dec.flush()
     return out.get("text", "")
@@ -149,11 +163,12 @@ def add_tool_calls(out: dict, tools, *, runner=None, chat_template=None, paralle
     from .toolcalls import parse_tool_calls
 
     fmt = tool_format(runner, chat_template) if runner is not None else None
-    text = _text_with_markers(runner, out, fmt) if runner is not None else out.get("text", "")
-    content, calls = parse_tool_calls(text, tools, fmt)
-    if calls is None and fmt is not None:
-        content, calls = parse_tool_calls(text, tools, None)
-    if calls:
-        out["tool_calls"] = calls if parallel else calls[:1]
-        out["content"] = content
+    for part in [out, *out.get("choices", ())]:  # with n > 1: each choice too
+        text = _text_with_markers(runner, part, fmt) if runner is not None else part.get("text", "")
+        content, calls = parse_tool_calls(text, tools, fmt)
+        if calls is None and fmt is not None:
+            content, calls = parse_tool_calls(text, tools, None)
+        if calls:
+            part["tool_calls"] = calls if parallel else calls[:1]
+            part["content"] = content
     return out

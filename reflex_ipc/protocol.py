@@ -165,8 +165,9 @@ def error_result(rid, op, kind: str, message: str, timings: dict) -> dict:
             "error": {"kind": kind, "message": message}, "timings": timings}
 
 
-def token_event(rid, token_id: int, text: str, logprobs=None) -> bytes:
+def token_event(rid, token_id: int, text: str, logprobs=None, **extra) -> bytes:
     ev = {"event": "token", "id": rid, "token_id": token_id, "text": text}
     if logprobs is not None:
         ev["logprobs"] = logprobs
+    ev.update(extra)  # reasoning_content, index (only when they say something)
     return _encode(ev) + b"\n"

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from reflex_ipc.engine import _StopText, load_runner
+from reflex_ipc.engine import load_runner
+from reflex_ipc.generation.stops import StopMatcher
 from reflex_ipc.errors import ReflexError
 from reflex_ipc.testing.references import reference_logits
 
@@ -118,16 +119,16 @@ def test_partial_stop_string_is_held_then_released(runner):
 
 
 def test_stop_text_holdback_unit():
-    st = _StopText(["END", "xyz"])
+    st = StopMatcher(["END", "xyz"])
     assert st.push("abcE") == ("abc", False)
     assert st.push("N") == ("", False)
     assert st.push("x") == ("EN", False)  # "x" rules out END but may start "xyz"
     assert st.push("y!") == ("xy!", False)
-    st = _StopText(["END"])
+    st = StopMatcher(["END"])
     assert st.push("aE") == ("a", False)
     assert st.push("ND tail") == ("", True)
     assert st.text == "a"
-    st = _StopText([])
+    st = StopMatcher([])
     assert st.push("abc") == ("abc", False)
 
 

@@ -188,11 +188,54 @@ def test_completion_errors(oai):
         oai.completions.create(model="any", prompt=PROMPT, max_tokens=100000)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        oai.completions.create(model="any", prompt=PROMPT, n=2)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+        oai.completions.create(model="any", prompt=PROMPT, logit_bias={"x": 1})
+    assert e.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model="any", prompt=PROMPT, temperature=3)
     assert e.value.param == "temperature"
+
+
+def test_sampling_parameters_follow_the_engine(oai, engine):
+    """n, the penalties, logit_bias and llama.cpp's typical_p / DRY reach the engine as its
+    parameters of the same names: the front's answer is the engine's."""
+    kw = dict(max_tokens=6, temperature=0, frequency_penalty=1.5, presence_penalty=0.5,
+              logit_bias={"7042": -100})
+    r = oai.completions.create(model="any", prompt=PROMPT, **kw)
+    ref = engine.generate(PROMPT, **kw)
+    assert r.choices[0].text == ref["text"]
+    assert ref["text"] != engine.generate(PROMPT, max_tokens=6, temperature=0)["text"]
+    extra = dict(typical_p=0.9, dry_multiplier=0.8, dry_allowed_length=1, repeat_last_n=16)
+    r = oai.completions.create(model="any", prompt=PROMPT, max_tokens=5, temperature=0.9, seed=7,
+                               n=3, extra_body=extra)
+    ref = engine.generate(PROMPT, max_tokens=5, temperature=0.9, seed=7, n=3, **extra)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c["text"] for c in ref["choices"]]
+    assert r.usage.completion_tokens == sum(c["completion_tokens"] for c in ref["choices"])
+    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=3, temperature=0.9, seed=7, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
+    # streamed, n > 1: per-index chunks that join to the same choices
+    texts, finish = {}, {}
+    for c in oai.completions.create(model="any", prompt=PROMPT, max_tokens=5, temperature=0.9, seed=7,
+                                    n=3, stream=True, extra_body=extra):
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert [texts[i] for i in range(3)] == [c["text"] for c in ref["choices"]]
+    assert [finish[i] for i in range(3)] == [c.finish_reason for c in r.choices]
+    roles, texts, finish = {}, {}, {}
+    chunks = list(oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=3, temperature=0.9, seed=7, n=2, stream=True,
+                                              stream_options={"include_usage": True}))
+    for c in chunks:
+        for ch in c.choices:
+            roles[ch.index] = roles.get(ch.index) or ch.delta.role
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert [texts[i] for i in range(2)] == [c.message.content for c in chat.choices]
+    assert [finish[i] for i in range(2)] == [c.finish_reason for c in chat.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
 
 
 def test_embeddings_match_engine(oai, engine):

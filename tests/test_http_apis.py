@@ -334,20 +334,22 @@ def test_turn_holds_tool_markup_back():
     assert out == [] and joined == {}
 
 
-def test_turn_splits_reasoning():
-    out, joined, _ = _run_turn(["<thi", "nk>\nweigh", "ing</th", "ink>\n\nAnswer", "."],
-                               {"text": "<think>\nweighing</think>\n\nAnswer."}, tools=False)
-    assert joined == {"reasoning": "weighing", "content": "Answer."}
-    # the engine split it: reasoning_content in the result, reasoning flags on the tokens
+def test_turn_routes_the_engines_reasoning():
+    """The engine splits the reasoning off (token events' and the result's
+    reasoning_content); the turn routes it and never parses <think> itself."""
     from reflex_ipc.front.textstream import Turn
 
     t = Turn(False)
     assert t.feed({"text": "", "reasoning_content": "hmm"}) == [("reasoning", "hmm")]
-    assert t.feed({"text": "Yes"}) == [("content", "Yes")]
+    assert t.feed({"text": "Yes", "reasoning_content": ""}) == [("content", "Yes")]
     assert t.finish({"text": "Yes", "reasoning_content": "hmm"}) == ([], [])
-    # cut off while thinking: all of it is reasoning
-    out, joined, _ = _run_turn(["<think>\nstill go", "ing"], {"text": "<think>\nstill going"}, tools=False)
-    assert joined == {"reasoning": "still going"}
+    # what the stream missed (a reasoning tail released at the end) comes with finish
+    t = Turn(True)
+    t.feed({"text": "", "reasoning_content": "a"})
+    assert t.finish({"text": "", "reasoning_content": "ab"}) == ([("reasoning", "b")], [])
+    # without the engine's split, <think> in the text is content (a model without think tokens)
+    out, joined, _ = _run_turn(["<think>x</think>", "y"], {"text": "<think>x</think>y"}, tools=False)
+    assert joined == {"content": "<think>x</think>y"}
 
 
 def test_sampling_extras_pass_through(claude, oai, engine):
@@ -374,3 +376,95 @@ def test_sampling_extras_pass_through(claude, oai, engine):
         with pytest.raises(openai.BadRequestError) as e:
             oai.responses.create(model="any", input="x", max_output_tokens=4, extra_body={"typical_p": 0.5})
         assert e.value.param == "typical_p" and e.value.code == "unsupported_parameter"
+
+
+# -- reasoning: a tiny model with <think> tokens behind every front ----------------------------
+
+THINK_TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+                  "{%- else %}<think>\n{%- endif %}{%- endif %}")
+WHY = [{"role": "user", "content": "Why?"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory, smollm2):
+    """(front, engine) on a tiny random model whose vocabulary has <think> / </think> tokens
+    and whose template opens the block (Qwen3-style enable_thinking switch)."""
+    from reflex_ipc.testing.synthetic import thinker_gguf
+
+    path = thinker_gguf(tmp_path_factory.mktemp("thinker-http"), THINK_TEMPLATE)
+    f = Front(["--device", "cpu", "--model", path], env=_env(REFLEX_API_KEY=KEY))
+    c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", path),
+                     env=_env(), ready_timeout=180)
+    yield f, c
+    c.close()
+    f.close()
+
+
+def _think_ref(engine, **kw):
+    ref = engine.chat(WHY, max_tokens=8, temperature=0, **kw)
+    return ref.get("reasoning_content", ""), ref["text"]
+
+
+def test_chat_completions_reasoning(thinker):
+    front, engine = thinker
+    oai = openai.OpenAI(base_url=front.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    reasoning, text = _think_ref(engine, thinking_budget=3)
+    assert reasoning and text  # the budget closed the block after 3 tokens: both parts are there
+    kw = dict(model="any", messages=WHY, max_tokens=8, temperature=0)
+    r = oai.chat.completions.create(**kw, extra_body={"thinking_budget": 3})
+    msg = r.choices[0].message
+    assert msg.reasoning_content == reasoning and msg.content == text
+    got = {"reasoning_content": "", "content": ""}
+    for c in oai.chat.completions.create(**kw, stream=True, extra_body={"thinking_budget": 3}):
+        for ch in c.choices:
+            for k in got:
+                got[k] += getattr(ch.delta, k, None) or ""
+    assert got == {"reasoning_content": reasoning, "content": text}
+    # thinking off: enable_thinking false, or reasoning_effort "none", as the engine's enable_thinking
+    _, off = _think_ref(engine, enable_thinking=False)
+    for extra in ({"enable_thinking": False}, {"reasoning_effort": "none"}):
+        m = oai.chat.completions.create(**kw, extra_body=extra).choices[0].message
+        assert getattr(m, "reasoning_content", None) is None and m.content == off
+    # n > 1 streamed: each choice's reasoning under its index
+    parts = {}
+    for c in oai.chat.completions.create(**kw, n=2, stream=True, extra_body={"thinking_budget": 3}):
+        for ch in c.choices:
+            parts[ch.index] = parts.get(ch.index, "") + (getattr(ch.delta, "reasoning_content", None) or "")
+    assert parts == {0: reasoning, 1: reasoning}  # greedy: the same twice
+
+
+def test_messages_thinking(thinker):
+    front, engine = thinker
+    claude = anthropic.Anthropic(base_url=front.url, api_key=KEY, max_retries=0, timeout=300)
+    reasoning, text = _think_ref(engine, thinking_budget=3, enable_thinking=True)
+    kw = dict(model="any", max_tokens=8, messages=WHY, extra_body=T0)
+    m = claude.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 3})
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == reasoning and m.content[1].text == text
+    with claude.messages.stream(**kw, thinking={"type": "enabled", "budget_tokens": 3}) as s:
+        final = s.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == \
+        [("thinking", reasoning), ("text", text)]
+    _, off = _think_ref(engine, enable_thinking=False)
+    m = claude.messages.create(**kw, thinking={"type": "disabled"})
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == off
+
+
+def test_responses_reasoning_items(thinker):
+    front, engine = thinker
+    oai = openai.OpenAI(base_url=front.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    reasoning, text = _think_ref(engine, thinking_budget=3, enable_thinking=True)
+    kw = dict(model="any", input=WHY, max_output_tokens=8, temperature=0)
+    r = oai.responses.create(**kw, reasoning={"effort": "high"}, extra_body={"thinking_budget": 3})
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == reasoning and r.output_text == text
+    deltas = {"response.reasoning_text.delta": "", "response.output_text.delta": ""}
+    for ev in oai.responses.create(**kw, stream=True, reasoning={"effort": "high"}, extra_body={"thinking_budget": 3}):
+        if ev.type in deltas:
+            deltas[ev.type] += ev.delta
+    assert deltas == {"response.reasoning_text.delta": reasoning, "response.output_text.delta": text}
+    _, off = _think_ref(engine, enable_thinking=False)
+    r = oai.responses.create(**kw, reasoning={"effort": "none"})
+    assert [o.type for o in r.output] == ["message"] and r.output_text == off

@@ -143,15 +143,15 @@ def test_system1_equals_each_candidate_alone_and_llama_cpp(models, runner, llama
         lsm = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
         per_tok = [lsm[len(p_ids) - 1 + t, tid] for t, tid in enumerate(got["token_ids"])]
         assert abs(sum(per_tok) - got["logprob"]) < _tol(runner, 1e-3, CPU_REL_TOL) * len(per_tok)
-    # more candidates than one group of sequences (engine.SEQ_GROUP): the same numbers
-    import reflex_ipc.engine as engine
+    # more candidates than one group of sequences (scoring.SEQ_GROUP): the same numbers
+    import reflex_ipc.scoring as scoring
 
-    saved = engine.SEQ_GROUP
-    engine.SEQ_GROUP = 3
+    saved = scoring.SEQ_GROUP
+    scoring.SEQ_GROUP = 3
     try:
         many = runner.system1(prompt, cands * 2, cache_prompt=False)["candidates"]
     finally:
-        engine.SEQ_GROUP = saved
+        scoring.SEQ_GROUP = saved
     np.testing.assert_allclose([c["logprob"] for c in many], [c["logprob"] for c in res["candidates"]] * 2,
                                rtol=0, atol=1e-4)
     # the state holds the prompt afterwards (sequence 0): a generate continuing it reuses it

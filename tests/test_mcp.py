@@ -42,6 +42,11 @@ def engine(fim_model):
     c.close()
 
 
+SAMPLED = {"max_tokens": 4, "temperature": 0.9, "seed": 3, "n": 2, "top_k": 20, "min_p": 0.02,
+           "typical_p": 0.95, "repeat_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.2,
+           "logit_bias": {"5": -100}, "dry_multiplier": 0.8, "dry_allowed_length": 1}
+
+
 def session(model, body):
     """Run `body(client)` against a fresh `reflex mcp` over stdio."""
     from mcp import Client as MCPClient
@@ -72,9 +77,11 @@ def test_tools_listed_and_called(fim_model, engine):
                                              "questions": ["Is it Python?", "Is it C?"]})
         bad = await c.call_tool("generate", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
         invalid = await c.call_tool("decide", {"text": "x", "labels": []})
-        return tools, results, batch, bad, invalid
+        sampled = await c.call_tool("generate", {"prompt": "def add(a, b):", **SAMPLED})
+        out_of_range = await c.call_tool("generate", {"prompt": "x", "typical_p": 0})
+        return tools, results, batch, bad, invalid, sampled, out_of_range
 
-    tools, results, batch, bad, invalid = session(fim_model, body)
+    tools, results, batch, bad, invalid, sampled, out_of_range = session(fim_model, body)
     assert set(tools) == {"generate", "decide", "embed", "infill"}
     for name, args in calls.items():  # every tool has a JSON schema that its example satisfies
         schema = tools[name].input_schema
@@ -101,6 +108,27 @@ def test_tools_listed_and_called(fim_model, engine):
     assert bad.is_error and "invalid_request" in bad.content[0].text and "exactly one" in bad.content[0].text
     assert invalid.is_error
 
+    # the sampling and reasoning parameters are the protocol's fields, with its schemas
+    from reflex_ipc.front.mcp_server import REASONING, SAMPLING
+
+    with open(os.path.join(REPO, "protocol", "schema.json")) as f:
+        proto = json.load(f)
+    for op in ("generate", "infill"):
+        req = proto["$defs"][f"request_{op}"]["properties"]
+        props = tools[op].input_schema["properties"]
+        for name in SAMPLING + (REASONING if op == "generate" else ()):
+            want = {k: v for k, v in req[name].items() if k not in ("default", "title")}
+            got = {k: v for k, v in props[name].items() if k not in ("default", "title")}
+            assert got == want, name
+    jsonschema.validate({"prompt": "x", **SAMPLED}, tools["generate"].input_schema)
+    assert not sampled.is_error, sampled.content
+    ref = engine.generate("def add(a, b):", **SAMPLED)
+    got = sampled.structured_content
+    assert [c["text"] for c in got["choices"]] == [c["text"] for c in ref["choices"]]
+    assert got["text"] == ref["text"]
+    assert out_of_range.is_error and "invalid_request: " in out_of_range.content[0].text
+    assert "typical_p" in out_of_range.content[0].text
+
 
 def test_missing_extra_is_named(tmp_path):
     """Without the mcp package the command says which extra to install (exit 1)."""
@@ -114,3 +142,18 @@ def test_missing_extra_is_named(tmp_path):
     p = subprocess.run([sys.executable, "-m", "reflex_ipc", "mcp"], env=env, capture_output=True, text=True,
                        timeout=60, stdin=subprocess.DEVNULL)
     assert p.returncode == 1 and "pip install 'reflex-ipc[mcp]'" in p.stderr
+
+
+def test_model_that_does_not_load(tmp_path):
+    """The model loads in the MCP server's process while the client initializes; when it
+    cannot load, every tool call is a tool error with the load's error kind."""
+    missing = str(tmp_path / "nope.gguf")
+
+    async def body(c):
+        tools = (await c.list_tools()).tools
+        return tools, await c.call_tool("generate", {"prompt": "x"}), await c.call_tool("embed", {"input": "x"})
+
+    tools, gen, emb = session(missing, body)
+    assert len(tools) == 4
+    for r in (gen, emb):
+        assert r.is_error and "model_not_found: the model did not load" in r.content[0].text

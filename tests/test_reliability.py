@@ -334,9 +334,9 @@ def test_cache_keyed_by_file_identity_not_the_string(tmp_path):
              str(tmp_path / "." / "m.gguf"), str(tmp_path / "sub" / ".." / "m.gguf")]
     (tmp_path / "sub").mkdir()
     for n in names * 3:
-        srv.runner_for(n, "cpu", {})
+        srv.models.runner_for(n, "cpu", {})
     assert len(loads) == 1
-    assert len(srv._models()) == 1
+    assert len(srv.models.listing()) == 1
 
 
 def test_cache_bounded_by_count_and_bytes(tmp_path):
@@ -347,13 +347,13 @@ def test_cache_bounded_by_count_and_bytes(tmp_path):
         p.write_bytes(b"x" * 100)
         paths.append(str(p))
     for p in paths:
-        srv.runner_for(p, "cpu", {})
-    assert [m["path"] for m in srv._models()] == paths[2:]
+        srv.models.runner_for(p, "cpu", {})
+    assert [m["path"] for m in srv.models.listing()] == paths[2:]
     big = tmp_path / "big.gguf"
     big.write_bytes(b"x" * 200)
-    srv.runner_for(str(big), "cpu", {})  # 100 + 200 > 250: only the newest stays
-    assert [m["path"] for m in srv._models()] == [str(big)]
-    srv.runner_for(paths[3], "cpu", {})
+    srv.models.runner_for(str(big), "cpu", {})  # 100 + 200 > 250: only the newest stays
+    assert [m["path"] for m in srv.models.listing()] == [str(big)]
+    srv.models.runner_for(paths[3], "cpu", {})
     assert len(loads) == 6
 
 
@@ -363,22 +363,22 @@ def test_many_long_model_names_do_not_grow_the_server(tmp_path):
     f.write_bytes(b"x")
     for i in range(200):
         name = str(tmp_path) + "/" + "./" * (1000 + i) + "m.gguf"
-        srv.runner_for(name, "cpu", {})
+        srv.models.runner_for(name, "cpu", {})
     assert len(loads) == 1
-    assert sum(len(k or "") for k in srv.paths) < 64 * 4096
+    assert sum(len(k or "") for k in srv.models.paths) < 64 * 4096
 
 
 def test_file_changed_in_place_is_loaded_again(tmp_path):
     srv, loads = _srv()
     f = tmp_path / "m.gguf"
     f.write_bytes(b"x" * 100)
-    _, r1 = srv.runner_for(str(f), "cpu", {})
+    _, r1 = srv.models.runner_for(str(f), "cpu", {})
     st = f.stat()
     f.write_bytes(b"y" * 100)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    _, r2 = srv.runner_for(None, None, {})  # the active model: looked at again
+    _, r2 = srv.models.runner_for(None, None, {})  # the active model: looked at again
     assert r2 is not r1 and len(loads) == 2
-    assert len(srv._models()) == 1  # the stale one went
+    assert len(srv.models.listing()) == 1  # the stale one went
 
 
 # ---------------------------------------------------------------- model paths (5)
@@ -512,13 +512,13 @@ def test_model_truncated_during_a_request_cancels_it_without_sigbus(tmp_path):
         # no leases on this file system: the documented fallback is the look before each
         # request, and replacing by rename (the other tests here) -- check the fallback
         srv = server.Server(leases=False)
-        srv.runner_for(str(model), "cpu", {})
+        srv.models.runner_for(str(model), "cpu", {})
         with open(model, "r+b") as f:
             f.truncate(100)
         with pytest.raises(Exception) as e:
-            srv.runner_for(None, None, {})
+            srv.models.runner_for(None, None, {})
         assert getattr(e.value, "kind", None) == "gguf_error"
-        assert not srv.entries  # the old model (and its mapping) went first
+        assert not srv.models.entries  # the old model (and its mapping) went first
         return
     p = _live(model)
     try:
@@ -604,9 +604,11 @@ def test_line_reader_matches_a_reference_under_any_chunking():
             got.append(x)
         assert got == want
 
-    old = server.CHUNK
-    server.CHUNK = 4  # small reads: the over-limit skipping path runs too
+    from reflex_ipc import transport
+
+    old = transport.CHUNK
+    transport.CHUNK = 4  # small reads: the over-limit skipping path runs too
     try:
         check()
     finally:
-        server.CHUNK = old
+        transport.CHUNK = old

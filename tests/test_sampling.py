@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from reflex_ipc.sampling import Sampler, apply_repeat_penalty
+from reflex_ipc.generation.processors import apply_repeat_penalty
+from reflex_ipc.generation.selectors import Sampler
 
 LOGITS = np.log(np.array([0.05, 0.4, 0.1, 0.3, 0.15], np.float64)).astype(np.float32)
 

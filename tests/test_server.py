@@ -68,7 +68,7 @@ def test_generate_params_reach_the_runner_and_stream():
            "top_k": 3, "top_p": 0.9, "min_p": 0.1, "seed": 11, "repeat_penalty": 1.2,
            "repeat_last_n": 8, "stop": "ca", "stream": True, "cache_prompt": False}
     srv, out = serve_bytes(lines_of(req))
-    runner = next(iter(srv.runners.values()))
+    runner = next(iter(srv.models.runners.values()))
     assert runner.calls == [dict(prompt="abc", max_tokens=5, temperature=0.5, top_k=3, top_p=0.9,
                                  min_p=0.1, seed=11, repeat_penalty=1.2, repeat_last_n=8,
                                  stop=["ca"], cache_prompt=False)]

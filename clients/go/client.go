@@ -54,15 +54,18 @@ type ErrorBody struct {
 // Event is one server line. The fields common to all events are decoded;
 // Raw holds the whole line, and Decode reads the op-specific members.
 type Event struct {
-	Event    string          `json:"event"`
-	ID       json.RawMessage `json:"id"`
-	Op       string          `json:"op,omitempty"`
-	OK       bool            `json:"ok"`
-	Error    *ErrorBody      `json:"error,omitempty"`
-	TokenID  int             `json:"token_id"` // token events
-	Text     string          `json:"text"`     // token events (and generate results)
-	Protocol int             `json:"protocol"` // the ready event
-	Raw      json.RawMessage `json:"-"`
+	Event   string          `json:"event"`
+	ID      json.RawMessage `json:"id"`
+	Op      string          `json:"op,omitempty"`
+	OK      bool            `json:"ok"`
+	Error   *ErrorBody      `json:"error,omitempty"`
+	TokenID int             `json:"token_id"` // token events
+	Text    string          `json:"text"`     // token events (and generate results)
+	// ReasoningContent: a token event's reasoning text (a reasoning model's <think> block).
+	ReasoningContent string          `json:"reasoning_content,omitempty"`
+	Index            int             `json:"index"`    // a token event's choice (requests with n > 1)
+	Protocol         int             `json:"protocol"` // the ready event
+	Raw              json.RawMessage `json:"-"`
 }
 
 // Decode unmarshals the whole line into v (a struct or a map).

@@ -75,7 +75,24 @@ type ChatOptions struct {
 	Tools               []Tool         `json:"tools,omitempty"`
 	ChatTemplate        string         `json:"chat_template,omitempty"`
 	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs,omitempty"`
+	EnableThinking      *bool          `json:"enable_thinking,omitempty"`       // nil: the template's default
 	AddGenerationPrompt *bool          `json:"add_generation_prompt,omitempty"` // nil: true
+}
+
+// SamplingOptions: generate's and infill's further sampling parameters (PROTOCOL.md,
+// "Sampling"); zero values leave them off.
+type SamplingOptions struct {
+	TypicalP            float64            `json:"typical_p,omitempty"`         // 0: 1.0 (off)
+	FrequencyPenalty    float64            `json:"frequency_penalty,omitempty"` // over the last repeat_last_n tokens
+	PresencePenalty     float64            `json:"presence_penalty,omitempty"`
+	LogitBias           map[string]float64 `json:"logit_bias,omitempty"`            // token id (decimal) -> bias, -100..100
+	DryMultiplier       float64            `json:"dry_multiplier,omitempty"`        // 0: DRY off
+	DryBase             float64            `json:"dry_base,omitempty"`              // 0: 1.75
+	DryAllowedLength    *int               `json:"dry_allowed_length,omitempty"`    // nil: 2
+	DryPenaltyLastN     *int               `json:"dry_penalty_last_n,omitempty"`    // nil: 64
+	DrySequenceBreakers []string           `json:"dry_sequence_breakers,omitempty"` // nil: "\n", ":", "\"", "*"
+	N                   int                `json:"n,omitempty"`                     // 0: 1 choice
+	ThinkingBudget      *int               `json:"thinking_budget,omitempty"`       // nil: no limit
 }
 
 // GenerateRequest: generate's parameters. Exactly one of Prompt and Messages.
@@ -84,6 +101,7 @@ type GenerateRequest struct {
 	Messages []Message `json:"messages,omitempty"`
 	ChatOptions
 	DecodeOptions
+	SamplingOptions
 	MaxTokens     int      `json:"max_tokens,omitempty"`     // 0: 64
 	Temperature   float64  `json:"temperature,omitempty"`    // 0: greedy
 	TopK          int      `json:"top_k,omitempty"`          // 0: off
@@ -110,10 +128,26 @@ type GenerateResult struct {
 	Logprobs         []LogprobEntry `json:"logprobs,omitempty"`
 	ToolCalls        []ToolCall     `json:"tool_calls,omitempty"` // with Tools, when the model called one
 	Content          string         `json:"content,omitempty"`    // with ToolCalls: the text outside them
-	KVImport         *StateInfo     `json:"kv_import,omitempty"`
-	KVExport         *StateInfo     `json:"kv_export,omitempty"`
-	Model            string         `json:"model"`
-	Timings          Timings        `json:"timings"`
+	// ReasoningContent: chat with a reasoning model, the text of its <think> block (Text: the rest).
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	Choices          []Choice   `json:"choices,omitempty"` // with N > 1: every choice (the fields above are choice 0's)
+	KVImport         *StateInfo `json:"kv_import,omitempty"`
+	KVExport         *StateInfo `json:"kv_export,omitempty"`
+	Model            string     `json:"model"`
+	Timings          Timings    `json:"timings"`
+}
+
+// Choice is one of N choices of generate or infill.
+type Choice struct {
+	Index            int            `json:"index"`
+	Text             string         `json:"text"`
+	TokenIDs         []int          `json:"token_ids"`
+	FinishReason     string         `json:"finish_reason"`
+	CompletionTokens int            `json:"completion_tokens"`
+	Logprobs         []LogprobEntry `json:"logprobs,omitempty"`
+	ToolCalls        []ToolCall     `json:"tool_calls,omitempty"`
+	Content          string         `json:"content,omitempty"`
+	ReasoningContent string         `json:"reasoning_content,omitempty"`
 }
 
 // InfillRequest: infill's parameters (fill in the middle; models with FIM tokens).
@@ -132,6 +166,7 @@ type InfillRequest struct {
 	RepeatLastN   *int         `json:"repeat_last_n,omitempty"`
 	Stop          []string     `json:"stop,omitempty"`
 	DecodeOptions
+	SamplingOptions
 	Model  string `json:"model,omitempty"`
 	Device string `json:"device,omitempty"`
 }
@@ -144,15 +179,17 @@ type ExtraChunk struct {
 
 // System1Request: system1's parameters. Exactly one of Prompt and Messages.
 type System1Request struct {
-	Prompt      string    `json:"prompt,omitempty"`
-	Messages    []Message `json:"messages,omitempty"`
-	Candidates  []string  `json:"candidates"`
-	Temperature float64   `json:"temperature,omitempty"`  // 0: 1.0
-	CachePrompt *bool     `json:"cache_prompt,omitempty"` // nil: true
-	KVImport    string    `json:"kv_import,omitempty"`
-	KVExport    string    `json:"kv_export,omitempty"`
-	Model       string    `json:"model,omitempty"`
-	Device      string    `json:"device,omitempty"`
+	Prompt     string    `json:"prompt,omitempty"`
+	Messages   []Message `json:"messages,omitempty"`
+	Candidates []string  `json:"candidates"`
+	// EnableThinking: with Messages, the chat template's thinking switch (nil: its default).
+	EnableThinking *bool   `json:"enable_thinking,omitempty"`
+	Temperature    float64 `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt    *bool   `json:"cache_prompt,omitempty"` // nil: true
+	KVImport       string  `json:"kv_import,omitempty"`
+	KVExport       string  `json:"kv_export,omitempty"`
+	Model          string  `json:"model,omitempty"`
+	Device         string  `json:"device,omitempty"`
 }
 
 // Candidate is one scored candidate of system1.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -190,6 +191,31 @@ func TestChatInfillLogprobsSchema(t *testing.T) {
 	}
 	_, err = c.Chat(ctx, capital, GenerateRequest{DecodeOptions: DecodeOptions{JSONSchema: map[string]any{"type": "nope"}}})
 	wantKind(t, err, "invalid_request", "json_schema")
+}
+
+func TestSamplingFieldsAndChoices(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	prompt := "The capital of France is"
+	plain, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 6, SamplingOptions: SamplingOptions{
+		FrequencyPenalty: 1.0, PresencePenalty: 0.5, DryMultiplier: 0.8, TypicalP: 0.95,
+		LogitBias: map[string]float64{strconv.Itoa(plain.TokenIDs[0]): -100}}})
+	if err != nil || r.TokenIDs[0] == plain.TokenIDs[0] {
+		t.Fatalf("penalties and logit_bias: %v %+v", err, r)
+	}
+	seed := int64(1)
+	n, err := c.Generate(ctx, GenerateRequest{Prompt: prompt, MaxTokens: 3, Temperature: 0.8, Seed: &seed,
+		SamplingOptions: SamplingOptions{N: 2}})
+	if err != nil || len(n.Choices) != 2 || n.Choices[1].Index != 1 || n.Text != n.Choices[0].Text {
+		t.Fatalf("n: %v %+v", err, n)
+	}
+	on := true
+	_, err = c.Chat(ctx, []Message{{Role: "user", Content: "Hi"}}, GenerateRequest{MaxTokens: 2,
+		ChatOptions: ChatOptions{EnableThinking: &on}, SamplingOptions: SamplingOptions{ThinkingBudget: Intp(4)}})
+	wantKind(t, err, "invalid_request", "<think>")
 }
 
 func TestSavedState(t *testing.T) {

@@ -41,6 +41,10 @@ export interface TokenEvent {
   text: string;
   /** The token's entry when the request asked for logprobs. */
   logprobs?: LogprobEntry;
+  /** Reasoning text that became final with this token (a reasoning model's <think> block). */
+  reasoning_content?: string;
+  /** The choice, with n > 1. */
+  index?: number;
   [key: string]: unknown;
 }
 
@@ -86,6 +90,8 @@ export interface ChatParams {
   chat_template?: string;
   /** More template variables, e.g. { enable_thinking: false }. */
   chat_template_kwargs?: Record<string, unknown>;
+  /** The template's thinking switch (Qwen3-style); default: the template's. */
+  enable_thinking?: boolean | null;
   /** Default true. */
   add_generation_prompt?: boolean;
 }
@@ -101,6 +107,28 @@ export interface DecodeParams {
   regex?: string;
   /** Lark syntax. */
   grammar?: string;
+  /** Default 1 (off): locally typical sampling. */
+  typical_p?: number;
+  /** Default 0: subtracted per occurrence in the last repeat_last_n tokens. */
+  frequency_penalty?: number;
+  /** Default 0: subtracted once from each token in the last repeat_last_n tokens. */
+  presence_penalty?: number;
+  /** Token id (decimal string) -> bias added to its logit, -100..100. */
+  logit_bias?: Record<string, number> | null;
+  /** Default 0 (off): the DRY repetition penalty. */
+  dry_multiplier?: number;
+  /** Default 1.75. */
+  dry_base?: number;
+  /** Default 2. */
+  dry_allowed_length?: number;
+  /** Default 64 (0: off). */
+  dry_penalty_last_n?: number;
+  /** Default ["\n", ":", "\"", "*"]. */
+  dry_sequence_breakers?: string[];
+  /** Default 1: choices, generated one after another from the prompt's state. */
+  n?: number;
+  /** Reasoning models: close the <think> block after this many tokens; default null (no limit). */
+  thinking_budget?: number | null;
 }
 
 export interface ResultEvent {
@@ -173,10 +201,27 @@ export interface GenerateResult extends ResultEvent {
   tool_calls?: ToolCall[];
   /** With tool_calls: the text outside them. */
   content?: string;
+  /** Chat with a reasoning model: the text of its <think> block (text is then the rest). */
+  reasoning_content?: string;
+  /** With n > 1: every choice (the fields above are choice 0's). */
+  choices?: Choice[];
   kv_import?: StateFileInfo;
   kv_export?: StateFileInfo;
   model: string;
   timings: Timings;
+}
+
+/** One of the n choices of generate or infill. */
+export interface Choice {
+  index: number;
+  text: string;
+  token_ids: number[];
+  finish_reason: 'stop' | 'length' | 'stop_string';
+  completion_tokens: number;
+  logprobs?: LogprobEntry[];
+  tool_calls?: ToolCall[];
+  content?: string;
+  reasoning_content?: string;
 }
 
 export interface System1Params extends ModelParams, ChatParams {

@@ -71,9 +71,18 @@ def add_options(parser, cls, *, skip=(), flags=None, helps=None):
             ("--no-" if tp is bool and default is True else "--") + f.name.replace("_", "-")]
         text = helps.get(f.name) or desc or ""
         kw = {"dest": f.name, "default": None}
-        if tp is bool:
+        if tp is bool and default is None:  # three states: --x, --no-x, neither
+            import argparse
+
+            names = ["--" + f.name.replace("_", "-")]
+            kw.update(action=argparse.BooleanOptionalAction)
+            shown = None
+        elif tp is bool:
             kw.update(action="store_const", const=not default)
             shown = None  # a switch: its help says what it does
+        elif typing.get_origin(tp) is dict:  # KEY=VALUE, repeatable
+            kw.update(action="append", type=str, metavar="KEY=VALUE")
+            shown = None
         elif typing.get_origin(tp) is list:
             kw.update(action="append", type=str)
             shown = "none" if default == [] else default
@@ -108,6 +117,8 @@ def request(cls, args, given: dict = None, *, skip=(), flags=None, names=None):
     for f in msgspec.structs.fields(cls):
         if f.name not in skip:
             v = getattr(args, f.name, None)
+            if v is not None and typing.get_origin(_unwrap(f.type)[0]) is dict:
+                v = _pairs(v, option_name(f.name, flags))
             if v is not None:
                 obj[f.name] = v
     obj.update(given or {})
@@ -120,12 +131,27 @@ def request(cls, args, given: dict = None, *, skip=(), flags=None, names=None):
         if m:
             msg = f"{option_name(m.group(1), flags)} is required"
         else:
-            m = re.search(r" - at `\$\.(\w+)(\S*)`$", msg)
+            m = re.search(r" - at `(key` in `)?\$\.(\w+)(\S*)`$", msg)
             if m:
-                field = m.group(1)
+                field = m.group(2)
                 name = skip_args.get(field) or option_name(field, flags)
-                msg = f"{name}{m.group(2)}: {msg[:m.start()]}"
+                where = " (a KEY)" if m.group(1) else m.group(3)
+                msg = f"{name}{where}: {msg[:m.start()]}"
         raise ReflexError("invalid_request", msg) from None
+
+
+def _pairs(items, option) -> dict:
+    """{KEY: VALUE} of repeated KEY=VALUE options; VALUE a number when it reads as one."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ReflexError("invalid_request", f"{option}: expected KEY=VALUE, not {item!r}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def read_text(value, what="PROMPT"):

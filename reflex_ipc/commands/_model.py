@@ -1,5 +1,6 @@
-"""What the model commands (generate, system1, embed) share: the common options,
-load, the context hints, then report."""
+"""What the model commands (generate, system1, embed, infill) share: the common options,
+load (an api.Model: the commands run its methods, as the server's ops do), the context
+hints, then report."""
 
 import sys
 
@@ -35,24 +36,29 @@ def add_common(p, cls, **kw):
 
 
 def load(args, req=None):
-    """The runner for the request's model/device (default: args.model/args.device) and
-    --n-ctx, with its phase mark; warns when --n-ctx is above the model's trained context."""
+    """The api.Model of the request's model/device (default: args.model/args.device) and
+    --n-ctx, with its phase mark; warns when --n-ctx is above the model's trained context.
+    The request's model/device are the command line's: the Model's calls get the request
+    without them."""
+    import msgspec
+
     from .. import phases
-    from ..engine import load_runner
+    from ..api import Model
 
     model, device = (req.model, req.device) if req is not None else (args.model, args.device)
-    runner = load_runner(model, device=device or "auto", n_ctx=args.n_ctx,
-                         lora=getattr(args, "lora", None))
+    m = Model.load(model, device=device or "auto", n_ctx=args.n_ctx, lora=getattr(args, "lora", None))
     phases.mark("runner_loaded")
-    train = runner.info().get("n_ctx_train")
+    train = m.info().get("n_ctx_train")
     if args.n_ctx and train and args.n_ctx > train:
         sys.stderr.write(f"reflex {args.command}: warning: --n-ctx {args.n_ctx} is above the "
                          f"model's trained context ({train}); output past {train} tokens "
                          "may degrade\n")
-    return runner
+    if req is not None:
+        req = msgspec.structs.replace(req, model=None, device=None)
+    return m, req
 
 
-def run_op(runner, fn):
+def run_op(model, fn):
     """fn(); a context_overflow error names --n-ctx."""
     from ..errors import ReflexError
 
@@ -61,6 +67,7 @@ def run_op(runner, fn):
     except ReflexError as e:
         if e.kind != "context_overflow":
             raise
+        runner = model.runner
         train = runner.info().get("n_ctx_train")
         hint = f"--n-ctx is {runner.n_ctx}"
         if train and train > runner.n_ctx:
@@ -81,11 +88,12 @@ def write_json(obj) -> None:
     sys.stdout.buffer.write(msgspec.json.encode(obj, enc_hook=_enc_hook) + b"\n")
 
 
-def finish(runner, out, as_json) -> bool:
+def finish(model, out, as_json) -> bool:
     """Add load time, phases and backend to `out`; with as_json write it as one line.
     Returns whether it was written."""
     from .. import phases
 
+    runner = model.runner
     phases.mark("done")
     out["timings"]["load"] = runner.load_ms
     out["timings"]["phases"] = phases.snapshot()

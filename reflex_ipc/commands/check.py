@@ -171,8 +171,8 @@ def run(args) -> int:
         ref = load_reference(args.reference) if args.reference else None
         from ._model import load
 
-        runner = load(args)
-        rec = record(runner, prompts, args.max_tokens)
+        model, _ = load(args)
+        rec = record(model.runner, prompts, args.max_tokens)
         reports, ok = compare(ref, rec, args.tolerance) if ref is not None else ([], True)
     except InputError as e:
         return fail("invalid_request", str(e), 2)

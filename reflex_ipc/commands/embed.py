@@ -21,12 +21,12 @@ def run(args):
 
     texts = [read_text(t, "TEXT") if t == "-" else t for t in args.texts] or [read_text(None, "TEXT")]
     req = request(embed.Request, args, {"input": texts}, skip=SKIP, names={"input": "TEXT"})
-    runner = load(args, req)
-    out = run_op(runner, lambda: embed.execute(runner, req))
-    if finish(runner, out, args.json):
+    model, req = load(args, req)
+    out = run_op(model, lambda: model.embed(req))
+    if finish(model, out, args.json):
         return 0
     for v in out["embeddings"]:
         sys.stdout.write(" ".join(f"{x:.6g}" for x in v) + "\n")
     sys.stderr.write(f"[{len(out['embeddings'])} x {out['dim']}, load {out['timings']['load']:.0f} ms, "
-                     f"embed {out['timings']['total']:.0f} ms, backend {runner.ops.name}]\n")
+                     f"embed {out['timings']['total']:.0f} ms, backend {model.runner.ops.name}]\n")
     return 0

@@ -34,6 +34,13 @@ def add_arguments(p):
 
     add_common(p, Request, skip=SKIP, flags=FLAGS, helps={
         "stop": "stop string (repeatable)",
+        "logit_bias": "TOKEN_ID=BIAS: add BIAS (-100..100) to that token's logit (repeatable)",
+        "dry_sequence_breakers": "DRY: a repetition never reaches back past this string "
+                                 "(repeatable; default: newline, ':', '\"', '*')",
+        "n": "choices, generated one after another from the prompt's state (printed one "
+             "after another); 1 <= n <= 128; default: 1",
+        "enable_thinking": "with --chat: the chat template's thinking switch (Qwen3-style "
+                           "templates); default: the template's",
         "logprobs": "with --json: each token's log-probability and the N most likely "
                     "(0 <= n <= 20)"})
     add_chat_arguments(p)
@@ -54,7 +61,7 @@ def chat_fields(args, text, text_field="prompt") -> dict:
     from ..errors import ReflexError
 
     if not args.chat:
-        for opt in ("system", "chat_template"):
+        for opt in ("system", "chat_template", "enable_thinking"):
             if getattr(args, opt, None) is not None:
                 raise ReflexError("invalid_request",
                                   f"--{opt.replace('_', '-')} needs --chat")
@@ -91,23 +98,32 @@ def run(args):
 
     given = {**chat_fields(args, read_text(args.prompt)), **constraint_fields(args)}
     req = request(generate.Request, args, given, skip=SKIP, flags=FLAGS, names=NAMES)
-    runner = load(args, req)
+    model, req = load(args, req)
     first = []
+    shown = [0]  # the choice being printed
 
-    def on_token(token_id, text, **_):
+    def on_token(token_id, text, index=0, reasoning_content="", **_):
         if not first:
             first.append(phases.mark("first_token"))
-        if not args.json and text:
+        if args.json:
+            return
+        if index != shown[0]:  # the next choice: on a line of its own
+            shown[0] = index
+            sys.stdout.write("\n")
+        if reasoning_content:  # a reasoning model's <think> block: beside the answer
+            sys.stderr.write(reasoning_content)
+            sys.stderr.flush()
+        if text:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    out = run_op(runner, lambda: generate.execute(runner, req, on_token=on_token))
-    if not finish(runner, out, args.json):
+    out = run_op(model, lambda: model.generate(req, on_token=on_token))
+    if not finish(model, out, args.json):
         sys.stdout.write("\n")
         t = out["timings"]
         sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} generated, "
                          f"finish {out['finish_reason']}; load {t['load']:.0f} ms, prompt "
                          f"{t['prompt_eval']:.0f} ms, decode {t['decode']:.0f} ms"
                          + (f" ({t['decode_tokens_per_s']:.1f} tok/s)" if t.get("decode_tokens_per_s") else "")
-                         + f", backend {runner.ops.name}]\n")
+                         + f", backend {model.runner.ops.name}]\n")
     return 0

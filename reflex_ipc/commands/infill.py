@@ -34,15 +34,15 @@ def run(args):
     given = {"prefix": read_arg(args.prefix), "suffix": read_arg(args.suffix),
              "input_extra": extra, **constraint_fields(args)}
     req = request(infill.Request, args, given, skip=SKIP, names=NAMES)
-    runner = load(args, req)
+    model, req = load(args, req)
 
     def on_token(token_id, text, **_):
         if not args.json and text:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    out = run_op(runner, lambda: infill.execute(runner, req, on_token=on_token))
-    if not finish(runner, out, args.json):
+    out = run_op(model, lambda: model.infill(req, on_token=on_token))
+    if not finish(model, out, args.json):
         sys.stdout.write("\n")
         sys.stderr.write(f"[{out['prompt_tokens']} prompt tokens, {out['completion_tokens']} "
                          f"generated, finish {out['finish_reason']}]\n")

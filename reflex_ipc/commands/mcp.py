@@ -1,6 +1,6 @@
 """reflex mcp: a Model Context Protocol server over stdio (generate, decide, embed and infill
-as tools) on a `reflex stdio` engine it spawns. Needs the `mcp` extra (the official mcp
-package), imported only here."""
+as tools) on the in-process engine (reflex_ipc.Model). Needs the `mcp` extra (the official
+mcp package), imported only here."""
 
 import sys
 
@@ -8,7 +8,7 @@ import sys
 def add_arguments(p):
     from ..ops import DEVICES
 
-    p.add_argument("--model", help="GGUF path or alias the engine loads (default: $REFLEX_MODEL, else SmolLM2)")
+    p.add_argument("--model", help="GGUF path or alias to load (default: $REFLEX_MODEL, else SmolLM2)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="the engine's device (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="the generate tool's default max_tokens (default 256)")

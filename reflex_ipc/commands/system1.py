@@ -29,9 +29,9 @@ def run(args):
 
     req = request(system1.Request, args, chat_fields(args, read_text(args.prompt)), skip=SKIP,
                   flags=FLAGS, names=NAMES)
-    runner = load(args, req)
-    out = run_op(runner, lambda: system1.execute(runner, req))
-    if finish(runner, out, args.json):
+    model, req = load(args, req)
+    out = run_op(model, lambda: model.decide(req))
+    if finish(model, out, args.json):
         return 0
     for i, c in enumerate(out["candidates"]):
         mark = "*" if i == out["best_idx"] else " "
@@ -40,5 +40,5 @@ def run(args):
     t = out["timings"]
     sys.stderr.write(f"[entropy {out['entropy']:.4f} bits; load {t['load']:.0f} ms, prompt "
                      f"{t['prompt_eval']:.0f} ms, candidates {t['candidates_eval']:.0f} ms, "
-                     f"backend {runner.ops.name}]\n")
+                     f"backend {model.runner.ops.name}]\n")
     return 0

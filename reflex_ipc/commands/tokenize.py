@@ -5,7 +5,7 @@ import json
 import sys
 
 SKIP = ("text", "device", "messages", "tools", "chat_template", "chat_template_kwargs",
-        "add_generation_prompt")  # chat: the protocol's tokenize (or generate --chat)
+        "enable_thinking", "add_generation_prompt")  # chat: the protocol's tokenize (or generate --chat)
 FLAGS = {"add_bos": ["--bos", "--add-bos"], "parse_special": ["--no-special"]}
 HELPS = {"add_bos": "prepend the BOS token",
          "parse_special": "treat special-token text (e.g. <|im_end|>) as plain text",

@@ -1,5 +1,6 @@
 """`reflex http` (an OpenAI- and Anthropic-compatible HTTP front over the engine's Unix socket)
-and `reflex mcp` (mcp_server.py: a Model Context Protocol server over a `reflex stdio` child).
+and `reflex mcp` (mcp_server.py: a Model Context Protocol server over the in-process engine,
+reflex_ipc.Model).
 
 A separate process (the engine keeps no network socket): engine.py holds the engine and its
 FIFO queue, api.py maps the OpenAI request and response shapes onto the protocol's ops

@@ -6,11 +6,12 @@ turn's `tool_result` blocks become `tool` messages (before its text), an assista
 `tool_use` blocks its `tool_calls` and its `thinking` blocks its `reasoning_content`;
 `tools` ({name, description, input_schema}) become function tools; `tool_choice` auto /
 any / tool / none maps to auto / required / the named function / none (required and named
-are enforced by a grammar in the engine); `thinking` {type: enabled, budget_tokens} turns
-the template's thinking on (and sets the engine's thinking budget where it has one);
+are enforced by a grammar in the engine); `thinking` {type: enabled, budget_tokens} is the
+engine's `enable_thinking` true and `thinking_budget` (disabled: false; a budget needs a
+model with <think> tokens, else a 400);
 `output_config.format` {type: json_schema, schema} constrains the reply to the schema.
-`temperature`, `top_p` and `top_k` are read when present (clients that no longer type
-them send them as extra body fields).
+`temperature`, `top_p` and `top_k` are read when present, and the engine's other
+sampling fields (front/sampling.py) as extra body fields under the engine's names.
 Response: `content` blocks (thinking, text, tool_use), `stop_reason` end_turn /
 max_tokens / stop_sequence / tool_use, `usage`. Streaming: message_start,
 content_block_start / content_block_delta / content_block_stop per block, message_delta
@@ -186,9 +187,11 @@ def params(req: MessagesRequest, extra=None):
         p["json_schema"] = fmt.schema
     if req.thinking is not None:
         on = req.thinking.type != "disabled"
-        p["chat_template_kwargs"] = {"enable_thinking": on}
+        p["enable_thinking"] = on
         if on and req.thinking.budget_tokens is not None:
             p["thinking_budget"] = req.thinking.budget_tokens
+        elif not on:
+            p.pop("thinking_budget", None)
     if extra:
         p.update(extra)
     return p

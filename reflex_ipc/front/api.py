@@ -3,8 +3,11 @@
 Requests are decoded with msgspec (already a dependency of the engine's protocol) into the
 structs below: a wrong type or an out-of-range value is a 400 that names the field. Fields
 that OpenAI clients send and this front does not know are ignored, as OpenAI-compatible
-servers do; fields it knows but cannot honour (`n` > 1, `echo`, penalties, `logit_bias`,
-images) are a 400 naming them. A field the engine itself does not have yet (`messages`,
+servers do; fields it knows but cannot honour (`echo`, `best_of`, images) are a 400
+naming them. The sampling fields (`n`, the penalties, `logit_bias`, and llama.cpp's
+`typical_p`, `repeat_last_n`, DRY) and the reasoning switches (`enable_thinking`,
+`thinking_budget`, `chat_template_kwargs`; `reasoning_effort` "none" turns thinking off)
+map to the engine's parameters of the same names. A field the engine itself does not have yet (`messages`,
 `logprobs`, `json_schema`, `tools`, the `infill` op) is passed on, and the engine's
 "unknown field" answer becomes a 400 "not supported by this engine yet" naming the HTTP
 parameter (see `engine_error`).
@@ -66,15 +69,23 @@ class _Sampling(Struct, kw_only=True):
     stop: Stop = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: Optional[Annotated[int, Meta(ge=1)]] = None
-    frequency_penalty: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    n: Optional[Annotated[int, Meta(ge=1, le=128)]] = None
+    frequency_penalty: Optional[Annotated[float, Meta(ge=-2.0, le=2.0)]] = None
+    presence_penalty: Optional[Annotated[float, Meta(ge=-2.0, le=2.0)]] = None
+    logit_bias: Optional[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]]] = None
     user: Optional[str] = None
     # llama.cpp-style extensions, passed on as the engine's parameters of the same names
+    # (the engine checks their ranges: a bad value is its invalid_request, a 400)
     top_k: Optional[Annotated[int, Meta(ge=0)]] = None
     min_p: Optional[Annotated[float, Meta(ge=0.0, le=1.0)]] = None
     repeat_penalty: Optional[Annotated[float, Meta(gt=0.0, le=100.0)]] = None
+    typical_p: Optional[float] = None
+    repeat_last_n: Optional[int] = None
+    dry_multiplier: Optional[float] = None
+    dry_base: Optional[float] = None
+    dry_allowed_length: Optional[int] = None
+    dry_penalty_last_n: Optional[int] = None
+    dry_sequence_breakers: Optional[list[str]] = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -102,6 +113,11 @@ class ChatRequest(_Sampling, kw_only=True):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
+    # reasoning models (the engine checks the values)
+    reasoning_effort: Optional[str] = None
+    enable_thinking: Optional[bool] = None
+    thinking_budget: Optional[int] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class EmbeddingRequest(Struct, kw_only=True):
@@ -154,18 +170,16 @@ def decode(body: bytes, cls):
         raise HTTPError(400, "the body's JSON is nested too deeply", code="invalid_json") from None
 
 
+SAMPLING = ("top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "frequency_penalty",
+            "presence_penalty", "logit_bias", "typical_p", "repeat_last_n", "dry_multiplier",
+            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+
+
 def _common(req, default_max_tokens):
-    if req.n not in (None, 1):
-        raise unsupported("n", "must be 1: the engine generates one choice per request")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name) not in (None, 0, 0.0):
-            raise unsupported(name, "is not supported (the engine has `repeat_penalty`)")
-    if req.logit_bias:
-        raise unsupported("logit_bias")
     p = {"max_tokens": req.max_tokens or default_max_tokens,
          # OpenAI's default temperature is 1 (the engine's own is greedy)
          "temperature": 1.0 if req.temperature is None else req.temperature}
-    for name in ("top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty"):
+    for name in SAMPLING:
         v = getattr(req, name)
         if v is not None:
             p[name] = v
@@ -215,6 +229,15 @@ def chat_params(req: ChatRequest, default_max_tokens=512):
         req.max_tokens = req.max_completion_tokens
     p = _common(req, default_max_tokens)
     p["messages"] = [_message(m, i) for i, m in enumerate(req.messages)]
+    thinking = req.enable_thinking
+    if thinking is None and req.reasoning_effort is not None:
+        thinking = req.reasoning_effort not in ("none", "minimal")
+    if thinking is not None:
+        p["enable_thinking"] = thinking
+    if req.thinking_budget is not None:
+        p["thinking_budget"] = req.thinking_budget
+    if req.chat_template_kwargs is not None:
+        p["chat_template_kwargs"] = req.chat_template_kwargs
     if req.logprobs:
         p["logprobs"] = req.top_logprobs or 0
     elif req.top_logprobs:
@@ -297,7 +320,7 @@ _KINDS = {
 }
 
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
-_FIELD = re.compile(r"at `\$\.([A-Za-z_]+)")
+_FIELD = re.compile(r"`\$\.([A-Za-z_]+)")  # "at `$.x`", "at `key` in `$.x`"
 
 # engine field -> the HTTP parameter it comes from
 HTTP_PARAM = {"messages": "messages", "logprobs": "logprobs", "json_schema": "response_format",
@@ -331,9 +354,14 @@ def new_id(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def _choices(result):
+    """The engine's choices: `choices` with n > 1, else the result itself."""
+    return result.get("choices") or [result]
+
+
 def usage(result):
     pt = int(result.get("prompt_tokens") or 0)
-    ct = int(result.get("completion_tokens") or 0)
+    ct = sum(int(c.get("completion_tokens") or 0) for c in _choices(result))
     out = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
     if "cached_tokens" in result:
         out["prompt_tokens_details"] = {"cached_tokens": int(result["cached_tokens"])}
@@ -380,30 +408,34 @@ def tool_calls(result):
 
 
 def completion_response(result, model, rid=None):
-    choice = {"index": 0, "text": result.get("text", ""),
-              "logprobs": completion_logprobs(_entries(result["logprobs"])) if "logprobs" in result else None,
-              "finish_reason": FINISH.get(result.get("finish_reason"), result.get("finish_reason"))}
+    choices = []
+    for i, r in enumerate(_choices(result)):
+        choices.append({"index": i, "text": r.get("text", ""),
+                        "logprobs": completion_logprobs(_entries(r["logprobs"])) if "logprobs" in r else None,
+                        "finish_reason": FINISH.get(r.get("finish_reason"), r.get("finish_reason"))})
     return {"id": rid or new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(result), "timings": result.get("timings")}
+            "model": model, "choices": choices, "usage": usage(result), "timings": result.get("timings")}
 
 
 def chat_response(result, model, rid=None):
     from .textstream import split_reasoning
 
-    reasoning, content, _ = split_reasoning(result)
-    msg = {"role": "assistant", "content": content, "refusal": None}
-    if reasoning:
-        msg["reasoning_content"] = reasoning
-    finish = FINISH.get(result.get("finish_reason"), result.get("finish_reason"))
-    calls = tool_calls(result)
-    if calls:
-        msg["content"] = content or None
-        msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-        finish = "tool_calls"
-    choice = {"index": 0, "message": msg, "finish_reason": finish,
-              "logprobs": chat_logprobs(_entries(result["logprobs"])) if "logprobs" in result else None}
+    choices = []
+    for i, r in enumerate(_choices(result)):
+        reasoning, content, calls = split_reasoning(r)
+        msg = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        finish = FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
+        calls = tool_calls(r)
+        if calls:
+            msg["content"] = content or None
+            msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+            finish = "tool_calls"
+        choices.append({"index": i, "message": msg, "finish_reason": finish,
+                        "logprobs": chat_logprobs(_entries(r["logprobs"])) if "logprobs" in r else None})
     return {"id": rid or new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(result), "timings": result.get("timings")}
+            "model": model, "choices": choices, "usage": usage(result), "timings": result.get("timings")}
 
 
 def embedding_response(result, model, encoding_format, dimensions=None):

@@ -223,73 +223,97 @@ class Front:
     async def _completion_stream(self, first, events, rid, model, include_usage):
         import time
 
-        created = int(time.time())
-        offset = 0
-        base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        offsets = {}  # choice index -> text offset (logprobs' text_offset)
+        head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"text_completion","created":' + \
+            str(int(time.time())).encode() + b',"model":' + orjson.dumps(model) + b',"choices":'
+
+        def chunk(choices, usage=None):
+            tail = b',"usage":' + orjson.dumps(usage) if usage is not None else b""
+            return head + orjson.dumps(choices) + tail + b"}\n\n"
+
         async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
             async for ev in evs:
                 if "error" in ev:
                     yield sse(ev)
                     break
                 if ev.get("event") == "token":
+                    i = ev.get("index", 0)
+                    text = ev.get("text", "")
                     lp = None
                     if ev.get("logprobs") is not None:
-                        lp = api.completion_logprobs(api._entries(ev["logprobs"]), offset)
-                    offset += len(ev.get("text", ""))
-                    if ev.get("text") or lp is not None:
-                        yield sse({**base, "choices": [{"index": 0, "text": ev.get("text", ""),
-                                                        "logprobs": lp, "finish_reason": None}]})
+                        lp = api.completion_logprobs(api._entries(ev["logprobs"]), offsets.get(i, 0))
+                    offsets[i] = offsets.get(i, 0) + len(text)
+                    if text or lp is not None:
+                        yield chunk([{"index": i, "text": text, "logprobs": lp, "finish_reason": None}])
                     continue
-                fr = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
-                yield sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": fr}]})
+                for i, r in enumerate(api._choices(ev)):
+                    fr = api.FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
+                    yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": fr}])
                 if include_usage:
-                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+                    yield chunk([], api.usage(ev))
         yield b"data: [DONE]\n\n"
 
     async def _chat_stream(self, first, events, rid, model, include_usage, tools=False):
+        """Chat completion chunks: per choice (`index`, n > 1 interleaved as the engine
+        generates them) its role, reasoning_content / content deltas, tool_calls and finish."""
         import time
 
         from .textstream import Turn
 
-        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"chat.completion.chunk","created":' + \
+            str(int(time.time())).encode() + b',"model":' + orjson.dumps(model) + b',"choices":'
 
-        def chunk(delta, finish=None, lp=None):
-            return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+        def chunk(i, delta, finish=None, lp=None):
+            return head + orjson.dumps([{"index": i, "delta": delta, "logprobs": lp,
+                                         "finish_reason": finish}]) + b"}\n\n"
 
-        def deltas(pieces):
-            return [chunk({"reasoning_content" if kind == "reasoning" else "content": text})
-                    for kind, text in pieces]
+        turns = {}  # choice index -> its Turn (opened by the choice's first chunk)
 
-        turn = Turn(tools)
-        yield chunk({"role": "assistant", "content": ""})
+        def turn_of(i):
+            t = turns.get(i)
+            if t is None:
+                t = turns[i] = Turn(tools)
+                opened.append(chunk(i, {"role": "assistant", "content": ""}))
+            return t
+
+        opened = []
+        turn_of(0)
+        yield opened.pop()
         async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
             async for ev in evs:
                 if "error" in ev:
                     yield sse(ev)
                     break
                 if ev.get("event") == "token":
-                    pieces = turn.feed(ev)
+                    i = ev.get("index", 0)
+                    pieces = turn_of(i).feed(ev)
+                    if opened:
+                        yield opened.pop()
                     if ev.get("logprobs") is not None:
                         lp = api.chat_logprobs(api._entries(ev["logprobs"]))
-                        text = "".join(t for k, t in pieces if k == "content")
-                        for c in deltas([p for p in pieces if p[0] == "reasoning"]):
-                            yield c
-                        yield chunk({"content": text}, lp=lp)
+                        for kind, text in pieces:
+                            if kind == "reasoning":
+                                yield chunk(i, {"reasoning_content": text})
+                        yield chunk(i, {"content": "".join(t for k, t in pieces if k == "content")}, lp=lp)
                     else:
-                        for c in deltas(pieces):
-                            yield c
+                        for kind, text in pieces:
+                            yield chunk(i, {"reasoning_content" if kind == "reasoning" else "content": text})
                     continue
-                finish = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
-                rest, _ = turn.finish(ev)
-                for c in deltas(rest):
-                    yield c
-                calls = api.tool_calls(ev)
-                if calls:
-                    yield chunk({"tool_calls": calls})
-                    finish = "tool_calls"
-                yield chunk({}, finish)
+                for i, r in enumerate(api._choices(ev)):
+                    turn = turn_of(i)
+                    if opened:
+                        yield opened.pop()
+                    finish = api.FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
+                    rest, _ = turn.finish(r)
+                    for kind, text in rest:
+                        yield chunk(i, {"reasoning_content" if kind == "reasoning" else "content": text})
+                    calls = api.tool_calls(r)
+                    if calls:
+                        yield chunk(i, {"tool_calls": calls})
+                        finish = "tool_calls"
+                    yield chunk(i, {}, finish)
                 if include_usage:
-                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+                    yield head + b"[]" + b',"usage":' + orjson.dumps(api.usage(ev)) + b"}\n\n"
         yield b"data: [DONE]\n\n"
 
     async def embeddings(self, request):

@@ -2,15 +2,25 @@
 tools: `generate`, `decide` (the classify op: system1 with labels), `embed` and `infill`.
 
 The MCP side is the official `mcp` package (the `mcp` extra, imported only here); the
-engine is a `reflex stdio` child spoken to through reflex_client's AsyncClient, one request
-at a time (the engine stays a strictly sequential loop; the client queues concurrent tool
-calls FIFO and starts a new engine when one dies). The child starts before the MCP
-session is set up, so the model loads while the client initializes. An engine error is a
-tool error (`isError`) whose text is `KIND: MESSAGE`, with the protocol's error kinds.
+engine is in this process: the in-process API (`reflex_ipc.Model`, api.py), loaded on a
+thread when the server starts (so the model loads while the client initializes), its
+calls run one at a time on worker threads (a lock: the engine stays sequential, tool
+calls queue FIFO) while the event loop keeps serving the session. A cancelled tool call
+sets the call's cancel flag, which the engine polls between tokens. The wire is a private
+dup of stdout and fd 1 points at stderr, so nothing the engine prints can corrupt it.
+
+Each tool checks its parameters with the op's own Request struct (Model's methods), so
+a value the protocol refuses is a tool error (`isError`) whose text is `KIND: MESSAGE`
+with the protocol's error kinds; a model that failed to load answers every call with its
+load error. The sampling and reasoning parameters of generate and infill are the
+protocol's own fields, with the JSON schemas of protocol/schema.json (read from the op
+structs, so they cannot drift).
 """
 
+import inspect
 import os
 import sys
+import threading
 from typing import Annotated, Any, Optional, Union
 
 INSTRUCTIONS = ("A local language model. generate: continue a prompt or answer a conversation. "
@@ -18,19 +28,97 @@ INSTRUCTIONS = ("A local language model. generate: continue a prompt or answer a
                 "(probabilities and entropy; a batch of questions over one shared text). "
                 "embed: vectors for texts. infill: fill in the middle (code models with FIM tokens).")
 
-
-def engine_argv(model=None, device="auto"):
-    argv = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", "reflex_ipc", "stdio",
-            "--device", device]
-    if model:
-        argv += ["--model", model]
-    return argv
+# generate's and infill's protocol fields that the tools take as they are
+SAMPLING = ("top_k", "top_p", "min_p", "typical_p", "seed", "repeat_penalty", "repeat_last_n",
+            "frequency_penalty", "presence_penalty", "logit_bias", "dry_multiplier", "dry_base",
+            "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "n")
+REASONING = ("enable_thinking", "thinking_budget")
 
 
-def build(model=None, device="auto", *, max_tokens=256):
-    """The MCPServer with the four tools (the engine starts with the server's lifespan)."""
+class Engine:
+    """The in-process model behind the tools: loaded once on a thread, then called one
+    request at a time (a threading lock held by the worker thread that runs it)."""
+
+    def __init__(self, model=None, device="auto", n_ctx=None):
+        self.spec, self.device, self.n_ctx = model, device, n_ctx
+        self.model = None
+        self.error = None  # (kind, message) when the load failed
+        self.lock = threading.Lock()
+        self.thread = None
+
+    def start(self):
+        self.thread = threading.Thread(target=self._load, name="reflex-mcp-load", daemon=True)
+        self.thread.start()
+
+    def _load(self):
+        from ..errors import ReflexError
+
+        with self.lock:
+            try:
+                from ..api import Model
+
+                self.model = Model.load(self.spec, device=self.device or "auto", n_ctx=self.n_ctx)
+            except ReflexError as e:
+                self.error = (e.kind, e.message)
+            except Exception as e:  # noqa: BLE001  (a bug: reported as internal, with its name)
+                self.error = ("internal", f"{type(e).__name__}: {e}")
+            if self.error is not None:
+                sys.stderr.write(f"reflex mcp: the model did not load: {self.error[0]}: {self.error[1]}\n")
+                sys.stderr.flush()
+
+    def run(self, method, cancel, args):
+        """Worker thread: the Model method with the call's arguments (None: the default)."""
+        from ..errors import ReflexError
+
+        with self.lock:
+            if cancel.is_set():
+                raise ReflexError("cancelled", "cancelled before it ran")
+            if self.model is None:
+                kind, msg = self.error or ("internal", "the model is not loaded")
+                raise ReflexError(kind, f"the model did not load: {msg}")
+            fields = {k: v for k, v in args.items() if v is not None}
+            return getattr(self.model, method)(should_cancel=cancel.is_set, **fields)
+
+    def close(self):
+        if self.thread is not None:
+            self.thread.join()
+        with self.lock:
+            if self.model is not None:
+                self.model.close()
+                self.model = None
+
+
+def _protocol_fields(fn, struct, names):
+    """fn (which takes **kw) with keyword parameters `names` whose JSON schemas are those
+    of the op's Request struct (protocol/schema.json's): the MCP SDK reads the signature."""
+    import msgspec
+    from pydantic import WithJsonSchema
+
+    schema = msgspec.json.schema(struct)
+    props = schema["$defs"][struct.__name__]["properties"]
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for name in names:
+        prop = {k: v for k, v in props[name].items() if k != "default"}
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[Any, WithJsonSchema(prop)]))
+    fn.__signature__ = sig.replace(parameters=params)
+    return fn
+
+
+def _choice(r):
+    out = {"text": r["text"], "finish_reason": r["finish_reason"], "completion_tokens": r["completion_tokens"]}
+    if r.get("reasoning_content"):
+        out["reasoning_content"] = r["reasoning_content"]
+    return out
+
+
+def build(model=None, device="auto", *, max_tokens=256, n_ctx=None):
+    """The MCPServer with the four tools (the model loads with the server's lifespan)."""
     import contextlib
+    import functools
 
+    import anyio
     from pydantic import Field
 
     try:
@@ -40,26 +128,30 @@ def build(model=None, device="auto", *, max_tokens=256):
         from mcp.server.fastmcp import FastMCP as MCPServer
         from mcp.server.fastmcp.exceptions import ToolError
 
-    from reflex_client import ReflexError
-    from reflex_client._async import AsyncClient
+    from ..errors import ReflexError
+    from ..ops.generate import GenerateRequest
+    from ..ops.infill import InfillRequest
 
-    state = {"client": None}
+    engine = Engine(model, device, n_ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(server):
-        argv = engine_argv(model, device)
-        state["client"] = await AsyncClient.spawn(argv[0], argv[1:], stderr=None, ready_timeout=600)
+        engine.start()
         try:
             yield {}
         finally:
-            client, state["client"] = state["client"], None
-            await client.close()
+            await anyio.to_thread.run_sync(engine.close)
 
-    async def call(op, params):
+    async def call(method, args):
+        cancel = threading.Event()
         try:
-            return await state["client"].request(op, {k: v for k, v in params.items() if v is not None})
+            return await anyio.to_thread.run_sync(functools.partial(engine.run, method, cancel, args),
+                                                  abandon_on_cancel=True)
         except ReflexError as e:
             raise ToolError(f"{e.kind}: {e.message}") from None
+        except anyio.get_cancelled_exc_class():
+            cancel.set()  # the engine stops at its next token; the lock then passes on
+            raise
 
     server = MCPServer("reflex", instructions=INSTRUCTIONS, lifespan=lifespan)
 
@@ -68,27 +160,32 @@ def build(model=None, device="auto", *, max_tokens=256):
         min_length=1, description="a conversation, [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": "
                                   "text}, ...], rendered with the model's chat template")]]
 
-    @server.tool(description="Generate text: continue `prompt`, or answer the conversation in `messages` "
-                             "(exactly one). Greedy unless temperature > 0.")
     async def generate(
         prompt: Annotated[Text, Field(description="plain text to continue")] = None,
         messages: Messages = None,
         max_tokens: Annotated[int, Field(ge=1, le=131072, description="the most tokens to generate")] = max_tokens,
         temperature: Annotated[float, Field(ge=0, le=100, description="0 is greedy")] = 0.0,
-        top_p: Annotated[Optional[float], Field(gt=0, le=1)] = None,
-        seed: Annotated[Optional[int], Field(ge=0)] = None,
-        stop: Annotated[Optional[list[str]], Field(max_length=16, description="strings that end the text")] = None,
+        stop: Annotated[Optional[list[Annotated[str, Field(min_length=1)]]], Field(
+            max_length=16, description="strings that end the text")] = None,
         json_schema: Annotated[Optional[dict[str, Any]], Field(
             description="constrain the output to this JSON Schema")] = None,
+        **sampling,
     ) -> dict[str, Any]:
         r = await call("generate", {"prompt": prompt, "messages": messages, "max_tokens": max_tokens,
-                                    "temperature": temperature, "top_p": top_p, "seed": seed, "stop": stop,
-                                    "json_schema": json_schema})
-        out = {"text": r["text"], "finish_reason": r["finish_reason"], "prompt_tokens": r["prompt_tokens"],
-               "completion_tokens": r["completion_tokens"]}
-        if r.get("reasoning_content"):
-            out["reasoning_content"] = r["reasoning_content"]
+                                    "temperature": temperature, "stop": stop, "json_schema": json_schema,
+                                    **sampling})
+        out = {**_choice(r), "prompt_tokens": r["prompt_tokens"]}
+        if r.get("choices"):
+            out["choices"] = [{"index": c["index"], **_choice(c)} for c in r["choices"]]
         return out
+
+    server.tool(name="generate", description=(
+        "Generate text: continue `prompt`, or answer the conversation in `messages` (exactly one). "
+        "Greedy unless temperature > 0; the sampling parameters are llama.cpp's (top_k, min_p, "
+        "typical_p, penalties, logit_bias, DRY); n > 1 answers `choices`. Reasoning models: "
+        "enable_thinking switches the template's thinking, thinking_budget caps it, and the "
+        "reasoning comes back as reasoning_content."))(
+        _protocol_fields(generate, GenerateRequest, SAMPLING + REASONING))
 
     @server.tool(description="Decide: score each label as the continuation of `text` (or as the first words "
                              "of the reply to `messages`) in one forward pass; returns each label's "
@@ -119,24 +216,40 @@ def build(model=None, device="auto", *, max_tokens=256):
         r = await call("embed", {"input": input, "normalize": normalize, "pooling": "mean"})
         return {"embeddings": r["embeddings"], "dim": r["dim"], "n_tokens": r["n_tokens"]}
 
-    @server.tool(description="Fill in the middle: the text between `prefix` and `suffix` (code models with "
-                             "fill-in-the-middle tokens).")
     async def infill(
         prefix: str,
         suffix: str = "",
         max_tokens: Annotated[int, Field(ge=1, le=131072)] = 64,
         temperature: Annotated[float, Field(ge=0, le=100)] = 0.0,
-        stop: Annotated[Optional[list[str]], Field(max_length=16)] = None,
+        stop: Annotated[Optional[list[Annotated[str, Field(min_length=1)]]], Field(max_length=16)] = None,
+        **sampling,
     ) -> dict[str, Any]:
         r = await call("infill", {"prefix": prefix, "suffix": suffix, "max_tokens": max_tokens,
-                                  "temperature": temperature, "stop": stop})
-        return {"text": r["text"], "finish_reason": r["finish_reason"], "completion_tokens": r["completion_tokens"]}
+                                  "temperature": temperature, "stop": stop, **sampling})
+        out = _choice(r)
+        if r.get("choices"):
+            out["choices"] = [{"index": c["index"], **_choice(c)} for c in r["choices"]]
+        return out
+
+    server.tool(name="infill", description=(
+        "Fill in the middle: the text between `prefix` and `suffix` (code models with "
+        "fill-in-the-middle tokens); the sampling parameters as generate's."))(
+        _protocol_fields(infill, InfillRequest, SAMPLING))
 
     return server
 
 
-def run(model=None, device="auto", max_tokens=256) -> int:
-    server = build(model, device, max_tokens=max_tokens)
+def _private_stdout():
+    """The MCP wire on a private dup of stdout, fd 1 pointed at stderr: a stray print (ours,
+    a library's, C code's) can never corrupt the stream (as `reflex stdio` does)."""
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = open(out_fd, "w", encoding="utf-8", closefd=True)
+
+
+def run(model=None, device="auto", max_tokens=256, n_ctx=None) -> int:
+    server = build(model, device, max_tokens=max_tokens, n_ctx=n_ctx)
+    _private_stdout()
     server.run("stdio")
     return 0
 

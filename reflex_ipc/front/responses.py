@@ -6,8 +6,10 @@ input_text/output_text parts, `function_call` and `function_call_output` items, 
 items) and `instructions` (a system message first); `tools` ({type: function, name,
 description, parameters}), `tool_choice` auto / none / required / {type: function, name},
 `parallel_tool_calls`; `text.format` json_schema / json_object / text; `max_output_tokens`,
-`temperature`, `top_p`; `reasoning.effort` "none"/"minimal" turns the template's thinking
-off, other efforts on. Nothing is stored: `store` is accepted and ignored,
+`temperature`, `top_p` and the engine's other sampling fields (front/sampling.py) as
+extra body fields; `reasoning.effort` "none"/"minimal" is the engine's `enable_thinking`
+false, other efforts true (an extra `enable_thinking` wins), and the engine's
+`reasoning_content` comes back as a reasoning item. Nothing is stored: `store` is accepted and ignored,
 `previous_response_id` is refused (send the whole conversation).
 Response: `output` items (reasoning, message with output_text, function_call), `status`
 completed or incomplete (max_output_tokens), `usage`. Streaming: response.created,
@@ -172,8 +174,8 @@ def params(req: ResponsesRequest, default_max_tokens=512, extra=None):
         elif kind != "text":
             raise _bad("text.format.type", f"`text.format.type`: text, json_object or json_schema, not {kind!r}")
     effort = (req.reasoning or {}).get("effort") if isinstance(req.reasoning, dict) else None
-    if effort is not None:
-        p["chat_template_kwargs"] = {"enable_thinking": effort not in ("none", "minimal")}
+    if effort is not None and "enable_thinking" not in p:
+        p["enable_thinking"] = effort not in ("none", "minimal")
     if extra:
         p.update(extra)
     return p

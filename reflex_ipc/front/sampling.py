@@ -2,7 +2,8 @@
 type them (Anthropic's Messages, OpenAI's Responses): clients send them as extra body
 fields and the front passes each one given to the engine under the same name (llama.cpp
 server's names). The engine checks their values; an engine that does not have one answers
-"unknown field", which the front turns into a 400 `unsupported_parameter` naming it."""
+"unknown field", which the front turns into a 400 `unsupported_parameter` naming it.
+`n` is not among them: these APIs answer one message."""
 
 from typing import Any, Optional
 
@@ -10,7 +11,8 @@ from msgspec import Struct
 
 FIELDS = ("top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n", "frequency_penalty",
           "presence_penalty", "logit_bias", "typical_p", "dry_multiplier", "dry_base",
-          "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+          "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "enable_thinking",
+          "thinking_budget")
 
 
 class Extras(Struct, kw_only=True):
@@ -28,6 +30,8 @@ class Extras(Struct, kw_only=True):
     dry_allowed_length: Optional[int] = None
     dry_penalty_last_n: Optional[int] = None
     dry_sequence_breakers: Optional[list[str]] = None
+    enable_thinking: Optional[bool] = None
+    thinking_budget: Optional[int] = None
 
 
 def extras(req) -> dict:

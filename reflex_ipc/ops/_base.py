@@ -59,6 +59,10 @@ TemplateKwargs = Annotated[dict[str, Any], Meta(
     description="extra variables for the template (e.g. enable_thinking)")]
 AddGenerationPrompt = Annotated[bool, Meta(
     description="end the rendered conversation with the assistant's turn opening")]
+EnableThinking = Optional[Annotated[bool, Meta(
+    description="the chat template's thinking switch (Qwen3-style templates): passed to it "
+                "as enable_thinking, as chat_template_kwargs would; null: the template's "
+                "default")]]
 
 
 def messages_of(req):
@@ -86,7 +90,7 @@ def chat_prompt(runner, req, text_field: str = "prompt") -> str:
         runner, prompt=getattr(req, text_field), messages=messages_of(req),
         tools=getattr(req, "tools", None), chat_template=req.chat_template,
         add_generation_prompt=req.add_generation_prompt,
-        chat_template_kwargs=req.chat_template_kwargs)
+        chat_template_kwargs=req.chat_template_kwargs, enable_thinking=req.enable_thinking)
 
 
 StatePath = Optional[Annotated[str, Meta(min_length=1)]]

@@ -1,13 +1,12 @@
 """classify: pick one of a few labels for a text or a conversation (system1 with labels), for
 one question or a batch of questions over one shared prefix."""
 
-import time
 from typing import Annotated, Optional
 
 from msgspec import Meta, Struct
 
 from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
-                    NonEmptyStr, Result as _Result, TemplateKwargs, exactly_one, merge, messages_of, ms)
+                    NonEmptyStr, Result as _Result, TemplateKwargs, exactly_one, messages_of)
 
 MAX_LABELS = 64
 MAX_QUESTIONS = 256
@@ -142,7 +141,4 @@ def execute(runner, req, *, should_cancel=None) -> dict:
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).classify(req, should_cancel=call.should_cancel))

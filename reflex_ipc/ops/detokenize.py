@@ -1,11 +1,10 @@
 """detokenize: the text of token ids (the inverse of tokenize)."""
 
-import time
 from typing import Annotated
 
 from msgspec import Meta
 
-from ._base import INT64_MAX, ModelName, ModelRequest, Result as _Result, ms
+from ._base import INT64_MAX, ModelName, ModelRequest, Result as _Result
 from ..errors import ReflexError
 
 
@@ -33,9 +32,4 @@ def check_ids(ids, n_vocab) -> None:
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    check_ids(req.token_ids, info.get("n_vocab"))
-    t = time.perf_counter()
-    text = runner.detokenize(req.token_ids, special=req.special)
-    call.timings["detokenize"] = ms(t)
-    return {"text": text, "model": info.get("model")}
+    return call.fields(call.model(req).detokenize_result(req))

@@ -1,11 +1,10 @@
 """embed: pooled final hidden states of one or more texts."""
 
-import time
 from typing import Annotated, Literal, Union
 
 from msgspec import Meta
 
-from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, merge, ms
+from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result
 
 
 class EmbedRequest(ModelRequest, kw_only=True):
@@ -24,20 +23,5 @@ class EmbedResult(_Result, kw_only=True):
 Request, Result = EmbedRequest, EmbedResult
 
 
-def texts(req) -> list:
-    return [req.input] if isinstance(req.input, str) else list(req.input)
-
-
-def execute(runner, req, *, should_cancel=None) -> dict:
-    out = dict(runner.embed(texts(req), pooling=req.pooling, normalize=req.normalize,
-                            should_cancel=should_cancel))
-    out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e)
-                         for e in out["embeddings"]]
-    return out
-
-
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).embed(req, should_cancel=call.should_cancel))

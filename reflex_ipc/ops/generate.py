@@ -1,17 +1,23 @@
 """generate: continue a prompt or a chat conversation, greedy by default, optionally streaming tokens."""
 
-import time
 from typing import Annotated, Any, Literal, Optional, Union
 
-import msgspec
-from msgspec import Meta, Struct
+from msgspec import Meta, Struct, field
 
 from . import MAX_TOKENS
-from ._base import (INT64_MAX, AddGenerationPrompt, ChatTemplate, Messages, ModelName,
-                    ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs,
-                    Tools, chat_prompt, exactly_one, kv_args, merge, ms)
+from ._base import (INT64_MAX, AddGenerationPrompt, ChatTemplate, EnableThinking, Messages,
+                    ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    TemplateKwargs, Tools, exactly_one)
 
 MAX_LOGPROBS = 20
+MAX_N = 128  # choices of one request (OpenAI's limit for n)
+MAX_WINDOW = 1048576  # the largest look-back window in tokens
+DRY_BREAKERS = ["\n", ":", "\"", "*"]  # llama.cpp's default DRY sequence breakers
+# a token id as a JSON object key: a decimal integer without sign or leading zero (the
+# lookahead keeps Python's `$` from matching before a trailing newline, as JSON Schema's)
+TokenKey = Annotated[str, Meta(pattern=r"^(0|[1-9][0-9]{0,9})(?!\n)$")]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+Penalty = Annotated[float, Meta(ge=-100.0, le=100.0)]
 
 
 EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
@@ -28,9 +34,37 @@ class DecodeRequest(ModelRequest, kw_only=True):
     top_p: Annotated[float, Meta(gt=0.0, le=1.0, description="nucleus sampling; 1 is off")] = 1.0
     min_p: Annotated[float, Meta(ge=0.0, le=1.0, description="0 is off")] = 0.0
     seed: Optional[Annotated[int, Meta(ge=0, le=INT64_MAX, description="null: random")]] = None
+    typical_p: Annotated[float, Meta(gt=0.0, le=1.0, description="locally typical sampling; "
+                                                                  "1 is off")] = 1.0
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=100.0, description="1 is off")] = 1.0
-    repeat_last_n: Annotated[int, Meta(ge=0, le=1048576,
-                                       description="tokens the penalty looks back on")] = 64
+    repeat_last_n: Annotated[int, Meta(ge=0, le=MAX_WINDOW,
+                                       description="tokens the penalties look back on")] = 64
+    frequency_penalty: Annotated[Penalty, Meta(
+        description="subtracted from a token's logit per time it occurs in the last "
+                    "repeat_last_n tokens; 0 is off")] = 0.0
+    presence_penalty: Annotated[Penalty, Meta(
+        description="subtracted from the logit of each token that occurs in the last "
+                    "repeat_last_n tokens; 0 is off")] = 0.0
+    logit_bias: Optional[Annotated[dict[TokenKey, Bias], Meta(
+        max_length=4096, description="token id (a decimal string) -> a number added to its "
+                                     "logit before sampling; -100 all but bans it")]] = None
+    dry_multiplier: Annotated[float, Meta(
+        ge=0.0, le=100.0, description="DRY: a token that would extend a repetition of the "
+                                      "text's end loses multiplier * base ^ (length - "
+                                      "allowed_length); 0 is off")] = 0.0
+    dry_base: Annotated[float, Meta(ge=1.0, le=100.0, description="DRY's base")] = 1.75
+    dry_allowed_length: Annotated[int, Meta(
+        ge=0, le=MAX_WINDOW, description="DRY: repetitions up to this many tokens are free")] = 2
+    dry_penalty_last_n: Annotated[int, Meta(
+        ge=0, le=MAX_WINDOW, description="DRY: tokens it looks back on; 0 is off")] = 64
+    dry_sequence_breakers: Annotated[list[NonEmptyStr], Meta(
+        max_length=64, description="DRY: a repetition never reaches back past one of these "
+                                   "strings")] = field(default_factory=lambda: list(DRY_BREAKERS))
+    n: Annotated[int, Meta(ge=1, le=MAX_N, description="choices, generated one after another "
+                                                       "from the prompt's state")] = 1
+    thinking_budget: Optional[Annotated[int, Meta(
+        ge=0, le=MAX_TOKENS, description="reasoning models: after this many tokens inside "
+                                         "<think>, the block is closed; null: no limit")]] = None
     stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(max_length=16)]] = []
     stream: Annotated[bool, Meta(description="write a token line per generated token")] = False
     logprobs: Optional[Annotated[int, Meta(
@@ -72,6 +106,7 @@ class GenerateRequest(DecodeRequest, kw_only=True):
         description="with tools: allow more than one call in a reply")] = True
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
+    enable_thinking: EnableThinking = None
     add_generation_prompt: AddGenerationPrompt = True
     kv_import: Annotated[StatePath, Meta(
         description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
@@ -111,14 +146,34 @@ class ToolCall(Struct, kw_only=True):
     function: ToolCallFunction
 
 
+FinishReason = Literal["stop", "length", "stop_string"]
+ReasoningContent = Annotated[str, Meta(
+    description="chat with a reasoning model: the text of its <think> block (text is then "
+                "the rest)")]
+
+
+class Choice(Struct, kw_only=True):
+    """One of n choices (the result's own fields are choice 0's)."""
+
+    index: Annotated[int, Meta(ge=0)]
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    completion_tokens: int
+    logprobs: list[Logprob] = []
+    tool_calls: list[ToolCall] = []
+    content: str = ""
+    reasoning_content: ReasoningContent = ""
+
+
 class DecodeResult(_Result, kw_only=True):
     """generate's and infill's result fields."""
 
     text: str
     token_ids: list[int]
-    finish_reason: Literal["stop", "length", "stop_string"]
+    finish_reason: FinishReason
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: Annotated[int, Meta(description="choice 0's tokens")]
     cached_tokens: Annotated[int, Meta(ge=0, description="prompt tokens whose state was reused")]
     model: ModelName
     logprobs: Annotated[list[Logprob], Meta(
@@ -126,6 +181,9 @@ class DecodeResult(_Result, kw_only=True):
     tool_calls: Annotated[list[ToolCall], Meta(
         description="with tools: the calls parsed from the text")] = []
     content: Annotated[str, Meta(description="with tool_calls: the text outside them")] = ""
+    reasoning_content: ReasoningContent = ""
+    choices: Annotated[list[Choice], Meta(
+        description="with n > 1: every choice, choice 0 first")] = []
 
 
 class GenerateResult(DecodeResult, kw_only=True):
@@ -142,6 +200,9 @@ class Token(Struct, kw_only=True):
     text: str
     logprobs: Optional[Annotated[Logprob, Meta(
         description="with logprobs: this token's entry")]] = None
+    reasoning_content: Annotated[str, Meta(
+        description="reasoning text that became final with this token (text: the rest)")] = ""
+    index: Annotated[int, Meta(ge=0, description="with n > 1: the choice")] = 0
 
 
 Request, Result = GenerateRequest, GenerateResult
@@ -151,69 +212,16 @@ def stops(req) -> list:
     return [req.stop] if isinstance(req.stop, str) else list(req.stop)
 
 
-def decode(runner, req, prompt, *, on_token=None, should_cancel=None, **kw) -> dict:
-    """runner.generate of `prompt` (text or token ids) with the request's decoding
-    parameters (generate and infill; the CLI calls this too)."""
-    from .. import prepare
-
-    extra = prepare.generate_extras(runner, logprobs=req.logprobs, cache_prompt=req.cache_prompt,
-                                    json_schema=req.json_schema, regex=req.regex,
-                                    grammar=req.grammar)
-    return runner.generate(
-        prompt, max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k,
-        top_p=req.top_p, min_p=req.min_p, seed=req.seed, repeat_penalty=req.repeat_penalty,
-        repeat_last_n=req.repeat_last_n, stop=stops(req), on_token=on_token,
-        should_cancel=should_cancel, **extra, **kw)
-
-
-def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
-    """runner.generate with the request's parameters (the CLI calls this too); with
-    `messages` the prompt is the rendered conversation, with `tools` the result gets the
-    parsed tool_calls."""
-    tools = req.tools if req.tool_choice != "none" else None
-    if tools is None and req.tools is not None:
-        req = msgspec.structs.replace(req, tools=None)
-    elif tools and req.tool_choice != "auto":
-        req = _forced_call(runner, req)
-    prompt = chat_prompt(runner, req)
-    out = decode(runner, req, prompt, on_token=on_token, should_cancel=should_cancel,
-                 **kv_args(req))
-    if tools:
-        from .. import prepare
-
-        out = prepare.add_tool_calls(dict(out), tools, runner=runner, chat_template=req.chat_template,
-                                     parallel=req.parallel_tool_calls)
-    return out
-
-
-def _forced_call(runner, req):
-    """tool_choice required / named: the request with the grammar that forces the call."""
-    from .. import prepare
-    from ..errors import ReflexError
-
-    if req.messages is None:
-        raise ReflexError("invalid_request", "`tool_choice`: goes with `messages` and `tools`")
-    if any(getattr(req, k) is not None for k in ("json_schema", "regex", "grammar")):
-        raise ReflexError("invalid_request", "`tool_choice` required or named forces a tool call; "
-                                             "it cannot be combined with json_schema, regex or grammar")
-    choice = req.tool_choice if isinstance(req.tool_choice, str) else msgspec.to_builtins(req.tool_choice)
-    thinking = (getattr(req, "enable_thinking", None) is True
-                or (req.chat_template_kwargs or {}).get("enable_thinking") is True)
-    g = prepare.tool_grammar(runner, req.tools, choice, req.parallel_tool_calls, req.chat_template, thinking)
-    return msgspec.structs.replace(req, grammar=g)
-
-
 def token_callback(call, req):
-    def on_token(token_id, text, logprobs=None, **_):
+    def on_token(token_id, text, **extra):
         call.first_token()
         if req.stream:
-            call.emit_token(int(token_id), text, logprobs)
+            call.emit_token(int(token_id), text, **extra)
 
     return on_token
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, on_token=token_callback(call, req), should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    model = call.model(req)
+    return call.fields(model.generate(req, on_token=token_callback(call, req),
+                                      should_cancel=call.should_cancel))

@@ -62,8 +62,8 @@ def run(call, req) -> dict:
     from .. import __version__
 
     srv = call.server
-    info = srv.infos.get(srv.active, {}) if srv.active else {}
-    models = srv._models()  # keys are file identities: the entries know their paths
+    info = srv.models.active_info()
+    models = srv.models.listing()  # keys are file identities: the entries know their paths
     return {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
             "backend": info.get("backend"), "model": info.get("model"), "ops": list(NAMES),
             "error_kinds": list(KINDS),

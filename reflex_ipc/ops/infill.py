@@ -1,12 +1,10 @@
 """infill: fill in the middle between a prefix and a suffix (models with FIM tokens)."""
 
-import time
 from typing import Annotated
 
 from msgspec import Meta, Struct
 
-from ._base import merge, ms
-from .generate import DecodeRequest, DecodeResult, decode, token_callback
+from .generate import DecodeRequest, DecodeResult, token_callback
 
 
 class ExtraChunk(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -32,22 +30,7 @@ class InfillResult(DecodeResult, kw_only=True):
 Request, Result = InfillRequest, InfillResult
 
 
-def prompt_ids(runner, req) -> list:
-    """The request's FIM prompt token ids (llama.cpp server's layout)."""
-    from .. import prepare
-
-    return prepare.infill_ids(
-        runner, req.prefix, req.suffix, prompt=req.prompt, max_tokens=req.max_tokens,
-        input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra])
-
-
-def execute(runner, req, *, on_token=None, should_cancel=None) -> dict:
-    return decode(runner, req, prompt_ids(runner, req), on_token=on_token,
-                  should_cancel=should_cancel)
-
-
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, on_token=token_callback(call, req), should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    model = call.model(req)
+    return call.fields(model.infill(req, on_token=token_callback(call, req),
+                                    should_cancel=call.should_cancel))

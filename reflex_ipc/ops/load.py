@@ -45,5 +45,5 @@ def run(call, req) -> dict:
 
         lora = tuple((resolve_model(a.path), float(a.scale)) for a in req.lora)
     key, info, _ = call.runner(req, use_active=False, lora=lora)
-    call.server.active = key
+    call.server.models.active = key
     return {**info, "cached": "load" not in call.timings}

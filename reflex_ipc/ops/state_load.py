@@ -1,11 +1,10 @@
 """state_load: load a saved state (protocol/STATE.md): a later request whose tokens start with its tokens evaluates only the rest."""
 
-import time
 from typing import Annotated
 
 from msgspec import Meta
 
-from ._base import ModelName, ModelRequest, Result as _Result, merge, ms
+from ._base import ModelName, ModelRequest, Result as _Result
 
 
 class StateLoadRequest(ModelRequest, kw_only=True):
@@ -22,7 +21,4 @@ Request, Result = StateLoadRequest, StateLoadResult
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = runner.load_state(req.path)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).load_state(req))

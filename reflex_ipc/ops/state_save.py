@@ -1,11 +1,10 @@
 """state_save: save the tokens the model's state holds, and their state, to a file (protocol/STATE.md)."""
 
-import time
 from typing import Annotated
 
 from msgspec import Meta
 
-from ._base import ModelName, ModelRequest, Result as _Result, merge, ms
+from ._base import ModelName, ModelRequest, Result as _Result
 
 
 class StateSaveRequest(ModelRequest, kw_only=True):
@@ -23,7 +22,4 @@ Request, Result = StateSaveRequest, StateSaveResult
 
 
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = runner.save_state(req.path)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).save_state(req))

@@ -1,13 +1,12 @@
 """system1: score candidate continuations of a prompt or a chat conversation in one forward pass."""
 
-import time
 from typing import Annotated, Optional
 
 from msgspec import Meta, Struct
 
-from ._base import (AddGenerationPrompt, ChatTemplate, Messages, ModelName, ModelRequest,
-                    NonEmptyStr, Result as _Result, StateInfo, StatePath, TemplateKwargs, chat_prompt,
-                    exactly_one, kv_args, merge, ms)
+from ._base import (AddGenerationPrompt, ChatTemplate, EnableThinking, Messages, ModelName,
+                    ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    TemplateKwargs, exactly_one)
 
 
 EXACTLY_ONE = ("prompt", "messages")  # the request gives exactly one of them (schema.json too)
@@ -20,6 +19,7 @@ class System1Request(ModelRequest, kw_only=True):
     messages: Optional[Messages] = None
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
+    enable_thinking: EnableThinking = None
     add_generation_prompt: AddGenerationPrompt = True
     candidates: Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]
     temperature: Annotated[float, Meta(gt=0.0, le=100.0,
@@ -60,14 +60,5 @@ class System1Result(_Result, kw_only=True):
 Request, Result = System1Request, System1Result
 
 
-def execute(runner, req, *, should_cancel=None) -> dict:
-    return runner.system1(chat_prompt(runner, req), list(req.candidates),
-                          temperature=req.temperature, should_cancel=should_cancel,
-                          cache_prompt=req.cache_prompt, **kv_args(req))
-
-
 def run(call, req) -> dict:
-    _, info, runner = call.runner(req)
-    t = time.perf_counter()
-    out = execute(runner, req, should_cancel=call.should_cancel)
-    return merge(out, info.get("model"), call.timings, ms(t))
+    return call.fields(call.model(req).decide(req, should_cancel=call.should_cancel))

@@ -40,39 +40,24 @@ class FakeRunner:
     def detokenize(self, ids, *, special=False):
         return "".join(chr(i) for i in ids)
 
-    def generate(self, prompt, *, max_tokens=64, temperature=0.0, top_k=0, top_p=1.0,
-                 min_p=0.0, seed=None, repeat_penalty=1.0, repeat_last_n=64, stop=(),
-                 on_token=None, should_cancel=None, cache_prompt=True):
-        self.calls.append(dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               stop=list(stop), cache_prompt=cache_prompt))
+    def generate(self, prompt, params=None, *, on_token=None, **kw):
+        return self.stream(prompt, params, **kw).run(on_token)
+
+    def stream(self, prompt, params=None, *, should_cancel=None, cache_prompt=True, **kw):
+        from reflex_ipc.generation import Params
+
+        p = (params or Params()).replace(**kw) if kw else (params or Params())
+        self.calls.append(dict(prompt=prompt, max_tokens=p.max_tokens, temperature=p.temperature,
+                               top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed,
+                               repeat_penalty=p.repeat_penalty, repeat_last_n=p.repeat_last_n,
+                               stop=list(p.stop), cache_prompt=cache_prompt))
         if prompt == "boom":
             raise RuntimeError("boom")
         if prompt == "oom":
             raise MemoryError()
-        if prompt == "unencodable":
-            return {"text": object(), "timings": {}}
-        if len(prompt) + max_tokens > self.n_ctx:
-            raise ReflexError("context_overflow", f"{len(prompt)} + {max_tokens} > {self.n_ctx}")
-        text, ids, finish = "", [], "length"
-        src = prompt or "x"
-        for k in range(max_tokens):
-            if should_cancel and should_cancel():
-                raise ReflexError("cancelled", "cancelled")
-            if self.delay:
-                time.sleep(self.delay)
-            ch = src[k % len(src)]
-            ids.append(ord(ch) % 1000)
-            if any((text + ch).endswith(s) for s in stop):
-                finish = "stop_string"
-                break
-            text += ch
-            if on_token:
-                on_token(ord(ch) % 1000, ch)
-        return {"token_ids": ids, "text": text, "finish_reason": finish,
-                "prompt_tokens": len(prompt), "completion_tokens": len(ids), "cached_tokens": 0,
-                "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
+        if len(prompt) + p.max_tokens > self.n_ctx:
+            raise ReflexError("context_overflow", f"{len(prompt)} + {p.max_tokens} > {self.n_ctx}")
+        return _FakeGeneration(self, prompt, p, should_cancel)
 
     def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None,
                 cache_prompt=True):
@@ -92,6 +77,43 @@ class FakeRunner:
             e /= 2.0
         return {"embeddings": e, "dim": 4, "n_tokens": [len(t) for t in texts],
                 "timings": {"prompt_eval": 0.2, "total": 0.2}}
+
+
+class _FakeGeneration:
+    """FakeRunner.stream: token events as the engine's Generation yields them, then .result."""
+
+    def __init__(self, runner, prompt, p, should_cancel):
+        self.r, self.prompt, self.p, self.should_cancel = runner, prompt, p, should_cancel
+        self.result = None
+
+    def __iter__(self):
+        prompt, p = self.prompt, self.p
+        if prompt == "unencodable":
+            self.result = {"text": object(), "timings": {}}
+            return
+        text, ids, finish = "", [], "length"
+        src = prompt or "x"
+        for k in range(p.max_tokens):
+            if self.should_cancel and self.should_cancel():
+                raise ReflexError("cancelled", "cancelled")
+            if self.r.delay:
+                time.sleep(self.r.delay)
+            ch = src[k % len(src)]
+            ids.append(ord(ch) % 1000)
+            if any((text + ch).endswith(s) for s in p.stop):
+                finish = "stop_string"
+                break
+            text += ch
+            yield {"token_id": ord(ch) % 1000, "text": ch}
+        self.result = {"token_ids": ids, "text": text, "finish_reason": finish,
+                       "prompt_tokens": len(prompt), "completion_tokens": len(ids), "cached_tokens": 0,
+                       "timings": {"tokenize": 0.01, "prompt_eval": 0.5, "decode": 1.5, "total": 2.0}}
+
+    def run(self, on_token=None):
+        for ev in self:
+            if on_token is not None:
+                on_token(ev["token_id"], ev["text"])
+        return self.result
 
 
 def fake_loader(delay=0.0, loads=None):

@@ -245,7 +245,7 @@ def seq_kinds(runner):
 
 def hybrid_checks(path):
     """Prefill vs steps and system1 of a recurrent hybrid on CUDA (see the module docstring)."""
-    import reflex_ipc.engine as engine
+    import reflex_ipc.scoring as scoring
     from reflex_ipc.engine import load_runner
 
     res = {"file": os.path.basename(path)}
@@ -315,12 +315,12 @@ def hybrid_checks(path):
         res["system1_logprobs"] = lp.round(5).tolist()
         res["system1_alone_ok"] = bool(np.all(np.abs(lp - [c["logprob"] for c in alone]) <= 1e-3 * n_tok))
         res["system1_numpy_ok"] = bool(np.all(np.abs(lp - [c["logprob"] for c in want]) <= 1e-2 * n_tok))
-        saved = engine.SEQ_GROUP
-        engine.SEQ_GROUP = 3
+        saved = scoring.SEQ_GROUP
+        scoring.SEQ_GROUP = 3
         try:
             many = gpu.system1(prompt, cands * 2, cache_prompt=False)["candidates"]
         finally:
-            engine.SEQ_GROUP = saved
+            scoring.SEQ_GROUP = saved
         res["system1_groups_ok"] = bool(np.all(np.abs(np.array([c["logprob"] for c in many]) - np.tile(lp, 2))
                                                <= 1e-3 * np.tile(n_tok, 2)))
         res["ok"] = res["backend"] == "cuda" and all(v for k, v in res.items() if k.endswith("_ok"))

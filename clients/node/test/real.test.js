@@ -97,6 +97,19 @@ test('chat, infill, logprobs, json_schema', async () => {
   await rejectsKind(c.chat(capital, { json_schema: { type: 'nope' } }), 'invalid_request', /json_schema/);
 });
 
+test('sampling fields, n choices, thinking budget', async () => {
+  const prompt = 'The capital of France is';
+  const plain = await c.generate({ prompt, max_tokens: 6 });
+  const r = await c.generate({ prompt, max_tokens: 6, frequency_penalty: 1.0, presence_penalty: 0.5,
+    logit_bias: { [String(plain.token_ids[0])]: -100 }, dry_multiplier: 0.8, typical_p: 0.95 });
+  assert.notEqual(r.token_ids[0], plain.token_ids[0]);
+  const n = await c.generate({ prompt, max_tokens: 3, n: 2, temperature: 0.8, seed: 1 });
+  assert.deepEqual(n.choices.map((x) => x.index), [0, 1]);
+  assert.equal(n.text, n.choices[0].text);
+  await rejectsKind(c.chat([{ role: 'user', content: 'Hi' }], { thinking_budget: 4, enable_thinking: true, max_tokens: 2 }),
+    'invalid_request', /<think>/);
+});
+
 test('saved state: kv_export, kv_import, stateSave, stateLoad', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'reflex-state-'));
   try {

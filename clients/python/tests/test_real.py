@@ -230,3 +230,21 @@ def test_classify(client):
             return await c.classify([" yes", " no"], "Is the sky blue? Answer:")
 
     assert asyncio.run(main())["best"] == r["best"]
+
+
+def test_sampling_fields_n_and_thinking(client):
+    """The sampling parameters of issue 30 reach the server: penalties and logit_bias change
+    greedy output, n gives choices (streamed with their index), a thinking budget needs a
+    model with <think> tokens (SmolLM2 has none)."""
+    plain = client.generate("The capital of France is", max_tokens=6)
+    r = client.generate("The capital of France is", max_tokens=6, frequency_penalty=1.0,
+                        presence_penalty=0.5, logit_bias={str(plain["token_ids"][0]): -100},
+                        dry_multiplier=0.8, typical_p=0.95)
+    assert r["token_ids"][0] != plain["token_ids"][0]
+    n = client.generate("The capital of France is", max_tokens=3, n=2, temperature=0.8, seed=1)
+    assert [c["index"] for c in n["choices"]] == [0, 1] and n["text"] == n["choices"][0]["text"]
+    events = [ev for ev in client.stream("The capital of France is", max_tokens=2, n=2) if ev["event"] == "token"]
+    assert sorted({ev.get("index", 0) for ev in events}) == [0, 1]
+    with pytest.raises(ReflexError) as ei:
+        client.chat(CAPITAL, thinking_budget=4, enable_thinking=True, max_tokens=2)
+    assert ei.value.kind == "invalid_request" and "<think>" in ei.value.message

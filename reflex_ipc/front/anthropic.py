@@ -20,13 +20,13 @@ content_block_start / content_block_delta / content_block_stop per block, messag
 
 import json
 import time
-import uuid
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 from msgspec import Meta, Struct
 
 from .api import MAX_TOKENS, HTTPError
+from .api import new_id as _new_id
 from .sampling import Extras, extras
 
 # -- requests --------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def params(req: MessagesRequest, extra=None):
 # -- responses -------------------------------------------------------------------------------
 
 def new_id(prefix):
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+    return _new_id(prefix, "_")
 
 
 def stop_reason(result, stops):

@@ -14,10 +14,11 @@ parameter (see `engine_error`).
 """
 
 import base64
+import itertools
+import os
 import re
 import struct
 import time
-import uuid
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -350,8 +351,18 @@ def engine_error(kind, message, op):
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}
 
 
-def new_id(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+_ID_BASE = os.urandom(6).hex()  # a random 12-hex prefix per process; a counter after it
+_ID_NEXT = itertools.count(1).__next__
+
+
+def unique(n=24):
+    """n hex digits unique in this process (and, with the random prefix, across processes):
+    ids need to differ, not to be secret, so no random draw (a syscall) per request."""
+    return (_ID_BASE + format(_ID_NEXT(), "012x"))[:n]
+
+
+def new_id(prefix, sep="-"):
+    return f"{prefix}{sep}{unique()}"
 
 
 def _choices(result):
@@ -402,7 +413,7 @@ def tool_calls(result):
         args = fn.get("arguments", {})
         if not isinstance(args, str):
             args = msgspec.json.encode(args).decode()
-        out.append({"id": tc.get("id") or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+        out.append({"id": tc.get("id") or f"call_{unique()}", "type": "function",
                     "function": {"name": fn.get("name", ""), "arguments": args}, "index": i})
     return out
 

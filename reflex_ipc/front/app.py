@@ -5,12 +5,13 @@ import contextlib
 import hmac
 import os
 import sys
+import time
 import traceback
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -24,6 +25,9 @@ class JSON(Response):
 
     def render(self, content):
         return orjson.dumps(content)
+
+
+WATCH_AFTER = 0.02  # s: how long a request waits for the engine before its disconnect watcher starts
 
 
 def error_response(e: HTTPError):
@@ -77,16 +81,19 @@ class Front:
         self.max_body_bytes = max_body_bytes
         self.chat_max_tokens = chat_max_tokens
         self.retry_after = retry_after
+        self._model_id = (object(), None)  # (the engine info it was read from, the id)
 
     # -- plumbing --------------------------------------------------------------------------
 
     def model_id(self):
-        info = self.engine.info or {}
-        path = info.get("path")
-        if path:
-            name = os.path.basename(path)
-            return name[:-5] if name.endswith(".gguf") else name
-        return self.engine.model or "default"
+        info = self.engine.info
+        if info is not self._model_id[0]:  # per engine `load` (a restart reloads)
+            path = (info or {}).get("path")
+            name = os.path.basename(path) if path else None
+            if name:
+                name = name[:-5] if name.endswith(".gguf") else name
+            self._model_id = (info, name)
+        return self._model_id[1] or self.engine.model or "default"
 
     def check_auth(self, request):
         if self.api_key is None:
@@ -104,12 +111,19 @@ class Front:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise self._too_large()
         chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > self.max_body_bytes:
-                raise self._too_large()
-            chunks.append(chunk)
-        return b"".join(chunks)
+        receive = request.receive  # the ASGI messages as they come (Request.stream()'s loop)
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                raise ClientDisconnect()
+            chunk = msg.get("body", b"")
+            if chunk:
+                n += len(chunk)
+                if n > self.max_body_bytes:
+                    raise self._too_large()
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self):
         return HTTPError(413, f"the request body exceeds {self.max_body_bytes} bytes (--max-body-bytes)",
@@ -126,13 +140,17 @@ class Front:
         events = self.engine.events(op, params)
         task = asyncio.current_task()
         gone = []
+        watcher = []
 
-        async def watch():  # one task: on disconnect it cancels this one, inside the engine call
+        async def watch():  # on disconnect it cancels this task, inside the engine call
             await _wait_disconnect(request.receive)
             gone.append(True)
             task.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        # the watcher task starts only if the engine has not answered within WATCH_AFTER s
+        # (most requests: no task at all); a client that left earlier is seen then
+        timer = asyncio.get_running_loop().call_later(
+            WATCH_AFTER, lambda: watcher.append(asyncio.ensure_future(watch())))
         try:
             ev = await events.__anext__()
         except ReflexError as e:
@@ -142,7 +160,9 @@ class Front:
             await events.aclose()
             raise
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watcher:
+                watcher[0].cancel()
         if gone:  # the result came as the client left: nobody to send it to
             await events.aclose()
             raise asyncio.CancelledError()
@@ -221,8 +241,6 @@ class Front:
             await events.aclose()
 
     async def _completion_stream(self, first, events, rid, model, include_usage):
-        import time
-
         offsets = {}  # choice index -> text offset (logprobs' text_offset)
         head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"text_completion","created":' + \
             str(int(time.time())).encode() + b',"model":' + orjson.dumps(model) + b',"choices":'
@@ -256,8 +274,6 @@ class Front:
     async def _chat_stream(self, first, events, rid, model, include_usage, tools=False):
         """Chat completion chunks: per choice (`index`, n > 1 interleaved as the engine
         generates them) its role, reasoning_content / content deltas, tool_calls and finish."""
-        import time
-
         from .textstream import Turn
 
         head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"chat.completion.chunk","created":' + \
@@ -349,7 +365,7 @@ class Front:
     # -- decisions -----------------------------------------------------------------------
 
     async def classify(self, request):
-        from . import classify
+        import reflex_ipc.front.classify as classify
 
         self.check_auth(request)
         req = api.decode(await self.read_body(request), classify.ClassifyRequest)
@@ -359,7 +375,7 @@ class Front:
     # -- Anthropic's Messages API --------------------------------------------------------
 
     async def messages(self, request):
-        from . import anthropic as A
+        import reflex_ipc.front.anthropic as A
 
         self.check_auth(request)
         req = api.decode(await self.read_body(request), A.MessagesRequest)
@@ -373,7 +389,7 @@ class Front:
                            media_type="text/event-stream")
 
     async def _messages_stream(self, first, events, model, tools, stops):
-        from . import anthropic as A
+        import reflex_ipc.front.anthropic as A
         from .textstream import Turn
 
         turn, st = Turn(tools), A.StreamState()
@@ -409,7 +425,7 @@ class Front:
     # -- OpenAI's Responses API ----------------------------------------------------------
 
     async def responses(self, request):
-        from . import responses as R
+        import reflex_ipc.front.responses as R
         from .textstream import split_reasoning
 
         self.check_auth(request)
@@ -424,9 +440,7 @@ class Front:
         return EventStream(self._responses_stream(ev, events, req, model, bool(params.get("tools"))))
 
     async def _responses_stream(self, first, events, req, model, tools):
-        import time
-
-        from . import responses as R
+        import reflex_ipc.front.responses as R
         from .textstream import Turn
 
         E, turn = R.Events(), Turn(tools)
@@ -523,7 +537,74 @@ class Front:
                 yield E("response.completed" if status == "completed" else "response.incomplete", response=final)
 
 
+class _Coalescing:
+    """A transport whose writes within one turn of the event loop go out as one write:
+    uvicorn writes a response's status line and headers, then its body, each with its
+    own send(); joined, a response costs one syscall and wakes the client once. Every
+    other attribute is the transport's."""
+
+    __slots__ = ("_t", "_loop", "_buf")
+
+    def __init__(self, transport, loop):
+        self._t, self._loop, self._buf = transport, loop, None
+
+    def write(self, data):
+        if self._buf is None:
+            self._buf = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._buf.append(data)
+
+    def _flush(self):
+        buf, self._buf = self._buf, None
+        if buf:
+            self._t.write(buf[0] if len(buf) == 1 else b"".join(buf))
+
+    def writelines(self, items):
+        for data in items:
+            self.write(data)
+
+    def close(self):
+        self._flush()
+        self._t.close()
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def http_protocol():
+    """uvicorn's HTTP protocol (httptools, else h11) on a coalescing transport."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):
+        def connection_made(self, transport):
+            super().connection_made(_Coalescing(transport, asyncio.get_running_loop()))
+
+    return Protocol
+
+
+def uvicorn_config(app, *, host="127.0.0.1", port=8080, log_level="warning"):
+    import uvicorn
+
+    # no access log, so no X-Forwarded-For rewriting either (proxy_headers: a middleware
+    # call per request)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          lifespan="on", timeout_graceful_shutdown=5, http=http_protocol(),
+                          proxy_headers=False)
+
+
+def _internal_error(exc):
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return HTTPError(500, f"internal error in the HTTP front: {type(exc).__name__} "
+                     "(the traceback is in its log)", code="internal_error")
+
+
 def build_app(front: Front):
+    """The ASGI application: Starlette's, with the endpoints' exact (method, path) pairs
+    dispatched straight to their handlers (a dict lookup: no route matching, no middleware
+    stack, per request); everything else (other methods and paths: 404/405, lifespan) goes
+    through Starlette."""
+
     def guard(handler, shape=error_response):
         async def endpoint(request):
             try:
@@ -538,6 +619,8 @@ def build_app(front: Front):
                                        headers={"Retry-After": str(front.retry_after)}))
             except (asyncio.CancelledError, ClientDisconnect):
                 return Response(status_code=499)  # the client went away: nobody reads this
+            except Exception as e:  # noqa: BLE001  (a bug in the front: a 500 in the API's shape)
+                return shape(_internal_error(e))
 
         return endpoint
 
@@ -546,22 +629,22 @@ def build_app(front: Front):
                                         code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)))
 
     async def server_error(request, exc):
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        return error_response(HTTPError(500, f"internal error in the HTTP front: {type(exc).__name__} "
-                                        "(the traceback is in its log)", code="internal_error"))
+        return error_response(_internal_error(exc))
 
-    routes = [
-        Route("/health", guard(front.health), methods=["GET"]),
-        Route("/v1/models", guard(front.models), methods=["GET"]),
-        Route("/v1/models/{model:path}", guard(front.model), methods=["GET"]),
-        Route("/v1/completions", guard(front.completions), methods=["POST"]),
-        Route("/v1/chat/completions", guard(front.chat), methods=["POST"]),
-        Route("/v1/embeddings", guard(front.embeddings), methods=["POST"]),
-        Route("/infill", guard(front.infill), methods=["POST"]),
-        Route("/v1/classify", guard(front.classify), methods=["POST"]),
-        Route("/v1/messages", guard(front.messages, anthropic_error), methods=["POST"]),
-        Route("/v1/responses", guard(front.responses), methods=["POST"]),
+    endpoints = [
+        ("/health", front.health, "GET", error_response),
+        ("/v1/models", front.models, "GET", error_response),
+        ("/v1/completions", front.completions, "POST", error_response),
+        ("/v1/chat/completions", front.chat, "POST", error_response),
+        ("/v1/embeddings", front.embeddings, "POST", error_response),
+        ("/infill", front.infill, "POST", error_response),
+        ("/v1/classify", front.classify, "POST", error_response),
+        ("/v1/messages", front.messages, "POST", anthropic_error),
+        ("/v1/responses", front.responses, "POST", error_response),
     ]
+    routes = [Route(path, guard(handler, shape), methods=[method]) for path, handler, method, shape in endpoints]
+    routes.insert(2, Route("/v1/models/{model:path}", guard(front.model), methods=["GET"]))
+    direct = {(method, path): guard(handler, shape) for path, handler, method, shape in endpoints}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -572,5 +655,17 @@ def build_app(front: Front):
             task.cancel()
             await front.engine.close()
 
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    starlette = Starlette(routes=routes, lifespan=lifespan,
+                          exception_handlers={HTTPException: http_error, Exception: server_error})
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            endpoint = direct.get((scope["method"], scope["path"]))
+            if endpoint is not None:
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await starlette(scope, receive, send)
+
+    app.starlette = starlette
+    return app

@@ -185,27 +185,40 @@ class Engine:
 
     async def events(self, op, params):
         """One request: its events, then its result (ReflexError for an error result).
-        Close the iterator (contextlib.aclosing) to cancel it early."""
+        Close the iterator (contextlib.aclosing) to cancel it early. (turn()'s steps
+        inline: this runs per request.)"""
         done = False
+        if self.waiting >= self.max_queue:
+            raise QueueFull()
+        self.waiting += 1
         try:
-            async with self.turn() as client:
-                try:
-                    async with contextlib.aclosing(client.events(op, params)) as evs:
-                        async for ev in evs:
-                            if ev.get("event") == "result":
-                                done = True
-                            yield ev
-                    done = True
-                except ReflexConnectionError as e:
-                    done = True
-                    await self._died(f"the engine connection failed mid-request: {e.message}")
-                    raise EngineUnavailable(self.last_error) from None
-                except ReflexError:
-                    done = True
-                    raise
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+        self.busy = True
+        try:
+            client = await self._ensure()
+            evs = client.events(op, params)
+            try:
+                async for ev in evs:
+                    if ev.get("event") == "result":
+                        done = True
+                    yield ev
+                done = True
+            except ReflexConnectionError as e:
+                done = True
+                await self._died(f"the engine connection failed mid-request: {e.message}")
+                raise EngineUnavailable(self.last_error) from None
+            except ReflexError:
+                done = True
+                raise
+            finally:
+                await evs.aclose()
         finally:
             if not done:
                 self.cancelled += 1
+            self.busy = False
+            self._lock.release()
 
     async def request(self, op, params):
         result = None

@@ -21,13 +21,13 @@ response.function_call_arguments.delta / .done, response.completed, each with it
 
 import json
 import time
-import uuid
 from typing import Annotated, Any, Optional, Union
 
 import msgspec
 from msgspec import Meta
 
 from .api import MAX_TOKENS, HTTPError, unsupported
+from .api import new_id as _new_id
 from .sampling import Extras, extras
 
 
@@ -184,7 +184,7 @@ def params(req: ResponsesRequest, default_max_tokens=512, extra=None):
 # -- responses -------------------------------------------------------------------------------
 
 def new_id(prefix):
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+    return _new_id(prefix, "_")
 
 
 def usage(result, reasoning_tokens=0):

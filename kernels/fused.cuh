@@ -10,6 +10,9 @@
 //                          written to the layer's f16 cache: one warp per head row
 //   attention_split_last_f16kv   split-key attention whose last block per (head, query) merges
 //                          the partials (attention_split_f16kv + attention_combine in one launch)
+//   residual_add_f32       x = (x + scale * rms_norm(y, w, eps)) * out_scale in place (base.py's
+//                          residual_add: a post-norm residual, a residual scale, a layer output
+//                          scale): rmsnorm_f32 + scale_f32 + add_f32 + scale_f32 in one launch
 //
 // The RMSNorm folds into the matvec for free: y[r] = s * sum_k W[r,k] * x[k] * nw[k] with
 // s = 1/sqrt(mean(x^2) + eps), and every warp reads all of x for its dot product anyway,
@@ -268,4 +271,24 @@ attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict
         op[d] = L > 0.f ? a / L : 0.f;
     }
     if (threadIdx.x == 0) count[hn] = 0u;  // ready for the next launch (stream order)
+}
+
+
+// x = (x + scale * post(y)) * out_scale in place over rows of `dim` (x, y [rows, dim]), post(y) =
+// y / sqrt(mean(y^2) + eps) * w (w may be null) when norm, else y: base.py's residual_add, the
+// plain ops' order of operations (norm, weight, scale, add, output scale). One block per row.
+RX_EXTERN void residual_add_f32(float* x, const float* y, const float* w, int dim, int norm, float eps, float scale,
+                                float out_scale) {
+    float* xr = x + (long long)blockIdx.x * dim;
+    const float* yr = y + (long long)blockIdx.x * dim;
+    float r = 1.f;
+    if (norm) {
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += yr[i] * yr[i];
+        r = rsqrtf(block_sum(ss) / dim + eps);
+    }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = norm ? yr[i] * r * (w ? w[i] : 1.f) : yr[i];
+        xr[i] = (xr[i] + v * scale) * out_scale;
+    }
 }

@@ -195,7 +195,7 @@ class Model:
 
         extra = prepare.generate_extras(self.runner, logprobs=req.logprobs, cache_prompt=req.cache_prompt,
                                         json_schema=req.json_schema, regex=req.regex,
-                                        grammar=req.grammar)
+                                        grammar=req.grammar, prefix_cache=req.prefix_cache)
         params = Params.of(req, stop=stops(req), reasoning=reasoning)
         g = self.runner.stream(prompt, params, should_cancel=should_cancel, **extra, **kw)
         for ev in g:
@@ -231,7 +231,8 @@ class Model:
         t0 = time.perf_counter()
         ids = prepare.infill_ids(
             self.runner, req.prefix, req.suffix, prompt=req.prompt, max_tokens=req.max_tokens,
-            input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra])
+            input_extra=[{"filename": c.filename, "text": c.text} for c in req.input_extra],
+            prefix_cache=req.prefix_cache)
         out = yield from self._decode(req, ids, on_token, should_cancel)
         return _timed(out, self.name, t0)
 
@@ -249,7 +250,8 @@ class Model:
         t0 = time.perf_counter()
         out = self.runner.system1(self._chat_prompt(req), list(req.candidates),
                                   temperature=req.temperature, should_cancel=should_cancel,
-                                  cache_prompt=req.cache_prompt, **kv_args(req))
+                                  cache_prompt=req.cache_prompt, **kv_args(req),
+                                  **({} if req.prefix_cache else {"prefix_cache": False}))
         return _timed(out, self.name, t0)
 
     system1 = decide
@@ -278,7 +280,8 @@ class Model:
         t0 = time.perf_counter()
         texts = [req.input] if isinstance(req.input, str) else list(req.input)
         out = dict(self.runner.embed(texts, pooling=req.pooling, normalize=req.normalize,
-                                     should_cancel=should_cancel))
+                                     should_cancel=should_cancel,
+                                     **({} if req.prefix_cache else {"prefix_cache": False})))
         out["embeddings"] = [e.tolist() if hasattr(e, "tolist") else list(e) for e in out["embeddings"]]
         return _timed(out, self.name, t0)
 

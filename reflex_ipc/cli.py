@@ -24,6 +24,7 @@ COMMANDS = {
     "smoke": ("smoke", "load the CUDA kernels, launch one, report timings"),
     "doctor": ("doctor", "report GPU, driver, pycuda, kernel images, NVML"),
     "bench": ("bench", "cold-start, warm and decode benchmarks"),
+    "cache": ("cache", "the prefix cache of saved prompt states: ls, clear"),
 }
 
 
@@ -119,11 +120,33 @@ def _detach():
     os._exit(128 - code if code < 0 else code or 1)
 
 
+def _fork_off():
+    """Return in a child that the caller no longer waits for: the parent exits (its status
+    was decided: the caller's answer is out), the child lets go of the standard streams."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return  # no child: the work happens here, before the exit
+    if pid:
+        os._exit(_EXIT_STATUS[0])
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+
+
+_EXIT_STATUS = [0]
+
+
 def main(argv=None) -> int:
     """Entry point. As the console script (argv None) it ends with os._exit once its
     output is flushed, so interpreter teardown stays off the caller's wall clock; a one-shot
     command that will hold a CUDA context also runs in a detached child (_detach), which
-    keeps the driver's teardown off it too."""
+    keeps the driver's teardown off it too. The prefix cache's writes happen after the
+    answer: in that child, or else in a child forked once the output is flushed (only when
+    something is to be written; REFLEX_DETACH=0: before this process exits)."""
     if argv is not None:
         return _main(list(argv))
     args = sys.argv[1:]
@@ -145,8 +168,20 @@ def main(argv=None) -> int:
                 stream.flush()
         except (OSError, ValueError):
             pass  # a vanished reader: nothing left to tell it
+    _EXIT_STATUS[0] = rc or 0
     if done is not None:
         done(rc or 0)
+    store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+    if store is not None and store.PENDING:
+        # the prompt's state into the prefix cache, after the answer: in the detached child,
+        # else in a child forked now (only when there is something to write), so that the
+        # caller has its exit status at once
+        from . import settings
+
+        if done is None and settings.get().detach is not False:
+            _fork_off()
+        store.flush()
+    if done is not None and "reflex_ipc.cuda" in sys.modules:
         from .cuda import teardown_when_no_init
 
         teardown_when_no_init()

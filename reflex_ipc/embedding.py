@@ -11,9 +11,11 @@ def _ms(t0, t1=None):
     return round(((time.perf_counter() if t1 is None else t1) - t0) * 1e3, 3)
 
 
-def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None) -> dict:
+def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None, prefix_cache=True) -> dict:
     """Pooled final hidden states (after the final norm) of each text: the mean over its
-    tokens, the last token's, or the first token's ("cls"); L2-normalized on request."""
+    tokens, the last token's, or the first token's ("cls"); L2-normalized on request.
+    With "last" pooling only the last token's hidden state counts, so the prefix cache
+    (prefix_cache) and the state the previous request left give the leading tokens'."""
     import numpy as np
 
     t0 = time.perf_counter()
@@ -25,6 +27,11 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
         raise ReflexError("invalid_request", "no texts to embed")
     check = runner._checker(should_cancel)
     vectors, n_tokens = [], []
+    tail_only = pooling == "last"
+    from .runtime import prefixstore
+
+    prefixstore.begin(runner, prefix_cache and tail_only)  # the last text's prompt is saved
+    timings = {}
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise ReflexError("invalid_request", f"text {i} is not a string")
@@ -35,7 +42,7 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
             raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                               f"context of {runner.n_ctx}")
         acc = first = last = None
-        for h in runner.exec.hidden(ids, check=check):
+        for h in runner.exec.hidden(ids, check=check, reuse=tail_only):
             h = runner.ops.to_numpy(h).astype(np.float64)
             acc = h.sum(axis=0) if acc is None else acc + h.sum(axis=0)
             first = h[0] if first is None else first
@@ -47,5 +54,6 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None)
         vectors.append(v.astype(np.float32).tolist())
         n_tokens.append(len(ids))
     t_end = time.perf_counter()
+    prefixstore.end(runner, timings)
     return {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
-            "timings": {"total": _ms(t0, t_end)}}
+            "timings": {"total": _ms(t0, t_end), **timings}}

@@ -14,6 +14,7 @@ the GGUF's add_bos flag. Errors are ReflexError with the protocol's kinds.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from .errors import ReflexError
@@ -213,6 +214,9 @@ class Runner:
         return self.tok.decode(list(ids), special=special)
 
     def close(self):
+        store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+        if store is not None:
+            store.flush(self)  # what the last request queued, from the state it left
         self.exec.close()
         for a in self.lora:
             a.close()
@@ -310,7 +314,7 @@ class Runner:
 
     # -- the algorithms ----------------------------------------------------------------
     def stream(self, prompt, params=None, *, constraint=None, on_logits=None, should_cancel=None,
-               cache_prompt=True, kv_import=None, kv_export=None, **kw):
+               cache_prompt=True, kv_import=None, kv_export=None, prefix_cache=True, **kw):
         """A generation.Generation of `prompt` (a string, or a list of token ids used as is):
         iterate it for the token events, then read its .result. `params` (a
         generation.Params) says what to generate; keyword arguments name its fields instead
@@ -331,7 +335,9 @@ class Runner:
         tokens, tokenized without BOS, and only that is evaluated. kv_export: a file to save
         the state to once the prompt is evaluated (before generating). The result then has
         "kv_import"/"kv_export": {"path", "n_tokens"[, "bytes"]} and timings
-        state_load/state_save.
+        state_load/state_save. prefix_cache: start from the prefix cache's saved state of the
+        prompt's leading tokens and queue the prompt's state for it after the answer
+        (runtime/prefixstore.py); timings prefix_cache_tokens / prefix_cache_import.
         """
         from .generation import Generation, Params
 
@@ -341,7 +347,7 @@ class Runner:
             params = params.replace(**kw)
         return Generation(self, prompt, params, constraint=constraint, on_logits=on_logits,
                           should_cancel=should_cancel, cache_prompt=cache_prompt,
-                          kv_import=kv_import, kv_export=kv_export)
+                          kv_import=kv_import, kv_export=kv_export, prefix_cache=prefix_cache)
 
     def generate(self, prompt, params=None, *, on_token=None, **kw) -> dict:
         """stream(prompt, params, **kw) run to the end. Returns

@@ -19,6 +19,14 @@ Texts are tokenized without BOS and without parsing special tokens. The prefix
 keeps its last 3/4 * N_BATCH tokens, the suffix its first N_BATCH/4 - 2 -
 len(prompt) tokens, and the extra context its last n_ctx - N_BATCH - 2 *
 max_tokens tokens (llama.cpp's budget with its default batch of 2048).
+
+One difference, with `align` (the prefix cache's block size, when the request uses
+the cache): a prefix longer than its budget is cut at a multiple of `align` tokens from
+its start (keeping between budget - align + 1 and budget tokens) instead of exactly
+`budget` tokens from its end. llama.cpp's cut moves with every token typed before the
+cursor, so nothing of the prompt after the cut point would ever repeat; this one moves
+only once per `align` tokens, so the saved state of the unchanged text before an edit
+stays usable (prefix store, runtime/prefixstore.py).
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ def has_fim(tok) -> bool:
 
 
 def infill_prompt(tok, prefix: str, suffix: str, *, input_extra=None, prompt: str = "",
-                  n_ctx: int = 4096, max_tokens: int = 64, n_batch: int = N_BATCH) -> list:
-    """The prompt token ids for prefix/suffix (and extra files), llama.cpp's layout."""
+                  n_ctx: int = 4096, max_tokens: int = 64, n_batch: int = N_BATCH, align: int = 0) -> list:
+    """The prompt token ids for prefix/suffix (and extra files), llama.cpp's layout (with
+    align > 0: a long prefix cut at a multiple of align tokens, see the module's doc)."""
     if not has_fim(tok):
         raise ReflexError("invalid_request", "`infill`: this model has no fill-in-the-middle "
                                              "tokens (FIM prefix, suffix and middle)")
@@ -72,6 +81,9 @@ def infill_prompt(tok, prefix: str, suffix: str, *, input_extra=None, prompt: st
     s_ids = enc(suffix)
     extra_prompt = tok.encode(prompt, add_bos=False, parse_special=True) if prompt else []
     n_pre = min(len(p_ids), 3 * (n_batch // 4))
+    if align > 0 and n_pre < len(p_ids):
+        cut = -(-(len(p_ids) - n_pre) // align) * align  # the first multiple of align that fits
+        n_pre = len(p_ids) - cut
     n_suf = min(len(s_ids), max(0, n_batch // 4 - (2 + len(extra_prompt))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * max_tokens), len(extra))
     p_ids = p_ids[len(p_ids) - n_pre:]

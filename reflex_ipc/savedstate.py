@@ -55,7 +55,8 @@ def open_checked(runner, path):
     return sf
 
 
-def check(runner, sf):
+def check(runner, sf, segment=False):
+    """sf against the runner (segment: a prefix-store segment, which may start past 0)."""
     import os
 
     def bad(msg):
@@ -70,8 +71,11 @@ def check(runner, sf):
                   f"{os.path.basename(runner.path)} has {digest.hex()[:16]})")
     if sf.adapters_digest != adig:
         raise bad("the state was saved with other LoRA adapters or scales than this model has loaded")
-    if sf.n_tokens > runner.n_ctx:
-        raise bad(f"the state holds {sf.n_tokens} tokens; n_ctx {runner.n_ctx} is too small")
+    if sf.start and not segment:
+        raise bad(f"the file holds the state of tokens from position {sf.start} on (a prefix "
+                  "store segment), not a state to start from")
+    if sf.start + sf.n_tokens > runner.n_ctx:
+        raise bad(f"the state holds {sf.start + sf.n_tokens} tokens; n_ctx {runner.n_ctx} is too small")
     specs = runner.model.state_spec()
     if len(specs) != len(sf.layers):
         raise bad(f"{len(sf.layers)} layers of state; the model has {len(specs)}")
@@ -93,9 +97,10 @@ def restore(runner, sf, room=0):
     """Make the executor's state hold the saved tokens and arrays, with room for `room`
     more tokens (so that the request that follows needs no larger state)."""
     ex = runner.exec
+    loaded = sf.load(runner.ops)  # read and checked first: a bad file leaves the state as it was
     ex.forget()
     st = ex.reserve(max(sf.n_tokens + room, 1))
-    sf.restore(st)
+    sf.restore(st, loaded=loaded)
 
 
 def load(runner, path) -> dict:

@@ -15,7 +15,7 @@ def _ms(t0, t1=None):
 
 
 def system1(runner, prompt, candidates, *, temperature=1.0, should_cancel=None, cache_prompt=True,
-            kv_import=None, kv_export=None) -> dict:
+            kv_import=None, kv_export=None, prefix_cache=True) -> dict:
     """Score candidate continuations of `prompt` in one forward pass over all of them.
 
     Every candidate's tokens are stored after the prompt, each attending to the prompt and
@@ -44,6 +44,9 @@ def system1(runner, prompt, candidates, *, temperature=1.0, should_cancel=None, 
         raise ReflexError("invalid_request", f"temperature must be > 0, not {temperature}")
     check = runner._checker(should_cancel)
     extra_out, extra_t = {}, {}
+    from .runtime import prefixstore
+
+    prefixstore.begin(runner, prefix_cache)  # the prefix cache (runtime/prefixstore.py)
     sf = runner._open_state(kv_import) if kv_import is not None else None
     try:
         return _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, kv_export,
@@ -177,6 +180,9 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
         extra_t.update(saved.pop("timings"))
         extra_out["kv_export"] = saved
     t_end = time.perf_counter()
+    from .runtime import prefixstore
+
+    prefixstore.end(runner, extra_t)
     return {
         **extra_out,
         "candidates": out,

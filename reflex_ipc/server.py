@@ -184,6 +184,7 @@ class Server:
                 self.busy = True
                 try:
                     self.handle(line, conn)
+                    _after_answer()
                 finally:
                     self.busy = False
                     self.cancel = False
@@ -248,6 +249,13 @@ class Server:
                 f"{self.max_result_bytes}", timings))
         conn.write(data)
 
+
+def _after_answer():
+    """Work that waits until the result is written: the prefix cache's writes
+    (runtime/prefixstore.py), when a request queued some."""
+    store = sys.modules.get("reflex_ipc.runtime.prefixstore")
+    if store is not None and store.PENDING:
+        store.flush()
 
 
 class Call:

@@ -29,7 +29,8 @@ TABLE = (
     ("REFLEX_MODEL", "text", None, "engine",
      "The default model: a GGUF path or alias (unset: `smollm2`)."),
     ("REFLEX_CACHE", "path", None, "engine",
-     "Reflex's cache folder (models/, tokenizer/; unset: `~/.cache/reflex-ipc`)."),
+     "Reflex's cache folder (models/, tokenizer/, prefix/; unset: reflex-ipc/ in "
+     "`$XDG_CACHE_HOME`, else `~/.cache/reflex-ipc`)."),
     ("REFLEX_TOKENIZER_CACHE", "flag", True, "engine",
      "Keep each vocabulary's hashed index in the cache folder (0: build it in every process)."),
     ("REFLEX_LORA", ("merge", "runtime"), None, "engine",
@@ -37,7 +38,22 @@ TABLE = (
      "numpy, runtime on cpu and cuda)."),
     ("REFLEX_DETACH", "flag", None, "cli",
      "Run one-shot commands in a detached child so the CUDA driver's teardown happens after the "
-     "caller has its answer (unset: when pycuda is installed)."),
+     "caller has its answer (unset: when pycuda is installed); 0 also writes the prefix cache "
+     "before exiting instead of in a child forked after the answer."),
+    ("REFLEX_PREFIX_CACHE", "flag", True, "engine",
+     "The prefix cache: prompts' saved states shared by the machine's reflex processes, read "
+     "instead of evaluating a prompt's start and written after the answer (0: off; one request: "
+     "`prefix_cache: false`, `--no-prefix-cache`)."),
+    ("REFLEX_PREFIX_CACHE_DIR", "path", None, "engine",
+     "The prefix cache's folder (unset: prefix/ in the cache folder)."),
+    ("REFLEX_PREFIX_CACHE_MAX", "text", "4G", "engine",
+     "The prefix cache's size cap in bytes, or with K, M, G, T (powers of 1024); the least "
+     "recently used files go first."),
+    ("REFLEX_PREFIX_CACHE_BLOCK", "count", 256, "engine",
+     "Tokens per prefix-cache block (at least 16; prompts under half a block are not cached)."),
+    ("REFLEX_PREFIX_CACHE_SHARE", "flag", False, "engine",
+     "A backend also reads the prefix-cache segments other backends saved (within float16 "
+     "rounding of its own answer)."),
     ("REFLEX_T_LAUNCH", "int", None, "cli",
      "Set by benchmark harnesses (`reflex bench`): the spawn time (time.time_ns()), origin of "
      "the phase marks."),
@@ -110,7 +126,7 @@ TABLE = (
     ("REFLEX_FUZZ_SEED", "int", 12, "harness",
      "tests/test_fuzz.py's seed."),
     ("REFLEX_PARITY_DEVICES", "text", "numpy,cpu", "harness",
-     "The backends tests/test_parity.py compares with llama.cpp, comma-separated."),
+     "The backends tests/arch/test_goldens.py compares with llama.cpp, comma-separated."),
     ("REFLEX_CMD", "text", None, "harness",
      "The command the client suites (clients/*/tests) start as the real server (unset: "
      "`reflex stdio`)."),

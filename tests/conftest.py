@@ -27,6 +27,16 @@ def missing(what: str, why: str, install: str):
     pytest.skip(msg)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _prefix_store_dir(tmp_path_factory):
+    """The prefix store (reflex_ipc/runtime/prefixstore.py) of every test and of the processes
+    they start: a folder of this session, never the user's cache."""
+    from reflex_ipc import settings
+
+    os.environ["REFLEX_PREFIX_CACHE_DIR"] = str(tmp_path_factory.mktemp("prefix-store"))
+    settings.reset()
+
+
 @pytest.fixture
 def monkeypatch(monkeypatch):
     """pytest's monkeypatch, except that setting or removing a REFLEX_* variable makes

@@ -486,7 +486,7 @@ def test_device_names():
 # Measured (tests/data synthetic models and SmolLM2 Q4_1, the prompts below): the cpu
 # backend's logits differ from the numpy oracle's by at most ~1-3% of max|logit| (int8
 # activation rounding and the float16 KV cache; llama.cpp on the same files is 2-4% away
-# from exact arithmetic, tests/test_parity.py). Bounds: 5% of max|logit| for the logits,
+# from exact arithmetic, tests/arch/test_goldens.py). Bounds: 5% of max|logit| for the logits,
 # greedy divergence only at a near tie of the oracle (< 2% of max|logit|), and the mean
 # |log-prob difference| of the oracle's greedy tokens under 0.15 nats.
 MODEL_LOGIT_TOL = 0.05

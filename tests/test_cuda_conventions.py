@@ -171,11 +171,11 @@ class CudaConventions(NumpyOps):
 
 @pytest.fixture(scope="module")
 def family_files(tmp_path_factory):
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf, examples
 
     d = tmp_path_factory.mktemp("conventions")
-    return {name: family_gguf(d / f"{name}.gguf", **cfg, qtype="Q8_0") for name, cfg in FAMILY_CONFIGS.items()
-            if cfg["arch"] in ("gemma4", "deepseek2")}
+    return {name: example_gguf(name, d / f"{name}.gguf", qtype="Q8_0") for name, (arch, spec) in examples().items()
+            if arch in ("gemma4", "deepseek2") and not spec.get("quantize")}
 
 
 @pytest.mark.parametrize("name", ["gemma4", "gemma4_moe", "gemma4_e2b", "gemma4_fused_qkv", "deepseek2_v2",
@@ -211,13 +211,14 @@ def test_auto_keeps_wide_gemma4_heads_off_cuda(tmp_path):
     (real files: 512 on the global layers); then auto picks the cpu backend."""
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.models import CUDA_MAX_HEAD_DIM, NO_CUDA, cuda_unfit
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     assert CUDA_MAX_HEAD_DIM == cuda_ops.ATT_MAX_HD and "gemma4" not in NO_CUDA
-    small = family_gguf(tmp_path / "small.gguf", **FAMILY_CONFIGS["gemma4"])
+    small = example_gguf("gemma4", tmp_path / "small.gguf")
     with GGUFFile(small) as f:
         assert cuda_unfit(f) is None
-    wide = family_gguf(tmp_path / "wide.gguf", **dict(FAMILY_CONFIGS["gemma4"], head_dim=512))
+    wide = example_gguf("gemma4", tmp_path / "wide.gguf", keys={
+        "attention.key_length": 512, "attention.value_length": 512, "rope.dimension_count": 512})
     with GGUFFile(wide) as f:
         assert "512" in cuda_unfit(f)
 

@@ -2,7 +2,9 @@
 backend: exactly the unfused op sequences they stand for, and right against float64
 references, on weights loaded from GGUF blocks of several formats. The CUDA kernels
 behind them are checked on a GPU host (reflex_ipc/testing/opchecks.py, run by
-scripts/gpu/gpu-check) and their launches in tests/test_kernels_build.py."""
+scripts/gpu/gpu-check) and their launches in tests/test_kernels_build.py; every
+architecture's layer blocks drive base.FUSED_OPS like the plain ops in tests/arch/test_matrix.py
+(testing.fused_numpy.FusedNumpy)."""
 
 import math
 
@@ -11,7 +13,7 @@ import pytest
 
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.ggml_types import TYPES
-from reflex_ipc.models.common import linear, residual
+from reflex_ipc.models.blocks import linear, residual
 from reflex_ipc.testing import opchecks
 from reflex_ipc.testing.opchecks import random_weight, weights_gguf
 from reflex_ipc.testing.references import rms_norm_rope_ref
@@ -170,7 +172,8 @@ def test_gpu_checks_of_the_fused_ops_pass_on_numpy(ops):
     check_rng = np.random.default_rng(5)
     for check in (opchecks.check_matmul_n, opchecks.check_matmul_glu,
                   opchecks.check_rms_norm_rope, opchecks.check_rms_norm_matmul_n,
-                  opchecks.check_rms_norm_matmul_glu, opchecks.check_qk_rope_kv_store):
+                  opchecks.check_rms_norm_matmul_glu, opchecks.check_qk_rope_kv_store,
+                  opchecks.check_residual_add):
         rows = check(ops, check_rng)
         assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]][:3]
 
@@ -198,114 +201,6 @@ def test_mmnorm_grid_covers_every_row_once(Ms, split):
                         continue
             seen[(wi, row)] = seen.get((wi, row), 0) + 1
     assert seen == {(wi, r): 1 for wi, M in enumerate(Ms) for r in range(M)}
-
-
-class _FusedNumpy(NumpyOps):
-    """The numpy backend plus base.FUSED_OPS written independently (float64 inside), so that the
-    model code's calls of the fused ops (which norm, which eps, positions vs slots, which
-    cache) are checked on the CPU the way the CUDA backend receives them."""
-
-    def rms_norm_matmul_n(self, x, w_norm, eps, ws):
-        h = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w_norm
-        return [(h @ np.asarray(w, np.float64).T).astype(np.float32) for w in ws]
-
-    def rms_norm_matmul_glu(self, x, w_norm, eps, w_gate, w_up, act="silu"):
-        g, u = self.rms_norm_matmul_n(x, w_norm, eps, [w_gate, w_up])
-        return (self.swiglu if act == "silu" else self.geglu)(g, u)
-
-    def qk_rope_kv_store(self, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, slots, *, norm=True,
-                         n_rot=None, base=10000.0, freq_scale=1.0, freq_factors=None, neox=False, mscale=1.0):
-        n_rot = q.shape[-1] if n_rot is None else n_rot
-        for a, w in ((q, q_norm), (k, k_norm)):
-            r = rms_norm_rope_ref(a, w, eps, pos, n_rot, base, freq_scale, freq_factors, neox, mscale)
-            if not norm:  # rope alone: the reference's normalization undone
-                r = rms_norm_rope_ref(a, None, eps, pos, n_rot, base, freq_scale, freq_factors, neox, mscale) * \
-                    np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
-            a[...] = r
-        k_cache[:, slots] = k.transpose(1, 0, 2)
-        v_cache[:, slots] = v.transpose(1, 0, 2)
-        return q, k
-
-
-@pytest.mark.parametrize("arch,kw", [("qwen3", dict(qk_norm=True, head_dim=16)), ("llama", {}),
-                                     ("qwen2", dict(qkv_bias=True))])
-def test_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, monkeypatch, arch, kw):
-    """models/llama.py through base's fused functions on a backend that has them (_FusedNumpy):
-    a prefill then a one-token decode give the logits of REFLEX_FUSE=0 (the plain ops)."""
-    from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.models import load_model
-    from reflex_ipc.runtime.batch import Batch
-    from reflex_ipc.testing.synthetic import tiny_gguf
-
-    path = str(tmp_path / "m.gguf")
-    tiny_gguf(path, arch=arch, **kw)
-    outs = []
-    for fuse in ("1", "0"):
-        monkeypatch.setenv("REFLEX_FUSE", fuse)
-        ops = _FusedNumpy()
-        m = load_model(ops, GGUFFile(path))
-        st = m.new_state(ops, 16)
-        a = m.forward(st, Batch(ops, [1, 2, 3, 4], [0, 1, 2, 3]))
-        b = m.forward(st, Batch(ops, [5], [4]))
-        outs.append(np.concatenate([a, b]))
-    np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())
-
-
-class _HybridFusedNumpy(_FusedNumpy):
-    """_FusedNumpy plus base.py's fused ops of the hybrid layers, written independently from
-    their definitions (float64 inside): l2 as t / sqrt(sum t^2 + eps), the norm gate, ..."""
-
-    def delta_gates(self, alpha, dt_bias, a, b):
-        v = alpha.astype(np.float64) + dt_bias
-        sp = np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20))))
-        return (sp * a).astype(np.float32), (1 / (1 + np.exp(-b.astype(np.float64)))).astype(np.float32)
-
-    def ssm_conv_silu(self, x, state, w, seqs=None):
-        y = self.ssm_conv(x, state, w, seqs).astype(np.float64)
-        return (y / (1 + np.exp(-y))).astype(np.float32)
-
-    def delta_qkv(self, c, n_k, n_v, d, eps):
-        h = c.astype(np.float64).reshape(c.shape[0], 2 * n_k + n_v, d)
-        qk = h[:, :2 * n_k] / np.sqrt((h[:, :2 * n_k] ** 2).sum(-1, keepdims=True) + eps)
-        return qk[:, :n_k].astype(np.float32), qk[:, n_k:].astype(np.float32), h[:, 2 * n_k:].astype(np.float32)
-
-    def rms_norm_gate(self, x, w, eps, z):
-        x, z = x.astype(np.float64), z.astype(np.float64)
-        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w * z / (1 + np.exp(-z))).astype(np.float32)
-
-    def sigmoid_gate(self, a, x, start, width):
-        s = 1 / (1 + np.exp(-x[..., start:start + width].astype(np.float64)))
-        return (a * s.reshape(a.shape)).astype(np.float32)
-
-
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
-def test_hybrid_model_code_drives_the_fused_ops_like_the_plain_ones(tmp_path, monkeypatch, arch):
-    """models/qwen35.py through base's hybrid fused functions (_HybridFusedNumpy has them): a
-    prefill of two interleaved sequences, then a one-token decode, give the logits of
-    REFLEX_FUSE=0 (the plain ops)."""
-    from reflex_ipc.gguffile import GGUFFile
-    from reflex_ipc.models import load_model
-    from reflex_ipc.runtime.batch import Batch
-    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
-
-    path = str(tmp_path / "m.gguf")
-    hybrid_gguf(path, **HYBRID_CONFIGS[arch])
-    outs = []
-    for fuse in ("1", "0"):
-        monkeypatch.setenv("REFLEX_FUSE", fuse)
-        ops = _HybridFusedNumpy()
-        calls = []
-        for name in ("delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate"):
-            f = getattr(ops, name)
-            setattr(ops, name, lambda *a, f=f, name=name, **k: calls.append(name) or f(*a, **k))
-        m = load_model(ops, GGUFFile(path))
-        st = m.new_state(ops, 16, n_seq=2)
-        a = m.forward(st, Batch(ops, [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 2, 2], slots=[0, 8, 1, 9, 2, 10],
-                                seqs=[0, 1, 0, 1, 0, 1]))
-        b = m.forward(st, Batch(ops, [5], [3], seqs=[0]))
-        outs.append(np.concatenate([a, b]))
-        assert (len(set(calls)) == 5) == (fuse == "1"), calls
-    np.testing.assert_allclose(outs[0], outs[1], rtol=2e-5, atol=2e-5 * np.abs(outs[1]).max())
 
 
 def test_opchecks_event_timer_times_every_call_between_two_events():

@@ -602,6 +602,21 @@ def test_mapping_of_requests():
                                          b'"input_extra": [{"filename": "f.py", "text": "x"}], "seed": -1}',
                                          api.InfillRequest))
     assert (op, p) == ("infill", {"prefix": "a", "suffix": "b", "input_extra": [{"filename": "f.py", "text": "x"}]})
+    # llama.cpp's sampling fields pass on /infill under their names
+    sampled = {"typical_p": 0.9, "repeat_last_n": 32, "frequency_penalty": 0.5, "presence_penalty": 0.25,
+               "dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": 16,
+               "dry_sequence_breakers": ["\n"]}
+    op, p = api.infill_params(api.decode(json.dumps({"input_prefix": "a", **sampled}).encode(), api.InfillRequest))
+    assert p == {"prefix": "a", "suffix": "", **sampled}
+    # chat's reasoning switches: reasoning_effort "none"/"minimal" is enable_thinking false, an explicit one wins
+    for body, want in (({"reasoning_effort": "none"}, {"enable_thinking": False}),
+                       ({"reasoning_effort": "high"}, {"enable_thinking": True}),
+                       ({"reasoning_effort": "none", "enable_thinking": True, "thinking_budget": 8},
+                        {"enable_thinking": True, "thinking_budget": 8}),
+                       ({"chat_template_kwargs": {"x": 1}}, {"chat_template_kwargs": {"x": 1}})):
+        _, p = api.chat_params(api.decode(json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode(),
+                                          api.ChatRequest))
+        assert {k: p[k] for k in want} == want and ("enable_thinking" in p) == ("enable_thinking" in want)
     e = api.engine_error("invalid_request", "Object contains unknown field `json_schema`", "generate")
     assert (e.status, e.param, e.code) == (400, "response_format", "unsupported_parameter")
     for kind, status in (("context_overflow", 400), ("model_not_found", 404), ("internal", 500),

@@ -33,7 +33,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import KERNELS, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.testing.fake_cuda import FakeArena, RecordingRuntime  # noqa: E402
 
 
 # -- build.py ---------------------------------------------------------------------------
@@ -290,72 +291,7 @@ def test_smoke_and_doctor_report_without_cuda():
             assert p.returncode == (0 if rep["cpu"]["ok"] else 1) and rep["ok"] is rep["cpu"]["ok"]
 
 
-# -- cuda_ops launch logic with a recording fake runtime (no GPU) -------------------------
-class RecordingRuntime:
-    """Stands in for reflex_ipc.cuda.core.Runtime: kernels record (name, grid, block, args)."""
-
-    def __init__(self):
-        self.launches = []
-        self.copies = []
-        self.memsets = []
-        self.pool = Pool(FakeDrv())
-        self.stream = "stream"
-        rt = self
-
-        class Drv:
-            @staticmethod
-            def memcpy_htod_async(ptr, a, stream):
-                rt.copies.append((ptr, a.copy(), stream))
-
-            @staticmethod
-            def memset_d32(ptr, value, count):
-                rt.memsets.append((ptr, value, count))
-
-            @staticmethod
-            def memset_d8_async(ptr, value, count, stream):
-                rt.memsets.append((ptr, value, count))
-
-            class device_attribute:
-                MULTIPROCESSOR_COUNT = "sms"
-
-        class Device:
-            @staticmethod
-            def get_attribute(attr):
-                return {"sms": 132}[attr]  # an H100 / H200
-
-        self.drv = Drv()
-        self.device = Device()
-
-    def kernel(self, name):
-        """The kernel's real launcher (keyword arguments: cuda/launch.py, generated from the
-        sources) over a launch that records (name, grid, block, the arguments in order)."""
-        rt = self
-        fmt = KERNELS[name][0]  # a KeyError here means a launch of an unknown kernel
-
-        def pack(*args):
-            struct.pack(fmt, *args)  # the arguments must fit the kernel's layout
-            return args
-
-        def launch(grid, block, args, shared, stream):
-            rt.launches.append((name, grid, block, args))
-
-        return make_kernel(None, name, rt.stream, pack=pack, launch=launch)
-
-
-class FakeArena:
-    def __init__(self, rt, f):
-        self.base = 1 << 30
-        self.start = f.data_offset
-        self.nbytes = 0
-        self._waited = False
-
-    def ptr(self, info):
-        return self.base + (info.offset - self.start)
-
-    def wait(self):
-        self._waited = True
-
-
+# -- cuda_ops launch logic with a recording fake runtime (no GPU: testing/fake_cuda.py) --------
 @pytest.fixture
 def fake_ops(monkeypatch):
     from reflex_ipc.backends import cuda_ops
@@ -737,6 +673,26 @@ def test_cuda_ops_rms_norm_rope_launch(fake_ops):
         ops.rms_norm_rope(x, w, 1e-6, pos, n_rot=130)
 
 
+def test_cuda_ops_residual_add_launch(fake_ops):
+    """residual_add_f32: one block per row, x written in place, the norm's weight only with the
+    norm; the plain ops with REFLEX_FUSE=0 (base.residual_add)."""
+    from reflex_ipc.backends.base import residual_add
+
+    ops = fake_ops
+    x, y, w = ops.empty((3, 1024)), ops.empty((3, 1024)), ops.empty((1024,))
+    assert ops.residual_add(x, y, w, 1e-6, scale=0.5, out_scale=2.0) is x
+    name, grid, block, args = ops.rt.launches[-1]
+    assert (name, grid, block) == ("residual_add_f32", (3, 1, 1), (256, 1, 1))
+    assert args == (x.ptr, y.ptr, w.ptr, 1024, 1, 1e-6, 0.5, 2.0)
+    ops.residual_add(x[:1], y[:1], w, 1e-5, norm=False, scale=0.22)
+    assert ops.rt.launches[-1][3] == (x.ptr, y.ptr, 0, 1024, 0, 1e-5, 0.22, 1.0)
+    with pytest.raises(ValueError):
+        ops.residual_add(x, y[:2], w, 1e-6)
+    n = len(ops.rt.launches)
+    residual_add(ops, x, y, w, 1e-6)  # REFLEX_FUSE=0 (the fixture): rmsnorm_f32 then add_f32
+    assert [launch[0] for launch in ops.rt.launches[n:]] == ["rmsnorm_f32", "add_f32"]
+
+
 def _layer_kernels(ops, path):
     """Kernel names of each layer of one decode step (one token at position 7) of the model
     at path, launched through the recording runtime."""
@@ -752,8 +708,8 @@ def _layer_kernels(ops, path):
         starts = []
         model.forward(state, batch, check=lambda: starts.append(len(ops.rt.launches)))
         names = [launch[0] for launch in ops.rt.launches]
-    # output norm, LM head (+ final softcap); one launch for both with llama.py's fused ops
-    head = {"gemma3": 3}.get(hp.arch, 1 if settings.get().fuse else 2)
+    # output norm, LM head (+ final softcap); one launch for both with the fused ops
+    head = (1 if settings.get().fuse else 2) + (hp.arch == "gemma3")
     bounds = starts + [len(names) - head]
     return [names[a:b] for a, b in zip(bounds, bounds[1:])]
 
@@ -785,27 +741,27 @@ UNIFORM_LAYER_KERNELS = {"llama": 11, "qwen2": 14, "qwen3": 11, "gemma3": 15}
 
 
 def _expected_layer_fused(arch, t):
-    """_expected_layer with fusion on (REFLEX_FUSE unset): llama.py's norm folded into the
-    q/k/v and gate/up matvecs, q/k norm + rope + K/V store in one kernel; for every model the
-    split attention in one launch and one-token matvecs of few rows a block per row (mmsk1)."""
+    """_expected_layer with fusion on (REFLEX_FUSE unset): every model's layer blocks
+    (models/blocks.py) fold the norm into the q/k/v and gate/up matvecs and run q/k norm +
+    rope + K/V store in one kernel; the split attention in one launch and one-token matvecs of
+    few rows a block per row (mmsk1); gemma3's post-norm and residual add in one kernel."""
     mm = {"F16": "f16", "Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "F32": "f32"}
-    if arch == "gemma3":  # its own forward: only the backend-level changes
-        out = [n.replace("mm1_", "mmsk1_") for n in _expected_layer(arch, t) if n != "attention_combine"]
-        return [n.replace("attention_split_f16kv", "attention_split_last_f16kv") for n in out]
     groups = {}
     for name in ("attn_q", "attn_k", "attn_v"):
         groups.setdefault(t[name], []).append(name)
+    post = ["residual_add_f32"] if arch == "gemma3" else []  # the post-norm and the residual add
     out = ["mmnorm1_" + mm[f] for f in groups]
     out += ["add_row_f32"] * 3 if arch == "qwen2" else []
-    out += ["qk_rope_kv_store_f32", "attention_split_last_f16kv", "mmsk1_" + mm[t["attn_output"]]]
+    out += ["qk_rope_kv_store_f32", "attention_split_last_f16kv", "mmsk1_" + mm[t["attn_output"]]] + post
     if t["ffn_gate"] == t["ffn_up"]:
         out.append("mmgnorm1_" + mm[t["ffn_gate"]])
     else:
-        out += ["rmsnorm_f32", "mmsk1_" + mm[t["ffn_gate"]], "mmsk1_" + mm[t["ffn_up"]], "swiglu_f32"]
-    return out + ["mmsk1_" + mm[t["ffn_down"]]]
+        out += ["rmsnorm_f32", "mmsk1_" + mm[t["ffn_gate"]], "mmsk1_" + mm[t["ffn_up"]],
+                "geglu_f32" if arch == "gemma3" else "swiglu_f32"]
+    return out + ["mmsk1_" + mm[t["ffn_down"]]] + post
 
 
-UNIFORM_LAYER_KERNELS_FUSED = {"llama": 6, "qwen2": 9, "qwen3": 6, "gemma3": 14}
+UNIFORM_LAYER_KERNELS_FUSED = {"llama": 6, "qwen2": 9, "qwen3": 6, "gemma3": 8}  # gemma3 was 14
 
 
 @pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS_FUSED))
@@ -824,8 +780,8 @@ def test_models_decode_kernels_per_layer_fused(fake_ops, monkeypatch, arch):
         assert names == _expected_layer_fused(arch, t), t
         if t["attn_q"] == t["attn_k"] == t["attn_v"] and t["ffn_gate"] == t["ffn_up"]:
             assert len(names) == UNIFORM_LAYER_KERNELS_FUSED[arch]
-    if arch != "gemma3":  # output norm + LM head: one launch
-        assert fake_ops.rt.launches[-1][0].startswith("mmnorm1_")
+    # output norm + LM head: one launch (gemma3: then its final softcap)
+    assert fake_ops.rt.launches[-1 - (arch == "gemma3")][0].startswith("mmnorm1_")
 
 
 @pytest.mark.parametrize("arch", sorted(UNIFORM_LAYER_KERNELS))
@@ -975,12 +931,11 @@ def test_qwen35_decode_kernels_per_layer(fake_ops, monkeypatch, tmp_path, fuse):
     """A qwen35 decode step's element-wise kernels: with the fused ops, a Gated DeltaNet layer's
     chain (gates, conv + silu, q/k/v split and L2 norms, gated norm) is four launches and the
     gated attention's sigmoid gate one; REFLEX_FUSE=0 keeps the plain ops' launches."""
-    from reflex_ipc.testing.synthetic import HYBRID_CONFIGS, hybrid_gguf
+    from reflex_ipc.testing.synthetic import example_gguf
 
     monkeypatch.setenv("REFLEX_FUSE", fuse)
     fake_ops._seq_memo = None
-    path = str(tmp_path / "q35.gguf")
-    hybrid_gguf(path, **HYBRID_CONFIGS["qwen35"])
+    path = example_gguf("qwen35", str(tmp_path / "q35.gguf"))
     layers = _layer_kernels(fake_ops, path)
     plain = {"add_row_f32", "softplus_f32", "mul_row_f32", "silu_f32", "columns_f32", "scale_f32", "sigmoid_f32",
              "mul_f32"}

@@ -375,7 +375,7 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
     from reflex_ipc.gguffile import GGUFFile
     from reflex_ipc.models import load_model
     from reflex_ipc.runtime.batch import Batch
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf, examples
 
     class Arena:
         def __init__(self, rt, f):
@@ -393,9 +393,9 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
-    cfg = FAMILY_CONFIGS["qwen3moe"]
+    keys = examples()["qwen3moe"][1]["keys"]
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
-    path = family_gguf(str(tmp_path / "qwen3moe.gguf"), **cfg, tokenizer=tok, qtype="Q8_0")
+    path = example_gguf("qwen3moe", str(tmp_path / "qwen3moe.gguf"), tokenizer=tok, qtype="Q8_0")
     with GGUFFile(path) as f:
         model = load_model(ops, f)
         assert model.capturable
@@ -405,6 +405,6 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
             model.forward(state, Batch(ops, ids, list(range(len(ids)))))
             names = [launch[0] for launch in rt.launches]
             for kern in ("moe_route_f32", "moe_glu_", "moe_down_"):
-                assert sum(n.startswith(kern) for n in names) == cfg["n_layer"], (kern, names)
+                assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
             route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
-            assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (cfg["n_expert"], cfg["n_used"])
+            assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (keys["expert_count"], keys["expert_used_count"])

@@ -113,6 +113,68 @@ def test_cuda_lora_runtime_matches_numpy_merge(tmp_path):
         assert got["cuda"][:6] == case["tokens"][:6], (arch, got["cuda"], case["tokens"])
 
 
+def test_cuda_prefix_store(tmp_path):
+    """The prefix cache on CUDA (issue 29): a fresh CUDA runner reads what an earlier one saved
+    (segments of 16 tokens here) and gives the same tokens on the four synthetic attention
+    models; with REFLEX_PREFIX_CACHE_SHARE=1 the numpy backend reads CUDA's float16
+    segments and agrees on the first tokens. A file corrupted on disk is refused and the
+    answer is unchanged."""
+    from reflex_ipc.runtime import prefixstore
+
+    old = {k: os.environ.get(k) for k in ("REFLEX_PREFIX_CACHE_DIR", "REFLEX_PREFIX_CACHE_BLOCK",
+                                          "REFLEX_PREFIX_CACHE_SHARE", "REFLEX_PREFIX_CACHE")}
+    from reflex_ipc import settings
+
+    os.environ.update(REFLEX_PREFIX_CACHE_DIR=str(tmp_path / "store"), REFLEX_PREFIX_CACHE_BLOCK="16")
+    os.environ.pop("REFLEX_PREFIX_CACHE", None)
+    settings.reset()
+    prompt = P + T
+
+    def run(m, device, **kw):
+        r = load_runner(m, device=device, n_ctx=256)
+        try:
+            out = r.generate(prompt, max_tokens=10, **kw)
+            prefixstore.flush()
+            return out
+        finally:
+            r.close()
+
+    try:
+        for m in MODELS:
+            ref = run(m, "cuda", prefix_cache=False)
+            first = run(m, "cuda")
+            second = run(m, "cuda")
+            n = first["prompt_tokens"]
+            assert first["token_ids"] == ref["token_ids"] and first["timings"]["prefix_cache_tokens"] == 0, m
+            assert second["timings"]["prefix_cache_tokens"] == n - 1, (m, second["timings"])
+            assert second["token_ids"] == ref["token_ids"], (m, second["token_ids"], ref["token_ids"])
+            files = sorted((tmp_path / "store").rglob("*.rxs"))
+            with open(files[0], "r+b") as fh:  # a flipped bit in the first segment's data
+                fh.seek(-1, 2)
+                b = fh.read(1)
+                fh.seek(-1, 2)
+                fh.write(bytes([b[0] ^ 1]))
+            third = run(m, "cuda")
+            assert third["token_ids"] == ref["token_ids"] and third["timings"]["prefix_cache_tokens"] < n - 1, m
+            os.environ["REFLEX_PREFIX_CACHE_SHARE"] = "1"
+            settings.reset()
+            np_ref = run(m, "numpy", prefix_cache=False)
+            shared = run(m, "numpy")
+            os.environ.pop("REFLEX_PREFIX_CACHE_SHARE")
+            settings.reset()
+            assert shared["timings"]["prefix_cache_tokens"] == n - 1, (m, shared["timings"])
+            assert shared["token_ids"][:6] == np_ref["token_ids"][:6], (m, shared["token_ids"], np_ref["token_ids"])
+            prefixstore.clear(str(tmp_path / "store"))
+    finally:
+        prefixstore.PENDING.clear()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        settings.reset()
+
+
 if __name__ == "__main__":
     if CUDA_ERROR is not None:
         print(f"skipped: no CUDA backend: {CUDA_ERROR}")

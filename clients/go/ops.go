@@ -65,6 +65,7 @@ type LogprobEntry struct {
 type DecodeOptions struct {
 	Logprobs    *int   `json:"logprobs,omitempty"`     // nil: none; 0-20
 	CachePrompt *bool  `json:"cache_prompt,omitempty"` // nil: true
+	PrefixCache *bool  `json:"prefix_cache,omitempty"` // nil: true (the machine's prefix cache; false: skip it)
 	JSONSchema  any    `json:"json_schema,omitempty"`  // a JSON Schema (map or json.RawMessage)
 	Regex       string `json:"regex,omitempty"`
 	Grammar     string `json:"grammar,omitempty"` // Lark syntax
@@ -156,6 +157,8 @@ type InfillRequest struct {
 	Suffix        string       `json:"suffix"`
 	InputExtra    []ExtraChunk `json:"input_extra,omitempty"`
 	Prompt        string       `json:"prompt,omitempty"`
+	NIndent       int          `json:"n_indent,omitempty"`         // 0: off; llama.cpp's n_indent
+	TMaxPredictMs int64        `json:"t_max_predict_ms,omitempty"` // 0: off; llama.cpp's t_max_predict_ms
 	MaxTokens     int          `json:"max_tokens,omitempty"`
 	Temperature   float64      `json:"temperature,omitempty"`
 	TopK          int          `json:"top_k,omitempty"`
@@ -186,6 +189,7 @@ type System1Request struct {
 	EnableThinking *bool   `json:"enable_thinking,omitempty"`
 	Temperature    float64 `json:"temperature,omitempty"`  // 0: 1.0
 	CachePrompt    *bool   `json:"cache_prompt,omitempty"` // nil: true
+	PrefixCache    *bool   `json:"prefix_cache,omitempty"` // nil: true (the machine's prefix cache; false: skip it)
 	KVImport       string  `json:"kv_import,omitempty"`
 	KVExport       string  `json:"kv_export,omitempty"`
 	Model          string  `json:"model,omitempty"`
@@ -270,8 +274,10 @@ type EmbedRequest struct {
 	Input     []string `json:"input"`
 	Pooling   string   `json:"pooling,omitempty"` // "": "mean"; "last", "cls"
 	Normalize bool     `json:"normalize,omitempty"`
-	Model     string   `json:"model,omitempty"`
-	Device    string   `json:"device,omitempty"`
+	// nil: true; with Pooling "last" only: the machine's prefix cache (false: skip it)
+	PrefixCache *bool  `json:"prefix_cache,omitempty"`
+	Model       string `json:"model,omitempty"`
+	Device      string `json:"device,omitempty"`
 }
 
 // EmbedResult: embed's result, one vector per input string.

@@ -388,3 +388,23 @@ func TestUDS(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestPrefixCacheSwitch(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	long := strings.Repeat("word ", 200)
+	no := false
+	g, err := c.Generate(ctx, GenerateRequest{Prompt: long, MaxTokens: 1, DecodeOptions: DecodeOptions{PrefixCache: &no}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.Timings["prefix_cache_tokens"]; ok {
+		t.Fatalf("prefix_cache false still read the cache: %v", g.Timings)
+	}
+	s, err := c.System1(ctx, System1Request{Prompt: long, Candidates: []string{" a", " b"}, PrefixCache: &no})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Timings["prefix_cache_tokens"]; ok {
+		t.Fatalf("prefix_cache false still read the cache: %v", s.Timings)
+	}
+}

@@ -102,6 +102,9 @@ export interface DecodeParams {
   logprobs?: number;
   /** Default true: reuse the previous request's prompt prefix. */
   cache_prompt?: boolean;
+  /** Default true: start from the prefix cache's saved state of the prompt's leading tokens
+   * (shared by the machine's reflex processes) and save this prompt's there after the answer. */
+  prefix_cache?: boolean;
   /** A JSON Schema the output must match (at most one of json_schema, regex, grammar). */
   json_schema?: Record<string, unknown> | boolean;
   regex?: string;
@@ -232,6 +235,9 @@ export interface System1Params extends ModelParams, ChatParams {
   temperature?: number;
   /** Default true: reuse the state of the prompt prefix shared with the previous request. */
   cache_prompt?: boolean;
+  /** Default true: start from the prefix cache's saved state of the prompt's leading tokens
+   * (shared by the machine's reflex processes) and save this prompt's there after the answer. */
+  prefix_cache?: boolean;
   /** A saved state file to start from (protocol/STATE.md); prompt is then the text after its tokens. */
   kv_import?: string | null;
   /** Save the state to this file once the prompt is evaluated. */
@@ -316,6 +322,8 @@ export interface EmbedParams extends ModelParams {
   pooling?: 'mean' | 'last' | 'cls';
   /** Default false. */
   normalize?: boolean;
+  /** Default true; with pooling "last" only: the prefix cache, as in generate. */
+  prefix_cache?: boolean;
 }
 
 export interface EmbedResult extends ResultEvent {
@@ -352,6 +360,10 @@ export interface InfillParams extends ModelParams, DecodeParams {
   input_extra?: { filename?: string; text: string }[];
   /** Text after the prefix (special tokens parsed). */
   prompt?: string;
+  /** llama.cpp's n_indent: end at the first new line indented by fewer spaces/tabs (0: off). */
+  n_indent?: number;
+  /** llama.cpp's t_max_predict_ms: end at a newline once this many ms of generation passed (0: off). */
+  t_max_predict_ms?: number;
   max_tokens?: number;
   temperature?: number;
   top_k?: number;

@@ -106,10 +106,10 @@ MLA_OPS = ("split", "concat", "head_matmul")
 
 
 # Fused ops a backend may provide (CudaOps does) to cut the kernels of a decode step. Models
-# do not call them directly but through the functions of the same name below, which run the
+# do not call them (models/blocks.py does) but the functions of the same name below, which run the
 # backend's version when it has one and fusion is on, else the sequence of plain ops that
 # defines them (what numpy and cpu compute). REFLEX_FUSE=0 turns them off (A/B runs).
-FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store",
+FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store", "residual_add",
              # the element-wise chains of the hybrid (Gated DeltaNet / gated attention) layers
              "delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate")
 
@@ -166,6 +166,27 @@ def qk_rope_kv_store(ops, q, k, v, q_norm, k_norm, eps, pos, k_cache, v_cache, s
         k = ops.rope(k, pos, inplace=True, **rope)
     ops.kv_store(k_cache, v_cache, k, v, slots)
     return q, k
+
+
+def residual_add(ops, x, y, w, eps, *, norm=True, scale=1.0, out_scale=1.0):
+    """x = (x + scale * (rms_norm(y, w, eps) if norm else y)) * out_scale, in place on x (which
+    is returned): a residual add after a post-norm (gemma's sandwich norms), scaled (granite's
+    residual_scale), and a layer output scale (gemma4). Exactly
+        y = rms_norm(y, w, eps)  (when norm)
+        y = scale(y, scale)      (when scale != 1)
+        add(x, y, out=x)
+        scale(x, out_scale, out=x)  (when out_scale != 1)"""
+    f = _fused(ops, "residual_add")
+    if f is not None:
+        return f(x, y, w, eps, norm=norm, scale=scale, out_scale=out_scale)
+    if norm:
+        y = ops.rms_norm(y, w, eps)
+    if scale != 1.0:
+        y = ops.scale(y, scale)
+    ops.add(x, y, out=x)
+    if out_scale != 1.0:
+        ops.scale(x, out_scale, out=x)
+    return x
 
 
 def delta_gates(ops, alpha, dt_bias, a, b):

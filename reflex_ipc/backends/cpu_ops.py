@@ -16,7 +16,7 @@ concat run in numpy.
 Numerics: the numpy backend (float32 dequantized weights, float32 KV) stays the
 oracle. The activation rounding adds a relative error of about 0.5/127 per block
 to each product, and the float16 KV cache about 2^-11 per value; the tests bound
-the resulting differences (tests/test_cpu_ops.py, tests/test_parity.py).
+the resulting differences (tests/test_cpu_ops.py, tests/arch/test_goldens.py).
 
 The library is loaded with ctypes at first use. When it is missing or fails to
 load, `available()` says why and the engine falls back to the numpy backend with

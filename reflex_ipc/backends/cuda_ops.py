@@ -666,6 +666,21 @@ class CudaOps:
              neox=1 if neox else 0, mscale=float(mscale))
         return q, k
 
+    def residual_add(self, x, y, w, eps, *, norm=True, scale=1.0, out_scale=1.0):
+        """base.residual_add in one launch (residual_add_f32): x = (x + scale * rms_norm(y, w,
+        eps)) * out_scale (y itself when not norm), in place on x [rows, dim]."""
+        self._f32("residual_add", x, y, *([w] if norm and w is not None else []))
+        dim = x.shape[-1]
+        if y.shape != x.shape or (norm and w is not None and w.shape != (dim,)):
+            raise ValueError(f"residual_add: x {x.shape}, y {y.shape}, w {None if w is None else w.shape}")
+        rows = x.size // dim if dim else 0
+        if rows:
+            threads = 1024 if dim >= 4096 else (256 if dim >= 512 else 64)
+            self.k("residual_add_f32")((rows, 1, 1), (threads, 1, 1), x=x.ptr, y=y.ptr,
+                                       w=w.ptr if norm and w is not None else 0, dim=dim, norm=1 if norm else 0,
+                                       eps=float(eps), scale=float(scale), out_scale=float(out_scale))
+        return x
+
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
             selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
         """base.py's moe on the device, with no host round trip (so a graph can hold it): the

@@ -5,7 +5,10 @@ hints, then report."""
 import sys
 
 MODEL_HELP = {"model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2",
-              "device": "auto: CUDA when usable, else CPU; default: auto"}
+              "device": "auto: CUDA when usable, else CPU; default: auto",
+              "prefix_cache": "neither read nor write the prefix cache (the saved states of "
+                              "prompts' leading tokens that the machine's reflex processes share, "
+                              "written after the answer; see `reflex cache --help`)"}
 
 
 def _positive(text):

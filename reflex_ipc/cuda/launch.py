@@ -348,6 +348,13 @@ def _qk_rope_kv_store_f32(launch, pack, stream):
     return kernel
 
 
+def _residual_add_f32(launch, pack, stream):
+    def kernel(grid, block, *, x, y, w, dim, norm, eps, scale, out_scale, shared=0):
+        return launch(grid, block, pack(x, y, w, dim, norm, eps, scale, out_scale), shared, stream)
+
+    return kernel
+
+
 def _rms_norm_gate_f32(launch, pack, stream):
     def kernel(grid, block, *, x, w, z, y, rows, d, eps, shared=0):
         return launch(grid, block, pack(x, w, z, y, rows, d, eps), shared, stream)
@@ -801,6 +808,7 @@ KERNELS = {
     "mvne_q6_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q8_0": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "qk_rope_kv_store_f32": ("QQQQQQQQQiiiiiiififfQif", _qk_rope_kv_store_f32),
+    "residual_add_f32": ("QQQiifff", _residual_add_f32),
     "rms_norm_gate_f32": ("QQQQiif", _rms_norm_gate_f32),
     "rmsnorm_f32": ("QQQif", _rmsnorm_f32),
     "rmsnorm_rope_f32": ("QQQiiififfQif", _rmsnorm_rope_f32),

@@ -152,6 +152,19 @@ class InfillRequest(Struct, kw_only=True):
     stop: Stop = None
     stream: bool = False
     model: Optional[str] = None
+    n_indent: Optional[Annotated[int, Meta(ge=0, le=2**31 - 1)]] = None
+    t_max_predict_ms: Optional[Annotated[int, Meta(ge=-1, le=INT64_MAX)]] = None
+    cache_prompt: Optional[bool] = None
+    # the rest of llama.cpp's sampling fields (the engine checks the values)
+    typical_p: Optional[float] = None
+    repeat_last_n: Optional[int] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    dry_multiplier: Optional[float] = None
+    dry_base: Optional[float] = None
+    dry_allowed_length: Optional[int] = None
+    dry_penalty_last_n: Optional[int] = None
+    dry_sequence_breakers: Optional[list[str]] = None
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -293,10 +306,15 @@ def infill_params(req: InfillRequest):
     elif n == 0:
         raise HTTPError(400, "`n_predict` must be -1 (the default) or at least 1", param="n_predict",
                         code="invalid_value")
-    for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "stop"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "stop", "n_indent",
+                 "cache_prompt", "typical_p", "repeat_last_n", "frequency_penalty", "presence_penalty",
+                 "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                 "dry_sequence_breakers"):
         v = getattr(req, name)
         if v is not None:
             p[name] = v
+    if req.t_max_predict_ms is not None and req.t_max_predict_ms > 0:
+        p["t_max_predict_ms"] = req.t_max_predict_ms
     if req.seed is not None and req.seed >= 0:
         p["seed"] = req.seed
     return "infill", p
@@ -325,7 +343,9 @@ _FIELD = re.compile(r"`\$\.([A-Za-z_]+)")  # "at `$.x`", "at `key` in `$.x`"
 
 # engine field -> the HTTP parameter it comes from
 HTTP_PARAM = {"messages": "messages", "logprobs": "logprobs", "json_schema": "response_format",
-              "tools": "tools", "tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls", "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra"}
+              "tools": "tools", "tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls",
+              "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra",
+              "n_indent": "n_indent", "t_max_predict_ms": "t_max_predict_ms"}
 
 
 def engine_error(kind, message, op):

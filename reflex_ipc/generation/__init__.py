@@ -36,6 +36,7 @@ class Params:
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": 64, "dry_sequence_breakers": DRY_BREAKERS, "stop": (),
         "logprobs": None, "n": 1, "thinking_budget": None, "reasoning": False,
+        "n_indent": 0, "t_max_predict_ms": 0,
     }
     __slots__ = tuple(DEFAULTS)
 
@@ -69,7 +70,11 @@ class Generation:
     when it is made; the tokens come when it is iterated."""
 
     def __init__(self, runner, prompt, params=None, *, constraint=None, on_logits=None,
-                 should_cancel=None, cache_prompt=True, kv_import=None, kv_export=None):
+                 should_cancel=None, cache_prompt=True, kv_import=None, kv_export=None,
+                 prefix_cache=True):
+        from ..runtime import prefixstore
+
+        prefixstore.begin(runner, prefix_cache)  # the prefix cache's session (runtime/prefixstore.py)
         self.runner = runner
         self.p = p = params if params is not None else Params()
         self.constraint, self.on_logits = constraint, on_logits
@@ -200,6 +205,9 @@ class Generation:
             out["choices"] = choices
         out.update(self.extra_out)
         out["timings"].update(self.extra_t)
+        from ..runtime import prefixstore
+
+        prefixstore.end(r, out["timings"])
         self.result = out
 
     def _choice(self, index, logits, n):
@@ -237,10 +245,10 @@ class Generation:
         eog = r.tok.eog_ids
         dec = r.tok.stream_decoder()
         stops = None
-        if p.stop:
+        if p.stop or p.n_indent or (p.t_max_predict_ms or 0) > 0:
             from .stops import StopMatcher
 
-            stops = StopMatcher(p.stop)
+            stops = StopMatcher(p.stop, p.n_indent, p.t_max_predict_ms)
         split = None
         if p.reasoning and self.think is not None:
             from .reasoning import ReasoningSplitter
@@ -283,7 +291,7 @@ class Generation:
                 if recorder is not None:
                     recorder.drop_last()  # the end-of-generation token is not part of the output
                 ev, stopped = event(tid, dec.flush(), final=True)
-                finish = "stop_string" if stopped else "stop"
+                finish = (stops.reason or "stop_string") if stopped else "stop"
                 if ev["text"] or ev.get("reasoning_content"):
                     yield ev
                 break
@@ -303,7 +311,7 @@ class Generation:
                 ev["logprobs"] = recorder.entries[-1]
             yield ev
             if stopped:
-                finish = "stop_string"
+                finish = stops.reason or "stop_string"
                 break
             if last:
                 finish = "stop" if done else "length"

@@ -2,8 +2,7 @@
 
 from ..errors import ReflexError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "deepseek2", "gemma4",
-                 "qwen35", "qwen35moe", "granitehybrid")
+SHARED = ("common", "plan", "blocks")  # the modules every architecture shares; every other one is an architecture
 # Architectures whose ops only the numpy backend has so far: device "auto" runs them there; an
 # explicit cpu or cuda device refuses them (unsupported_architecture, naming the missing ops).
 NUMPY_ONLY = ()
@@ -31,15 +30,27 @@ def cuda_unfit(f):
     return None
 
 
+def __getattr__(name):
+    """ARCHITECTURES: the supported architectures (the GGUF `general.architecture` values), the
+    modules of this package but the shared ones: an architecture is one module."""
+    if name == "ARCHITECTURES":
+        import os
+
+        return tuple(sorted(f[:-3] for f in os.listdir(os.path.dirname(__file__))
+                            if f.endswith(".py") and not f.startswith("_") and f[:-3] not in SHARED))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load_model(ops, f, lora=None):
     """The Model for GGUFFile f, its weights checked and loaded through backend `ops`, with
     LoRA adapters (a reflex_ipc.lora.LoraSet) applied when given."""
     import importlib
 
     arch = f.architecture
-    if arch not in ARCHITECTURES:
+    supported = __getattr__("ARCHITECTURES")
+    if arch not in supported:
         raise ReflexError("unsupported_architecture",
-                          f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+                          f"architecture {arch!r} is not supported (supported: {', '.join(supported)})")
     model = importlib.import_module(f".{arch}", __name__).Model(ops, f, lora)
     if lora is not None:
         lora.check_used()

@@ -30,6 +30,7 @@ import math
 
 from ..errors import ReflexError
 from ..runtime.state import State, attention_spec
+from .plan import BASE_KEYS
 
 MAX_LAYERS = 4096
 MAX_DIM = 1 << 20  # widths (embedding, feed-forward)
@@ -57,15 +58,26 @@ MOE_CAPTURABLE = property(lambda self: moe_captured(self.ops),
 class HParams:
     """The hyperparameters every decoder here needs, from `{arch}.*` keys, checked."""
 
-    def __init__(self, f, rope_scalings=("none", "linear"), attention_free_layers=False):
-        """rope_scalings: the rope.scaling.type values the architecture handles.
+    def __init__(self, f, keys=None, rope_scalings=("none", "linear"), attention_free_layers=False):
+        """keys: the architecture's KEYS (models/plan.py): a REQUIRED key missing is refused
+        first, and the base keys below are required or optional as it says (default: llama's).
+        rope_scalings: the rope.scaling.type values the architecture handles.
         attention_free_layers: a per-layer head_count_kv of 0 marks a layer without attention
         (granitehybrid's recurrent layers); otherwise every layer needs at least one KV head."""
+        from .plan import BASE_KEYS, REQUIRED, missing_keys
+
         self.arch = arch = f.architecture
         self._f = f
+        self.keys = BASE_KEYS if keys is None else keys
+        self.read = set()  # the key suffixes read (tests check them against KEYS)
+        missing = missing_keys(arch, self.keys, f.metadata)
+        if missing:
+            raise ReflexError("gguf_error", f"metadata key {missing[0]} is missing")
+        req = {k for k, v in self.keys.items() if v is REQUIRED}
         self.n_layer = self.int("block_count", required=True, lo=1, hi=MAX_LAYERS)
         self.n_embd = self.int("embedding_length", required=True, lo=1, hi=MAX_DIM)
-        self.n_ff_l = self.per_layer("feed_forward_length", required=True, lo=0, hi=MAX_DIM)
+        self.n_ff_l = self.per_layer("feed_forward_length", required="feed_forward_length" in req, default=0,
+                                     lo=0, hi=MAX_DIM)
         self.n_head_l = self.per_layer("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
         self.n_head_kv_l = self.per_layer("attention.head_count_kv", default=self.n_head_l,
                                           lo=0 if attention_free_layers else 1, hi=MAX_HEADS)
@@ -96,6 +108,7 @@ class HParams:
 
     # -- typed, checked getters ----------------------------------------------------------
     def _raw(self, key, default, required):
+        self.read.add(key)
         k = f"{self.arch}.{key}"
         v = self._f.metadata.get(k)
         if v is None:
@@ -168,6 +181,7 @@ class HParams:
 
     def get(self, key, default=None):
         """An unchecked value (arrays as lists): prefer the typed getters."""
+        self.read.add(key)
         return self._f.get(f"{self.arch}.{key}", default)
 
 
@@ -199,10 +213,7 @@ class Weights:
     def __init__(self, ops, f, lora=None):
         self.ops, self.f, self.lora = ops, f, lora  # lora: a reflex_ipc.lora.LoraSet or None
 
-    def has(self, name):
-        return name in self.f.tensors
-
-    def _check(self, name, shape, optional):
+    def check(self, name, shape, optional=False):
         """The tensor `name` after checking its shape (None when optional and absent)."""
         t = self.f.tensors.get(name)
         if t is None:
@@ -223,51 +234,77 @@ class Weights:
         its shape checked as `__call__` does, as a float32 backend array of `as_shape` (default
         `shape`; same element count): the same kind of array on every backend, whatever the
         tensor's dimensions in the file."""
+        t = self.check(name, shape, optional)
+        return None if t is None else self.load_dense(t, shape, as_shape)
+
+    def __call__(self, name, shape, optional=False):
+        t = self.check(name, shape, optional)
+        return None if t is None else self.load(t, shape)
+
+    def load(self, t, shape):
+        """The tensor of TensorInfo t, checked against shape already (check), as a backend
+        weight (LoRA applied) or vector."""
+        # a tensor stored with ggml trailing dims of 1 ([n, 1]) loads without them (check)
+        ndim = len(shape) if len(t.shape) > len(shape) else None
+        w = self.ops.load_weight(self.f, t.name) if ndim is None else \
+            self.ops.load_weight(self.f, t.name, ndim=ndim)
+        if self.lora is not None and len(shape) == 2:
+            w = self.lora.apply(t.name, w)
+        return w
+
+    def load_dense(self, t, shape, as_shape=None):
+        """dense's array of TensorInfo t, checked against shape already."""
         import numpy as np
 
         from ..quants import dequantize
 
-        t = self._check(name, shape, optional)
-        if t is None:
-            return None
         # copied: F32 data would otherwise be a view of the file mapping
         a = np.array(dequantize(self.f.tensor_data(t), t.ggml_type, t.n_elements), np.float32)
         return self.ops.asarray(a.reshape(shape if as_shape is None else as_shape))
 
-    def __call__(self, name, shape, optional=False):
-        t = self._check(name, shape, optional)
-        if t is None:
-            return None
-        # a tensor stored with ggml trailing dims of 1 ([n, 1]) loads without them (_check)
-        ndim = len(shape) if len(t.shape) > len(shape) else None
-        w = self.ops.load_weight(self.f, name) if ndim is None else \
-            self.ops.load_weight(self.f, name, ndim=ndim)
-        if self.lora is not None and len(shape) == 2:
-            w = self.lora.apply(name, w)
-        return w
-
-    def rows(self, w, start, n):
-        """ops.weight_rows for a weight this loaded: rows start..start+n-1 of a fused tensor
-        (with LoRA applied at run time, the adapters' B rows go with them)."""
-        terms = getattr(w, "terms", None)  # a lora.LoraWeight
-        if terms is None:
-            return self.ops.weight_rows(w, start, n)
-        return type(w)(self.ops.weight_rows(w.base, start, n),
-                       [(a, self.ops.weight_rows(b, start, n), c) for a, b, c in terms])
-
-    def output(self, n_embd):
-        """The LM head: output.weight, else the tied token embedding (llama.cpp's fallback)."""
-        name = "output.weight" if self.has("output.weight") else "token_embd.weight"
-        return self(name, (None, n_embd))
-
 
 class Decoder:
-    """What every decoder here shares: an attention K/V state per layer, of the layer's
-    own KV head count (`layers[i].n_head_kv`)."""
+    """What every architecture here shares: its declaration (KEYS, dims, plan: models/plan.py)
+    and its loading through them, and by default an attention K/V state per layer, of the
+    layer's own KV head count and head width (`layers[i].n_head_kv`, `.head_dim`)."""
+
+    KEYS = BASE_KEYS  # the architecture's metadata keys (plan.keys(...))
+    rope_scalings = ("none", "linear")  # the rope.scaling.type values it handles
+    attention_free_layers = False  # a head_count_kv of 0 marks a layer without attention
+
+    @classmethod
+    def hparams(cls, f):
+        """HParams of GGUFFile f (or a plan.Meta), with the architecture's keys and checks."""
+        return HParams(f, cls.KEYS, cls.rope_scalings, cls.attention_free_layers)
+
+    @classmethod
+    def dims(cls, hp):
+        """The sizes the tensors take: a plan.Layer with `layers`, one plan.Layer per layer."""
+        raise NotImplementedError
+
+    @classmethod
+    def plan(cls, d):
+        """The tensors for dims d, in file order (plan.T, plan.layer, plan.Alt entries)."""
+        raise NotImplementedError
+
+    def _load(self, ops, f, lora):
+        """Read the hyperparameters and load the tensors: sets ops, hp, d, layers (the plan's
+        layers with the dims' sizes on them), tok_embd, output_norm and output (the LM head:
+        output.weight, else the tied token embedding, llama.cpp's fallback); returns the
+        plan.Tensors."""
+        from .plan import load
+
+        self.ops = ops
+        self.hp = self.hparams(f)
+        self.d = d = self.dims(self.hp)
+        t = load(Weights(ops, f, lora), self.plan(d), d.layers)
+        self.layers = t.layers
+        self.tok_embd, self.output_norm = t.token_embd, t.output_norm
+        self.output = t.output if t.output is not None else t.token_embd
+        return t
 
     def state_spec(self):
-        hp = self.hp
-        return [attention_spec(L.n_head_kv, hp.head_dim, hp.head_dim_v) for L in self.layers]
+        return [attention_spec(L.n_head_kv, L.head_dim, L.head_dim) for L in self.layers]
 
     def new_state(self, ops, n_slots, n_seq=1):
         return State(ops, self.state_spec(), n_slots, n_seq)
@@ -277,34 +314,36 @@ class Decoder:
         return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
 
 
-def attention_block(ops, layer, batch, q, k, v, *, scale, window=0, softcap=0.0):
-    """Store k, v [N, Hkv, hd] at the batch's slots of a layer's state, attend with q
-    [N, Hq, hd] -> [N, Hq*hd_v]."""
-    ops.kv_store(layer.k, layer.v, k, v, batch.slots)
-    out = ops.attention(q, layer.k, layer.v, batch.slots, batch.n_kv, scale=scale, softcap=softcap,
-                        **batch.attention_args(window))
-    return out.reshape(batch.n, q.shape[1] * layer.v.shape[2])
+def experts(hp, same_used=False):
+    """(expert_count, expert_used_count per layer, the experts' width per layer:
+    expert_feed_forward_length, else feed_forward_length / expert_used_count). same_used:
+    differing per-layer counts are refused (llama.cpp would route every layer with layer 0's)."""
+    n = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
+    used = hp.per_layer("expert_used_count", required=True, lo=1, hi=n)
+    if same_used and len(set(used)) > 1:
+        raise ReflexError("unsupported_architecture", f"metadata key {hp.arch}.expert_used_count: "
+                          f"different counts per layer {used} are not supported")
+    ff = hp.per_layer("expert_feed_forward_length", default=0, lo=0, hi=1 << 20)
+    ff = [x or hp.n_ff_l[i] // used[i] for i, x in enumerate(ff)]
+    if not all(ff):
+        raise ReflexError("gguf_error", f"metadata key {hp.arch}.expert_feed_forward_length: an expert width of 0")
+    return n, used, ff
 
 
-def linear(ops, x, w, b=None):
-    """x @ w.T (+ b)."""
-    return bias(ops, ops.matmul(x, w), b)
-
-
-def bias(ops, y, b):
-    """y + b, or y itself when b is None."""
-    return ops.add(y, b) if b is not None else y
-
-
-def residual(ops, x, a, w, b=None):
-    """x += a @ w.T (+ b), in place on x: x + (a @ w.T + b) as with separate ops, the
-    product added into x by the matmul itself when there is no bias. x must be an array
-    that nothing else reads as the old value (the model's own hidden state)."""
-    if b is None:
-        ops.matmul(a, w, out=x, accumulate=True)
-    else:
-        ops.add(x, linear(ops, a, w, b), out=x)
-    return x
+def split_rows(ops, w, sizes):
+    """A weight's consecutive row blocks of `sizes` rows (a fused q/k/v or gate/up tensor split
+    into its parts, weight handles sharing its storage); with LoRA applied at run time, the
+    adapters' B rows go with them."""
+    out, start = [], 0
+    for n in sizes:
+        terms = getattr(w, "terms", None)  # a lora.LoraWeight
+        if terms is None:
+            out.append(ops.weight_rows(w, start, n))
+        else:
+            out.append(type(w)(ops.weight_rows(w.base, start, n),
+                               [(a, ops.weight_rows(b, start, n), c) for a, b, c in terms]))
+        start += n
+    return out
 
 
 def same_head_dims(hp):

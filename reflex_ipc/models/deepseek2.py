@@ -24,12 +24,13 @@ of `expert_group_count` groups), weights normalized (`expert_weights_norm`) and 
 """
 
 import math
-from types import SimpleNamespace
 
 from ..backends.base import MLA_OPS
 from ..errors import ReflexError
-from ..runtime.state import SlotSpec, State
-from .common import MOE_CAPTURABLE, HParams, Weights, residual
+from ..runtime.state import SlotSpec
+from . import blocks
+from .common import MOE_CAPTURABLE, Decoder, split_rows
+from .plan import Layer, T, example, keys, layer, opt, variant
 
 GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func (0: unset)
 
@@ -38,69 +39,88 @@ def _bad(key, msg):
     return ReflexError("gguf_error", f"metadata key {key}: {msg}")
 
 
-class Model:
+class Model(Decoder):
+    KEYS = keys(required=("attention.kv_lora_rank",),
+                optional=("attention.q_lora_rank", "attention.key_length_mla", "attention.value_length_mla",
+                          "leading_dense_block_count", "expert_count", "expert_used_count",
+                          "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
+                          "expert_weights_norm", "expert_gating_func", "expert_group_count",
+                          "expert_group_used_count", "rope.scaling.yarn_log_multiplier", "rope.scaling.attn_factor",
+                          "rope.scaling.original_context_length", "attention.temperature_scale"))
+    rope_scalings = ("none", "linear", "yarn")
     capturable = MOE_CAPTURABLE
-
-    def __init__(self, ops, f, lora=None):
-        missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]
-        if missing:
-            raise ReflexError("unsupported_architecture", f"deepseek2 (latent attention) needs ops the "
-                              f"{ops.name} backend lacks ({', '.join(missing)}); use --device numpy")
-        self.ops = ops
-        self.hp = hp = HParams(f, rope_scalings=("none", "linear", "yarn"))
-        a = hp.arch
-        self._read_attention_keys(f)
-        self._read_moe_keys(f)
-        self._rope_setup()
-        w = Weights(ops, f, lora)
-        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
-        self.output_norm = w("output_norm.weight", (hp.n_embd,))
-        self.output = w.output(hp.n_embd)
-        if hp.float("attention.temperature_scale", default=0.0) != 0.0:
-            raise ReflexError("unsupported_architecture", f"metadata key {a}.attention.temperature_scale: "
-                              "attention temperature tuning is not supported")
-        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
+    # V2-Lite-like: plain attn_q, softmax gating, one leading dense layer, YaRN; V3-like: q LoRA,
+    # sigmoid gating with a selection bias, grouped routing, a weight scale
+    _MLA = {"block_count": 3, "attention.head_count_kv": 1, "attention.key_length": 24, "attention.value_length": 16,
+            "attention.key_length_mla": 16, "attention.value_length_mla": 12, "rope.dimension_count": 8,
+            "attention.q_lora_rank": 0, "attention.kv_lora_rank": 16, "leading_dense_block_count": 1,
+            "expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 16, "expert_shared_count": 1}
+    EXAMPLES = {
+        "deepseek2_v2": example({**_MLA, "expert_gating_func": 1, "expert_weights_norm": False,
+                                 "expert_weights_scale": 1.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                 "rope.scaling.yarn_log_multiplier": 0.0707,
+                                 "rope.scaling.original_context_length": 32}, has=("output.weight",)),
+        "deepseek2_v3": example({**_MLA, "attention.value_length_mla": 8, "attention.q_lora_rank": 24,
+                                 "expert_used_count": 3, "expert_gating_func": 2, "expert_weights_norm": True,
+                                 "expert_weights_scale": 2.5, "expert_group_count": 4, "expert_group_used_count": 2,
+                                 "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
+                                 "rope.scaling.yarn_log_multiplier": 0.1, "rope.scaling.original_context_length": 16},
+                                has=("output.weight", "exp_probs_b.bias")),
+        "deepseek2@q": variant("deepseek2_v3", {"feed_forward_length": 256, "expert_feed_forward_length": 256},
+                               quantize=True)}
 
     # -- hyperparameters ---------------------------------------------------------------
-    def _read_attention_keys(self, f):
-        hp, a = self.hp, self.hp.arch
-        n_vocab = hp.n_vocab
+    @classmethod
+    def dims(cls, hp):
+        d = Layer(E=hp.n_embd)
+        cls._attention_keys(hp, d)
+        cls._moe_keys(hp, d)
+        cls._rope_setup(hp, d)
+        if hp.float("attention.temperature_scale", default=0.0) != 0.0:
+            raise ReflexError("unsupported_architecture", f"metadata key {hp.arch}.attention.temperature_scale: "
+                              "attention temperature tuning is not supported")
+        d.layers = [Layer(n_head=H, moe=i >= d.n_dense, n_ff=hp.n_ff_l[i]) for i, H in enumerate(hp.n_head_l)]
+        return d
+
+    @staticmethod
+    def _attention_keys(hp, d):
+        a = hp.arch
         # llama.cpp's "lite" variants (V2-Lite and kin) have no q LoRA and no q_lora_rank key
-        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and n_vocab == 128256)
-        self.q_lora = 0 if lite else hp.int("attention.q_lora_rank", required=True, lo=0, hi=1 << 16)
-        self.R = hp.int("attention.kv_lora_rank", required=True, lo=1, hi=1 << 16)
+        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and hp.n_vocab == 128256)
+        d.q_lora = 0 if lite else hp.int("attention.q_lora_rank", required=True, lo=0, hi=1 << 16)
+        d.R = hp.int("attention.kv_lora_rank", required=True, lo=1, hi=1 << 16)
         k_mla = hp.int("attention.key_length_mla", default=0, lo=0, hi=1 << 12)
         v_mla = hp.int("attention.value_length_mla", default=0, lo=0, hi=1 << 12)
         if not (k_mla and v_mla):
             raise ReflexError("unsupported_architecture", f"metadata key {a}.attention.key_length_mla / "
                               "value_length_mla missing: a legacy deepseek2 file with a fused attn_kv_b "
                               "(re-convert it with a current converter)")
-        self.r = hp.n_rot
-        self.nope, self.v_dim = k_mla - self.r, v_mla
-        if self.nope < 1:
-            raise _bad(f"{a}.attention.key_length_mla", f"{k_mla} leaves no non-rope dims beside {self.r}")
-        if hp.head_dim != self.R + self.r or hp.head_dim_v != self.R:
+        d.r = hp.n_rot
+        d.nope, d.v_dim = k_mla - d.r, v_mla
+        if d.nope < 1:
+            raise _bad(f"{a}.attention.key_length_mla", f"{k_mla} leaves no non-rope dims beside {d.r}")
+        if hp.head_dim != d.R + d.r or hp.head_dim_v != d.R:
             raise _bad(f"{a}.attention.key_length", f"key/value length {hp.head_dim}/{hp.head_dim_v}, "
-                       f"expected kv_lora_rank + rope dims = {self.R + self.r} / {self.R}")
+                       f"expected kv_lora_rank + rope dims = {d.R + d.r} / {d.R}")
         if any(h != 1 for h in hp.n_head_kv_l):
             raise _bad(f"{a}.attention.head_count_kv", "latent attention has one KV head")
 
-    def _read_moe_keys(self, f):
-        hp, a = self.hp, self.hp.arch
-        self.n_dense = hp.int("leading_dense_block_count", default=0, lo=0, hi=hp.n_layer)
-        moe = self.n_dense < hp.n_layer
-        self.n_expert = hp.int("expert_count", required=moe, default=0, lo=1 if moe else 0, hi=1 << 12)
-        used = hp.per_layer("expert_used_count", required=moe, default=0, lo=1 if moe else 0,
-                            hi=self.n_expert)
-        self.n_used = used[0]  # llama.cpp's graph routes every layer with layer 0's count
+    @staticmethod
+    def _moe_keys(hp, d):
+        a = hp.arch
+        d.n_dense = hp.int("leading_dense_block_count", default=0, lo=0, hi=hp.n_layer)
+        moe = d.n_dense < hp.n_layer
+        d.n_expert = hp.int("expert_count", required=moe, default=0, lo=1 if moe else 0, hi=1 << 12)
+        used = hp.per_layer("expert_used_count", required=moe, default=0, lo=1 if moe else 0, hi=d.n_expert)
+        d.n_used = used[0]  # llama.cpp's graph routes every layer with layer 0's count
         if len(set(used)) > 1:
             raise ReflexError("unsupported_architecture", f"metadata key {a}.expert_used_count: "
                               f"different counts per layer {used} are not supported")
-        self.n_ff_exp = hp.per_layer("expert_feed_forward_length", required=moe, default=0, lo=1 if moe else 0,
-                                     hi=1 << 20)[0]
-        self.n_shared = hp.int("expert_shared_count", required=moe, default=0, lo=0, hi=1 << 10)
-        self.w_scale = hp.float("expert_weights_scale", default=0.0, lo=0.0)
-        self.w_norm = hp.bool("expert_weights_norm", default=False)
+        d.n_ff_exp = hp.per_layer("expert_feed_forward_length", required=moe, default=0, lo=1 if moe else 0,
+                                  hi=1 << 20)[0]
+        d.n_shared = hp.int("expert_shared_count", required=moe, default=0, lo=0, hi=1 << 10)
+        d.w_scale = hp.float("expert_weights_scale", default=0.0, lo=0.0)
+        d.w_norm = hp.bool("expert_weights_norm", default=False)
         g = hp.int("expert_gating_func", default=0, lo=0, hi=1 << 16)
         if g not in GATING:
             kind = "unsupported_architecture" if g in (3, 4) else "gguf_error"
@@ -108,20 +128,20 @@ class Model:
                               f"supported (1 softmax, 2 sigmoid)")
         if g == 0 and hp.n_layer in (47, 48) and hp.n_vocab == 154880:
             g = 2  # llama.cpp's default for GLM-4.7-Lite files without the key
-        self.gating = GATING[g]
+        d.gating = GATING[g]
         n_groups = hp.int("expert_group_count", default=0, lo=0, hi=1 << 12)
         n_group_used = hp.int("expert_group_used_count", default=0, lo=0, hi=1 << 12)
-        self.groups = None
+        d.groups = None
         if n_groups > 1:
-            if self.n_expert % n_groups or not 0 < n_group_used < n_groups or n_groups >= self.n_expert:
-                raise _bad(f"{a}.expert_group_count", f"{self.n_expert} experts in {n_groups} groups, "
+            if d.n_expert % n_groups or not 0 < n_group_used < n_groups or n_groups >= d.n_expert:
+                raise _bad(f"{a}.expert_group_count", f"{d.n_expert} experts in {n_groups} groups, "
                            f"{n_group_used} used")
-            self.groups = (n_groups, n_group_used)
+            d.groups = (n_groups, n_group_used)
 
-    def _rope_setup(self):
+    @staticmethod
+    def _rope_setup(hp, d):
         """The rope arguments and the score scale, as llama.cpp derives them (llama-context's
         yarn_attn_factor, then the deepseek2 graph's mscale)."""
-        hp = self.hp
         log_mul = hp.float("rope.scaling.yarn_log_multiplier", default=0.0) / 0.1
         rope_attn = hp.float("rope.scaling.attn_factor", default=1.0, gt=0.0)
         fs = 1.0 if hp.rope_scaling == "none" else hp.rope_scale
@@ -143,100 +163,65 @@ class Model:
         attn *= rope_attn
         attn_org = attn * (1.0 + 0.1 * math.log(1.0 / fs))
         m = attn_org * (1.0 + 0.1 * log_mul * math.log(1.0 / fs))
-        self.scale = m * m / math.sqrt(self.nope + self.r)
-        self.rope = dict(n_rot=self.r, base=hp.rope_base, freq_scale=fs, neox=False, mscale=attn,
-                         yarn=(ext, n_ctx_orig, 32.0, 1.0) if ext else None)
+        d.scale = m * m / math.sqrt(d.nope + d.r)
+        d.rope = dict(n_rot=d.r, base=hp.rope_base, freq_scale=fs, neox=False, mscale=attn,
+                      yarn=(ext, n_ctx_orig, 32.0, 1.0) if ext else None)
 
-    # -- weights -------------------------------------------------------------------------
-    def _load_layer(self, w, i):
-        hp, p, ops = self.hp, f"blk.{i}.", self.ops
-        E, H, R, r = hp.n_embd, hp.n_head_l[i], self.R, self.r
-        qd = self.nope + r
-        L = SimpleNamespace(n_head=H, attn_norm=w(p + "attn_norm.weight", (E,)),
-                            ffn_norm=w(p + "ffn_norm.weight", (E,)))
-        if self.q_lora:
-            L.wq_a = w(p + "attn_q_a.weight", (self.q_lora, E))
-            L.q_a_norm = w(p + "attn_q_a_norm.weight", (self.q_lora,))
-            L.wq = w(p + "attn_q_b.weight", (H * qd, self.q_lora))
-        else:
-            L.wq_a, L.wq = None, w(p + "attn_q.weight", (H * qd, E))
-        if w.has(p + "attn_kv_b.weight") and not w.has(p + "attn_k_b.weight"):
-            raise ReflexError("unsupported_architecture", f"tensor {p}attn_kv_b.weight: a legacy fused k/v "
-                              "up-projection (current converters write attn_k_b / attn_v_b)")
-        kv_a = w(p + "attn_kv_a_mqa.weight", (R + r, E))
-        L.w_c, L.w_pe = ops.weight_rows(kv_a, 0, R), ops.weight_rows(kv_a, R, r)
-        L.kv_a_norm = w(p + "attn_kv_a_norm.weight", (R,))
-        L.wk_b = w(p + "attn_k_b.weight", (H, R, self.nope))
-        L.wv_b = w(p + "attn_v_b.weight", (H, self.v_dim, R))
-        L.wo = w(p + "attn_output.weight", (E, H * self.v_dim))
-        if i < self.n_dense:
-            F = hp.n_ff_l[i]
-            L.moe = False
-            L.gate, L.up = w(p + "ffn_gate.weight", (F, E)), w(p + "ffn_up.weight", (F, E))
-            L.down = w(p + "ffn_down.weight", (E, F))
-            return L
-        X, Fe, S = self.n_expert, self.n_ff_exp, self.n_ff_exp * self.n_shared
-        L.moe = True
-        L.router = w(p + "ffn_gate_inp.weight", (X, E))
-        L.probs_b = w(p + "exp_probs_b.bias", (X,), optional=True)
-        L.gate_exps = w(p + "ffn_gate_exps.weight", (X, Fe, E))
-        L.up_exps = w(p + "ffn_up_exps.weight", (X, Fe, E))
-        L.down_exps = w(p + "ffn_down_exps.weight", (X, E, Fe))
-        if not S and w.has(p + "ffn_gate_shexp.weight"):
-            raise ReflexError("gguf_error", f"tensor '{p}ffn_gate_shexp.weight' is present but metadata key "
-                              f"{hp.arch}.expert_shared_count is 0")
-        L.gate_sh = w(p + "ffn_gate_shexp.weight", (S, E)) if S else None
-        L.up_sh = w(p + "ffn_up_shexp.weight", (S, E)) if S else None
-        L.down_sh = w(p + "ffn_down_shexp.weight", (E, S)) if S else None
-        return L
+    # -- tensors -------------------------------------------------------------------------
+    @classmethod
+    def plan(cls, d):
+        E, R, r, X, Fe, S = d.E, d.R, d.r, d.n_expert, d.n_ff_exp, d.n_ff_exp * d.n_shared
+        return [T("token_embd.weight", None, E), T("output_norm.weight", E), opt("output.weight", None, E),
+                *(layer(i, T("attn_norm.weight", E),
+                        *((T("attn_q_a.weight", d.q_lora, E), T("attn_q_a_norm.weight", d.q_lora),
+                           T("attn_q_b.weight", L.n_head * (d.nope + r), d.q_lora)) if d.q_lora else
+                          (T("attn_q.weight", L.n_head * (d.nope + r), E),)),
+                        T("attn_kv_a_mqa.weight", R + r, E), T("attn_kv_a_norm.weight", R),
+                        T("attn_k_b.weight", L.n_head, R, d.nope), T("attn_v_b.weight", L.n_head, d.v_dim, R),
+                        T("attn_output.weight", E, L.n_head * d.v_dim), T("ffn_norm.weight", E),
+                        *((T("ffn_gate_inp.weight", X, E), opt("exp_probs_b.bias", X),
+                           T("ffn_gate_exps.weight", X, Fe, E), T("ffn_up_exps.weight", X, Fe, E),
+                           T("ffn_down_exps.weight", X, E, Fe)) +
+                          ((T("ffn_gate_shexp.weight", S, E), T("ffn_up_shexp.weight", S, E),
+                            T("ffn_down_shexp.weight", E, S)) if S else ()) if L.moe else
+                          (T("ffn_gate.weight", L.n_ff, E), T("ffn_up.weight", L.n_ff, E),
+                           T("ffn_down.weight", E, L.n_ff))))
+                  for i, L in enumerate(d.layers))]
+
+    def __init__(self, ops, f, lora=None):
+        missing = [op for op in MLA_OPS if not callable(getattr(ops, op, None))]
+        if missing:
+            raise ReflexError("unsupported_architecture", f"deepseek2 (latent attention) needs ops the "
+                              f"{ops.name} backend lacks ({', '.join(missing)}); use --device numpy")
+        for name in f.tensors:
+            if name.endswith(".attn_kv_b.weight") and name.replace("attn_kv_b", "attn_k_b") not in f.tensors:
+                raise ReflexError("unsupported_architecture", f"tensor {name}: a legacy fused k/v up-projection "
+                                  "(current converters write attn_k_b / attn_v_b)")
+        self._load(ops, f, lora)
+        d = self.d
+        for i, L in enumerate(self.layers):
+            if L.moe and not d.n_shared and f"blk.{i}.ffn_gate_shexp.weight" in f.tensors:
+                raise ReflexError("gguf_error", f"tensor 'blk.{i}.ffn_gate_shexp.weight' is present but metadata key "
+                                  f"{self.hp.arch}.expert_shared_count is 0")
+            L.kv_c, L.kv_pe = split_rows(ops, L.attn_kv_a_mqa, [d.R, d.r])
 
     # -- state -----------------------------------------------------------------------------
     def state_spec(self):
         """One latent head per layer: [c (kv_lora_rank), rope(k_pe) (rope dims)] per slot."""
-        return [SlotSpec(kv=(1, None, self.R + self.r)) for _ in self.layers]
-
-    def new_state(self, ops, n_slots, n_seq=1):
-        return State(ops, self.state_spec(), n_slots, n_seq)
-
-    def state_bytes(self, n_slots, itemsize=2):
-        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
+        return [SlotSpec(kv=(1, None, self.d.R + self.d.r)) for _ in self.layers]
 
     # -- forward -----------------------------------------------------------------------------
-    def _attention(self, h, L, S, batch):
-        ops, hp, N, H = self.ops, self.hp, batch.n, L.n_head
-        q = ops.matmul(h, L.wq) if L.wq_a is None else \
-            ops.matmul(ops.rms_norm(ops.matmul(h, L.wq_a), L.q_a_norm, hp.eps), L.wq)
-        q_nope, q_pe = ops.split(q.reshape(N, H, self.nope + self.r), [self.nope, self.r])
-        q_pe = ops.rope(q_pe, batch.pos, inplace=True, **self.rope)
-        q = ops.concat([ops.head_matmul(q_nope, L.wk_b), q_pe])  # [N, H, R + r]
-        c, k_pe = ops.matmul_n(h, [L.w_c, L.w_pe])
-        c = ops.rms_norm(c, L.kv_a_norm, hp.eps)
-        k_pe = ops.rope(k_pe.reshape(N, 1, self.r), batch.pos, inplace=True, **self.rope)
-        ops.kv_store(S.kv, None, ops.concat([c.reshape(N, 1, self.R), k_pe]), None, batch.slots)
-        o = ops.attention(q, S.kv, None, batch.slots, batch.n_kv, scale=self.scale, v_dim=self.R,
-                          **batch.attention_args(0))  # [N, H, R]
-        return ops.head_matmul(o, L.wv_b).reshape(N, H * self.v_dim)
-
-    def _ffn(self, x, h, L):
-        ops = self.ops
-        if not L.moe:
-            residual(ops, x, ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
-            return
-        ops.add(x, ops.moe(h, L.router, L.gate_exps, L.up_exps, L.down_exps, self.n_used, gating=self.gating,
-                           norm=self.w_norm, scale=self.w_scale, selection_bias=L.probs_b, groups=self.groups),
-                out=x)
-        if L.gate_sh is not None:
-            residual(ops, x, ops.matmul_glu(h, L.gate_sh, L.up_sh, act="silu"), L.down_sh)
-
     def forward(self, state, batch, rows=None, output="logits", check=None):
-        ops, hp = self.ops, self.hp
+        ops, d, eps = self.ops, self.d, self.hp.eps
         x = ops.embed(self.tok_embd, batch.ids)
         for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            residual(ops, x, self._attention(ops.rms_norm(x, L.attn_norm, hp.eps), L, S, batch), L.wo)
-            self._ffn(x, ops.rms_norm(x, L.ffn_norm, hp.eps), L)
-        if rows is not None:
-            x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        return x if output == "hidden" else ops.matmul(x, self.output)
+            blocks.mla(ops, x, L, S, batch, eps, nope=d.nope, rope_dims=d.r, rank=d.R, v_dim=d.v_dim, rope=d.rope,
+                       scale=d.scale)
+            if L.moe:
+                blocks.moe(ops, ops.rms_norm(x, L.ffn_norm, eps), L, d.n_used, gating=d.gating, norm=d.w_norm,
+                           scale=d.w_scale, selection_bias=L.exp_probs_b_bias, groups=d.groups, res=x)
+            else:
+                blocks.ffn(ops, x, L, eps)
+        return blocks.head(ops, x, self.output_norm, self.output, eps, rows, output)

@@ -18,35 +18,32 @@
 """
 
 import math
-from types import SimpleNamespace
 
 from ..errors import ReflexError
-from .common import Decoder, HParams, Weights, attention_block, same_head_dims
+from . import blocks
+from .common import Decoder, same_head_dims
+from .plan import Layer, T, example, keys, layer, opt
 
 
 class Model(Decoder):
-    def __init__(self, ops, f, lora=None):
-        self.ops = ops
-        self.hp = hp = HParams(f)
-        same_head_dims(hp)
-        w = Weights(ops, f, lora)
-        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
-        self.output_norm = w("output_norm.weight", (hp.n_embd,))
-        self.output = w.output(hp.n_embd)
-        self.window = hp.int("attention.sliding_window", default=0, lo=0, hi=1 << 24)
-        self.is_swa = self._swa_layers(hp)
-        self.rope_base_swa = hp.float("rope.freq_base_swa", default=10000.0, gt=0.0)
-        if hp.n_layer == 62:
-            self.q_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head)
-        else:
-            self.q_scale = 1.0 / math.sqrt(hp.head_dim)
-        self.embd_scale = math.sqrt(hp.n_embd)
-        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
+    KEYS = keys(optional=("attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa"))
+    EXAMPLES = {"gemma3": example({"block_count": 3, "rope.freq_base": 1e6, "attention.sliding_window": 3,
+                                   "attention.sliding_window_pattern": 3, "rope.freq_base_swa": 10000.0,
+                                   "final_logit_softcapping": 15.0})}
 
-    def _swa_layers(self, hp):
+    @classmethod
+    def dims(cls, hp):
+        same_head_dims(hp)
+        window = hp.int("attention.sliding_window", default=0, lo=0, hi=1 << 24)
+        return Layer(E=hp.n_embd, window=window, layers=[
+            Layer(n_head=h, n_head_kv=hkv, head_dim=hp.head_dim, n_ff=f, swa=swa)
+            for h, hkv, f, swa in zip(hp.n_head_l, hp.n_head_kv_l, hp.n_ff_l, cls._swa_layers(hp, window))])
+
+    @staticmethod
+    def _swa_layers(hp, window):
         """Which layers use the sliding window: `attention.sliding_window_pattern` is an array
         of per-layer flags, or n (every n-th layer global; default 6)."""
-        if self.window <= 0:
+        if window <= 0:
             return [False] * hp.n_layer
         flags = hp.layer_flags("attention.sliding_window_pattern")
         if flags is None:
@@ -57,48 +54,37 @@ class Model(Decoder):
                               f"for {hp.n_layer} layers")
         return flags[:hp.n_layer]
 
-    def _load_layer(self, w, i):
-        hp, p = self.hp, f"blk.{i}."
-        H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim, hp.n_embd, hp.n_ff_l[i]
-        return SimpleNamespace(
-            n_head=H, n_head_kv=Hkv,
-            attn_norm=w(p + "attn_norm.weight", (E,)),
-            wq=w(p + "attn_q.weight", (H * hd, E)), wk=w(p + "attn_k.weight", (Hkv * hd, E)),
-            wv=w(p + "attn_v.weight", (Hkv * hd, E)),
-            q_norm=w(p + "attn_q_norm.weight", (hd,)), k_norm=w(p + "attn_k_norm.weight", (hd,)),
-            wo=w(p + "attn_output.weight", (E, H * hd)),
-            attn_post_norm=w(p + "post_attention_norm.weight", (E,)),
-            ffn_norm=w(p + "ffn_norm.weight", (E,)),
-            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
-            down=w(p + "ffn_down.weight", (E, F)),
-            ffn_post_norm=w(p + "post_ffw_norm.weight", (E,)),
-        )
+    @classmethod
+    def plan(cls, d):
+        E = d.E
+        return [T("token_embd.weight", None, E), T("output_norm.weight", E), opt("output.weight", None, E),
+                *(layer(i, T("attn_norm.weight", E),
+                        T("attn_q.weight", L.n_head * L.head_dim, E), T("attn_k.weight", L.n_head_kv * L.head_dim, E),
+                        T("attn_v.weight", L.n_head_kv * L.head_dim, E),
+                        T("attn_q_norm.weight", L.head_dim), T("attn_k_norm.weight", L.head_dim),
+                        T("attn_output.weight", E, L.n_head * L.head_dim), T("post_attention_norm.weight", E),
+                        T("ffn_norm.weight", E), T("ffn_gate.weight", L.n_ff, E), T("ffn_up.weight", L.n_ff, E),
+                        T("ffn_down.weight", E, L.n_ff), T("post_ffw_norm.weight", E))
+                  for i, L in enumerate(d.layers))]
+
+    def __init__(self, ops, f, lora=None):
+        self._load(ops, f, lora)
+        hp = self.hp
+        rope_base_swa = hp.float("rope.freq_base_swa", default=10000.0, gt=0.0)
+        for L in self.layers:
+            L.rope = dict(n_rot=hp.n_rot, neox=True, base=rope_base_swa if L.swa else hp.rope_base,
+                          freq_scale=1.0 if L.swa else hp.rope_scale)
+        # queries scaled by 1/sqrt(n_embd / n_head) for the 62-layer (27B) model (llama.cpp's rule)
+        self.q_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if hp.n_layer == 62 else hp.head_dim)
+        self.embd_scale = math.sqrt(hp.n_embd)
 
     def forward(self, state, batch, rows=None, output="logits", check=None):
-        ops, hp, N = self.ops, self.hp, batch.n
+        ops, hp, eps = self.ops, self.hp, self.hp.eps
         x = ops.embed(self.tok_embd, batch.ids, scale=self.embd_scale)
-        for i, (L, S) in enumerate(zip(self.layers, state.layers)):
+        for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            swa = self.is_swa[i]
-            rope = dict(n_rot=hp.n_rot, neox=True,
-                        base=self.rope_base_swa if swa else hp.rope_base,
-                        freq_scale=1.0 if swa else hp.rope_scale)
-            h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
-            q = ops.rms_norm_rope(q.reshape(N, L.n_head, hp.head_dim), L.q_norm, hp.eps, batch.pos, **rope)
-            k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, hp.head_dim), L.k_norm, hp.eps, batch.pos, **rope)
-            v = v.reshape(N, L.n_head_kv, hp.head_dim)
-            a = attention_block(ops, S, batch, q, k, v, scale=self.q_scale, window=self.window if swa else 0)
-            # the residual adds come after the post-norms: not foldable into the matmuls
-            x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
-            h = ops.rms_norm(x, L.ffn_norm, hp.eps)
-            f = ops.matmul(ops.matmul_glu(h, L.gate, L.up, act="gelu"), L.down)
-            x = ops.add(x, ops.rms_norm(f, L.ffn_post_norm, hp.eps))
-        if rows is not None:
-            x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        if output == "hidden":
-            return x
-        logits = ops.matmul(x, self.output)
-        return ops.softcap(logits, hp.final_softcap) if hp.final_softcap > 0 else logits
+            blocks.attention(ops, x, L, S, batch, eps, rope=L.rope, scale=self.q_scale,
+                             window=self.d.window if L.swa else 0, post_norm=L.post_attention_norm)
+            blocks.ffn(ops, x, L, eps, "gelu", post_norm=L.post_ffw_norm)
+        return blocks.head(ops, x, self.output_norm, self.output, eps, rows, output, softcap=hp.final_softcap)

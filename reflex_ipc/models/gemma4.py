@@ -32,37 +32,66 @@ E2B/E4B-style pieces:
 """
 
 import math
-from types import SimpleNamespace
 
 from ..errors import ReflexError
-from ..runtime.state import SlotSpec, State, attention_spec
-from .common import HParams, Weights, attention_block, moe_captured
+from ..runtime.state import SlotSpec, attention_spec
+from . import blocks
+from .common import Decoder, moe_captured, split_rows
+from .plan import Alt, If, Layer, T, example, keys, layer, opt, variant
 
 
 def _unsupported(what):
     return ReflexError("unsupported_architecture", f"gemma4: {what} is not supported")
 
 
-class Model:
-    def __init__(self, ops, f, lora=None):
-        if ops.name == "cuda":
-            from . import cuda_unfit
+class Model(Decoder):
+    KEYS = keys(required=("embedding_length_per_layer_input", "attention.sliding_window",
+                          "attention.sliding_window_pattern", "attention.key_length_swa",
+                          "attention.value_length_swa"),
+                optional=("attention.shared_kv_layers", "rope.dimension_count_swa", "rope.freq_base_swa",
+                          "expert_count", "expert_used_count", "expert_feed_forward_length"))
+    # sliding and global layers of their own head widths, rope bases and rope dims; per-layer KV head
+    # counts; V = K where attn_v is absent; layer output scales. _moe: experts beside the dense FFN on
+    # some layers (gate/up fused on one: 26B-A4B-like); _e2b: per-layer embeddings, the last layers
+    # sharing earlier layers' KV (E2B-like)
+    _G4 = {"block_count": 4, "feed_forward_length": 64, "attention.head_count_kv": [2, 2, 1, 2], "rope.freq_base": 1e6,
+           "attention.key_length": 32, "attention.value_length": 32, "attention.key_length_swa": 16,
+           "attention.value_length_swa": 16, "rope.dimension_count": 32, "rope.dimension_count_swa": 16,
+           "rope.freq_base_swa": 10000.0, "attention.sliding_window": 4,
+           "attention.sliding_window_pattern": [True, True, False, True], "embedding_length_per_layer_input": 0,
+           "attention.shared_kv_layers": None, "final_logit_softcapping": 15.0}
+    _HAS = ("attn_v.weight", "layer_output_scale.weight")
+    EXAMPLES = {
+        "gemma4": example(_G4, has=_HAS, lacks=("blk.2.attn_v.weight",)),
+        "gemma4_moe": example({**_G4, "block_count": 3, "attention.head_count_kv": 2,
+                               "attention.sliding_window_pattern": [True, False, True], "expert_count": 8,
+                               "expert_used_count": 2, "expert_feed_forward_length": 32}, seed=2,
+                              has=_HAS + ("blk.0.ffn_gate_inp.weight", "blk.2.ffn_gate_inp.weight",
+                                          "blk.2.ffn_gate_up_exps.weight", "ffn_down_exps.scale")),
+        "gemma4_e2b": example({**_G4, "block_count": 5, "attention.head_count_kv": 2,
+                               "attention.sliding_window_pattern": [True, True, False, True, False],
+                               "embedding_length_per_layer_input": 8, "attention.shared_kv_layers": 2}, seed=3,
+                              has=_HAS + ("attn_k.weight", "attn_k_norm.weight")),
+        "gemma4_fused_qkv": example({**_G4, "block_count": 3, "attention.head_count": 2, "attention.head_count_kv": 1,
+                                     "attention.sliding_window": 3, "attention.sliding_window_pattern": [True, False, True]},
+                                    seed=1, has=("attn_qkv.weight", "layer_output_scale.weight")),
+        "gemma4@q": variant("gemma4_moe", {"feed_forward_length": 256, "expert_feed_forward_length": 256},
+                            quantize=True)}
 
-            why = cuda_unfit(f)
-            if why:
-                raise ReflexError("unsupported_architecture", f"{why}; use --device cpu")
-        self.ops = ops
-        self.hp = hp = HParams(f)
+    # -- hyperparameters ---------------------------------------------------------------------
+    @classmethod
+    def dims(cls, hp):
         a = hp.arch
-        self.n_pl = hp.int("embedding_length_per_layer_input", required=True, lo=0, hi=1 << 16)
+        d = Layer(E=hp.n_embd, n_layer=hp.n_layer, n_rot=hp.n_rot, head_dim=hp.head_dim)
+        d.n_pl = hp.int("embedding_length_per_layer_input", required=True, lo=0, hi=1 << 16)
         n_shared = hp.int("attention.shared_kv_layers", default=0, lo=0, hi=hp.n_layer)
-        self.window = hp.int("attention.sliding_window", required=True, lo=0, hi=1 << 24)
+        d.window = hp.int("attention.sliding_window", required=True, lo=0, hi=1 << 24)
         flags = hp.layer_flags("attention.sliding_window_pattern")
         if flags is None or len(flags) < hp.n_layer:
             raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window_pattern: expected an "
                               f"array of {hp.n_layer} per-layer flags")
-        self.is_swa = flags[:hp.n_layer]
-        if self.window == 0 and any(self.is_swa):
+        is_swa = flags[:hp.n_layer]
+        if d.window == 0 and any(is_swa):
             raise ReflexError("gguf_error", f"metadata key {a}.attention.sliding_window: 0 with sliding-window layers")
         hd_swa = hp.int("attention.key_length_swa", required=True, lo=1, hi=1 << 12)
         if hp.int("attention.value_length_swa", required=True, lo=1, hi=1 << 12) != hd_swa:
@@ -72,177 +101,152 @@ class Model:
         n_rot_swa = hp.int("rope.dimension_count_swa", default=hp.n_rot, lo=0, hi=hd_swa)
         if n_rot_swa % 2:
             raise ReflexError("gguf_error", f"metadata key {a}.rope.dimension_count_swa: {n_rot_swa} is odd")
-        self.hd = [hd_swa if s else hp.head_dim for s in self.is_swa]
         # KV sharing: layers from kv_start on store nothing and attend over the state of the
         # last layer of their kind before kv_start (kv_start - 2 if sliding, else - 1)
-        self.kv_start = hp.n_layer - n_shared
-        self.reuse = [None] * hp.n_layer
+        kv_start = hp.n_layer - n_shared
+        reuse = [None] * hp.n_layer
         if n_shared:
-            if self.kv_start < 2:
+            if kv_start < 2:
                 raise ReflexError("gguf_error", f"metadata key {a}.attention.shared_kv_layers: {n_shared} of "
                                   f"{hp.n_layer} layers leaves fewer than 2 with their own KV")
-            for i in range(self.kv_start, hp.n_layer):
-                j = self.kv_start - (2 if self.is_swa[i] else 1)
-                if self.is_swa[j] != self.is_swa[i] or hp.n_head_kv_l[j] != hp.n_head_kv_l[i]:
+            for i in range(kv_start, hp.n_layer):
+                j = kv_start - (2 if is_swa[i] else 1)
+                if is_swa[j] != is_swa[i] or hp.n_head_kv_l[j] != hp.n_head_kv_l[i]:
                     raise ReflexError("gguf_error", f"metadata key {a}.attention.shared_kv_layers: layer {i} "
                                       f"would reuse layer {j}'s KV, of another kind or head count")
-                self.reuse[i] = j
-        self.n_rot = [n_rot_swa if s else hp.n_rot for s in self.is_swa]
-        self.rope_base_swa = hp.float("rope.freq_base_swa", default=hp.rope_base, gt=0.0)
-        self.embd_scale = math.sqrt(hp.n_embd)
-        self.n_expert = None  # read with the first mixture-of-experts layer
-        w = Weights(ops, f, lora)
-        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
-        self.output_norm = w("output_norm.weight", (hp.n_embd,))
-        self.output = w.output(hp.n_embd)
-        self.ple = None
-        if self.n_pl:
-            missing = [op for op in ("split",) if not callable(getattr(ops, op, None))]
-            if missing:
-                raise _unsupported(f"per-layer embeddings on the {ops.name} backend (no {missing[0]} op)")
-            L_pl = self.n_pl * hp.n_layer
-            self.ple = SimpleNamespace(embd=w("per_layer_token_embd.weight", (None, L_pl)),
-                                       proj=w("per_layer_model_proj.weight", (L_pl, hp.n_embd)),
-                                       norm=w("per_layer_proj_norm.weight", (self.n_pl,)))
-        self.rope_freqs = None
-        if not all(self.is_swa):
-            self.rope_freqs = w("rope_freqs.weight", (hp.head_dim // 2,))[:hp.n_rot // 2]
-        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
-        # graphs hold MoE layers unless the backend's moe waits for the device (host routing)
-        self.capturable = all(L.moe is None for L in self.layers) or moe_captured(ops)
+                reuse[i] = j
+        d.layers = [Layer(n_head=hp.n_head_l[i], n_head_kv=hp.n_head_kv_l[i], swa=s, reuse=reuse[i],
+                          head_dim=hd_swa if s else hp.head_dim, n_rot=n_rot_swa if s else hp.n_rot,
+                          n_ff=hp.n_ff_l[i]) for i, s in enumerate(is_swa)]
+        d.experts = lambda: cls._experts(hp, d)  # read with the first layer that has experts
+        return d
 
-    def _load_layer(self, w, i):
-        hp, p = self.hp, f"blk.{i}."
-        H, Hkv, hd, E, F = hp.n_head_l[i], hp.n_head_kv_l[i], self.hd[i], hp.n_embd, hp.n_ff_l[i]
-        scale = w(p + "layer_output_scale.weight", (1,), optional=True)
-        if w.has(p + "attn_qkv.weight"):
-            qkv = w(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, E))
-            wq, wk, wv = (self.ops.weight_rows(qkv, 0, H * hd), self.ops.weight_rows(qkv, H * hd, Hkv * hd),
-                          self.ops.weight_rows(qkv, (H + Hkv) * hd, Hkv * hd))
-        else:
-            own_kv = self.reuse[i] is None
-            wq, wk = w(p + "attn_q.weight", (H * hd, E)), w(p + "attn_k.weight", (Hkv * hd, E), not own_kv)
-            wv = w(p + "attn_v.weight", (Hkv * hd, E), optional=True)
-        pl = None
-        if self.n_pl:
-            pl = SimpleNamespace(gate=w(p + "inp_gate.weight", (self.n_pl, E)),
-                                 proj=w(p + "proj.weight", (E, self.n_pl)),
-                                 norm=w(p + "post_norm.weight", (E,)))
-        return SimpleNamespace(
-            n_head=H, n_head_kv=Hkv, hd=hd, wq=wq, wk=wk, wv=wv,
-            attn_norm=w(p + "attn_norm.weight", (E,)),
-            q_norm=w(p + "attn_q_norm.weight", (hd,)),
-            k_norm=w(p + "attn_k_norm.weight", (hd,), optional=self.reuse[i] is not None), pl=pl,
-            wo=w(p + "attn_output.weight", (E, H * hd)),
-            attn_post_norm=w(p + "post_attention_norm.weight", (E,)),
-            ffn_norm=w(p + "ffn_norm.weight", (E,)),
-            gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
-            down=w(p + "ffn_down.weight", (E, F)),
-            ffn_post_norm=w(p + "post_ffw_norm.weight", (E,)),
-            out_scale=None if scale is None else float(self.ops.to_numpy(scale)[0]),
-            moe=self._load_moe(w, p) if w.has(p + "ffn_gate_inp.weight") else None,
-        )
-
-    def _load_moe(self, w, p):
-        """A mixture-of-experts layer's extra tensors (beside the dense FFN, its shared expert)."""
-        hp, E = self.hp, self.hp.n_embd
-        if self.n_expert is None:
-            self.n_expert = X = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
+    @staticmethod
+    def _experts(hp, d):
+        if d.n_expert is None:
+            d.n_expert = X = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
             used = hp.per_layer("expert_used_count", required=True, lo=1, hi=X)
             if len(set(used)) > 1:  # llama.cpp routes every layer with layer 0's count
                 raise _unsupported(f"metadata key {hp.arch}.expert_used_count: different counts per layer")
-            self.n_used = used[0]
-            self.n_ff_exp = hp.per_layer("expert_feed_forward_length", required=True, lo=1, hi=1 << 20)[0]
-        X, Fe = self.n_expert, self.n_ff_exp
-        fused = w.has(p + "ffn_gate_up_exps.weight")
-        return SimpleNamespace(
-            router=w(p + "ffn_gate_inp.weight", (X, E)), router_scale=w(p + "ffn_gate_inp.scale", (E,)),
-            pre_norm=w(p + "pre_ffw_norm_2.weight", (E,)), post_norm_1=w(p + "post_ffw_norm_1.weight", (E,)),
-            post_norm_2=w(p + "post_ffw_norm_2.weight", (E,)),
-            gate_exps=w(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E)) if fused else
-            w(p + "ffn_gate_exps.weight", (X, Fe, E)),
-            up_exps=None if fused else w(p + "ffn_up_exps.weight", (X, Fe, E)),
-            down_exps=w(p + "ffn_down_exps.weight", (X, E, Fe)),
-            down_scale=w(p + "ffn_down_exps.scale", (X,), optional=True),
-        )
+            d.n_used = used[0]
+            d.n_ff_exp = hp.per_layer("expert_feed_forward_length", required=True, lo=1, hi=1 << 20)[0]
+        return d.n_expert, d.n_ff_exp
 
-    def _ffn(self, x, L):
-        """The feed-forward of the residual x (dense, or the shared expert plus the routed ones),
-        before its post-norm."""
-        ops, hp = self.ops, self.hp
-        f = ops.matmul(ops.matmul_glu(ops.rms_norm(x, L.ffn_norm, hp.eps), L.gate, L.up, act="gelu"), L.down)
-        M = L.moe
-        if M is None:
-            return f
-        f = ops.rms_norm(f, M.post_norm_1, hp.eps)
-        # the router reads the unweighted-normed residual, scaled by 1/sqrt(n_embd) and a vector
-        r = ops.mul(ops.scale(ops.rms_norm(x, None, hp.eps), 1.0 / math.sqrt(hp.n_embd)), M.router_scale)
-        m = ops.moe(ops.rms_norm(x, M.pre_norm, hp.eps), None, M.gate_exps, M.up_exps, M.down_exps, self.n_used,
-                    gating="softmax", norm=True, act="gelu", logits=ops.matmul(r, M.router),
-                    expert_scale=M.down_scale)
-        return ops.add(f, ops.rms_norm(m, M.post_norm_2, hp.eps))
+    # -- tensors -------------------------------------------------------------------------------
+    @classmethod
+    def plan(cls, d):
+        E, P, n = d.E, d.n_pl, d.n_layer
+        return [T("token_embd.weight", None, E), T("output_norm.weight", E), opt("output.weight", None, E),
+                *((T("per_layer_token_embd.weight", None, n * P), T("per_layer_model_proj.weight", n * P, E),
+                   T("per_layer_proj_norm.weight", P)) if P else ()),
+                None if all(L.swa for L in d.layers) else T("rope_freqs.weight", d.head_dim // 2),
+                *(cls._layer_plan(d, i, L) for i, L in enumerate(d.layers))]
+
+    @classmethod
+    def _layer_plan(cls, d, i, L):
+        E, H, Hkv, hd, own = d.E, L.n_head, L.n_head_kv, L.head_dim, L.reuse is None
+        return layer(
+            i, T("attn_norm.weight", E),
+            Alt([T("attn_qkv.weight", (H + 2 * Hkv) * hd, E)],
+                [T("attn_q.weight", H * hd, E), T("attn_k.weight", Hkv * hd, E, optional=not own),
+                 opt("attn_v.weight", Hkv * hd, E)]),
+            T("attn_q_norm.weight", hd), T("attn_k_norm.weight", hd, optional=not own),
+            T("attn_output.weight", E, H * hd), T("post_attention_norm.weight", E), T("ffn_norm.weight", E),
+            T("ffn_gate.weight", L.n_ff, E), T("ffn_up.weight", L.n_ff, E), T("ffn_down.weight", E, L.n_ff),
+            T("post_ffw_norm.weight", E), opt("layer_output_scale.weight", 1),
+            *((T("inp_gate.weight", d.n_pl, E), T("proj.weight", E, d.n_pl), T("post_norm.weight", E)) if d.n_pl else ()),
+            If("ffn_gate_inp.weight", lambda: cls._moe_plan(d)))
+
+    @staticmethod
+    def _moe_plan(d):
+        """A mixture-of-experts layer's extra tensors (beside the dense FFN, its shared expert)."""
+        (X, Fe), E = d.experts(), d.E
+        return [T("ffn_gate_inp.weight", X, E), T("ffn_gate_inp.scale", E), T("pre_ffw_norm_2.weight", E),
+                T("post_ffw_norm_1.weight", E), T("post_ffw_norm_2.weight", E),
+                Alt([T("ffn_gate_up_exps.weight", X, 2 * Fe, E)],
+                    [T("ffn_gate_exps.weight", X, Fe, E), T("ffn_up_exps.weight", X, Fe, E)]),
+                T("ffn_down_exps.weight", X, E, Fe), opt("ffn_down_exps.scale", X)]
+
+    def __init__(self, ops, f, lora=None):
+        if ops.name == "cuda":
+            from . import cuda_unfit
+
+            why = cuda_unfit(f)
+            if why:
+                raise ReflexError("unsupported_architecture", f"{why}; use --device cpu")
+        t = self._load(ops, f, lora)
+        hp, d = self.hp, self.d
+        if d.n_pl and not callable(getattr(ops, "split", None)):
+            raise _unsupported(f"per-layer embeddings on the {ops.name} backend (no split op)")
+        self.ple = t if d.n_pl else None
+        rope_freqs = None if t.rope_freqs is None else t.rope_freqs[:hp.n_rot // 2]
+        rope_base_swa = hp.float("rope.freq_base_swa", default=hp.rope_base, gt=0.0)
+        self.embd_scale = math.sqrt(hp.n_embd)
+        for L in self.layers:
+            H, Hkv, hd = L.n_head, L.n_head_kv, L.head_dim
+            if L.attn_qkv is not None:
+                L.attn_q, L.attn_k, L.attn_v = split_rows(ops, L.attn_qkv, [H * hd, Hkv * hd, Hkv * hd])
+            L.rope = dict(n_rot=L.n_rot, neox=True, base=rope_base_swa if L.swa else hp.rope_base,
+                          freq_scale=1.0 if L.swa else hp.rope_scale, freq_factors=None if L.swa else rope_freqs)
+            s = L.layer_output_scale
+            L.out_scale = 1.0 if s is None else float(ops.to_numpy(s)[0])
+        # graphs hold MoE layers unless the backend's moe waits for the device (host routing)
+        self.capturable = all(L.ffn_gate_inp is None for L in self.layers) or moe_captured(ops)
 
     # -- state: each layer's own KV heads and head width ------------------------------------
     def state_spec(self):
         """K/V of each layer's own width; nothing for a layer that reuses another's."""
-        return [attention_spec(L.n_head_kv, L.hd, L.hd) if self.reuse[i] is None else SlotSpec()
-                for i, L in enumerate(self.layers)]
+        return [attention_spec(L.n_head_kv, L.head_dim, L.head_dim) if L.reuse is None else SlotSpec()
+                for L in self.layers]
 
-    def new_state(self, ops, n_slots, n_seq=1):
-        return State(ops, self.state_spec(), n_slots, n_seq)
-
-    def state_bytes(self, n_slots, itemsize=2):
-        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
-
+    # -- forward -------------------------------------------------------------------------------
     def _per_layer_inputs(self, x, batch):
         """Each layer's per-layer input [N, n_pl]: (rms_norm(x0 @ model_proj / sqrt(n_embd)) +
         per_layer_token_embd[ids] * sqrt(n_pl)) / sqrt(2), x0 the scaled token embedding."""
-        ops, hp, N, P = self.ops, self.hp, batch.n, self.n_pl
-        proj = ops.scale(ops.matmul(x, self.ple.proj), 1.0 / math.sqrt(hp.n_embd))
-        proj = ops.rms_norm(proj.reshape(N, hp.n_layer, P), self.ple.norm, hp.eps)
-        tok = ops.embed(self.ple.embd, batch.ids, scale=math.sqrt(P)).reshape(N, hp.n_layer, P)
+        ops, hp, N, P = self.ops, self.hp, batch.n, self.d.n_pl
+        proj = ops.scale(ops.matmul(x, self.ple.per_layer_model_proj), 1.0 / math.sqrt(hp.n_embd))
+        proj = ops.rms_norm(proj.reshape(N, hp.n_layer, P), self.ple.per_layer_proj_norm, hp.eps)
+        tok = ops.embed(self.ple.per_layer_token_embd, batch.ids, scale=math.sqrt(P)).reshape(N, hp.n_layer, P)
         both = ops.scale(ops.add(proj, tok), 1.0 / math.sqrt(2.0))
         return [p.reshape(N, P) for p in ops.split(both.reshape(N, hp.n_layer * P), [P] * hp.n_layer)]
 
+    def _moe_ffn(self, x, L):
+        """The feed-forward of a layer with experts (before its post-norm): the dense FFN as a
+        shared expert (post-normed by post_ffw_norm_1) plus the routed GeGLU experts (input
+        pre_ffw_norm_2, output post_ffw_norm_2), whose router reads rms_norm(x) / sqrt(n_embd)
+        * ffn_gate_inp.scale."""
+        ops, hp = self.ops, self.hp
+        f = ops.matmul(blocks.glu(ops, x, L.ffn_gate, L.ffn_up, "gelu", norm=L.ffn_norm, eps=hp.eps), L.ffn_down)
+        f = ops.rms_norm(f, L.post_ffw_norm_1, hp.eps)
+        r = ops.mul(ops.scale(ops.rms_norm(x, None, hp.eps), 1.0 / math.sqrt(hp.n_embd)), L.ffn_gate_inp_scale)
+        m = blocks.moe(ops, ops.rms_norm(x, L.pre_ffw_norm_2, hp.eps), L, self.d.n_used, act="gelu",
+                       gating="softmax", norm=True, logits=ops.matmul(r, L.ffn_gate_inp),
+                       expert_scale=L.ffn_down_exps_scale)
+        return ops.add(f, ops.rms_norm(m, L.post_ffw_norm_2, hp.eps))
+
     def forward(self, state, batch, rows=None, output="logits", check=None):
-        ops, hp, N = self.ops, self.hp, batch.n
+        ops, hp, eps = self.ops, self.hp, self.hp.eps
         x = ops.embed(self.tok_embd, batch.ids, scale=self.embd_scale)
         pl = self._per_layer_inputs(x, batch) if self.ple is not None else None
         for i, (L, S) in enumerate(zip(self.layers, state.layers)):
             if check is not None:
                 check()
-            swa = self.is_swa[i]
-            rope = dict(n_rot=self.n_rot[i], neox=True, base=self.rope_base_swa if swa else hp.rope_base,
-                        freq_scale=1.0 if swa else hp.rope_scale, freq_factors=None if swa else self.rope_freqs)
-            h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            window = self.window if swa else 0
-            if self.reuse[i] is not None:  # attends over an earlier layer's K/V, stores nothing
-                q = ops.rms_norm_rope(ops.matmul(h, L.wq).reshape(N, L.n_head, L.hd), L.q_norm, hp.eps,
-                                      batch.pos, **rope)
-                R = state.layers[self.reuse[i]]
-                a = ops.attention(q, R.k, R.v, batch.slots, batch.n_kv, scale=1.0, **batch.attention_args(window))
-                a = a.reshape(N, L.n_head * L.hd)
+            window = self.d.window if L.swa else 0
+            if L.reuse is not None:  # attends over an earlier layer's K/V, stores nothing
+                q = blocks.rope_q(ops, blocks.qkv(ops, x, L, eps, kv=False)[0], L, eps, batch, L.rope)
+                a = blocks.attend(ops, q, state.layers[L.reuse], batch, 1.0, window)
             else:
-                if L.wv is not None:
-                    q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
-                else:
-                    q, k = ops.matmul_n(h, [L.wq, L.wk])
-                    v = k
-                v = ops.rms_norm(v.reshape(N, L.n_head_kv, L.hd), None, hp.eps)  # a new array: k may be v
-                q = ops.rms_norm_rope(q.reshape(N, L.n_head, L.hd), L.q_norm, hp.eps, batch.pos, **rope)
-                k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, L.hd), L.k_norm, hp.eps, batch.pos, **rope)
-                a = attention_block(ops, S, batch, q, k, v, scale=1.0, window=window)
-            x = ops.add(x, ops.rms_norm(ops.matmul(a, L.wo), L.attn_post_norm, hp.eps))
-            x = ops.add(x, ops.rms_norm(self._ffn(x, L), L.ffn_post_norm, hp.eps))
+                q, k, v = blocks.qkv(ops, x, L, eps)
+                v = ops.rms_norm(v if v is not None else k, None, eps)  # a new array: k is rotated in place
+                q = blocks.rope_store(ops, q, k, v, L, S, batch, eps, L.rope)
+                a = blocks.attend(ops, q, S, batch, 1.0, window)  # unscaled scores: the norms scale
+            blocks.residual(ops, x, a, L.attn_output, post_norm=L.post_attention_norm, eps=eps)
+            out_scale = L.out_scale if pl is None else 1.0
+            if L.ffn_gate_inp is None:
+                blocks.ffn(ops, x, L, eps, "gelu", post_norm=L.post_ffw_norm, out_scale=out_scale)
+            else:
+                blocks.add(ops, x, self._moe_ffn(x, L), post_norm=L.post_ffw_norm, eps=eps, out_scale=out_scale)
             if pl is not None:  # the per-layer embedding's contribution
-                g = ops.mul(ops.gelu(ops.matmul(x, L.pl.gate)), pl[i])
-                x = ops.add(x, ops.rms_norm(ops.matmul(g, L.pl.proj), L.pl.norm, hp.eps))
-            if L.out_scale is not None:
-                x = ops.scale(x, L.out_scale)
-        if rows is not None:
-            x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        if output == "hidden":
-            return x
-        logits = ops.matmul(x, self.output)
-        return ops.softcap(logits, hp.final_softcap) if hp.final_softcap > 0 else logits
+                g = ops.mul(ops.gelu(ops.matmul(x, L.inp_gate)), pl[i])
+                blocks.residual(ops, x, g, L.proj, post_norm=L.post_norm, eps=eps, out_scale=L.out_scale)
+        return blocks.head(ops, x, self.output_norm, self.output, eps, rows, output, softcap=hp.final_softcap)

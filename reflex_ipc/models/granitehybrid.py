@@ -18,179 +18,146 @@ State: attention layers K/V slots; Mamba-2 layers a conv state [K-1, inner + 2 g
 and an SSM state [heads, head_dim, state_size] per sequence.
 """
 
-from types import SimpleNamespace
-
 from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
-from ..runtime.state import SeqSpec, State, attention_spec
-from .common import (MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, bias, default_attn_scale,
-                     moe_captured)
+from ..runtime.state import SeqSpec, attention_spec
+from . import blocks
+from .common import MAX_HEAD_DIM, MAX_HEADS, Decoder, default_attn_scale, moe_captured, split_rows
+from .plan import Layer, T, dense, example, keys, layer, opt, variant
 
 
 def _bad(key, msg):
     return ReflexError("gguf_error", f"metadata key {key}: {msg}")
 
 
-class Model:
-    def __init__(self, ops, f, lora=None):
-        require_ops(ops, RECURRENT_OPS, f.architecture)
-        self.ops = ops
-        self.hp = hp = HParams(f, attention_free_layers=True)
+class Model(Decoder):
+    KEYS = keys(required=("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
+                          "ssm.group_count"),
+                optional=("embedding_scale", "residual_scale", "logit_scale", "rope.scaling.finetuned",
+                          "expert_count", "expert_used_count", "expert_shared_feed_forward_length"))
+    attention_free_layers = True
+    # Mamba-2, attention, Mamba-2, attention, dense SwiGLU, rope, Granite's four scales; _moe: attention
+    # first, MoE (4 experts, 2 used) with a shared expert, NoPE (rope.scaling.finetuned false)
+    _GR = {"context_length": 512, "block_count": 4, "embedding_length": 64, "feed_forward_length": 128,
+           "attention.head_count": 4, "attention.head_count_kv": [0, 2, 0, 2], "rope.freq_base": 10000.0,
+           "attention.layer_norm_rms_epsilon": 1e-5, "ssm.conv_kernel": 4, "ssm.inner_size": 128, "ssm.state_size": 16,
+           "ssm.time_step_rank": 8, "ssm.group_count": 2, "embedding_scale": 2.0, "residual_scale": 0.5,
+           "logit_scale": 2.0, "attention.scale": 0.2, "rope.scaling.finetuned": True}
+    EXAMPLES = {
+        "granitehybrid": example({}, base=_GR, gain=4.0, embd_std=0.25, has=("ssm_conv1d.bias",)),
+        "granitehybrid_moe": example({"attention.head_count_kv": [2, 0, 0, 2], "feed_forward_length": 32,
+                                      "rope.scaling.finetuned": False, "expert_count": 4, "expert_used_count": 2,
+                                      "expert_shared_feed_forward_length": 64}, base=_GR, gain=4.0, embd_std=0.25,
+                                     seed=3, has=("ssm_conv1d.bias",)),
+        "granitehybrid@q": variant("granitehybrid_moe", {"feed_forward_length": 256,
+                                                         "expert_shared_feed_forward_length": 256}, quantize=True)}
+
+    # -- hyperparameters ---------------------------------------------------------------------
+    @classmethod
+    def dims(cls, hp):
         a = hp.arch
-        self.recurrent = [h == 0 for h in hp.n_head_kv_l]
-        self.d_conv = hp.int("ssm.conv_kernel", required=True, lo=2, hi=64)
-        self.d_inner = hp.int("ssm.inner_size", required=True, lo=1, hi=1 << 20)
-        self.d_state = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
-        self.n_ssm_head = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
-        self.n_group = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
-        require_state_cols(ops, self.d_state, f"{a}.ssm.state_size")
-        if self.d_inner % self.n_ssm_head:
-            raise _bad(f"{a}.ssm.inner_size", f"{self.d_inner} is not a multiple of {self.n_ssm_head} heads")
-        if self.n_ssm_head % self.n_group or self.d_inner % self.n_group:
-            raise _bad(f"{a}.ssm.group_count", f"{self.n_ssm_head} heads / inner size {self.d_inner} cannot "
-                       f"be split in {self.n_group} groups")
-        if self.d_inner != 2 * hp.n_embd:
-            raise _bad(f"{a}.ssm.inner_size", f"{self.d_inner} != 2 x embedding_length (llama.cpp supports "
+        d = Layer(E=hp.n_embd, n_rot=hp.n_rot)
+        d.d_conv = hp.int("ssm.conv_kernel", required=True, lo=2, hi=64)
+        d.d_inner = di = hp.int("ssm.inner_size", required=True, lo=1, hi=1 << 20)
+        d.d_state = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
+        d.n_head = H = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
+        d.n_group = G = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        if di % H:
+            raise _bad(f"{a}.ssm.inner_size", f"{di} is not a multiple of {H} heads")
+        if H % G or di % G:
+            raise _bad(f"{a}.ssm.group_count", f"{H} heads / inner size {di} cannot be split in {G} groups")
+        if di != 2 * hp.n_embd:
+            raise _bad(f"{a}.ssm.inner_size", f"{di} != 2 x embedding_length (llama.cpp supports "
                        f"only an expansion factor of 2)")
         if hp.head_dim_v != hp.head_dim:
             raise ReflexError("unsupported_architecture", f"key length {hp.head_dim} != value length {hp.head_dim_v}")
+        d.conv_dim = di + 2 * G * d.d_state
+        d.n_expert = hp.int("expert_count", default=0, lo=0, hi=1 << 12)
+        used = hp.per_layer("expert_used_count", default=0, lo=0, hi=max(d.n_expert, 0))
+        if d.n_expert and not all(used):
+            raise _bad(f"{a}.expert_used_count", "0 experts used per token")
+        d.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
+        # a layer is recurrent exactly when its head_count_kv is 0 (llama.cpp's rule)
+        d.layers = [Layer(recurrent=hkv == 0, n_head=h, n_head_kv=hkv, head_dim=hp.head_dim, n_ff=f, n_used=u)
+                    for h, hkv, f, u in zip(hp.n_head_l, hp.n_head_kv_l, hp.n_ff_l, used)]
+        return d
+
+    # -- tensors -------------------------------------------------------------------------------
+    @classmethod
+    def plan(cls, d):
+        E = d.E
+        return [T("token_embd.weight", None, E), T("output_norm.weight", E), opt("output.weight", None, E),
+                opt("rope_freqs.weight", d.n_rot // 2),
+                *(layer(i, T("attn_norm.weight", E), *(cls._mamba_plan(d) if L.recurrent else cls._attention_plan(d, L)),
+                        T("ffn_norm.weight", E), *cls._ffn_plan(d, L))
+                  for i, L in enumerate(d.layers))]
+
+    @staticmethod
+    def _mamba_plan(d):
+        E, H, G, di, cd = d.E, d.n_head, d.n_group, d.d_inner, d.conv_dim
+        return (T("ssm_in.weight", 2 * di + 2 * G * d.d_state + H, E), dense("ssm_conv1d.weight", cd, d.d_conv),
+                opt("ssm_conv1d.bias", cd), T("ssm_dt.bias", H), dense("ssm_a", H, 1, as_shape=(H,)),
+                dense("ssm_d", H, 1, as_shape=(H,)), dense("ssm_norm.weight", G, di // G, as_shape=(di,)),
+                T("ssm_out.weight", E, di))
+
+    @staticmethod
+    def _attention_plan(d, L):
+        E, H, Hkv, hd = d.E, L.n_head, L.n_head_kv, L.head_dim
+        return (T("attn_q.weight", H * hd, E), T("attn_k.weight", Hkv * hd, E), T("attn_v.weight", Hkv * hd, E),
+                opt("attn_q.bias", H * hd), opt("attn_k.bias", Hkv * hd), opt("attn_v.bias", Hkv * hd),
+                T("attn_output.weight", E, H * hd), opt("attn_output.bias", E))
+
+    @staticmethod
+    def _ffn_plan(d, L):
+        E, F, X, Fs = d.E, L.n_ff, d.n_expert, d.n_ff_shexp
+        if not X:
+            return (T("ffn_gate.weight", F, E), T("ffn_up.weight", F, E), T("ffn_down.weight", E, F),
+                    opt("ffn_gate.bias", F), opt("ffn_up.bias", F), opt("ffn_down.bias", E))
+        return (T("ffn_gate_inp.weight", X, E), T("ffn_gate_exps.weight", X, F, E), T("ffn_up_exps.weight", X, F, E),
+                T("ffn_down_exps.weight", X, E, F),
+                *((T("ffn_gate_shexp.weight", Fs, E), T("ffn_up_shexp.weight", Fs, E),
+                   T("ffn_down_shexp.weight", E, Fs)) if Fs else ()))
+
+    def __init__(self, ops, f, lora=None):
+        require_ops(ops, RECURRENT_OPS, f.architecture)
+        require_state_cols(ops, self.hparams(f).int("ssm.state_size", required=True), f"{f.architecture}.ssm.state_size")
+        t = self._load(ops, f, lora)  # its dense tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
+        hp, d = self.hp, self.d
         self.embd_scale = hp.float("embedding_scale", default=0.0, lo=0.0) or 1.0
         self.res_scale = hp.float("residual_scale", default=0.0, lo=0.0) or 1.0
-        self.logit_scale = hp.float("logit_scale", default=0.0, lo=0.0)
-        self.use_rope = hp.bool("rope.scaling.finetuned", default=True)
+        logit_scale = hp.float("logit_scale", default=0.0, lo=0.0)
+        self.out_scale = 1.0 / logit_scale if logit_scale else 1.0
+        self.rope = dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale, freq_factors=t.rope_freqs,
+                         neox=False) if hp.bool("rope.scaling.finetuned", default=True) else None
         self.scale = default_attn_scale(hp)
-        self.n_expert = hp.int("expert_count", default=0, lo=0, hi=1 << 12)
-        self.n_used = hp.per_layer("expert_used_count", default=0, lo=0, hi=max(self.n_expert, 0))
-        if self.n_expert and not all(self.n_used):
-            raise _bad(f"{a}.expert_used_count", "0 experts used per token")
-        self.n_ff_shexp = hp.int("expert_shared_feed_forward_length", default=0, lo=0, hi=1 << 20)
         # a decode step is captured in a CUDA graph unless its experts' routing waits for the device
         # (a backend without moe_capturable, or CUDA with REFLEX_CUDA_MOE=host)
-        self.capturable = not self.n_expert or moe_captured(ops)
-        w = Weights(ops, f, lora)  # its `dense` tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
-        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
-        self.output_norm = w("output_norm.weight", (hp.n_embd,))
-        self.output = w.output(hp.n_embd)
-        self.rope_factors = w("rope_freqs.weight", (hp.n_rot // 2,), optional=True)
-        self.layers = [self._load_layer(w, i) for i in range(hp.n_layer)]
-
-    @property
-    def conv_dim(self):
-        return self.d_inner + 2 * self.n_group * self.d_state
-
-    def _load_layer(self, w, i):
-        hp, p, E, F = self.hp, f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
-        L = SimpleNamespace(recurrent=self.recurrent[i], attn_norm=w(p + "attn_norm.weight", (E,)),
-                            ffn_norm=w(p + "ffn_norm.weight", (E,)))
-        if L.recurrent:
-            H, di, cd = self.n_ssm_head, self.d_inner, self.conv_dim
-            ssm_in = w(p + "ssm_in.weight", (2 * di + 2 * self.n_group * self.d_state + H, E))
-            L.wz, L.wxbc, L.wdt = w.rows(ssm_in, 0, di), w.rows(ssm_in, di, cd), w.rows(ssm_in, di + cd, H)
-            L.conv = w.dense(p + "ssm_conv1d.weight", (cd, self.d_conv))
-            L.conv_b = w(p + "ssm_conv1d.bias", (cd,), optional=True)
-            L.dt_bias = w(p + "ssm_dt.bias", (H,))
-            L.A = w.dense(p + "ssm_a", (H, 1), as_shape=(H,))
-            L.D = w.dense(p + "ssm_d", (H, 1), as_shape=(H,))
-            L.norm = w.dense(p + "ssm_norm.weight", (self.n_group, di // self.n_group), as_shape=(di,))
-            L.wo = w(p + "ssm_out.weight", (E, di))
-        else:
-            H, Hkv, hd = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim
-            L.n_head, L.n_head_kv = H, Hkv
-            L.wq, L.wk, L.wv = (w(p + "attn_q.weight", (H * hd, E)), w(p + "attn_k.weight", (Hkv * hd, E)),
-                                w(p + "attn_v.weight", (Hkv * hd, E)))
-            L.bq, L.bk, L.bv = (w(p + "attn_q.bias", (H * hd,), True), w(p + "attn_k.bias", (Hkv * hd,), True),
-                                w(p + "attn_v.bias", (Hkv * hd,), True))
-            L.wo, L.bo = w(p + "attn_output.weight", (E, H * hd)), w(p + "attn_output.bias", (E,), True)
-        if self.n_expert:
-            X = self.n_expert
-            L.moe = dict(router=w(p + "ffn_gate_inp.weight", (X, E)),
-                         w_gate=w(p + "ffn_gate_exps.weight", (X, F, E)), w_up=w(p + "ffn_up_exps.weight", (X, F, E)),
-                         w_down=w(p + "ffn_down_exps.weight", (X, E, F)), n_used=self.n_used[i])
-            if self.n_ff_shexp:
-                Fs = self.n_ff_shexp
-                L.sh = (w(p + "ffn_gate_shexp.weight", (Fs, E)), w(p + "ffn_up_shexp.weight", (Fs, E)),
-                        w(p + "ffn_down_shexp.weight", (E, Fs)))
-        else:
-            L.gate, L.up, L.down = (w(p + "ffn_gate.weight", (F, E)), w(p + "ffn_up.weight", (F, E)),
-                                    w(p + "ffn_down.weight", (E, F)))
-            L.bg, L.bu, L.bd = (w(p + "ffn_gate.bias", (F,), True), w(p + "ffn_up.bias", (F,), True),
-                                w(p + "ffn_down.bias", (E,), True))
-        return L
+        self.capturable = not d.n_expert or moe_captured(ops)
+        for L in self.layers:
+            if L.recurrent:
+                L.ssm_in_z, L.ssm_in_xbc, L.ssm_in_dt = split_rows(ops, L.ssm_in, [d.d_inner, d.conv_dim, d.n_head])
 
     # -- state ---------------------------------------------------------------------------
     def state_spec(self):
-        hp = self.hp
-        P = self.d_inner // self.n_ssm_head
-        return [SeqSpec(conv=(self.d_conv - 1, self.conv_dim), ssm=(self.n_ssm_head, P, self.d_state)) if r else
-                attention_spec(hp.n_head_kv_l[i], hp.head_dim, hp.head_dim) for i, r in enumerate(self.recurrent)]
-
-    def new_state(self, ops, n_slots, n_seq=1):
-        return State(ops, self.state_spec(), n_slots, n_seq)
-
-    def state_bytes(self, n_slots, itemsize=2):
-        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
+        d = self.d
+        return [SeqSpec(conv=(d.d_conv - 1, d.conv_dim), ssm=(d.n_head, d.d_inner // d.n_head, d.d_state))
+                if L.recurrent else attention_spec(L.n_head_kv, L.head_dim, L.head_dim) for L in self.layers]
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, state, batch, rows=None, output="logits", check=None):
-        ops, hp = self.ops, self.hp
+        ops, d, eps, s = self.ops, self.d, self.hp.eps, self.res_scale
         x = ops.embed(self.tok_embd, batch.ids, scale=self.embd_scale)
         for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            h = ops.rms_norm(x, L.attn_norm, hp.eps)
-            self._add(x, self._mamba2(L, S, h, batch) if L.recurrent else self._attention(L, S, h, batch))
-            self._add(x, self._ffn(L, ops.rms_norm(x, L.ffn_norm, hp.eps)))
-        if rows is not None:
-            x = x[rows]
-        x = ops.rms_norm(x, self.output_norm, hp.eps)
-        if output == "hidden":
-            return x
-        logits = ops.matmul(x, self.output)
-        return ops.scale(logits, 1.0 / self.logit_scale) if self.logit_scale else logits
-
-    def _add(self, x, y):
-        """x += residual_scale * y, in place."""
-        self.ops.add(x, self.ops.scale(y, self.res_scale) if self.res_scale != 1.0 else y, out=x)
-
-    def _attention(self, L, S, h, batch):
-        ops, hp, N, hd = self.ops, self.hp, batch.n, self.hp.head_dim
-        q, k, v = ops.matmul_n(h, [L.wq, L.wk, L.wv])
-        q = bias(ops, q, L.bq).reshape(N, L.n_head, hd)
-        k = bias(ops, k, L.bk).reshape(N, L.n_head_kv, hd)
-        v = bias(ops, v, L.bv).reshape(N, L.n_head_kv, hd)
-        if self.use_rope:
-            rope = dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale, freq_factors=self.rope_factors,
-                        neox=False, inplace=True)
-            q, k = ops.rope(q, batch.pos, **rope), ops.rope(k, batch.pos, **rope)
-        a = attention_block(ops, S, batch, q, k, v, scale=self.scale)
-        return bias(ops, ops.matmul(a, L.wo), L.bo)
-
-    def _mamba2(self, L, S, h, batch):
-        ops, N = self.ops, batch.n
-        H, G, Ns, di = self.n_ssm_head, self.n_group, self.d_state, self.d_inner
-        z, xbc, dt = ops.matmul_n(h, [L.wz, L.wxbc, L.wdt])
-        xbc = bias(ops, ops.ssm_conv(xbc, S.conv, L.conv, batch.seqs), L.conv_b)
-        xbc = ops.silu(xbc)
-        xs = ops.columns(xbc, 0, di).reshape(N, H, di // H)
-        B = ops.columns(xbc, di, G * Ns).reshape(N, G, Ns)
-        C = ops.columns(xbc, di + G * Ns, G * Ns).reshape(N, G, Ns)
-        dt = ops.softplus(ops.add(dt, L.dt_bias))
-        y = ops.ssm_scan(xs, dt, L.A, B, C, S.ssm, batch.seqs, D=L.D).reshape(N, di)
-        y = ops.swiglu(z, y)
-        y = ops.rms_norm(y.reshape(N, G, di // G), None, self.hp.eps).reshape(N, di)
-        return ops.matmul(ops.mul(y, L.norm), L.wo)
-
-    def _ffn(self, L, h):
-        ops = self.ops
-        if self.n_expert:
-            out = ops.moe(h, n_used=L.moe["n_used"], gating="softmax", norm=True, **{
-                k: v for k, v in L.moe.items() if k != "n_used"})
-            if self.n_ff_shexp:
-                g, u, d = L.sh
-                out = ops.add(out, ops.matmul(ops.matmul_glu(h, g, u, act="silu"), d))
-            return out
-        if L.bg is None and L.bu is None:
-            f = ops.matmul_glu(h, L.gate, L.up, act="silu")
-        else:
-            f = ops.swiglu(bias(ops, ops.matmul(h, L.gate), L.bg), bias(ops, ops.matmul(h, L.up), L.bu))
-        return bias(ops, ops.matmul(f, L.down), L.bd)
+            if L.recurrent:
+                blocks.mamba2(ops, x, L, S, batch, eps, n_head=d.n_head, n_group=d.n_group, d_state=d.d_state,
+                              d_inner=d.d_inner, res_scale=s)
+            else:
+                blocks.attention(ops, x, L, S, batch, eps, rope=self.rope, scale=self.scale, res_scale=s)
+            if d.n_expert:
+                blocks.moe(ops, ops.rms_norm(x, L.ffn_norm, eps), L, L.n_used, gating="softmax", norm=True, res=x,
+                           res_scale=s)
+            else:
+                blocks.ffn(ops, x, L, eps, res_scale=s)
+        return blocks.head(ops, x, self.output_norm, self.output, eps, rows, output, scale=self.out_scale)

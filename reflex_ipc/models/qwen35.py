@@ -22,52 +22,60 @@ recurrent state [v heads, d, d] per sequence (runtime.state.SeqSpec). MTP layers
 (`nextn_predict_layers`, stored after the trunk) are not run, as in llama.cpp's main graph.
 """
 
-import math
-from types import SimpleNamespace
-
-from ..backends.base import (RECURRENT_OPS, delta_gates, delta_qkv, require_ops, require_state_cols, rms_norm_gate,
-                             rms_norm_matmul_glu, rms_norm_matmul_n, sigmoid_gate, ssm_conv_silu)
+from ..backends.base import RECURRENT_OPS, require_ops, require_state_cols
 from ..errors import ReflexError
-from ..runtime.state import SeqSpec, State, attention_spec
-from .common import MAX_HEAD_DIM, MAX_HEADS, HParams, Weights, attention_block, default_attn_scale, residual
+from ..runtime.state import SeqSpec, attention_spec
+from . import blocks
+from .common import MAX_HEAD_DIM, MAX_HEADS, Decoder, default_attn_scale, split_rows
+from .plan import Alt, Layer, T, dense, example, keys, layer, variant
 
 
 def _bad(key, msg):
     return ReflexError("gguf_error", f"metadata key {key}: {msg}")
 
 
-class Model:
+class Model(Decoder):
+    KEYS = keys(required=("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
+                          "ssm.group_count", "rope.dimension_sections"),
+                optional=("nextn_predict_layers", "attention.recurrent_layers", "full_attention_interval"))
+    # 4 layers, partial rope (8 of 16 dims), 4 value heads over 2 key heads (ggml's tiled sharing)
+    BASE = {"context_length": 512, "block_count": 4, "embedding_length": 64, "feed_forward_length": 128,
+            "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 16,
+            "attention.value_length": 16, "rope.dimension_count": 8, "rope.freq_base": 1e6,
+            "attention.layer_norm_rms_epsilon": 1e-6, "rope.dimension_sections": [2, 1, 1, 0], "ssm.conv_kernel": 4,
+            "ssm.inner_size": 64, "ssm.state_size": 16, "ssm.time_step_rank": 4, "ssm.group_count": 2}
+    EXAMPLES = {  # DeltaNet, attention, DeltaNet, attention; or the kinds as flags, attention fused
+        "qwen35": example({"full_attention_interval": 2}, base=BASE, gain=4.0, embd_std=0.5),
+        "qwen35_flags": example({"attention.recurrent_layers": [False, True, True, False]}, base=BASE, gain=4.0,
+                                embd_std=0.5, seed=1, has=("attn_qkv.weight",)),
+        "qwen35@q": variant("qwen35", {"feed_forward_length": 256}, quantize=True)}
 
-    def __init__(self, ops, f, lora=None):
-        require_ops(ops, RECURRENT_OPS, f.architecture)
-        self.ops = ops
-        self.hp = hp = HParams(f)
+    # -- hyperparameters ---------------------------------------------------------------------
+    @classmethod
+    def dims(cls, hp):
         a = hp.arch
         nextn = hp.int("nextn_predict_layers", default=0, lo=0, hi=hp.n_layer - 1)
-        self.n_layer = hp.n_layer - nextn
-        self.d_conv = hp.int("ssm.conv_kernel", required=True, lo=2, hi=64)
+        d = Layer(E=hp.n_embd, n_layer=hp.n_layer - nextn)  # the trunk (MTP layers are not run)
+        d.d_conv = hp.int("ssm.conv_kernel", required=True, lo=2, hi=64)
         d_inner = hp.int("ssm.inner_size", required=True, lo=1, hi=1 << 20)
-        self.d = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
-        self.n_v = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
-        self.n_k = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
-        require_state_cols(ops, self.d, f"{a}.ssm.state_size")
-        if d_inner != self.d * self.n_v:
-            raise _bad(f"{a}.ssm.inner_size", f"{d_inner} != state_size {self.d} x time_step_rank {self.n_v} "
+        d.d = hp.int("ssm.state_size", required=True, lo=1, hi=MAX_HEAD_DIM)
+        d.n_v = hp.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
+        d.n_k = hp.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+        if d_inner != d.d * d.n_v:
+            raise _bad(f"{a}.ssm.inner_size", f"{d_inner} != state_size {d.d} x time_step_rank {d.n_v} "
                        f"(value heads of the key width)")
-        if self.n_v % self.n_k:
-            raise _bad(f"{a}.ssm.group_count", f"{self.n_v} value heads cannot share {self.n_k} key heads")
+        if d.n_v % d.n_k:
+            raise _bad(f"{a}.ssm.group_count", f"{d.n_v} value heads cannot share {d.n_k} key heads")
         if hp.head_dim_v != hp.head_dim:
             raise ReflexError("unsupported_architecture", f"key length {hp.head_dim} != value length {hp.head_dim_v}")
-        self.recurrent = self._layer_kinds(hp)
-        self._rope_sections(hp)
-        self.scale = default_attn_scale(hp)
-        w = Weights(ops, f, lora)
-        self.tok_embd = w("token_embd.weight", (None, hp.n_embd))
-        self.output_norm = w("output_norm.weight", (hp.n_embd,))
-        self.output = w.output(hp.n_embd)
-        self.layers = [self._load_layer(w, i) for i in range(self.n_layer)]
+        d.conv_dim = (2 * d.n_k + d.n_v) * d.d
+        cls._rope_sections(hp)
+        d.layers = [Layer(recurrent=r, n_head=hp.n_head_l[i], n_head_kv=hp.n_head_kv_l[i], head_dim=hp.head_dim,
+                          n_ff=hp.n_ff_l[i]) for i, r in enumerate(cls._layer_kinds(hp, d.n_layer))]
+        return d
 
-    def _layer_kinds(self, hp):
+    @staticmethod
+    def _layer_kinds(hp, n_layer):
         """Per trunk layer: True for Gated DeltaNet, False for full attention."""
         key = f"{hp.arch}.attention.recurrent_layers"
         flags = hp.layer_flags("attention.recurrent_layers")
@@ -75,126 +83,86 @@ class Model:
             if hp.get("attention.recurrent_layers") is not None:
                 raise _bad(key, "expected an array of per-layer flags")
             n = hp.int("full_attention_interval", default=4, lo=1, hi=1 << 16)
-            return [(i + 1) % n != 0 for i in range(self.n_layer)]
+            return [(i + 1) % n != 0 for i in range(n_layer)]
         if len(flags) != hp.n_layer:
             raise _bad(key, f"{len(flags)} flags for {hp.n_layer} layers")
-        return flags[:self.n_layer]
+        return flags[:n_layer]
 
-    def _rope_sections(self, hp):
+    @staticmethod
+    def _rope_sections(hp):
         """`rope.dimension_sections` (required by llama.cpp): up to 4 counts of rotated pairs
         per position section, not all zero, at most n_rot / 2 in all. Text positions are the
         same in every section, so they do not change the rotation."""
         key = f"{hp.arch}.rope.dimension_sections"
         v = hp.get("rope.dimension_sections")
-        if v is None:
-            raise ReflexError("gguf_error", f"metadata key {key} is missing")
         v = v if isinstance(v, list) else [v]
         if not 1 <= len(v) <= 4 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
             raise _bad(key, f"expected up to 4 non-negative integers, got {v!r}")
         if not any(v[:3]) or sum(v) > hp.n_rot // 2:
             raise _bad(key, f"{v} does not fit the {hp.n_rot // 2} rotated pairs")
 
-    def _load_layer(self, w, i):
-        hp, p, E = self.hp, f"blk.{i}.", self.hp.n_embd
-        L = SimpleNamespace(
-            recurrent=self.recurrent[i],
-            attn_norm=w(p + "attn_norm.weight", (E,)), post_norm=w(p + "post_attention_norm.weight", (E,)),
-            **self._load_ffn(w, i))
-        if L.recurrent:
-            d, kd, vd = self.d, self.d * self.n_k, self.d * self.n_v
-            L.conv_dim = 2 * kd + vd
-            L.wqkv = w(p + "attn_qkv.weight", (L.conv_dim, E))
-            L.wz = w(p + "attn_gate.weight", (vd, E))
-            L.conv = w.dense(p + "ssm_conv1d.weight", (L.conv_dim, self.d_conv))
-            L.dt_bias = w(p + "ssm_dt.bias", (self.n_v,))
-            L.a = w(p + "ssm_a", (self.n_v,))
-            L.wbeta = w(p + "ssm_beta.weight", (self.n_v, E))
-            L.walpha = w(p + "ssm_alpha.weight", (self.n_v, E))
-            L.norm = w(p + "ssm_norm.weight", (d,))
-            L.wo = w(p + "ssm_out.weight", (E, vd))
-        else:
-            H, Hkv, hd = hp.n_head_l[i], hp.n_head_kv_l[i], hp.head_dim
-            L.n_head, L.n_head_kv = H, Hkv
-            if w.has(p + "attn_qkv.weight"):  # fused: query+gate, k, v stacked by rows
-                qkv = w(p + "attn_qkv.weight", ((2 * H + 2 * Hkv) * hd, E))
-                L.wq, L.wk, L.wv = (w.rows(qkv, 0, 2 * H * hd), w.rows(qkv, 2 * H * hd, Hkv * hd),
-                                    w.rows(qkv, (2 * H + Hkv) * hd, Hkv * hd))
-            else:
-                L.wq = w(p + "attn_q.weight", (2 * H * hd, E))
-                L.wk = w(p + "attn_k.weight", (Hkv * hd, E))
-                L.wv = w(p + "attn_v.weight", (Hkv * hd, E))
-            L.q_norm = w(p + "attn_q_norm.weight", (hd,))
-            L.k_norm = w(p + "attn_k_norm.weight", (hd,))
-            L.wo = w(p + "attn_output.weight", (E, H * hd))
-        return L
+    # -- tensors -------------------------------------------------------------------------------
+    @classmethod
+    def plan(cls, d):
+        E = d.E
+        return [T("token_embd.weight", None, E), T("output_norm.weight", E), T("output.weight", None, E, optional=True),
+                *(layer(i, T("attn_norm.weight", E), T("post_attention_norm.weight", E),
+                        *(cls._delta_plan(d) if L.recurrent else cls._attention_plan(d, L)), *cls.ffn_plan(d, L))
+                  for i, L in enumerate(d.layers))]
 
-    def _load_ffn(self, w, i):
-        """The feed-forward's tensors of layer i (a SwiGLU here; qwen35moe: experts)."""
-        p, E, F = f"blk.{i}.", self.hp.n_embd, self.hp.n_ff_l[i]
-        return dict(gate=w(p + "ffn_gate.weight", (F, E)), up=w(p + "ffn_up.weight", (F, E)),
-                    down=w(p + "ffn_down.weight", (E, F)))
+    @staticmethod
+    def _delta_plan(d):
+        E, vd = d.E, d.d * d.n_v
+        return (T("attn_qkv.weight", d.conv_dim, E), T("attn_gate.weight", vd, E),
+                dense("ssm_conv1d.weight", d.conv_dim, d.d_conv), T("ssm_dt.bias", d.n_v), T("ssm_a", d.n_v),
+                T("ssm_beta.weight", d.n_v, E), T("ssm_alpha.weight", d.n_v, E), T("ssm_norm.weight", d.d),
+                T("ssm_out.weight", E, vd))
 
-    def _ffn(self, x, h, L):
-        """x += the feed-forward of h (the post-attention-normed x), in place."""
-        residual(self.ops, x, self.ops.matmul_glu(h, L.gate, L.up, act="silu"), L.down)
+    @staticmethod
+    def _attention_plan(d, L):
+        E, H, Hkv, hd = d.E, L.n_head, L.n_head_kv, L.head_dim
+        return (Alt([T("attn_qkv.weight", (2 * H + 2 * Hkv) * hd, E)],  # fused: query+gate, k, v by rows
+                    [T("attn_q.weight", 2 * H * hd, E), T("attn_k.weight", Hkv * hd, E),
+                     T("attn_v.weight", Hkv * hd, E)]),
+                T("attn_q_norm.weight", hd), T("attn_k_norm.weight", hd), T("attn_output.weight", E, H * hd))
+
+    @classmethod
+    def ffn_plan(cls, d, L):
+        """The feed-forward's tensors of a layer (a SwiGLU here; qwen35moe: experts)."""
+        return (T("ffn_gate.weight", L.n_ff, d.E), T("ffn_up.weight", L.n_ff, d.E), T("ffn_down.weight", d.E, L.n_ff))
+
+    def __init__(self, ops, f, lora=None):
+        require_ops(ops, RECURRENT_OPS, f.architecture)
+        require_state_cols(ops, self.hparams(f).int("ssm.state_size", required=True), f"{f.architecture}.ssm.state_size")
+        self._load(ops, f, lora)
+        hp = self.hp
+        self.scale = default_attn_scale(hp)
+        self.rope = dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale, neox=True)
+        for L in self.layers:
+            if not L.recurrent and L.attn_qkv is not None:
+                H, Hkv, hd = L.n_head, L.n_head_kv, L.head_dim
+                L.attn_q, L.attn_k, L.attn_v = split_rows(ops, L.attn_qkv, [2 * H * hd, Hkv * hd, Hkv * hd])
 
     # -- state ---------------------------------------------------------------------------
     def state_spec(self):
-        hp, d = self.hp, self.d
-        conv_dim = 2 * d * self.n_k + d * self.n_v
-        return [SeqSpec(conv=(self.d_conv - 1, conv_dim), ssm=(self.n_v, d, d)) if r else
-                attention_spec(hp.n_head_kv_l[i], hp.head_dim, hp.head_dim) for i, r in enumerate(self.recurrent)]
-
-    def new_state(self, ops, n_slots, n_seq=1):
-        return State(ops, self.state_spec(), n_slots, n_seq)
-
-    def state_bytes(self, n_slots, itemsize=2):
-        return State.nbytes(self.state_spec(), n_slots, 1, itemsize)
+        d = self.d
+        return [SeqSpec(conv=(d.d_conv - 1, d.conv_dim), ssm=(d.n_v, d.d, d.d)) if L.recurrent else
+                attention_spec(L.n_head_kv, L.head_dim, L.head_dim) for L in self.layers]
 
     # -- forward ---------------------------------------------------------------------------
+    def ffn(self, x, L):
+        """x += the feed-forward of rms_norm(x, post_attention_norm)."""
+        blocks.ffn(self.ops, x, L, self.hp.eps, norm=L.post_attention_norm)
+
     def forward(self, state, batch, rows=None, output="logits", check=None):
-        ops, hp = self.ops, self.hp
+        ops, d, eps = self.ops, self.d, self.hp.eps
         x = ops.embed(self.tok_embd, batch.ids)
         for L, S in zip(self.layers, state.layers):
             if check is not None:
                 check()
-            (self._delta_net if L.recurrent else self._attention)(x, L, S, batch)
-            self._ffn_block(x, L)
-        if rows is not None:
-            x = x[rows]
-        if output == "hidden":
-            return ops.rms_norm(x, self.output_norm, hp.eps)
-        return rms_norm_matmul_n(ops, x, self.output_norm, hp.eps, [self.output])[0]
-
-    def _ffn_block(self, x, L):
-        """x += the feed-forward of rms_norm(x, post_norm): the dense SwiGLU with the norm
-        folded into its gate/up product; a subclass's own _ffn gets the normed x."""
-        if type(self)._ffn is not Model._ffn:
-            return self._ffn(x, self.ops.rms_norm(x, L.post_norm, self.hp.eps), L)
-        g = rms_norm_matmul_glu(self.ops, x, L.post_norm, self.hp.eps, L.gate, L.up, act="silu")
-        residual(self.ops, x, g, L.down)
-
-    def _attention(self, x, L, S, batch):
-        """x += the gated attention of rms_norm(x, attn_norm)."""
-        ops, hp, N, hd = self.ops, self.hp, batch.n, self.hp.head_dim
-        qg, k, v = rms_norm_matmul_n(ops, x, L.attn_norm, hp.eps, [L.wq, L.wk, L.wv])
-        qg = qg.reshape(N, L.n_head, 2 * hd)
-        rope = dict(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_scale, neox=True)
-        q = ops.rms_norm_rope(ops.columns(qg, 0, hd), L.q_norm, hp.eps, batch.pos, **rope)
-        k = ops.rms_norm_rope(k.reshape(N, L.n_head_kv, hd), L.k_norm, hp.eps, batch.pos, **rope)
-        a = attention_block(ops, S, batch, q, k, v.reshape(N, L.n_head_kv, hd), scale=self.scale)
-        a = sigmoid_gate(ops, a, qg, hd, hd)  # a * sigmoid(the gate half of each head)
-        residual(ops, x, a, L.wo)
-
-    def _delta_net(self, x, L, S, batch):
-        """x += the Gated DeltaNet mixer of rms_norm(x, attn_norm)."""
-        ops, eps, N, d = self.ops, self.hp.eps, batch.n, self.d
-        vd = d * self.n_v
-        qkv, z = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wqkv, L.wz])
-        b, alpha = rms_norm_matmul_n(ops, x, L.attn_norm, eps, [L.wbeta, L.walpha])
-        g, beta = delta_gates(ops, alpha, L.dt_bias, L.a, b)
-        c = ssm_conv_silu(ops, qkv, S.conv, L.conv, batch.seqs)
-        q, k, v = delta_qkv(ops, c, self.n_k, self.n_v, d, eps)
-        o = ops.delta_net(q, k, v, g, beta, S.ssm, batch.seqs, scale=1.0 / math.sqrt(d))
-        o = rms_norm_gate(ops, o, L.norm, eps, z.reshape(N, self.n_v, d))
-        residual(ops, x, o.reshape(N, vd), L.wo)
+            if L.recurrent:
+                blocks.gated_delta_net(ops, x, L, S, batch, eps, d.n_k, d.n_v, d.d)
+            else:
+                blocks.attention(ops, x, L, S, batch, eps, rope=self.rope, scale=self.scale, gated=True)
+            self.ffn(x, L)
+        return blocks.head(ops, x, self.output_norm, self.output, eps, rows, output)

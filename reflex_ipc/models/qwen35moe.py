@@ -7,40 +7,40 @@ feed-forward in every layer, as llama.cpp's qwen35moe graph computes it:
           (`ffn_{gate,up,down}_shexp`, width `expert_shared_feed_forward_length`)
 """
 
-from ..errors import ReflexError
-from .common import MOE_CAPTURABLE
+from . import blocks
+from .common import MOE_CAPTURABLE, experts
+from .plan import T, dense, example, keys, variant
 from .qwen35 import Model as _Qwen35
 
 
 class Model(_Qwen35):
+    KEYS = keys(required=("expert_count", "expert_used_count", "expert_shared_feed_forward_length"),
+                optional=("expert_feed_forward_length",), base=_Qwen35.KEYS)
     capturable = MOE_CAPTURABLE
+    EXAMPLES = {  # 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
+        "qwen35moe": example({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+                              "expert_shared_feed_forward_length": 64, "full_attention_interval": 4},
+                             base=_Qwen35.BASE, gain=4.0, embd_std=0.5, seed=2),
+        "qwen35moe@q": variant("qwen35moe", {"expert_feed_forward_length": 256,
+                                             "expert_shared_feed_forward_length": 256}, quantize=True)}
 
-    def __init__(self, ops, f, lora=None):
-        from .common import HParams
+    @classmethod
+    def dims(cls, hp):
+        d = super().dims(hp)
+        d.n_expert, used, n_ff_exp = experts(hp)
+        d.n_ff_sh = hp.int("expert_shared_feed_forward_length", required=True, lo=1, hi=1 << 20)
+        for L, u, fe in zip(d.layers, used, n_ff_exp):
+            L.n_used, L.n_ff_exp = u, fe
+        return d
 
-        hp = HParams(f)
-        self.n_expert = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
-        self.n_used = hp.per_layer("expert_used_count", required=True, lo=1, hi=self.n_expert)
-        n_ff_exp = hp.per_layer("expert_feed_forward_length", default=0, lo=0, hi=1 << 20)
-        self.n_ff_exp = [x or hp.n_ff_l[i] // self.n_used[i] for i, x in enumerate(n_ff_exp)]
-        if not all(self.n_ff_exp):
-            raise ReflexError("gguf_error", f"metadata key {hp.arch}.expert_feed_forward_length: an expert width of 0")
-        self.n_ff_sh = hp.int("expert_shared_feed_forward_length", required=True, lo=1, hi=1 << 20)
-        super().__init__(ops, f, lora)
+    @classmethod
+    def ffn_plan(cls, d, L):
+        E, F, X, Fs = d.E, L.n_ff_exp, d.n_expert, d.n_ff_sh
+        return (T("ffn_gate_inp.weight", X, E), T("ffn_gate_exps.weight", X, F, E), T("ffn_up_exps.weight", X, F, E),
+                T("ffn_down_exps.weight", X, E, F), dense("ffn_gate_inp_shexp.weight", E, as_shape=(1, E)),
+                T("ffn_gate_shexp.weight", Fs, E), T("ffn_up_shexp.weight", Fs, E), T("ffn_down_shexp.weight", E, Fs))
 
-    def _load_ffn(self, w, i):
-        p, E, F, X, Fs = f"blk.{i}.", self.hp.n_embd, self.n_ff_exp[i], self.n_expert, self.n_ff_sh
-        return dict(router=w(p + "ffn_gate_inp.weight", (X, E)),
-                    gate_exps=w(p + "ffn_gate_exps.weight", (X, F, E)),
-                    up_exps=w(p + "ffn_up_exps.weight", (X, F, E)),
-                    down_exps=w(p + "ffn_down_exps.weight", (X, E, F)), n_used=self.n_used[i],
-                    sh_gate_inp=w.dense(p + "ffn_gate_inp_shexp.weight", (E,), as_shape=(1, E)),
-                    sh_gate=w(p + "ffn_gate_shexp.weight", (Fs, E)), sh_up=w(p + "ffn_up_shexp.weight", (Fs, E)),
-                    sh_down=w(p + "ffn_down_shexp.weight", (E, Fs)))
-
-    def _ffn(self, x, h, L):
+    def ffn(self, x, L):
         ops = self.ops
-        ops.add(x, ops.moe(h, L.router, L.gate_exps, L.up_exps, L.down_exps, L.n_used, gating="softmax",
-                           norm=True), out=x)
-        sh = ops.matmul(ops.matmul_glu(h, L.sh_gate, L.sh_up, act="silu"), L.sh_down)
-        ops.add(x, ops.mul(sh, ops.sigmoid(ops.matmul(h, L.sh_gate_inp))), out=x)
+        blocks.moe(ops, ops.rms_norm(x, L.post_attention_norm, self.hp.eps), L, L.n_used, gating="softmax", norm=True,
+                   res=x)

@@ -8,38 +8,34 @@ n_embd] and `ffn_down_exps` [experts, n_embd, n_ff_exp] (numpy order), n_ff_exp 
 `expert_feed_forward_length` (per layer), else feed_forward_length / expert_used_count.
 """
 
-from ..errors import ReflexError
-from .common import MOE_CAPTURABLE
+from . import blocks
+from .common import MOE_CAPTURABLE, experts
+from .plan import T, example, keys, variant
 from .qwen3 import Model as _Qwen3
 
 
 class Model(_Qwen3):
+    KEYS = keys(required=("expert_count", "expert_used_count"), optional=("expert_feed_forward_length",))
     capturable = MOE_CAPTURABLE
+    EXAMPLES = {
+        "qwen3moe": example({"rope.freq_base": 1e6, "attention.key_length": 16, "attention.value_length": 16,
+                             "expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 24}),
+        "qwen3moe@q": variant("qwen3moe", {"expert_feed_forward_length": 256}, quantize=True)}
 
-    def __init__(self, ops, f, lora=None):
-        from .common import HParams
+    @classmethod
+    def dims(cls, hp):
+        d = super().dims(hp)
+        d.n_expert, used, n_ff_exp = experts(hp, same_used=True)
+        for L, u, fe in zip(d.layers, used, n_ff_exp):
+            L.n_used, L.n_ff_exp = u, fe
+        return d
 
-        hp = HParams(f)
-        self.n_expert = hp.int("expert_count", required=True, lo=1, hi=1 << 12)
-        self.n_used = hp.per_layer("expert_used_count", required=True, lo=1, hi=self.n_expert)
-        if len(set(self.n_used)) > 1:  # llama.cpp would route every layer with layer 0's count
-            raise ReflexError("unsupported_architecture", f"metadata key {hp.arch}.expert_used_count: "
-                              f"different counts per layer {self.n_used} are not supported")
-        n_ff_exp = hp.per_layer("expert_feed_forward_length", default=0, lo=0, hi=1 << 20)
-        self.n_ff_exp = [x or hp.n_ff_l[i] // self.n_used[i] for i, x in enumerate(n_ff_exp)]
-        if not all(self.n_ff_exp):
-            raise ReflexError("gguf_error", f"metadata key {hp.arch}.expert_feed_forward_length: "
-                              f"an expert width of 0")
-        super().__init__(ops, f)
+    @classmethod
+    def ffn_plan(cls, d, L):
+        X, E, F = d.n_expert, d.E, L.n_ff_exp
+        return (T("ffn_gate_inp.weight", X, E), T("ffn_gate_exps.weight", X, F, E),
+                T("ffn_up_exps.weight", X, F, E), T("ffn_down_exps.weight", X, E, F))
 
-    def _load_ffn(self, w, i):
-        p, E, F, X = f"blk.{i}.", self.hp.n_embd, self.n_ff_exp[i], self.n_expert
-        return dict(router=w(p + "ffn_gate_inp.weight", (X, E)),
-                    gate_exps=w(p + "ffn_gate_exps.weight", (X, F, E)),
-                    up_exps=w(p + "ffn_up_exps.weight", (X, F, E)),
-                    down_exps=w(p + "ffn_down_exps.weight", (X, E, F)), n_used=self.n_used[i])
-
-    def _ffn(self, x, h, L):
+    def ffn(self, x, L):
         ops = self.ops
-        ops.add(x, ops.moe(h, L.router, L.gate_exps, L.up_exps, L.down_exps, L.n_used, gating="softmax",
-                           norm=True), out=x)
+        blocks.moe(ops, ops.rms_norm(x, L.ffn_norm, self.hp.eps), L, L.n_used, gating="softmax", norm=True, res=x)

@@ -33,6 +33,9 @@ class ClassifyRequest(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    prefix_cache: Annotated[bool, Meta(
+        description="as system1's: the machine's prefix cache read and written; false: "
+                    "neither")] = True
 
     def __post_init__(self):
         exactly_one(self, *EXACTLY_ONE)
@@ -119,7 +122,8 @@ def execute(runner, req, *, should_cancel=None) -> dict:
     decisions, timings = [], {}
     for q, prompt in _prompts(runner, req):
         out = runner.system1(prompt, labels, temperature=req.temperature, should_cancel=should_cancel,
-                             cache_prompt=req.cache_prompt)
+                             cache_prompt=req.cache_prompt,
+                             **({} if req.prefix_cache else {"prefix_cache": False}))
         for k, v in (out.get("timings") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 timings[k] = round(timings.get(k, 0.0) + v, 3)

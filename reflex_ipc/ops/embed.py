@@ -11,6 +11,9 @@ class EmbedRequest(ModelRequest, kw_only=True):
     input: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Meta(min_length=1, max_length=1024)]]
     pooling: Literal["mean", "last", "cls"] = "mean"
     normalize: Annotated[bool, Meta(description="scale each embedding to unit L2 norm")] = False
+    prefix_cache: Annotated[bool, Meta(
+        description="with pooling last: start from the prefix cache's saved state of the "
+                    "text's leading tokens and save the last text's there (as in generate)")] = True
 
 
 class EmbedResult(_Result, kw_only=True):

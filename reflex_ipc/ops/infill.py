@@ -21,6 +21,14 @@ class InfillRequest(DecodeRequest, kw_only=True):
         max_length=4096, description="other files as context (repo-level layout)")] = []
     prompt: Annotated[str, Meta(description="text added after the prefix, before the "
                                             "middle")] = ""
+    n_indent: Annotated[int, Meta(
+        ge=0, le=2**31 - 1, description="end at the first generated line (after a newline) "
+                                        "indented by fewer spaces/tabs, cut before its text "
+                                        "(finish_reason length; llama.cpp's n_indent); 0 is off")] = 0
+    t_max_predict_ms: Annotated[int, Meta(
+        ge=-1, le=2**63 - 1, description="end at a token holding a newline once this many ms "
+                                         "passed since generation began (finish_reason "
+                                         "length; llama.cpp's); 0 or -1 is off")] = 0
 
 
 class InfillResult(DecodeResult, kw_only=True):

@@ -27,6 +27,11 @@ class System1Request(ModelRequest, kw_only=True):
     cache_prompt: Annotated[bool, Meta(
         description="reuse the state of the longest token prefix shared with the previous "
                     "request (cached_tokens in the result)")] = True
+    prefix_cache: Annotated[bool, Meta(
+        description="start from the prefix cache's saved state of the prompt's leading tokens "
+                    "(shared by every reflex process of the machine) and save this prompt's "
+                    "state there after the answer; false: neither (REFLEX_PREFIX_CACHE=0 turns "
+                    "it off for the whole process)")] = True
     kv_import: Annotated[StatePath, Meta(
         description="a saved state file (protocol/STATE.md) to start from; prompt is then the "
                     "text after its tokens")] = None

@@ -39,6 +39,8 @@ class Executor:
         self._decoder = None  # graphs.DecodeGraph
         self._graphs = None  # graphs.ForwardGraphs
         self._graph_logits = None
+        # the request's prefix-store session (runtime/prefixstore.py), set by the runner
+        self.store = None
 
     # -- state -------------------------------------------------------------------
     @property
@@ -126,7 +128,20 @@ class Executor:
             if not self.state.truncate(held):
                 held = 0
         self.reserve(n + room, n_seq)
+        if self.store is not None:  # the prefix store may hold more of ids (reads it with reuse)
+            held = self.store.extend(ids, held, load=reuse)
         return held
+
+    def _spans(self, lo, hi):
+        """The chunks [a, e) that evaluate ids lo..hi-1: at most `chunk` tokens, also cut where
+        the prefix store captures recurrent state."""
+        cuts = set(range(lo + self.chunk, hi, self.chunk))
+        if self.store is not None:
+            cuts.update(self.store.stops(lo, hi))
+        a = lo
+        for e in sorted(c for c in cuts if lo < c < hi) + [hi]:
+            yield a, e
+            a = e
 
     def prefill(self, ids, *, room=0, reuse=True, check=None, n_seq=1):
         """Make the state hold `ids`, with room for `room` more tokens after them. Returns
@@ -136,23 +151,27 @@ class Executor:
         held = self.begin(ids, room=room, reuse=reuse, n_seq=n_seq)
         st = self.state
         logits = None
-        for a in range(held, len(ids), self.chunk):
-            chunk = ids[a:a + self.chunk]
-            logits = self.forward(chunk, range(a, a + len(chunk)), rows=slice(len(chunk) - 1, len(chunk)),
-                                  check=check)
+        for a, e in self._spans(held, len(ids)):
+            chunk = ids[a:e]
+            logits = self.forward(chunk, range(a, e), rows=slice(len(chunk) - 1, len(chunk)), check=check)
             st.tokens.extend(chunk)
+            if self.store is not None:
+                self.store.at(st, e)
         return logits, held
 
-    def hidden(self, ids, check=None):
-        """The final-normed hidden states of every id, evaluated from an empty state: yields a
-        backend array [n, n_embd] per chunk. The state then holds ids."""
+    def hidden(self, ids, check=None, reuse=False):
+        """The final-normed hidden states of ids, evaluated from an empty state (with reuse:
+        of those after the leading ids already held, see `begin`): yields a backend array
+        [n, n_embd] per chunk. The state then holds ids."""
         ids = [int(i) for i in ids]
-        self.begin(ids, reuse=False)
+        held = self.begin(ids, reuse=reuse)
         st = self.state
-        for a in range(0, len(ids), self.chunk):
-            chunk = ids[a:a + self.chunk]
-            yield self.forward(chunk, range(a, a + len(chunk)), output="hidden", check=check)
+        for a, e in self._spans(held, len(ids)):
+            chunk = ids[a:e]
+            yield self.forward(chunk, range(a, e), output="hidden", check=check)
             st.tokens.extend(chunk)
+            if self.store is not None:
+                self.store.at(st, e)
 
     def step(self, token, check=None):
         """Evaluate one token after the held ones (slot = position = len(tokens)): its logits

@@ -210,10 +210,11 @@ def _copy_slots(ops, src, dst, axis, n):
         _copy_slots(ops, src[i], dst[i], axis - 1, n)
 
 
-def _write_slots(ops, dst, src, axis, n):
-    """dst[..., :n, ...] = src (numpy, n along the slot axis), as contiguous runs."""
+def _write_slots(ops, dst, src, axis, n, start=0):
+    """dst[..., start:start + n, ...] = src (numpy, n along the slot axis), as contiguous
+    runs."""
     if axis == 0:
-        ops.write(dst[:n], src)
+        ops.write(dst[start:start + n], src)
         return
     for i in range(dst.shape[0]):
-        _write_slots(ops, dst[i], src[i], axis - 1, n)
+        _write_slots(ops, dst[i], src[i], axis - 1, n, start)

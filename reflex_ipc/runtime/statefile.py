@@ -1,11 +1,11 @@
 """Saved state files: a model's state after some tokens, written to disk and read back.
 
-The format is described in protocol/STATE.md (version 1). In short, all integers
+The format is described in protocol/STATE.md (version 2). In short, all integers
 little-endian:
 
-    fixed header (60 bytes)
+    fixed header (80 bytes)
       0   8  magic b"RFLXSTAT"
-      8   4  u32 format version (1)
+      8   4  u32 format version (2)
      12   4  u32 header size H: bytes from 0 to the end of the header CRC
      16  16  model identity: GGUFFile.identity() (BLAKE2b-128 of everything before the
              tensor data: header, metadata, tensor directory), as bytes
@@ -14,20 +14,26 @@ little-endian:
      52   4  u32 n_layers
      56   2  u16 A, the architecture name's length
      58   2  u16 reserved (0)
+     60   4  u32 start: the position of the first token (0 but in prefix-store segments)
+     64  16  base digest: the prefix store's digest of the tokens before `start` (zeros
+             in a file that starts at 0 outside the store)
     then     A bytes architecture (UTF-8)
     then per layer: u8 kind (0 slot, 1 seq), u8 n_arrays, and per array:
              u8 name length, name (ASCII), u8 dtype (0 float32, 1 float16),
              u8 ndim, u8 slot axis (255 for seq arrays), u32 x ndim shape,
-             u64 offset (from the file's start, a multiple of 64), u64 nbytes
+             u64 offset (from the file's start, a multiple of 64), u64 nbytes,
+             u32 CRC-32 of the array's bytes
     then     u32 CRC-32 of the token ids' bytes, u32 CRC-32 of header bytes [0, H - 4)
     token ids: int32 x n_tokens at align64(H)
     arrays: each at its offset, C order, in the dtype given
 
-`write_state` writes atomically (a temporary file in the target's directory,
-fsync, rename over the target, fsync of the directory). `StateFile` maps a file,
-checks its structure (anything malformed raises ReflexError("state_error")) and
-`restore`s it into a runtime.state.State through `ops.write` on views of the
-mapping (converting float16 <-> float32 as the state needs).
+`write_state` writes atomically (a temporary file in the target's directory, renamed
+over the target; fsynced unless asked not to). `StateFile` never maps a file: it reads
+the header, the ids and then the arrays it is asked for into private memory with
+pread, and checks every byte it uses against the file's checksums before anything is
+used, so a file that is truncated, rewritten or torn while it is read gives
+ReflexError("state_error"), never other numbers and never SIGBUS. Non-regular files
+(FIFOs, devices, directories) are refused before they are opened.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ import struct
 from ..errors import ReflexError
 
 MAGIC = b"RFLXSTAT"
-VERSION = 1
+VERSION = 2
 ALIGN = 64
-FIXED = struct.Struct("<8sII16s16sIIHH")  # 60 bytes
+FIXED = struct.Struct("<8sII16s16sIIHHI16s")  # 80 bytes
+ENTRY_TAIL = struct.Struct("<QQI")  # offset, nbytes, CRC-32 of the data
 MAX_HEADER = 16 << 20
 MAX_NDIM = 8
 DTYPES = {0: "float32", 1: "float16"}
@@ -49,6 +56,7 @@ KINDS = {0: "slot", 1: "seq"}
 KIND_CODES = {v: k for k, v in KINDS.items()}
 NO_AXIS = 255
 ZERO_DIGEST = bytes(16)
+PARALLEL_CRC = 8 << 20  # checksum this many bytes or more on several threads
 
 
 def _align(n):
@@ -81,16 +89,58 @@ def adapter_digest(adapters) -> bytes:
 
 
 def resolve_path(path) -> str:
-    """A state path as given by a client: ~ expanded, made absolute (like model paths)."""
+    """A state path as given by a client: ~ expanded, made absolute (like model paths).
+    invalid_request for an empty path or one with a NUL byte (no file can have it)."""
     if not isinstance(path, str) or not path:
         raise ReflexError("invalid_request", "a state path must be a non-empty string")
-    return os.path.abspath(os.path.expanduser(path))
+    if "\0" in path:
+        raise ReflexError("invalid_request", "a state path must not contain a NUL byte")
+    try:
+        return os.path.abspath(os.path.expanduser(path))
+    except (ValueError, OSError) as e:  # an undecodable name, a home that cannot be found
+        raise ReflexError("invalid_request", f"bad state path {path[:200]!r}: {e}") from None
+
+
+def crc32_many(buffers):
+    """[CRC-32 of each buffer] (zlib's; it releases the GIL), on two or more threads when
+    they add up to PARALLEL_CRC bytes or more and the machine has the cores."""
+    import zlib
+
+    bufs = list(buffers)
+    total = sum(memoryview(b).nbytes for b in bufs)
+    n_thr = min(4, os.cpu_count() or 1, len(bufs))
+    if total < PARALLEL_CRC or n_thr < 2:
+        return [zlib.crc32(b) for b in bufs]
+    import threading
+
+    out = [0] * len(bufs)
+    # largest first, each to the thread with the least work so far
+    order = sorted(range(len(bufs)), key=lambda i: -memoryview(bufs[i]).nbytes)
+    shares = [[] for _ in range(n_thr)]
+    load = [0] * n_thr
+    for i in order:
+        t = load.index(min(load))
+        shares[t].append(i)
+        load[t] += memoryview(bufs[i]).nbytes
+
+    def work(idx):
+        for i in idx:
+            out[i] = zlib.crc32(bufs[i])
+
+    threads = [threading.Thread(target=work, args=(sh,), daemon=True) for sh in shares[1:]]
+    for t in threads:
+        t.start()
+    work(shares[0])
+    for t in threads:
+        t.join()
+    return out
 
 
 # -- writing -----------------------------------------------------------------------------
-def encode_header(*, digest, adapters_digest, arch, tokens, layers):
-    """(header bytes, [(offset, array)] to write, total file size). layers: [(kind,
-    [(name, numpy array, slot axis or None)])]."""
+def encode_header(*, digest, adapters_digest, arch, tokens, layers, start=0, base=ZERO_DIGEST):
+    """(header bytes, token ids, [(offset, array)] to write, total file size). layers:
+    [(kind, [(name, numpy array, slot axis or None)])]; every array's CRC-32 goes into
+    the header."""
     import zlib
 
     import numpy as np
@@ -108,35 +158,48 @@ def encode_header(*, digest, adapters_digest, arch, tokens, layers):
             body += struct.pack("<B", len(nb)) + nb
             body += struct.pack("<BBB", DTYPE_CODES[a.dtype.name], a.ndim, NO_AXIS if axis is None else axis)
             body += struct.pack(f"<{a.ndim}I", *a.shape)
-            entries.append((len(body), a))
-            body += struct.pack("<QQ", 0, a.nbytes)
+            entries.append((len(body), np.ascontiguousarray(a)))
+            body += ENTRY_TAIL.pack(0, a.nbytes, 0)
     H = FIXED.size + len(body) + 8
     tok = np.asarray(tokens, dtype="<i4")
+    crcs = crc32_many([memoryview(a.reshape(-1)).cast("B") for _, a in entries])
     pos = _align(H) + tok.nbytes
     out = []
-    for field, a in entries:
+    for (field, a), crc in zip(entries, crcs):
         pos = _align(pos)
-        struct.pack_into("<Q", body, field, pos)
+        ENTRY_TAIL.pack_into(body, field, pos, a.nbytes, crc)
         out.append((pos, a))
         pos += a.nbytes
-    head = FIXED.pack(MAGIC, VERSION, H, digest, adapters_digest, n, len(layers), len(arch_b), 0) + bytes(body)
+    head = FIXED.pack(MAGIC, VERSION, H, digest, adapters_digest, n, len(layers), len(arch_b), 0,
+                      int(start), base) + bytes(body)
     head += struct.pack("<I", zlib.crc32(tok.tobytes()))
     head += struct.pack("<I", zlib.crc32(head))
     assert len(head) == H
     return head, tok, out, pos
 
 
-def write_state(path, *, digest, adapters_digest, arch, tokens, layers) -> int:
-    """Write a state file atomically; returns its size in bytes. path must be absolute."""
+def write_state(path, *, digest, adapters_digest, arch, tokens, layers, start=0, base=ZERO_DIGEST,
+                durable=True) -> int:
+    """Write a state file atomically; returns its size in bytes. path must be absolute.
+    durable: fsync the file and its directory (the prefix store skips it: its files are
+    checked when read, and a lost one is computed again). An existing target that is not a
+    regular file (a FIFO, a device) is refused, never replaced."""
+    import stat
     import tempfile
 
     head, tok, arrays, size = encode_header(digest=digest, adapters_digest=adapters_digest, arch=arch,
-                                            tokens=tokens, layers=layers)
-    d, base = os.path.split(path)
-    if os.path.isdir(path):
-        raise ReflexError("state_error", f"{path} is a directory")
+                                            tokens=tokens, layers=layers, start=start, base=base)
+    d, base_name = os.path.split(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ReflexError("state_error", f"{path} is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ReflexError("state_error", f"{path} exists and is not a regular file; not replacing it")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base_name[:200]}.", suffix=".tmp", dir=d)
     except OSError as e:
         raise ReflexError("state_error", f"cannot write in {d}: {e.strerror or e}") from None
     try:
@@ -150,7 +213,8 @@ def write_state(path, *, digest, adapters_digest, arch, tokens, layers) -> int:
                 fh.write(memoryview(a.reshape(-1)).cast("B"))
                 at = off + a.nbytes
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         try:
@@ -160,78 +224,122 @@ def write_state(path, *, digest, adapters_digest, arch, tokens, layers) -> int:
         if isinstance(e, OSError):
             raise ReflexError("state_error", f"cannot write {path}: {e.strerror or e}") from None
         raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
+    if durable:
         try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass  # the rename is done; a directory that cannot be fsynced is not an error
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass  # the rename is done; a directory that cannot be fsynced is not an error
     return size
 
 
 # -- reading -----------------------------------------------------------------------------
 class ArrayEntry:
-    __slots__ = ("name", "dtype", "shape", "slot_axis", "offset", "nbytes")
+    __slots__ = ("name", "dtype", "shape", "slot_axis", "offset", "nbytes", "crc")
 
-    def __init__(self, name, dtype, shape, slot_axis, offset, nbytes):
+    def __init__(self, name, dtype, shape, slot_axis, offset, nbytes, crc):
         self.name, self.dtype, self.shape = name, dtype, shape
-        self.slot_axis, self.offset, self.nbytes = slot_axis, offset, nbytes
+        self.slot_axis, self.offset, self.nbytes, self.crc = slot_axis, offset, nbytes, crc
+
+
+def open_regular(path):
+    """An fd of the regular file at path, opened for reading without blocking; state_error
+    for anything else (checked with stat before opening, so a FIFO never blocks the caller,
+    and again on the open file)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ReflexError("state_error", f"no such state file: {path}") from None
+    except (OSError, ValueError) as e:
+        raise ReflexError("state_error", f"cannot open {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _bad(path, "not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ReflexError("state_error", f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _bad(path, "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _pread_into(fd, buf, offset, path):
+    """Fill memoryview buf from the file at offset; state_error when the file ends first
+    (it shrank while being read) or cannot be read."""
+    done, n = 0, len(buf)
+    while done < n:
+        try:
+            got = os.preadv(fd, [buf[done:]], offset + done)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise _bad(path, f"cannot be read: {e.strerror or e}") from None
+        if got == 0:
+            raise _bad(path, f"ends at {offset + done} bytes, before the data it describes "
+                       "(truncated, or changed while it was read)")
+        done += got
 
 
 class StateFile:
-    """A mapped, structurally checked state file. Attributes: path, version, digest,
-    adapters_digest, arch, n_tokens, tokens (list of int), layers ([(kind, [ArrayEntry])]),
-    size. Use as a context manager or close()."""
+    """A state file whose header and token ids were read and checked. Attributes: path,
+    version, digest, adapters_digest, arch, n_tokens, start, base, tokens (list of int),
+    layers ([(kind, [ArrayEntry])]), size. `read(entries)` reads arrays into private memory
+    and checks their CRCs; `restore(state)` writes them into a State. Use as a context
+    manager or close()."""
 
     def __init__(self, path):
-        import mmap
-
         self.path = path
-        self._mm = None
+        self._fd = None
+        fd, st = open_regular(path)
+        self._fd = fd
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ReflexError("state_error", f"no such state file: {path}") from None
-        except OSError as e:
-            raise ReflexError("state_error", f"cannot open {path}: {e.strerror or e}") from None
-        try:
-            import stat
-
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _bad(path, "not a regular file")
             self.size = st.st_size
             if self.size < FIXED.size:
                 raise _bad(path, f"{self.size} bytes: too short for a state file header (truncated?)")
-            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        try:
             self._parse()
         except BaseException:
             self.close()
             raise
+
+    def _pread(self, offset, n):
+        b = bytearray(n)
+        _pread_into(self._fd, memoryview(b), offset, self.path)
+        return b
 
     def _parse(self):
         import zlib
 
         import numpy as np
 
-        mm, path = self._mm, self.path
-        magic, ver, H, digest, adig, n, n_layers, alen, _ = FIXED.unpack_from(mm, 0)
+        path = self.path
+        head = self._pread(0, min(self.size, 64 << 10))
+        magic, ver, H, digest, adig, n, n_layers, alen, _, start, base = FIXED.unpack_from(head, 0)
         if magic != MAGIC:
             raise _bad(path, "not a reflex state file (bad magic)")
         if ver != VERSION:
-            raise _bad(path, f"state format version {ver} is not supported (this reflex reads {VERSION})")
+            old = " (saved by an older reflex: save it again)" if ver < VERSION else ""
+            raise _bad(path, f"state format version {ver} is not supported (this reflex reads "
+                       f"{VERSION}){old}")
         if not FIXED.size + 8 <= H <= min(self.size, MAX_HEADER):
             raise _bad(path, f"header size {H} is impossible for a file of {self.size} bytes (truncated?)")
+        if H > len(head):
+            head = self._pread(0, H)
+        mm = memoryview(head)[:H]
         (crc,) = struct.unpack_from("<I", mm, H - 4)
         if zlib.crc32(mm[:H - 4]) != crc:
             raise _bad(path, "header checksum mismatch (corrupt file)")
         self.version, self.digest, self.adapters_digest = ver, digest, adig
-        self.n_tokens = n
+        self.n_tokens, self.start, self.base = n, start, base
         pos = FIXED.size
         try:
             self.arch = bytes(mm[pos:pos + alen]).decode("utf-8")
@@ -255,27 +363,27 @@ class StateFile:
                         raise _bad(path, f"array {name!r}: {ndim} dimensions")
                     shape = struct.unpack_from(f"<{ndim}I", mm, pos)
                     pos += 4 * ndim
-                    off, nbytes = struct.unpack_from("<QQ", mm, pos)
-                    pos += 16
+                    off, nbytes, acrc = ENTRY_TAIL.unpack_from(mm, pos)
+                    pos += ENTRY_TAIL.size
                     arrays.append(ArrayEntry(name, DTYPES[dt], tuple(shape),
-                                             None if axis == NO_AXIS else axis, off, nbytes))
+                                             None if axis == NO_AXIS else axis, off, nbytes, acrc))
                 layers.append((KINDS[kind], arrays))
         except (struct.error, UnicodeDecodeError) as e:
             raise _bad(path, f"malformed header ({e})") from None
         if pos != H - 8:
             raise _bad(path, f"header size {H} does not match its contents ({pos + 8} bytes)")
-        # token ids
+        # token ids (read into private memory, checked)
         t0 = _align(H)
         if t0 + 4 * n > self.size:
             raise _bad(path, f"{self.size} bytes cannot hold {n} token ids (truncated)")
-        tok = np.frombuffer(mm, dtype="<i4", count=n, offset=t0)
+        raw = self._pread(t0, 4 * n)
         (tcrc,) = struct.unpack_from("<I", mm, H - 8)
-        if zlib.crc32(tok.tobytes()) != tcrc:
+        if zlib.crc32(raw) != tcrc:
             raise _bad(path, "token ids checksum mismatch (corrupt file)")
+        tok = np.frombuffer(raw, dtype="<i4", count=n)
         if n and int(tok.min()) < 0:
             raise _bad(path, f"negative token id {int(tok.min())}")
         self.tokens = tok.tolist()
-        del tok
         # arrays: well-formed, in bounds, not overlapping the ids or each other
         end = t0 + 4 * n
         for kind, arrays in layers:
@@ -302,74 +410,92 @@ class StateFile:
                 end = e.offset + e.nbytes
         self.layers = layers
 
-    def array(self, e):
-        """A read-only numpy view of an entry's data in the mapping."""
-        return _view(self._mm, e, 0)
+    def read(self, entries, alloc=None):
+        """{id(entry): numpy view} of the entries' data, read into one private buffer (from
+        alloc(nbytes) -> uint8 array, default numpy) and checked against their CRCs before
+        anything is returned: state_error when the file changed or is corrupt."""
+        import numpy as np
 
-    def data_span(self):
-        """(first byte, end) of the array data."""
-        offs = [(e.offset, e.offset + e.nbytes) for _, arrays in self.layers for e in arrays]
-        return (min(o for o, _ in offs), max(e for _, e in offs)) if offs else (0, 0)
+        entries = [e for e in entries]
+        total = sum(e.nbytes for e in entries)
+        buf = alloc(total) if alloc is not None else np.empty(total, np.uint8)
+        mv = memoryview(buf).cast("B")
+        spans, at = [], 0
+        for e in sorted(entries, key=lambda e: e.offset):  # in file order
+            spans.append((e, at))
+            at += e.nbytes
+        for e, at in spans:
+            _pread_into(self._fd, mv[at:at + e.nbytes], e.offset, self.path)
+        crcs = crc32_many([mv[at:at + e.nbytes] for e, at in spans])
+        for (e, at), crc in zip(spans, crcs):
+            if crc != e.crc:
+                raise _bad(self.path, f"array {e.name!r}: data checksum mismatch (corrupt, or "
+                           "changed while it was read)")
+        out = {}
+        for e, at in spans:
+            count = e.nbytes // (4 if e.dtype == "float32" else 2)
+            out[id(e)] = np.frombuffer(buf, dtype=np.dtype(e.dtype).newbyteorder("<"), count=count,
+                                       offset=at).reshape(e.shape)
+        return out
 
-    def restore(self, state, *, pinned=None):
-        """Write the saved arrays into `state` (a runtime.state.State with at least n_tokens
-        slots and the same layer layout: checked by the caller) and set its tokens. On a
-        backend with page-locked host memory (CUDA) the data goes through one page-locked
-        buffer when `pinned` (default: $REFLEX_STATE_PINNED, off unless "1": on the H200 the
-        copy into that buffer cost more than the asynchronous upload saved, bench/README.md)."""
-        from .state import _write_slots
-
-        ops, n = state.ops, self.n_tokens
-        src = self._mm
-        base = 0
-        buf = None
+    def load(self, ops, *, pinned=None, seq=True):
+        """Read and check (CRC) the arrays `restore` writes: slot arrays, and with seq the
+        per-sequence ones. Returns what `restore(state, loaded=...)` takes. On a backend with
+        page-locked host memory (CUDA) the data is read into one page-locked buffer when
+        `pinned` (default: $REFLEX_STATE_PINNED, off unless 1)."""
         if pinned is None:
             from .. import settings
 
             pinned = settings.get().state_pinned
         drv = getattr(getattr(ops, "rt", None), "drv", None)
+        alloc = None
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):
             import numpy as np
 
-            lo, hi = self.data_span()
-            if hi > lo:
-                buf = drv.pagelocked_empty(hi - lo, np.uint8)
-                np.copyto(buf, np.frombuffer(self._mm, np.uint8, hi - lo, lo))
-                src, base = buf, lo
+            def alloc(nbytes):
+                return drv.pagelocked_empty(max(nbytes, 1), np.uint8)
+        entries = [e for kind, arrays in self.layers for e in arrays if seq or kind == "slot"]
+        return (self.read(entries, alloc=alloc), alloc is not None, seq)
+
+    def restore(self, state, *, pinned=None, seq=True, set_tokens=True, loaded=None):
+        """Write the saved arrays into `state` (a runtime.state.State with at least start +
+        n_tokens slots and the same layer layout: checked by the caller): slot rows start ..
+        start + n_tokens - 1 and, with seq, the per-sequence arrays of sequence 0; with
+        set_tokens the state's tokens become the file's (start 0 only). Every array is read
+        and checked before the state is touched (`loaded`: what `load` returned, read before
+        the state was made ready)."""
+        from .state import _write_slots
+
+        ops, n = state.ops, self.n_tokens
+        views, was_pinned, seq = loaded if loaded is not None else self.load(ops, pinned=pinned, seq=seq)
         try:
             for layer, (kind, arrays) in zip(state.layers, self.layers):
                 for e in arrays:
-                    a = _view(src, e, base)
+                    if kind == "seq" and not seq:
+                        continue
+                    a = views[id(e)]
                     dst = layer.arrays[e.name]
                     if kind == "seq":
                         ops.write(dst[0], a)
                     elif n:
-                        _write_slots(ops, dst, a, e.slot_axis, n)
-                    del a
-            if buf is not None:
-                ops.synchronize()  # the copies read buf until they are done
+                        _write_slots(ops, dst, a, e.slot_axis, n, self.start)
+            if was_pinned:
+                ops.synchronize()  # the copies read the buffer until they are done
         finally:
-            buf = None
-        state.tokens = list(self.tokens)
+            views = loaded = None
+        if set_tokens:
+            state.tokens = list(self.tokens)
 
     def close(self):
-        if self._mm is not None:
+        if self._fd is not None:
             try:
-                self._mm.close()
-            except BufferError:
-                pass  # a view is still alive; the mapping goes with it
-            self._mm = None
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _view(src, e, base):
-    import numpy as np
-
-    count = e.nbytes // (4 if e.dtype == "float32" else 2)
-    return np.frombuffer(src, dtype=np.dtype(e.dtype).newbyteorder("<"), count=count,
-                         offset=e.offset - base).reshape(e.shape)

@@ -43,7 +43,7 @@ class FakeRunner:
     def generate(self, prompt, params=None, *, on_token=None, **kw):
         return self.stream(prompt, params, **kw).run(on_token)
 
-    def stream(self, prompt, params=None, *, should_cancel=None, cache_prompt=True, **kw):
+    def stream(self, prompt, params=None, *, should_cancel=None, cache_prompt=True, prefix_cache=True, **kw):
         from reflex_ipc.generation import Params
 
         p = (params or Params()).replace(**kw) if kw else (params or Params())
@@ -60,7 +60,7 @@ class FakeRunner:
         return _FakeGeneration(self, prompt, p, should_cancel)
 
     def system1(self, prompt, candidates, *, temperature=1.0, should_cancel=None,
-                cache_prompt=True):
+                cache_prompt=True, prefix_cache=True):
         if should_cancel and should_cancel():
             raise ReflexError("cancelled", "cancelled")
         c = [{"text": t, "token_ids": self.tokenize(t), "logprob": -float(len(t)),
@@ -69,7 +69,7 @@ class FakeRunner:
                 "candidate_tokens": sum(len(x["token_ids"]) for x in c), "cached_tokens": 0,
                 "timings": {"prompt_eval": 1.0, "total": 1.0}}
 
-    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None):
+    def embed(self, texts, *, pooling="mean", normalize=False, should_cancel=None, prefix_cache=True):
         import numpy as np
 
         e = np.ones((len(texts), 4), dtype=np.float32)

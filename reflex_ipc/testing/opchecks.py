@@ -553,6 +553,52 @@ def check_rms_norm_matmul_glu(ops, rng):
     return rows
 
 
+def check_residual_add(ops, rng):
+    """base.residual_add (CUDA: residual_add_f32): x = (x + scale * rms_norm(y, w, eps)) * out_scale
+    in place, with and without the norm and its weight, a residual scale and an output scale,
+    one token and several, rows of 32 to 5120 values; against float64, against the plain ops on
+    the device (rms_norm, scale, add, scale), and replayed from a graph."""
+    from reflex_ipc.backends.base import residual_add
+
+    rows = []
+    for D, N in ((32, 1), (1024, 1), (2048, 3), (5120, 1)):
+        for norm, weighted, scale, out_scale in ((True, True, 1.0, 1.0), (True, False, 1.0, 1.0),
+                                                 (False, False, 0.22, 1.0), (True, True, 1.0, 0.7),
+                                                 (True, True, 0.5, 1.3)):
+            x = rng.standard_normal((N, D)).astype(np.float32)
+            y = (3 * rng.standard_normal((N, D)) + 0.5).astype(np.float32)
+            w = rng.uniform(0.5, 1.5, D).astype(np.float32) if weighted else None
+            post = _rms64(y, w, 1e-6) if norm else y.astype(np.float64)
+            ref = (x + scale * post) * out_scale
+            X, Y = ops.asarray(x), ops.asarray(y)
+            W = ops.asarray(w) if w is not None else None
+            case = f"D={D} N={N} norm={norm} w={weighted} scale={scale} out_scale={out_scale}"
+            out = residual_add(ops, X, Y, W, 1e-6, norm=norm, scale=scale, out_scale=out_scale)
+            assert out is X, "residual_add must write x in place"
+            rows.append(row("residual_add", case, ops.to_numpy(X), ref, 2e-6))
+            P = ops.asarray(x)
+            py = ops.rms_norm(Y, W, 1e-6) if norm else Y
+            py = ops.scale(py, scale) if scale != 1.0 else py
+            ops.add(P, py, out=P)
+            if out_scale != 1.0:
+                ops.scale(P, out_scale, out=P)
+            rows.append(row("residual_add", case + " vs the plain ops", ops.to_numpy(X), ops.to_numpy(P), 1e-6))
+            if N == 1 and norm and weighted and scale == 1.0 and out_scale == 1.0 and ops.name == "cuda":
+                # replayed with new inputs (x written back after the capture: a backend whose
+                # capture also runs the step has added into it once)
+                y2 = (y * 0.6 + 0.2).astype(np.float32)
+                X2 = ops.asarray(x)
+                g, _ = ops.capture(lambda: residual_add(ops, X2, Y, W, 1e-6))
+                try:
+                    ops.write(X2, x)
+                    ops.write(Y, y2)
+                    g.launch()
+                    rows.append(row("residual_add", case + " graph", ops.to_numpy(X2), x + _rms64(y2, w, 1e-6), 2e-6))
+                finally:
+                    g.close()
+    return rows
+
+
 def check_qk_rope_kv_store(ops, rng):
     """base.qk_rope_kv_store (CUDA: qk_rope_kv_store_f32): q and k normed (or not) and rotated
     in place, k and v stored at slots of the layer's K/V; normal and neox pairs, partial
@@ -1872,6 +1918,7 @@ def run_all(ops, seed=0):
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
+               check_residual_add,
                check_matvec, check_matmul_nt):
         try:
             rows += fn(ops, rng)

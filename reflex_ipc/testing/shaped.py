@@ -99,94 +99,30 @@ def fmt_for(name, shape, tied):
     return "Q8_0" if cols % 32 == 0 else "F32"
 
 
+# tensors of F32 fills other than a matrix's: (fill, std or None for 1 / sqrt(fan-in))
+FILLS = {"ssm_conv1d.weight": ("small", 0.5), "ssm_dt.bias": ("small", 0.5), "ssm_a": ("neg", None),
+         "ssm_beta.weight": ("small", None), "ssm_alpha.weight": ("small", None)}
+
+
 def tensor_plan(cfg, n_vocab):
-    """[(name, shape, fmt, std, fill)]: fill is "norm" / "neg" / "small" for F32 tensors."""
-    k, E, L = cfg["kind"], cfg["E"], cfg["L"]
-    tied = cfg.get("tied", False)
+    """[(name, shape, fmt, std, fill)]: the tensors of the architecture's plan (models/<kind>.py)
+    for the model's metadata, in file order; fill is "norm" / "neg" / "small" for F32 tensors."""
+    from .synthetic import plan_shapes
+
+    E, tied = cfg["E"], cfg.get("tied", False)
     out = []
-
-    def add(name, shape, std=None, fill="mat"):
-        shape = tuple(int(s) for s in shape)
-        if std is None:
-            std = 1.0 / math.sqrt(shape[-1])
-        out.append((name, shape, fmt_for(name, shape, tied), float(std), fill))
-
-    add("token_embd.weight", (n_vocab, E), 3.0 / math.sqrt(E) if tied else 1.0)
-    add("output_norm.weight", (E,), fill="norm")
-    if not tied:
-        add("output.weight", (n_vocab, E), 3.0 / math.sqrt(E))
-    for i in range(L):
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", (E,), fill="norm")
-        if k in ("qwen3", "qwen3moe"):
-            H, Hkv, hd = cfg["H"], cfg["Hkv"], cfg["hd"]
-            add(p + "attn_q.weight", (H * hd, E))
-            add(p + "attn_k.weight", (Hkv * hd, E))
-            add(p + "attn_v.weight", (Hkv * hd, E))
-            add(p + "attn_q_norm.weight", (hd,), fill="norm")
-            add(p + "attn_k_norm.weight", (hd,), fill="norm")
-            add(p + "attn_output.weight", (E, H * hd))
-            add(p + "ffn_norm.weight", (E,), fill="norm")
-            if k == "qwen3":
-                F = cfg["F"]
-                add(p + "ffn_gate.weight", (F, E))
-                add(p + "ffn_up.weight", (F, E))
-                add(p + "ffn_down.weight", (E, F))
-            else:
-                X, Fe = cfg["X"], cfg["Fe"]
-                add(p + "ffn_gate_inp.weight", (X, E), 2.0 / math.sqrt(E))
-                add(p + "ffn_gate_exps.weight", (X, Fe, E))
-                add(p + "ffn_up_exps.weight", (X, Fe, E))
-                add(p + "ffn_down_exps.weight", (X, E, Fe))
-        elif k == "deepseek2":
-            H, R, nope, rope, v = cfg["H"], cfg["R"], cfg["nope"], cfg["rope"], cfg["v"]
-            add(p + "attn_q.weight", (H * (nope + rope), E))
-            add(p + "attn_kv_a_mqa.weight", (R + rope, E))
-            add(p + "attn_kv_a_norm.weight", (R,), fill="norm")
-            add(p + "attn_k_b.weight", (H, R, nope))
-            add(p + "attn_v_b.weight", (H, v, R))
-            add(p + "attn_output.weight", (E, H * v))
-            add(p + "ffn_norm.weight", (E,), fill="norm")
-            if i < cfg["dense"]:
-                F = cfg["F"]
-                add(p + "ffn_gate.weight", (F, E))
-                add(p + "ffn_up.weight", (F, E))
-                add(p + "ffn_down.weight", (E, F))
-            else:
-                X, Fe, S = cfg["X"], cfg["Fe"], cfg["Fe"] * cfg["shared"]
-                add(p + "ffn_gate_inp.weight", (X, E), 2.0 / math.sqrt(E))
-                add(p + "ffn_gate_exps.weight", (X, Fe, E))
-                add(p + "ffn_up_exps.weight", (X, Fe, E))
-                add(p + "ffn_down_exps.weight", (X, E, Fe))
-                add(p + "ffn_gate_shexp.weight", (S, E))
-                add(p + "ffn_up_shexp.weight", (S, E))
-                add(p + "ffn_down_shexp.weight", (E, S))
-        elif k == "qwen35":
-            H, Hkv, hd, d, n_k, n_v, F = (cfg[x] for x in ("H", "Hkv", "hd", "d", "n_k", "n_v", "F"))
-            add(p + "post_attention_norm.weight", (E,), fill="norm")
-            if (i + 1) % cfg["interval"]:  # Gated DeltaNet
-                conv_dim, vd = 2 * d * n_k + d * n_v, d * n_v
-                add(p + "attn_qkv.weight", (conv_dim, E))
-                add(p + "attn_gate.weight", (vd, E))
-                add(p + "ssm_conv1d.weight", (conv_dim, 4), 0.5, fill="small")
-                add(p + "ssm_dt.bias", (n_v,), 0.5, fill="small")
-                add(p + "ssm_a", (n_v,), fill="neg")
-                add(p + "ssm_beta.weight", (n_v, E), fill="small")
-                add(p + "ssm_alpha.weight", (n_v, E), fill="small")
-                add(p + "ssm_norm.weight", (d,), fill="norm")
-                add(p + "ssm_out.weight", (E, vd))
-            else:
-                add(p + "attn_q.weight", (2 * H * hd, E))  # queries and their output gate
-                add(p + "attn_k.weight", (Hkv * hd, E))
-                add(p + "attn_v.weight", (Hkv * hd, E))
-                add(p + "attn_q_norm.weight", (hd,), fill="norm")
-                add(p + "attn_k_norm.weight", (hd,), fill="norm")
-                add(p + "attn_output.weight", (E, H * hd))
-            add(p + "ffn_gate.weight", (F, E))
-            add(p + "ffn_up.weight", (F, E))
-            add(p + "ffn_down.weight", (E, F))
-        else:
-            raise ValueError(f"unknown kind {k}")
+    for name, shape, _ in plan_shapes(cfg["kind"], metadata(cfg, n_vocab), n_vocab,
+                                      has=() if tied else ("output.weight",)):
+        rel = name.split(".", 2)[2] if name.startswith("blk.") else name
+        fill, std = FILLS.get(rel, ("norm" if "norm" in rel else "mat", None))
+        if rel == "token_embd.weight":
+            std = 3.0 / math.sqrt(E) if tied else 1.0
+        elif rel == "output.weight":
+            std = 3.0 / math.sqrt(E)
+        elif rel == "ffn_gate_inp.weight":
+            std = 2.0 / math.sqrt(E)
+        out.append((name, shape, fmt_for(name, shape, tied), float(1.0 / math.sqrt(shape[-1]) if std is None else std),
+                    fill))
     return out
 
 

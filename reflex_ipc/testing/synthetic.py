@@ -1,33 +1,37 @@
 """The synthetic-GGUF writer: every random-weight GGUF the tests, the fixture scripts and
 the GPU harnesses use, written with the `gguf` package (never on the package's load path).
 
-Four recipes share the pieces below (random quantized blocks, tokenizer copying, the
-decoder's shape keys, the writer's finish):
+One writer, `write_gguf`, writes a file of any architecture from the architecture's own
+declaration (models/<arch>.py: KEYS, dims, plan; models/plan.py): the metadata keys given,
+then every tensor of the plan for the dims those keys give, in plan order, drawn by an init
+function. It has no per-architecture code. The recipes are what they draw:
 
+- `example_gguf`: the architectures' EXAMPLES (models/<arch>.py; `examples()` lists them):
+  tiny files of every architecture with SmolLM2's tokenizer, F32 or quantized where rows fit
+  (with an F32 twin), drawn by `Init` (one seeded generator; a tensor's std from its name).
+  tests/arch runs them all against llama.cpp on every backend; gpu-check on CUDA.
 - `parity_model`: tiny models of real architectures for the llama.cpp parity goldens
-  (tests/data/synthetic-*.gguf, committed; tests/test_parity.py). llama.cpp's tensor names
-  and metadata keys, a mix of weight formats (Q8_0, Q4_0, Q4_K, F16; norms and biases F32)
-  and a REAL vocabulary copied from a GGUF: SmolLM2's gpt2 BPE vocabulary for
-  llama/qwen2/qwen3, llama.cpp's ggml-vocab-llama-spm.gguf's SentencePiece one for gemma3.
+  (tests/data/synthetic-*.gguf, committed; tests/arch/test_goldens.py). A mix of weight
+  formats per layer (Q8_0, Q4_0, Q4_K, F16; norms and biases F32) and a REAL vocabulary
+  copied from a GGUF: SmolLM2's gpt2 BPE vocabulary for llama/qwen2/qwen3, llama.cpp's
+  ggml-vocab-llama-spm.gguf's SentencePiece one for gemma3.
 - `mixed_model`: small models whose matrices cycle through every block format (Q8_0,
   Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32), so that one model exercises
   every matmul kernel (scripts/gpu/gpu_check_models.py); `tokenizer_only` copies just a
   tokenizer.
 - `qwen3_shaped`: a Qwen3-0.6B-shaped model (Q8_0 or a Q4_K_M-like mix) for GPU timing,
-  generated in parallel in seconds; its vocabulary is Qwen2's, from a GGUF or from the
-  compact npz that `dump_vocab` writes (scripts/fixtures/data/qwen2-vocab.npz).
-- `tiny_gguf`: float-weight models for the model and engine tests (tests/test_models.py,
-  tests/test_engine.py ...), returning the float64 weights for the references of
-  reflex_ipc.testing.references.
-- `hybrid_gguf` / `granite_gguf`: tiny F32 recurrent hybrids (qwen35, qwen35moe; granitehybrid
-  dense and MoE) with llama.cpp's names and keys, for tests/test_hybrid.py (HYBRID_CONFIGS,
-  GRANITE_CONFIGS).
+  generated in parallel in seconds (its tensor list: `qwen3_tensor_plan`, from the plan);
+  its vocabulary is Qwen2's, from a GGUF or from the compact npz that `dump_vocab` writes
+  (scripts/fixtures/data/qwen2-vocab.npz). testing/shaped.py writes larger ones the same way.
+- `tiny_gguf`: float-weight models of the llama family for the model and engine tests
+  (tests/arch/test_reference.py, tests/test_engine.py ...), returning the float64 weights
+  for the references of reflex_ipc.testing.references.
 - `tensors_gguf`: just the given raw tensors (the op checks' hand-made weight blocks).
 
 Every recipe is deterministic (fixed seeds): its output is byte-for-byte reproducible.
 Weight scales keep activations sane: logits with a real spread, neither ~0 nor inf.
 
-    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,hybrid,dump-vocab} ...
+    python3 scripts/fixtures/make_gguf.py {parity,mixed,tokenizer-only,qwen3-shaped,example,dump-vocab} ...
 """
 
 import argparse
@@ -168,6 +172,199 @@ def write_tokenizer(writer, entries, overrides=None):
 
 
 # ---------------------------------------------------------------------------------------
+# the one writer: any architecture from its declaration (models/<arch>.py: KEYS, dims, plan)
+VOCAB = "<the tokenizer's vocabulary size>"  # a key value write_gguf replaces by that size
+
+
+def model_class(arch):
+    """The Model class of an architecture (its module is imported)."""
+    import importlib
+
+    return importlib.import_module(f"reflex_ipc.models.{arch}").Model
+
+
+def _relative(name):
+    """A tensor's name inside its layer ("blk.3.attn_q.weight" -> "attn_q.weight")."""
+    return name.split(".", 2)[2] if name.startswith("blk.") else name
+
+
+def write_gguf(path, arch, keys, init, *, tokenizer=(), tokenizer_overrides=None, tokenizer_at=0, name=None,
+               has=(), lacks=(), override=None, extra=None, writer=None, layout=None):
+    """Write a GGUF of architecture `arch` from its declaration and return {tensor name: (data,
+    raw ggml type or None)} of what it wrote.
+
+    Metadata: general.name (when given), then `keys` ({suffix: value}, typed by add_kv; VOCAB:
+    the vocabulary's size) with the tokenizer entries (read_tokenizer's) written before
+    keys[tokenizer_at:] (tokenizer_overrides: write_tokenizer's); `override` changes the metadata only (None removes a key), so that the
+    tensors still follow `keys` (the bad-input files). Tensors: `extra` {name: shape} first, then
+    every tensor of the architecture's plan (Model.plan(Model.dims(HParams of `keys`))) in plan
+    order; an optional tensor, the first layout of an Alt and the tensors of an If are written
+    when `has` names them (by full name, or by the name inside the layer for every layer) and
+    `lacks` does not (full names). A tensor's values are init(name, shape, T) -> (data, raw type)
+    or None (not written); a shape of None (a vocabulary dimension) is the vocabulary's size.
+    writer: a GGUFWriter to use (default: a plain one for path). layout: the architecture whose
+    plan to write (default `arch`; another for a file of an architecture reflex lacks)."""
+    import gguf
+
+    w = writer if writer is not None else gguf.GGUFWriter(str(path), arch)
+    if name:
+        w.add_name(name)
+    meta = dict(keys)
+    meta.update(override or {})
+    items = list(meta.items())
+    n_vocab = 0
+
+    def put(kvs):
+        for k, v in kvs:
+            if v is not None:
+                add_kv(w, f"{arch}.{k}", n_vocab if v is VOCAB else v)
+
+    put(items[:tokenizer_at])
+    if tokenizer:
+        n_vocab = write_tokenizer(w, tokenizer, tokenizer_overrides)
+    put(items[tokenizer_at:])
+    n_vocab = n_vocab or int(keys.get("vocab_size") or 0)
+    plan = [(n, tuple(shape), None) for n, shape in (extra or {}).items()]
+    plan += plan_shapes(layout or arch, keys, n_vocab, has, lacks)
+    written = {}
+    for full, shape, t in plan:
+        got = init(full, shape, t)
+        if got is not None:
+            w.add_tensor(full, got[0], raw_dtype=got[1])
+            written[full] = got
+    finish(w)
+    return written
+
+
+def plan_shapes(arch, keys, n_vocab=0, has=(), lacks=()):
+    """[(name, numpy shape, plan.T)] of the tensors a file of `arch` with metadata `keys`
+    ({suffix: value}) holds, in plan order: write_gguf's list (has, lacks: its), a vocabulary
+    dimension n_vocab."""
+    from reflex_ipc.models.plan import Meta, walk
+
+    cls = model_class(arch)
+    hp = cls.hparams(Meta(arch, {f"{arch}.{k}": (n_vocab if v is VOCAB else v) for k, v in keys.items()
+                                 if v is not None}, n_vocab))
+    has, lacks = set(has), set(lacks)
+
+    def held(full):
+        return full not in lacks and (full in has or _relative(full) in has)
+
+    return [(full, tuple(n_vocab if s is None else s for s in t.shape), t)
+            for _, full, t in walk(cls.plan(cls.dims(hp)), held) if not t.optional or held(full)]
+
+
+class Init:
+    """The random values of the tensors write_gguf writes, drawn in file order from one seeded
+    generator: offset + std * N(0, 1) as float32, the (offset, std) chosen by the tensor's name
+    inside its layer: `rules` {name: (offset, std)} first, then RULES; norms (any name with
+    "norm") 1 +- 0.1; the projections back into the residual stream (OUT) `gain` / sqrt(fan-in);
+    anything else 1 / sqrt(fan-in) (its last dimension); token_embd `embd_std`. ssm_a is
+    -exp(0.5 N(0, 1)) (a negative decay). `shapes` {name: shape} changes a tensor's shape,
+    `drop` leaves tensors out (after their draw), qtype (e.g. "Q8_0") stores the tensors of two
+    or more dimensions whose rows fit its blocks quantized (but DENSE ones); with `blocks`, those
+    are random well-formed blocks of that std (random_blocks: fast, for large timing models)."""
+
+    RULES = {"per_layer_token_embd.weight": (0.0, 0.3), "rope_freqs.weight": (1.5, 0.3),
+             "rope_factors_long.weight": (2.0, 0.5), "rope_factors_short.weight": (1.1, 0.2),
+             "layer_output_scale.weight": (0.8, 0.2), "ffn_gate_inp.weight": (0.0, 1.0),
+             "ffn_gate_inp.scale": (1.0, 0.3), "ffn_down_exps.scale": (1.0, 0.3), "exp_probs_b.bias": (0.0, 0.3),
+             "ssm_conv1d.weight": (0.0, 0.5), "ssm_conv1d.bias": (0.0, 0.1), "ssm_dt.bias": (0.0, 0.5),
+             "ssm_d": (1.0, 0.5), "inp_gate.weight": (0.0, "0.2/fan")}
+    OUT = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight", "ssm_out.weight")
+    BIAS_STD = 0.5
+
+    def __init__(self, seed=0, *, embd_std=1.0, gain=1.0, qtype=None, drop=(), shapes=None, rules=None,
+                 blocks=False):
+        self.rng = np.random.default_rng(seed)
+        self.embd_std, self.gain, self.qtype, self.blocks = embd_std, gain, qtype, blocks
+        self.drop, self.shapes, self.rules = set(drop), dict(shapes or {}), dict(rules or {})
+
+    def params(self, name, shape):
+        """(offset, std) of a tensor."""
+        rel = _relative(name)
+        rule = self.rules.get(rel, self.RULES.get(rel))
+        if rule is not None:
+            off, std = rule
+            return off, 0.2 / math.sqrt(shape[-1]) if std == "0.2/fan" else std
+        if rel == "token_embd.weight":
+            return 0.0, self.embd_std
+        if "norm" in rel:
+            return 1.0, 0.1
+        if rel.endswith(".bias"):
+            return 0.0, self.BIAS_STD
+        return 0.0, (self.gain if rel in self.OUT else 1.0) / math.sqrt(shape[-1])
+
+    def __call__(self, name, shape, t):
+        from reflex_ipc.models.plan import DENSE
+
+        shape = tuple(self.shapes.get(name, shape))
+        if self.blocks and self.qtype in BLOCK and len(shape) >= 2 and (t is None or t.kind != DENSE) and \
+                shape[-1] % BLOCK[self.qtype][0] == 0 and name not in self.drop:
+            from gguf import GGMLQuantizationType as T
+
+            raw = random_blocks(self.rng, self.qtype, int(np.prod(shape[:-1])), shape[-1], self.params(name, shape)[1])
+            return raw.reshape(*shape[:-1], -1), T[self.qtype]
+        if _relative(name) == "ssm_a":
+            a = -np.exp(0.5 * self.rng.standard_normal(shape)).astype(np.float32)
+        else:
+            off, std = self.params(name, shape)
+            a = (off + std * self.rng.standard_normal(shape)).astype(np.float32)
+        if name in self.drop:
+            return None
+        if self.qtype is not None and (t is None or t.kind != DENSE) and len(shape) >= 2:
+            import gguf.quants
+            from gguf import GGMLQuantizationType as T
+
+            q = T[self.qtype]
+            if shape[-1] % gguf.GGML_QUANT_SIZES[q][0] == 0:
+                return gguf.quants.quantize(a, q), q
+        return a, None
+
+
+def examples():
+    """{name: (arch, spec)}: every architecture's EXAMPLES (models/<arch>.py, plan.example /
+    plan.variant), a variant's spec resolved against the example it changes."""
+    from reflex_ipc.models import ARCHITECTURES
+
+    out = {}
+    for arch in ARCHITECTURES:
+        own = model_class(arch).__dict__.get("EXAMPLES", {})
+        for name, spec in own.items():
+            if "of" in spec:
+                base = own[spec["of"]]
+                spec = dict(base, **{k: v for k, v in spec.items() if k not in ("of", "keys")},
+                            keys={**base["keys"], **spec["keys"]})
+            out[name] = (arch, spec)
+    return out
+
+
+def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quantize=None, has=(), lacks=(),
+                 drop=(), shapes=None, extra=None, seed=None, qtype=None, blocks=False):
+    """Write the example `name` (examples()) to path with the tokenizer of the GGUF `tokenizer`
+    (default SmolLM2); returns path. keys: changed keys (the tensors follow them); override:
+    metadata-only changes (None removes a key; the tensors do not follow: bad-input files);
+    has / lacks: more optional tensors and layouts (write_gguf); drop, shapes, extra: tensors
+    left out, reshaped or added (Init, write_gguf); quantize (default: the example's): matrices
+    quantized where their rows fit (_quantized_writer: the F32 twin goes to `{path}.twin.gguf`);
+    qtype: matrices stored in that format where rows fit (the GPU checks), as random blocks with
+    `blocks` (Init: large timing models)."""
+    arch, spec = examples()[name]
+    if tokenizer is None:
+        from reflex_ipc.modelpath import resolve_model
+
+        tokenizer = resolve_model("smollm2")
+    seed = spec.get("seed", 0) if seed is None else seed
+    quantize = spec.get("quantize", False) if quantize is None else quantize
+    init = Init(seed, embd_std=spec.get("embd_std", 1.0), gain=spec.get("gain", 1.0), qtype=qtype, drop=drop,
+                shapes=shapes, rules=spec.get("rules"), blocks=blocks)
+    write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=_tiny_tokenizer(tokenizer),
+               has=set(spec.get("has", ())) | set(has), lacks=set(spec.get("lacks", ())) | set(lacks),
+               override=override, extra=extra, writer=_quantized_writer(path, arch, seed) if quantize else None)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------
 # the parity models
 # q/k/v/o and gate/up/down formats, per layer (cycled); the token embedding's format;
 # vocabulary source; whether the LM head is the token embedding.
@@ -241,7 +438,6 @@ def default_vocab_paths():
 
 def parity_model(arch, out_path, seed=None, vocab_paths=None):
     """Write PARITY_MODELS[arch] to out_path (vocab_paths: default_vocab_paths())."""
-    import gguf
     from gguf import GGUFValueType as VT
 
     cfg = PARITY_MODELS[arch]
@@ -249,28 +445,20 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
     # a seed per architecture so each file's bytes depend only on its own configuration
     seed = sum(arch.encode()) * 1009 if seed is None else seed
     rng = np.random.default_rng(seed)
-    E, L, H, Hkv, hd, F = (cfg[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff"))
-
-    w = gguf.GGUFWriter(out_path, arch)
-    w.add_name(f"synthetic-{arch}")
-    write_shape(w, n_layer=L, n_ctx=4096, n_embd=E, n_ff=F, n_head=H, n_head_kv=Hkv, head_dim=hd,
-                eps=cfg["eps"], rope_base=cfg["rope_base"], rope_dims=True)
+    E, hd = cfg["n_embd"], cfg["head_dim"]
+    keys = {"block_count": cfg["n_layer"], "context_length": 4096, "embedding_length": E,
+            "feed_forward_length": cfg["n_ff"], "attention.head_count": cfg["n_head"],
+            "attention.head_count_kv": cfg["n_head_kv"], "attention.key_length": hd, "attention.value_length": hd,
+            "rope.dimension_count": hd, "attention.layer_norm_rms_epsilon": cfg["eps"],
+            "rope.freq_base": cfg["rope_base"]}
     if arch == "gemma3":
-        w.add_sliding_window(cfg["sliding_window"])
-        w.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg["swa_pattern"])
-        w.add_rope_freq_base_swa(cfg["rope_base_swa"])
-        w.add_final_logit_softcapping(cfg["final_softcap"])
+        keys.update({"attention.sliding_window": cfg["sliding_window"],
+                     "attention.sliding_window_pattern": cfg["swa_pattern"], "rope.freq_base_swa": cfg["rope_base_swa"],
+                     "final_logit_softcapping": cfg["final_softcap"]})
+    keys["vocab_size"] = VOCAB
     overrides = {}
     if cfg["add_bos"] is not None:
         overrides["tokenizer.ggml.add_bos_token"] = (cfg["add_bos"], VT.BOOL)
-    n_vocab = write_tokenizer(w, read_tokenizer(vocab_paths[cfg["vocab"]]), overrides)
-    w.add_uint32(f"{arch}.vocab_size", n_vocab)
-
-    def norm(n, center=1.0):
-        return (center + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
-
-    def add(name, data, raw_dtype=None):
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
 
     # Scales: projections into a layer get std 1/sqrt(fan_in), so normed inputs give O(1)
     # values; the projections back into the residual stream get `gain` times that, so the
@@ -280,37 +468,29 @@ def parity_model(arch, out_path, seed=None, vocab_paths=None):
     # `post`) instead. The logits (output_norm(h) . e_v) get a spread of a few units.
     gemma = arch == "gemma3"
     embd_std, gain, post, out_norm = (0.1, 1.0, 3.0, 3.0) if gemma else (0.5, 4.0, 1.0, 1.0)
-    add("token_embd.weight", *weight(rng, cfg["embd"], n_vocab, E, embd_std))
-    add("output_norm.weight", norm(E, out_norm))
-    if not cfg["tied"]:
-        add("output.weight", *weight(rng, cfg["output"], n_vocab, E, 0.5))
-    for i in range(L):
-        t = cfg["layers"][i]
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", norm(E))
-        add(p + "attn_q.weight", *weight(rng, t["q"], H * hd, E, 1 / np.sqrt(E)))
-        add(p + "attn_k.weight", *weight(rng, t["k"], Hkv * hd, E, 1 / np.sqrt(E)))
-        add(p + "attn_v.weight", *weight(rng, t["v"], Hkv * hd, E, 1 / np.sqrt(E)))
-        if arch == "qwen2":
-            add(p + "attn_q.bias", (0.3 * rng.standard_normal(H * hd, dtype=np.float32)).astype(np.float32))
-            add(p + "attn_k.bias", (0.3 * rng.standard_normal(Hkv * hd, dtype=np.float32)).astype(np.float32))
-            add(p + "attn_v.bias", (0.3 * rng.standard_normal(Hkv * hd, dtype=np.float32)).astype(np.float32))
-        if arch in ("qwen3", "gemma3"):
-            add(p + "attn_q_norm.weight", norm(hd))
-            add(p + "attn_k_norm.weight", norm(hd))
-        add(p + "attn_output.weight", *weight(rng, t["o"], E, H * hd, gain / np.sqrt(H * hd)))
-        if arch == "gemma3":
-            add(p + "post_attention_norm.weight", norm(E, post))
-        add(p + "ffn_norm.weight", norm(E))
-        add(p + "ffn_gate.weight", *weight(rng, t["gate"], F, E, 1 / np.sqrt(E)))
-        add(p + "ffn_up.weight", *weight(rng, t["up"], F, E, 1 / np.sqrt(E)))
-        add(p + "ffn_down.weight", *weight(rng, t["down"], E, F, gain / np.sqrt(F)))
-        if arch == "gemma3":
-            add(p + "post_ffw_norm.weight", norm(E, post))
-    finish(w)
+    short = {"attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
+             "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down"}
+
+    def init(name, shape, t):
+        rel = _relative(name)
+        if rel == "token_embd.weight":
+            return weight(rng, cfg["embd"], shape[0], E, embd_std)
+        if rel == "output.weight":
+            return weight(rng, cfg["output"], shape[0], E, 0.5)
+        if "norm" in rel:
+            center = out_norm if rel == "output_norm.weight" else post if rel.startswith("post_") else 1.0
+            return (center + 0.1 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32), None
+        if rel.endswith(".bias"):
+            return (0.3 * rng.standard_normal(shape[0], dtype=np.float32)).astype(np.float32), None
+        fmt = cfg["layers"][int(name.split(".")[1])][short[rel]]
+        g = gain if rel in ("attn_output.weight", "ffn_down.weight") else 1.0
+        return weight(rng, fmt, *shape, g / np.sqrt(shape[1]))
+
+    has = (() if cfg["tied"] else ("output.weight",)) + \
+        (("attn_q.bias", "attn_k.bias", "attn_v.bias") if arch == "qwen2" else ())
+    write_gguf(out_path, arch, keys, init, tokenizer=read_tokenizer(vocab_paths[cfg["vocab"]]),
+               tokenizer_overrides=overrides, tokenizer_at=len(keys) - 1, name=f"synthetic-{arch}", has=has)
     return out_path
-
-
 
 
 def f32_twin(src, dst):
@@ -493,60 +673,38 @@ def mixed_matrix(rng, rows, cols, tname, std):
 
 def mixed_model(arch, tok_path, out, seed=0):
     """Write MIXED_MODELS[arch] with the tokenizer of the GGUF at tok_path to out."""
-    import gguf
-
     hp = MIXED_MODELS[arch]
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(out, arch)
-    n_vocab = copy_tokenizer(w, tok_path)
-    E, Lh, H, Hkv, hd, F = (hp[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff"))
-    write_shape(w, n_layer=Lh, n_ctx=2048, n_embd=E, n_ff=F, n_head=H, n_head_kv=Hkv, head_dim=hd,
-                eps=1e-6, rope_base=1e6 if arch != "llama" else 10000.0)
-    w.add_uint32(f"{arch}.vocab_size", n_vocab)
+    entries = {e[0]: e for e in read_tokenizer(tok_path)}
+    tokenizer = [entries[k] for k in TOKENIZER_KEYS if k in entries]
+    E, hd = hp["n_embd"], hp["head_dim"]
+    keys = {"block_count": hp["n_layer"], "context_length": 2048, "embedding_length": E,
+            "feed_forward_length": hp["n_ff"], "attention.head_count": hp["n_head"],
+            "attention.head_count_kv": hp["n_head_kv"], "attention.key_length": hd, "attention.value_length": hd,
+            "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6 if arch != "llama" else 10000.0,
+            "vocab_size": VOCAB}
     if arch == "gemma3":
-        w.add_sliding_window(8)
-
-    def add(name, data, raw_dtype=None):
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
-
+        keys["attention.sliding_window"] = 8
     emb_type = {"llama": "Q8_0", "qwen2": "Q6_K", "qwen3": "Q8_0", "gemma3": "Q5_K"}[arch]
     tied = arch in ("qwen3", "gemma3")  # no output.weight: the LM head is the embedding
-    # a tied embedding much larger than the layers' outputs would make every token predict itself
-    add("token_embd.weight", *mixed_matrix(rng, n_vocab, E, emb_type, 0.1 if tied else 1.0))
-    ones = lambda n: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
-    add("output_norm.weight", ones(E))
-    if not tied:
-        add("output.weight", *mixed_matrix(rng, n_vocab, E, "Q4_K" if arch == "llama" else "Q8_0",
-                                           1 / np.sqrt(E) * 4))
     k = 0
-    for i in range(Lh):
-        p = f"blk.{i}."
 
-        def mat(name, rows, cols):
-            nonlocal k
-            add(p + name + ".weight", *mixed_matrix(rng, rows, cols, MATRIX_TYPES[k % len(MATRIX_TYPES)],
-                                                    1 / np.sqrt(cols)))
-            k += 1
+    def init(name, shape, t):
+        nonlocal k
+        rel = _relative(name)
+        if rel == "token_embd.weight":
+            # a tied embedding much larger than the layers' outputs would make every token predict itself
+            return mixed_matrix(rng, shape[0], E, emb_type, 0.1 if tied else 1.0)
+        if rel == "output.weight":
+            return mixed_matrix(rng, shape[0], E, "Q4_K" if arch == "llama" else "Q8_0", 1 / np.sqrt(E) * 4)
+        if t.kind != "mat":
+            off, std = (1.0, 0.1) if "norm" in rel else (0.0, 0.5)
+            return (off + std * rng.standard_normal(shape)).astype(np.float32), None
+        k += 1
+        return mixed_matrix(rng, *shape, MATRIX_TYPES[(k - 1) % len(MATRIX_TYPES)], 1 / np.sqrt(shape[1]))
 
-        add(p + "attn_norm.weight", ones(E))
-        mat("attn_q", H * hd, E)
-        mat("attn_k", Hkv * hd, E)
-        mat("attn_v", Hkv * hd, E)
-        mat("attn_output", E, H * hd)
-        if arch == "qwen2":
-            for n, d in (("attn_q", H * hd), ("attn_k", Hkv * hd), ("attn_v", Hkv * hd)):
-                add(p + n + ".bias", (0.5 * rng.standard_normal(d)).astype(np.float32))
-        if arch in ("qwen3", "gemma3"):
-            add(p + "attn_q_norm.weight", ones(hd))
-            add(p + "attn_k_norm.weight", ones(hd))
-        if arch == "gemma3":
-            add(p + "post_attention_norm.weight", ones(E))
-            add(p + "post_ffw_norm.weight", ones(E))
-        add(p + "ffn_norm.weight", ones(E))
-        mat("ffn_gate", F, E)
-        mat("ffn_up", F, E)
-        mat("ffn_down", E, F)
-    finish(w)
+    has = (() if tied else ("output.weight",)) + (("attn_q.bias", "attn_k.bias", "attn_v.bias") if arch == "qwen2" else ())
+    write_gguf(out, arch, keys, init, tokenizer=tokenizer, has=has)
     return out
 
 
@@ -628,29 +786,24 @@ def load_vocab(path):
 
 
 def qwen3_tensor_plan(kind):
-    """[(name, rows, cols, format, std)] in file order."""
+    """[(name, rows, cols, format, std)] in file order (the qwen3 plan's tensors)."""
     E, L, H, Hkv, hd, F, V = (QWEN3_SHAPE[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
                                                        "n_ff", "n_vocab"))
     q4 = kind == "q4k"
     mat = "Q4_K" if q4 else "Q8_0"
     big = "Q6_K" if q4 else "Q8_0"
-    # tied embedding: logits = output_norm(h) . e_v, std ~ sqrt(E) * std_e ~ 3
-    plan = [("token_embd.weight", V, E, big, 3.0 / np.sqrt(E)), ("output_norm.weight", E, None, "F32", 1.0)]
-    for i in range(L):
-        p = f"blk.{i}."
-        plan += [
-            (p + "attn_norm.weight", E, None, "F32", 1.0),
-            (p + "attn_q.weight", H * hd, E, mat, 1 / np.sqrt(E)),
-            (p + "attn_k.weight", Hkv * hd, E, mat, 1 / np.sqrt(E)),
-            (p + "attn_v.weight", Hkv * hd, E, big, 1 / np.sqrt(E)),
-            (p + "attn_q_norm.weight", hd, None, "F32", 1.0),
-            (p + "attn_k_norm.weight", hd, None, "F32", 1.0),
-            (p + "attn_output.weight", E, H * hd, mat, 1 / np.sqrt(H * hd)),
-            (p + "ffn_norm.weight", E, None, "F32", 1.0),
-            (p + "ffn_gate.weight", F, E, mat, 1 / np.sqrt(E)),
-            (p + "ffn_up.weight", F, E, mat, 1 / np.sqrt(E)),
-            (p + "ffn_down.weight", E, F, big, 1 / np.sqrt(F)),
-        ]
+    keys = {"block_count": L, "embedding_length": E, "feed_forward_length": F, "attention.head_count": H,
+            "attention.head_count_kv": Hkv, "attention.key_length": hd, "attention.value_length": hd,
+            "attention.layer_norm_rms_epsilon": 1e-6}
+    plan = []
+    for name, shape, _ in plan_shapes("qwen3", keys, V):
+        rel = _relative(name)
+        if len(shape) == 1:
+            plan.append((name, shape[0], None, "F32", 1.0))
+        elif rel == "token_embd.weight":  # tied embedding: logits = output_norm(h) . e_v, std ~ sqrt(E) * std_e ~ 3
+            plan.append((name, *shape, big, 3.0 / np.sqrt(E)))
+        else:
+            plan.append((name, *shape, big if rel in ("attn_v.weight", "ffn_down.weight") else mat, 1 / np.sqrt(shape[1])))
     return plan
 
 
@@ -719,6 +872,7 @@ TINY_CONFIGS = {
                    rope_base_swa=10000.0, rope_factor=4.0, final_softcap=5.0),
 }
 
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")  # tiny_gguf's (another name: llama's tensors)
 _TINY_TOKENIZER = {}
 
 THINK_IDS = (49150, 49151)  # the thinker's <think> and </think>: SmolLM2's last two tokens, renamed
@@ -767,554 +921,46 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
               rope_freqs=False, window=0, pattern=None, rope_base_swa=None, rope_factor=None,
               final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None,
               chat_template=None):
-    """Write a random tiny model with the tokenizer of the GGUF `tokenizer` (default: SmolLM2,
-    whose vocabulary of TINY_N_VOCAB tokens the embedding assumes) and no chat template
-    unless `chat_template` is given; returns {tensor name: float64 numpy array (numpy
-    order)} as stored (quantized ones dequantized)."""
-    import gguf
+    """Write a random tiny model of the llama family (llama, qwen2, qwen3, gemma3: the options are
+    reflex_ipc.testing.references' model configuration; qk_norm follows the architecture) with
+    the tokenizer of the GGUF `tokenizer` (default: SmolLM2, whose vocabulary of TINY_N_VOCAB
+    tokens the embedding assumes) and no chat template unless `chat_template` is given; returns
+    {tensor name: float64 numpy array (numpy order)} as stored (quantized ones dequantized)."""
     import gguf.quants
 
     if tokenizer is None:
         from reflex_ipc.modelpath import resolve_model
 
         tokenizer = resolve_model("smollm2")
-    rng = np.random.default_rng(seed)
-    hd = head_dim or n_embd // n_head
-    w = gguf.GGUFWriter(str(path), arch)
-    write_tokenizer(w, _tiny_tokenizer(tokenizer))
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-    w.add_context_length(128)
-    w.add_block_count(n_layer)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_freq_base(rope_base)
-    w.add_layer_norm_rms_eps(eps)
+    keys = {"context_length": 128, "block_count": n_layer, "embedding_length": n_embd, "feed_forward_length": n_ff,
+            "attention.head_count": n_head, "attention.head_count_kv": n_head_kv, "rope.freq_base": float(rope_base),
+            "attention.layer_norm_rms_epsilon": float(eps)}
     if head_dim:
-        w.add_key_length(hd)
-        w.add_value_length(hd)
+        keys["attention.key_length"] = keys["attention.value_length"] = head_dim
     if window:
-        w.add_sliding_window(window)
-        if isinstance(pattern, list):  # per-layer flags
-            w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
-        else:
-            w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+        keys["attention.sliding_window"] = window
+        keys["attention.sliding_window_pattern"] = pattern  # per-layer flags or a period
     if rope_base_swa is not None:
-        w.add_float32(f"{arch}.rope.freq_base_swa", rope_base_swa)
+        keys["rope.freq_base_swa"] = float(rope_base_swa)
     if rope_factor:
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rope_factor)
+        keys["rope.scaling.type"], keys["rope.scaling.factor"] = "linear", float(rope_factor)
     if final_softcap:
-        w.add_final_logit_softcapping(final_softcap)
+        keys["final_logit_softcapping"] = float(final_softcap)
     if attn_softcap:
-        w.add_float32(f"{arch}.attn_logit_softcapping", attn_softcap)
+        keys["attn_logit_softcapping"] = float(attn_softcap)
+    has = {"output.weight"} if untied else set()
+    has |= {"rope_freqs.weight"} if rope_freqs else set()
+    has |= {"attn_q.bias", "attn_k.bias", "attn_v.bias"} if qkv_bias else set()
+    init = Init(seed, qtype=qtype, drop=drop, rules={"rope_freqs.weight": (1.5, 0.5)})
+    entries = _tiny_tokenizer(tokenizer)
+    if chat_template is not None:
+        from gguf import GGUFValueType
 
-    tensors = {}
-    quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
-
-    def add(name, shape, scale, offset=0.0, matrix=False):
-        if name in drop:
-            return
-        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        if matrix and quant is not None:
-            q = gguf.quants.quantize(a, quant)
-            tensors[name] = gguf.quants.dequantize(q, quant).astype(np.float64)
-            w.add_tensor(name, q, raw_dtype=quant)
-        else:
-            tensors[name] = a.astype(np.float64)
-            w.add_tensor(name, a)
-
-    add("token_embd.weight", (TINY_N_VOCAB, n_embd), 1.0, matrix=True)
-    add("output_norm.weight", (n_embd,), 0.1, 1.0)
-    if untied:
-        add("output.weight", (TINY_N_VOCAB, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-    if rope_freqs:
-        add("rope_freqs.weight", (hd // 2,), 0.5, 1.5)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", (n_embd,), 0.1, 1.0)
-        add(p + "attn_q.weight", (n_head * hd, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-        add(p + "attn_k.weight", (n_head_kv * hd, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-        add(p + "attn_v.weight", (n_head_kv * hd, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-        if qkv_bias:
-            add(p + "attn_q.bias", (n_head * hd,), 0.5)
-            add(p + "attn_k.bias", (n_head_kv * hd,), 0.5)
-            add(p + "attn_v.bias", (n_head_kv * hd,), 0.5)
-        if qk_norm:
-            add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
-            add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
-        add(p + "attn_output.weight", (n_embd, n_head * hd), 1 / math.sqrt(n_head * hd), matrix=True)
-        add(p + "ffn_norm.weight", (n_embd,), 0.1, 1.0)
-        add(p + "ffn_gate.weight", (n_ff, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-        add(p + "ffn_up.weight", (n_ff, n_embd), 1 / math.sqrt(n_embd), matrix=True)
-        add(p + "ffn_down.weight", (n_embd, n_ff), 1 / math.sqrt(n_ff), matrix=True)
-        if arch == "gemma3":
-            add(p + "post_attention_norm.weight", (n_embd,), 0.1, 1.0)
-            add(p + "post_ffw_norm.weight", (n_embd,), 0.1, 1.0)
-    finish(w)
-    return tensors
-
-
-# ---------------------------------------------------------------------------------------
-# the float-weight models of the attention-side families (qwen3moe, phi3, deepseek2):
-# tests/test_families.py checks them against llama.cpp. F32 weights, SmolLM2's tokenizer.
-FAMILY_CONFIGS = {
-    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=16,
-                     n_expert=8, n_used=2, n_ff_exp=24),
-    "phi3_fused_long": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=True,
-                            n_ctx_orig=64),
-    "phi3_split_short": dict(arch="phi3", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=48, fused=False,
-                             n_ctx_orig=4096),
-    # DeepSeek-V2-Lite-like: plain attn_q, softmax gating, one leading dense layer, YaRN
-    "deepseek2_v2": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=0, kv_lora=16, nope=8,
-                         rope=8, v_dim=12, n_ff=48, n_dense=1, n_expert=8, n_used=2, n_ff_exp=16, n_shared=1,
-                         gating=1, norm=False, w_scale=1.0, yarn=(4.0, 0.0707, 32)),
-    # DeepSeek-V3-like: q LoRA, sigmoid gating with a selection bias, grouped routing, scale
-    "deepseek2_v3": dict(arch="deepseek2", n_layer=3, n_embd=32, n_head=4, q_lora=24, kv_lora=16, nope=8,
-                         rope=8, v_dim=8, n_ff=48, n_dense=1, n_expert=8, n_used=3, n_ff_exp=16, n_shared=1,
-                         gating=2, norm=True, w_scale=2.5, groups=(4, 2), probs_bias=True,
-                         yarn=(8.0, 0.1, 16)),
-    # Gemma 4 (dense text): sliding/global layers with their own head widths, rope bases and
-    # rope dims, per-layer KV head counts, V = K where attn_v is absent, layer output scales
-    "gemma4": dict(arch="gemma4", n_layer=4, n_embd=32, n_head=4, n_head_kv=[2, 2, 1, 2], head_dim=32,
-                   head_dim_swa=16, n_ff=64, swa=[True, True, False, True], window=4, no_v=(2,), fused=False),
-    # Gemma 4 26B-A4B-like: experts beside the dense FFN on some layers (gate/up fused on one)
-    "gemma4_moe": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
-                       n_ff=64, swa=[True, False, True], window=4, fused=False, n_expert=8, n_used=2,
-                       n_ff_exp=32, moe_layers=(0, 2), fused_exps=(2,), seed=2),
-    # Gemma 4 E2B-like: per-layer embeddings, the last layers sharing earlier layers' KV
-    "gemma4_e2b": dict(arch="gemma4", n_layer=5, n_embd=32, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
-                       n_ff=64, swa=[True, True, False, True, False], window=4, fused=False, n_pl=8,
-                       shared_kv=2, seed=3),
-    "gemma4_fused_qkv": dict(arch="gemma4", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, head_dim=32,
-                             head_dim_swa=16, n_ff=64, swa=[True, False, True], window=3, fused=True, seed=1),
-}
-
-
-def _glu_ffn(add, prefix, kind, E, F, down_gain=1.0, n_expert=0):
-    """A gated FFN's gate, up and down matrices through a writer's `add` (name, shape, scale):
-    kind "" (dense), "_exps" (n_expert routed experts, 3-D) or "_shexp" (shared experts), in
-    llama.cpp's names; weights of std 1/sqrt(fan-in), the down projection's times down_gain."""
-    lead = (n_expert,) if kind == "_exps" else ()
-    add(prefix + f"ffn_gate{kind}.weight", lead + (F, E), 1 / math.sqrt(E))
-    add(prefix + f"ffn_up{kind}.weight", lead + (F, E), 1 / math.sqrt(E))
-    add(prefix + f"ffn_down{kind}.weight", lead + (E, F), down_gain / math.sqrt(F))
-
-
-def family_gguf(path, arch, n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None, n_ff=48, n_expert=8,
-                n_used=2, n_ff_exp=24, fused=True, n_ctx_orig=64, q_lora=0, kv_lora=16, nope=8, rope=8,
-                v_dim=8, n_dense=1, n_shared=1, gating=None, norm=None, w_scale=None, groups=None,
-                probs_bias=False, yarn=None, n_ctx_train=4096, seed=0, drop=(), keys=None, shapes=None,
-                tokenizer=None, qtype=None, head_dim_swa=None, swa=None, window=0, no_v=(), extra=None,
-                moe_layers=(), fused_exps=(), n_pl=0, shared_kv=0, quantize=False):
-    """Write a random F32 model of a FAMILY_CONFIGS architecture (qwen3moe, phi3, deepseek2)
-    with the tokenizer of the GGUF `tokenizer` (default SmolLM2). For the bad-input tests:
-    `drop` leaves tensors out, `keys` {key: value} overrides or adds `{arch}.` metadata (None
-    removes), `shapes` {tensor: numpy shape} overrides tensor shapes, `extra` {tensor: shape}
-    adds tensors. n_used may be a per-layer
-    list; yarn is (factor, yarn_log_multiplier, original context length). gemma4: head_dim
-    (global layers), head_dim_swa, swa (per-layer flags), window, no_v (layers without
-    attn_v), moe_layers (layers with experts), fused_exps (of those, with ffn_gate_up_exps), n_pl
-    (per-layer embedding width), shared_kv (layers reusing earlier KV). qtype (e.g. "Q8_0"):
-    matrices whose rows fit its blocks are stored quantized (the GPU checks)."""
-    import gguf
-    import gguf.quants
-
-    if tokenizer is None:
-        from reflex_ipc.modelpath import resolve_model
-
-        tokenizer = resolve_model("smollm2")
-    rng = np.random.default_rng(seed)
-    E, H = n_embd, n_head
-    hd = head_dim or E // H
-    kv = {"block_count": n_layer, "context_length": n_ctx_train, "embedding_length": E,
-          "feed_forward_length": n_ff, "attention.head_count": H, "attention.head_count_kv": n_head_kv,
-          "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
-    if arch == "qwen3moe":
-        kv.update({"attention.key_length": hd, "attention.value_length": hd, "rope.freq_base": 1e6,
-                   "expert_count": n_expert, "expert_used_count": n_used,
-                   "expert_feed_forward_length": n_ff_exp})
-    elif arch == "phi3":
-        kv.update({"rope.dimension_count": hd, "rope.scaling.original_context_length": n_ctx_orig,
-                   "rope.scaling.attn_factor": 1.19, "attention.layer_norm_rms_epsilon": 1e-5})
-    elif arch == "deepseek2":
-        kv.update({"attention.head_count_kv": 1, "attention.key_length": kv_lora + rope,
-                   "attention.value_length": kv_lora, "attention.key_length_mla": nope + rope,
-                   "attention.value_length_mla": v_dim, "rope.dimension_count": rope,
-                   "attention.q_lora_rank": q_lora, "attention.kv_lora_rank": kv_lora,
-                   "leading_dense_block_count": n_dense, "expert_count": n_expert, "expert_used_count": n_used,
-                   "expert_feed_forward_length": n_ff_exp, "expert_shared_count": n_shared})
-        if gating is not None:
-            kv["expert_gating_func"] = gating
-        if norm is not None:
-            kv["expert_weights_norm"] = norm
-        if w_scale is not None:
-            kv["expert_weights_scale"] = w_scale
-        if groups:
-            kv["expert_group_count"], kv["expert_group_used_count"] = groups
-        if yarn:
-            kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": yarn[0],
-                       "rope.scaling.yarn_log_multiplier": yarn[1],
-                       "rope.scaling.original_context_length": yarn[2]})
-    elif arch == "gemma4":
-        kv.update({"attention.key_length": hd, "attention.value_length": hd,
-                   "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa,
-                   "rope.dimension_count": hd, "rope.dimension_count_swa": head_dim_swa,
-                   "rope.freq_base": 1e6, "rope.freq_base_swa": 10000.0, "attention.sliding_window": window,
-                   "attention.sliding_window_pattern": list(swa), "embedding_length_per_layer_input": n_pl,
-                   "attention.shared_kv_layers": shared_kv or None,
-                   "final_logit_softcapping": 15.0})
-        if moe_layers:
-            kv.update({"expert_count": n_expert, "expert_used_count": n_used,
-                       "expert_feed_forward_length": n_ff_exp})
-    else:
-        raise ValueError(f"no family recipe for {arch!r}")
-    kv.update(keys or {})
-
-    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
-    write_tokenizer(w, _tiny_tokenizer(tokenizer))
-    for k, v in kv.items():
-        if v is not None:
-            add_kv(w, f"{arch}.{k}", v)
-
-    quant = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
-
-    def add(name, shape, scale, offset=0.0):
-        shape = (shapes or {}).get(name, shape)
-        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        if name in drop:
-            return
-        if quant is not None and len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[quant][0] == 0:
-            w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
-        else:
-            w.add_tensor(name, a)
-
-    def norm_w(name, n):
-        add(name, (n,), 0.1, 1.0)
-
-    V = TINY_N_VOCAB
-    for name, shape in (extra or {}).items():
-        add(name, shape, 0.1)
-    add("token_embd.weight", (V, E), 1.0)
-    norm_w("output_norm.weight", E)
-    if arch == "gemma4":
-        if n_pl:
-            add("per_layer_token_embd.weight", (V, n_layer * n_pl), 0.3)
-            add("per_layer_model_proj.weight", (n_layer * n_pl, E), 1 / math.sqrt(E))
-            norm_w("per_layer_proj_norm.weight", n_pl)
-        _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, head_dim_swa, n_ff, swa, no_v, fused,
-                       moe_layers, fused_exps, n_expert, n_ff_exp, n_pl)
-        finish(w)
-        return str(path)
-    if arch != "qwen3moe":
-        add("output.weight", (V, E), 1 / math.sqrt(E))
-    if arch == "phi3":
-        add("rope_factors_long.weight", (hd // 2,), 0.5, 2.0)
-        add("rope_factors_short.weight", (hd // 2,), 0.2, 1.1)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        norm_w(p + "attn_norm.weight", E)
-        if arch == "deepseek2":
-            qd = nope + rope
-            if q_lora:
-                add(p + "attn_q_a.weight", (q_lora, E), 1 / math.sqrt(E))
-                norm_w(p + "attn_q_a_norm.weight", q_lora)
-                add(p + "attn_q_b.weight", (H * qd, q_lora), 1 / math.sqrt(q_lora))
-            else:
-                add(p + "attn_q.weight", (H * qd, E), 1 / math.sqrt(E))
-            add(p + "attn_kv_a_mqa.weight", (kv_lora + rope, E), 1 / math.sqrt(E))
-            norm_w(p + "attn_kv_a_norm.weight", kv_lora)
-            add(p + "attn_k_b.weight", (H, kv_lora, nope), 1 / math.sqrt(nope))
-            add(p + "attn_v_b.weight", (H, v_dim, kv_lora), 1 / math.sqrt(kv_lora))
-            add(p + "attn_output.weight", (E, H * v_dim), 1 / math.sqrt(H * v_dim))
-        elif arch == "phi3" and fused:
-            add(p + "attn_qkv.weight", ((H + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
-        else:
-            add(p + "attn_q.weight", (H * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
-        if arch == "qwen3moe":
-            norm_w(p + "attn_q_norm.weight", hd)
-            norm_w(p + "attn_k_norm.weight", hd)
-        if arch != "deepseek2":
-            add(p + "attn_output.weight", (E, H * hd), 1 / math.sqrt(H * hd))
-        norm_w(p + "ffn_norm.weight", E)
-        if arch == "phi3":
-            add(p + "ffn_up.weight", (2 * n_ff, E), 1 / math.sqrt(E))
-            add(p + "ffn_down.weight", (E, n_ff), 1 / math.sqrt(n_ff))
-        elif arch == "deepseek2" and i < n_dense:
-            _glu_ffn(add, p, "", E, n_ff)
-        else:
-            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
-            if probs_bias:
-                add(p + "exp_probs_b.bias", (n_expert,), 0.3)
-            _glu_ffn(add, p, "_exps", E, n_ff_exp, n_expert=n_expert)
-            if arch == "deepseek2":
-                _glu_ffn(add, p, "_shexp", E, n_ff_exp * n_shared)
-    finish(w)
-    return str(path)
-
-
-def _gemma4_layers(add, norm_w, n_layer, E, H, n_head_kv, hd, hd_swa, n_ff, swa, no_v, fused, moe_layers,
-                   fused_exps, X, Fe, n_pl):
-    add("rope_freqs.weight", (hd // 2,), 0.3, 1.5)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        d = hd_swa if swa[i] else hd
-        Hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
-        norm_w(p + "attn_norm.weight", E)
-        if fused:
-            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * d, E), 1 / math.sqrt(E))
-        else:
-            add(p + "attn_q.weight", (H * d, E), 1 / math.sqrt(E))
-            add(p + "attn_k.weight", (Hkv * d, E), 1 / math.sqrt(E))
-            if i not in no_v:
-                add(p + "attn_v.weight", (Hkv * d, E), 1 / math.sqrt(E))
-        norm_w(p + "attn_q_norm.weight", d)
-        norm_w(p + "attn_k_norm.weight", d)
-        add(p + "attn_output.weight", (E, H * d), 1 / math.sqrt(H * d))
-        norm_w(p + "post_attention_norm.weight", E)
-        norm_w(p + "ffn_norm.weight", E)
-        _glu_ffn(add, p, "", E, n_ff)
-        norm_w(p + "post_ffw_norm.weight", E)
-        add(p + "layer_output_scale.weight", (1,), 0.2, 0.8)
-        if n_pl:
-            add(p + "inp_gate.weight", (n_pl, E), 0.2 / math.sqrt(E))  # O(1) inputs to its gelu
-            add(p + "proj.weight", (E, n_pl), 1 / math.sqrt(n_pl))
-            norm_w(p + "post_norm.weight", E)
-        if i in moe_layers:
-            add(p + "ffn_gate_inp.weight", (X, E), 1.0)
-            add(p + "ffn_gate_inp.scale", (E,), 0.3, 1.0)
-            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
-                norm_w(p + n + ".weight", E)
-            if i in fused_exps:
-                add(p + "ffn_gate_up_exps.weight", (X, 2 * Fe, E), 1 / math.sqrt(E))
-            else:
-                add(p + "ffn_gate_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
-                add(p + "ffn_up_exps.weight", (X, Fe, E), 1 / math.sqrt(E))
-            add(p + "ffn_down_exps.weight", (X, E, Fe), 1 / math.sqrt(Fe))
-            add(p + "ffn_down_exps.scale", (X,), 0.3, 1.0)
-
-
-# ---------------------------------------------------------------------------------------
-# recurrent hybrids (F32 weights: the file is its own F32 twin for llama.cpp)
-HYBRID_CONFIGS = {
-    # 4 layers: DeltaNet, attention, DeltaNet, attention (full_attention_interval 2);
-    # 4 value heads over 2 key heads (ggml's tiled sharing), partial rope (8 of 16 dims)
-    "qwen35": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
-                   n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=2, sections=[2, 1, 1, 0]),
-    # the layer kinds as an explicit array (attention first and last); fused attn_qkv
-    "qwen35_flags": dict(arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
-                         n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, recurrent=[False, True, True, False],
-                         sections=[2, 1, 1, 0], seed=1, fused_qkv=True),
-    # qwen35moe: 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
-    "qwen35moe": dict(arch="qwen35moe", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
-                      n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=4, sections=[2, 1, 1, 0], seed=2,
-                      n_expert=4, n_used=2, n_ff_exp=32, n_ff_sh=64),
-}
-
-
-def hybrid_gguf(path, arch="qwen35", n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
-                n_ff=128, d_conv=4, d_state=16, n_k=2, n_v=4, interval=None, recurrent=None,
-                sections=(2, 1, 1, 0), eps=1e-6, rope_base=1e6, seed=0, tokenizer=None, meta=None, drop=(),
-                gain=4.0, embd_std=0.5, n_expert=0, n_used=0, n_ff_exp=0, n_ff_sh=0, fused_qkv=False,
-                quantize=False):
-    """Write a random-weight recurrent hybrid (qwen35) with llama.cpp's tensor names and keys, F32
-    weights, and the tokenizer of the GGUF `tokenizer` (default SmolLM2). `recurrent` (per-layer
-    flags) is written as attention.recurrent_layers, else `interval` as full_attention_interval;
-    `meta` {key suffix: value} adds or overrides keys (bad-input tests); `drop` omits tensors.
-    The projections back into the residual stream get `gain` times 1/sqrt(fan_in), so that the
-    layers outweigh the (tied) input embedding and greedy decoding does not loop at once."""
-    import gguf
-
-    if tokenizer is None:
-        from reflex_ipc.modelpath import resolve_model
-
-        tokenizer = resolve_model("smollm2")
-    rng = np.random.default_rng(seed)
-    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
-    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
-    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": n_embd,
-            "feed_forward_length": n_ff, "attention.head_count": n_head, "attention.head_count_kv": n_head_kv,
-            "attention.key_length": head_dim, "attention.value_length": head_dim,
-            "rope.dimension_count": n_rot, "rope.freq_base": float(rope_base),
-            "attention.layer_norm_rms_epsilon": float(eps), "rope.dimension_sections": list(sections),
-            "ssm.conv_kernel": d_conv, "ssm.inner_size": d_state * n_v, "ssm.state_size": d_state,
-            "ssm.time_step_rank": n_v, "ssm.group_count": n_k}
-    if n_expert:
-        keys.update({"expert_count": n_expert, "expert_used_count": n_used, "expert_feed_forward_length": n_ff_exp,
-                     "expert_shared_feed_forward_length": n_ff_sh})
-    if recurrent is not None:
-        keys["attention.recurrent_layers"] = [bool(r) for r in recurrent]
-    elif interval is not None:
-        keys["full_attention_interval"] = interval
-    keys.update(meta or {})
-    for k, v in keys.items():
-        if isinstance(v, list):
-            w.add_array(f"{arch}.{k}", v)
-        elif isinstance(v, float):
-            w.add_float32(f"{arch}.{k}", v)
-        else:
-            w.add_uint32(f"{arch}.{k}", v)
-    if recurrent is None:
-        recurrent = [(i + 1) % (interval or 4) != 0 for i in range(n_layer)]
-    recurrent = list(recurrent[:n_layer]) + [False] * (n_layer - len(recurrent))  # a bad-input file
-    E, hd, d = n_embd, head_dim, d_state
-    conv_dim, vd = 2 * d * n_k + d * n_v, d * n_v
-    tensors = {}
-
-    def add(name, shape, scale, offset=0.0):
-        a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        if name not in drop:
-            w.add_tensor(name, a)
-        tensors[name] = a
-
-    add("token_embd.weight", (n_vocab, E), embd_std)
-    add("output_norm.weight", (E,), 0.1, 1.0)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
-        add(p + "post_attention_norm.weight", (E,), 0.1, 1.0)
-        if recurrent[i]:
-            add(p + "attn_qkv.weight", (conv_dim, E), 1 / math.sqrt(E))
-            add(p + "attn_gate.weight", (vd, E), 1 / math.sqrt(E))
-            add(p + "ssm_conv1d.weight", (conv_dim, d_conv), 0.5)
-            add(p + "ssm_dt.bias", (n_v,), 0.5)
-            tensors[p + "ssm_a"] = a = -np.exp(0.5 * rng.standard_normal(n_v)).astype(np.float32)
-            if p + "ssm_a" not in drop:
-                w.add_tensor(p + "ssm_a", a)
-            add(p + "ssm_beta.weight", (n_v, E), 1 / math.sqrt(E))
-            add(p + "ssm_alpha.weight", (n_v, E), 1 / math.sqrt(E))
-            add(p + "ssm_norm.weight", (d,), 0.1, 1.0)
-            add(p + "ssm_out.weight", (E, vd), gain / math.sqrt(vd))
-        else:
-            if fused_qkv:
-                add(p + "attn_qkv.weight", ((2 * n_head + 2 * n_head_kv) * hd, E), 1 / math.sqrt(E))
-            else:
-                add(p + "attn_q.weight", (2 * n_head * hd, E), 1 / math.sqrt(E))
-                add(p + "attn_k.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
-                add(p + "attn_v.weight", (n_head_kv * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
-            add(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
-            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
-        if n_expert:
-            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
-            _glu_ffn(add, p, "_exps", E, n_ff_exp, gain, n_expert)
-            add(p + "ffn_gate_inp_shexp.weight", (E,), 1 / math.sqrt(E))
-            _glu_ffn(add, p, "_shexp", E, n_ff_sh, gain)
-        else:
-            _glu_ffn(add, p, "", E, n_ff, gain)
-    finish(w)
-    return tensors
-
-
-GRANITE_CONFIGS = {
-    # Mamba-2, attention, Mamba-2, attention; dense SwiGLU; rope; Granite's four scales
-    "granitehybrid": dict(n_layer=4, kv=[0, 2, 0, 2]),
-    # attention first, MoE (4 experts, 2 used) with a shared expert, NoPE (rope.scaling.finetuned false)
-    "granitehybrid_moe": dict(n_layer=4, kv=[2, 0, 0, 2], n_expert=4, n_used=2, n_ff=32, n_ff_shexp=64,
-                              rope=False, seed=3),
-}
-
-
-def granite_gguf(path, n_layer=4, kv=(0, 2, 0, 2), n_embd=64, n_head=4, n_ff=128, d_conv=4, d_state=16,
-                 n_ssm_head=8, n_group=2, n_expert=0, n_used=0, n_ff_shexp=0, rope=True, eps=1e-5,
-                 embedding_scale=2.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.2, seed=0,
-                 tokenizer=None, meta=None, drop=(), gain=4.0, quantize=False):
-    """Write a random-weight `granitehybrid` (Mamba-2 + attention; head_count_kv 0 marks a Mamba
-    layer) with llama.cpp's tensor names and keys, F32 weights, the tokenizer of `tokenizer`
-    (default SmolLM2); dense FFN, or MoE with n_expert > 0 (shared expert with n_ff_shexp)."""
-    import gguf
-
-    if tokenizer is None:
-        from reflex_ipc.modelpath import resolve_model
-
-        tokenizer = resolve_model("smollm2")
-    arch = "granitehybrid"
-    rng = np.random.default_rng(seed)
-    w = _quantized_writer(path, arch, seed) if quantize else gguf.GGUFWriter(str(path), arch)
-    n_vocab = write_tokenizer(w, _tiny_tokenizer(tokenizer))
-    E, hd, di = n_embd, n_embd // n_head, 2 * n_embd
-    keys = {"context_length": 512, "block_count": n_layer, "embedding_length": E, "feed_forward_length": n_ff,
-            "attention.head_count": n_head, "attention.head_count_kv": list(kv), "rope.freq_base": 10000.0,
-            "attention.layer_norm_rms_epsilon": float(eps), "ssm.conv_kernel": d_conv, "ssm.inner_size": di,
-            "ssm.state_size": d_state, "ssm.time_step_rank": n_ssm_head, "ssm.group_count": n_group,
-            "embedding_scale": float(embedding_scale), "residual_scale": float(residual_scale),
-            "logit_scale": float(logit_scale), "attention.scale": float(attention_scale),
-            "rope.scaling.finetuned": bool(rope)}
-    if n_expert:
-        keys.update({"expert_count": n_expert, "expert_used_count": n_used})
-        if n_ff_shexp:
-            keys["expert_shared_feed_forward_length"] = n_ff_shexp
-    keys.update(meta or {})
-    for k, v in keys.items():
-        add_kv(w, f"{arch}.{k}", v)
-    cd = di + 2 * n_group * d_state
-    tensors = {}
-
-    def add(name, shape, scale, offset=0.0, data=None):
-        a = data if data is not None else (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        if name not in drop:
-            w.add_tensor(name, a)
-        tensors[name] = a
-
-    add("token_embd.weight", (n_vocab, E), 0.5 / embedding_scale)
-    add("output_norm.weight", (E,), 0.1, 1.0)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        add(p + "attn_norm.weight", (E,), 0.1, 1.0)
-        if kv[i] == 0:
-            add(p + "ssm_in.weight", (2 * di + 2 * n_group * d_state + n_ssm_head, E), 1 / math.sqrt(E))
-            add(p + "ssm_conv1d.weight", (cd, d_conv), 0.5)
-            add(p + "ssm_conv1d.bias", (cd,), 0.1)
-            add(p + "ssm_dt.bias", (n_ssm_head,), 0.5)
-            add(p + "ssm_a", None, 0, data=-np.exp(0.5 * rng.standard_normal((n_ssm_head, 1))).astype(np.float32))
-            add(p + "ssm_d", (n_ssm_head, 1), 0.5, 1.0)
-            add(p + "ssm_norm.weight", (n_group, di // n_group), 0.1, 1.0)
-            add(p + "ssm_out.weight", (E, di), gain / math.sqrt(di))
-        else:
-            add(p + "attn_q.weight", (n_head * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_k.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_v.weight", (kv[i] * hd, E), 1 / math.sqrt(E))
-            add(p + "attn_output.weight", (E, n_head * hd), gain / math.sqrt(n_head * hd))
-        add(p + "ffn_norm.weight", (E,), 0.1, 1.0)
-        if n_expert:
-            add(p + "ffn_gate_inp.weight", (n_expert, E), 1.0)
-            _glu_ffn(add, p, "_exps", E, n_ff, gain, n_expert)
-            if n_ff_shexp:
-                _glu_ffn(add, p, "_shexp", E, n_ff_shexp, gain)
-        else:
-            _glu_ffn(add, p, "", E, n_ff, gain)
-    finish(w)
-    return tensors
-
-
-# ---------------------------------------------------------------------------------------
-# one model of each architecture the seed issues added, quantized where the shapes allow
-# (tests/test_new_archs.py: parity with llama.cpp on the quantized files, every op over
-# every transport, bad input). The FFN widths are 256 so that some matrices take K-quant
-# blocks (rows of 256 values); the other dimensions stay those of the F32 configs above.
-ARCH_CONFIGS = {
-    "qwen3moe": ("family", dict(FAMILY_CONFIGS["qwen3moe"], n_ff_exp=256)),
-    "phi3": ("family", dict(FAMILY_CONFIGS["phi3_fused_long"], n_ff=256)),
-    "deepseek2": ("family", dict(FAMILY_CONFIGS["deepseek2_v3"], n_ff=256, n_ff_exp=256)),
-    "gemma4": ("family", dict(FAMILY_CONFIGS["gemma4_moe"], n_ff=256, n_ff_exp=256)),
-    "qwen35": ("hybrid", dict(HYBRID_CONFIGS["qwen35"], n_ff=256)),
-    "qwen35moe": ("hybrid", dict(HYBRID_CONFIGS["qwen35moe"], n_ff_exp=256, n_ff_sh=256)),
-    "granitehybrid": ("granite", dict(GRANITE_CONFIGS["granitehybrid_moe"], n_ff=256, n_ff_shexp=256)),
-}
-
-
-def arch_gguf(name, path, tokenizer=None, quantize=True, **changes):
-    """Write the ARCH_CONFIGS model `name` to path, quantized where its shapes allow
-    (_quantized_writer: its F32 twin goes to `{path}.twin.gguf`) unless quantize is False;
-    `changes` override the config (the writers' bad-input options: keys/meta, drop, shapes)."""
-    kind, cfg = ARCH_CONFIGS[name]
-    write = {"family": family_gguf, "hybrid": hybrid_gguf, "granite": granite_gguf}[kind]
-    write(str(path), tokenizer=tokenizer, quantize=quantize, **dict(cfg, **changes))
-    return str(path)
+        entries = [*entries, ("tokenizer.chat_template", chat_template, GGUFValueType.STRING, None)]
+    written = write_gguf(path, arch, keys, init, tokenizer=entries, has=has,
+                         layout=arch if arch in TINY_ARCHS else "llama")
+    return {name: (gguf.quants.dequantize(a, raw) if raw is not None else a).astype(np.float64)
+            for name, (a, raw) in written.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -1343,9 +989,9 @@ def main(argv=None, qwen2_vocab=None):
     p.add_argument("--vocab", default=qwen2_vocab, required=qwen2_vocab is None,
                    help=f"GGUF or dump-vocab .npz with the Qwen2 vocabulary (default: {qwen2_vocab})")
     p.add_argument("--seed", type=int, default=0)
-    p = sub.add_parser("hybrid", help="a tiny F32 recurrent hybrid (qwen35, qwen35moe, granitehybrid)")
+    p = sub.add_parser("example", help="an architecture's example (models/<arch>.py EXAMPLES)")
     p.add_argument("out")
-    p.add_argument("--config", required=True, choices=sorted(HYBRID_CONFIGS) + sorted(GRANITE_CONFIGS))
+    p.add_argument("--name", required=True, choices=sorted(examples()))
     p.add_argument("--tokenizer", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
     p = sub.add_parser("dump-vocab", help="save a GGUF's tokenizer as a compact .npz (for qwen3-shaped)")
     p.add_argument("gguf", help="e.g. llama.cpp's models/ggml-vocab-qwen2.gguf")
@@ -1366,12 +1012,8 @@ def main(argv=None, qwen2_vocab=None):
         from reflex_ipc.modelpath import resolve_model
 
         print(tokenizer_only(a.src or resolve_model("smollm2"), a.out))
-    elif a.cmd == "hybrid":
-        if a.config in HYBRID_CONFIGS:
-            hybrid_gguf(a.out, tokenizer=a.tokenizer, **HYBRID_CONFIGS[a.config])
-        else:
-            granite_gguf(a.out, tokenizer=a.tokenizer, **GRANITE_CONFIGS[a.config])
-        print(a.out)
+    elif a.cmd == "example":
+        print(example_gguf(a.name, a.out, tokenizer=a.tokenizer))
     elif a.cmd == "qwen3-shaped":
         t0 = time.perf_counter()
         qwen3_shaped(a.out, a.type, a.vocab, a.seed)

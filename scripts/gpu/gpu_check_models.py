@@ -1,10 +1,10 @@
 """Whole models on the CUDA backend against the numpy backend (imported by scripts/gpu/gpu-check).
 
 For each GGUF (SmolLM2 when present, synthetic llama/qwen2/qwen3/gemma3 made with
-reflex_ipc.testing.synthetic.mixed_model, and the attention-side families of
-synthetic.family_gguf (qwen3moe, phi3 fused/split, deepseek2 V2/V3, gemma4 dense/MoE/E2B/fused
-qkv; Q8_0 where rows allow, else F32), and synthetic.arch_gguf's qwen3moe and phi3 (Q8_0, Q4_K
-and Q6_K matrices)):
+reflex_ipc.testing.synthetic.mixed_model, and every architecture's examples
+(models/<arch>.py EXAMPLES, synthetic.example_gguf: example_paths; Q8_0 where rows allow,
+else F32, the recurrent hybrids F32), and the quantized examples of qwen3moe and phi3 (Q8_0,
+Q4_K and Q6_K matrices)):
 - backend level: the same model module on NumpyOps and on CudaOps. First-step logits
   must agree within 1e-2 x max|logit|; greedy 32-token continuations (prefill the prompt,
   then one token at a time) must be identical, where a divergence passes only at a
@@ -14,9 +14,8 @@ and Q6_K matrices)):
   models marked `capturable = False`. Mixtures of experts run on the device, routing
   included, so qwen3moe goes through the graph too; _moe_variants() adds qwen3moe files with
   128 experts (8 used) and with Q4_0 experts.
-- deepseek2 (latent attention, YaRN; synthetic.FAMILY_CONFIGS' V2-Lite-like file without q
-  LoRA and softmax gating, and V3-like with q LoRA and sigmoid gating) is checked like the
-  others.
+- deepseek2 (latent attention, YaRN; its examples: a V2-Lite-like file without q LoRA and
+  softmax gating, and V3-like with q LoRA and sigmoid gating) is checked like the others.
 - gemma4 (dense, MoE, E2B-like per-layer embeddings and shared KV, fused qkv) is checked like
   the others (its 2026-11-30 mismatch: layer_output_scale read from the weight arena before the
   upload finished; CudaOps.to_numpy now waits for it). Architectures in models.NO_CUDA (none
@@ -26,8 +25,8 @@ and Q6_K matrices)):
   deepseek2, NUMPY_REF: the cpu backend runs them now, but its int8 activation rounding on
   their random quantized weights is chaotic noise beyond this check's 1% bound, and for
   architectures in models.NO_CPU), and `reflex stdio --device cuda` end to end.
-- recurrent hybrids (synthetic.hybrid_gguf / granite_gguf: qwen35, qwen35moe, granitehybrid dense
-  and MoE) go through all of the above, and `hybrid_checks`: a 500-token prompt prefilled on
+- recurrent hybrids (the examples of qwen35, qwen35moe, granitehybrid dense and MoE: RECURRENT)
+  go through all of the above, and `hybrid_checks`: a 500-token prompt prefilled on
   CUDA leaves the state (and logits) that 500 single-token CUDA steps leave (graph replays where
   the model is capturable) and that numpy's prefill leaves; system1 on CUDA equals scoring each
   candidate alone and numpy's log-probs, also with more candidates than one sequence group.
@@ -49,11 +48,11 @@ N_GEN = 32
 
 
 def _moe_variants():
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS
-
-    q = FAMILY_CONFIGS["qwen3moe"]
-    return {"qwen3moe_e128_k8": (dict(q, n_embd=64, n_ff_exp=32, n_expert=128, n_used=8), "Q8_0"),
-            "qwen3moe_q4_0": (dict(q, n_embd=64, n_ff_exp=64, n_expert=16, n_used=4, seed=3), "Q4_0")}
+    """qwen3moe with 128 experts (8 used) and with Q4_0 experts: {name: (example_gguf's options)}."""
+    return {"qwen3moe_e128_k8": dict(keys={"embedding_length": 64, "expert_feed_forward_length": 32,
+                                           "expert_count": 128, "expert_used_count": 8}, qtype="Q8_0"),
+            "qwen3moe_q4_0": dict(keys={"embedding_length": 64, "expert_feed_forward_length": 64, "expert_count": 16,
+                                        "expert_used_count": 4}, seed=3, qtype="Q4_0")}
 
 
 def _batch(ops, ids, pos0):
@@ -218,18 +217,26 @@ def _ref_device(path):
         return "numpy" if a in NO_CPU + NUMPY_REF or per_layer else "cpu"  # E2B-like: as before
 
 
-def hybrid_paths(syn, tok):
-    """The recurrent hybrids' synthetic GGUFs (F32 weights, SmolLM2's tokenizer via tok)."""
-    from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, granite_gguf, hybrid_gguf
+RECURRENT = ("qwen35", "qwen35moe", "granitehybrid")  # architectures with recurrent layers: hybrid_checks
 
-    out = []
-    for name, cfg in HYBRID_CONFIGS.items():
-        out.append(os.path.join(syn, f"hybrid-{name}.gguf"))
-        hybrid_gguf(out[-1], tokenizer=tok, **cfg)
-    for name, cfg in GRANITE_CONFIGS.items():
-        out.append(os.path.join(syn, f"hybrid-{name}.gguf"))
-        granite_gguf(out[-1], tokenizer=tok, **cfg)
-    return out
+
+def example_paths(syn, tok):
+    """Every architecture's examples (models/<arch>.py EXAMPLES, synthetic.example_gguf; SmolLM2's
+    tokenizer via tok): the F32 ones, Q8_0 where rows allow except the recurrent hybrids (F32,
+    "hybrid-" files: hybrid_checks), and the quantized (K-quant) ones of qwen3moe and phi3.
+    Returns (paths, [(name, path)] of those models.NO_CUDA refuses)."""
+    from reflex_ipc.models import NO_CUDA
+    from reflex_ipc.testing.synthetic import example_gguf, examples
+
+    paths, refused = [], []
+    for name, (arch, spec) in examples().items():
+        if spec.get("quantize") and arch not in ("qwen3moe", "phi3"):
+            continue
+        hybrid = arch in RECURRENT
+        path = os.path.join(syn, f"{'hybrid' if hybrid else 'family'}-{name.replace('@', '-')}.gguf")
+        example_gguf(name, path, tokenizer=tok, qtype=None if hybrid or spec.get("quantize") else "Q8_0")
+        (refused if arch in NO_CUDA else paths).append(path)
+    return paths, refused
 
 
 def _close(a, b, rel):
@@ -410,33 +417,20 @@ def run(model_dir=None):
         out = os.path.join(syn, f"allformats-{arch}.gguf")
         mixed_model(arch, tok, out)
         paths.append(out)
-    from reflex_ipc.testing.synthetic import FAMILY_CONFIGS, family_gguf
+    from reflex_ipc.testing.synthetic import example_gguf, examples
 
-    def refused(cfg):  # what the CUDA backend refuses (models.NO_CUDA)
-        from reflex_ipc.models import NO_CUDA
-
-        return cfg["arch"] in NO_CUDA
-
-    for name, cfg in FAMILY_CONFIGS.items():
-        if not refused(cfg):
-            paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype="Q8_0"))
-    for name, (cfg, qtype) in _moe_variants().items():
-        paths.append(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok, qtype=qtype))
-    paths += hybrid_paths(syn, tok)
-    # quantized where shapes allow, K-quant experts among them (synthetic.ARCH_CONFIGS, the files
-    # of tests/test_new_archs.py), for the seed architectures CUDA runs
-    from reflex_ipc.testing.synthetic import arch_gguf
-
-    paths += [arch_gguf(n, os.path.join(syn, f"arch-{n}.gguf"), tokenizer=tok) for n in ("qwen3moe", "phi3")]
+    found, refused = example_paths(syn, tok)
+    paths += found
+    for name, opts in _moe_variants().items():
+        paths.append(example_gguf("qwen3moe", os.path.join(syn, f"family-{name}.gguf"), tokenizer=tok, **opts))
     # norm vectors stored with a ggml trailing dim of 1 ([n, 1], Q8_0 here): loaded as vectors
-    cfg = FAMILY_CONFIGS["phi3_split_short"]
-    pad = {n: (1, cfg["n_embd"]) for n in ["output_norm.weight"] + [
-        f"blk.{i}.{k}.weight" for i in range(cfg["n_layer"]) for k in ("attn_norm", "ffn_norm")]}
-    paths.append(family_gguf(os.path.join(syn, "family-trailing1.gguf"), **cfg, tokenizer=tok,
-                             qtype="Q8_0", shapes=pad))
+    keys = examples()["phi3_split_short"][1]["keys"]
+    pad = {n: (1, keys["embedding_length"]) for n in ["output_norm.weight"] + [
+        f"blk.{i}.{k}.weight" for i in range(keys["block_count"]) for k in ("attn_norm", "ffn_norm")]}
+    paths.append(example_gguf("phi3_split_short", os.path.join(syn, "family-trailing1.gguf"), tokenizer=tok,
+                              qtype="Q8_0", shapes=pad))
     ops = CudaOps()
-    results = [expect_refusal(family_gguf(os.path.join(syn, f"family-{name}.gguf"), **cfg, tokenizer=tok), ops)
-               for name, cfg in FAMILY_CONFIGS.items() if refused(cfg)]
+    results = [expect_refusal(p, ops) for p in refused]
     for p in paths:
         try:
             results.append(compare_backend(p, ops))

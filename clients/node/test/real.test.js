@@ -97,6 +97,14 @@ test('chat, infill, logprobs, json_schema', async () => {
   await rejectsKind(c.chat(capital, { json_schema: { type: 'nope' } }), 'invalid_request', /json_schema/);
 });
 
+test('prefix_cache: false passes through (the prefix cache is neither read nor written)', async () => {
+  const long = 'word '.repeat(200);
+  const g = await c.generate({ prompt: long, max_tokens: 1, prefix_cache: false });
+  assert.equal(g.timings.prefix_cache_tokens, undefined);
+  const s = await c.system1({ prompt: long, candidates: [' a', ' b'], prefix_cache: false });
+  assert.equal(s.timings.prefix_cache_tokens, undefined);
+});
+
 test('sampling fields, n choices, thinking budget', async () => {
   const prompt = 'The capital of France is';
   const plain = await c.generate({ prompt, max_tokens: 6 });

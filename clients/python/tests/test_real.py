@@ -232,6 +232,16 @@ def test_classify(client):
     assert asyncio.run(main())["best"] == r["best"]
 
 
+def test_prefix_cache_switch(client):
+    """prefix_cache=False passes through: the machine's prefix cache is neither read nor
+    written (the result's timings then have no prefix_cache_tokens)."""
+    long = "word " * 200
+    r = client.generate(long, max_tokens=1, prefix_cache=False)
+    assert "prefix_cache_tokens" not in r["timings"]
+    s = client.system1(long, [" a", " b"], prefix_cache=False)
+    assert "prefix_cache_tokens" not in s["timings"]
+
+
 def test_sampling_fields_n_and_thinking(client):
     """The sampling parameters of issue 30 reach the server: penalties and logit_bias change
     greedy output, n gives choices (streamed with their index), a thinking budget needs a

@@ -88,7 +88,7 @@ def test_gemma3_ignores_attention_softcap_key_like_llamacpp(tmp_path):
     ops = NumpyOps()
     with GGUFFile(str(path)) as f:
         model = load_model(ops, f)
-        assert model.is_swa == [True, True, False]
+        assert [L.swa for L in model.layers] == [True, True, False]
         _, logits = _run(ops, model, IDS)
     ref = reference_logits(t, dict(cfg, attn_softcap=None), IDS)
     np.testing.assert_allclose(logits, ref, rtol=0, atol=2e-4 * np.abs(ref).max())
@@ -103,7 +103,7 @@ def test_gemma3_sliding_window_pattern_as_flags(tmp_path):
     ops = NumpyOps()
     with GGUFFile(str(path)) as f:
         model = load_model(ops, f)
-        assert model.is_swa == [False, True, True]
+        assert [L.swa for L in model.layers] == [False, True, True]
         _, logits = _run(ops, model, IDS)
     ref = reference_logits(t, cfg, IDS)
     np.testing.assert_allclose(logits, ref, rtol=0, atol=2e-4 * np.abs(ref).max())

@@ -49,7 +49,7 @@ from reflex_ipc import settings
 from reflex_ipc.testing.parity import (CPU_NOISE_FACTOR, EXACT_REL_TOL, LOGIT_REL_TOL, NOISE_FACTOR,  # noqa: F401
                                       TIE_REL, greedy_verdict, logit_error)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDENS = os.path.join(ROOT, "tests", "goldens")
 
 

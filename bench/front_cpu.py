@@ -20,6 +20,7 @@ Rounds alternate the trees (A B A B ...) and, within a round, the endpoints.
     python bench/front_cpu.py [--samples N] [--rounds R] [--endpoints a,b,...]
         [--trees A,B]          # source trees to compare (default: this checkout)
         [--modes process,inproc]
+        [--calls]              # also Python calls per request (cProfile, load-independent)
         [--profile]            # one process run of the first tree under cProfile: its top functions
         [--out DIR]            # write DIR/front_cpu-DATE-COMMIT.json
 """
@@ -233,6 +234,40 @@ def worker(rec_path, endpoints, samples, warmup):
     del asyncio
 
 
+def calls_worker(rec_path, endpoint, samples):
+    """Python function calls (cProfile: calls of Python functions and of builtins) on the
+    server thread over `samples` requests after the start-up; prints the JSON counts."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    worker(rec_path, [endpoint], samples, 0)
+    pr.disable()
+    py = builtin = 0
+    for (fn, _, _), (_, nc, _, _, _) in pstats.Stats(pr).stats.items():
+        if fn == "~":
+            builtin += nc
+        else:
+            py += nc
+    print(json.dumps({"python": py, "builtin": builtin}))
+
+
+def count_calls(tree, rec_path, endpoint, low=200, high=1200):
+    """Calls per request: the difference of two runs (high - low requests) / (high - low),
+    so start-up and warm-up cancel. Load does not change it."""
+    def run(n):
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--calls-worker", rec_path,
+                            "--endpoints", endpoint, "--samples", str(n)],
+                           env=tree_env(tree), capture_output=True, text=True, timeout=900, cwd="/")
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr[-3000:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    a, b = run(low), run(high)
+    return {k: round((b[k] - a[k]) / (high - low), 1) for k in a}
+
+
 def run_inproc(tree, rec_path, endpoints, samples, warmup):
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", rec_path, "--endpoints",
                         ",".join(endpoints), "--samples", str(samples), "--warmup", str(warmup)],
@@ -252,11 +287,15 @@ def main():
     ap.add_argument("--modes", default="process,inproc")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--calls", action="store_true", help="also count Python calls per request (cProfile)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--calls-worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     endpoints = a.endpoints.split(",")
     if a.worker:
         return worker(a.worker, endpoints, a.samples, a.warmup)
+    if a.calls_worker:
+        return calls_worker(a.calls_worker, endpoints[0], a.samples)
     trees = [os.path.abspath(t) for t in a.trees.split(",")]
     modes = a.modes.split(",")
     d = tempfile.mkdtemp(prefix="reflex-frontcpu-")
@@ -295,6 +334,11 @@ def main():
                     res["runs"][mode][t][e].append({"cpu_ms": cpu, "wall_p50_ms": wall})
                 print(f"round {rnd} {mode:8s} {os.path.basename(t) or t}: " +
                       ", ".join(f"{e} {out[e][0]:.3f}" for e in endpoints), flush=True)
+    if a.calls:
+        res["calls_per_request"] = {t: {e: count_calls(t, rec_path, e) for e in endpoints} for t in trees}
+        for t, per in res["calls_per_request"].items():
+            print(f"calls    {t}: " + ", ".join(f"{e} {c['python']:.0f} Python + {c['builtin']:.0f} builtin"
+                                             for e, c in per.items()))
     res["machine"]["uptime_after"] = H.uptime()
     res["summary"] = {m: {t: {e: {"cpu_ms_median": round(statistics.median(x["cpu_ms"] for x in v), 4),
                                   "cpu_ms_min": min(x["cpu_ms"] for x in v)}

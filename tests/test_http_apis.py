@@ -468,3 +468,31 @@ def test_responses_reasoning_items(thinker):
     _, off = _think_ref(engine, enable_thinking=False)
     r = oai.responses.create(**kw, reasoning={"effort": "none"})
     assert [o.type for o in r.output] == ["message"] and r.output_text == off
+
+
+def test_every_front_takes_the_engines_sampling_fields():
+    """Each generating front's request struct has every sampling parameter of the engine
+    (generation.Params) under its name (or its API's own name for it), so none can drift
+    out of a front; n only where the API answers several choices."""
+    import msgspec
+
+    from reflex_ipc.front import anthropic as A
+    from reflex_ipc.front import api
+    from reflex_ipc.front import responses as R
+    from reflex_ipc.generation import Params
+
+    sampling = set(Params.DEFAULTS) - {"max_tokens", "stop", "logprobs", "reasoning", "n_indent",
+                                       "t_max_predict_ms", "n"}
+    own = {  # the API's own names for an engine field
+        "messages": {"stop": "stop_sequences"},
+        "responses": {},
+    }
+    fronts = {"chat": (api.ChatRequest, sampling | {"n", "enable_thinking"}),
+              "completions": (api.CompletionRequest, sampling | {"n"}),
+              "messages": (A.MessagesRequest, sampling | {"enable_thinking"}),
+              "responses": (R.ResponsesRequest, sampling | {"enable_thinking"}),
+              "infill": (api.InfillRequest, sampling - {"logit_bias", "thinking_budget"})}
+    for name, (cls, want) in fronts.items():
+        fields = {f.name for f in msgspec.structs.fields(cls)}
+        missing = {f for f in want if f not in fields and own.get(name, {}).get(f) not in fields}
+        assert not missing, (name, missing)

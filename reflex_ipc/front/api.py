@@ -87,6 +87,7 @@ class _Sampling(Struct, kw_only=True):
     dry_allowed_length: Optional[int] = None
     dry_penalty_last_n: Optional[int] = None
     dry_sequence_breakers: Optional[list[str]] = None
+    thinking_budget: Optional[int] = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -117,7 +118,6 @@ class ChatRequest(_Sampling, kw_only=True):
     # reasoning models (the engine checks the values)
     reasoning_effort: Optional[str] = None
     enable_thinking: Optional[bool] = None
-    thinking_budget: Optional[int] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
@@ -186,7 +186,8 @@ def decode(body: bytes, cls):
 
 SAMPLING = ("top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "frequency_penalty",
             "presence_penalty", "logit_bias", "typical_p", "repeat_last_n", "dry_multiplier",
-            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+            "thinking_budget")
 
 
 def _common(req, default_max_tokens):
@@ -248,8 +249,6 @@ def chat_params(req: ChatRequest, default_max_tokens=512):
         thinking = req.reasoning_effort not in ("none", "minimal")
     if thinking is not None:
         p["enable_thinking"] = thinking
-    if req.thinking_budget is not None:
-        p["thinking_budget"] = req.thinking_budget
     if req.chat_template_kwargs is not None:
         p["chat_template_kwargs"] = req.chat_template_kwargs
     if req.logprobs:

@@ -1,40 +1,75 @@
 # The two set-up commands of README.md, run inside a virtual environment (README's
-# first step): `make demo` and `make test`. Each step says what it does before it runs.
+# first step): `make demo` and `make test`. Each step says what it does before it runs, and
+# a long one prints a line every 30 s while it runs (scripts/progress).
 PY ?= python3
 # -qq: errors only (this machine's pip configuration warns about every package that its local
 # index folders lack; a failure still prints pip's error and stops)
 PIP := $(PY) -m pip install -qq --disable-pip-version-check
+# pytest-xdist workers for `make test` (auto: one per core); tests are handed out one by one
+JOBS ?= auto
+# The parity oracle, llama-cpp-python, built from its sdist (PyPI has no Linux wheel of it):
+# only libllama and ggml's CPU backend, which is all its Python package loads for the tests;
+# no multimodal library (LLAVA_BUILD), no `common` library or HTTP client (scripts/oracle.cmake);
+# scikit-build-core builds the `llama` target and what it links (SKBUILD_BUILD_TARGETS).
+ORACLE := llama-cpp-python==0.3.36
+ORACLE_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/scripts/oracle.cmake
 export PY
+# Stamps in the environment's own folder: an install step runs again only in a new virtual
+# environment or when what it installs changed (`make test` after `make demo` skips the pip
+# step both start with)
+PREFIX := $(or $(shell $(PY) -c 'import sys; print(sys.prefix)' 2>/dev/null),.)
+STAMP := $(PREFIX)/.reflex-ipc-make
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard kernels/*.cu kernels/*.cuh kernels/build.py kernels/cpu/*.c kernels/cpu/*.h kernels/cpu/build.py)
 
-.PHONY: install install-test demo test wheel
+.PHONY: install install-test oracle demo test wheel
 
-install:
+install: $(STAMP).install
+	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
+	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
+	@echo "== byte-compile the checkout (an editable install is not; every reflex process, and the tests start hundreds, would compile it again)"
+	@$(PY) -m compileall -q -j 0 reflex_ipc clients/python/reflex_client >/dev/null
+
+$(STAMP).install: $(BUILD_INPUTS)
 	@bash scripts/setup-check python
 	@echo "== CUDA kernels: built only when something will use them (see kernels/build.py)"
 	@$(PY) kernels/build.py --auto >/dev/null
 	@echo "== pip install -e '.[chat]' (reflex-ipc, its runtime dependencies numpy, orjson, msgspec, and jinja2 for --chat)"
-	@$(PIP) -e '.[chat]'
-	@echo "== the default model: SmolLM2-135M-Instruct Q4_1 into reflex's cache (python -m reflex_ipc.defaultmodel)"
-	@$(PY) -m reflex_ipc.defaultmodel >/dev/null
+	@PROGRESS_EVERY=10 bash scripts/progress "pip install" $(PIP) -e '.[chat]'
+	@touch $@
 
 demo: install
-	@echo "== reflex generate --max-tokens 32 \"The three primary colors are\""
-	@reflex generate --max-tokens 32 "The three primary colors are"
+	@echo "== reflex generate --chat \"Name the three primary colors.\""
+	@reflex generate --chat "Name the three primary colors."
 
-install-test: install
+# The oracle first, on its own: pip reuses the wheel in its cache when an earlier build left
+# one there (seconds); else it builds it (about 4 minutes on 2 idle cores; the count of
+# compiled files is printed every 30 s) and caches the wheel for the next time.
+oracle:
+	@bash scripts/setup-check python
+	@if $(PY) -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != "0.3.36")' 2>/dev/null; then \
+	  echo "== the parity oracle $(ORACLE): installed"; \
+	else \
+	  echo "== the parity oracle $(ORACLE): from pip's cache, else built from its sdist (libllama and ggml only)"; \
+	  CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" SKBUILD_BUILD_TARGETS=llama bash scripts/progress "$(ORACLE)" \
+	    $(PY) -m pip install -v --disable-pip-version-check $(ORACLE); \
+	fi
+
+install-test: install oracle $(STAMP).test
 	@bash scripts/setup-check tools
-	@echo "== pip install -e '.[test]' and -e clients/python: pytest, hypothesis, jsonschema, gguf, the http"
-	@echo "   extra with openai, httpx and kubernetes-validate for reflex http's tests, and"
-	@echo "   llama-cpp-python 0.3.36 (the parity oracle). pip builds the oracle from its sdist unless"
-	@echo "   its cache holds the wheel of an earlier build: about 15 minutes on 2 cores, silent"
-	@echo "   (a line a minute says it is still running); later installs reuse the cached wheel."
-	@bash scripts/progress "pip install (test extra)" $(PIP) -e '.[test]' -e clients/python
+
+$(STAMP).test: $(STAMP).install clients/python/pyproject.toml
+	@echo "== pip install -e '.[test]' and -e clients/python: pytest (with pytest-xdist), hypothesis,"
+	@echo "   jsonschema, gguf, llguidance, the http extra with openai, httpx and kubernetes-validate"
+	@PROGRESS_EVERY=10 bash scripts/progress "pip install (test extra)" $(PIP) -e '.[test]' -e clients/python
+	@touch $@
 
 test: install-test
-	@echo "== pytest: engine, tokenizers vs llama.cpp's vectors, parity goldens, protocol"
-	$(PY) -m pytest -q
+	@echo "== pytest -n $(JOBS): engine, tokenizers vs llama.cpp's vectors, parity goldens, protocol"
+	@t=$$(date +%s); $(PY) -m pytest -n $(JOBS) -q; rc=$$?; \
+	  echo "   pytest: $$([ $$rc = 0 ] && echo done in || echo FAILED after) $$(( $$(date +%s) - t )) s"; exit $$rc
 	@echo "== the client suites (Node, Go, Python) and the README snippets, against a real reflex stdio"
-	bash clients/run-tests.sh
+	@t=$$(date +%s); bash clients/run-tests.sh; rc=$$?; \
+	  echo "   client suites: $$([ $$rc = 0 ] && echo done in || echo FAILED after) $$(( $$(date +%s) - t )) s"; exit $$rc
 
 # A wheel for other machines, in dist/: with the CUDA fatbin when nvcc is here (built
 # visibly first; REFLEX_BUILD_CUDA=0 leaves it out), without it otherwise.

@@ -4,10 +4,13 @@ For each tree (a folder put first on PYTHONPATH, so its reflex_ipc is imported b
 `reflex` console script), alternately:
 
   * `reflex stdio` (no model): ms from spawn to the ready line;
-  * `reflex generate --max-tokens 1 --device cpu --json PROMPT`: wall ms of the process
-    and its phase marks (main_args_parsed, first_token; launch = $REFLEX_T_LAUNCH);
+  * `reflex generate --max-tokens 1 --device cpu --json PROMPT` (--device, --model): wall ms of
+    the process, its CPU time (user + system, all threads: what a loaded machine's time
+    slices do not inflate) and its phase marks (main_args_parsed, first_token; launch =
+    $REFLEX_T_LAUNCH);
 
-and the paired ratio B/A of each. Results: one JSON file with every sample.
+and the paired ratio B/A of each, with `uptime`'s load averages around the runs. Results:
+one JSON file with every sample.
 
     python bench/cold_ab.py --a /tmp/tree-main --b . --runs 12 --out bench/results/x.json
 """
@@ -40,16 +43,21 @@ def ready_ms(tree):
     return t
 
 
-def generate(tree):
+def generate(tree, device="cpu", model=None):
+    import resource
+
     env = dict(os.environ, PYTHONPATH=tree, REFLEX_T_LAUNCH=str(time.time_ns()), REFLEX_DETACH="0")
     env.pop("REFLEX_MODEL", None)
+    argv = ["reflex", "generate", "--max-tokens", "1", "--device", device, "--json"]
+    argv += ["--model", model] if model else []
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run(["reflex", "generate", "--max-tokens", "1", "--device", "cpu", "--json",
-                          PROMPT], capture_output=True, env=env, check=True).stdout
+    out = subprocess.run(argv + [PROMPT], capture_output=True, env=env, check=True).stdout
     wall = (time.perf_counter() - t0) * 1e3
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     ph = json.loads(out)["timings"]["phases"]
-    return {"wall": wall, "main_args_parsed": ph.get("main_args_parsed"),
-            "first_token": ph.get("first_token")}
+    return {"wall": wall, "cpu": (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
+            "main_args_parsed": ph.get("main_args_parsed"), "first_token": ph.get("first_token")}
 
 
 def http_first_token(tree):
@@ -104,18 +112,23 @@ def main():
     p.add_argument("--out", help="write the results JSON here")
     p.add_argument("--http", action="store_true",
                    help="also a cold `reflex http` to its first streamed token (the http extra)")
+    p.add_argument("--device", default="cpu", help="generate's --device (default: %(default)s)")
+    p.add_argument("--model", help="generate's --model (default: smollm2)")
+    p.add_argument("--no-ready", action="store_true", help="only the generate runs")
     args = p.parse_args()
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
     uptime_before = uptime()
+    uptimes = [uptime_before]
     trees = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b)}
-    samples = {k: {"ready": [], "wall": [], "main_args_parsed": [], "first_token": [],
+    samples = {k: {"ready": [], "wall": [], "cpu": [], "main_args_parsed": [], "first_token": [],
                    **({"http_first_token": []} if args.http else {})} for k in trees}
     for i in range(args.runs):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
+        if not args.no_ready:
+            for k in order:
+                samples[k]["ready"].append(ready_ms(trees[k]))
         for k in order:
-            samples[k]["ready"].append(ready_ms(trees[k]))
-        for k in order:
-            for name, v in generate(trees[k]).items():
+            for name, v in generate(trees[k], args.device, args.model).items():
                 samples[k][name].append(v)
         if args.http:
             for k in order:
@@ -129,8 +142,9 @@ def main():
                        "uptime_after": uptime()},
            "trees": {k: {"path": v, "commit": getattr(args, f"{k}_commit") or commit(v)}
                      for k, v in trees.items()},
-           "runs": args.runs, "prompt": PROMPT,
-           "summary": {m: summary(samples["a"][m], samples["b"][m]) for m in samples["a"]},
+           "runs": args.runs, "prompt": PROMPT, "device": args.device, "model": args.model,
+           "uptime_before_after": uptimes + [uptime()],
+           "summary": {m: summary(samples["a"][m], samples["b"][m]) for m in samples["a"] if samples["a"][m]},
            "samples_ms": samples}
     text = json.dumps(res, indent=1)
     if args.out:

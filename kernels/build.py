@@ -70,10 +70,13 @@ def wanted_archs(nvcc):
     return supported_archs(nvcc)
 
 
-def nvcc_command(nvcc, archs, out):
+def nvcc_command(nvcc, archs, out, keep_dir=None):
+    """keep_dir: nvcc keeps its intermediate files there (the PTX of each target:
+    all.compute_<arch>.ptx; the tests read it instead of compiling the PTX again)."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
-    return [nvcc, "--fatbin", *FLAGS, *gencode, "-o", out, os.path.join(HERE, MAIN)]
+    keep = ["--keep", "--keep-dir", keep_dir] if keep_dir else []
+    return [nvcc, "--fatbin", *FLAGS, *gencode, *keep, "-o", out, os.path.join(HERE, MAIN)]
 
 
 def sources():
@@ -184,8 +187,9 @@ def check_abi():
         raise SystemExit(f"kernels: {e}") from None
 
 
-def build(out_dir, force=False, why="asked"):
-    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing."""
+def build(out_dir, force=False, why="asked", keep_dir=None):
+    """Build the fatbin into out_dir; returns its path, or None when nvcc is missing.
+    keep_dir: keep nvcc's intermediate files there (see nvcc_command)."""
     os.makedirs(out_dir, exist_ok=True)
     nvcc = find_nvcc()
     if not nvcc:
@@ -204,7 +208,9 @@ def build(out_dir, force=False, why="asked"):
     t0 = time.monotonic()
     check_abi()
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN))
+        if keep_dir:
+            os.makedirs(keep_dir, exist_ok=True)
+        cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN), keep_dir)
         _say(" ".join(cmd))
         subprocess.run(cmd, check=True)
         shutil.move(os.path.join(tmp, FATBIN), out)

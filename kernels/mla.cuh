@@ -116,11 +116,26 @@ RX_EXTERN void rope_yarn_f32(float* x, const int* pos, int N, int H, int hd, int
 // lane + 32t, t < MLA_MAXD, of q and of the key row (read once for the score and the value).
 #define MLA_WARPS 8
 #define MLA_MAXD 20  // dk <= 640 (DeepSeek: kv_lora_rank 512 + rope 64 = 576)
-RX_EXTERN void __launch_bounds__(32 * MLA_WARPS)
-mla_attention_split(const float* __restrict__ q, const __half* __restrict__ kc, float* __restrict__ part_ml,
-                    float* __restrict__ part_acc, const int* __restrict__ pos, const float* __restrict__ mask,
-                    int H, int dk, int dv, int n_kv, float scale, float softcap, int causal, int window,
-                    int chunk) {
+__device__ __forceinline__ float mla_load(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float mla_load(const float* p) { return *p; }
+
+// The latent cache in float32 (CudaOps.exact_kv_dtype, runtime.state.SlotSpec(exact=True)): the
+// f16 cache rounds the latent, which both keys and values are made of, to 11 bits (issue 32 item
+// 18: up to 7e-4 per token of system1 log-probs on a DeepSeek-V3-like model, where the numpy
+// backend is within 1e-6 of llama.cpp). kc[pos[n] * dk + d] = k[n * dk + d], k [N, 1, dk].
+RX_EXTERN void kv_store_latent_f32(const float* __restrict__ k, float* __restrict__ kc,
+                                   const int* __restrict__ pos, int N, int dk) {
+    GRID_STRIDE(i, (long long)N * dk) {
+        const int n = (int)(i / dk);
+        kc[(long long)pos[n] * dk + (i - (long long)n * dk)] = k[i];
+    }
+}
+
+template <typename KT>
+__device__ __forceinline__ void mla_split_body(
+    const float* __restrict__ q, const KT* __restrict__ kc, float* __restrict__ part_ml,
+    float* __restrict__ part_acc, const int* __restrict__ pos, const float* __restrict__ mask,
+    int H, int dk, int dv, int n_kv, float scale, float softcap, int causal, int window, int chunk) {
     const int h = blockIdx.x, n = blockIdx.y, sidx = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long slot = ((long long)n * H + h) * S + sidx;
@@ -145,13 +160,13 @@ mla_attention_split(const float* __restrict__ q, const __half* __restrict__ kc, 
     const float* mrow = mask ? mask + (long long)n * n_kv : nullptr;
     for (int j = lo + warp; j <= hi; j += MLA_WARPS) {
         if (mrow && mrow[j] == -INFINITY) continue;
-        const __half* kr = kc + (long long)j * dk;
+        const KT* kr = kc + (long long)j * dk;
         float kv[MLA_MAXD];
         float s = 0.f;
 #pragma unroll
         for (int t = 0; t < MLA_MAXD; t++) {
             const int d = lane + 32 * t;
-            kv[t] = d < dk ? __half2float(kr[d]) : 0.f;
+            kv[t] = d < dk ? mla_load(kr + d) : 0.f;
             s += qr[t] * kv[t];
         }
         s = warp_sum(s);
@@ -188,3 +203,15 @@ mla_attention_split(const float* __restrict__ q, const __half* __restrict__ kc, 
     }
     if (threadIdx.x == 0) { part_ml[2 * slot] = M; part_ml[2 * slot + 1] = L; }
 }
+
+// mla_attention_split over an f16 latent cache (kc) and over a float32 one (the _f32 kernel).
+#define RX_MLA_SPLIT(NAME, KT)                                                                        \
+    RX_EXTERN void __launch_bounds__(32 * MLA_WARPS) NAME(                                           \
+        const float* __restrict__ q, const KT* __restrict__ kc, float* __restrict__ part_ml,          \
+        float* __restrict__ part_acc, const int* __restrict__ pos, const float* __restrict__ mask,    \
+        int H, int dk, int dv, int n_kv, float scale, float softcap, int causal, int window, int chunk) { \
+        mla_split_body<KT>(q, kc, part_ml, part_acc, pos, mask, H, dk, dv, n_kv, scale, softcap, causal,  \
+                           window, chunk);                                                            \
+    }
+RX_MLA_SPLIT(mla_attention_split, __half)
+RX_MLA_SPLIT(mla_attention_split_f32, float)

@@ -120,14 +120,17 @@ class Model:
         self._name = None
 
     @classmethod
-    def load(cls, model=None, *, device="auto", n_ctx=None, lora=None) -> "Model":
+    def load(cls, model=None, *, device="auto", n_ctx=None, lora=None, start=None, gpu_now=True) -> "Model":
         """Load a GGUF (a path, an alias such as "smollm2", or None: $REFLEX_MODEL, else
         SmolLM2) on device "auto" (CUDA when usable, else the C CPU backend), "cpu", "cuda"
         or "numpy"; n_ctx: the context (default: the model's trained context, at most
-        4096); lora: adapters ["FILE[:SCALE]", ...] applied at load."""
+        4096); lora: adapters ["FILE[:SCALE]", ...] applied at load. With "auto" on a CUDA
+        host the model answers on the cpu backend until CUDA is up (engine.load_runner:
+        start, default $REFLEX_START; gpu_now: bring CUDA up now or when a request asks)."""
         from .engine import load_runner
 
-        return cls(load_runner(model, device=device or "auto", n_ctx=n_ctx, lora=lora))
+        return cls(load_runner(model, device=device or "auto", n_ctx=n_ctx, lora=lora, start=start,
+                               gpu_now=gpu_now))
 
     # -- small things --------------------------------------------------------------------
     @property
@@ -181,10 +184,10 @@ class Model:
         gen = self._infill(req, on_token, should_cancel)
         return TokenStream(gen) if stream else _drain(gen)
 
-    def _chat_prompt(self, req, text_field="prompt"):
+    def _chat_prompt(self, req, text_field="prompt", should_cancel=None):
         from .ops._base import chat_prompt
 
-        return chat_prompt(self.runner, req, text_field)
+        return chat_prompt(self.runner, req, text_field, should_cancel)
 
     def _decode(self, req, prompt, on_token, should_cancel, reasoning=False, **kw):
         """The token events of runner.stream(prompt) with the request's decoding parameters,
@@ -214,7 +217,7 @@ class Model:
             req = _replace(req, tools=None)
         elif tools and req.tool_choice != "auto":
             req = _forced_call(self.runner, req)
-        prompt = self._chat_prompt(req)
+        prompt = self._chat_prompt(req, should_cancel=should_cancel)
         out = yield from self._decode(req, prompt, on_token, should_cancel,
                                       reasoning=req.messages is not None, **kv_args(req))
         if tools:
@@ -248,7 +251,7 @@ class Model:
         from .ops._base import kv_args
 
         t0 = time.perf_counter()
-        out = self.runner.system1(self._chat_prompt(req), list(req.candidates),
+        out = self.runner.system1(self._chat_prompt(req, should_cancel=should_cancel), list(req.candidates),
                                   temperature=req.temperature, should_cancel=should_cancel,
                                   cache_prompt=req.cache_prompt, **kv_args(req),
                                   **({} if req.prefix_cache else {"prefix_cache": False}))
@@ -291,7 +294,8 @@ class Model:
         protocol's tokenize (tokenize_result for all its fields)."""
         return self.tokenize_result(text, **fields)["token_ids"]
 
-    def tokenize_result(self, text=None, **fields) -> dict:
+    def tokenize_result(self, text=None, *, should_cancel=None, **fields) -> dict:
+        """tokenize's result; should_cancel() is polled while a chat template renders."""
         req = text if _is_struct(text) else None
         if req is None:
             if text is not None:
@@ -299,7 +303,7 @@ class Model:
         req = self._req("tokenize", req, fields)
         t0 = time.perf_counter()
         if req.messages is not None:
-            prompt = self._chat_prompt(req, "text")
+            prompt = self._chat_prompt(req, "text", should_cancel)
             ids = self.runner.tokenize(prompt, add_bos=None, parse_special=True)
             out = {"token_ids": list(ids), "prompt": prompt}
         else:

@@ -19,10 +19,12 @@ COMMANDS = {
     "system1": ("system1", "score candidate continuations in one forward pass"),
     "embed": ("embed", "pooled hidden-state embeddings"),
     "tokenize": ("tokenize", "tokenize text with the model's tokenizer"),
+    "detokenize": ("detokenize", "the text of token ids (the inverse of tokenize)"),
     "inspect": ("inspect", "show a GGUF file's architecture, hyperparameters and tensors"),
     "check": ("check", "greedy generation checked against a reference file (for CI)"),
     "smoke": ("smoke", "load the CUDA kernels, launch one, report timings"),
-    "doctor": ("doctor", "report GPU, driver, pycuda, kernel images, NVML"),
+    "doctor": ("doctor", "report the backend --device auto picks and why, the C kernels, and "
+                         "CUDA (GPU, driver, pycuda, kernel images)"),
     "bench": ("bench", "cold-start, warm and decode benchmarks"),
     "cache": ("cache", "the prefix cache of saved prompt states: ls, clear"),
 }
@@ -43,17 +45,25 @@ def _device_arg(args):
 
 
 def _start_cuda_init(args):
-    """Begin cuInit + context + kernel load now, overlapping the imports and the model load,
-    unless --device cpu."""
+    """Begin cuInit + context now, overlapping the imports and the model load, unless --device
+    cpu. With --device cuda (and auto with REFLEX_START=gpu) the pycuda side (import, kernel
+    load) starts now too; with auto it starts once the engine knows it wants the GPU (after
+    numpy, which it imports too): a request the cpu backend answers first never waits for it
+    (reflex_ipc/startrule.py)."""
     dev = _device_arg(args)
     if dev in ("cpu", "numpy"):
         return
-    from .cuda import device_index, start_init
+    from . import settings
+    from .cuda import device_index, start_driver, start_init
 
     try:
-        start_init(device_index(dev))
+        index = device_index(dev)
     except ValueError:
-        pass  # a bad --device value: argparse reports it
+        return  # a bad --device value: argparse reports it
+    if dev == "auto" and settings.get().start != "gpu":
+        start_driver(index)
+    else:
+        start_init(index)
 
 
 def _usage(out):
@@ -153,6 +163,8 @@ def main(argv=None) -> int:
     done = _detach() if _detach_wanted(args) else None
     try:
         rc = _main(args)
+    except BrokenPipeError:
+        rc = _closed_stdout()
     except SystemExit as e:  # argparse's --help and usage errors
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         if not isinstance(e.code, (int, type(None))):
@@ -166,6 +178,8 @@ def main(argv=None) -> int:
         try:
             if stream is not None:  # None: the fd was closed when we started
                 stream.flush()
+        except BrokenPipeError:
+            rc = rc or _closed_stdout()
         except (OSError, ValueError):
             pass  # a vanished reader: nothing left to tell it
     _EXIT_STATUS[0] = rc or 0
@@ -188,7 +202,31 @@ def main(argv=None) -> int:
     os._exit(rc or 0)
 
 
+# the exit status of a command whose reader went away (`reflex inspect | head`): the one a
+# process killed by SIGPIPE reports to the shell (128 + 13), with nothing printed
+EXIT_CLOSED_STDOUT = 141
+
+
+def _closed_stdout() -> int:
+    """The reader of stdout has gone: say nothing more (Python would print a
+    BrokenPipeError when it flushes stdout at exit: stdout now points at /dev/null)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_CLOSED_STDOUT
+
+
 def _main(argv) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+def _run(argv) -> int:
     from . import phases  # noqa: F401  (starts the clock: import it first)
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -222,7 +260,8 @@ def _main(argv) -> int:
             raise UsageError(self, message)
 
     mod = importlib.import_module(f"reflex_ipc.commands.{COMMANDS[name][0]}")
-    parser = Parser(prog=f"reflex {name}", description=COMMANDS[name][1])
+    parser = Parser(prog=f"reflex {name}", description=COMMANDS[name][1], epilog=examples(mod, name),
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     if getattr(mod, "MULTI", False):
         mod.add_arguments(parser, name)
     else:
@@ -238,6 +277,8 @@ def _main(argv) -> int:
         return _fail(name, "invalid_request", e.message, as_json)
     except KeyboardInterrupt:
         return _fail(name, "cancelled", "interrupted", as_json)
+    except BrokenPipeError:
+        raise  # stdout's reader left: _main exits quietly
     except Exception as e:  # noqa: BLE001  (every failure: one message, one exit code)
         from .errors import error_kind
 
@@ -248,6 +289,15 @@ def _main(argv) -> int:
             traceback.print_exc()
         msg = getattr(e, "message", None) or str(e) or type(e).__name__
         return _fail(name, kind, msg, as_json)
+
+
+def examples(mod, name):
+    """The command's examples for the end of its --help: the module's EXAMPLES (a text, or
+    {command: text} for a module with several commands)."""
+    ex = getattr(mod, "EXAMPLES", None)
+    if isinstance(ex, dict):
+        ex = ex.get(name)
+    return f"examples:\n{ex}" if ex else None
 
 
 class UsageError(Exception):

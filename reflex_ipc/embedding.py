@@ -27,6 +27,7 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None,
         raise ReflexError("invalid_request", "no texts to embed")
     check = runner._checker(should_cancel)
     vectors, n_tokens = [], []
+    all_ids = []
     tail_only = pooling == "last"
     from .runtime import prefixstore
 
@@ -41,6 +42,9 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None,
         if len(ids) > runner.n_ctx:
             raise ReflexError("context_overflow", f"text {i}: {len(ids)} tokens exceed the "
                               f"context of {runner.n_ctx}")
+        all_ids.append(ids)
+    start = runner.start_request("embed", sum(len(x) for x in all_ids), 0, one_pass=True)
+    for ids in all_ids:
         acc = first = last = None
         for h in runner.exec.hidden(ids, check=check, reuse=tail_only):
             h = runner.ops.to_numpy(h).astype(np.float64)
@@ -55,5 +59,11 @@ def embed(runner, texts, *, pooling="mean", normalize=False, should_cancel=None,
         n_tokens.append(len(ids))
     t_end = time.perf_counter()
     prefixstore.end(runner, timings)
-    return {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
-            "timings": {"total": _ms(t0, t_end), **timings}}
+    out = {"embeddings": vectors, "dim": len(vectors[0]), "n_tokens": n_tokens,
+           "timings": {"total": _ms(t0, t_end), **timings}}
+    if start is not None:
+        start = {**start, "steps": [{"backend": runner.ops.name, "tokens": len(all_ids)}]}
+        for k, v in (start.get("est_ms") or {}).items():
+            out["timings"][f"start_est_{k}"] = v
+        out["start"] = start
+    return out

@@ -23,7 +23,11 @@ Two ways to apply them, chosen per backend (`$REFLEX_LORA=merge|runtime` overrid
 
 Mismatches between adapter and base (architecture, a tensor the base lacks or the model does
 not use, shapes, ranks) are `invalid_request` naming the tensor; a file that is not a LoRA
-adapter is `invalid_request` too, a malformed one `gguf_error`.
+adapter is `invalid_request` too, a malformed one `gguf_error`: a rank of 0, values that are
+NaN or infinite, or values and an alpha that could change a weight by more than MAX_DELTA
+(the bound |c| * max_o |B[o, :]| * max_i |A[:, i]|, Cauchy-Schwarz on every entry of c B A;
+real adapters stay below 1). A user scale that takes a sane adapter past that bound is
+`invalid_request`. All of it is checked at load, before any weight is touched.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import os
 from .errors import ReflexError
 
 MODES = ("merge", "runtime")
+MAX_DELTA = 1e4  # the most an adapter may change one weight entry (see the docstring)
 
 
 def parse_spec(text):
@@ -78,6 +83,7 @@ class Adapter:
         self.path, self.scale, self.f = path, scale, f
         self.alpha = 0.0
         self.pairs = {}
+        self.bounds = {}  # base name -> max_o |B[o, :]| * max_i |A[:, i]| (2-norms)
 
     def factor(self, name):
         """c = scale * alpha / rank (scale when alpha is 0) for the base tensor `name`."""
@@ -156,7 +162,33 @@ def _check(ad, base):
         if a.shape[0] != n_in or b.shape[1] != n_out:
             raise bad(f"{stem}: lora_a {list(a.shape)} / lora_b {list(b.shape)} do not fit the model's "
                       f"{list(w.shape)} (ggml order)")
+        if a.shape[1] < 1:
+            raise bad(f"{stem}: rank 0 (lora_a {list(a.shape)}, lora_b {list(b.shape)})", "gguf_error")
         ad.pairs[stem] = (a, b)
+        ad.bounds[stem] = _bound(f, a, b, lambda msg: bad(f"{stem}: {msg}", "gguf_error"))
+    for stem in ad.pairs:  # the file's own values first (whatever the scale), then the scale's
+        own = abs(ad.alpha / ad.pairs[stem][1].shape[0] if ad.alpha else 1.0) * ad.bounds[stem]
+        if not own <= MAX_DELTA:  # NaN too
+            raise bad(f"{stem}: its values and alpha {ad.alpha:g} could change a weight by "
+                      f"{own:.3g}; the limit is {MAX_DELTA:g}", "gguf_error")
+        delta = abs(ad.factor(stem)) * ad.bounds[stem]
+        if not delta <= MAX_DELTA:
+            raise bad(f"the scale {ad.scale:g} makes {stem} change a weight by up to {delta:.3g}; "
+                      f"the limit is {MAX_DELTA:g}")
+
+
+def _bound(f, ta, tb, bad):
+    """max_o |B[o, :]|_2 * max_i |A[:, i]|_2 of one pair, after checking that every value
+    is finite (raises bad(msg))."""
+    import numpy as np
+
+    out = 1.0
+    for t, axis in ((ta, 0), (tb, 1)):  # A [r, n_in]: columns; B [n_out, r]: rows
+        x = _host(f, t).astype(np.float64)
+        if not np.isfinite(x).all():
+            raise bad(f"{t.name} holds NaN or infinite values")
+        out *= float(np.sqrt((x * x).sum(axis=axis)).max()) if x.size else 0.0
+    return out
 
 
 def digest(ad):

@@ -26,7 +26,7 @@ class _Entry:
     """One cached runner: the file it came from (path and identity), its lease fd."""
 
     __slots__ = ("runner", "info", "path", "ident", "device", "nbytes", "lease_fd", "keys",
-                 "lora", "api")
+                 "lora", "api", "asked", "settled")
 
     def __init__(self, runner, info, path, ident, device, nbytes, lease_fd):
         self.runner, self.info, self.path, self.ident = runner, info, path, ident
@@ -34,6 +34,8 @@ class _Entry:
         self.keys = []
         self.lora = None
         self.api = None  # its api.Model, made by the first op that runs on it
+        self.asked = device  # the device it was asked for ("auto" resolves in _settle)
+        self.settled = False
 
 
 def file_identity(path):
@@ -229,6 +231,12 @@ class ModelCache:
         for k in e.keys:  # most recently used last
             self.entries[k] = self.entries.pop(k)
 
+    def _adapter_identity(self, path):
+        try:
+            return self._identify(path)
+        except Exception:  # noqa: BLE001  (a missing adapter: loading it names the error)
+            return None
+
     def runner_for(self, model, device, timings, use_active=True, lora=None):
         """The runner for (model, device), loading it when not cached. Either
         left out means the active model's (with use_active, and one is
@@ -251,11 +259,15 @@ class ModelCache:
         if device == "auto" and self.auto_device:
             device = self.auto_device
         ident = self._identify(path)
-        key = (ident, device) + ((lora,) if lora else ())
+        # adapters by path, scale and their file's identity: one rewritten in place is loaded
+        # again, as a model file is (the fuzz suite found a stale adapter served; issue 32)
+        key = (ident, device) + ((tuple((p, sc, self._adapter_identity(p)) for p, sc in lora),) if lora else ())
         e = self.entries.get(key)
         if e is not None and e.lease_fd is not None and _lease_broken(e.lease_fd):
             self._evict(e)
             e = None
+        if e is None:
+            e = self._coming(ident, device, key[2:])
         if e is None:
             self._evict_stale(path, ident)
             # a lease only with our SIGIO handler in place (SIGIO's default action kills)
@@ -278,22 +290,54 @@ class ModelCache:
             e = _Entry(runner, info, path, ident, device, nbytes, lease)
             e.lora = lora
             self._add(e, key)
-            # "auto" (or "cuda") resolved to a concrete device: cache it under
-            # that name too, so naming it later finds this runner.
-            real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
-            if info.get("backend") == "numpy":
-                real = "numpy"  # the oracle (asked for, or what auto gives a numpy-only model)
-            if real and real != device:
-                if (ident, real) + key[2:] not in self.entries:
-                    self._add(e, (ident, real) + key[2:])
-                if device == "auto" and real != "numpy":
-                    self.auto_device = real  # what "auto" means on this machine
+            e.asked = device
+            self._settle(e)
             self._make_room(e)
         else:
             self._touch(e)
+            self._settle(e)
         if self._active is None or self._active not in self.entries:
             self.active = key
         return key, e.runner
+
+    def _coming(self, ident, device, rest):
+        """A runner of this file serving on the cpu backend while `device` (e.g. "cuda") comes
+        up for it: a request naming that device waits for it rather than loading the file on
+        it a second time. None when there is none."""
+        for e in self._unique_entries():
+            lb = getattr(e.runner, "pending", None)
+            if e.ident == ident and lb is not None and lb.name == device and tuple(e.keys[0][2:]) == tuple(rest):
+                e.runner.adopt(wait=True)
+                if e.runner.ops.name != device:
+                    return None  # it failed to come up: load as asked (and report why)
+                self._settle(e)
+                self._touch(e)
+                return e
+        return None
+
+    def _settle(self, e):
+        """"auto" (or "cuda") resolved to a concrete device: cache the runner under that name
+        too, so naming it later finds it. A runner still waiting for its GPU (engine: it
+        serves on the cpu backend meanwhile) settles once it has moved (or given up)."""
+        runner = e.runner
+        if e.settled or runner is None:
+            return
+        if getattr(runner, "pending", None) is not None or getattr(runner, "want_gpu", None) is not None:
+            return
+        e.settled = True
+        info = dict(runner.info())
+        e.info = info
+        for k in e.keys:
+            self.infos[k] = info
+        device, ident, key = e.asked, e.ident, e.keys[0]
+        real = info.get("device") or _BACKEND_DEVICE.get(info.get("backend"))
+        if info.get("backend") == "numpy":
+            real = "numpy"  # the oracle (asked for, or what auto gives a numpy-only model)
+        if real and real != device:
+            if (ident, real) + key[2:] not in self.entries:
+                self._add(e, (ident, real) + key[2:])
+            if device == "auto" and real != "numpy":
+                self.auto_device = real  # what "auto" means on this machine
 
     def api_model(self, key, runner):
         """The api.Model over the runner cached under key (one per loaded model)."""
@@ -325,7 +369,14 @@ class ModelCache:
         self.runner_for(self.default_model, self.default_device, timings, lora=lora)
 
     def active_info(self):
-        return self.infos.get(self.active, {}) if self.active else {}
+        if not self.active:
+            return {}
+        e = self.entries.get(self.active)
+        if e is not None and not e.settled and e.runner is not None:
+            self._settle(e)
+            if not e.settled:  # serving on the cpu backend while its GPU comes up
+                return dict(e.runner.info())
+        return self.infos.get(self.active, {})
 
     def listing(self) -> list:
         """hello's `models`: each loaded model once, with the path it was loaded from."""

@@ -19,7 +19,7 @@ def _bad(msg):
 
 
 def chat_text(runner, messages, *, tools=None, chat_template=None, add_generation_prompt=True,
-              chat_template_kwargs=None) -> str:
+              chat_template_kwargs=None, should_cancel=None) -> str:
     """The conversation rendered with the model's template, as the text that the
     runner's tokenizer (special tokens parsed, the vocabulary's BOS/EOS flags) turns
     into llama.cpp's chat-path ids."""
@@ -32,12 +32,13 @@ def chat_text(runner, messages, *, tools=None, chat_template=None, add_generatio
             messages = object_arguments(messages)
     text = chat.render(runner.tok, runner.f, messages, tools=tools,
                        add_generation_prompt=add_generation_prompt, chat_template=chat_template,
-                       chat_template_kwargs=chat_template_kwargs)
+                       chat_template_kwargs=chat_template_kwargs, should_cancel=should_cancel)
     return chat.strip_specials(runner.tok, text)
 
 
 def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=None,
-              add_generation_prompt=True, chat_template_kwargs=None, enable_thinking=None) -> str:
+              add_generation_prompt=True, chat_template_kwargs=None, enable_thinking=None,
+              should_cancel=None) -> str:
     """The prompt text of a request with exactly one of `prompt` / `messages`."""
     if (prompt is None) == (messages is None):
         raise _bad("give exactly one of `prompt` and `messages`")
@@ -55,7 +56,7 @@ def prompt_of(runner, *, prompt=None, messages=None, tools=None, chat_template=N
         chat_template_kwargs = kw
     return chat_text(runner, messages, tools=tools, chat_template=chat_template,
                      add_generation_prompt=add_generation_prompt,
-                     chat_template_kwargs=chat_template_kwargs)
+                     chat_template_kwargs=chat_template_kwargs, should_cancel=should_cancel)
 
 
 def infill_ids(runner, prefix, suffix, *, input_extra=None, prompt="", max_tokens=64,

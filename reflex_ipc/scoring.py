@@ -89,6 +89,14 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
         raise ReflexError("context_overflow", f"{P} prompt tokens + {M} candidate tokens exceed "
                           f"the context of {runner.n_ctx}")
     ex = runner.exec
+    start = None
+    if runner.pending is not None or runner.want_gpu is not None:
+        from .runtime.executor import common_prefix
+
+        held0 = 0 if sf is not None or not cache_prompt else min(common_prefix(ex.tokens, p_ids), P - 1)
+        start = runner.start_request("system1", P - (sf.n_tokens if sf is not None else held0) + M, 0,
+                                     one_pass=True)
+        ex = runner.exec
     if sf is not None:
         t_imp = time.perf_counter()
         runner._restore(sf, room=P - sf.n_tokens + M)
@@ -105,6 +113,7 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
     key_pos = np.concatenate([np.arange(P), P + within])  # the position of every slot
     mine = (owner[:, None] == owner[None, :]) & (within[None, :] <= within[:, None])
     recurrent = ex.recurrent
+    runner.f.release_metadata()  # what the request's set-up read of the vocabulary: not held
     held = ex.begin(p_ids, room=M, reuse=cache_prompt) if not recurrent else 0
     if not recurrent and P - held + M <= ex.chunk:
         # one pass over the prompt tokens not held and the candidates: the prompt causal,
@@ -183,6 +192,9 @@ def _system1(runner, prompt, candidates, temperature, check, cache_prompt, sf, k
     from .runtime import prefixstore
 
     prefixstore.end(runner, extra_t)
+    if start is not None:
+        extra_out["start"] = {**start, "steps": [{"backend": runner.ops.name, "tokens": 1}]}
+        extra_t.update({f"start_est_{k}": v for k, v in (start.get("est_ms") or {}).items()})
     return {
         **extra_out,
         "candidates": out,

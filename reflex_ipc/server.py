@@ -165,6 +165,8 @@ class Server:
         ready = {"event": "ready", "id": None, "protocol": PROTOCOL, "version": __version__,
                  "pid": os.getpid(), "backend": info.get("backend"), "model": info.get("model"),
                  "timings": timings}
+        if info.get("next_backend"):  # serving on the cpu backend while the GPU comes up
+            ready["next_backend"] = info["next_backend"]
         return (_tiny_json(ready) + "\n").encode("utf-8")
 
     def serve_conn(self, conn) -> None:

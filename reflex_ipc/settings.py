@@ -57,15 +57,21 @@ TABLE = (
     ("REFLEX_T_LAUNCH", "int", None, "cli",
      "Set by benchmark harnesses (`reflex bench`): the spawn time (time.time_ns()), origin of "
      "the phase marks."),
+    ("REFLEX_START", ("auto", "cpu", "gpu", "race"), "auto", "engine",
+     "With `--device auto` on a CUDA host, where a request that comes before the GPU is ready "
+     "runs: `cpu` on the cpu backend, `gpu` waits for the GPU, `race` starts on the cpu backend and "
+     "moves a generation to the GPU once it is ready, `auto` picks by the measured rule "
+     "(reflex_ipc/startrule.py)."),
     ("REFLEX_API_KEY", "text", None, "http",
      "`reflex http`'s bearer key when `--api-key` is not given (unset: no key)."),
     # the cpu backend
     ("REFLEX_CPU_THREADS", "count", None, "cpu, numpy",
      "Threads of the cpu backend (unset: the physical cores) and BLAS threads of the numpy "
      "backend (unset: 1)."),
-    ("REFLEX_CPU_ISA", ("auto", "generic", "avx2"), "auto", "cpu",
+    ("REFLEX_CPU_ISA", ("auto", "generic", "avx2", "neon", "dotprod"), "auto", "cpu",
      "The cpu backend's kernel set: `generic` forces the portable C, `avx2` the AVX2 kernels "
-     "without AVX-512 VNNI (tests compare them)."),
+     "without AVX-512 VNNI, `neon` / `dotprod` the aarch64 kernels without dotprod / i8mm "
+     "(tests compare them)."),
     ("REFLEX_CPU_GRAPH", "flag", True, "cpu",
      "The cpu backend replays recorded decode steps and small passes in one C call (0: every "
      "op called from Python). The cpu backend only."),

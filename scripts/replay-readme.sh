@@ -4,10 +4,15 @@
 #   2. the commands of README's set-up block (the ```sh block under "## Set-up"), line by
 #      line, each timed: the virtual environment, `make demo`, `make test`;
 #   3. checks: every command exited 0; nothing printed an ERROR/Traceback line; `pip check`
-#      is clean in the venv; the demo printed a generation;
+#      is clean in the venv; the demo answered its question (the three primary colours);
+#      `make test` stayed within its budget: 15 minutes when pip's cache had no oracle wheel
+#      (it was built), 8 when it had one (REPLAY_TEST_BUDGET=SECONDS overrides), enforced
+#      when the load average before it was below the core count, else only reported (a
+#      machine shared with other work is slower for reasons that are not the suite's); the
+#      docs' questions are answered right: tests/test_default_answers.py, inside make test;
 #   4. the wheel: `make wheel` (with the CUDA fatbin when nvcc is on PATH), installed into
 #      another fresh venv with the default model, then a generate run from that venv
-#      outside the checkout.
+#      outside the checkout, whose answer to "The capital of France is" must name Paris.
 # The reflex cache (REFLEX_CACHE: default model, tokenizer caches, llama.cpp's test
 # vectors) is a fresh folder too; pip's own cache is the user's, so a wheel that pip built
 # before (llama-cpp-python: ~15 minutes on 2 cores) is reused, as it would be for them.
@@ -36,15 +41,22 @@ mapfile -t CMDS < <(awk '/^## Set-up/ {s=1} s && /^```sh/ {b=1; next} b && /^```
   | sed 's/[[:space:]]*#.*$//' | grep -v '^[[:space:]]*$')
 [ ${#CMDS[@]} -ge 3 ] || fail "README.md's set-up block has ${#CMDS[@]} commands"
 # the set-up block runs in one shell, so that its `. .venv/bin/activate` carries over
+oracle_cached=0
+python3 -m pip cache list 2>/dev/null | grep -q 'llama_cpp_python-0.3.36-' && oracle_cached=1
+test_load=
 for c in "${CMDS[@]}"; do
-  case $c in "make test"*) [ $DEMO_ONLY = 1 ] && { echo "replay: skipping '$c' (--demo-only)"; continue; } ;; esac
-  echo "replay: \$ $c"
+  case $c in "make test"*) [ $DEMO_ONLY = 1 ] && { echo "replay: skipping '$c' (--demo-only)"; continue; }
+    test_load=$(cut -d' ' -f1 /proc/loadavg) ;; esac
+  echo "replay: \$ $c  (load average $(cut -d' ' -f1-3 /proc/loadavg))"
   start=$SECONDS
   # not a pipe: the command runs in this shell (its `. .venv/bin/activate` must stay)
   eval "$c" > >(tee -a "$WORK/setup.log") 2>&1
   rc=$?
-  times+=("$(printf '%5d s  %s' $((SECONDS - start)) "$c")")
+  took=$((SECONDS - start))
+  times+=("$(printf '%5d s  %s' $took "$c")")
+  echo "replay: '$c' took $took s (exit $rc; load average now $(cut -d' ' -f1-3 /proc/loadavg))"
   [ "$rc" = 0 ] || fail "'$c' exited $rc"
+  case $c in "make test"*) test_took=$took ;; esac
 done
 
 # the outcome
@@ -54,9 +66,20 @@ if grep -nE '^(ERROR|error)\b|Traceback \(most recent' "$WORK/setup.log"; then
 fi
 python -m pip check || fail "pip check"
 python -m pip show -q llm >/dev/null 2>&1 && fail "the set-up installed the llm tool"
-awk '/^== reflex generate/ {getline; print; exit}' "$WORK/setup.log" | grep -q '[[:alpha:]]' \
-  || fail "make demo printed no generation"
-echo "replay: set-up ok (pip check clean, no error lines, demo generated text)"
+answer=$(awk '/^== reflex generate/ {f=1; next} f && /^(== |\[)/ {exit} f' "$WORK/setup.log")
+echo "replay: the demo answered: $(echo $answer)"
+for colour in red blue yellow; do
+  grep -qi "$colour" <<<"$answer" || fail "make demo's answer does not name $colour"
+done
+if [ -n "${test_took:-}" ]; then
+  budget=${REPLAY_TEST_BUDGET:-$([ $oracle_cached = 1 ] && echo 480 || echo 900)}
+  what="make test took ${test_took} s (budget ${budget} s, the oracle $([ $oracle_cached = 1 ] \
+    && echo "from pip's cache" || echo "built"); load average before it ${test_load} on $(nproc) cores)"
+  if [ "$test_took" -le "$budget" ]; then echo "replay: $what: within"
+  elif awk -v l="$test_load" -v n="$(nproc)" 'BEGIN {exit !(l < n)}'; then fail "$what: over"
+  else echo "replay: warning: $what: over, on a machine loaded by other work: not enforced"; fi
+fi
+echo "replay: set-up ok (pip check clean, no error lines, the demo answered)"
 
 if [ $WHEEL = 1 ]; then
   start=$SECONDS
@@ -78,11 +101,14 @@ if [ $WHEEL = 1 ]; then
   out=$(cd "$WORK" && "$WORK/wheel-venv/bin/reflex" generate --max-tokens 8 "The capital of France is") \
     || fail "reflex generate from the wheel"
   echo "replay: from the wheel: $out"
-  [ -n "$out" ] || fail "the wheel's reflex generate printed nothing"
+  grep -q Paris <<<"$out" || fail "the wheel's reflex generate did not answer Paris"
   times+=("$(printf '%5d s  %s' $((SECONDS - start)) "wheel: fresh venv, pip install, generate")")
 fi
 
-echo "replay: times (this machine, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo "replay: times (this machine, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); oracle wheel $([ $oracle_cached = 1 ] && echo "in pip's cache" || echo built)):"
+# make test's own steps, from its output (scripts/progress's "done in N s" lines)
+grep -aE '^   .*: done in [0-9]+ s$' "$WORK/setup.log" | sed 's/^ */  step: /'
+grep -aE '^[0-9]+ passed|^=+ .*(passed|failed).* in [0-9.]+s' "$WORK/setup.log" | sed 's/^/  pytest: /' | tail -1
 printf '  %s\n' "${times[@]}"
 if [ -n "${REPLAY_TIMES:-}" ]; then  # the figures as a bench result file
   printf '%s\n' "${times[@]}" | python3 -c '

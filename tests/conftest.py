@@ -10,6 +10,7 @@ is skipped with the reason and the command that installs it, except in CI (the C
 environment variable set), where it fails: CI must run them.
 """
 
+import fcntl
 import importlib
 import os
 
@@ -25,6 +26,23 @@ def missing(what: str, why: str, install: str):
     if os.environ.get("CI"):
         pytest.fail(f"{msg}. CI runs every test that needs it", pytrace=False)
     pytest.skip(msg)
+
+
+def shared_dir(tmp_path_factory, name: str, fill):
+    """A folder that fill(folder) fills once per test session: the first process (pytest,
+    or any pytest-xdist worker) that asks builds it under an exclusive lock while the others
+    wait, then all use it. For what costs more than a worker's start: an nvcc build, a
+    converted model."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's own folder
+    d = root / f"shared-{name}"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".done").exists():
+            d.mkdir(exist_ok=True)
+            fill(d)
+            (d / ".done").write_text("")
+    return d
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -65,11 +65,21 @@ def _perturbed(ref, tmp_path, fn):
     return path
 
 
+def _choose_runner_up(p, k, gap):
+    """Prompt p's reference now chose its runner-up at step k, `gap` ahead (consistently: the
+    ids swapped, token_ids and the top logits agreeing)."""
+    s = p["steps"][k]
+    s["top_ids"][0], s["top_ids"][1] = s["top_ids"][1], s["top_ids"][0]
+    s["top_logits"][1] = s["top_logits"][0] - gap
+    s["top_logits"][2:] = [min(x, s["top_logits"][1]) for x in s["top_logits"][2:]]
+    s["token_id"], s["gap"] = s["top_ids"][0], gap
+    s["max_abs_logit"] = max([s["max_abs_logit"]] + [abs(x) for x in s["top_logits"]])
+    p["token_ids"][k] = s["token_id"]
+
+
 def test_token_mismatch_fails_with_a_report(ref, tmp_path):
-    def swap(r):
-        s = r["prompts"][1]["steps"][2]
-        s["token_id"] = s["top_ids"][1]  # the reference now says the runner-up, far from a tie
-        s["gap"] = 5.0
+    def swap(r):  # the reference now says the runner-up, far from a tie
+        _choose_runner_up(r["prompts"][1], 2, 5.0)
     rc, out, _ = check("--reference", str(_perturbed(ref, tmp_path, swap)), "--json", *PROMPTS)
     assert rc == 1
     s = _summary(out)
@@ -80,9 +90,7 @@ def test_token_mismatch_fails_with_a_report(ref, tmp_path):
 
 def test_near_tie_passes_and_is_reported(ref, tmp_path):
     def tie(r):
-        s = r["prompts"][0]["steps"][1]
-        s["token_id"] = s["top_ids"][1]
-        s["gap"] = 1e-6
+        _choose_runner_up(r["prompts"][0], 1, 1e-6)
     rc, out, _ = check("--reference", str(_perturbed(ref, tmp_path, tie)), "--json", *PROMPTS)
     assert rc == 0
     p = _summary(out)["prompts"][0]
@@ -90,15 +98,43 @@ def test_near_tie_passes_and_is_reported(ref, tmp_path):
 
 
 def test_logit_drift_fails(ref, tmp_path):
-    def drift(r):
+    def drift(r):  # every top logit moved by 5% of max|logit| (the reference stays consistent)
         s = r["prompts"][0]["steps"][3]
-        s["top_logits"][0] += 0.05 * s["max_abs_logit"]
+        d = 0.05 * s["max_abs_logit"]
+        s["top_logits"] = [x + d for x in s["top_logits"]]
+        s["max_abs_logit"] = max(s["max_abs_logit"], abs(s["top_logits"][0]), abs(s["top_logits"][-1]))
     path = _perturbed(ref, tmp_path, drift)
     rc, out, _ = check("--reference", str(path), "--json", *PROMPTS)
     assert rc == 1 and _summary(out)["prompts"][0]["status"] == "logit_mismatch"
     assert _summary(out)["prompts"][0]["step"] == 3
     rc, out, _ = check("--reference", str(path), "--json", "--tolerance", "0.1", *PROMPTS)
     assert rc == 0  # within a looser tolerance
+
+
+@pytest.mark.parametrize("how", ["token_ids", "step_token", "gap", "steps_count"])
+def test_reference_that_disagrees_with_itself_fails(ref, tmp_path, how):
+    """Issue 32 item 14: a reference whose recorded token_ids were changed passed (only the
+    steps were compared); any disagreement within the reference is now refused (exit 2)."""
+    def edit(r):
+        p = r["prompts"][1]
+        if how == "token_ids":
+            p["token_ids"][3] = (p["token_ids"][3] + 1) % 1000
+        elif how == "step_token":
+            p["steps"][3]["token_id"] = p["steps"][3]["top_ids"][1]
+        elif how == "gap":
+            p["steps"][0]["gap"] += 1.0
+        else:
+            p["steps"] = p["steps"][:4]
+    rc, out, err = check("--reference", str(_perturbed(ref, tmp_path, edit)), "--json", *PROMPTS)
+    assert rc == 2 and "prompt 1" in _summary(out)["error"]["message"], (out, err)
+
+
+def test_reference_ids_compared_with_this_run(ref, tmp_path):
+    """A consistent reference whose ids differ from this run's (its steps' tokens too) fails."""
+    def edit(r):
+        _choose_runner_up(r["prompts"][0], 4, 3.0)
+    rc, out, _ = check("--reference", str(_perturbed(ref, tmp_path, edit)), "--json", *PROMPTS)
+    assert rc == 1 and _summary(out)["prompts"][0]["status"] == "token_mismatch"
 
 
 def test_another_models_reference_is_refused(ref):

@@ -121,14 +121,25 @@ def test_exit_codes():
 
 
 def test_doctor_reports_the_cpu_path():
-    """Exit 0 when a model can run here, CUDA or not; 1 when none can."""
+    """Exit 0 when a model can run here, CUDA or not; 1 when none can. The backend it says
+    --device auto picks is the one a model command then runs; the C kernels' ISA path and
+    threads are reported apart from CUDA's fatbin."""
     rc, out, err = reflex("doctor", env={"REFLEX_MODEL": TINY})
     assert rc == 0, out + err
-    assert "numpy " in out and TINY in out and "--device auto uses the" in out
+    assert "numpy " in out and TINY in out and "--device auto runs the" in out
     rc, out, _ = reflex("doctor", "--json", env={"REFLEX_MODEL": TINY})
     rep = json.loads(out)
-    assert rc == 0 and rep["ok"] and rep["cpu"]["ok"]
-    assert rep["auto_backend"] == ("cuda" if rep["cuda"]["ok"] else "numpy")
+    assert rc == 0 and rep["ok"] and rep["cpu"]["ok"] and rep["auto_reason"]
+    rc, gen, err = reflex("generate", "--json", "--max-tokens", "1", "--model", TINY, "hi")
+    assert rc == 0, err
+    assert rep["auto_backend"] == json.loads(gen)["backend"]
+    lib = rep["cpu"]["library"]
+    if lib["ok"]:
+        assert lib["isa"] in ("generic", "avx2", "avx512vnni") and lib["threads"] >= 1
+        rc, out, _ = reflex("doctor", "--json", env={"REFLEX_MODEL": TINY, "REFLEX_CPU_ISA": "generic",
+                                                     "REFLEX_CPU_THREADS": "1"})
+        forced = json.loads(out)["cpu"]["library"]
+        assert forced["isa"] == "generic" and forced["threads"] == 1
     rc, out, _ = reflex("doctor", "--json", env={"REFLEX_MODEL": NOWHERE})
     assert rc == 1 and not json.loads(out)["ok"]
 
@@ -142,3 +153,115 @@ def test_smoke_without_cuda_is_not_a_failure():
         assert rc == 3 and "FAILED" not in out + err and "CUDA is not available" in out
     else:
         assert rc == (0 if rep["ok"] else 1), out + err
+
+
+# -- issue 33: the command line as a newcomer meets it -----------------------------------------
+def _commands():
+    from reflex_ipc.cli import COMMANDS
+
+    return sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("name", _commands())
+def test_every_help_has_examples_and_plain_metavars(name):
+    """Each command's --help ends with examples; option values are named for what they
+    are (FILE, TEXT, N), not after internal field names (KV_IMPORT, CANDIDATES); no help
+    points at a repository file, which an installed wheel does not have."""
+    import re
+
+    rc, out, err = reflex(name, "--help")
+    assert rc == 0, err
+    assert "\nexamples:\n  " in out and f"reflex {name}" in out[out.index("\nexamples:"):]
+    assert not re.search(r"--[a-z-]+ [A-Z]+_[A-Z_]+", out), out
+    assert not re.search(r"\b[\w.-]+/[\w./-]+\.(md|py|json|sh|cu|c)\b|\b(kernels|scripts|tests)/", out), out
+
+
+def test_model_command_help_sections_in_order():
+    rc, out, _ = reflex("generate", "--help")
+    heads = [h for h in ("input:", "model:", "sampling:", "constraints:", "saved state:", "output:")]
+    pos = [out.index("\n" + h + "\n") for h in heads]
+    assert pos == sorted(pos)
+    usage = out[:out.index("\n\n")]
+    assert usage.index("--chat") < usage.index("--model") < usage.index("--max-tokens") \
+        < usage.index("--regex") < usage.index("--import-kv FILE") < usage.index("[--json]")
+
+
+def test_closed_stdout_exits_quietly():
+    """`reflex tokenize ... | head -1`: no traceback, no `internal`; the exit status a
+    process killed by SIGPIPE would have (141)."""
+    text = "word " * 30000  # ~1 MB of output: more than a pipe holds
+    e = dict(os.environ, PYTHONPATH=ROOT, REFLEX_DETACH="0")
+    p = subprocess.run(["bash", "-o", "pipefail", "-c",
+                        f"{sys.executable} -m reflex_ipc tokenize --model {TINY} | head -1 >/dev/null"],
+                       input=text.encode(), capture_output=True, env=e, cwd=ROOT, timeout=120)
+    assert p.stderr == b"" and p.returncode == 141
+
+
+def test_inspect_takes_the_file_as_argument():
+    rc, out, err = reflex("inspect", "--json", TINY)
+    assert rc == 0, err and json.loads(out)["path"] == TINY
+    rc, out2, _ = reflex("inspect", "--json", "--model", TINY)
+    assert json.loads(out2) == json.loads(out)
+    rc, _, err = reflex("inspect", TINY, "--model", NOWHERE)
+    assert rc == 2 and "FILE or --model" in err
+
+
+def test_detokenize_inverts_tokenize():
+    rc, out, _ = reflex("tokenize", "--json", "--model", TINY, "Hello world, again")
+    ids = json.loads(out)["token_ids"]
+    rc, out, err = reflex("detokenize", "--model", TINY, *map(str, ids))
+    assert rc == 0 and out == "Hello world, again\n", err
+    rc, out, _ = reflex("detokenize", "--json", "--model", TINY, stdin=json.dumps(ids).encode())
+    assert json.loads(out)["text"] == "Hello world, again"
+    rc, _, err = reflex("detokenize", "--model", TINY, "12x")
+    assert rc == 2 and "invalid_request: ID: '12x'" in err
+    rc, _, err = reflex("detokenize", "--model", TINY, "99999999")
+    assert rc == 2 and "out of range" in err
+
+
+def test_logprobs_without_json_is_a_table_on_stderr():
+    rc, out, err = reflex("generate", "--model", TINY, "--device", "cpu", "--max-tokens", "3",
+                          "--logprobs", "2", "Hello")
+    assert rc == 0, err
+    assert "logprobs (natural log" in err and len([ln for ln in err.splitlines() if " | " in ln]) == 3
+    assert "logprobs" not in out
+
+
+def test_system1_table_says_what_its_columns_are():
+    rc, out, err = reflex("system1", "--model", TINY, "--device", "cpu", "--candidate", " a",
+                          "--candidate", " b", "Hello")
+    assert rc == 0, err
+    head, *rows = out.splitlines()
+    assert head.split() == ["prob", "logprob", "tokens", "candidate"] and len(rows) == 2
+    assert sum(r.startswith("*") for r in rows) == 1
+
+
+def test_demo_files_for_infill_and_lora(tmp_path, smollm2):
+    """README's way to try infill and LoRA without a FIM model or an adapter at hand."""
+    fim, lora = str(tmp_path / "fim.gguf"), str(tmp_path / "lora.gguf")
+    for args in (["fim", fim], ["lora", lora]):
+        p = subprocess.run([sys.executable, "-m", "reflex_ipc.testing.demo", *args], capture_output=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+        assert p.returncode == 0, p.stderr
+    rc, out, err = reflex("infill", "--json", "--device", "cpu", "--model", fim, "--max-tokens", "4",
+                          "--prefix", "def add(a, b):\n    return ", "--suffix", "\n")
+    assert rc == 0 and json.loads(out)["completion_tokens"] >= 1, err
+    base = ["generate", "--json", "--device", "cpu", "--max-tokens", "8", "Once upon a time"]
+    rc, plain, err = reflex(*base)
+    rc2, adapted, err2 = reflex(*base, "--lora", lora + ":0.5")
+    assert rc == rc2 == 0, err + err2
+    assert json.loads(adapted)["token_ids"] != json.loads(plain)["token_ids"]
+
+
+def test_published_names():
+    """README, "Names": the distribution reflex-ipc installs `reflex` and `reflex-ipc` (the
+    same program; PyPI's unrelated `reflex` package owns a `reflex` command too); the Python
+    client is reflex-ipc-client (PyPI's `reflex-client` is another project)."""
+    import re
+
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    assert re.search(r'(?m)^name = "reflex-ipc"$', text)
+    scripts = dict(re.findall(r'(?m)^([\w-]+) = "([\w.:]+)"$', text.split("[project.scripts]")[1].split("\n[")[0]))
+    assert scripts == {"reflex": "reflex_ipc.cli:main", "reflex-ipc": "reflex_ipc.cli:main"}
+    client = open(os.path.join(ROOT, "clients", "python", "pyproject.toml"), encoding="utf-8").read()
+    assert re.search(r'(?m)^name = "reflex-ipc-client"', client)

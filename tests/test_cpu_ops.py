@@ -94,7 +94,7 @@ def load(ops, name, raw, rows, cols):
 def test_conforms(ops):
     assert missing_ops(ops) == []
     assert ops.name == "cpu" and ops.device == "cpu" and ops.kv_dtype in ("float16", "float32")
-    assert ops.isa in ("generic", "avx2", "avx512vnni") and ops.threads >= 1
+    assert ops.isa in ("generic", "avx2", "avx512vnni", "neon", "dotprod", "i8mm") and ops.threads >= 1
 
 
 # --- kernels ---------------------------------------------------------------------------
@@ -163,20 +163,27 @@ def _isa_results(isa):
         "print(json.dumps(out))\n")
     env = dict(os.environ, REFLEX_CPU_ISA=isa)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=300)
+                       timeout=1800)  # minutes under qemu-aarch64 (scripts/aarch64-check)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
 def test_every_code_path_agrees():
-    """The portable C kernels and the x86 ones compute the same integer sums."""
+    """The portable C kernels and the x86 ones compute the same integer sums; the aarch64
+    ones (neon.c) return generic.c's results bit for bit."""
+    import platform
+
     base = _isa_results("generic")
     assert base["isa"] == "generic"
-    others = [_isa_results("avx2"), _isa_results("auto")]
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    others = [_isa_results(i) for i in (("neon", "dotprod", "auto") if arm else ("avx2", "auto"))]
     for res in others:
         for name in QUANT + FLOAT:
-            np.testing.assert_allclose(res[name], base[name], rtol=2e-5, atol=1e-6,
-                                       err_msg=f"{name} on {res['isa']}")
+            if arm:
+                assert res[name] == base[name], f"{name} on {res['isa']}"
+            else:
+                np.testing.assert_allclose(res[name], base[name], rtol=2e-5, atol=1e-6,
+                                           err_msg=f"{name} on {res['isa']}")
 
 
 # --- ops against the oracle ----------------------------------------------------------------
@@ -558,6 +565,43 @@ def test_model_matches_numpy(runners, path):
             if j >= 4:
                 break
         assert np.mean(diffs) <= MODEL_LOGPROB_TOL, f"{prompt!r}: log-prob differences {diffs}"
+
+
+def _isa_model(isa, path):
+    code = (
+        "import sys, json\n"
+        "from reflex_ipc.engine import load_runner\n"
+        f"r = load_runner({path!r}, device='cpu', n_ctx=256)\n"
+        "out = {'isa': r.ops.isa, 'logits': [], 'gen': []}\n"
+        f"for p in {PROMPTS[:2]!r}:\n"
+        "    out['logits'].append(r.prompt_logits(r.tok.encode(p)).tolist())\n"
+        "    out['gen'].append(r.generate(p, max_tokens=6, temperature=0.0)['token_ids'])\n"
+        "print(json.dumps(out))\n")
+    env = dict(os.environ, REFLEX_CPU_ISA=isa, REFLEX_CPU_THREADS="2")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", [p for p in _models() if "synthetic-" in p][:2], ids=os.path.basename)
+def test_model_identical_on_every_code_path(path):
+    """A whole model (prompt logits, greedy tokens) on each code path against the portable C
+    one: bit-identical on aarch64 (neon.c keeps generic.c's order of float sums), within float
+    rounding of the sums' order on x86."""
+    import platform
+
+    base = _isa_model("generic", path)
+    assert base["isa"] == "generic"
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    for isa in ("neon", "auto") if arm else ("avx2", "auto"):
+        res = _isa_model(isa, path)
+        if arm:
+            assert res["logits"] == base["logits"] and res["gen"] == base["gen"], f"{res['isa']}"
+            continue
+        for a, b in zip(res["logits"], base["logits"]):
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max(), res["isa"]
 
 
 # --- the build -----------------------------------------------------------------------------

@@ -260,7 +260,9 @@ def test_cli_chat_stdin_schema_infill(fim_model):
     assert len(out["logprobs"]) == out["completion_tokens"]
     p = _cli("system1", "--device", "numpy", "--chat", "What is the capital of France?",
              "--candidate", "Paris", "--candidate", "London", "--candidate", "Berlin")
-    assert p.returncode == 0 and p.stdout.startswith("*") and "'Paris'" in p.stdout.splitlines()[0]
+    rows = p.stdout.splitlines()
+    assert p.returncode == 0 and rows[0].split() == ["prob", "logprob", "tokens", "candidate"]
+    assert rows[1].startswith("*") and "'Paris'" in rows[1]
     p = _cli("infill", "--device", "numpy", "--prefix", "def f(", "--suffix", ")")
     # invalid_request: exit 2 (README, "Exit codes")
     assert p.returncode == 2 and "invalid_request" in p.stderr and "fill-in-the-middle" in p.stderr

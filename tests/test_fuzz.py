@@ -1,6 +1,7 @@
 """The issue-12 fuzz suite (reflex_ipc/testing/fuzz.py), short mode: a few minutes of seeded request
 lines, GGUF mutations, signals, stalled clients, tokenizer-cache corruption and model files
-changed under a live server, with zero violations allowed. REFLEX_FUZZ=long runs the long
+changed under a live server, and (issue 32) the lines against the numpy backend alone, hostile chat
+templates, constraints, LoRA adapters and HTTP clients that never read, with zero violations allowed. REFLEX_FUZZ=long runs the long
 mode here instead (scripts/fuzz-long writes its figures to bench/results/fuzz-long-DATE.json)."""
 
 import pytest
@@ -58,6 +59,37 @@ def test_fuzz_tokenizer_cache_corruption():
 def test_fuzz_files_changed_under_a_live_server():
     res = _run("files")
     assert res["counts"]["file_changes"] == (fuzzlib.LONG if LONG else fuzzlib.SHORT)["files"]
+
+
+def test_fuzz_numpy_backend_alone():
+    """The request lines against `--device numpy` (issue 32: the numpy backend was not
+    covered by the fuzz)."""
+    res = _run("numpy")
+    assert res["counts"]["lines"] >= fuzzlib.SHORT["numpy"] and res["result_kinds"].get("ok")
+
+
+def test_fuzz_chat_templates():
+    """Hostile, mutated and composed chat templates (issue 32 items 4, 7): every one ends in
+    its kind within the budgets, signals during a render that would not end."""
+    res = _run("templates")
+    kinds = res["result_kinds"]
+    assert kinds.get("too_large") and kinds.get("invalid_request") and kinds.get("ok"), kinds
+    assert res["counts"]["template_signals"] == 2
+
+
+def test_fuzz_constraints():
+    res = _run("constraints")  # issue 32 items 8, 12
+    assert res["result_kinds"].get("invalid_request") and res["result_kinds"].get("ok")
+
+
+def test_fuzz_lora_adapters():
+    res = _run("adapters")  # issue 32 items 9, 11
+    assert res["result_kinds"].get("gguf_error") and res["result_kinds"].get("ok")
+
+
+def test_fuzz_http_clients_that_never_read():
+    res = _run("http")  # issue 32 "Also": a streaming HTTP client that never reads
+    assert res["counts"].get("http_requests") == (fuzzlib.LONG if LONG else fuzzlib.SHORT)["http"]
 
 
 @pytest.mark.parametrize("arch", fuzzlib.ARCHS)

@@ -591,7 +591,7 @@ def test_mapping_of_requests():
         "unknown_field_from_a_newer_client": 1}).encode(), api.ChatRequest)
     op, p = api.chat_params(req)
     assert op == "generate"
-    assert p == {"max_tokens": 7, "temperature": 1.0, "seed": 9, "stop": "\n",
+    assert p == {"max_tokens": 7, "seed": 9, "stop": "\n",
                  "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
                  "logprobs": 3, "json_schema": {"type": "array"},
                  "tools": [{"type": "function", "function": {"name": "f"}}]}
@@ -636,3 +636,53 @@ def test_connect_mode_reports_a_dead_engine_and_reconnects(secured):
     secured.engines.append(_uds_engine(secured.sock))  # (its supervisor restarts it)
     assert ok.completions.create(model="any", prompt=PROMPT, max_tokens=1).usage.completion_tokens == 1
     assert secured.health()["status"] == "ok"
+
+
+# -- the sampling a request leaves out (issue 33) ---------------------------------------------
+def test_omitted_temperature_is_greedy_on_a_model_without_defaults(oai, engine, front):
+    """SmolLM2's GGUF has no general.sampling.* keys: a request without `temperature` is
+    decoded greedily (the engine's default), not at OpenAI's temperature 1, so the answer a
+    newcomer copies is the same each time and the same as the CLI's."""
+    ref = engine.generate(PROMPT, max_tokens=8)["text"]
+    for _ in range(2):
+        assert oai.completions.create(model="any", prompt=PROMPT, max_tokens=8).choices[0].text == ref
+    chat = engine.chat([{"role": "user", "content": "Name the three primary colors."}], max_tokens=12)["text"]
+    r = oai.chat.completions.create(model="any", max_tokens=12,
+                                    messages=[{"role": "user", "content": "Name the three primary colors."}])
+    assert r.choices[0].message.content == chat
+    assert httpx.get(front.url + "/v1/models", timeout=10).json()["data"][0]["sampling_defaults"] == {}
+
+
+def test_a_models_own_sampling_defaults_apply(tmp_path, engine):
+    """A GGUF with general.sampling.* keys (llama.cpp's converter writes them from the
+    model's generation_config.json): the front uses them for what a request leaves out, as
+    llama.cpp's server does; what the request gives wins."""
+    import gguf
+
+    from reflex_ipc.testing.synthetic import _copy_metadata, finish
+
+    src = os.path.join(REPO, "tests", "data", "synthetic-llama.gguf")
+    path = str(tmp_path / "with-defaults.gguf")
+    r = gguf.GGUFReader(src)
+    w = _copy_metadata(r, path)
+    w.add_float32("general.sampling.temp", 0.7)
+    w.add_int32("general.sampling.top_k", 5)
+    w.add_float32("general.sampling.top_p", 0.9)
+    w.add_float32("general.sampling.min_p", 7.0)  # out of range: ignored
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    finish(w)
+    f = Front(["--model", path, "--device", "cpu"])
+    try:
+        want = {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+        model = httpx.get(f.url + "/v1/models", timeout=10).json()["data"][0]
+        assert model["sampling_defaults"] == want
+        oai_ = openai.OpenAI(base_url=f.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        got = oai_.completions.create(model="any", prompt="Hello", max_tokens=12, seed=3).choices[0].text
+        ref = engine.generate("Hello", model=path, max_tokens=12, seed=3, **want)["text"]
+        assert got == ref
+        greedy = engine.generate("Hello", model=path, max_tokens=12)["text"]
+        assert oai_.completions.create(model="any", prompt="Hello", max_tokens=12,
+                                       temperature=0).choices[0].text == greedy
+    finally:
+        f.close()

@@ -19,7 +19,7 @@ import pytest
 
 from reflex_ipc.engine import load_runner
 from reflex_ipc.runtime import prefixstore
-from reflex_ipc.testing.synthetic import GRANITE_CONFIGS, HYBRID_CONFIGS, arch_gguf, granite_gguf, hybrid_gguf
+from reflex_ipc.testing.synthetic import example_gguf
 
 pytestmark = pytest.mark.usefixtures("smollm2")  # the hybrid models borrow its tokenizer
 
@@ -48,13 +48,10 @@ def store(tmp_path, monkeypatch):
 def hybrids(tmp_path_factory, smollm2):
     d = tmp_path_factory.mktemp("hybrids")
     out = {}
-    for name, cfg, fn in (("qwen35", HYBRID_CONFIGS["qwen35"], hybrid_gguf),
-                          ("granitehybrid", GRANITE_CONFIGS["granitehybrid"], granite_gguf)):
-        p = str(d / f"{name}.gguf")
-        fn(p, tokenizer=smollm2, **cfg)
-        out[name] = p
-    for name in ("deepseek2", "gemma4"):  # a latent (MLA) cache; layers sharing K/V
-        out[name] = arch_gguf(name, str(d / f"{name}.gguf"), tokenizer=smollm2)
+    for name in ("qwen35", "granitehybrid"):  # recurrent hybrids (F32 examples)
+        out[name] = example_gguf(name, str(d / f"{name}.gguf"), tokenizer=smollm2)
+    for name in ("deepseek2", "gemma4"):  # a latent (MLA) cache; layers sharing K/V (quantized examples)
+        out[name] = example_gguf(f"{name}@q", str(d / f"{name}.gguf"), tokenizer=smollm2)
     return out
 
 

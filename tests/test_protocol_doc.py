@@ -188,3 +188,22 @@ def test_examples_against_the_server(smollm2, fim_model):
             if s is not None and s.p.poll() is None:
                 s.p.kill()
                 s.p.wait()
+
+
+def test_error_kinds_listed_as_the_server_has_them():
+    """hello's example lists every kind the server returns, in its order (errors.KINDS), and
+    the Errors table has a row for each."""
+    from reflex_ipc.errors import KINDS
+
+    hello = next(o for o in RESPONSES if o.get("op") == "hello" and o["event"] == "result")
+    assert hello["error_kinds"] == list(KINDS)
+    table = DOC.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(KINDS)
+
+
+def test_examples_show_the_default_backend():
+    """The examples run on the default device (auto: the C kernels on a machine without
+    CUDA), so their `backend` is cpu, as a newcomer sees it."""
+    backends = {o["backend"] for o in RESPONSES if o.get("backend")}
+    backends |= {m["backend"] for o in RESPONSES for m in o.get("models") or []}
+    assert backends == {"cpu"}

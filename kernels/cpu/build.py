@@ -3,9 +3,11 @@
     python3 kernels/cpu/build.py [OUT_DIR]      (default: reflex_ipc/kernels/)
 
 The library, libreflex_cpu.so, holds a portable C path for every kernel and, on
-x86-64, AVX2+FMA+F16C and AVX-512 VNNI versions of the hot ones (each source file
-compiled with its own -m flags; ops.c picks one at first use from the CPU's
-features). Compiler: $CC, else cc/gcc/clang on PATH. cpu_build.json (next to the
+x86-64, AVX2+FMA+F16C and AVX-512 VNNI versions of the hot ones, on aarch64 NEON,
+dotprod and i8mm versions (each source file compiled with its own -m/-march flags;
+ops.c picks one at first use from the CPU's features). Compiler: $CC, else
+cc/gcc/clang on PATH; the target is the compiler's (`$CC -dumpmachine`), so
+CC=aarch64-linux-gnu-gcc cross-builds the aarch64 library (scripts/aarch64-check). cpu_build.json (next to the
 library) records what was built or why nothing was; without a compiler, or when
 the compile fails, the build succeeds with a warning and the package falls back
 to the numpy backend at run time (reflex_ipc/backends/cpu_ops.py says so once).
@@ -40,16 +42,38 @@ def find_cc():
     return None
 
 
-def units():
-    """(source, extra flags, object name) for every translation unit of this machine."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
+def target(cc=None):
+    """The CPU the compiler builds for: `$CC -dumpmachine`'s first field (a cross compiler's
+    target, e.g. aarch64 for aarch64-linux-gnu-gcc), else this machine's."""
+    if cc:
+        try:
+            r = subprocess.run([*cc.split(), "-dumpmachine"], capture_output=True, text=True, timeout=30)
+            if r.returncode == 0 and r.stdout.strip():
+                return r.stdout.strip().split("-")[0].lower()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.machine().lower()
+
+
+# objects an older compiler may fail to build: the library is then made without them and
+# ops.c never picks them (x86: the VNNI one needs -DRX_NO_VNNI in ops.c; aarch64: weak symbols)
+OPTIONAL = ("x86_vnni.o", "neon_dotprod.o", "neon_i8mm.o")
+
+
+def units(machine=None):
+    """(source, extra flags, object name) for every translation unit of the target machine."""
+    machine = machine or platform.machine().lower()
     # ops.c: every exported function needs its prototype from rx_abi.h (the ABI table)
     out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o")]
-    if x86:
+    if machine in ("x86_64", "amd64"):
         isa = ["-mavx2", "-mfma", "-mf16c"]
         out.append(("x86.c", isa, "x86_avx2.o"))
         out.append(("x86.c", isa + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                     "-DRX_VNNI"], "x86_vnni.o"))
+    elif machine in ("aarch64", "arm64"):
+        out.append(("neon.c", ["-march=armv8-a"], "neon.o"))
+        out.append(("neon.c", ["-march=armv8.2-a+dotprod", "-DRX_DOTPROD"], "neon_dotprod.o"))
+        out.append(("neon.c", ["-march=armv8.2-a+dotprod+i8mm", "-DRX_I8MM"], "neon_i8mm.o"))
     return out
 
 
@@ -99,8 +123,9 @@ def _up_to_date(out_dir):
     return all(os.path.getmtime(p) <= t for p in here)
 
 
-def build(out_dir=None, force=False):
-    """Build the library into out_dir; returns the cpu_build.json dict."""
+def build(out_dir=None, force=False, objects_dir=None):
+    """Build the library into out_dir; returns the cpu_build.json dict. objects_dir: keep the
+    object files there as well (the C kernel test links them: scripts/aarch64-check)."""
     out_dir = out_dir or os.path.join(os.path.dirname(os.path.dirname(HERE)), "reflex_ipc", "kernels")
     os.makedirs(out_dir, exist_ok=True)
     strict = os.environ.get("REFLEX_CPU_BUILD", "") == "strict"
@@ -115,20 +140,23 @@ def build(out_dir=None, force=False):
         _fail(out_dir, info, strict)
         return info
     info["cc"] = cc
+    machine = target(cc)
+    info["machine"] = machine
+    x86 = machine in ("x86_64", "amd64")
     with tempfile.TemporaryDirectory() as tmp:
         objs = []
-        for src, flags, obj in units():
+        for src, flags, obj in units(machine):
             cmd = [*cc.split(), *CFLAGS, *flags, "-c", os.path.join(HERE, src), "-o", os.path.join(tmp, obj)]
             r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode and "-DRX_VNNI" in flags:
-                info["skipped"] = f"{obj}: {r.stderr.strip()[-400:]}"  # an old compiler: AVX2 only
+            if r.returncode and obj in OPTIONAL:  # an old compiler: the baseline kernels only
+                info.setdefault("skipped", []).append(f"{obj}: {r.stderr.strip()[-400:]}")
                 continue
             if r.returncode:
                 info["reason"] = f"{' '.join(cmd)}\n{r.stderr[-2000:]}"
                 _fail(out_dir, info, strict)
                 return info
             objs.append(os.path.join(tmp, obj))
-        if not any(o.endswith("x86_vnni.o") for o in objs):
+        if x86 and not any(o.endswith("x86_vnni.o") for o in objs):
             info["defines"] = "RX_NO_VNNI"
             r = subprocess.run([*cc.split(), *CFLAGS, "-pthread", "-Werror=missing-prototypes", "-DRX_NO_VNNI", "-c",
                                 os.path.join(HERE, "ops.c"), "-o", os.path.join(tmp, "ops.o")],
@@ -147,6 +175,10 @@ def build(out_dir=None, force=False):
             _fail(out_dir, info, strict)
             return info
         shutil.move(tmp_lib, os.path.join(out_dir, LIB))
+        if objects_dir:
+            os.makedirs(objects_dir, exist_ok=True)
+            for o in objs:
+                shutil.copy(o, objects_dir)
     info["built"] = True
     info["objects"] = [os.path.basename(o) for o in objs]
     _write_json(out_dir, info)
@@ -166,9 +198,15 @@ def _fail(out_dir, info, strict):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--abi"]:
+    args = sys.argv[1:]
+    if args == ["--abi"]:
         print("\n".join(write_abi()) or "the generated ABI files are current")
         sys.exit(0)
-    res = build(sys.argv[1] if len(sys.argv) > 1 else None, force=True)
+    objects = None
+    if "--objects" in args:  # --objects DIR: keep the object files too
+        i = args.index("--objects")
+        objects = args[i + 1]
+        del args[i:i + 2]
+    res = build(args[0] if args else None, force=True, objects_dir=objects)
     print(json.dumps(res, indent=1))
     sys.exit(0 if res.get("built") else 1)

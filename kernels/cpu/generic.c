@@ -1,6 +1,9 @@
 /* Portable C kernels: every dot product, the activation quantizers and the
  * attention helpers. Built for every target (the compiler vectorizes what it
- * can); x86 builds override the hot ones with AVX2 / AVX-512 VNNI versions. */
+ * can); x86 builds override the hot ones with AVX2 / AVX-512 VNNI versions,
+ * aarch64 builds with NEON / dotprod / i8mm ones that return the same bits (neon.c:
+ * so the order of the float sums here is part of the contract: per block, then
+ * eight partial sums for float rows). */
 #include <math.h>
 #include <string.h>
 
@@ -216,8 +219,13 @@ static float dot_f32w(int64_t n, const void *w, const void *a) {
 
 static float dot_f16w(int64_t n, const void *w, const void *a) {
     const uint16_t *x = w; const float *y = a;
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += rx_h2f(x[i + k]) * y[i + k];
     float acc = 0.f;
-    for (int64_t i = 0; i < n; i++) acc += rx_h2f(x[i]) * y[i];
+    for (; i < n; i++) acc += rx_h2f(x[i]) * y[i];
+    for (int k = 0; k < 8; k++) acc += s[k];
     return acc;
 }
 

@@ -22,6 +22,12 @@
 #define RX_ABI_REPLAY /* rx_replay_one: rx_run's dispatch of one recorded command */
 #include "rx_abi.h"   /* generated from reflex_ipc/backends/cpu_abi.py: prototypes, replay codes */
 
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#define RX_HWCAP_ASIMDDP (1ul << 20) /* asm/hwcap.h */
+#define RX_HWCAP2_I8MM (1ul << 13)
+#endif
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -33,7 +39,7 @@
 static rx_isa T;
 static int T_ready;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* one op at a time */
-static char g_isa_force[16]; /* rx_set_isa ($REFLEX_CPU_ISA): "" auto, "generic", "avx2" */
+static char g_isa_force[16]; /* rx_set_isa ($REFLEX_CPU_ISA): "" auto, "generic", "avx2", "neon", "dotprod" */
 
 /* ------------------------------------------------------------------ cpu features */
 static void init_isa(void) {
@@ -54,6 +60,22 @@ static void init_isa(void) {
 #endif
         if (vnni) rx_fill_avx512vnni(&T);
         else rx_fill_avx2(&T);
+    }
+#elif defined(__aarch64__)
+    /* NEON is part of every aarch64 core; dotprod (SDOT) and i8mm (SMMLA) are read from
+     * the kernel's hwcaps. The dotprod / i8mm objects are absent when the compiler could
+     * not build them (weak symbols, then NULL). */
+    void rx_fill_dotprod(rx_isa *t) __attribute__((weak));
+    void rx_fill_i8mm(rx_isa *t) __attribute__((weak));
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    int dp = (hw & RX_HWCAP_ASIMDDP) && rx_fill_dotprod, mm = dp && (hw2 & RX_HWCAP2_I8MM) && rx_fill_i8mm;
+    const char *force = g_isa_force; /* "generic" / "neon" / "dotprod": for tests */
+    if (force && !strcmp(force, "neon")) dp = mm = 0;
+    if (force && !strcmp(force, "dotprod")) mm = 0;
+    if (!(force && !strcmp(force, "generic"))) {
+        if (mm) rx_fill_i8mm(&T);
+        else if (dp) rx_fill_dotprod(&T);
+        else rx_fill_neon(&T);
     }
 #endif
     T_ready = 1;
@@ -262,7 +284,9 @@ RX_EXPORT int rx_threads(void) { return g_nth; }
 /* The kernel set: "auto" (the CPU's best), "generic" (portable C), "avx2" (no VNNI). Takes
  * effect at the next op. 0, or -1 for another name. */
 RX_EXPORT int rx_set_isa(const char *name) {
-    if (!name || (strcmp(name, "auto") && strcmp(name, "generic") && strcmp(name, "avx2"))) return -1;
+    if (!name || (strcmp(name, "auto") && strcmp(name, "generic") && strcmp(name, "avx2") && strcmp(name, "neon") &&
+                  strcmp(name, "dotprod")))
+        return -1;
     pthread_mutex_lock(&g_lock);
     strcpy(g_isa_force, strcmp(name, "auto") ? name : "");
     T_ready = 0;
@@ -381,6 +405,34 @@ static inline float act_gelu(float g) {
     return 0.5f * g * (1.f + tanhf(SQRT_2_OVER_PI * (g + 0.044715f * g * g * g)));
 }
 
+/* out[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (mode 1) or gelu (mode 2): the table's
+ * vector version where it has one, else these scalar loops (the portable path's results) */
+static void glu_apply(int mode, float *out, const float *g, const float *u, int64_t n) {
+    if (T.act) {
+        T.act(mode, out, g, u, n);
+        return;
+    }
+    if (mode == 1) {
+        if (u) for (int64_t i = 0; i < n; i++) out[i] = act_silu(g[i]) * u[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = act_silu(g[i]);
+    } else {
+        if (u) for (int64_t i = 0; i < n; i++) out[i] = act_gelu(g[i]) * u[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = act_gelu(g[i]);
+    }
+}
+
+static _Thread_local float *tl_up;
+static _Thread_local size_t tl_up_cap;
+
+static float *up_buf(size_t n) { /* the up projections of a chunk's rows */
+    if (n > tl_up_cap) {
+        free(tl_up);
+        tl_up_cap = n + 256;
+        tl_up = malloc(tl_up_cap * sizeof(float));
+    }
+    return tl_up;
+}
+
 static void mm_chunk(void *p, int64_t c) {
     mm_job *j = p;
     int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
@@ -389,26 +441,63 @@ static void mm_chunk(void *p, int64_t c) {
         const rx_weight *wg = j->w[0], *wu = j->w[1];
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
         rx_dot2_fn dg2 = T.dot2[wg->type], du2 = T.dot2[wu->type];
-        for (int64_t n = 0; n < j->N;) {
+        rx_tile_fn tg = T.tile[wg->type], tu = T.tile[wu->type];
+        rx_tile_fn tg8 = T.tile8[wg->type], tu8 = T.tile8[wu->type];
+        int64_t n0 = 0;
+        if (tg && tu && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
+            int64_t rt = r0 + (r1 - r0) / RX_TILE_M * RX_TILE_M;
+            float g[2 * RX_TILE_N * RX_TILE_M], u[2 * RX_TILE_N * RX_TILE_M];
+            for (int nc; n0 + RX_TILE_N <= j->N; n0 += nc) {
+                int wide = tg8 && tu8 && n0 + 2 * RX_TILE_N <= j->N;
+                rx_tile_fn fg = wide ? tg8 : tg, fu = wide ? tu8 : tu;
+                nc = wide ? 2 * RX_TILE_N : RX_TILE_N;
+                const uint8_t *ag = (const uint8_t *)j->a[0] + n0 * j->a_row[0];
+                const uint8_t *au = (const uint8_t *)j->a[1] + n0 * j->a_row[1];
+                float *y = j->y[0] + n0 * wg->M;
+                for (int64_t r = r0; r < r1; r += RX_TILE_M) {
+                    if (r < rt) {
+                        fg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], g, RX_TILE_M);
+                        fu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], u, RX_TILE_M);
+                        glu_apply(j->mode, g, g, u, (int64_t)nc * RX_TILE_M);
+                        for (int c = 0; c < nc; c++)
+                            memcpy(y + c * wg->M + r, g + c * RX_TILE_M, RX_TILE_M * sizeof(float));
+                        continue;
+                    }
+                    for (int c = 0; c < nc; c++)
+                        for (int64_t i = 0; r + i < r1; i++) {
+                            float gv = dg(j->K, wg->data + (r + i) * wg->row_bytes, ag + c * j->a_row[0]);
+                            float uv = du(j->K, wu->data + (r + i) * wu->row_bytes, au + c * j->a_row[1]);
+                            glu_apply(j->mode, y + c * wg->M + r + i, &gv, &uv, 1);
+                        }
+                }
+            }
+        }
+        for (int64_t n = n0; n < j->N;) {
             const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
             const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
             float *y = j->y[0] + n * wg->M;
+            /* the gate projections into y, the up ones into a buffer, then the unit over the rows */
+            float *ub = up_buf((size_t)(2 * (r1 - r0)));
             if (dg2 && du2 && n + 1 < j->N) { /* two rows of activations at a time */
                 float g[2], u[2];
                 for (int64_t r = r0; r < r1; r++) {
                     dg2(j->K, wg->data + r * wg->row_bytes, ag, ag + j->a_row[0], g);
                     du2(j->K, wu->data + r * wu->row_bytes, au, au + j->a_row[1], u);
-                    y[r] = (j->mode == 1 ? act_silu(g[0]) : act_gelu(g[0])) * u[0];
-                    y[wg->M + r] = (j->mode == 1 ? act_silu(g[1]) : act_gelu(g[1])) * u[1];
+                    y[r] = g[0];
+                    y[wg->M + r] = g[1];
+                    ub[r - r0] = u[0];
+                    ub[r1 - r0 + r - r0] = u[1];
                 }
+                glu_apply(j->mode, y + r0, y + r0, ub, r1 - r0);
+                glu_apply(j->mode, y + wg->M + r0, y + wg->M + r0, ub + (r1 - r0), r1 - r0);
                 n += 2;
                 continue;
             }
             for (int64_t r = r0; r < r1; r++) {
-                float gv = dg(j->K, wg->data + r * wg->row_bytes, ag);
-                float uv = du(j->K, wu->data + r * wu->row_bytes, au);
-                y[r] = (j->mode == 1 ? act_silu(gv) : act_gelu(gv)) * uv;
+                y[r] = dg(j->K, wg->data + r * wg->row_bytes, ag);
+                ub[r - r0] = du(j->K, wu->data + r * wu->row_bytes, au);
             }
+            glu_apply(j->mode, y + r0, y + r0, ub, r1 - r0);
             n += 1;
         }
         return;
@@ -420,8 +509,30 @@ static void mm_chunk(void *p, int64_t c) {
         const rx_weight *w = j->w[i];
         rx_dot_fn dot = T.dot[w->type];
         rx_dot2_fn dot2 = T.dot2[w->type];
-        int64_t base = j->row0[i];
-        for (int64_t n = 0; n < j->N;) {
+        rx_tile_fn tile = T.tile[w->type], tile8 = T.tile8[w->type];
+        int64_t base = j->row0[i], n0 = 0;
+        if (tile && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
+            int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
+            float t[2 * RX_TILE_N * RX_TILE_M];
+            for (int nc; n0 + RX_TILE_N <= j->N; n0 += nc) {
+                int wide = tile8 && n0 + 2 * RX_TILE_N <= j->N;
+                rx_tile_fn f = wide ? tile8 : tile;
+                nc = wide ? 2 * RX_TILE_N : RX_TILE_N;
+                const uint8_t *a = (const uint8_t *)j->a[i] + n0 * j->a_row[i];
+                float *y = j->y[i] + n0 * w->M - base;
+                for (int64_t r = a0; r < a1; r += RX_TILE_M) {
+                    if (r < rt) f(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], t, RX_TILE_M);
+                    for (int c = 0; c < nc; c++)
+                        for (int64_t k = 0; k < RX_TILE_M && r + k < a1; k++) {
+                            float v = r < rt ? t[c * RX_TILE_M + k]
+                                             : dot(j->K, w->data + (r + k - base) * w->row_bytes, a + c * j->a_row[i]);
+                            if (j->accumulate) y[c * w->M + r + k] += v;
+                            else y[c * w->M + r + k] = v;
+                        }
+                }
+            }
+        }
+        for (int64_t n = n0; n < j->N;) {
             const uint8_t *a = (const uint8_t *)j->a[i] + n * j->a_row[i];
             float *y = j->y[i] + n * w->M - base;
             if (dot2 && n + 1 < j->N) {
@@ -677,6 +788,93 @@ static void attn_chunk(void *p, int64_t c) {
     for (int64_t i = 0; i < j->hdv; i++) o[i] *= inv;
 }
 
+/* The g = Hq / Hkv query heads that share a KV head, for one query row: each float16 key and
+ * value row is read (and converted) once for all of them (the table's dotn / axpyn; the
+ * portable path calls its per-head functions, in the per-head order of attn_chunk: the same
+ * results). */
+#define ATTN_MAX_GROUP 64
+
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out) {
+    if (T.dotn_f32_f16) {
+        T.dotn_f32_f16(q, ldq, nq, k, ldk, nk, n, out);
+        return;
+    }
+    for (int i = 0; i < nk; i++)
+        for (int h = 0; h < nq; h++) out[i * nq + h] = T.dot_f32_f16(q + h * ldq, k + i * ldk, n);
+}
+
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n) {
+    if (T.axpyn_f16) {
+        T.axpyn_f16(y, ldy, ny, a, x, ldx, nx, n);
+        return;
+    }
+    for (int i = 0; i < nx; i++) /* value row after value row, as attn_chunk adds them */
+        for (int h = 0; h < ny; h++)
+            if (a[i * ny + h] != 0.f) T.axpy_f16(y + h * ldy, a[i * ny + h], x + i * ldx, n);
+}
+
+static void attn_group_chunk(void *p, int64_t c) {
+    attn_job *j = p;
+    int g = (int)(j->Hq / j->Hkv);
+    int64_t n = c / j->Hkv, kvh = c % j->Hkv;
+    const float *q = j->q + (n * j->Hq + kvh * g) * j->hdk;
+    float *o = j->out + (n * j->Hq + kvh * g) * j->hdv;
+    int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
+    if (hi > j->n_kv - 1) hi = j->n_kv - 1;
+    int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    memset(o, 0, (size_t)g * j->hdv * sizeof(float));
+    if (hi < lo) return;
+    int64_t L = hi - lo + 1;
+    float *s = thread_buf((size_t)(g * L)), mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP], v[2 * ATTN_MAX_GROUP];
+    const float *mrow = j->mask ? j->mask + n * j->n_kv : NULL;
+    size_t kbase = (size_t)kvh * j->n_slots;
+    for (int h = 0; h < g; h++) mx[h] = -INFINITY;
+    for (int64_t t = lo, nk; t <= hi; t += nk) {
+        if (mrow && mrow[t] == -INFINITY) { /* hidden: no dot */
+            for (int h = 0; h < g; h++) s[h * L + t - lo] = -INFINITY;
+            nk = 1;
+            continue;
+        }
+        nk = t < hi && !(mrow && mrow[t + 1] == -INFINITY) ? 2 : 1; /* two keys at a time */
+        dotn_f32_f16(q, j->hdk, g, (const uint16_t *)j->kc + (kbase + t) * j->hdk, j->hdk, (int)nk, j->hdk, v);
+        for (int64_t i = 0; i < nk; i++)
+            for (int h = 0; h < g; h++) {
+                float x = v[i * g + h] * j->scale;
+                if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
+                if (mrow) x += mrow[t + i];
+                s[h * L + t + i - lo] = x;
+                if (x > mx[h]) mx[h] = x;
+            }
+    }
+    for (int h = 0; h < g; h++) {
+        float *sh = s + h * L, su = 0.f;
+        for (int64_t i = 0; i < L; i++) {
+            float e = mx[h] == -INFINITY || sh[i] == -INFINITY ? 0.f : expf(sh[i] - mx[h]);
+            sh[i] = e;
+            su += e;
+        }
+        sum[h] = su;
+    }
+    for (int64_t t = lo, nx; t <= hi; t += nx) {
+        nx = t < hi ? 2 : 1; /* two value rows at a time */
+        int any = 0;
+        for (int64_t i = 0; i < nx; i++)
+            for (int h = 0; h < g; h++) {
+                v[i * g + h] = s[h * L + t + i - lo];
+                any |= v[i * g + h] != 0.f;
+            }
+        if (any) axpyn_f16(o, j->hdv, g, v, (const uint16_t *)j->vc + (kbase + t) * j->ldv, j->ldv, (int)nx, j->hdv);
+    }
+    for (int h = 0; h < g; h++) {
+        if (mx[h] == -INFINITY) continue; /* nothing visible: zeros */
+        float inv = 1.f / sum[h];
+        for (int64_t i = 0; i < j->hdv; i++) o[h * j->hdv + i] *= inv;
+    }
+}
+
 /* out [N, Hq, hdv] = attention of q [N, Hq, hdk] over slots 0..n_kv-1 (backends/base.py) */
 RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
                             const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
@@ -687,7 +885,10 @@ RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, floa
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
                   scale, softcap, (int)causal, (int)f16, hdv};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
-    pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
+    if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
+        pool_run(attn_group_chunk, &j, N * Hkv, work >= 65536.0);
+    else
+        pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -744,10 +945,10 @@ RX_EXPORT void rx_unary(int64_t op, const float *a, const float *b, float *out, 
     switch (op) {
     case 0: for (int64_t i = 0; i < n; i++) out[i] = a[i] * p; break;
     case 1: for (int64_t i = 0; i < n; i++) out[i] = tanhf(a[i] / p) * p; break;
-    case 2: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]); break;
-    case 3: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]); break;
-    case 4: for (int64_t i = 0; i < n; i++) out[i] = act_silu(a[i]) * b[i]; break;
-    case 5: for (int64_t i = 0; i < n; i++) out[i] = act_gelu(a[i]) * b[i]; break;
+    case 2: init_isa(); glu_apply(1, out, a, NULL, n); break;
+    case 3: init_isa(); glu_apply(2, out, a, NULL, n); break;
+    case 4: init_isa(); glu_apply(1, out, a, b, n); break;
+    case 5: init_isa(); glu_apply(2, out, a, b, n); break;
     case 6: for (int64_t i = 0; i < n; i++) out[i] = 1.f / (1.f + expf(-a[i])); break;
     case 7: for (int64_t i = 0; i < n; i++) out[i] = a[i] > 20.f ? a[i] : log1pf(expf(a[i])); break;
     default: break;

@@ -44,10 +44,22 @@ typedef float (*rx_dot_fn)(int64_t n, const void *w, const void *a);
 /* the same weight row with two activation rows (its blocks unpacked once): s[0], s[1] */
 typedef void (*rx_dot2_fn)(int64_t n, const void *w, const void *a0, const void *a1, float *s);
 
+/* A tile of a matrix product (prompt passes, batches): RX_TILE_M consecutive weight rows (at
+ * w, row_bytes apart) against RX_TILE_N prepared activation rows (at a, a_row bytes apart):
+ * y[c * ldy + r] = dot(weight row r, activation row c). The weight blocks are unpacked once
+ * for all the tile's activation rows, and each activation block loaded once for all its
+ * weight rows. */
+#define RX_TILE_M 4
+#define RX_TILE_N 4
+typedef void (*rx_tile_fn)(int64_t n, const uint8_t *w, int64_t row_bytes, const uint8_t *a, size_t a_row,
+                           float *y, int64_t ldy);
+
 typedef struct {
     const char *name;
     rx_dot_fn dot[RX_NTYPES];
     rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
+    rx_tile_fn tile[RX_NTYPES]; /* optional (NULL: dot2 / dot) */
+    rx_tile_fn tile8[RX_NTYPES]; /* optional: the same with 2 * RX_TILE_N activation rows */
     void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
     void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
     /* attention helpers: float32 or float16 rows */
@@ -56,6 +68,16 @@ typedef struct {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+    /* optional: out[i * nq + h] = dot(q + h * ldq, k + i * ldk) for nq queries and nk (1, 2)
+     * float16 keys, each key read once */
+    void (*dotn_f32_f16)(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out);
+    /* optional: y + h * ldy += sum over i < nx of a[i * ny + h] * (x + i * ldx) for ny rows and nx
+     * (1, 2) float16 value rows, each read once */
+    void (*axpyn_f16)(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n);
+    /* optional: y[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (1) / gelu-tanh (2) */
+    void (*act)(int mode, float *y, const float *g, const float *u, int64_t n);
 } rx_isa;
 
 void rx_fill_generic(rx_isa *t);
@@ -63,6 +85,11 @@ void rx_dequant_row(int type, const void *src, float *y, int64_t k);
 #if defined(__x86_64__) || defined(_M_X64)
 void rx_fill_avx2(rx_isa *t);
 void rx_fill_avx512vnni(rx_isa *t);
+#endif
+#if defined(__aarch64__)
+void rx_fill_neon(rx_isa *t);
+void rx_fill_dotprod(rx_isa *t);
+void rx_fill_i8mm(rx_isa *t);
 #endif
 
 /* scalar half <-> float (portable) */

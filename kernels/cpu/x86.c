@@ -6,6 +6,7 @@
  * block's 4/5/6-bit values into 32 bytes, multiply them with the int8 activations as
  * u8 x s8 pairs summed into int32, and scale the int32 sums by the two float scales. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "rx_cpu.h"
@@ -163,6 +164,81 @@ DOT2_A32(dot2_q4_1, rx_q4_1, nibbles32(x[b].qs), dot_us, 1)
 DOT2_A32(dot2_q5_1, rx_q5_1,
          _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
 #undef d2m
+
+/* ---------------------------------------------------------------- tiles (RX_TILE_M x RX_TILE_N)
+ * The learnt scheme of ggml's repacked / llamafile's tiled products, on the GGUF's blocks in
+ * place (no repacked copy of the weights: none of the memory a repack costs): per block, the
+ * 4 weight rows' blocks are unpacked once to unsigned bytes (value + offset; the offset's
+ * share, offset * d_w * (activation block sum), is the per-block "min" term m), each of the
+ * 4 activation blocks is loaded once, and the 16 int32 dot products are reduced to one
+ * 4-lane vector per activation row, scaled by (d_w of the 4 rows) * d_a. */
+
+/* sums of the 8 int32 lanes of d0..d3 as one vector [s0, s1, s2, s3] */
+static inline __m128i hsum4x8(__m256i d0, __m256i d1, __m256i d2, __m256i d3) {
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(d0, d1), _mm256_hadd_epi32(d2, d3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+}
+
+/* UNPACK(block pointer) -> __m256i of 32 unsigned values; MIN(block pointer, d) -> the float
+ * offset term per unit of activation sum (value = d * u + MIN) */
+#define TILE_A32(NAME, NC, TYPE, UNPACK, MIN, DOT)                                                 \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
+                     int64_t ldy) {                                                                \
+        const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
+        const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
+        __m128 acc[NC];                                                                            \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();            \
+        for (int64_t b = 0; b < n / 32; b++) {                                                     \
+            /* the next tile's rows: a large matrix streams from memory (the output layer) */       \
+            _mm_prefetch((const char *)(x0 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x1 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x2 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x3 + b) + 4 * rb, _MM_HINT_T0);                            \
+            __m256i q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
+            __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                                  \
+            __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                    \
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                                  \
+                const rx_a32 *yc = (const rx_a32 *)(a + c * ar) + b;                                \
+                __m256i p = _mm256_loadu_si256((const __m256i *)yc->q);                            \
+                __m128 s = _mm_cvtepi32_ps(hsum4x8(DOT(q0, p), DOT(q1, p), DOT(q2, p), DOT(q3, p)));\
+                acc[c] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(yc->d)), s, acc[c]);              \
+                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(yc->s), acc[c]);                             \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm_storeu_ps(y + c * ldy, acc[c]);   \
+    }
+
+static inline __m256i u_q4(const uint8_t *qs) { return nibbles32(qs); }
+static inline __m256i u_q5(const uint8_t *qs, const uint8_t *qh) {
+    return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
+}
+#define UNPACK_Q4_0(x) u_q4((x)->qs)
+#define UNPACK_Q4_1(x) u_q4((x)->qs)
+#define UNPACK_Q5_0(x) u_q5((x)->qs, (x)->qh)
+#define UNPACK_Q5_1(x) u_q5((x)->qs, (x)->qh)
+#define MIN_OFF8(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-8.f))
+#define MIN_OFF16(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-16.f))
+#define MIN_M(a, b, c, d, dw) half4((a)->m, (b)->m, (c)->m, (d)->m)
+#define MIN_NONE(a, b, c, d, dw) _mm_setzero_ps()
+#define TILES_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
+    TILE_A32(NAME, 4, TYPE, UNPACK, MIN, DOT)                                                      \
+    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)
+TILES_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
+TILES_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
+TILES_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
+TILES_A32(tile_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, dot_us)
+#ifdef RX_VNNI /* int8 weights + 128 as unsigned bytes: VPDPBUSD has no 16-bit saturation */
+#define UNPACK_Q8_0(x) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x)->qs), _mm256_set1_epi8((char)0x80))
+#define MIN_OFF128(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-128.f))
+TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
+#else
+#define UNPACK_Q8_0(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
+TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
+#endif
 
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
 static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
@@ -342,6 +418,128 @@ static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, 
     out[1] = hsum8(acc1) - accc1;
 }
 
+/* K-quant tiles: per super-block, the int32 sums of scale_g * (group g of the weights . the
+ * activations) for the 16 (row, activation) pairs, reduced to one 4-lane vector per
+ * activation row; the mins (Q4_K) / the -32 offset (Q6_K) through the activations' group
+ * sums, as in the dot products above. */
+static inline __m256i acc_scaled(__m256i acc, __m256i p16, __m256i scale16) {
+#ifdef RX_VNNI
+    return _mm256_dpwssd_epi32(acc, p16, scale16);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale16));
+#endif
+}
+
+/* [sum of a0's 4 lanes, a1's, a2's, a3's] */
+static inline __m128i hsum4x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3) {
+    return _mm_hadd_epi32(_mm_hadd_epi32(a0, a1), _mm_hadd_epi32(a2, a3));
+}
+
+static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
+                           (const rx_q4_k *)(w + 3 * rb)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
+                            (const rx_a256 *)(a + 3 * ar)};
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[4][8], mn[4][8];
+        for (int i = 0; i < 4; i++) {
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 128, _MM_HINT_T0);
+            for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[i][b].scales, &sc[i][g], &mn[i][g]);
+        }
+        __m256i s[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+        for (int g2 = 0; g2 < 4; g2++) { /* 32 bytes: groups 2 g2 (low nibbles), 2 g2 + 1 (high) */
+            __m256i lo[4], hi[4];
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x[i][b].qs + 32 * g2));
+                lo[i] = _mm256_and_si256(q, m4);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            for (int c = 0; c < 4; c++) {
+                __m256i p0 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2));
+                __m256i p1 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2 + 32));
+                for (int i = 0; i < 4; i++) {
+                    s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(lo[i], p0), _mm256_set1_epi16(sc[i][2 * g2]));
+                    s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(hi[i], p1), _mm256_set1_epi16(sc[i][2 * g2 + 1]));
+                }
+            }
+        }
+        __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+        __m128 dmin = half4(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin);
+        __m128i mins[4];
+        for (int i = 0; i < 4; i++)
+            mins[i] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn[i]));
+        for (int c = 0; c < 4; c++) {
+            const int16_t *bs = yv[c][b].bsum;
+            /* pair sums of the 16 group sums: the activation sum of each group of 32 */
+            __m128i b01 = _mm_loadu_si128((const __m128i *)bs), b23 = _mm_loadu_si128((const __m128i *)(bs + 8));
+            __m128i pairs = _mm_packs_epi32(_mm_madd_epi16(b01, _mm_set1_epi16(1)), _mm_madd_epi16(b23, _mm_set1_epi16(1)));
+            __m128i summ = hsum4x4(_mm_madd_epi16(mins[0], pairs), _mm_madd_epi16(mins[1], pairs),
+                                   _mm_madd_epi16(mins[2], pairs), _mm_madd_epi16(mins[3], pairs));
+            __m128i sumi = hsum4x8(s[0][c], s[1][c], s[2][c], s[3][c]);
+            __m128 t = _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(sumi)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(summ)));
+            acc[c] = _mm_fmadd_ps(_mm_set1_ps(yv[c][b].d), t, acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
+static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
+                           (const rx_q6_k *)(w + 3 * rb)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
+                            (const rx_a256 *)(a + 3 * ar)};
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        __m256i s[4][4];
+        for (int i = 0; i < 4; i++) {
+            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + 4 * rb + k, _MM_HINT_T0);
+            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+        }
+        for (int h = 0; h < 2; h++) {
+            for (int part = 0; part < 4; part++) { /* 32 values: part 0..3 of the half (q1..q4) */
+                __m256i q[4], scale[4];
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t *ql = x[i][b].ql + 64 * h;
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i][b].qh + 32 * h));
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + (part & 1) * 32));
+                    __m256i lv = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    __m256i hv = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)), m2);
+                    q[i] = _mm256_or_si256(lv, _mm256_slli_epi16(hv, 4));
+                    const int8_t *sc = x[i][b].scales + 8 * h + 2 * part;
+                    scale[i] = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+                }
+                for (int c = 0; c < 4; c++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 128 * h + 32 * part));
+                    for (int i = 0; i < 4; i++) s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(q[i], p), scale[i]);
+                }
+            }
+        }
+        __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+        for (int c = 0; c < 4; c++) {
+            /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
+            __m128i b0 = _mm_loadu_si128((const __m128i *)yv[c][b].bsum);
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(yv[c][b].bsum + 8));
+            __m128i cr[4];
+            for (int i = 0; i < 4; i++) {
+                __m128i sc = _mm_loadu_si128((const __m128i *)x[i][b].scales);
+                __m128i s0 = _mm_cvtepi8_epi16(sc), s1 = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+                cr[i] = _mm_add_epi32(_mm_madd_epi16(s0, b0), _mm_madd_epi16(s1, b1));
+            }
+            __m128i corr = hsum4x4(cr[0], cr[1], cr[2], cr[3]);
+            __m128i sumi = _mm_sub_epi32(hsum4x8(s[0][c], s[1][c], s[2][c], s[3][c]), _mm_slli_epi32(corr, 5));
+            acc[c] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(yv[c][b].d)), _mm_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
 static float dot_q8_k(int64_t n, const void *w, const void *a) {
     const rx_q8_k *x = w; const rx_a256 *y = a;
     __m256 acc = _mm256_setzero_ps();
@@ -491,7 +689,110 @@ static void quant_a256(const float *x, rx_a256 *y, int64_t n) {
     }
 }
 
+/* several queries / output rows against one float16 key / value row (attention's grouped
+ * query heads): the row converted once, 8 values at a time */
+static void dotn_f32_f16(const float *q, int64_t ldq, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n,
+                         float *out) {
+    const uint16_t *k1 = nk > 1 ? k + ldk : k;
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        int m = nq - h0 < 4 ? nq - h0 : 4;
+        const float *q0 = q + h0 * ldq;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 kv = load_h8(k + i), kw = load_h8(k1 + i);
+            for (int h = 0; h < 4; h++) {
+                if (h >= m) break;
+                __m256 qv = _mm256_loadu_ps(q0 + h * ldq + i);
+                a[h] = _mm256_fmadd_ps(qv, kv, a[h]);
+                b[h] = _mm256_fmadd_ps(qv, kw, b[h]);
+            }
+        }
+        for (int h = 0; h < m; h++) {
+            float ra = hsum8(a[h]), rb = hsum8(b[h]);
+            for (int64_t e = i; e < n; e++) {
+                ra += q0[h * ldq + e] * half1(k[e]);
+                rb += q0[h * ldq + e] * half1(k1[e]);
+            }
+            out[h0 + h] = ra;
+            if (nk > 1) out[nq + h0 + h] = rb;
+        }
+    }
+}
+
+static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
+                      int64_t n) {
+    const uint16_t *x1 = x + ldx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = load_h8(x + i), xw = nx > 1 ? load_h8(x1 + i) : _mm256_setzero_ps();
+        for (int h = 0; h < ny; h++) {
+            float *yh = y + h * ldy + i;
+            __m256 acc = _mm256_fmadd_ps(_mm256_set1_ps(a[h]), xv, _mm256_loadu_ps(yh));
+            if (nx > 1) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[ny + h]), xw, acc);
+            _mm256_storeu_ps(yh, acc);
+        }
+    }
+    for (; i < n; i++)
+        for (int k = 0; k < nx; k++) {
+            float xv = half1(x[k * ldx + i]);
+            for (int h = 0; h < ny; h++) y[h * ldy + i] += a[k * ny + h] * xv;
+        }
+}
+
+/* exp(x) in float32 (Cephes' reduction and polynomial: within 2 ulp of expf) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float silu1(float g) { return g / (1.f + expf(-g)); }
+static inline float gelu1(float g) { /* as the vector form below */
+    return g / (1.f + expf(-2.f * 0.79788456080286535588f * (g + 0.044715f * g * g * g)));
+}
+
+/* the gated units' activations, 8 at a time: silu(g) = g / (1 + e^-g); gelu (tanh form)
+ * g * 0.5 (1 + tanh w) = g / (1 + e^-2w), w = sqrt(2/pi) (g + 0.044715 g^3) */
+static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), v;
+        if (mode == 1) {
+            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        } else {
+            /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
+            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
+                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
+        }
+        if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; i++) {
+        float v = mode == 1 ? silu1(g[i]) : gelu1(g[i]);
+        y[i] = u ? v * u[i] : v;
+    }
+}
+
 void RX_FILL(rx_isa *t) {
+    t->act = act;
+    t->dotn_f32_f16 = dotn_f32_f16;
+    t->axpyn_f16 = axpyn_f16;
     t->name = RX_NAME;
     t->dot[RX_Q4_0] = dot_q4_0;
     t->dot[RX_Q4_1] = dot_q4_1;
@@ -512,6 +813,18 @@ void RX_FILL(rx_isa *t) {
     t->dot2[RX_Q8_0] = dot2_q8_0;
     t->dot2[RX_Q4_K] = dot2_q4_k;
     t->dot2[RX_Q6_K] = dot2_q6_k;
+    t->tile[RX_Q4_0] = tile_q4_0;
+    t->tile[RX_Q4_1] = tile_q4_1;
+    t->tile[RX_Q5_0] = tile_q5_0;
+    t->tile[RX_Q5_1] = tile_q5_1;
+    t->tile[RX_Q8_0] = tile_q8_0;
+    t->tile8[RX_Q4_0] = tile_q4_0_8;
+    t->tile8[RX_Q4_1] = tile_q4_1_8;
+    t->tile8[RX_Q5_0] = tile_q5_0_8;
+    t->tile8[RX_Q5_1] = tile_q5_1_8;
+    t->tile8[RX_Q8_0] = tile_q8_0_8;
+    t->tile[RX_Q4_K] = tile_q4_k;
+    t->tile[RX_Q6_K] = tile_q6_k;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

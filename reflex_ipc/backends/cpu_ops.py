@@ -793,18 +793,23 @@ class CpuOps(Launchers):
             return None, result
         return Graph(self._lib, rec, keep), result
 
-    def capture(self, fn):
+    # capture(fn, run=True) keeps the recorded run's effect (runtime/graphs.capture_step)
+    capture_runs = True
+
+    def capture(self, fn, run=False):
         """base.py's capture: (graph, fn's result); graph.launch() reruns fn's C calls on the same
         arrays (the runtime writes new inputs into them first), in one call. When fn did
         something in numpy that a replay would miss (a mixture of experts' routing, say), the
         graph runs fn again at each launch and copies its result into the first one's array.
         As on CUDA, where a capture runs nothing, the step takes effect at launch: capturing
         runs fn, so the recurrent state it updated in place is put back afterwards (the KV
-        store it made is rewritten with the same values by the launch)."""
-        self._saved = []
+        store it made is rewritten with the same values by the launch). run=True: the step
+        has taken effect when capture returns (the recorded run is the step: nothing is put
+        back, and the caller does not launch the graph for this step)."""
+        self._saved = None if run else []
         try:
             graph, result = self.record(fn)
-            for a, before in self._saved:
+            for a, before in self._saved or ():
                 np.copyto(a, before)
         finally:
             self._saved = None

@@ -160,6 +160,9 @@ class CudaOps:
     name = "cuda"
     device = "cuda"
     kv_dtype = "float16"
+    # slot arrays a model marks exact (runtime.state.SlotSpec(exact=True): deepseek2's MLA latent,
+    # both its keys and its values) stay float32 (issue 32 item 18)
+    exact_kv_dtype = "float32"
     prefill_chunk = 1024
     max_state_cols = RECUR_MAX_COLS  # the widest row of a delta_net / ssm_scan state (base.py)
     mma_min_n = MMA_MIN_N
@@ -309,6 +312,12 @@ class CudaOps:
 
     def synchronize(self):
         self.rt.stream.synchronize()
+
+    def wait_uploads(self):
+        """Until every weight arena's upload is done (a backend brought up beside the cpu
+        backend is ready to take over only then: engine._late_cuda); its error, if any."""
+        for a in self._arenas.values():
+            a.wait()
 
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
@@ -967,6 +976,12 @@ class CudaOps:
         if k_cache.shape[0] != Hkv or k_cache.shape[2] != hd or (v is not None and v.size != k.size):
             raise ValueError(f"kv_store: k {k.shape} into {k_cache.shape}")
         slots = self.positions(slots)
+        if k_cache.dtype == "float32":  # an exact (MLA latent) cache: keys only
+            if v is not None or Hkv != 1:
+                raise ValueError("kv_store: a float32 cache holds one latent head, keys only")
+            self.k("kv_store_latent_f32")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, kc=k_cache.ptr,
+                                          pos=slots.ptr, N=N, dk=hd)
+            return
         self.k("kv_store")(_ew_grid(k.size), (EW_BLOCK, 1, 1), k=k.ptr, v=v.ptr if v is not None else 0,
                            kc=k_cache.ptr, vc=v_cache.ptr if v_cache is not None else 0, pos=slots.ptr, N=N, Hkv=Hkv,
                            hd=hd, ctx=k_cache.shape[1])
@@ -1084,7 +1099,7 @@ class CudaOps:
         chunk, S = mla_split_plan(N * H, n_kv)
         ml = self.empty((N * H * S * 2,))
         acc = self.empty((N * H * S * dv,))
-        kern = self.k("mla_attention_split")
+        kern = self.k("mla_attention_split_f32" if k_cache.dtype == "float32" else "mla_attention_split")
         kern((H, N, S), (32 * MLA_WARPS, 1, 1),
              kern.head(q=q.ptr, kc=k_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
                        mask=mask.ptr if mask is not None else 0),

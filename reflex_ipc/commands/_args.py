@@ -55,13 +55,72 @@ def _default(f):
     return msgspec.NODEFAULT
 
 
-def add_options(parser, cls, *, skip=(), flags=None, helps=None):
+# The sections of a model command's --help, in this order (the usage line follows it too).
+SECTIONS = ("input", "model", "sampling", "constraints", "saved state", "output")
+# an op field -> its section; a field not named here (a new one) goes to "sampling" when it
+# is a decoding parameter of a generate-like op, else to the parser's own "options"
+FIELD_SECTION = {
+    "candidates": "input", "add_bos": "input", "parse_special": "input", "special": "input",
+    "model": "model", "device": "model",
+    "max_tokens": "sampling", "temperature": "sampling", "top_k": "sampling", "top_p": "sampling",
+    "min_p": "sampling", "seed": "sampling", "repeat_penalty": "sampling",
+    "repeat_last_n": "sampling", "stop": "sampling",
+    "regex": "constraints", "json_schema": "constraints", "grammar": "constraints",
+    "kv_import": "saved state", "kv_export": "saved state",
+    "logprobs": "output", "normalize": "output", "pooling": "output",
+}
+# what an option's value is, in --help ("--import-kv FILE", not "--import-kv KV_IMPORT")
+METAVARS = {
+    "model": "MODEL", "kv_import": "FILE", "kv_export": "FILE", "candidates": "TEXT",
+    "stop": "TEXT", "regex": "REGEX", "max_tokens": "N", "seed": "N", "logprobs": "N",
+    "top_k": "K", "repeat_last_n": "N", "temperature": "T", "top_p": "P", "min_p": "P",
+    "repeat_penalty": "X",
+}
+
+
+def _metavar(field, tp) -> str:
+    if field in METAVARS:
+        return METAVARS[field]
+    return "N" if tp is int else "X" if tp is float else field.rsplit("_", 1)[-1].upper()
+
+
+class Layout:
+    """A command's options, collected into --help sections (SECTIONS order) and added to
+    the parser in that order by done(), so the usage line reads in the same order."""
+
+    def __init__(self, parser, sections=SECTIONS):
+        self.parser = parser
+        self.order = list(sections)
+        self.groups = {}
+        self.pending = []
+
+    def add(self, section, *names, **kw):
+        if section not in self.order:
+            self.order.append(section)
+        self.pending.append((self.order.index(section), len(self.pending), names, kw))
+
+    def done(self):
+        for idx, _, names, kw in sorted(self.pending, key=lambda e: e[:2]):
+            title = self.order[idx]
+            if title not in self.groups:
+                self.groups[title] = (self.parser if title == "options"
+                                      else self.parser.add_argument_group(title))
+            self.groups[title].add_argument(*names, **kw)
+        self.pending = []
+        return self.parser
+
+
+def add_options(layout, cls, *, skip=(), flags=None, helps=None, sections=None):
     """One option per field of `cls` (besides `skip`): --field-name, or flags[field]
-    (a list of option strings). Options default to None (not given: the struct's
-    default, which --help shows)."""
+    (a list of option strings), in its --help section (FIELD_SECTION, `sections`
+    overriding). Options default to None (not given: the struct's default, which --help
+    shows). `layout` is a Layout (a bare parser: one is made and finished here)."""
     import msgspec
 
-    flags, helps = flags or {}, helps or {}
+    own = not isinstance(layout, Layout)
+    if own:
+        layout = Layout(layout)
+    flags, helps, sections = flags or {}, helps or {}, {**FIELD_SECTION, **(sections or {})}
     for f in msgspec.structs.fields(cls):
         if f.name in skip:
             continue
@@ -84,13 +143,13 @@ def add_options(parser, cls, *, skip=(), flags=None, helps=None):
             kw.update(action="append", type=str, metavar="KEY=VALUE")
             shown = None
         elif typing.get_origin(tp) is list:
-            kw.update(action="append", type=str)
+            kw.update(action="append", type=str, metavar=_metavar(f.name, str))
             shown = "none" if default == [] else default
         elif typing.get_origin(tp) is typing.Literal:
             kw.update(choices=list(typing.get_args(tp)))
             shown = default
         else:
-            kw.update(type=tp, metavar=f.name.upper())
+            kw.update(type=tp, metavar=_metavar(f.name, tp))
             shown = default
         if default is msgspec.NODEFAULT or "default:" in text:
             shown = None
@@ -98,7 +157,10 @@ def add_options(parser, cls, *, skip=(), flags=None, helps=None):
             text = f"{text}{'; ' if text else ''}default: {shown}"
         elif default is None and tp is not bool:
             text = f"{text}{'; ' if text else ''}default: none"
-        parser.add_argument(*names, help=text.replace("%", "%%"), **kw)
+        layout.add(sections.get(f.name, "options"), *names, help=text.replace("%", "%%"), **kw)
+    if own:
+        layout.done()
+    return layout
 
 
 def option_name(field: str, flags=None) -> str:

@@ -31,29 +31,38 @@ DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_CANDIDATES = (" Paris", " London", " Berlin")
 
 
+EXAMPLES = """\
+  reflex bench cold --runs 10 --device cpu
+  reflex bench cold --runs 10 --vs "llama-simple -m M.gguf -n 1 'Hi'" --vs-name llama.cpp
+  reflex bench all --out results.json --chart results.png
+Exit 1 when a run failed (ours or the --vs peer's), with what failed on stderr."""
+
+
 def add_arguments(p):
-    p.add_argument("mode", choices=["cold", "warm", "decode", "prefill", "all"])
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
+    p.add_argument("mode", choices=["cold", "warm", "decode", "prefill", "all"],
+                   help="cold: fresh processes, spawn to exit; warm: requests to one `reflex stdio`; "
+                        "decode: tokens/s; prefill: a long prompt; all: cold, warm and decode")
+    p.add_argument("--model", metavar="MODEL", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
     from ..ops import DEVICES
 
     p.add_argument("--device", default="auto", choices=DEVICES, help="default: %(default)s")
-    p.add_argument("--runs", type=int, default=10, help="cold processes / warm requests (default 10)")
+    p.add_argument("--runs", type=int, default=10, metavar="N", help="cold processes / warm requests (default 10)")
     p.add_argument("--op", default="generate", choices=["generate", "system1"], help="cold: which op")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--candidate", action="append", help="system1 candidates (default: 3 cities)")
-    p.add_argument("--tokens", type=int, default=128, help="decode: tokens to generate")
-    p.add_argument("--prompt-tokens", type=int, default=512, help="prefill: prompt length (default 512)")
-    p.add_argument("--pause", type=float, default=0.0, help="cold: seconds of sleep between runs")
-    p.add_argument("--idle-w", type=float, help="cold: the GPU's idle power (W) measured before; "
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, metavar="TEXT", help="default: %(default)r")
+    p.add_argument("--candidate", action="append", metavar="TEXT", help="system1 candidates (default: 3 cities)")
+    p.add_argument("--tokens", type=int, default=128, metavar="N", help="decode: tokens to generate (default 128)")
+    p.add_argument("--prompt-tokens", type=int, default=512, metavar="N", help="prefill: prompt length (default 512)")
+    p.add_argument("--pause", type=float, default=0.0, metavar="SECONDS", help="cold: seconds of sleep between runs")
+    p.add_argument("--idle-w", type=float, metavar="WATTS", help="cold: the GPU's idle power (W) measured before; "
                    "default: measure it (3 s)")
-    p.add_argument("--energy-tail", type=float, default=0.0,
+    p.add_argument("--energy-tail", type=float, default=0.0, metavar="SECONDS",
                    help="cold: seconds after exit that the energy window still holds (work left running)")
     p.add_argument("--drop-caches", action="store_true", help="cold: drop the page cache before each run")
-    p.add_argument("--vs", help="cold: a peer's shell command, alternated with ours")
-    p.add_argument("--vs-name", default="peer")
-    p.add_argument("--label", default="", help="a free-form label stored in the results")
-    p.add_argument("--out", help="write the results JSON here")
-    p.add_argument("--chart", help="write a PNG chart here (needs matplotlib)")
+    p.add_argument("--vs", metavar="COMMAND", help="cold: a peer's shell command, alternated with ours")
+    p.add_argument("--vs-name", default="peer", metavar="NAME", help="the peer's name in the table")
+    p.add_argument("--label", default="", metavar="TEXT", help="a free-form label stored in the results")
+    p.add_argument("--out", metavar="FILE", help="write the results JSON here")
+    p.add_argument("--chart", metavar="FILE", help="write a PNG chart here (needs matplotlib)")
 
 
 # -- statistics -------------------------------------------------------------------
@@ -598,35 +607,97 @@ def run(args):
     if args.chart:
         chart(out, args.chart)
     print(summary_table(out))
-    return 0
+    bad = failures(out)
+    for line in bad:
+        sys.stderr.write(f"reflex bench: {line}\n")
+    return 1 if bad else 0
+
+
+def _num(x, unit="", digits=1):
+    """x formatted for the table ("-" when absent), integers without a fraction."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    return (f"{x:,.{digits}f}" if isinstance(x, float) else f"{x:,}") + (f" {unit}" if unit else "")
+
+
+def _p50(st):
+    return (st or {}).get("p50")
 
 
 def summary_table(out):
-    rows = []
+    """The results as a plain table: one row per measurement, p50 / p95 where there are
+    runs; what was not measured here (energy and VRAM without NVML) is left out."""
+    rows = [("measurement", "p50", "p95", "runs", "notes")]
+
+    def row(what, st, unit="ms", notes=""):
+        st = st or {}
+        rows.append((what, _num(st.get("p50"), unit), _num(st.get("p95"), unit),
+                     _num(st.get("n")), notes))
+
     for r in out["runs"]:
         if r["mode"] == "cold":
-            w = r.get("wall_ms") or {}
-            line = f"cold {r['op']:<9} p50 {w.get('p50')} ms  p95 {w.get('p95')} ms  fails {r['failures']}"
+            notes = f"{r['failures']} failed" if r["failures"] else ""
             if r.get("energy_net_j_mean") is not None:
-                line += f"  {r['energy_net_j_mean']} J a start above idle"
-            if r.get("vs"):
-                v = r["vs"]
-                line += (f"\n  vs {v['name']}: p50 {(v.get('wall_ms') or {}).get('p50')} ms, "
-                         f"speedup p50 {(v.get('speedup_pairwise') or {}).get('p50')}x")
-            rows.append(line)
+                notes += f"{'; ' if notes else ''}{r['energy_net_j_mean']} J a start above idle"
+            row(f"cold {r['op']} (spawn to exit)", r.get("wall_ms"), notes=notes)
+            row("  first stdout byte", r.get("first_byte_ms"))
             for k, st in r["phases_ms"].items():
                 if st:
-                    rows.append(f"    {k:<34} p50 {st['p50']:>9} ms")
+                    row(f"  phase {k}", st)
+            v = r.get("vs")
+            if v:
+                failed = v["failures"]
+                row(f"cold {v['name']} (spawn to exit)", v.get("wall_ms"),
+                    notes=f"{failed} of {r['runs']} FAILED" if failed else "")
+                sp = v.get("speedup_pairwise")
+                ratio = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+                rows.append((f"  {v['name']} / reflex, pair by pair", ratio(_p50(sp)),
+                             ratio((sp or {}).get("p95")), _num((sp or {}).get("n")),
+                             "" if sp else "no pair where both ran"))
         elif r["mode"] == "warm":
-            g, s = r.get("generate_1_token_ms") or {}, r.get("system1_3_candidates_ms") or {}
-            rows.append(f"warm ready {r['ready_ms']:.1f} ms, first request {r['first_request_ms']:.1f} ms, "
-                        f"gen1 p50 {g.get('p50')} ms, system1x3 p50 {s.get('p50')} ms "
-                        f"(new prompt each: {(r.get('system1_3_candidates_new_prompt_each_ms') or {}).get('p50')} ms), "
-                        f"VRAM {r.get('vram_process_mib')} MiB")
+            rows.append(("warm: server ready", _num(r.get("ready_ms"), "ms"), "", "", ""))
+            rows.append(("warm: first request", _num(r.get("first_request_ms"), "ms"), "", "", ""))
+            row("warm generate 1 token", r.get("generate_1_token_ms"))
+            row("warm system1, 3 candidates", r.get("system1_3_candidates_ms"))
+            row("  a new prompt each time", r.get("system1_3_candidates_new_prompt_each_ms"))
+            if r.get("vram_process_mib") is not None:
+                rows.append(("  VRAM of the server", _num(r["vram_process_mib"], "MiB", 0), "", "", ""))
         elif r["mode"] == "prefill":
-            rows.append(f"prefill {(r.get('prompt_tokens') or {}).get('p50')} tokens: p50 "
-                        f"{(r.get('prompt_eval_ms') or {}).get('p50')} ms, "
-                        f"{(r.get('tokens_per_s') or {}).get('p50')} tok/s")
+            n = _p50(r.get("prompt_tokens"))
+            row(f"prefill {_num(n)}-token prompt", r.get("prompt_eval_ms"))
+            row("  tokens/s", r.get("tokens_per_s"), unit="tok/s")
         else:
-            rows.append(f"decode {r.get('best_of_3')}  VRAM {r.get('vram_process_mib')} MiB")
-    return "\n".join(rows)
+            b = r.get("best_of_3") or {}
+            rows.append(("decode (best of 3)", _num(b.get("tokens_per_s"), "tok/s"), "", "3",
+                         f"{b['tokens']} tokens in {_num(b.get('decode_ms'), 'ms')}" if b else "no run"))
+            if r.get("vram_process_mib") is not None:
+                rows.append(("  VRAM of the server", _num(r["vram_process_mib"], "MiB", 0), "", "", ""))
+    widths = [max(len(str(x[i])) for x in rows) for i in range(5)]
+    lines = []
+    for i, x in enumerate(rows):
+        cells = [str(x[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(x[1:4], widths[1:4])]
+        lines.append(("  ".join(cells) + ("  " + x[4] if x[4] else "")).rstrip())
+        if i == 0:
+            lines.append("-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def failures(out) -> list:
+    """What failed in the runs, one line each: ours, or the --vs peer's."""
+    bad = []
+    for r in out["runs"]:
+        if r["mode"] != "cold":
+            continue
+        if r["failures"]:
+            bad.append(f"{r['failures']} of {r['runs']} cold reflex runs failed")
+        v = r.get("vs")
+        if v and v["failures"]:
+            codes = sorted({p["rc"] for p in v["per_run"] if p["rc"] != 0})
+            tail = next((p.get("stderr_tail") for p in v["per_run"] if p["rc"] != 0), "") or ""
+            last = tail.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+            bad.append(f"{v['failures']} of {r['runs']} runs of the peer {v['name']!r} failed "
+                       f"(exit status {', '.join(map(str, codes))}): {v['command']}; its stderr "
+                       f"ended: {last[0]}")
+    return bad

@@ -4,6 +4,18 @@
 import sys
 
 
+EXAMPLES = """\
+  reflex cache                      (the same as: reflex cache ls)
+  reflex cache ls --json
+  reflex cache clear
+The prefix cache keeps the state of prompts' leading tokens so that a later process with
+the same start skips evaluating them; on by default. REFLEX_PREFIX_CACHE=0 turns it off,
+REFLEX_PREFIX_CACHE_DIR moves it (default: prefix/ in reflex's cache folder: $REFLEX_CACHE,
+else $XDG_CACHE_HOME/reflex-ipc, else ~/.cache/reflex-ipc), REFLEX_PREFIX_CACHE_MAX caps
+its size (default 4G, least recently used files go first); --no-prefix-cache (generate,
+system1, infill, embed) and the requests' prefix_cache: false skip it for one request."""
+
+
 def add_arguments(p):
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     ls = sub.add_parser("ls", help="the folder, the size cap, and per model: files, bytes, last use")
@@ -11,13 +23,6 @@ def add_arguments(p):
     clear = sub.add_parser("clear", help="delete every saved prefix state")
     clear.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(action="ls", json=False)
-    p.epilog = ("The prefix cache keeps the state of prompts' leading tokens so that a later "
-                "process with the same start skips evaluating them; on by default. "
-                "REFLEX_PREFIX_CACHE=0 turns it off, REFLEX_PREFIX_CACHE_DIR moves it (default: "
-                "prefix/ in reflex's cache folder: $REFLEX_CACHE, else $XDG_CACHE_HOME/reflex-ipc, "
-                "else ~/.cache/reflex-ipc), REFLEX_PREFIX_CACHE_MAX caps its size (default 4G, "
-                "least recently used files go first); --no-prefix-cache (generate, system1, infill, "
-                "embed) and the requests' prefix_cache: false skip it for one request.")
 
 
 def listing():

@@ -1,6 +1,7 @@
-"""reflex doctor: what reflex would use here. The CPU path (numpy, the default model, the
-backend `--device auto` would pick) and what the CUDA backend would find: GPU, driver,
-pycuda, the kernel images in the package and the one the driver would load, NVML.
+"""reflex doctor: what reflex would use here. The backend `--device auto` picks and why;
+the CPU side (numpy, the default model, the C kernels: the ISA path they chose and their
+threads); and what the CUDA backend would find: GPU, driver, pycuda, the CUDA kernel
+images (fatbin) in the package and the one the driver would load, NVML.
 
 Exit 0 when a model can run here (the CPU path is enough: no GPU is not a failure);
 1 when it cannot (numpy missing, the default model not found)."""
@@ -9,6 +10,11 @@ import json
 import os
 import platform
 import sys
+
+
+EXAMPLES = """\
+  reflex doctor                (exit 0 when a model can run here, GPU or not)
+  reflex doctor --json"""
 
 
 def add_arguments(parser):
@@ -58,8 +64,53 @@ def _nvml():
     return out
 
 
+def _cpu_features():
+    """The x86 features the C kernels choose their path by (Linux /proc/cpuinfo), else None."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), [])
+    except OSError:
+        return None
+    want = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+    return [f for f in want if f in flags] if flags else None
+
+
+def _cpu_library():
+    """The C kernels (the cpu backend): whether the library loads, the ISA path it picked
+    (REFLEX_CPU_ISA may force one), the threads it would use ($REFLEX_CPU_THREADS, else the
+    physical cores) and the build record."""
+    out = {}
+    try:
+        from ..backends import cpu_ops
+
+        out["path"] = cpu_ops.library_path()
+        ok, what = cpu_ops.available()
+        out["ok"] = ok
+        if ok:
+            from .. import settings
+
+            st = settings.get()
+            out["isa"] = what
+            out["threads"] = st.cpu_threads or cpu_ops.physical_cores()
+            out["threads_from"] = "$REFLEX_CPU_THREADS" if st.cpu_threads else "the physical cores"
+            if st.cpu_isa != "auto":
+                out["isa_forced_by"] = f"REFLEX_CPU_ISA={st.cpu_isa}"
+        else:
+            out["error"] = what
+        try:
+            with open(os.path.join(os.path.dirname(out["path"]), "cpu_build.json")) as fh:
+                b = json.load(fh)
+            out["build"] = {k: b[k] for k in ("cc", "objects", "reason") if k in b}
+        except (OSError, ValueError):
+            pass
+    except Exception as e:  # numpy missing, say: _cpu reports that
+        out.update(ok=False, error=f"{type(e).__name__}: {e}")
+    out["cpu_features"] = _cpu_features()
+    return out
+
+
 def _cpu():
-    """numpy and the default model: what every backend needs."""
+    """numpy, the default model and the C kernels: what the CPU backends need."""
     out = {}
     try:
         import numpy
@@ -76,8 +127,25 @@ def _cpu():
                                 "path": resolve_model(None)}
     except Exception as e:
         out["default_model"] = {"error": getattr(e, "message", None) or str(e)}
+    out["library"] = _cpu_library()
     out["ok"] = "version" in out["numpy"] and "path" in out["default_model"]
     return out
+
+
+def auto_choice(rep) -> tuple:
+    """(backend, why) that --device auto picks, by engine.make_backend's rule: CUDA when
+    pycuda imports and the CUDA runtime starts with the kernels, else the C kernels (cpu),
+    else numpy."""
+    c, lib = rep["cuda"], rep["cpu"]["library"]
+    if c.get("ok"):
+        return "cuda", f"CUDA started on {c['device']}"
+    if "error" in rep["pycuda"]:
+        why = "pycuda is not installed (the cuda extra)"
+    else:
+        why = f"CUDA is unavailable: {c.get('error')}"
+    if lib.get("ok"):
+        return "cpu", f"{why}; the C kernels load ({lib['isa']}, {lib['threads']} threads)"
+    return "numpy", f"{why}; the C kernels do not load: {lib.get('error')}"
 
 
 def collect():
@@ -112,10 +180,48 @@ def collect():
     except Exception as e:
         rep["cuda"] = {"ok": False, "error": getattr(e, "message", None) or str(e)}
     rep["cpu"] = _cpu()
-    # what --device auto picks (engine.make_backend): CUDA when it starts, else numpy
-    rep["auto_backend"] = "cuda" if rep["cuda"].get("ok") else "numpy"
+    rep["auto_backend"], rep["auto_reason"] = auto_choice(rep)
     rep["ok"] = rep["cpu"]["ok"]
     return rep
+
+
+def _text(rep):
+    k, cpu, c = rep["kernels"], rep["cpu"], rep["cuda"]
+    lib = cpu["library"]
+    dm = cpu["default_model"]
+    lines = [f"python      {rep['python']} on {rep['platform']}",
+             f"numpy       {cpu['numpy'].get('version') or 'MISSING: ' + cpu['numpy']['error']}",
+             f"model       {dm['name'] + ' = ' + dm['path'] if 'path' in dm else 'NOT FOUND: ' + dm['error']}",
+             f"auto        --device auto runs the {rep['auto_backend']} backend: {rep['auto_reason']}",
+             "", "CPU (--device cpu: the C kernels; --device numpy: the float32 oracle)"]
+    if lib.get("ok"):
+        lines.append(f"  C kernels   {lib['path']}")
+        lines.append(f"  path        {lib['isa']}" + (f" (forced by {lib['isa_forced_by']})"
+                                                     if lib.get("isa_forced_by") else ""))
+        lines.append(f"  threads     {lib['threads']} (" + ("from $REFLEX_CPU_THREADS)" if lib["threads_from"].startswith("$")
+                                                    else "the physical cores; $REFLEX_CPU_THREADS sets it)"))
+    else:
+        lines.append(f"  C kernels   NOT LOADED: {lib.get('error')}; --device cpu runs numpy instead")
+    if lib.get("cpu_features") is not None:
+        lines.append(f"  CPU flags   {' '.join(lib['cpu_features']) or 'none of avx2/avx512'}")
+    lines += ["", "CUDA (--device cuda)"]
+    lines.append(f"  pycuda      {rep['pycuda'].get('version') or rep['pycuda'].get('error')}")
+    nv = rep["nvml"]
+    if nv.get("available"):
+        for g in nv.get("gpus", []):
+            lines.append(f"  GPU {g['index']}       {g['name']}, {g['memory_total_mib']} MiB, driver {nv.get('driver')}")
+    else:
+        lines.append(f"  NVML        unavailable ({nv.get('error')})")
+    lines.append("  fatbin      " + ("built for " + ", ".join(k.get("images", [])) if k["built"]
+                                    else "not built (the CUDA kernels; the CPU backends do not need "
+                                         "them): " + k.get("reason", "")))
+    if c["ok"]:
+        lines.append(f"  runtime     {c['device']} cc {c['compute_capability']}, driver API "
+                     f"{c['driver_version']}, loads {c['image']} (binary version {c['loaded_binary_version']})")
+    else:
+        lines.append(f"  runtime     unavailable: {c['error']}")
+    lines += ["", "ok: a model can run here" if rep["ok"] else "NOT OK: no model can run here"]
+    return "\n".join(lines) + "\n"
 
 
 def run(args) -> int:
@@ -123,32 +229,10 @@ def run(args) -> int:
 
     cuda.start_init()
     rep = collect()
-    if args.json:
-        sys.stdout.write(json.dumps(rep) + "\n")
-    else:
-        k = rep["kernels"]
-        cpu = rep["cpu"]
-        print(f"python    {rep['python']} on {rep['platform']}")
-        print(f"numpy     {cpu['numpy'].get('version') or 'MISSING: ' + cpu['numpy']['error']}")
-        dm = cpu["default_model"]
-        print(f"model     {dm['name'] + ' = ' + dm['path'] if 'path' in dm else 'NOT FOUND: ' + dm['error']}")
-        print(f"auto      --device auto uses the {rep['auto_backend']} backend"
-              + ("" if rep["auto_backend"] == "cuda" else " (CPU; CUDA is unavailable, see below)"))
-        print(f"kernels   {'built for ' + ', '.join(k.get('images', [])) if k['built'] else 'NOT BUILT: ' + k.get('reason', '')}")
-        print(f"pycuda    {rep['pycuda'].get('version') or rep['pycuda'].get('error')}")
-        nv = rep["nvml"]
-        if nv.get("available"):
-            for g in nv.get("gpus", []):
-                print(f"nvml      GPU {g['index']}: {g['name']}, {g['memory_total_mib']} MiB, driver {nv.get('driver')}")
-        else:
-            print(f"nvml      unavailable ({nv.get('error')})")
-        c = rep["cuda"]
-        if c["ok"]:
-            print(f"cuda      {c['device']} cc {c['compute_capability']}, driver API {c['driver_version']}, "
-                  f"loads {c['image']} (binary version {c['loaded_binary_version']})")
-        else:
-            print(f"cuda      unavailable: {c['error']}")
-        print("ok: a model can run here" if rep["ok"] else "NOT OK: no model can run here")
-    sys.stdout.flush()
+    sys.stdout.write(json.dumps(rep) + "\n" if args.json else _text(rep))
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
     sys.stderr.flush()
     os._exit(0 if rep["ok"] else 1)  # driver teardown stays off the clock

@@ -5,13 +5,22 @@ import sys
 SKIP = ("input",)
 
 
+EXAMPLES = """\
+  reflex embed "hello" "world"                   (one line of numbers per TEXT)
+  reflex embed --json --normalize "hello" "world"
+  reflex embed --pooling last < document.txt"""
+
+
 def add_arguments(p):
     from ..ops.embed import Request
+    from ._args import Layout
     from ._model import add_common
 
-    add_common(p, Request, skip=SKIP)
-    p.add_argument("texts", nargs="*", metavar="TEXT",
-                   help="the texts; '-' or none: one text read from stdin")
+    layout = Layout(p)
+    layout.add("input", "texts", nargs="*", metavar="TEXT",
+               help="the texts; '-' or none: one text read from stdin")
+    add_common(layout, Request, skip=SKIP, sections={"pooling": "output", "normalize": "output"})
+    layout.done()
 
 
 def run(args):

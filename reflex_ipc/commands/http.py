@@ -32,25 +32,33 @@ def _count(text, least=0):
     return n
 
 
+EXAMPLES = """\
+  reflex http --port 8080                            (then http://127.0.0.1:8080/v1 with any OpenAI client)
+  curl -s 127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"messages": [{"role": "user", "content": "Name the three primary colors."}]}'
+  reflex http --connect /tmp/reflex.sock --api-key "$KEY"
+Needs the http extra: pip install 'reflex-ipc[http]'."""
+
+
 def add_arguments(p):
     from ..ops import DEVICES
 
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8080, help="TCP port (default 8080)")
-    p.add_argument("--model", help="GGUF path or alias the spawned engine loads (default: its default)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8080, metavar="PORT", help="TCP port (default 8080)")
+    p.add_argument("--model", metavar="MODEL", help="GGUF path or alias the spawned engine loads (default: its default)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="the spawned engine's device (default: %(default)s)")
     p.add_argument("--connect", metavar="PATH",
                    help="use the `reflex uds` engine listening on PATH instead of spawning one")
-    p.add_argument("--api-key", default=None,
+    p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require `Authorization: Bearer KEY` (default: $REFLEX_API_KEY; none when unset)")
-    p.add_argument("--queue", type=_count, default=16,
+    p.add_argument("--queue", type=_count, default=16, metavar="N",
                    help="requests that may wait for the engine; beyond, 503 + Retry-After (default 16)")
-    p.add_argument("--max-body-bytes", type=lambda t: _count(t, 1), default=8 << 20,
+    p.add_argument("--max-body-bytes", type=lambda t: _count(t, 1), default=8 << 20, metavar="BYTES",
                    help="largest request body (default 8 MiB; larger: 413)")
-    p.add_argument("--chat-max-tokens", type=lambda t: _count(t, 1), default=512,
+    p.add_argument("--chat-max-tokens", type=lambda t: _count(t, 1), default=512, metavar="N",
                    help="max_tokens of a chat completion that gives none (default 512)")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    p.add_argument("--log-level", default="warning", metavar="LEVEL", help="uvicorn's log level (default warning)")
 
 
 def run(args) -> int:

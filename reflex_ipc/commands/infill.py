@@ -8,17 +8,31 @@ NAMES = {"prefix": "--prefix", "suffix": "--suffix", "input_extra": "--extra",
          "json_schema": "--json-schema", "grammar": "--grammar"}
 
 
+EXAMPLES = """\
+  reflex infill --model coder.gguf --prefix $'def add(a, b):\\n    return ' --suffix $'\\n'
+  reflex infill --model coder.gguf --prefix @before.py --suffix @after.py --extra utils.py
+The model must have been trained to fill in the middle (FIM tokens in its vocabulary),
+e.g. Qwen2.5-Coder-0.5B's GGUF from Hugging Face; the default model (SmolLM2) has none.
+To try the command without one: python -m reflex_ipc.testing.demo fim /tmp/fim-demo.gguf
+(a tiny untrained model with FIM tokens: it shows the mechanics, its text is noise)."""
+
+
 def add_arguments(p):
     from ..ops.infill import Request
+    from ._args import Layout
     from ._model import add_common
     from .generate import add_constraint_arguments
 
-    add_common(p, Request, skip=SKIP, helps={"stop": "stop string (repeatable)"})
-    add_constraint_arguments(p)
-    p.add_argument("--prefix", required=True, help="text before the cursor (@FILE reads a file)")
-    p.add_argument("--suffix", default="", help="text after the cursor (@FILE reads a file)")
-    p.add_argument("--extra", action="append", default=[], metavar="FILE",
-                   help="another file of the project as context (repeatable)")
+    layout = Layout(p)
+    layout.add("input", "--prefix", required=True, metavar="TEXT",
+               help="text before the cursor (@FILE reads a file)")
+    layout.add("input", "--suffix", default="", metavar="TEXT",
+               help="text after the cursor (@FILE reads a file)")
+    layout.add("input", "--extra", action="append", default=[], metavar="FILE",
+               help="another file of the project as context (repeatable)")
+    add_common(layout, Request, skip=SKIP, helps={"stop": "stop string (repeatable)"})
+    add_constraint_arguments(layout)
+    layout.done()
 
 
 def run(args):

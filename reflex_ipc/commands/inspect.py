@@ -5,8 +5,16 @@ import sys
 from ..ggml_types import type_name
 
 
+EXAMPLES = """\
+  reflex inspect model.gguf
+  reflex inspect                                  (the default model)
+  reflex inspect --json model.gguf | python -m json.tool"""
+
+
 def add_arguments(p):
-    p.add_argument("--model", help="GGUF path or alias (default: $REFLEX_MODEL, else smollm2)")
+    p.add_argument("file", nargs="?", metavar="FILE",
+                   help="the GGUF file (or an alias); default: --model, else $REFLEX_MODEL, else smollm2")
+    p.add_argument("--model", metavar="MODEL", help="the same as FILE (as the other commands take it)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
@@ -45,10 +53,13 @@ def summary(f) -> dict:
 
 
 def run(args):
+    from ..errors import ReflexError
     from ..gguffile import GGUFFile
     from ..modelpath import resolve_model
 
-    with GGUFFile(resolve_model(args.model)) as f:
+    if args.file and args.model and args.file != args.model:
+        raise ReflexError("invalid_request", "give the file once: FILE or --model, not both")
+    with GGUFFile(resolve_model(args.file or args.model)) as f:
         s = summary(f)
     if args.json:
         import orjson

@@ -51,27 +51,39 @@ def _dir(text):
     return text
 
 
+EXAMPLES = {
+    "stdio": """\
+  echo '{"id": 1, "op": "generate", "prompt": "The capital of France is", "max_tokens": 4}' | reflex stdio
+  reflex stdio --model smollm2 --device cpu          (load the model before the ready line)
+The protocol: one JSON request per line on stdin, the answers as JSON lines on stdout.""",
+    "uds": """\
+  reflex uds /tmp/reflex.sock &
+  reflex http --connect /tmp/reflex.sock             (an HTTP front over it)
+The same JSON lines as `reflex stdio`, one client connection at a time.""",
+}
+
+
 def add_arguments(p, name):
     from ..ops import DEVICES, MAX_LINE_BYTES
 
     if name == "uds":
         p.add_argument("path", metavar="PATH", help="the socket file to listen on")
-        p.add_argument("--mode", type=_mode, default=0o600,
+        p.add_argument("--mode", type=_mode, default=0o600, metavar="OCTAL",
                        help="permissions of the socket file, octal (default 600)")
-    p.add_argument("--model", help="load this GGUF path or alias before the ready line")
+    p.add_argument("--model", metavar="MODEL", help="load this GGUF path or alias before the ready line")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when usable, else CPU (default: %(default)s)")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                    help="with --model: " + "apply a LoRA adapter (llama.cpp's GGUF adapter format) at load, its "
                    "product scaled by SCALE (default 1); repeatable")
-    p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES,
+    p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES, metavar="BYTES",
                    help="longest request line, in bytes (default: %(default)s = 16 MiB)")
     p.add_argument("--model-dir", type=_dir, action="append", default=[], metavar="DIR",
                    help="a request's `model` path must lie inside DIR (repeatable; "
                    "aliases and --model are always allowed)")
-    p.add_argument("--max-models", type=_size, default=4,
+    p.add_argument("--max-models", type=_size, default=4, metavar="N",
                    help="models kept loaded at once (default 4; least recently used go)")
-    p.add_argument("--max-model-bytes", type=_size, default=32 << 30,
+    p.add_argument("--max-model-bytes", type=_size, default=32 << 30, metavar="BYTES",
                    help="total size of the model files kept loaded (default 32 GiB)")
     p.add_argument("--write-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                    help="drop a client that reads nothing of a result for this long "

@@ -10,9 +10,15 @@ import os
 import sys
 
 
+EXAMPLES = """\
+  reflex smoke                 (exit 0: a kernel ran and was right; 3: no CUDA here)
+  reflex smoke --json"""
+
+
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--device-index", type=int, default=0)
+    parser.add_argument("--device-index", type=int, default=0, metavar="N",
+                        help="the GPU to use (default 0)")
 
 
 def run(args) -> int:

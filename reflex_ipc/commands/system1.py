@@ -9,16 +9,26 @@ FLAGS = {"candidates": ["--candidate"], "kv_import": ["--import-kv"], "kv_export
 NAMES = {"prompt": "PROMPT", "messages": "PROMPT", "chat_template": "--chat-template"}
 
 
+EXAMPLES = """\
+  reflex system1 --chat "What is the capital of France?" --candidate Paris --candidate London
+  reflex system1 "The sky on a clear day is" --candidate " blue" --candidate " green"
+  reflex system1 --json --candidate " yes" --candidate " no" "Is the sun a star? Answer:"
+Output: one line per candidate, the best marked *: its probability among the candidates,
+the model's log-probability of its tokens (summed; natural log), its token count, its text."""
+
+
 def add_arguments(p):
     from ..ops.system1 import Request
-    from ._args import PROMPT_HELP
+    from ._args import PROMPT_HELP, Layout
     from ._model import add_common
     from .generate import add_chat_arguments
 
-    add_common(p, Request, skip=SKIP, flags=FLAGS,
-               helps={"candidates": "a continuation (repeatable; at least one)"})
-    add_chat_arguments(p)
-    p.add_argument("prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
+    layout = Layout(p)
+    layout.add("input", "prompt", nargs="?", metavar="PROMPT", help=PROMPT_HELP)
+    add_common(layout, Request, skip=SKIP, flags=FLAGS,
+               helps={"candidates": "a continuation to score (repeatable; at least one)"})
+    add_chat_arguments(layout)
+    layout.done()
 
 
 def run(args):
@@ -33,12 +43,22 @@ def run(args):
     out = run_op(model, lambda: model.decide(req))
     if finish(model, out, args.json):
         return 0
-    for i, c in enumerate(out["candidates"]):
-        mark = "*" if i == out["best_idx"] else " "
-        sys.stdout.write(f"{mark} {c['probability']:.4f}  logprob {c['logprob']:9.4f}  "
-                         f"({len(c['token_ids'])} tokens)  {c['text']!r}\n")
+    sys.stdout.write(table(out))
     t = out["timings"]
     sys.stderr.write(f"[entropy {out['entropy']:.4f} bits; load {t['load']:.0f} ms, prompt "
                      f"{t['prompt_eval']:.0f} ms, candidates {t['candidates_eval']:.0f} ms, "
                      f"backend {model.runner.ops.name}]\n")
     return 0
+
+
+def table(out) -> str:
+    """The candidates as a table: the best marked *; prob is the share among the
+    candidates (they sum to 1), logprob the model's log-probability of the candidate's
+    tokens after the prompt (natural log, summed over them), tokens their count."""
+    rows = [("", "prob", "logprob", "tokens", "candidate")]
+    for i, c in enumerate(out["candidates"]):
+        rows.append(("*" if i == out["best_idx"] else "", f"{c['probability']:.4f}",
+                     f"{c['logprob']:.4f}", str(len(c["token_ids"])), repr(c["text"])))
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "".join(f"{r[0]:<{w[0]}} {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]}".rstrip() + "\n"
+                   for r in rows)

@@ -12,15 +12,24 @@ HELPS = {"add_bos": "prepend the BOS token",
          "model": "GGUF path or alias; default: $REFLEX_MODEL, else smollm2"}
 
 
+EXAMPLES = """\
+  reflex tokenize "Hello <|im_end|>"              (each token: id, text, control or not)
+  reflex tokenize --json --bos "Hello" "world"
+  reflex tokenize --model model.gguf < file.txt
+  reflex detokenize 19556 2         (the inverse)"""
+
+
 def add_arguments(p):
     from ..ops.tokenize import Request
-    from ._args import add_options
+    from ._args import Layout, add_options
 
-    add_options(p, Request, skip=SKIP, flags=FLAGS, helps=HELPS)
-    p.add_argument("--json", action="store_true",
-                   help='one line per TEXT: {"text": ..., "token_ids": [...]}')
-    p.add_argument("text", nargs="*", metavar="TEXT",
-                   help="the texts; '-' or none: one text read from stdin")
+    layout = Layout(p)
+    layout.add("input", "text", nargs="*", metavar="TEXT",
+               help="the texts; '-' or none: one text read from stdin")
+    add_options(layout, Request, skip=SKIP, flags=FLAGS, helps=HELPS)
+    layout.add("output", "--json", action="store_true",
+               help='one line per TEXT: {"text": ..., "token_ids": [...]}')
+    layout.done()
 
 
 def run(args) -> int:

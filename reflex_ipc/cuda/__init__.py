@@ -196,25 +196,20 @@ def pycuda_installed() -> bool:
     return _pycuda_found
 
 
-def start_init(device_index: int = 0) -> bool:
-    """Start CUDA initialization on a background thread (once). False when pycuda is absent."""
-    global _thread
+_driver = None  # (thread, errors, timings, device index) of the cuInit + context thread
+
+
+def start_driver(device_index: int = 0) -> bool:
+    """Start only cuInit + the primary context on their thread (ctypes: the GIL is released
+    for the whole call, so it costs the main thread nothing), once; start_init() later adds
+    the pycuda side. False when pycuda is absent (CUDA cannot be used anyway)."""
+    global _driver
     with _lock:
-        if _thread is not None:
+        if _driver is not None:
             return True
         if not pycuda_installed():
-            _result["error"] = ModuleNotFoundError("pycuda is not installed (pip install pycuda)")
-            _thread = threading.Thread()  # a finished stand-in: runtime() reports the error
             return False
-        # start-up is a relay between threads that each need the GIL only briefly between
-        # long calls that release it (cuInit, the context, page-locking); a short switch
-        # interval hands it over sooner (measured on the H200 host: -46 ms to first token).
-        # startup_done() restores the interval.
-        global _saved_switch
-        if _saved_switch is None:
-            _saved_switch = sys.getswitchinterval()
-            sys.setswitchinterval(STARTUP_SWITCH_INTERVAL)
-        t, drv_err = {}, []
+        t, drv_err = _progress, []
 
         def driver():
             t0 = time.perf_counter()
@@ -226,10 +221,51 @@ def start_init(device_index: int = 0) -> bool:
 
         th = threading.Thread(target=driver, name="reflex-cuinit", daemon=True)
         th.start()  # first: cuInit is the longest step of all
-        _thread = threading.Thread(target=_init_worker, args=(device_index, th, drv_err, t),
+        _driver = (th, drv_err, t, device_index)
+        return True
+
+
+def start_init(device_index: int = 0) -> bool:
+    """Start CUDA initialization on background threads (once): cuInit + context (start_driver,
+    unless it runs already) and the pycuda side (import, context, fatbin). False when pycuda
+    is absent."""
+    global _thread
+    if not start_driver(device_index):
+        with _lock:
+            if _thread is None:
+                _result["error"] = ModuleNotFoundError("pycuda is not installed (pip install pycuda)")
+                _thread = threading.Thread()  # a finished stand-in: runtime() reports the error
+        return False
+    with _lock:
+        if _thread is not None:
+            return True
+        # start-up is a relay between threads that each need the GIL only briefly between
+        # long calls that release it (cuInit, the context, page-locking); a short switch
+        # interval hands it over sooner (measured on the H200 host: -46 ms to first token).
+        # startup_done() restores the interval.
+        global _saved_switch
+        if _saved_switch is None:
+            _saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(STARTUP_SWITCH_INTERVAL)
+        th, drv_err, t, index = _driver
+        _thread = threading.Thread(target=_init_worker, args=(index, th, drv_err, t),
                                    name="reflex-cuda-init", daemon=True)
         _thread.start()
         return True
+
+
+_progress = {}  # the init threads' milestones so far (ms since launch: *_at), see progress()
+
+
+def progress() -> dict:
+    """The CUDA start-up's milestones reached so far (cuda_thread_start_at, cuinit_at,
+    context_at, init_thread_end_at: ms since launch); {} when it has not started."""
+    return dict(_progress)
+
+
+def started() -> bool:
+    """Whether cuInit has been started in this process."""
+    return _driver is not None
 
 
 STARTUP_SWITCH_INTERVAL = 0.0005  # seconds (CPython's default: 0.005)

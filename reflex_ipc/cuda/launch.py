@@ -184,6 +184,13 @@ def _kv_store(launch, pack, stream):
     return kernel
 
 
+def _kv_store_latent_f32(launch, pack, stream):
+    def kernel(grid, block, *, k, kc, pos, N, dk, shared=0):
+        return launch(grid, block, pack(k, kc, pos, N, dk), shared, stream)
+
+    return kernel
+
+
 def _logprob_rows(launch, pack, stream):
     def kernel(grid, block, *, x, ld, rows, targets, n, out, shared=0):
         return launch(grid, block, pack(x, ld, rows, targets, n, out), shared, stream)
@@ -191,7 +198,7 @@ def _logprob_rows(launch, pack, stream):
     return kernel
 
 
-def _mla_attention_split(launch, pack, stream):
+def _mla_attention_split(launch, pack, stream):  # 2 kernels
     def head(*, q, kc, part_ml, part_acc, pos, mask):
         return (q, kc, part_ml, part_acc, pos, mask)
 
@@ -521,8 +528,10 @@ KERNELS = {
     "hmm8_q6_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q8_0": ("QQQiiiiq", _hmm1_bf16),
     "kv_store": ("QQQQQiiii", _kv_store),
+    "kv_store_latent_f32": ("QQQii", _kv_store_latent_f32),
     "logprob_rows": ("QqQQiQ", _logprob_rows),
     "mla_attention_split": ("QQQQQQiiiiffiii", _mla_attention_split),
+    "mla_attention_split_f32": ("QQQQQQiiiiffiii", _mla_attention_split),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),

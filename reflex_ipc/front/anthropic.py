@@ -10,7 +10,8 @@ are enforced by a grammar in the engine); `thinking` {type: enabled, budget_toke
 engine's `enable_thinking` true and `thinking_budget` (disabled: false; a budget needs a
 model with <think> tokens, else a 400);
 `output_config.format` {type: json_schema, schema} constrains the reply to the schema.
-`temperature`, `top_p` and `top_k` are read when present, and the engine's other
+`temperature`, `top_p` and `top_k` are read when present (left out: the model's own
+defaults, else greedy, as on every endpoint of the front), and the engine's other
 sampling fields (front/sampling.py) as extra body fields under the engine's names.
 Response: `content` blocks (thinking, text, tool_use), `stop_reason` end_turn /
 max_tokens / stop_sequence / tool_use, `usage`. Streaming: message_start,
@@ -161,8 +162,10 @@ def _tools(tools):
 
 def params(req: MessagesRequest, extra=None):
     """The engine's generate params of a Messages request."""
-    p = {"messages": _messages(req), "max_tokens": req.max_tokens,
-         "temperature": 1.0 if req.temperature is None else req.temperature}
+    p = {"messages": _messages(req), "max_tokens": req.max_tokens}
+    # left out: the model's own default (api.with_model_defaults), else the engine's greedy
+    if req.temperature is not None:
+        p["temperature"] = req.temperature
     if req.top_p is not None:
         p["top_p"] = req.top_p
     p.update(extras(req))

@@ -191,14 +191,30 @@ SAMPLING = ("top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "f
 
 
 def _common(req, default_max_tokens):
-    p = {"max_tokens": req.max_tokens or default_max_tokens,
-         # OpenAI's default temperature is 1 (the engine's own is greedy)
-         "temperature": 1.0 if req.temperature is None else req.temperature}
-    for name in SAMPLING:
+    # a parameter left out is left out here: with_model_defaults fills it in from the
+    # model's own defaults (its GGUF), else the engine's (greedy), not OpenAI's temperature 1
+    p = {"max_tokens": req.max_tokens or default_max_tokens}
+    for name in ("temperature", *SAMPLING):
         v = getattr(req, name)
         if v is not None:
             p[name] = v
     return p
+
+
+# what a model's GGUF may set as its defaults (modeldefaults.py)
+MODEL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n")
+
+
+def with_model_defaults(params: dict, model_defaults) -> dict:
+    """The engine parameters of a generate or infill request, the sampling parameters the
+    request left out taken from the model's own defaults (the engine's `load` result:
+    `sampling`, from the GGUF's general.sampling.* keys), as llama.cpp's server does. What
+    neither gives stays out: the engine's default, greedy decoding (OpenAI's API defaults to
+    temperature 1, which makes a small model's answers random)."""
+    for name in MODEL_SAMPLING:
+        if name not in params and name in (model_defaults or {}):
+            params[name] = model_defaults[name]
+    return params
 
 
 def completion_params(req: CompletionRequest, default_max_tokens=16):

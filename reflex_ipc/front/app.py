@@ -137,7 +137,10 @@ class Front:
         """Start a request in the engine and wait for its first event (a token, or the
         result), watching for the client's disconnect meanwhile (which cancels it).
         Returns (first event, the rest as an async iterator); engine errors raise HTTPError."""
-        events = self.engine.events(op, params)
+        # the model's sampling defaults fill in what the request left out, once the engine
+        # (and so its model) is known: inside the request's turn
+        events = self.engine.events(op, params, prepare=api.with_model_defaults
+                                    if op in ("generate", "infill") else None)
         task = asyncio.current_task()
         gone = []
         watcher = []
@@ -197,7 +200,10 @@ class Front:
     def _model_obj(self):
         info = self.engine.info or {}
         return {"id": self.model_id(), "object": "model", "created": 0, "owned_by": "reflex",
-                "name": info.get("model"), "backend": info.get("backend"), "n_ctx": info.get("n_ctx")}
+                "name": info.get("model"), "backend": info.get("backend"), "n_ctx": info.get("n_ctx"),
+                # what a request that leaves these out gets (the GGUF's general.sampling.*;
+                # without them the engine's greedy decoding)
+                "sampling_defaults": info.get("sampling") or {}}
 
     async def completions(self, request):
         self.check_auth(request)

@@ -183,10 +183,11 @@ class Engine:
             self.busy = False
             self._lock.release()
 
-    async def events(self, op, params):
+    async def events(self, op, params, prepare=None):
         """One request: its events, then its result (ReflexError for an error result).
-        Close the iterator (contextlib.aclosing) to cancel it early. (turn()'s steps
-        inline: this runs per request.)"""
+        Close the iterator (contextlib.aclosing) to cancel it early. prepare(params, the
+        model's sampling defaults) runs once the engine is up, before the request is sent.
+        (turn()'s steps inline: this runs per request.)"""
         done = False
         if self.waiting >= self.max_queue:
             raise QueueFull()
@@ -198,6 +199,8 @@ class Engine:
         self.busy = True
         try:
             client = await self._ensure()
+            if prepare is not None:
+                params = prepare(params, (self.info or {}).get("sampling"))
             evs = client.events(op, params)
             try:
                 async for ev in evs:

@@ -141,8 +141,10 @@ def params(req: ResponsesRequest, default_max_tokens=512, extra=None):
     if req.previous_response_id is not None:
         raise unsupported("previous_response_id", "is not supported: this server stores nothing; send the "
                           "whole conversation in `input`")
-    p = {"messages": _messages(req), "max_tokens": req.max_output_tokens or default_max_tokens,
-         "temperature": 1.0 if req.temperature is None else req.temperature}
+    p = {"messages": _messages(req), "max_tokens": req.max_output_tokens or default_max_tokens}
+    # left out: the model's own default (api.with_model_defaults), else the engine's greedy
+    if req.temperature is not None:
+        p["temperature"] = req.temperature
     if req.top_p is not None:
         p["top_p"] = req.top_p
     p.update(extras(req))
@@ -222,8 +224,8 @@ def envelope(rid, req: ResponsesRequest, model, created, status, output, result=
             "incomplete_details": incomplete, "instructions": req.instructions, "model": model,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "tools": req.tools or [], "temperature": req.temperature if req.temperature is not None else 1.0,
-            "top_p": req.top_p if req.top_p is not None else 1.0,
+            "tools": req.tools or [], "temperature": req.temperature,
+            "top_p": req.top_p,
             "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
             "text": req.text or {"format": {"type": "text"}}, "store": False, "truncation": "disabled",
             "usage": usage(result) if result is not None else None}

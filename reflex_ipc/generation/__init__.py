@@ -97,6 +97,7 @@ class Generation:
                 raise ReflexError("context_overflow",
                                   f"{len(ids)} prompt tokens + max_tokens {self.max_tokens} exceed "
                                   f"the context of {r.n_ctx}")
+            self._start(ids, sf)
             if sf is not None:
                 r._restore(sf, room=len(ids) - sf.n_tokens + self.max_tokens)
                 self.cache_prompt = True  # the imported tokens are the prefix to keep
@@ -114,6 +115,37 @@ class Generation:
             self.think = think_tokens(r.tok)
         # choice 0's parts, built (and so checked) before anything runs
         self._first = self._pipeline(0)
+
+    def _start(self, ids, sf):
+        """Where this request runs while another backend is coming up (Runner.start_request:
+        here, there, or here then there); the decision goes into the result's `start`."""
+        r = self.runner
+        self.steps = []  # [[backend, tokens chosen from its logits]]
+        self._cur = [None]  # the ops object of the last step
+        self.n_handovers = len(r.handovers)
+        if r.pending is None and r.want_gpu is None:
+            self.start = None
+            return
+        from ..runtime.executor import common_prefix
+
+        held = 0 if sf is not None or not self.cache_prompt else common_prefix(r.exec.tokens, ids)
+        new = len(ids) - (sf.n_tokens if sf is not None else min(held, len(ids) - 1))
+        self.start = r.start_request("generate", new, self.max_tokens * int(self.p.n))
+
+    def _start_fields(self, out):
+        d = self.start
+        if d is None:
+            return
+        r = self.runner
+        d = dict(d)
+        moves = r.handovers[self.n_handovers:]
+        if moves:
+            d["handovers"] = moves
+            out["timings"]["handover"] = round(sum(m["ms"] for m in moves), 3)
+        d["steps"] = [{"backend": b, "tokens": n} for b, n in self.steps]
+        for k, v in (d.get("est_ms") or {}).items():
+            out["timings"][f"start_est_{k}"] = v
+        out["start"] = d
 
     # -- the pipeline of one choice -----------------------------------------------------
     def _pipeline(self, index):
@@ -156,6 +188,12 @@ class Generation:
 
     # -- the loop -----------------------------------------------------------------------
     def __iter__(self):
+        try:
+            yield from self._run()
+        finally:
+            self.runner.end_request()
+
+    def _run(self):
         r, p = self.runner, self.p
         ex = r.exec
         n = int(p.n)
@@ -166,6 +204,7 @@ class Generation:
         for index in range(n):
             if index == 0:
                 if self.max_tokens > 0 or self.kv_export is not None:
+                    r.f.release_metadata()  # what the request's set-up read of the vocabulary: not held
                     logits, cached = ex.prefill(self.ids, room=self.max_tokens, reuse=self.cache_prompt,
                                                 check=self.check)
                 if self.kv_export is not None:
@@ -208,13 +247,14 @@ class Generation:
         from ..runtime import prefixstore
 
         prefixstore.end(r, out["timings"])
+        self._start_fields(out)
         self.result = out
 
     def _choice(self, index, logits, n):
         """Generates one choice from the prompt's logits: yields its token events, returns
         its fields."""
         r, p = self.runner, self.p
-        ex, ops = r.exec, r.ops
+        ex = r.exec
         procs, stages, selector, recorder = self._first if index == 0 else self._pipeline(index)
         history = list(self.ids)
         step_logits = self.on_logits
@@ -223,7 +263,18 @@ class Generation:
         on_device = selector.greedy and not procs and r.n_out == r.n_vocab
         out_ids = []
 
+        steps, cur = self.steps, self._cur
+
         def choose(logits):
+            ops = r.ops  # the backend that computed these logits (a hand-over changes it)
+            if ops is not cur[0]:
+                cur[0] = ops
+                steps.append([ops.name, 0])
+                for s in stages:
+                    s.ops = ops
+                if recorder is not None:
+                    recorder.ops = ops
+            steps[-1][1] += 1
             if step_logits is not None:
                 import numpy as np
 

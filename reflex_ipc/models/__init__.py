@@ -51,6 +51,7 @@ def load_model(ops, f, lora=None):
     if arch not in supported:
         raise ReflexError("unsupported_architecture",
                           f"architecture {arch!r} is not supported (supported: {', '.join(supported)})")
+    check_vocabulary(f)
     model = importlib.import_module(f".{arch}", __name__).Model(ops, f, lora)
     if lora is not None:
         lora.check_used()
@@ -59,3 +60,29 @@ def load_model(ops, f, lora=None):
 
             model.ops = LoraOps(ops)
     return model
+
+
+# tensors with a row per token of the vocabulary (a padded vocabulary may have more rows)
+VOCAB_ROWS = ("token_embd.weight", "output.weight", "per_layer_token_embd.weight")
+
+
+def check_vocabulary(f):
+    """gguf_error, before any weight loads, when the tokenizer's vocabulary does not fit the
+    model: fewer tokens than `{arch}.vocab_size` says (a tokens array cut short), or a tensor
+    with a row per token that has fewer rows than there are tokens (a token id would index
+    past it: llama.cpp requires them equal, reflex lets a padded vocabulary have more).
+    A file without tokenizer.ggml.tokens (model-level tests) is not checked here."""
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    n_tok = getattr(tokens, "count", None)
+    if not isinstance(n_tok, int):
+        return
+    key = f"{f.architecture}.vocab_size"
+    vs = f.metadata.get(key)
+    if isinstance(vs, int) and not isinstance(vs, bool) and vs > n_tok:
+        raise ReflexError("gguf_error", f"tokenizer.ggml.tokens has {n_tok} entries but metadata key {key} "
+                                        f"says the vocabulary has {vs}")
+    for name in VOCAB_ROWS:
+        t = f.tensors.get(name)
+        if t is not None and len(t.shape) >= 2 and int(t.shape[1]) < n_tok:
+            raise ReflexError("gguf_error", f"tensor {name!r} has {int(t.shape[1])} rows for a vocabulary "
+                                            f"of {n_tok} tokens")

@@ -99,7 +99,8 @@ class HParams:
         factor = self.float("rope.scaling.factor", default=0.0, lo=0.0) or \
             self.float("rope.scale_linear", default=0.0, lo=0.0)
         self.rope_scale = 1.0 / factor if factor else 1.0
-        self.n_ctx_train = self.int("context_length", default=0, lo=0, hi=MAX_CTX)
+        self.n_ctx_train = self.int("context_length", required="context_length" in req, default=0, lo=0,
+                                    hi=MAX_CTX)
         self.attn_scale = self.float("attention.scale", default=0.0, lo=0.0)
         self.final_softcap = self.float("final_logit_softcapping", default=0.0, lo=0.0)
         tokens = f.metadata.get("tokenizer.ggml.tokens")

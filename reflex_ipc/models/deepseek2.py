@@ -99,7 +99,9 @@ class Model(Decoder):
         d.nope, d.v_dim = k_mla - d.r, v_mla
         if d.nope < 1:
             raise _bad(f"{a}.attention.key_length_mla", f"{k_mla} leaves no non-rope dims beside {d.r}")
-        if hp.head_dim != d.R + d.r or hp.head_dim_v != d.R:
+        # value_length may be absent (llama.cpp loads such files; the latent's width is R)
+        has_v = hp._f.metadata.get(f"{a}.attention.value_length") is not None
+        if hp.head_dim != d.R + d.r or (has_v and hp.head_dim_v != d.R):
             raise _bad(f"{a}.attention.key_length", f"key/value length {hp.head_dim}/{hp.head_dim_v}, "
                        f"expected kv_lora_rank + rope dims = {d.R + d.r} / {d.R}")
         if any(h != 1 for h in hp.n_head_kv_l):
@@ -208,7 +210,10 @@ class Model(Decoder):
     # -- state -----------------------------------------------------------------------------
     def state_spec(self):
         """One latent head per layer: [c (kv_lora_rank), rope(k_pe) (rope dims)] per slot."""
-        return [SlotSpec(kv=(1, None, self.d.R + self.d.r)) for _ in self.layers]
+        # exact: float32 where the backend's KV cache is float16 (CUDA): the latent is both the keys
+        # and the values of every head, and its f16 rounding moved system1 log-probs by up to
+        # 7e-4 per token (issue 32 item 18)
+        return [SlotSpec(kv=(1, None, self.d.R + self.d.r), exact=True) for _ in self.layers]
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, state, batch, rows=None, output="logits", check=None):

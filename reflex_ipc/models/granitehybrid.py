@@ -123,6 +123,10 @@ class Model(Decoder):
         require_state_cols(ops, self.hparams(f).int("ssm.state_size", required=True), f"{f.architecture}.ssm.state_size")
         t = self._load(ops, f, lora)  # its dense tensors (conv kernel, A, D, norm) are no matmul's: no LoRA
         hp, d = self.hp, self.d
+        if d.n_expert and not d.n_ff_shexp and any(n.endswith(".ffn_gate_shexp.weight") for n in f.tensors):
+            # silently unused otherwise; llama.cpp refuses such a file too (issue 32 item 15)
+            raise ReflexError("gguf_error", f"tensor 'ffn_gate_shexp.weight' is present but metadata key "
+                              f"{hp.arch}.expert_shared_feed_forward_length is missing or 0")
         self.embd_scale = hp.float("embedding_scale", default=0.0, lo=0.0) or 1.0
         self.res_scale = hp.float("residual_scale", default=0.0, lo=0.0) or 1.0
         logit_scale = hp.float("logit_scale", default=0.0, lo=0.0)

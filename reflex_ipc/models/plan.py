@@ -38,11 +38,11 @@ def keys(required=(), optional=(), base=None):
 
 # the keys every decoder's HParams reads (models/common.py), as llama.cpp's loader has them
 BASE_KEYS = {
-    **{k: REQUIRED for k in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-                             "attention.layer_norm_rms_epsilon")},
+    **{k: REQUIRED for k in ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                             "attention.head_count", "attention.layer_norm_rms_epsilon")},
     **{k: OPTIONAL for k in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
                              "rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor",
-                             "rope.scale_linear", "context_length", "attention.scale", "final_logit_softcapping",
+                             "rope.scale_linear", "attention.scale", "final_logit_softcapping",
                              "vocab_size")},
 }
 

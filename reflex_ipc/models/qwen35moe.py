@@ -15,7 +15,8 @@ from .qwen35 import Model as _Qwen35
 
 class Model(_Qwen35):
     KEYS = keys(required=("expert_count", "expert_used_count", "expert_shared_feed_forward_length"),
-                optional=("expert_feed_forward_length",), base=_Qwen35.KEYS)
+                optional=("expert_feed_forward_length", "feed_forward_length"),  # llama.cpp's (issue 32 item 15)
+                base=_Qwen35.KEYS)
     capturable = MOE_CAPTURABLE
     EXAMPLES = {  # 4 experts (2 used, width 32) and a gated shared expert (width 64) in every layer
         "qwen35moe": example({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,

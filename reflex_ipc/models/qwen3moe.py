@@ -15,7 +15,9 @@ from .qwen3 import Model as _Qwen3
 
 
 class Model(_Qwen3):
-    KEYS = keys(required=("expert_count", "expert_used_count"), optional=("expert_feed_forward_length",))
+    # every layer routed: feed_forward_length optional, as in llama.cpp (issue 32 item 15)
+    KEYS = keys(required=("expert_count", "expert_used_count"),
+                optional=("expert_feed_forward_length", "feed_forward_length"))
     capturable = MOE_CAPTURABLE
     EXAMPLES = {
         "qwen3moe": example({"rope.freq_base": 1e6, "attention.key_length": 16, "attention.value_length": 16,

@@ -82,15 +82,17 @@ def exactly_one(req, a: str, b: str) -> None:
         raise ValueError(f"give exactly one of `{a}` and `{b}`")
 
 
-def chat_prompt(runner, req, text_field: str = "prompt") -> str:
-    """The request's text, or its messages rendered with the model's chat template."""
+def chat_prompt(runner, req, text_field: str = "prompt", should_cancel=None) -> str:
+    """The request's text, or its messages rendered with the model's chat template (which
+    stops with `cancelled` once should_cancel() says so)."""
     from .. import prepare
 
     return prepare.prompt_of(
         runner, prompt=getattr(req, text_field), messages=messages_of(req),
         tools=getattr(req, "tools", None), chat_template=req.chat_template,
         add_generation_prompt=req.add_generation_prompt,
-        chat_template_kwargs=req.chat_template_kwargs, enable_thinking=req.enable_thinking)
+        chat_template_kwargs=req.chat_template_kwargs, enable_thinking=req.enable_thinking,
+        should_cancel=should_cancel)
 
 
 StatePath = Optional[Annotated[str, Meta(min_length=1)]]
@@ -107,6 +109,13 @@ class StateInfo(Struct, kw_only=True):
     path: Annotated[str, Meta(description="absolute")]
     n_tokens: Annotated[int, Meta(description="the tokens whose state it holds")]
     bytes: Optional[Annotated[int, Meta(description="the file's size (written files)")]] = None
+
+
+StartInfo = Annotated[Optional[dict[str, Any]], Meta(description=(
+    "device auto on a CUDA host, a request that came while the GPU was coming up: where it ran "
+    "(reflex_ipc/startrule.py): choice (cpu, gpu or race), mode (REFLEX_START), est_ms {cpu, gpu, "
+    "race}, steps [{backend, tokens}] (which backend computed each token's logits, in order), "
+    "handovers [{from, to, ms, bytes, tokens}]"))]
 
 
 class Result(Struct, kw_only=True):

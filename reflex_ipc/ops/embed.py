@@ -4,7 +4,7 @@ from typing import Annotated, Literal, Union
 
 from msgspec import Meta
 
-from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result
+from ._base import ModelName, ModelRequest, NonEmptyStr, Result as _Result, StartInfo
 
 
 class EmbedRequest(ModelRequest, kw_only=True):
@@ -21,6 +21,7 @@ class EmbedResult(_Result, kw_only=True):
     dim: int
     n_tokens: Annotated[list[int], Meta(description="each input's token count")]
     model: ModelName
+    start: StartInfo = None
 
 
 Request, Result = EmbedRequest, EmbedResult

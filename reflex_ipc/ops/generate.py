@@ -6,7 +6,7 @@ from msgspec import Meta, Struct, field
 
 from . import MAX_TOKENS
 from ._base import (INT64_MAX, AddGenerationPrompt, ChatTemplate, EnableThinking, Messages,
-                    ModelName, ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    ModelName, ModelRequest, NonEmptyStr, Result as _Result, StartInfo, StateInfo, StatePath,
                     TemplateKwargs, Tools, exactly_one)
 
 MAX_LOGPROBS = 20
@@ -189,6 +189,7 @@ class DecodeResult(_Result, kw_only=True):
     reasoning_content: ReasoningContent = ""
     choices: Annotated[list[Choice], Meta(
         description="with n > 1: every choice, choice 0 first")] = []
+    start: StartInfo = None
 
 
 class GenerateResult(DecodeResult, kw_only=True):

@@ -23,6 +23,11 @@ class Limits(Struct):
     max_tokens: int
 
 
+NextBackend = Annotated[Optional[Literal[BACKENDS]], Meta(  # type: ignore[valid-type]
+    description="with device auto on a CUDA host: the backend the active model moves to once it is "
+                "ready (cuda) while `backend` (cpu) serves; absent or null otherwise")]
+
+
 class CachedModel(Struct):
     model: ModelName
     path: str
@@ -40,6 +45,7 @@ class HelloResult(_Result, kw_only=True):
     error_kinds: list[Literal[KINDS]]  # type: ignore[valid-type]
     limits: Limits
     models: list[CachedModel]
+    next_backend: NextBackend = None
 
 
 class Ready(Struct, kw_only=True):
@@ -53,6 +59,7 @@ class Ready(Struct, kw_only=True):
     backend: BackendName
     model: ModelName
     timings: dict[str, float]
+    next_backend: NextBackend = None
 
 
 Request, Result = HelloRequest, HelloResult
@@ -64,8 +71,11 @@ def run(call, req) -> dict:
     srv = call.server
     info = srv.models.active_info()
     models = srv.models.listing()  # keys are file identities: the entries know their paths
-    return {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
-            "backend": info.get("backend"), "model": info.get("model"), "ops": list(NAMES),
-            "error_kinds": list(KINDS),
-            "limits": {"max_line_bytes": srv.max_line_bytes, "max_tokens": MAX_TOKENS},
-            "models": models}
+    out = {"protocol": PROTOCOL, "version": __version__, "pid": os.getpid(),
+           "backend": info.get("backend"), "model": info.get("model"), "ops": list(NAMES),
+           "error_kinds": list(KINDS),
+           "limits": {"max_line_bytes": srv.max_line_bytes, "max_tokens": MAX_TOKENS},
+           "models": models}
+    if info.get("next_backend"):
+        out["next_backend"] = info["next_backend"]
+    return out

@@ -1,6 +1,6 @@
 """load: load a model (or find it in the cache) and make it the active model."""
 
-from typing import Annotated
+from typing import Annotated, Union
 
 from msgspec import Meta, Struct
 
@@ -32,6 +32,11 @@ class LoadResult(_Result, kw_only=True):
     n_ctx: int
     cached: bool
     lora: list[LoraAdapter] = []
+    sampling: Annotated[dict[str, Union[int, float]], Meta(
+        description="the model's own sampling defaults (the GGUF's general.sampling.* keys "
+                    "under the protocol's names: temperature, top_k, top_p, min_p, "
+                    "repeat_penalty, repeat_last_n); {} when it has none. Requests do not "
+                    "use them (their defaults are the protocol's); reflex http does")] = {}
 
 
 Request, Result = LoadRequest, LoadResult

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 from msgspec import Meta, Struct
 
 from ._base import (AddGenerationPrompt, ChatTemplate, EnableThinking, Messages, ModelName,
-                    ModelRequest, NonEmptyStr, Result as _Result, StateInfo, StatePath,
+                    ModelRequest, NonEmptyStr, Result as _Result, StartInfo, StateInfo, StatePath,
                     TemplateKwargs, exactly_one)
 
 
@@ -60,6 +60,7 @@ class System1Result(_Result, kw_only=True):
     model: ModelName
     kv_import: Optional[StateInfo] = None
     kv_export: Optional[StateInfo] = None
+    start: StartInfo = None
 
 
 Request, Result = System1Request, System1Result

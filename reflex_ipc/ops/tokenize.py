@@ -39,4 +39,4 @@ Request, Result = TokenizeRequest, TokenizeResult
 
 
 def run(call, req) -> dict:
-    return call.fields(call.model(req).tokenize_result(req))
+    return call.fields(call.model(req).tokenize_result(req, should_cancel=call.should_cancel))

@@ -26,9 +26,21 @@ def common_prefix(a, b) -> int:
 
 class Executor:
     def __init__(self, ops, model, n_ctx):
-        self.ops, self.model, self.n_ctx = ops, model, int(n_ctx)
-        self.chunk = ops.prefill_chunk
+        self.n_ctx = int(n_ctx)
         self.state = None
+        self._decoder = None  # graphs.DecodeGraph
+        self._graphs = None  # graphs.ForwardGraphs
+        self._graph_logits = None
+        # called between decode steps and between prefill chunks while set: the runner's
+        # hand-over to a backend that became ready (Runner.adopt; handover.py)
+        self.mover = None
+        # the request's prefix-store session (runtime/prefixstore.py), set by the runner
+        self.store = None
+        self._use(ops, model)
+
+    def _use(self, ops, model):
+        self.ops, self.model = ops, model
+        self.chunk = ops.prefill_chunk
         # captured graphs where the backend can capture and its switch allows (ops.graphs:
         # $REFLEX_CUDA_GRAPH on cuda, $REFLEX_CPU_GRAPH on cpu)
         self.use_graphs = (hasattr(ops, "capture") and getattr(model, "capturable", True)
@@ -36,11 +48,24 @@ class Executor:
         # padded batch graphs (ForwardGraphs) put padding tokens before the real ones, which a
         # recurrence would take in: recurrent models replay only the decode step
         self.use_forward_graphs = self.use_graphs and not self.recurrent
-        self._decoder = None  # graphs.DecodeGraph
-        self._graphs = None  # graphs.ForwardGraphs
-        self._graph_logits = None
-        # the request's prefix-store session (runtime/prefixstore.py), set by the runner
-        self.store = None
+
+    def move_to(self, ops, model) -> int:
+        """Continue on another backend (handover.py): the state's held tokens and arrays are
+        copied into a new state of the same size on `ops` (the model `model`, the same GGUF
+        loaded there), the captured graphs dropped. Returns the bytes moved."""
+        from ..handover import state_nbytes
+
+        st = self.state
+        snap = st.snapshot() if st is not None and st.tokens else None
+        n_slots = st.n_slots if st is not None else 0
+        moved = state_nbytes(st) if snap is not None else 0
+        self.close()
+        self._use(ops, model)
+        if n_slots:
+            self.reserve(n_slots)
+            if snap is not None:
+                self.state.restore(*snap)
+        return moved
 
     # -- state -------------------------------------------------------------------
     @property
@@ -149,14 +174,24 @@ class Executor:
         already held and not evaluated again; see `begin`)."""
         ids = [int(i) for i in ids]
         held = self.begin(ids, room=room, reuse=reuse, n_seq=n_seq)
-        st = self.state
         logits = None
-        for a, e in self._spans(held, len(ids)):
+        spans = list(self._spans(held, len(ids)))
+        i = 0
+        while i < len(spans):
+            a, e = spans[i]
+            if a > held and self.mover is not None and n_seq == 1:
+                chunk_size = self.chunk
+                self.mover()  # between chunks: a hand-over takes the state as it is
+                if self.chunk != chunk_size:  # the new backend's chunks from here on
+                    spans[i:] = self._spans(a, len(ids))
+                    a, e = spans[i]
+            st = self.state
             chunk = ids[a:e]
             logits = self.forward(chunk, range(a, e), rows=slice(len(chunk) - 1, len(chunk)), check=check)
             st.tokens.extend(chunk)
             if self.store is not None:
                 self.store.at(st, e)
+            i += 1
         return logits, held
 
     def hidden(self, ids, check=None, reuse=False):
@@ -201,6 +236,8 @@ class Executor:
             yield token
             if check is not None:
                 check()
+            if self.mover is not None:
+                self.mover()  # the state holds every evaluated token; `token` is evaluated next
             logits = self.step(token, check)
 
     def argmax(self, logits) -> int:

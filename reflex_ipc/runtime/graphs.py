@@ -17,6 +17,18 @@ import numpy as np
 from .batch import Batch, attention_mask
 
 
+def capture_step(ops, fn):
+    """(graph, fn's result) with the step done once: captured, then launched; on a backend
+    whose capture runs fn for real (`capture_runs`: the CPU records the C calls as they
+    run) the recorded run is the step, so it is not computed a second time by a launch
+    (a one-shot generate's first decode step cost two forward passes)."""
+    if getattr(ops, "capture_runs", False):
+        return ops.capture(fn, run=True)
+    graph, out = ops.capture(fn)
+    graph.launch()
+    return graph, out
+
+
 class DecodeGraph:
     """One ordinary decode step (one token, slot == position) replayed from a graph.
 
@@ -42,8 +54,9 @@ class DecodeGraph:
                 self.ops.argmax(out, out=self.next_id)
                 return out
 
-            self.graph, self.logits = self.ops.capture(step)
-        self.graph.launch()
+            self.graph, self.logits = capture_step(self.ops, step)
+        else:
+            self.graph.launch()
         return self.logits
 
     def argmax(self):
@@ -117,14 +130,14 @@ class ForwardGraphs:
                 return None
             data = self._padded(nb, ids, pos, slots, allowed, key_pos, windows)
             try:
-                entry = self._capture(key, nb, masked, windows, data)
+                entry = self._capture(key, nb, masked, windows, data)  # captured and done
             except Exception:
                 self.failed.add(key)  # e.g. a mask window the eager run did not show: stay eager
                 return None
         else:
             self.entries.move_to_end(key)
             entry[1].fill(*self._padded(nb, ids, pos, slots, allowed, key_pos, tuple(entry[1].masks)))
-        entry[0].launch()
+            entry[0].launch()
         self.replays += 1
         return entry[2]
 
@@ -155,7 +168,7 @@ class ForwardGraphs:
         batch = Batch.fixed(ops, nb, self.state.n_slots, masked, windows, own_slots=masked)
         batch.fill(*data)
         rows = slice(nb - key[1], nb)
-        graph, out = ops.capture(lambda: self.model.forward(self.state, batch, rows=rows, output=key[3]))
+        graph, out = capture_step(ops, lambda: self.model.forward(self.state, batch, rows=rows, output=key[3]))
         while len(self.entries) >= self.MAX_GRAPHS:
             _, (old, _, _) = self.entries.popitem(last=False)
             old.close()

@@ -24,15 +24,18 @@ import math
 
 
 class SlotSpec:
-    """Per-slot arrays: name -> shape with None where the slot axis goes."""
+    """Per-slot arrays: name -> shape with None where the slot axis goes. exact: keep them in
+    the backend's `exact_kv_dtype` (float32 on CUDA) rather than its `kv_dtype` (float16 on
+    CUDA and the cpu backend): deepseek2's MLA latent, which both keys and values are made of."""
 
     kind = "slot"
 
-    def __init__(self, **arrays):
+    def __init__(self, *, exact=False, **arrays):
         for name, shape in arrays.items():
             if list(shape).count(None) != 1:
                 raise ValueError(f"{name}: a slot array has exactly one slot axis (None)")
         self.arrays = arrays
+        self.exact = exact
 
     def shape(self, name, n_slots):
         return tuple(n_slots if s is None else int(s) for s in self.arrays[name])
@@ -85,7 +88,9 @@ class State:
         self.layers = [self._alloc(spec) for spec in self.specs]
 
     def _dtype(self, spec):
-        return self.dtype if spec.kind == "slot" else spec.dtype
+        if spec.kind != "slot":
+            return spec.dtype
+        return (getattr(self.ops, "exact_kv_dtype", None) or self.dtype) if spec.exact else self.dtype
 
     def _alloc(self, spec):
         n = self.n_slots if spec.kind == "slot" else self.n_seq
@@ -197,7 +202,8 @@ class State:
                     if src.shape != want:
                         raise ValueError(f"{name}: snapshot shape {src.shape} != {want}")
                     if n:
-                        _write_slots(self.ops, a, src.astype(self.dtype), layer.spec.slot_axis(name), n)
+                        _write_slots(self.ops, a, src.astype(self._dtype(layer.spec)), layer.spec.slot_axis(name),
+                                     n)
         self.tokens = list(tokens)
 
 

@@ -15,6 +15,14 @@ Phases, each counting what it did and every violation it saw:
   cache    the tokenizer disk cache corrupted at random between loads
   files    model files truncated, rewritten in place (same size and mtime too) or
            renamed over under a live server
+  numpy    the request lines again, against the numpy backend alone (`--device numpy`)
+  templates  `messages` rendered by hostile, mutated and composed chat templates (the
+           request's and the GGUF's own): each ends in its kind within the template budgets;
+           SIGINT and SIGTERM while a render would not end
+  constraints  random, hostile and unsatisfiable json_schema / regex / grammar
+  adapters `load` with LoRA adapters well-formed and broken (rank 0, NaN/inf/huge values,
+           absurd alpha or scale, wrong shapes/architecture/type, damaged bytes)
+  http     `reflex http` with streaming clients that never read; the next client is served
 
 Violations: an `internal` result, a traceback on a server's stderr, a response that
 does not match protocol/schema.json, a line answered twice, out of order or not at
@@ -22,7 +30,8 @@ all, a server that dies or hangs, wrong tokens (caches), an exit code or exit ti
 off the spec.
 
     python -m reflex_ipc.testing.fuzz [--mode short|long] [--seed N] [--out FILE.json]
-        [--lines N] [--gguf N] [--signals N] [--clients N] [--cache N] [--files N]
+        [--lines N] [--gguf N] [--signals N] [--clients N] [--cache N] [--files N] [--numpy N]
+        [--templates N] [--constraints N] [--adapters N] [--http N]
 
 tests/test_fuzz.py runs the short mode in the normal pytest run (REFLEX_FUZZ=long
 there runs the long one); scripts/fuzz-long writes bench/results/fuzz-long-DATE.json.
@@ -51,8 +60,10 @@ from reflex_ipc import settings
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout (schema, tests/data)
 SCHEMA = json.loads((ROOT / "protocol" / "schema.json").read_text())
 
-SHORT = dict(lines=3000, gguf=300, signals=6, clients=2, cache=40, files=8)
-LONG = dict(lines=100_000, gguf=10_000, signals=60, clients=20, cache=1000, files=100)
+SHORT = dict(lines=3000, gguf=300, signals=6, clients=2, cache=40, files=8, numpy=600, templates=120,
+             constraints=60, adapters=40, http=2)
+LONG = dict(lines=100_000, gguf=10_000, signals=60, clients=20, cache=1000, files=100, numpy=10_000,
+            templates=2000, constraints=800, adapters=600, http=20)
 SERVER_AS_LIMIT = 3 << 30  # RLIMIT_AS of fuzzed servers: a runaway allocation is a MemoryError
 
 
@@ -225,6 +236,85 @@ def tiny_model(arch, rng=None, vocab=None):
         add(p + "ffn_down.weight", E, F)
         if arch == "gemma3":
             add(p + "post_ffw_norm.weight", E, center=1.0, std=0.05)
+    return kvs, tensors
+
+
+# ---------------------------------------------------------------- hostile chat templates
+
+# (name, template source, the error kind it must give) -- issue 32 item 4 and 7: work and memory
+# bombs end in `too_large` within chat.RENDER_SECONDS, templates that cannot compile or fail on
+# their own terms in `invalid_request`; none may answer `internal`, hang or grow the server.
+HOSTILE_TEMPLATES = [
+    ("nested_range", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                     "{% endfor %}", "too_large"),
+    ("repeat", "{{ 'x' * 10**9 }}", "too_large"),
+    ("format_width", "{{ '{:>1000000000}'.format('a') }}", "too_large"),
+    ("format_nested_width", "{{ '{:>{w}}'.format('a', w=10**9) }}", "too_large"),
+    ("macro_fanout", "{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
+                     "{{ f(40) }}", "too_large"),
+    ("doubling", "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                 "{% endfor %}{{ ns.s|length }}", "too_large"),
+    ("plus_doubling", "{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+                      "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}", "too_large"),
+    ("percent_width", "{{ '%0999999999d' % 1 }}", "too_large"),
+    ("percent_star", "{{ '%*d' % (999999999, 1) }}", "too_large"),
+    ("format_filter", "{{ '%0999999999d'|format(1) }}", "too_large"),
+    ("center", "{{ 'x'|center(10**9) }}", "too_large"),
+    ("ljust", "{{ 'x'.ljust(10**9) }}", "too_large"),
+    ("tojson_shared", "{{ (['x' * 1000] * 100000)|tojson }}", "too_large"),
+    ("join_shared", "{{ (['x' * 1000] * 10000)|join }}", "too_large"),
+    ("output_shared", "{{ ['x' * 10000] * 100000 }}", "too_large"),
+    ("pow", "{{ 2 ** (10**9) }}", "too_large"),
+    ("int_square", "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}"
+                   "{% endfor %}", "too_large"),
+    ("to_bytes", "{{ (1).to_bytes(10**9, 'big') }}", "too_large"),
+    ("replace", "{{ ('x' * 1000)|replace('x', 'y' * 100000) }}", "too_large"),
+    ("str_replace", "{{ ('x' * 1000).replace('x', 'y' * 100000) }}", "too_large"),
+    ("indent", "{{ ('\n' * 10000)|indent(100000) }}", "too_large"),
+    ("expandtabs", "{{ ('\t' * 1000).expandtabs(1000000) }}", "too_large"),
+    ("batch_fill", "{{ [1]|batch(10**9, 'x')|list }}", "too_large"),
+    ("sum_lists", "{{ ([[1] * 1000] * 10000)|sum(start=[]) }}", "too_large"),
+    ("wordwrap", "{{ ('x' * 100000)|wordwrap(1, true, 'y' * 1000) }}", "too_large"),
+    ("strftime", "{{ strftime_now('%Y' * 100000) }}", "too_large"),
+    ("translate", "{{ ('a' * 1000).translate({97: 'b' * 100000}) }}", "too_large"),
+    ("list_repeat", "{{ ([1] * 1000000) * 1000 }}", "too_large"),
+    ("endless_cycle", "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}"
+                      "{% endfor %}", "too_large"),
+    ("too_big", "x" * ((128 << 10) + 1), "too_large"),
+    ("recursion", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "invalid_request"),
+    ("nested_if", "{% if true %}" * 5000 + "x" + "{% endif %}" * 5000, "invalid_request"),
+    ("nested_for", "{% for a in [1] %}" * 200 + "x" + "{% endfor %}" * 200, "invalid_request"),
+    ("huge_int_literal", "{{ 10**5000 }}", "invalid_request"),
+    ("range_cap", "{{ range(100001)|list|length }}", "invalid_request"),
+    ("lone_surrogate", "{{ '\\ud800' }}", "invalid_request"),
+    ("lipsum", "{{ lipsum(10**6) }}", "invalid_request"),
+    ("syntax", "{% for %}", "invalid_request"),
+    ("sandbox", "{{ messages.__class__.__mro__[1].__subclasses__() }}", "invalid_request"),
+    ("raises", "{{ raise_exception('no') }}", "invalid_request"),
+    ("divide", "{{ 1 / 0 }}", "invalid_request"),
+]
+
+
+def read_gguf(path):
+    """(kvs, tensors) of a GGUF file as write_gguf takes them (keys with their value types,
+    tensors' raw bytes): to rewrite a real model with a key dropped or a tensor changed."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    kvs = []
+    for fld in r.fields.values():
+        if fld.name.startswith("GGUF."):
+            continue
+        t = int(fld.types[0])
+        if t == ARR:
+            et = int(fld.types[1])
+            items = [bytes(fld.parts[i]) if et == STR else fld.parts[i][0].item() for i in fld.data]
+            kvs.append((fld.name, ARR, (et, items)))
+        elif t == STR:
+            kvs.append((fld.name, STR, bytes(fld.parts[fld.data[0]])))
+        else:
+            kvs.append((fld.name, t, fld.parts[fld.data[0]][0].item()))
+    tensors = [(t.name, [int(x) for x in t.shape], int(t.tensor_type), t.data.tobytes()) for t in r.tensors]
     return kvs, tensors
 
 
@@ -612,12 +702,12 @@ def gen_request(rng, models, huge=False):
     return line, want, (op or "-") + (" " + str(model) if model else "")
 
 
-def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
+def phase_lines(report, n, seed, work, model_path, extra_models, long_mode, device="cpu", phase="lines"):
+    """device "numpy": the same lines against the numpy backend alone (the `numpy` phase)."""
     rng = random.Random(seed)
-    phase = "lines"
     env = server_env(work / "cache")
     limit = 1 << 21  # a smaller --max-line-bytes keeps the over-long lines cheap
-    srv = Server(["--device", "cpu", "--model", str(model_path), "--max-line-bytes", str(limit)],
+    srv = Server(["--device", device, "--model", str(model_path), "--max-line-bytes", str(limit)],
                  env, report, phase)
     models = [str(model_path), "smollm2-nope", "/dev/zero", "/", "/proc/self/status",
               "/sys/kernel/mm/transparent_hugepage/enabled", str(work), "../../etc/passwd",
@@ -671,7 +761,7 @@ def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
                     report.violation(phase, "no answer", f"{e} <- {desc}")
                     srv.p.kill()
                     srv.close()
-                    srv = Server(["--device", "cpu", "--model", str(model_path),
+                    srv = Server(["--device", device, "--model", str(model_path),
                                   "--max-line-bytes", str(limit)], env, report, phase)
                     break
                 check_result(report, phase, obj, want, desc, tokens)
@@ -679,7 +769,7 @@ def phase_lines(report, n, seed, work, model_path, extra_models, long_mode):
                     report.violation(phase, f"expected {kind_want}", obj)
             sender.join(60)
             srv.check_stderr()
-            if done % 10000 < 32:
+            if done % 10000 < 32 and phase == "lines":
                 report.rss_series.append((done, peak_rss_kib(srv.p.pid, "VmRSS")))
     finally:
         srv.close()
@@ -1087,6 +1177,404 @@ def phase_files(report, n, seed, work):
         srv.close()
 
 
+# ---------------------------------------------------------------- chat templates (issue 32)
+
+_TEMPLATE_SNIPPETS = [
+    "{{ messages[0].content }}", "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}",
+    "{{ bos_token }}", "{% if add_generation_prompt %}<|assistant|>{% endif %}", "{{ 'ab' * 1000 }}",
+    "{% for i in range(2000) %}{{ i }}{% endfor %}", "{{ messages|tojson }}", "{{ tools|tojson }}",
+    "{{ (messages[0].content ~ '!') * 100 }}", "{{ '%05d'|format(3) }}", "{{ '{:>20}'.format('x') }}",
+    "{% set ns = namespace(s='') %}{% for i in range(100) %}{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.s }}",
+    "{{ raise_exception('x') }}", "{{ messages[5].content }}", "{{ undefined_var.attr }}", "{{ 1 // 0 }}",
+    "{{ strftime_now('%Y-%m-%d') }}", "{% for %}", "{{ '\\ud800' }}", "{{ [1, 2]|join(',') }}",
+    "{{ 'x'|center(100) }}", "{{ ('a' * 100).replace('a', 'bb') }}", "{{ 2 ** 100 }}", "{{ 10 ** 100000 }}",
+    "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(50) }}",
+    "{{ (['x'] * 1000)|join }}", "{{ 'x'.ljust(1000) }}", "{{ range(10)|batch(3)|list }}",
+]
+# HOSTILE_TEMPLATES that run until the time budget ends them: rare in the mix
+_SLOW_TEMPLATES = {"nested_range", "macro_fanout", "endless_cycle"}
+
+
+def _real_templates():
+    d = ROOT / "tests" / "data" / "chat_templates"
+    return [p.read_text() for p in sorted(d.glob("*.jinja"))] if d.is_dir() else []
+
+
+def _mutate_text(rng, src):
+    b = list(src)
+    for _ in range(rng.randint(1, 4)):
+        m = rng.random()
+        i = rng.randrange(len(b) + 1)
+        if m < 0.3 and b:
+            del b[i:i + rng.randint(1, 20)]
+        elif m < 0.6:
+            b[i:i] = list(rng.choice(["{%", "%}", "{{", "}}", "{#", " if ", " for ", "endfor", "(", ")",
+                                      "'", '"', "|", "~", "*", "**", "%", " 10**6 ", "[", "]"]))
+        elif b:
+            j = rng.randrange(len(b))
+            b[i:i] = b[j:j + rng.randint(1, 200)]
+    return "".join(b)
+
+
+def gen_template(rng, long_mode):
+    """(source, expected kind or None, description)."""
+    r = rng.random()
+    if r < 0.35:
+        name, src, kind = rng.choice(HOSTILE_TEMPLATES)
+        if name in _SLOW_TEMPLATES and rng.random() > (0.2 if long_mode else 0.05):
+            name, src, kind = HOSTILE_TEMPLATES[1]
+        return src, kind, f"hostile {name}"
+    reals = _real_templates()
+    if r < 0.65 and reals:
+        return _mutate_text(rng, rng.choice(reals)), None, "mutated real template"
+    parts = [rng.choice(_TEMPLATE_SNIPPETS) for _ in range(rng.randint(1, 4))]
+    return "".join(parts), None, "composed: " + " + ".join(p[:30] for p in parts)
+
+
+def _messages(rng, valid=False):
+    """1-4 messages; valid: nothing the request's own checks refuse (an empty role)."""
+    roles = ["system", "user", "assistant", "user"]
+    n = rng.randint(1, 4)
+    return [{"role": roles[i % 4] if rng.random() < 0.9 else rng.choice(["tool", "x"] + [""] * (not valid)),
+             "content": rng.choice(["Hi", "caf\u00e9 \u4f60\u597d", "", "x" * rng.choice([1, 100, 5000])])}
+            for i in range(n)]
+
+
+def _template_model(work, name, template, seed):
+    import numpy as np
+
+    kvs, tensors = tiny_model("llama", np.random.default_rng(seed))
+    path = work / f"tmpl-{name}.gguf"
+    write_gguf(path, kvs + [("tokenizer.chat_template", STR, template)], tensors)
+    return path
+
+
+def phase_templates(report, n, seed, work, model_path, long_mode):
+    """Requests with `messages` rendered by hostile, mutated and composed chat templates (as
+    `chat_template` and as the GGUF's own): each ends in its kind (never internal) within the
+    template budgets; SIGINT during a render that would not end answers `cancelled` at once,
+    SIGTERM during one ends the server (exit 0) within the render budget."""
+    from reflex_ipc import chat
+
+    rng = random.Random(seed)
+    phase = "templates"
+    env = server_env(work / "cache")
+    bound = chat.COMPILE_SECONDS + chat.RENDER_SECONDS + 10
+    slow = next(s for name, s, _ in HOSTILE_TEMPLATES if name == "nested_range")
+    own = {name: _template_model(work, name, src, seed) for name, src, _ in HOSTILE_TEMPLATES[:6]}
+    srv = Server(["--device", "cpu", "--model", str(model_path)], env, report, phase)
+    try:
+        for i in range(n):
+            src, kind, desc = gen_template(rng, long_mode)
+            req = {"id": i, "op": rng.choice(["tokenize", "tokenize", "generate", "system1"])}
+            if rng.random() < 0.1:  # the model's own hostile template
+                name = rng.choice(sorted(own))
+                req["model"] = str(own[name])
+                kind = next(k for nm, _, k in HOSTILE_TEMPLATES if nm == name)
+                desc = f"GGUF template {name}"
+            else:
+                req["chat_template"] = src
+            req["messages"] = _messages(rng, valid=kind is not None)
+            if req["op"] == "generate":
+                req["max_tokens"] = 2
+            elif req["op"] == "system1":
+                req["candidates"] = ["a", "b"]
+            t = time.monotonic()
+            srv.send_raw(json.dumps(req).encode("utf-8", "surrogatepass") + b"\n")
+            report.add("templates")
+            try:
+                tokens, obj = srv.response(timeout=bound + 60)
+            except (TimeoutError, EOFError) as e:
+                report.violation(phase, "no answer", f"{e} <- {desc}")
+                srv.p.kill()
+                srv.close()
+                srv = Server(["--device", "cpu", "--model", str(model_path)], env, report, phase)
+                continue
+            took = time.monotonic() - t
+            check_result(report, phase, obj, i, desc, tokens)
+            if took > bound:
+                report.violation(phase, f"a template took {took:.1f} s", desc)
+            got = None if obj.get("ok") else obj.get("error", {}).get("kind")
+            if kind and got != kind:
+                report.violation(phase, f"expected {kind}, got {got}", f"{desc}: {obj.get('error')}")
+        srv.check_stderr()
+        report.rss(phase, peak_rss_kib(srv.p.pid))
+    finally:
+        srv.close()
+    # signals while a render would not end
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        srv = Server(["--device", "cpu", "--model", str(model_path)], env, report, phase)
+        try:
+            srv.send_raw(json.dumps({"id": 1, "op": "tokenize", "messages": [{"role": "user", "content": "x"}],
+                                     "chat_template": slow}).encode() + b"\n")
+            time.sleep(0.5)
+            t = time.monotonic()
+            srv.p.send_signal(sig)
+            report.add("template_signals")
+            if sig == signal.SIGINT:
+                _, obj = srv.response(timeout=30)
+                if obj.get("error", {}).get("kind") != "cancelled" or time.monotonic() - t > 1.5:
+                    report.violation(phase, "SIGINT during a render", f"{obj!r:.300} after {time.monotonic() - t:.1f} s")
+            else:
+                try:
+                    rc = srv.p.wait(chat.RENDER_SECONDS + 10)
+                    if rc != 0:
+                        report.violation(phase, f"exit code {rc} after SIGTERM during a render")
+                except subprocess.TimeoutExpired:
+                    report.violation(phase, "no exit after SIGTERM during a render")
+        except (TimeoutError, EOFError) as e:
+            report.violation(phase, f"signal {sig} during a render", e)
+        finally:
+            srv.close()
+
+
+# ---------------------------------------------------------------- constraints (issue 32)
+
+_REGEX_ATOMS = ["a", "[a-z]", "[0-9]", "\\d", "\\w", ".", "(ab|cd)", "[^\\x00-\\U0010FFFF]", "[^a]", "\\p{L}",
+                "x", "\u00e9", "\u4f60", "(", ")", "[", "]", "\\", "{2}", "+", "*", "?", "|", "\\\\", "a{2,1}"]
+
+
+def _gen_regex(rng, long_mode):
+    out = []
+    for _ in range(rng.randint(1, 5)):
+        out.append(rng.choice(_REGEX_ATOMS))
+        if rng.random() < 0.3:
+            out.append(rng.choice(["*", "+", "?", "{3}", "{0,5}", "{1,1000}",
+                                   "{100000}" if long_mode else "{2000}"]))
+    return "".join(out)
+
+
+def _gen_schema(rng, depth=0):
+    r = rng.random()
+    if depth > 2 or r < 0.2:
+        return rng.choice([{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": 9},
+                           {"type": "boolean"}, {"enum": ["a", "b", 1]}, {"type": "string", "maxLength": 3},
+                           {"type": "string", "pattern": "^[a-c]{1,3}$"}, {"const": "x"}, {"type": "null"},
+                           True, False, {}, {"not": {}}, {"type": "bogus"}, {"$ref": "#"}, 5, "x",
+                           {"type": "string", "minLength": 100000}, {"type": "string", "pattern": "\\"}])
+    if r < 0.55:
+        props = {f"k{i}": _gen_schema(rng, depth + 1) for i in range(rng.randint(0, 3))}
+        s = {"type": "object", "properties": props, "required": list(props)[:rng.randint(0, len(props))]}
+        if rng.random() < 0.5:
+            s["additionalProperties"] = False
+        return s
+    if r < 0.75:
+        return {"type": "array", "items": _gen_schema(rng, depth + 1), "maxItems": rng.choice([0, 1, 3]),
+                "minItems": rng.choice([0, 1, 5])}
+    if r < 0.85:
+        return {"anyOf": [_gen_schema(rng, depth + 1) for _ in range(rng.randint(1, 3))]}
+    return {"$defs": {"a": {"$ref": "#/$defs/" + rng.choice(["a", "b"])},
+                      "b": {"type": "object", "properties": {"n": {"$ref": "#/$defs/b"}}}},
+            "$ref": "#/$defs/" + rng.choice(["a", "b"])}
+
+
+_LARK = ['start: "a" | "b"', "start: x\nx: x", 'start: start "a" | "a"', "start: y", 'start: "(" start ")" | "x"',
+         'start: /[a-z]+/', 'start: "a"{3}', "start: ", "start: /[/", 'start: %json {"type": "string"}',
+         'start: "x" "y"*', "bad grammar %%%", 'start: "a"{2000}']
+
+
+def phase_constraints(report, n, seed, work, model_path, long_mode):
+    """generate with random, hostile and unsatisfiable json_schema / regex / grammar: one
+    stable kind each (invalid_request, too_large or ok), never internal, the server alive."""
+    rng = random.Random(seed)
+    phase = "constraints"
+    env = server_env(work / "cache")
+    srv = Server(["--device", "cpu", "--model", str(model_path)], env, report, phase)
+    try:
+        for i in range(n):
+            field = rng.choice(["json_schema", "json_schema", "regex", "grammar"])
+            value = (_gen_schema(rng) if field == "json_schema" else _gen_regex(rng, long_mode)
+                     if field == "regex" else rng.choice(_LARK))
+            req = {"id": i, "op": "generate", "prompt": "Answer:", "max_tokens": rng.choice([1, 3, 8]),
+                   field: value}
+            if rng.random() < 0.05:
+                req["regex" if field != "regex" else "grammar"] = "a"  # two at once
+            srv.send_raw(json.dumps(req).encode() + b"\n")
+            report.add("constraints")
+            desc = f"{field}={json.dumps(value)[:200]}"
+            try:
+                tokens, obj = srv.response(timeout=300)
+            except (TimeoutError, EOFError) as e:
+                report.violation(phase, "no answer", f"{e} <- {desc}")
+                srv.p.kill()
+                srv.close()
+                srv = Server(["--device", "cpu", "--model", str(model_path)], env, report, phase)
+                continue
+            check_result(report, phase, obj, i, desc, tokens)
+        srv.check_stderr()
+        report.rss(phase, peak_rss_kib(srv.p.pid))
+    finally:
+        srv.close()
+
+
+# ---------------------------------------------------------------- LoRA adapters (issue 32)
+
+
+def _adapter_bytes(rng, case):
+    """A LoRA adapter for the tiny llama (blk.0 attention q/v), well-formed or broken by `case`."""
+    import numpy as np
+
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    rank = 0 if case == "rank0" else rng.choice([1, 2, 4])
+    kvs = [("general.architecture", STR, "qwen2" if case == "arch" else "llama"),
+           ("general.type", STR, "model" if case == "type" else "adapter"), ("adapter.type", STR, "lora"),
+           ("adapter.lora.alpha", F32, {"alpha_huge": 1e38, "alpha_nan": math.nan}.get(case, 4.0))]
+    tensors = []
+    for name, n_in, n_out in (("blk.0.attn_q.weight", 32, 32), ("blk.1.attn_v.weight", 32, 16)):
+        a = (nrng.standard_normal((rank, n_in)) * 0.1).astype(np.float32)
+        b = (nrng.standard_normal((n_out, rank)) * 0.1).astype(np.float32)
+        if case in ("nan", "inf", "huge") and a.size:
+            a.flat[nrng.integers(a.size)] = {"nan": np.nan, "inf": np.inf, "huge": 1e30}[case]
+        ashape = [n_in, rank] if case != "shape" else [n_in + 1, rank]
+        tensors.append((name + ".lora_a", ashape, GGML_F32, a.tobytes() + (bytes(4 * rank) if case == "shape" else b"")))
+        if case != "half":
+            tensors.append((name + ".lora_b", [rank, n_out], GGML_F32, b.tobytes()))
+    data = gguf_bytes(kvs, tensors)
+    if case == "bytes":
+        data, _ = mutate_bytes(rng, data)
+    return data
+
+
+_ADAPTER_CASES = ["ok", "ok", "ok", "rank0", "nan", "inf", "huge", "alpha_huge", "alpha_nan", "arch", "type",
+                  "shape", "half", "bytes", "bytes"]
+
+
+def phase_adapters(report, n, seed, work, model_path):
+    """`load` with LoRA adapters, well-formed and broken (rank 0, NaN/inf/huge values, absurd
+    alpha or scale, wrong shapes, architecture or type, missing halves, damaged bytes): a
+    stable kind each, and a loaded adapter generates."""
+    rng = random.Random(seed)
+    phase = "adapters"
+    env = server_env(work / "cache")
+    srv = Server(["--device", "cpu"], env, report, phase)
+    try:
+        for i in range(n):
+            case = rng.choice(_ADAPTER_CASES)
+            path = work / f"lora-{i % 16}.gguf"
+            path.write_bytes(_adapter_bytes(rng, case))
+            scale = rng.choice([1.0, 1.0, 0.0, -1.0, 2.5, 1e30, 1e300])
+            srv.send_raw(json.dumps({"id": i, "op": "load", "model": str(model_path),
+                                     "lora": [{"path": str(path), "scale": scale}]}).encode() + b"\n")
+            report.add("adapters")
+            desc = f"adapter {case} scale {scale}"
+            try:
+                _, obj = srv.response(timeout=120)
+                check_result(report, phase, obj, i, desc)
+                if obj.get("ok"):
+                    if case not in ("ok", "bytes"):
+                        report.violation(phase, "a broken adapter loaded", desc)
+                    srv.send_raw(json.dumps({"id": -i - 1, "op": "generate", "prompt": "Hello",
+                                             "max_tokens": 2}).encode() + b"\n")
+                    tokens, obj = srv.response(timeout=120)
+                    check_result(report, phase, obj, -i - 1, "generate after " + desc, tokens)
+                elif case == "ok" and scale < 1e29:
+                    report.violation(phase, "a good adapter was refused", f"{desc}: {obj.get('error')}")
+            except (TimeoutError, EOFError) as e:
+                report.violation(phase, "no answer", f"{e} <- {desc}")
+                srv.p.kill()
+                srv.close()
+                srv = Server(["--device", "cpu"], env, report, phase)
+        srv.check_stderr()
+        report.rss(phase, peak_rss_kib(srv.p.pid))
+    finally:
+        srv.close()
+
+
+# ---------------------------------------------------------------- HTTP front (issue 32)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(port, method, path, body=None, timeout=30):
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def phase_http(report, n, seed, work, model_path):
+    """`reflex http` with streaming clients that never read (a tiny receive buffer, a long
+    generation, the socket left open): the next client is served within a bound once the
+    stalled stream ends or its client is gone, and the front keeps its memory."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        report.add("http_skipped")
+        return
+    rng = random.Random(seed)
+    phase = "http"
+    env = server_env(work / "cache")
+    port = _free_port()
+    err = tempfile.TemporaryFile()
+    p = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "http", "--port", str(port), "--model",
+                          str(model_path), "--device", "cpu"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=str(ROOT), preexec_fn=_limit_as)
+    try:
+        end = time.monotonic() + 120
+        while True:
+            try:
+                if _http(port, "GET", "/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > end or p.poll() is not None:
+                report.violation(phase, "the front did not come up")
+                return
+            time.sleep(0.2)
+        for i in range(n):
+            bad = socket.socket()
+            bad.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            bad.connect(("127.0.0.1", port))
+            body = json.dumps({"model": "x", "prompt": "Once upon a time", "max_tokens": rng.choice([500, 2000]),
+                               "stream": True, "temperature": 0}).encode()
+            bad.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(rng.uniform(0.5, 2.0))
+            report.add("http_stalled_streams")
+            if rng.random() < 0.5:
+                bad.close()  # the client goes away without reading
+            t = time.monotonic()
+            try:
+                st, data = _http(port, "POST", "/v1/completions",
+                                 {"model": "x", "prompt": "Hello", "max_tokens": 2, "temperature": 0}, timeout=180)
+                if st != 200:
+                    report.violation(phase, f"HTTP {st} after a stalled stream", data[:300])
+            except OSError as e:
+                report.violation(phase, "no answer after a stalled stream", e)
+            report.add("http_requests")
+            if time.monotonic() - t > 120:
+                report.violation(phase, "a stalled stream held the front", time.monotonic() - t)
+            try:
+                bad.close()
+            except OSError:
+                pass
+        report.rss(phase, peak_rss_kib(p.pid))
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            report.violation(phase, "the front did not exit on SIGTERM")
+            p.kill()
+            p.wait()
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+        if "Traceback" in text:
+            report.violation(phase, "traceback on stderr", text[text.index("Traceback"):][:1500])
+        err.close()
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -1114,7 +1602,15 @@ def run(mode="short", seed=12, counts=None, out=None, log=print):
                   ("clients", lambda: phase_clients(report, counts["clients"], seed + 3, work,
                                                     model)),
                   ("cache", lambda: phase_cache(report, counts["cache"], seed + 4, work)),
-                  ("files", lambda: phase_files(report, counts["files"], seed + 5, work))]
+                  ("files", lambda: phase_files(report, counts["files"], seed + 5, work)),
+                  ("numpy", lambda: phase_lines(report, counts["numpy"], seed + 6, work, model, extra,
+                                                mode == "long", device="numpy", phase="numpy")),
+                  ("templates", lambda: phase_templates(report, counts["templates"], seed + 7, work, model,
+                                                        mode == "long")),
+                  ("constraints", lambda: phase_constraints(report, counts["constraints"], seed + 8, work,
+                                                            model, mode == "long")),
+                  ("adapters", lambda: phase_adapters(report, counts["adapters"], seed + 9, work, model)),
+                  ("http", lambda: phase_http(report, counts["http"], seed + 10, work, model))]
         for name, fn in phases:
             if not counts.get(name):
                 continue

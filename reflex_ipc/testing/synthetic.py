@@ -792,7 +792,8 @@ def qwen3_tensor_plan(kind):
     q4 = kind == "q4k"
     mat = "Q4_K" if q4 else "Q8_0"
     big = "Q6_K" if q4 else "Q8_0"
-    keys = {"block_count": L, "embedding_length": E, "feed_forward_length": F, "attention.head_count": H,
+    keys = {"block_count": L, "context_length": 4096, "embedding_length": E, "feed_forward_length": F,
+            "attention.head_count": H,
             "attention.head_count_kv": Hkv, "attention.key_length": hd, "attention.value_length": hd,
             "attention.layer_norm_rms_epsilon": 1e-6}
     plan = []

@@ -220,6 +220,7 @@ class Tokenizer:
         self.fim_ids = fim
         self.eog_ids = frozenset(eog)
         self._special_cache = None
+        self._special_first = None  # (the specials list, first character -> their indices)
         self._name = _str(meta.get("general.name")).lower()
         self._arch = _str(meta.get("general.architecture"))
         self._pre_name = _str(meta.get("tokenizer.ggml.pre"))
@@ -316,10 +317,25 @@ class Tokenizer:
             if i >= 0:
                 self._add_attr(i, A_LSTRIP)
 
+    def _specials_in(self, text: str) -> list:
+        """The special tokens that may occur in `text` (in _specials' order): those whose first
+        character is one of text's (Gemma-3 has 6416 special tokens; a prompt rarely holds any)."""
+        specials = self._specials()
+        by_first = self._special_first
+        if by_first is None or by_first[0] is not specials:
+            index: dict = {}
+            for k, (tok, _, _) in enumerate(specials):
+                index.setdefault(tok[0], []).append(k)
+            by_first = self._special_first = (specials, index)
+        index = by_first[1]
+        ks = [k for c in set(text).intersection(index) for k in index[c]]
+        ks.sort()
+        return [specials[k] for k in ks]
+
     def _partition(self, text: str, parse_special: bool) -> list:
         """Split `text` into raw-text strings and special token ids (llama.cpp's order)."""
         frags: list = [text] if text else []
-        for tok, tid, attr in self._specials():
+        for tok, tid, attr in self._specials_in(text) if text else ():
             if not parse_special and attr & (A_CONTROL | A_UNKNOWN):
                 continue
             if not any(type(fr) is str and tok in fr for fr in frags):
@@ -365,6 +381,11 @@ class Tokenizer:
         self._encode_fragments(self._partition(text, parse_special), out)
         if add_bos is None and self.add_eos and self.eos_id is not None:
             out.append(self.eos_id)
+        # the vocabulary's pages this read (with the kernel's fault-around, 64 KB for each
+        # string compared) leave the resident set again: the page cache keeps them
+        release = getattr(self._f, "release_metadata", None)
+        if release is not None:
+            release()
         return out
 
     def _encode_fragments(self, frags, out):
@@ -401,22 +422,28 @@ class Tokenizer:
         return self.token_piece(i, special=True)
 
     def decode_bytes(self, ids, special: bool = False) -> bytes:
-        """llama_detokenize(remove_special=False, unparse_special=special)."""
-        parts = []
+        """llama_detokenize(remove_special=False, unparse_special=special). The text grows
+        in one buffer: memory is the text (at most MAX_DECODE_BYTES), whatever the number
+        of ids (a list of pieces and bytes.join's 80-byte buffer per item took 88 bytes per
+        id: 8M ids of an empty control token peaked at +670 MiB)."""
+        out = bytearray()
         first = True
-        total = 0
+        seen = {}  # id -> piece, for this call (a dict hit instead of two checked lookups)
         for i in ids:
-            i = int(i)
-            self.token_text(i)
-            p = self.token_piece(i, special)
-            if first and self.add_space_prefix and p[:1] == b" ":
-                p = p[1:]
-            first = False
-            parts.append(p)
-            total += len(p)
-            if total > MAX_DECODE_BYTES:
-                raise too_large("the detokenized text (bytes)", total, MAX_DECODE_BYTES)
-        b = b"".join(parts)
+            p = seen.get(i)
+            if p is None:
+                j = int(i)
+                self.token_text(j)  # range check
+                p = seen[i] = self.token_piece(j, special)
+            if first:
+                first = False
+                if self.add_space_prefix and p[:1] == b" ":
+                    p = p[1:]
+            out += p
+            if len(out) > MAX_DECODE_BYTES:
+                raise too_large("the detokenized text (bytes)", len(out), MAX_DECODE_BYTES)
+        b = bytes(out)
+        del out
         if self.clean_spaces and b:
             b = _clean_spaces(b)
         return b

@@ -68,6 +68,9 @@ class StrIndex:
             if cache_file is not None:
                 _write_atomic(cache_file, keys, src_crc)
         self._skeys = keys
+        # the CRC and the build read every string: drop those pages from the resident set
+        # again (lookups map back the few they compare; the page cache keeps them all)
+        _release(mm, arr.offset, arr.offset + arr.nbytes)
         # plain memoryviews: item access and bisect on them are several times
         # cheaper than numpy scalar indexing and searchsorted
         self._sk = memoryview(keys)
@@ -142,6 +145,20 @@ def _items(a):
 
 _MAGIC = b"RXSIDX02"
 _HEADER = 32  # magic, count u64, source crc u32, keys crc u32, 8 bytes reserved
+
+
+def _release(mm, start: int, end: int) -> None:
+    """madvise(MADV_DONTNEED) the whole pages of mm[start:end] (a read-only file mapping: the
+    pages leave this process's resident set and are read back from the page cache on use)."""
+    import mmap
+
+    a = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    b = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if b > a and hasattr(mm, "madvise"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+        except (OSError, ValueError, AttributeError):
+            pass  # advice only
 
 
 def _source_crc(mm, arr) -> int:

@@ -130,8 +130,12 @@ def greedy_output(name, i, device="numpy"):
     """The engine's greedy continuation of prompt i (computed once for both references)."""
     if (name, i, device) not in _GREEDY:
         g = GOLDEN[name]
-        _GREEDY[name, i, device] = runner_for(name, device).generate(g["prompts"][i]["text"],
-                                                                     max_tokens=g["steps"], temperature=0.0)
+        r = runner_for(name, device)
+        backends = []  # the backend that computed each step's logits (reflex check records it too)
+        out = r.generate(g["prompts"][i]["text"], max_tokens=g["steps"], temperature=0.0,
+                         on_logits=lambda step, row: backends.append(r.ops.name))
+        out["step_backends"] = backends
+        _GREEDY[name, i, device] = out
     return _GREEDY[name, i, device]
 
 
@@ -177,10 +181,12 @@ def test_greedy(name, i, device):
     g = GOLDEN[name]
     p = g["prompts"][i]
     out = greedy_output(name, i, device)
+    assert out["step_backends"] == [device] * len(out["step_backends"]), \
+        f"steps computed by {out['step_backends']}, not all by the {device} backend"
     assert out["prompt_tokens"] == len(p["ids"]), "the prompt was tokenized differently"
     ok, msg = greedy_verdict(p["steps"], out["token_ids"], out["finish_reason"], g["eog_ids"],
                              tie=tie_rel(p))
-    assert ok, msg
+    assert ok, f"{msg} (every step on the {device} backend)"
     if msg.startswith("identical"):
         assert out["text"] == p["greedy_text"]
 

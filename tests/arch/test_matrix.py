@@ -12,7 +12,7 @@ Rules:
   equal to each candidate scored alone. gemma4's GELU: llama.cpp's CPU backend evaluates it
   through a float16 table (GGML_GELU_FP16), which alone moves its logits by 2e-4..1.2e-3 of
   max|logit| here, so the numpy backend runs gemma4 with that table
-  (references.ggml_cpu_gelu) against llama.cpp; test_features bounds the exact gelu.
+  (references.ggml_cpu_gelu) against llama.cpp; test_arch_features bounds the exact gelu.
 - noise, on the quantized examples (`@q`: Q8_0, Q4_K, Q6_K matrices where rows fit, an F32 twin
   beside): as tests/arch/test_goldens.py holds the committed fixtures (reflex_ipc.testing.parity):
   logits within max(1e-2, 1.5 x llama.cpp's rounding noise) of quantized llama.cpp (2 x for the

@@ -4,11 +4,16 @@ mcp package), imported only here."""
 
 import sys
 
+EXAMPLES = """\
+  reflex mcp --model smollm2                         (an MCP client spawns it; it speaks on stdin/stdout)
+  an agent's configuration: {"mcpServers": {"reflex": {"command": "reflex", "args": ["mcp", "--model", "smollm2"]}}}
+Needs the mcp extra: pip install 'reflex-ipc[mcp]'."""
+
 
 def add_arguments(p):
     from ..ops import DEVICES
 
-    p.add_argument("--model", help="GGUF path or alias to load (default: $REFLEX_MODEL, else SmolLM2)")
+    p.add_argument("--model", metavar="MODEL", help="GGUF path or alias to load (default: $REFLEX_MODEL, else SmolLM2)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="the engine's device (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="the generate tool's default max_tokens (default 256)")

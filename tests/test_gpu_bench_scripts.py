@@ -285,11 +285,12 @@ def test_cpufirst_dry_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     rc = cpufirst.main([str(out), "--device", "cpu", "--python", sys.executable, "--tiny", "--runs", "2",
                         "--cases", "q8_0:gen1", "q8_0:system1", "--models-dir", str(tmp_path / "m"),
-                        "--llama-simple", os.path.join(FAKE, "llama-simple"), "--budget-s", "120"])
+                        "--llama-simple", os.path.join(FAKE, "llama-simple"), "--budget-s", "120",
+                        "--variants", "gpu", "auto", "cpu"])
     assert rc == 0
     res = json.loads((out / "cpufirst.json").read_text())
     g1 = res["cases"]["q8_0:gen1"]
-    assert [len(g1["runs"][v]) for v in ("gpu", "auto", "llama-simple")] == [2, 2, 2]
+    assert [len(g1["runs"][v]) for v in ("gpu", "auto", "cpu", "llama-simple")] == [2, 2, 2, 2]
     assert all(r["rc"] == 0 and r["backend"] == "cpu" and r["phases"]["first_token"] for r in g1["runs"]["auto"])
     assert g1["summary"]["auto"]["wall_ms"]["n"] == 2 and g1["auto_over_gpu"]["n"] == 2
     assert g1["peer_over_variant"]["auto"] > 0
@@ -297,4 +298,6 @@ def test_cpufirst_dry_run(tmp_path, monkeypatch, capsys):
     assert not s1["runs"]["llama-simple"] and s1["summary"]["gpu"]["failures"] == 0
     table = capsys.readouterr().out.strip().splitlines()
     assert table[0].startswith("model") and "target: <= 200 ms" in "\n".join(table)
+    assert any(x.startswith("phase marks") for x in table)
+    assert any(x.split()[:2] == ["q8_0:gen1", "cpu"] for x in table)
     assert table[-1].startswith("idle power")

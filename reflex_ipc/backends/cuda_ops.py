@@ -125,7 +125,7 @@ MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB i
 # k rows with their weights in slot order (deterministic). Fewer tokens (decode) keep the matvec
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
-MOE_MMA_MIN_N = 32
+MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
 MOE_GROUP_WARPS = 32
 MOE_GROUP_SHARED = 46 * 1024
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)

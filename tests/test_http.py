@@ -7,7 +7,6 @@ import json
 import math
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -22,70 +21,13 @@ import pytest
 import reflex_ipc.front  # noqa: F401  (reflex_client: installed with the wheel, else clients/python)
 from reflex_client import Client, ReflexError
 
+from reflex_ipc.testing.http_front import Front, assert_error_shape, http_env  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPT = "The three primary colors are"
 LONG = 2000  # max_tokens of the requests a test cancels (minutes of CPU decode)
 COUNT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # a prompt SmolLM2 continues without ending (counting)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("REFLEX_API_KEY", None)
-    env.update(extra)
-    return env
-
-
-class Front:
-    def __init__(self, args, env=None):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "http", "--port", str(self.port), *args],
-                                     env=env or _env(), stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while True:
-            assert self.proc.poll() is None, f"reflex http exited:\n{self.output()}"
-            try:
-                r = httpx.get(self.url + "/health", timeout=5)
-                if r.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"reflex http not ready:\n{self.output()}"
-            time.sleep(0.1)
-
-    def output(self):
-        self.log.seek(0)
-        return self.log.read().decode("utf-8", "replace")
-
-    def health(self):
-        return httpx.get(self.url + "/health", timeout=10).json()
-
-    def wait(self, pred, timeout=30):
-        deadline = time.monotonic() + timeout
-        while True:
-            h = self.health()
-            if pred(h):
-                return h
-            assert time.monotonic() < deadline, f"timed out; last /health: {h}"
-            time.sleep(0.02)
-
-    def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +45,7 @@ def front(smollm2):
 @pytest.fixture(scope="module")
 def engine(smollm2):
     """The same engine spoken to directly: the reference for what the front answers."""
-    c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu"), env=_env(),
+    c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu"), env=http_env(),
                      ready_timeout=180)
     yield c
     c.close()
@@ -123,20 +65,6 @@ def _engine_has(engine, op, **params):
         if e.kind == "unknown_op" or (e.kind == "invalid_request" and "unknown field" in e.message):
             return False
     return True
-
-
-def _assert_error_shape(r, status, code=None):
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and err["message"]
-    assert "Traceback" not in err["message"]
-    assert err["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    if code is not None:
-        assert err["code"] == code, err
-    return err
 
 
 # -- the openai client ------------------------------------------------------------------------
@@ -188,9 +116,6 @@ def test_completion_errors(oai):
         oai.completions.create(model="any", prompt=PROMPT, max_tokens=100000)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        oai.completions.create(model="any", prompt=PROMPT, n=2, stream=True)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
-    with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model="any", prompt=PROMPT, logit_bias={"x": 1})
     assert e.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as e:
@@ -214,9 +139,35 @@ def test_sampling_parameters_follow_the_engine(oai, engine):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [c["text"] for c in ref["choices"]]
     assert r.usage.completion_tokens == sum(c["completion_tokens"] for c in ref["choices"])
+    # streamed, n > 1: per-index chunks that join to the same choices
+    texts, finish = {}, {}
+    for c in oai.completions.create(model="any", prompt=PROMPT, max_tokens=5, temperature=0.9, seed=7,
+                                    n=3, stream=True, extra_body=extra):
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert [texts[i] for i in range(3)] == [c["text"] for c in ref["choices"]]
+    assert [finish[i] for i in range(3)] == [c.finish_reason for c in r.choices]
+    # the chat prompt's state cached first and the streamed request right after the plain one: a
+    # prompt computed cold (one batch) and one mostly from the prefix cache (its last token alone)
+    # differ in the last bits, enough to move a token sampled at temperature 0.9
+    oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
     chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
                                        max_tokens=3, temperature=0.9, seed=7, n=2)
     assert [c.index for c in chat.choices] == [0, 1]
+    roles, texts, finish = {}, {}, {}
+    chunks = list(oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=3, temperature=0.9, seed=7, n=2, stream=True,
+                                              stream_options={"include_usage": True}))
+    for c in chunks:
+        for ch in c.choices:
+            roles[ch.index] = roles.get(ch.index) or ch.delta.role
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert [texts[i] for i in range(2)] == [c.message.content for c in chat.choices]
+    assert [finish[i] for i in range(2)] == [c.finish_reason for c in chat.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
 
 
 def test_embeddings_match_engine(oai, engine):
@@ -304,10 +255,10 @@ def test_completion_logprobs_and_infill_follow_the_engine(front, oai, engine):
     r = httpx.post(front.url + "/infill", json={"input_prefix": "def add(a, b):\n    return ",
                                                 "input_suffix": "\n", "n_predict": 4}, timeout=300)
     if has_infill:  # SmolLM2 has no FIM tokens: the engine's invalid_request, a 400
-        err = _assert_error_shape(r, 400)
+        err = assert_error_shape(r, 400)
         assert "fill-in-the-middle" in err["message"]
     else:
-        err = _assert_error_shape(r, 400, "unsupported_parameter")
+        err = assert_error_shape(r, 400, "unsupported_parameter")
         assert "not supported by this engine yet" in err["message"]
 
 
@@ -340,7 +291,7 @@ def test_infill_on_a_fim_model(tmp_path, smollm2):
         f.close()
     assert r.status_code == 200, r.text
     c = Client.spawn(sys.executable, args=("-m", "reflex_ipc", "stdio", "--device", "cpu", "--model", model),
-                     env=_env(), ready_timeout=180)
+                     env=http_env(), ready_timeout=180)
     try:
         ref = c.request("infill", {"prefix": body["input_prefix"], "suffix": "\n", "max_tokens": 4})
     finally:
@@ -403,14 +354,14 @@ def test_cancel_by_disconnect_before_the_result(front):
 ])
 def test_bad_requests_are_400(front, path, body, param):
     r = httpx.post(front.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
-    err = _assert_error_shape(r, 400)
+    err = assert_error_shape(r, 400)
     if param is not None:
         assert err["param"] == param, err
 
 
 def test_oversized_body(front):
     big = json.dumps({"prompt": "x" * (1 << 20), "max_tokens": 1}).encode()
-    _assert_error_shape(httpx.post(front.url + "/v1/completions", content=big, timeout=60), 413, "request_too_large")
+    assert_error_shape(httpx.post(front.url + "/v1/completions", content=big, timeout=60), 413, "request_too_large")
 
     def chunked():  # no Content-Length: the limit holds while reading
         yield b'{"prompt": "'
@@ -418,12 +369,12 @@ def test_oversized_body(front):
             yield b"x" * 65536
         yield b'"}'
 
-    _assert_error_shape(httpx.post(front.url + "/v1/completions", content=chunked(), timeout=60), 413)
+    assert_error_shape(httpx.post(front.url + "/v1/completions", content=chunked(), timeout=60), 413)
 
 
 def test_routes_and_methods(front):
-    _assert_error_shape(httpx.get(front.url + "/v2/nothing"), 404, "not_found")
-    _assert_error_shape(httpx.get(front.url + "/v1/completions"), 405, "method_not_allowed")
+    assert_error_shape(httpx.get(front.url + "/v2/nothing"), 404, "not_found")
+    assert_error_shape(httpx.get(front.url + "/v1/completions"), 405, "method_not_allowed")
 
 
 def test_queue_full_is_503(front):
@@ -440,7 +391,7 @@ def test_queue_full_is_503(front):
             t.start()
             front.wait(lambda h: h["queue"]["waiting"] == 1)
             r = httpx.post(front.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, timeout=30)
-            _assert_error_shape(r, 503, "queue_full")
+            assert_error_shape(r, 503, "queue_full")
             assert int(r.headers["retry-after"]) >= 1
         t.join(120)  # closing the stream cancelled it: the waiting request runs
         assert waiting["r"].status_code == 200, waiting["r"].text
@@ -456,7 +407,7 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
     time.sleep(0.3)
     os.kill(pid, signal.SIGKILL)
     t.join(60)
-    err = _assert_error_shape(out["r"], 503, "engine_died")
+    err = assert_error_shape(out["r"], 503, "engine_died")
     assert "killed by signal 9" in err["message"], err
     h = front.health()
     assert h["engine"]["deaths"] == 1 and h["error"]
@@ -483,7 +434,7 @@ def test_engine_death_is_reported_and_the_engine_restarted(front):
 # -- --connect, the bearer token --------------------------------------------------------------
 
 def _uds_engine(path):
-    eng = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "uds", path, "--device", "cpu"], env=_env(),
+    eng = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "uds", path, "--device", "cpu"], env=http_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
@@ -498,7 +449,7 @@ def secured(smollm2):
     d = tempfile.mkdtemp(prefix="reflex-http-test-")
     path = os.path.join(d, "engine.sock")
     engines = [_uds_engine(path)]
-    f = Front(["--connect", path], env=_env(REFLEX_API_KEY="s3cret"))
+    f = Front(["--connect", path], env=http_env(REFLEX_API_KEY="s3cret"))
     f.sock, f.engines = path, engines
     yield f
     f.close()
@@ -519,7 +470,7 @@ def test_bearer_token(secured):
             c.models.list()
         assert e.value.code == "invalid_api_key"
     r = httpx.post(secured.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
-    _assert_error_shape(r, 401, "invalid_api_key")
+    assert_error_shape(r, 401, "invalid_api_key")
     assert r.headers["www-authenticate"] == "Bearer"
     ok = openai.OpenAI(base_url=secured.url + "/v1", api_key="s3cret", max_retries=0, timeout=300)
     assert ok.completions.create(model="any", prompt=PROMPT, max_tokens=2, temperature=0).usage.completion_tokens == 2
@@ -583,6 +534,21 @@ def test_mapping_of_requests():
                                          b'"input_extra": [{"filename": "f.py", "text": "x"}], "seed": -1}',
                                          api.InfillRequest))
     assert (op, p) == ("infill", {"prefix": "a", "suffix": "b", "input_extra": [{"filename": "f.py", "text": "x"}]})
+    # llama.cpp's sampling fields pass on /infill under their names
+    sampled = {"typical_p": 0.9, "repeat_last_n": 32, "frequency_penalty": 0.5, "presence_penalty": 0.25,
+               "dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": 16,
+               "dry_sequence_breakers": ["\n"]}
+    op, p = api.infill_params(api.decode(json.dumps({"input_prefix": "a", **sampled}).encode(), api.InfillRequest))
+    assert p == {"prefix": "a", "suffix": "", **sampled}
+    # chat's reasoning switches: reasoning_effort "none"/"minimal" is enable_thinking false, an explicit one wins
+    for body, want in (({"reasoning_effort": "none"}, {"enable_thinking": False}),
+                       ({"reasoning_effort": "high"}, {"enable_thinking": True}),
+                       ({"reasoning_effort": "none", "enable_thinking": True, "thinking_budget": 8},
+                        {"enable_thinking": True, "thinking_budget": 8}),
+                       ({"chat_template_kwargs": {"x": 1}}, {"chat_template_kwargs": {"x": 1}})):
+        _, p = api.chat_params(api.decode(json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode(),
+                                          api.ChatRequest))
+        assert {k: p[k] for k in want} == want and ("enable_thinking" in p) == ("enable_thinking" in want)
     e = api.engine_error("invalid_request", "Object contains unknown field `json_schema`", "generate")
     assert (e.status, e.param, e.code) == (400, "response_format", "unsupported_parameter")
     for kind, status in (("context_overflow", 400), ("model_not_found", 404), ("internal", 500),

@@ -262,3 +262,69 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
                 assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
             route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
             assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (keys["expert_count"], keys["expert_used_count"])
+
+
+ARCH_CASES = {  # name: (E, k, moe keyword arguments, gpt-oss biases)
+    "gpt-oss softmax_weight swiglu_oai biases": (8, 4, dict(gating="softmax_weight", norm=False, act="swiglu_oai"),
+                                                 True),
+    "gpt-oss swiglu_oai no biases": (8, 2, dict(gating="softmax_weight", norm=False, act="swiglu_oai"), False),
+    "llama4 sigmoid weight_before k=1": (8, 1, dict(gating="sigmoid", norm=False, weight_before=True), False),
+    "llama4 sigmoid weight_before k=2": (8, 2, dict(gating="sigmoid", norm=False, weight_before=True), False),
+}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("name", sorted(ARCH_CASES))
+def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, grouped):
+    """gpt-oss's MoE (router bias, softmax_weight, expert gate/up biases and the clamped SwiGLU,
+    down biases) and Llama 4's (the weight applied to each pair's input) in both forms: per pair
+    (moe_mm twice, moe_swiglu_oai_f32 / moe_weight_input_f32, moe_down) and grouped on tensor
+    cores (mmaglu_moe's act 2 with the biases in its epilogue; x rows per pair, k = 1, for
+    Llama 4), against numpy."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, (2 if grouped else 10 ** 9), 132
+    E, k, kw, biases = ARCH_CASES[name]
+    N, K, F, D = (70 if grouped else 3), 16, 8, 12
+    rng = np.random.default_rng(len(name) * 3 + grouped)
+    h16 = (lambda a: a.astype(np.float16).astype(F32))
+    gate = h16(rng.standard_normal((E * F, K)).astype(F32))  # gate values past the clamp of 7
+    up = h16(rng.standard_normal((E * F, K)).astype(F32))
+    down = h16((rng.standard_normal((E * D, F)) * 0.3).astype(F32))
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = (rng.standard_normal((N, K)) * 2).astype(F32)
+    extra = {}
+    if biases:
+        extra = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                 "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+        extra = {n: a.astype(F32) for n, a in extra.items()}
+    lg = x @ router.T  # the router's logits as given (the interpreter's matmul is float32 already)
+    if grouped:  # what the tensor cores read: x (Llama 4: x times the pair's weight) as f16
+        ids, w = moe_route(lg + extra.get("router_bias", 0), k, kw["gating"], False, 1.0)
+        if kw.get("weight_before"):
+            xp = h16(np.repeat(x, k, 0) * w.reshape(-1, 1))
+            want = np.zeros((N, D), F32)
+            for p in range(N * k):
+                e = ids.reshape(-1)[p]
+                g, u = gate[e * F:(e + 1) * F] @ xp[p], up[e * F:(e + 1) * F] @ xp[p]
+                want[p // k] += down[e * D:(e + 1) * D] @ h16(g / (1 + np.exp(-g)) * u)
+        else:
+            want = None
+    xin = h16(x) if grouped else x
+    if not (grouped and kw.get("weight_before")):
+        want = NumpyOps().moe(xin, router, gate, up, down, k, logits=lg, **kw, **extra)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 1), rt.weight(up, 1), rt.weight(down, 1), k,
+                  logits=ops.asarray(lg), **kw, **{n: ops.asarray(a) for n, a in extra.items()})
+    names = [launch[0] for launch in rt.launches]
+    tol = 4e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol * np.abs(want).max())
+    pre = (["add_row_f32"] if biases else []) + ["moe_route_f32"] + \
+        (["moe_weight_input_f32"] if kw.get("weight_before") else [])
+    post = ["moe_down_bias_f32"] if biases else []
+    if grouped:
+        assert names == pre + ["moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16", "moe_wsum_f32"] + post
+        glu = next(launch for launch in rt.launches if launch[0] == "mmaglu_moe_f16")[3]
+        assert glu[14] == (2 if kw.get("act") == "swiglu_oai" else 0) and glu[11] == (1 if kw.get("weight_before") else k)
+        assert ops.moe_mma_launches == 1
+    else:
+        mid = ["moe_mm_f16", "moe_mm_f16", "moe_swiglu_oai_f32"] if kw.get("act") == "swiglu_oai" else ["moe_glu_f16"]
+        assert names == pre + mid + ["moe_down_f16"] + post

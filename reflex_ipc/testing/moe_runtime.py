@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 
+from reflex_ipc.backends.base import moe_route, swiglu_oai
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
@@ -186,6 +187,11 @@ class MemRuntime:
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
+            if gating == 2:  # softmax_weight (gpt-oss): the kernel's scans are checked on the GPU (opchecks)
+                top, w = moe_route(self.f32(logits, grid[0] * E).reshape(-1, E), k, "softmax_weight", norm, scale)
+                self.i32(ids, grid[0] * k)[:] = top.reshape(-1)
+                self.f32(wts, grid[0] * k)[:] = w.reshape(-1)
+                return
             for n in range(grid[0]):
                 b = self.f32(bias, E).copy() if bias else None
                 es = self.f32(escale, E).copy() if escale else None
@@ -241,7 +247,7 @@ class MemRuntime:
         elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
             glu = op == "mmaglu_moe"
             if glu:
-                Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act = args
+                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit = args
             else:
                 Wg, X, order, eoff, tiles, H, K, M, es, rb = args
                 Wu, k, act = Wg, 1, 0
@@ -260,14 +266,45 @@ class MemRuntime:
                     if glu:
                         wu = np.stack([self.rows(Wu + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
                         a, u = wg @ x, wu @ x
-                        a = a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)
-                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = (a * u).astype(np.float16).view(np.uint8)
+                        if act == 2:  # gpt-oss: the expert's biases, then the clamped SwiGLU
+                            a = a + (self.f32(bg + 4 * int(e) * M, M) if bg else 0)
+                            u = u + (self.f32(bu + 4 * int(e) * M, M) if bu else 0)
+                            h = swiglu_oai(a.astype(F32), u.astype(F32), alpha, limit)
+                        else:
+                            h = (a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)) * u
+                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = h.astype(np.float16).view(np.uint8)
                     else:
                         self.f32(H + 4 * pair * M, M)[:] = wg @ x
         elif name == "moe_wsum_f32":
             Y, wts, out, N, D, k = args
             y, w = self.f32(Y, N * k * D).reshape(N, k, D), self.f32(wts, N * k).reshape(N, k)
             self.f32(out, N * D)[:] = (w[:, :, None] * y).sum(1).reshape(-1)
+        elif name == "add_row_f32":
+            a, v, y, n, ncol = args
+            self.f32(y, n)[:] = (self.f32(a, n).reshape(-1, ncol) + self.f32(v, ncol)).reshape(-1)
+        elif name == "moe_swiglu_oai_f32":
+            G, U, bg, bu, ids, H, n, Fw, alpha, limit = args
+            e = self.i32(ids, n // Fw).astype(np.int64)
+            g, u = self.f32(G, n).reshape(-1, Fw).copy(), self.f32(U, n).reshape(-1, Fw).copy()
+            if bg:
+                g += self.f32(bg, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            if bu:
+                u += self.f32(bu, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            self.f32(H, n)[:] = swiglu_oai(g, u, alpha, limit).reshape(-1)
+        elif name == "moe_down_bias_f32":
+            Y, bd, ids, wts, n, D, k = args
+            Nt = n // D
+            e, w = self.i32(ids, Nt * k).astype(np.int64).reshape(Nt, k), self.f32(wts, Nt * k).reshape(Nt, k)
+            b = self.f32(bd, (e.max() + 1) * D).reshape(-1, D)
+            y = self.f32(Y, n).reshape(Nt, D)
+            for j in range(k):  # slot order
+                y += w[:, j:j + 1] * b[e[:, j]]
+        elif name == "moe_weight_input_f32":
+            X, wts, X2, ones, n, K, k = args
+            P = n // K
+            w = self.f32(wts, P)
+            self.f32(X2, n)[:] = (self.f32(X, (P // k) * K).reshape(-1, K)[np.arange(P) // k] * w[:, None]).reshape(-1)
+            self.f32(ones, P)[:] = 1
         elif name in ("swiglu_f32", "geglu_f32"):
             g, u, y, n, ncol, gs, us = args
             gg, uu = self.f32(g, n), self.f32(u, n)

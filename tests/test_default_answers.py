@@ -52,6 +52,9 @@ NOT_QUESTIONS = {
     " Question: ...", " Answer:",  # the saved-state examples continue a placeholder prompt
     "Hi",  # the in-process API's example of an invalid request (max_tokens=0)
     SYSTEM,  # the system message of the chat+system questions
+    # reflex http's examples whose answer is not text: a forced tool call (its arguments),
+    # and the document that classify's questions are asked of
+    "Weather in Paris?", "Report: sales fell 20% in Q3 while costs rose.",
 }
 
 

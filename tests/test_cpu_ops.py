@@ -146,6 +146,28 @@ def test_matmul_leading_axes_out_accumulate(ops, name):
         ops.matmul(x[..., :128], w)
 
 
+@pytest.mark.parametrize("name", QUANT)
+def test_batched_paths_agree(ops, name):
+    """Prompt passes: the panels (x86, N >= 8: the weight rows unpacked once per chunk into an
+    interleaved panel) return the tiles' results (N = 4..7) bit for bit for the rows the tiles
+    cover, with a partial panel at the end, accumulating, and in gated units."""
+    rng = np.random.default_rng(hash(name) % 2**32)
+    cols = 768 if TYPES[name][1] == 256 else 160
+    rows = 37  # 4 whole panels and 5 rows; the tiles cover rows 0..35, dot the last
+    raw, _ = random_weight(name, rows, cols, rng)
+    w = load(ops, name, raw, rows, cols)
+    x = rng.standard_normal((21, cols)).astype(np.float32)
+    full = ops.matmul(x, w)
+    for n0 in range(0, 20, 4):
+        np.testing.assert_array_equal(full[n0:n0 + 4, :36], ops.matmul(x[n0:n0 + 4], w)[:, :36])
+    base = rng.standard_normal((21, rows)).astype(np.float32)
+    out = base.copy()
+    ops.matmul(x, w, out=out, accumulate=True)
+    np.testing.assert_array_equal(out, base + full)
+    g = ops.matmul_glu(x, w, w, act="gelu")
+    np.testing.assert_array_equal(g[:4, :36], ops.matmul_glu(x[:4], w, w, act="gelu")[:, :36])
+
+
 def _isa_results(isa):
     code = (
         "import sys, json, numpy as np\n"

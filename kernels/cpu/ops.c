@@ -134,16 +134,50 @@ static int g_n_workers;
 static int64_t g_spin_ns = 150000;    /* workers: spin this long for the next job */
 static int64_t g_wait_spin_ns = 30000; /* caller: spin this long for the last chunk */
 
-static void run_chunks(uint32_t gen) {
+/* Counters of the pool (rx_pool_stats), for profiles: where a pass's time goes between the
+ * jobs. Relaxed atomic adds, a few per job. */
+enum {
+    POOL_STAT_JOBS,        /* jobs run on the pool */
+    POOL_STAT_INLINE,      /* jobs run on the caller alone (small, solo, one chunk) */
+    POOL_STAT_CALLER_WORK, /* ns the caller ran chunks of pool jobs */
+    POOL_STAT_CALLER_WAIT, /* ns the caller waited after its last chunk for the others' */
+    POOL_STAT_CALLER_SLEEPS,
+    POOL_STAT_CALLER_CHUNKS,
+    POOL_STAT_WORKER_CHUNKS,
+    POOL_STAT_WORKER_WORK, /* ns workers ran chunks */
+    POOL_STAT_WORKER_LATE, /* ns from a job's start to a worker's first look at it (wake-up) */
+    POOL_STAT_WORKER_IDLE, /* ns workers spun or slept between jobs */
+    POOL_STAT_WORKER_SLEEPS,
+    POOL_STAT_WORKER_MISSED, /* jobs a worker arrived at with no chunk left */
+    POOL_STAT_INLINE_NS,   /* ns of the inline jobs */
+    POOL_STAT_N
+};
+static _Atomic int64_t g_stat[POOL_STAT_N];
+static _Atomic int64_t g_job_t0; /* when the current job was published */
+
+static inline void stat_add(int i, int64_t v) { atomic_fetch_add_explicit(&g_stat[i], v, memory_order_relaxed); }
+
+/* out[0..n-1] = the counters (POOL_STAT_* order; fewer when n is smaller); reset: zero them
+ * after. Returns how many there are. */
+RX_EXPORT int64_t rx_pool_stats(int64_t *out, int64_t n, int64_t reset) {
+    for (int64_t i = 0; i < n && i < POOL_STAT_N; i++)
+        out[i] = reset ? atomic_exchange(&g_stat[i], 0) : atomic_load(&g_stat[i]);
+    return POOL_STAT_N;
+}
+
+/* the chunks of job `gen` this thread claims; returns how many it ran */
+static int64_t run_chunks(uint32_t gen) {
     uint64_t v = atomic_load(&g_job);
+    int64_t ran = 0;
     for (;;) {
-        if ((uint32_t)(v >> GEN_SHIFT) != (gen & 0xffffff)) return;
+        if ((uint32_t)(v >> GEN_SHIFT) != (gen & 0xffffff)) return ran;
         uint64_t n = (v >> N_SHIFT) & FIELD, i = v & FIELD;
-        if (i >= n) return;
+        if (i >= n) return ran;
         if (!atomic_compare_exchange_weak(&g_job, &v, v + 1)) continue;
         chunk_fn fn = atomic_load_explicit(&g_fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&g_ctx, memory_order_relaxed);
         fn(ctx, (int64_t)i);
+        ran++;
         uint32_t d = atomic_fetch_add(&g_done, 1) + 1;
         if (d == n && atomic_load(&g_main_waiting)) wake_word(&g_done);
         v = atomic_load(&g_job);
@@ -164,6 +198,7 @@ static void *worker_main(void *arg) {
                 sched_yield(); /* a thread that shares this core (the caller, a neighbour) goes first */
                 if (now_ns() - t0 > g_spin_ns) {
                     atomic_fetch_add(&g_sleepers, 1);
+                    stat_add(POOL_STAT_WORKER_SLEEPS, 1);
                     while ((g = atomic_load(&g_gen)) == seen && !atomic_load(&g_quit)) wait_word(&g_gen, seen);
                     atomic_fetch_sub(&g_sleepers, 1);
                     break;
@@ -172,7 +207,13 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&g_quit)) return NULL;
         seen = g;
-        run_chunks(g);
+        int64_t t1 = now_ns(), pub = atomic_load_explicit(&g_job_t0, memory_order_relaxed);
+        stat_add(POOL_STAT_WORKER_IDLE, t1 - t0);
+        if (pub && t1 > pub) stat_add(POOL_STAT_WORKER_LATE, t1 - pub);
+        int64_t ran = run_chunks(g);
+        stat_add(POOL_STAT_WORKER_CHUNKS, ran);
+        stat_add(POOL_STAT_WORKER_MISSED, ran == 0);
+        stat_add(POOL_STAT_WORKER_WORK, now_ns() - t1);
     }
 }
 
@@ -217,7 +258,10 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
         parallel = 0;
     }
     if (!parallel || n == 1 || g_nth <= 1) {
+        int64_t t = now_ns();
         for (int64_t c = 0; c < n; c++) fn(ctx, c);
+        stat_add(POOL_STAT_INLINE, 1);
+        stat_add(POOL_STAT_INLINE_NS, now_ns() - t);
         return;
     }
     pool_start();
@@ -233,11 +277,12 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
     atomic_store_explicit(&g_ctx, ctx, memory_order_relaxed);
     atomic_store(&g_done, 0);
     uint32_t gen = atomic_load(&g_gen) + 1;
+    int64_t t_start = now_ns();
+    atomic_store_explicit(&g_job_t0, t_start, memory_order_relaxed);
     atomic_store(&g_job, ((uint64_t)(gen & 0xffffff) << GEN_SHIFT) | ((uint64_t)n << N_SHIFT));
     atomic_store(&g_gen, gen);
     if (atomic_load(&g_sleepers)) wake_word(&g_gen);
-    int64_t t_start = now_ns();
-    run_chunks(gen);
+    stat_add(POOL_STAT_CALLER_CHUNKS, run_chunks(gen));
     /* wait for chunks other threads claimed */
     int64_t t0 = now_ns();
     int spins = 0;
@@ -248,6 +293,7 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
             sched_yield();
             if (now_ns() - t0 > g_wait_spin_ns) {
                 atomic_store(&g_main_waiting, 1);
+                stat_add(POOL_STAT_CALLER_SLEEPS, 1);
                 uint32_t d;
                 while ((d = atomic_load(&g_done)) < (uint32_t)n) wait_word(&g_done, d);
                 atomic_store(&g_main_waiting, 0);
@@ -256,6 +302,9 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
         }
     }
     int64_t t_end = now_ns();
+    stat_add(POOL_STAT_JOBS, 1);
+    stat_add(POOL_STAT_CALLER_WORK, t0 - t_start);
+    stat_add(POOL_STAT_CALLER_WAIT, t_end - t0);
     if (t_end - t0 > (t0 - t_start) + 20000) { /* waited more than worked (+20 us) */
         if (++g_straggles >= 4) {
             g_solo_jobs = 512; /* a few decode steps alone, then try the pool again */
@@ -433,10 +482,72 @@ static float *up_buf(size_t n) { /* the up projections of a chunk's rows */
     return tl_up;
 }
 
+static _Thread_local uint8_t *tl_panel;
+static _Thread_local size_t tl_panel_cap;
+
+static uint8_t *panel_buf(size_t n) { /* a chunk's packed weight rows (two panels for a gated unit) */
+    if (n > tl_panel_cap) {
+        free(tl_panel);
+        tl_panel_cap = n + 4096;
+        tl_panel = aligned_alloc(64, (tl_panel_cap + 63) / 64 * 64);
+        if (!tl_panel) tl_panel_cap = 0;
+    }
+    return tl_panel;
+}
+
+#define PANEL_COLS 32 /* activation rows per gated-unit step: the two panels' outputs stay in L1 */
+
+/* rows [r0, r1) of weight w (row 0 at w->data) against all N activation rows, through panels
+ * of RX_PANEL_M rows: y[n * ldy + r - r0] (+)= the products. 0, or -1 when there is no buffer. */
+static int mm_panels(const rx_weight *w, int64_t K, const uint8_t *a, size_t a_row, int64_t N, int64_t r0,
+                     int64_t r1, float *y, int64_t ldy, int accumulate) {
+    int t = (int)w->type;
+    uint8_t *pb = panel_buf((size_t)(K / (act_format(t) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[t]);
+    if (!pb) return -1;
+    for (int64_t r = r0; r < r1; r += RX_PANEL_M) {
+        int rows = r1 - r < RX_PANEL_M ? (int)(r1 - r) : RX_PANEL_M;
+        T.pack[t](K, w->data + r * w->row_bytes, w->row_bytes, rows, pb);
+        T.panel[t](K, pb, a, a_row, N, y + (r - r0), ldy, rows, accumulate);
+    }
+    return 0;
+}
+
+/* the gated unit's rows [r0, r1) through panels: gate and up of PANEL_COLS activation rows,
+ * then the unit, into y [N, M] */
+static int glu_panels(const mm_job *j, int64_t r0, int64_t r1) {
+    const rx_weight *wg = j->w[0], *wu = j->w[1];
+    int tg = (int)wg->type, tu = (int)wu->type;
+    size_t bg = (size_t)(j->K / (act_format(tg) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[tg];
+    size_t bu = (size_t)(j->K / (act_format(tu) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[tu];
+    uint8_t *pg = panel_buf(bg + bu);
+    if (!pg) return -1;
+    uint8_t *pu = pg + bg;
+    float g[PANEL_COLS * RX_PANEL_M], u[PANEL_COLS * RX_PANEL_M];
+    for (int64_t r = r0; r < r1; r += RX_PANEL_M) {
+        int rows = r1 - r < RX_PANEL_M ? (int)(r1 - r) : RX_PANEL_M;
+        T.pack[tg](j->K, wg->data + r * wg->row_bytes, wg->row_bytes, rows, pg);
+        T.pack[tu](j->K, wu->data + r * wu->row_bytes, wu->row_bytes, rows, pu);
+        for (int64_t n0 = 0; n0 < j->N; n0 += PANEL_COLS) {
+            int64_t nc = j->N - n0 < PANEL_COLS ? j->N - n0 : PANEL_COLS;
+            T.panel[tg](j->K, pg, (const uint8_t *)j->a[0] + n0 * j->a_row[0], j->a_row[0], nc, g, RX_PANEL_M,
+                        RX_PANEL_M, 0);
+            T.panel[tu](j->K, pu, (const uint8_t *)j->a[1] + n0 * j->a_row[1], j->a_row[1], nc, u, RX_PANEL_M,
+                        RX_PANEL_M, 0);
+            glu_apply(j->mode, g, g, u, nc * RX_PANEL_M);
+            for (int64_t c = 0; c < nc; c++)
+                memcpy(j->y[0] + (n0 + c) * wg->M + r, g + c * RX_PANEL_M, (size_t)rows * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 static void mm_chunk(void *p, int64_t c) {
     mm_job *j = p;
     int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
     if (r1 > j->rows) r1 = j->rows;
+    if (j->mode && j->N >= RX_PANEL_MIN_N && T.panel[j->w[0]->type] && T.panel[j->w[1]->type] &&
+        !glu_panels(j, r0, r1))
+        return;
     if (j->mode) { /* gated unit: rows of gate and up together */
         const rx_weight *wg = j->w[0], *wu = j->w[1];
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
@@ -511,6 +622,10 @@ static void mm_chunk(void *p, int64_t c) {
         rx_dot2_fn dot2 = T.dot2[w->type];
         rx_tile_fn tile = T.tile[w->type], tile8 = T.tile8[w->type];
         int64_t base = j->row0[i], n0 = 0;
+        if (j->N >= RX_PANEL_MIN_N && T.panel[w->type] &&
+            !mm_panels(w, j->K, j->a[i], j->a_row[i], j->N, a0 - base, a1 - base, j->y[i] + a0 - base, w->M,
+                       j->accumulate))
+            continue;
         if (tile && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
             int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
             float t[2 * RX_TILE_N * RX_TILE_M];

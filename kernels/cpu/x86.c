@@ -418,6 +418,146 @@ static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, 
     out[1] = hsum8(acc1) - accc1;
 }
 
+/* ---------------------------------------------------------------- panels (rx_cpu.h)
+ * 32-value formats: per block, 8 groups of 32 bytes (group g: values 4g..4g+3 of rows 0..7),
+ * then the rows' d and the offset term m as 8 floats each (320 bytes). */
+#define PANEL_A32_BYTES (8 * 32 + 2 * 8 * 4)
+
+/* rows[0..7] (32 bytes each) -> out[g] = dword g of every row: an 8x8 transpose of dwords */
+static inline void transpose8(__m256i r[8], uint8_t *out) {
+    __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    /* u0 = [r0.0 r1.0 r2.0 r3.0 | r0.4 r1.4 r2.4 r3.4], u4 the same of rows 4..7 */
+    __m256i *o = (__m256i *)out;
+    _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256(o + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256(o + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256(o + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256(o + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+}
+
+static inline __m256 half8(const rx_half *h) {
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
+                                          (short)h[5], (short)h[6], (short)h[7]));
+}
+
+/* UNPACK / MIN as the tiles' (MIN of the 8 rows from their d); the missing rows are zeros */
+#define PACK_A32(NAME, TYPE, UNPACK, MIN8, HAS_M)                                                  \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {              \
+        uint8_t *p = panel;                                                                        \
+        for (int64_t b = 0; b < n / 32; b++, p += PANEL_A32_BYTES) {                               \
+            __m256i r[8];                                                                          \
+            rx_half d[8], m[8];                                                                    \
+            for (int i = 0; i < 8; i++) {                                                          \
+                if (i < rows) {                                                                    \
+                    const TYPE *x = (const TYPE *)(w + i * rb) + b;                                \
+                    r[i] = UNPACK(x);                                                              \
+                    d[i] = x->d;                                                                   \
+                    m[i] = HAS_M ? x->d2m : 0;                                                     \
+                } else {                                                                           \
+                    r[i] = _mm256_setzero_si256();                                                 \
+                    d[i] = m[i] = 0;                                                               \
+                }                                                                                  \
+            }                                                                                      \
+            transpose8(r, p);                                                                      \
+            __m256 dw = half8(d);                                                                  \
+            _mm256_storeu_ps((float *)(p + 256), dw);                                              \
+            _mm256_storeu_ps((float *)(p + 288), MIN8(dw, m));                                     \
+        }                                                                                          \
+    }
+
+#define MIN8_OFF8(dw, m) _mm256_mul_ps(dw, _mm256_set1_ps(-8.f))
+#define MIN8_OFF16(dw, m) _mm256_mul_ps(dw, _mm256_set1_ps(-16.f))
+#define MIN8_OFF128(dw, m) _mm256_mul_ps(dw, _mm256_set1_ps(-128.f))
+#define MIN8_M(dw, m) half8(m)
+#define MIN8_NONE(dw, m) _mm256_setzero_ps()
+#define d2m d
+PACK_A32(pack_q4_0, rx_q4_0, UNPACK_Q4_0, MIN8_OFF8, 0)
+PACK_A32(pack_q5_0, rx_q5_0, UNPACK_Q5_0, MIN8_OFF16, 0)
+#ifdef RX_VNNI
+PACK_A32(pack_q8_0, rx_q8_0, UNPACK_Q8_0, MIN8_OFF128, 0)
+#else
+PACK_A32(pack_q8_0, rx_q8_0, UNPACK_Q8_0, MIN8_NONE, 0) /* signed bytes: the products use the sign trick */
+#endif
+#undef d2m
+#define d2m m
+PACK_A32(pack_q4_1, rx_q4_1, UNPACK_Q4_1, MIN8_M, 1)
+PACK_A32(pack_q5_1, rx_q5_1, UNPACK_Q5_1, MIN8_M, 1)
+#undef d2m
+
+/* acc + the 4-byte group sums of u (unsigned) times s (signed) */
+#ifdef RX_VNNI
+#define DPB(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#else
+#define DPB(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+/* signed weights (AVX2 Q8_0): the sign of w moved onto the activations */
+#define DPB_SS(acc, w, s) DPB(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))
+
+static inline void panel_store(float *y, __m256 v, int rows, int accumulate) {
+    if (rows == 8) {
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (int r = 0; r < rows; r++) y[r] = accumulate ? y[r] + t[r] : t[r];
+}
+
+/* NC activation rows at a time; the block's 8 weight groups stay in registers for them */
+#define PANEL_A32_COLS(NC, DOT)                                                                    \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        __m256 acc[NC];                                                                            \
+        for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                 \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_A32_BYTES) {                                   \
+            const __m256i *wg = (const __m256i *)p;                                                \
+            __m256i w0 = _mm256_loadu_si256(wg), w1 = _mm256_loadu_si256(wg + 1);                  \
+            __m256i w2 = _mm256_loadu_si256(wg + 2), w3 = _mm256_loadu_si256(wg + 3);              \
+            __m256i w4 = _mm256_loadu_si256(wg + 4), w5 = _mm256_loadu_si256(wg + 5);              \
+            __m256i w6 = _mm256_loadu_si256(wg + 6), w7 = _mm256_loadu_si256(wg + 7);              \
+            __m256 dw = _mm256_loadu_ps((const float *)(p + 256)), mw = _mm256_loadu_ps((const float *)(p + 288)); \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const rx_a32 *yc = (const rx_a32 *)(a + (c0 + c) * ar) + b;                        \
+                const int32_t *q = (const int32_t *)yc->q;                                         \
+                __m256i s0 = DOT(_mm256_setzero_si256(), w0, _mm256_set1_epi32(q[0]));             \
+                __m256i s1 = DOT(_mm256_setzero_si256(), w1, _mm256_set1_epi32(q[1]));             \
+                s0 = DOT(s0, w2, _mm256_set1_epi32(q[2]));                                         \
+                s1 = DOT(s1, w3, _mm256_set1_epi32(q[3]));                                         \
+                s0 = DOT(s0, w4, _mm256_set1_epi32(q[4]));                                         \
+                s1 = DOT(s1, w5, _mm256_set1_epi32(q[5]));                                         \
+                s0 = DOT(s0, w6, _mm256_set1_epi32(q[6]));                                         \
+                s1 = DOT(s1, w7, _mm256_set1_epi32(q[7]));                                         \
+                __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                           \
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(yc->d)), s, acc[c]);     \
+                acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(yc->s), acc[c]);                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+#define PANEL_A32(NAME, DOT)                                                                       \
+    static void NAME(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y, \
+                     int64_t ldy, int rows, int accumulate) {                                      \
+        int64_t nb = n / 32, c0 = 0;                                                               \
+        PANEL_A32_COLS(4, DOT)                                                                     \
+        PANEL_A32_COLS(1, DOT)                                                                     \
+    }
+PANEL_A32(panel_a32, DPB)
+#ifndef RX_VNNI
+PANEL_A32(panel_a32_ss, DPB_SS)
+#endif
+
 /* K-quant tiles: per super-block, the int32 sums of scale_g * (group g of the weights . the
  * activations) for the 16 (row, activation) pairs, reduced to one 4-lane vector per
  * activation row; the mins (Q4_K) / the -32 offset (Q6_K) through the activations' group
@@ -538,6 +678,211 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
         }
     }
     for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
+/* K-quant panels (rx_cpu.h): per super-block, the 256 values of the 8 rows as unsigned bytes
+ * in 64 groups of 4 (2048 bytes), then per format:
+ *   Q4_K: the 8 sub-block scales as int32 [8][8 rows], the mins as int16 pairs
+ *         (m_2k, m_2k+1) [4][8 rows], d and dmin as floats [8] each (2496 bytes);
+ *   Q6_K: the 16 scales as int32 [16][8 rows], as int16 pairs (sc_2k, sc_2k+1) [8][8 rows],
+ *         d as floats [8] (2848 bytes).
+ * The integer sums are the tiles' (exact); the float steps are the tiles', in their order. */
+#define PANEL_Q4K_BYTES 2496
+#define PANEL_Q6K_BYTES 2848
+
+/* the 8 rows' unsigned values u[r][0..255] -> the panel's 64 groups */
+static inline void transpose_sb(const uint8_t u[8][256], uint8_t *p) {
+    for (int k = 0; k < 8; k++) {
+        __m256i r[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(u[i] + 32 * k));
+        transpose8(r, p + 256 * k);
+    }
+}
+
+static void pack_q4_k(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {
+    uint8_t *p = panel;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    _Alignas(32) uint8_t u[8][256];
+    for (int64_t b = 0; b < n / 256; b++, p += PANEL_Q4K_BYTES) {
+        int32_t *sc = (int32_t *)(p + 2048);
+        int16_t *mn = (int16_t *)(p + 2304);
+        rx_half d[8], dm[8];
+        for (int i = 0; i < 8; i++) {
+            if (i >= rows) {
+                memset(u[i], 0, 256);
+                for (int j = 0; j < 8; j++) sc[j * 8 + i] = 0;
+                for (int k = 0; k < 8; k++) mn[(k / 2) * 16 + i * 2 + k % 2] = 0;
+                d[i] = dm[i] = 0;
+                continue;
+            }
+            const rx_q4_k *x = (const rx_q4_k *)(w + i * rb) + b;
+            for (int g2 = 0; g2 < 4; g2++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g2));
+                _mm256_storeu_si256((__m256i *)(u[i] + 64 * g2), _mm256_and_si256(q, m4));
+                _mm256_storeu_si256((__m256i *)(u[i] + 64 * g2 + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            }
+            for (int j = 0; j < 8; j++) {
+                uint8_t s, m;
+                rx_k4_scale_min(j, x->scales, &s, &m);
+                sc[j * 8 + i] = s;
+                mn[(j / 2) * 16 + i * 2 + j % 2] = m;
+            }
+            d[i] = x->d;
+            dm[i] = x->dmin;
+        }
+        transpose_sb((const uint8_t(*)[256])u, p);
+        _mm256_storeu_ps((float *)(p + 2432), half8(d));
+        _mm256_storeu_ps((float *)(p + 2464), half8(dm));
+    }
+}
+
+static void pack_q6_k(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {
+    uint8_t *p = panel;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    _Alignas(32) uint8_t u[8][256];
+    for (int64_t b = 0; b < n / 256; b++, p += PANEL_Q6K_BYTES) {
+        int32_t *sc = (int32_t *)(p + 2048);
+        int16_t *sp = (int16_t *)(p + 2560);
+        rx_half d[8];
+        for (int i = 0; i < 8; i++) {
+            if (i >= rows) {
+                memset(u[i], 0, 256);
+                for (int g = 0; g < 16; g++) {
+                    sc[g * 8 + i] = 0;
+                    sp[(g / 2) * 16 + i * 2 + g % 2] = 0;
+                }
+                d[i] = 0;
+                continue;
+            }
+            const rx_q6_k *x = (const rx_q6_k *)(w + i * rb) + b;
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = x->ql + 64 * h;
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                for (int part = 0; part < 4; part++) {
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + (part & 1) * 32));
+                    __m256i lv = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    __m256i hv = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)), m2);
+                    _mm256_storeu_si256((__m256i *)(u[i] + 128 * h + 32 * part),
+                                        _mm256_or_si256(lv, _mm256_slli_epi16(hv, 4)));
+                }
+            }
+            for (int g = 0; g < 16; g++) {
+                sc[g * 8 + i] = x->scales[g];
+                sp[(g / 2) * 16 + i * 2 + g % 2] = x->scales[g];
+            }
+            d[i] = x->d;
+        }
+        transpose_sb((const uint8_t(*)[256])u, p);
+        _mm256_storeu_ps((float *)(p + 2816), half8(d));
+    }
+}
+
+/* acc + pairs of int16 products summed into int32 lanes */
+#ifdef RX_VNNI
+#define DPW(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#else
+#define DPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+
+/* the int32 sums of the 8 rows' values g0*4 .. g0*4 + 4*NG - 1 with activation bytes q */
+#define GROUP_SUMS(NG, wg, q, out)                                                                 \
+    do {                                                                                           \
+        __m256i s0_ = _mm256_setzero_si256(), s1_ = _mm256_setzero_si256();                        \
+        for (int g_ = 0; g_ < NG; g_ += 2) {                                                       \
+            s0_ = DPB(s0_, _mm256_loadu_si256((wg) + g_), _mm256_set1_epi32((q)[g_]));             \
+            s1_ = DPB(s1_, _mm256_loadu_si256((wg) + g_ + 1), _mm256_set1_epi32((q)[g_ + 1]));     \
+        }                                                                                          \
+        out = _mm256_add_epi32(s0_, s1_);                                                          \
+    } while (0)
+
+#define PANEL_Q4K_COLS(NC)                                                                         \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        __m256 acc[NC];                                                                            \
+        for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                 \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_Q4K_BYTES) {                                   \
+            const rx_a256 *yc[NC];                                                                 \
+            __m256i S[NC];                                                                         \
+            for (int c = 0; c < NC; c++) {                                                         \
+                yc[c] = (const rx_a256 *)(a + (c0 + c) * ar) + b;                                  \
+                S[c] = _mm256_setzero_si256();                                                     \
+            }                                                                                      \
+            for (int j = 0; j < 8; j++) {                                                          \
+                const __m256i *wg = (const __m256i *)p + 8 * j;                                    \
+                __m256i sc = _mm256_loadu_si256((const __m256i *)(p + 2048) + j);                  \
+                for (int c = 0; c < NC; c++) {                                                     \
+                    __m256i t;                                                                     \
+                    GROUP_SUMS(8, wg, (const int32_t *)(yc[c]->q + 32 * j), t);                    \
+                    S[c] = _mm256_add_epi32(S[c], _mm256_mullo_epi32(t, sc));                      \
+                }                                                                                  \
+            }                                                                                      \
+            __m256 d = _mm256_loadu_ps((const float *)(p + 2432)), dmin = _mm256_loadu_ps((const float *)(p + 2464)); \
+            const __m256i *mn = (const __m256i *)(p + 2304);                                       \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const int16_t *bs = yc[c]->bsum;                                                   \
+                __m128i b01 = _mm_loadu_si128((const __m128i *)bs), b23 = _mm_loadu_si128((const __m128i *)(bs + 8)); \
+                __m128i pairs = _mm_packs_epi32(_mm_madd_epi16(b01, _mm_set1_epi16(1)),            \
+                                                _mm_madd_epi16(b23, _mm_set1_epi16(1)));           \
+                __m256i M = _mm256_setzero_si256();                                                \
+                M = DPW(M, _mm256_loadu_si256(mn + 0), _mm256_set1_epi32(_mm_extract_epi32(pairs, 0))); \
+                M = DPW(M, _mm256_loadu_si256(mn + 1), _mm256_set1_epi32(_mm_extract_epi32(pairs, 1))); \
+                M = DPW(M, _mm256_loadu_si256(mn + 2), _mm256_set1_epi32(_mm_extract_epi32(pairs, 2))); \
+                M = DPW(M, _mm256_loadu_si256(mn + 3), _mm256_set1_epi32(_mm_extract_epi32(pairs, 3))); \
+                __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(S[c])),               \
+                                         _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M)));              \
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yc[c]->d), t, acc[c]);                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+static void panel_q4_k(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y,
+                       int64_t ldy, int rows, int accumulate) {
+    int64_t nb = n / 256, c0 = 0;
+    PANEL_Q4K_COLS(4)
+    PANEL_Q4K_COLS(1)
+}
+
+#define PANEL_Q6K_COLS(NC)                                                                         \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        __m256 acc[NC];                                                                            \
+        for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                 \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_Q6K_BYTES) {                                   \
+            const rx_a256 *yc[NC];                                                                 \
+            __m256i S[NC];                                                                         \
+            for (int c = 0; c < NC; c++) {                                                         \
+                yc[c] = (const rx_a256 *)(a + (c0 + c) * ar) + b;                                  \
+                S[c] = _mm256_setzero_si256();                                                     \
+            }                                                                                      \
+            for (int g = 0; g < 16; g++) {                                                         \
+                const __m256i *wg = (const __m256i *)p + 4 * g;                                    \
+                __m256i sc = _mm256_loadu_si256((const __m256i *)(p + 2048) + g);                  \
+                for (int c = 0; c < NC; c++) {                                                     \
+                    __m256i t;                                                                     \
+                    GROUP_SUMS(4, wg, (const int32_t *)(yc[c]->q + 16 * g), t);                    \
+                    S[c] = _mm256_add_epi32(S[c], _mm256_mullo_epi32(t, sc));                      \
+                }                                                                                  \
+            }                                                                                      \
+            __m256 d = _mm256_loadu_ps((const float *)(p + 2816));                                 \
+            const __m256i *sp = (const __m256i *)(p + 2560);                                       \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const int32_t *bs = (const int32_t *)yc[c]->bsum;                                  \
+                __m256i corr = _mm256_setzero_si256();                                             \
+                for (int k = 0; k < 8; k++)                                                        \
+                    corr = DPW(corr, _mm256_loadu_si256(sp + k), _mm256_set1_epi32(bs[k]));        \
+                __m256i sumi = _mm256_sub_epi32(S[c], _mm256_slli_epi32(corr, 5));                 \
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(yc[c]->d)), _mm256_cvtepi32_ps(sumi), acc[c]); \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+static void panel_q6_k(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y,
+                       int64_t ldy, int rows, int accumulate) {
+    int64_t nb = n / 256, c0 = 0;
+    PANEL_Q6K_COLS(4)
+    PANEL_Q6K_COLS(1)
 }
 
 static float dot_q8_k(int64_t n, const void *w, const void *a) {
@@ -825,6 +1170,25 @@ void RX_FILL(rx_isa *t) {
     t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->tile[RX_Q4_K] = tile_q4_k;
     t->tile[RX_Q6_K] = tile_q6_k;
+    t->pack[RX_Q4_0] = pack_q4_0;
+    t->pack[RX_Q4_1] = pack_q4_1;
+    t->pack[RX_Q5_0] = pack_q5_0;
+    t->pack[RX_Q5_1] = pack_q5_1;
+    t->pack[RX_Q8_0] = pack_q8_0;
+    t->panel[RX_Q4_0] = t->panel[RX_Q4_1] = t->panel[RX_Q5_0] = t->panel[RX_Q5_1] = panel_a32;
+#ifdef RX_VNNI
+    t->panel[RX_Q8_0] = panel_a32;
+#else
+    t->panel[RX_Q8_0] = panel_a32_ss;
+#endif
+    t->panel_bytes[RX_Q4_0] = t->panel_bytes[RX_Q4_1] = t->panel_bytes[RX_Q5_0] = PANEL_A32_BYTES;
+    t->panel_bytes[RX_Q5_1] = t->panel_bytes[RX_Q8_0] = PANEL_A32_BYTES;
+    t->pack[RX_Q4_K] = pack_q4_k;
+    t->panel[RX_Q4_K] = panel_q4_k;
+    t->panel_bytes[RX_Q4_K] = PANEL_Q4K_BYTES;
+    t->pack[RX_Q6_K] = pack_q6_k;
+    t->panel[RX_Q6_K] = panel_q6_k;
+    t->panel_bytes[RX_Q6_K] = PANEL_Q6K_BYTES;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

@@ -407,6 +407,41 @@ def test_kv_store_and_attention(ref_ops, case, kv_dtype):
         assert not got[0].any()
 
 
+@pytest.mark.parametrize("case", [dict(Hq=8, Hkv=2), dict(Hq=4, Hkv=4, window=5), dict(Hq=6, Hkv=1, softcap=4.0),
+                                  dict(Hq=4, Hkv=2, masked=True)])
+def test_attention_blocks_match_single_queries(case):
+    """A prompt pass attends in blocks of queries (x86: register tiles over several queries and
+    heads); each query's result is the one it gets alone, within float rounding (the dots and
+    the value sums are computed in the same order; the softmax's exponentials are vectorized)."""
+    ops = cpu_ops.CpuOps(kv_dtype="float16")
+    rng = np.random.default_rng(21)
+    N, Hq, Hkv, hd, start = 11, case["Hq"], case["Hkv"], 40, 6
+    kc, vc = _cache_pair(ops, Hkv, 32, hd, hd, ops.kv_dtype)
+    ops.kv_store(kc, vc, rng.standard_normal((start + N, Hkv, hd)).astype(np.float32),
+                 rng.standard_normal((start + N, Hkv, hd)).astype(np.float32), ops.positions(range(start + N)))
+    q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+    n_kv, slots = start + N, ops.positions(range(start, start + N))
+    kw = dict(scale=0.2, softcap=case.get("softcap", 0.0))
+    mask = None
+    if case.get("masked"):
+        from reflex_ipc.runtime.batch import attention_mask
+
+        allowed = rng.random((N, n_kv)) < 0.5
+        allowed[:, 2:4] = False  # keys no query sees
+        allowed[3] = False  # a query that sees nothing
+        mask = attention_mask(allowed, np.arange(N), np.arange(n_kv))
+        kw.update(causal=False, mask=mask)
+    else:
+        kw.update(causal=True, window=case.get("window", 0))
+    full = ops.attention(q, kc, vc, slots, n_kv, **kw)
+    for n in range(N):
+        one = dict(kw, mask=mask[n:n + 1]) if mask is not None else kw
+        np.testing.assert_allclose(full[n], ops.attention(q[n:n + 1], kc, vc, slots[n:n + 1], n_kv, **one)[0],
+                                   rtol=1e-5, atol=1e-6)
+    if mask is not None:
+        assert not full[3].any()
+
+
 def _ref_attention(ref_ops, q, k, v, pos, n_kv, **kw):
     """NumpyOps.attention on the same contents (head sizes of K and V padded with zeros to one
     size: unchanged dots and sums)."""

@@ -504,8 +504,9 @@ static int mm_panels(const rx_weight *w, int64_t K, const uint8_t *a, size_t a_r
     int t = (int)w->type;
     uint8_t *pb = panel_buf((size_t)(K / (act_format(t) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[t]);
     if (!pb) return -1;
-    for (int64_t r = r0; r < r1; r += RX_PANEL_M) {
-        int rows = r1 - r < RX_PANEL_M ? (int)(r1 - r) : RX_PANEL_M;
+    int pm = T.panel_m;
+    for (int64_t r = r0; r < r1; r += pm) {
+        int rows = r1 - r < pm ? (int)(r1 - r) : pm;
         T.pack[t](K, w->data + r * w->row_bytes, w->row_bytes, rows, pb);
         T.panel[t](K, pb, a, a_row, N, y + (r - r0), ldy, rows, accumulate);
     }
@@ -523,19 +524,18 @@ static int glu_panels(const mm_job *j, int64_t r0, int64_t r1) {
     if (!pg) return -1;
     uint8_t *pu = pg + bg;
     float g[PANEL_COLS * RX_PANEL_M], u[PANEL_COLS * RX_PANEL_M];
-    for (int64_t r = r0; r < r1; r += RX_PANEL_M) {
-        int rows = r1 - r < RX_PANEL_M ? (int)(r1 - r) : RX_PANEL_M;
+    int pm = T.panel_m;
+    for (int64_t r = r0; r < r1; r += pm) {
+        int rows = r1 - r < pm ? (int)(r1 - r) : pm;
         T.pack[tg](j->K, wg->data + r * wg->row_bytes, wg->row_bytes, rows, pg);
         T.pack[tu](j->K, wu->data + r * wu->row_bytes, wu->row_bytes, rows, pu);
         for (int64_t n0 = 0; n0 < j->N; n0 += PANEL_COLS) {
             int64_t nc = j->N - n0 < PANEL_COLS ? j->N - n0 : PANEL_COLS;
-            T.panel[tg](j->K, pg, (const uint8_t *)j->a[0] + n0 * j->a_row[0], j->a_row[0], nc, g, RX_PANEL_M,
-                        RX_PANEL_M, 0);
-            T.panel[tu](j->K, pu, (const uint8_t *)j->a[1] + n0 * j->a_row[1], j->a_row[1], nc, u, RX_PANEL_M,
-                        RX_PANEL_M, 0);
-            glu_apply(j->mode, g, g, u, nc * RX_PANEL_M);
+            T.panel[tg](j->K, pg, (const uint8_t *)j->a[0] + n0 * j->a_row[0], j->a_row[0], nc, g, pm, pm, 0);
+            T.panel[tu](j->K, pu, (const uint8_t *)j->a[1] + n0 * j->a_row[1], j->a_row[1], nc, u, pm, pm, 0);
+            glu_apply(j->mode, g, g, u, nc * pm);
             for (int64_t c = 0; c < nc; c++)
-                memcpy(j->y[0] + (n0 + c) * wg->M + r, g + c * RX_PANEL_M, (size_t)rows * sizeof(float));
+                memcpy(j->y[0] + (n0 + c) * wg->M + r, g + c * pm, (size_t)rows * sizeof(float));
         }
     }
     return 0;
@@ -705,6 +705,7 @@ RX_EXPORT int rx_matmul(int64_t N, int64_t K, const float *x, int64_t ldx, int64
     int64_t per = (j.rows + 8 * g_nth - 1) / (8 * g_nth);
     if (N > 1) per = N >= 64 ? 8 : 16;
     if (per < 4) per = 4;
+    if (N >= RX_PANEL_MIN_N && per < T.panel_m) per = T.panel_m; /* whole panels */
     per = (per + 3) & ~(int64_t)3;
     j.rows_per_chunk = per;
     int64_t n_chunks = (j.rows + per - 1) / per;
@@ -783,6 +784,10 @@ static const float *rope_table(const rope_params *p) {
 }
 
 static void rms_row(const float *x, float *y, const float *w, int64_t D, float eps) {
+    if (T.rms_row) {
+        T.rms_row(x, y, w, D, eps);
+        return;
+    }
     double ss = 0.0;
     for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
     float ms = (float)(ss / (double)D) + eps;
@@ -791,9 +796,30 @@ static void rms_row(const float *x, float *y, const float *w, int64_t D, float e
     else for (int64_t i = 0; i < D; i++) y[i] = x[i] * r;
 }
 
+/* Row-wise ops on the pool: a chunk is ROW_CHUNK rows (their results do not depend on the split) */
+#define ROW_CHUNK 16
+#define ROWS_PARALLEL 65536 /* values: fewer run on the caller alone */
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t R, D;
+    float eps;
+} rms_job;
+
+static void rms_chunk(void *p, int64_t c) {
+    const rms_job *j = p;
+    int64_t r1 = (c + 1) * ROW_CHUNK < j->R ? (c + 1) * ROW_CHUNK : j->R;
+    for (int64_t r = c * ROW_CHUNK; r < r1; r++) rms_row(j->x + r * j->D, j->y + r * j->D, j->w, j->D, j->eps);
+}
+
 /* y [R, D] = rms_norm(x [R, D]) * w (w may be NULL; y may be x) */
 RX_EXPORT void rx_rms_norm(const float *x, float *y, const float *w, int64_t R, int64_t D, float eps) {
-    for (int64_t r = 0; r < R; r++) rms_row(x + r * D, y + r * D, w, D, eps);
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    rms_job j = {x, w, y, R, D, eps};
+    pool_run(rms_chunk, &j, (R + ROW_CHUNK - 1) / ROW_CHUNK, R * D >= ROWS_PARALLEL);
+    pthread_mutex_unlock(&g_lock);
 }
 
 static void rope_row(float *v, const float *c, const float *s, int64_t half, int neox) {
@@ -805,23 +831,37 @@ static void rope_row(float *v, const float *c, const float *s, int64_t half, int
     }
 }
 
+typedef struct {
+    float *x;
+    const float *tab, *w;
+    int64_t N, H, hd, half;
+    int neox, norm;
+    float eps;
+} rope_job;
+
+static void rope_chunk(void *p, int64_t ch) {
+    const rope_job *j = p;
+    int64_t n1 = (ch + 1) * ROW_CHUNK < j->N ? (ch + 1) * ROW_CHUNK : j->N;
+    for (int64_t n = ch * ROW_CHUNK; n < n1; n++) {
+        const float *c = j->tab + (size_t)n * j->half * 2, *s = c + j->half;
+        for (int64_t h = 0; h < j->H; h++) {
+            float *v = j->x + (n * j->H + h) * j->hd;
+            if (j->norm) rms_row(v, v, j->w, j->hd, j->eps);
+            rope_row(v, c, s, j->half, j->neox);
+        }
+    }
+}
+
 /* In place on x [N, H, hd]: optional per-head RMSNorm (norm != 0; w may be NULL), then
  * rotary at pos [N] over the first n_rot dims of each head. */
 RX_EXPORT void rx_norm_rope(float *x, int64_t N, int64_t H, int64_t hd, const int32_t *pos, int64_t n_rot,
                             double base, double freq_scale, const float *ff, int64_t neox, double mscale,
                             int64_t norm, const float *w, float eps) {
     pthread_mutex_lock(&g_lock);
+    init_isa();
     rope_params p = {N, H, hd, n_rot, pos, base, freq_scale, mscale, ff, (int)neox};
-    const float *tab = rope_table(&p);
-    int64_t half = n_rot / 2;
-    for (int64_t n = 0; n < N; n++) {
-        const float *c = tab + (size_t)n * half * 2, *s = c + half;
-        for (int64_t h = 0; h < H; h++) {
-            float *v = x + (n * H + h) * hd;
-            if (norm) rms_row(v, v, w, hd, eps);
-            rope_row(v, c, s, half, (int)neox);
-        }
-    }
+    rope_job j = {x, rope_table(&p), w, N, H, hd, n_rot / 2, (int)neox, (int)norm, eps};
+    pool_run(rope_chunk, &j, (N + ROW_CHUNK - 1) / ROW_CHUNK, N * H * hd >= ROWS_PARALLEL);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -990,6 +1030,118 @@ static void attn_group_chunk(void *p, int64_t c) {
     }
 }
 
+/* Blocks of ATTN_QB queries (prompt passes, float16 cache; the table's qk_f16 / pv_f16): an
+ * item is ATTN_QB consecutive queries x the g query heads of one KV head, whose scores are
+ * computed in register tiles (each key and value row converted once for several queries); the
+ * softmax is attn_group_chunk's, per (query, head) row; each dot and each output value is
+ * computed as attn_group_chunk computes it, so the results are the same. Items are claimed
+ * last query block first: under causal masking the largest come first, and the pool's tail
+ * is a small item. */
+#define ATTN_QB 4
+
+static _Thread_local float *tl_scores;
+static _Thread_local size_t tl_scores_cap;
+
+/* whether key t is hidden from every query n0..n0+nq-1 by the mask */
+static inline int masked_for_all(const attn_job *j, int64_t n0, int nq, int64_t t) {
+    for (int i = 0; i < nq; i++)
+        if (j->mask[(n0 + i) * j->n_kv + t] != -INFINITY) return 0;
+    return 1;
+}
+
+static void attn_block_chunk(void *p, int64_t c) {
+    attn_job *j = p;
+    int g = (int)(j->Hq / j->Hkv);
+    int64_t n_blk = (j->N + ATTN_QB - 1) / ATTN_QB, item = n_blk * j->Hkv - 1 - c;
+    int64_t kvh = item % j->Hkv, n0 = item / j->Hkv * ATTN_QB;
+    int nq = j->N - n0 < ATTN_QB ? (int)(j->N - n0) : ATTN_QB, nr = nq * g;
+    int64_t lo[ATTN_QB], hi[ATTN_QB], lo_all = INT64_MAX, hi_all = -1;
+    const float *qp[ATTN_QB * ATTN_MAX_GROUP];
+    float *op[ATTN_QB * ATTN_MAX_GROUP], inv[ATTN_QB * ATTN_MAX_GROUP];
+    for (int i = 0; i < nq; i++) {
+        int64_t n = n0 + i;
+        hi[i] = j->causal ? j->pos[n] : j->n_kv - 1;
+        if (hi[i] > j->n_kv - 1) hi[i] = j->n_kv - 1;
+        lo[i] = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+        if (lo[i] < 0) lo[i] = 0;
+        if (hi[i] >= lo[i]) {
+            if (lo[i] < lo_all) lo_all = lo[i];
+            if (hi[i] > hi_all) hi_all = hi[i];
+        }
+        for (int h = 0; h < g; h++) {
+            qp[i * g + h] = j->q + (n * j->Hq + kvh * g + h) * j->hdk;
+            op[i * g + h] = j->out + (n * j->Hq + kvh * g + h) * j->hdv;
+            memset(op[i * g + h], 0, (size_t)j->hdv * sizeof(float));
+        }
+    }
+    if (hi_all < lo_all) return; /* nothing visible: zeros */
+    int64_t L = hi_all - lo_all + 1;
+    size_t need = (size_t)nr * (size_t)L;
+    if (need > tl_scores_cap) {
+        free(tl_scores);
+        tl_scores_cap = need + 4096;
+        tl_scores = malloc(tl_scores_cap * sizeof(float));
+        if (!tl_scores) {
+            tl_scores_cap = 0;
+            return;
+        }
+    }
+    float *s = tl_scores;
+    size_t kbase = (size_t)kvh * j->n_slots;
+    const uint16_t *kc = (const uint16_t *)j->kc + (kbase + lo_all) * j->hdk;
+    const uint16_t *vc = (const uint16_t *)j->vc + (kbase + lo_all) * j->ldv;
+    /* the scores of the runs of keys some query may see (a key every query's mask hides: no dot) */
+    for (int64_t t = 0; t < L;) {
+        int64_t t1 = t;
+        if (j->mask && masked_for_all(j, n0, nq, lo_all + t)) {
+            while (t1 < L && masked_for_all(j, n0, nq, lo_all + t1)) t1++;
+            for (int r = 0; r < nr; r++)
+                for (int64_t u = t; u < t1; u++) s[r * L + u] = -INFINITY;
+        } else {
+            while (t1 < L && !(j->mask && masked_for_all(j, n0, nq, lo_all + t1))) t1++;
+            T.qk_f16(qp, nr, kc + t * j->hdk, j->hdk, (int)(t1 - t), j->hdk, s + t, L);
+        }
+        t = t1;
+    }
+    /* each row's softmax, as attn_group_chunk's (keys outside the query's range: hidden) */
+    for (int i = 0; i < nq; i++) {
+        const float *mrow = j->mask ? j->mask + (n0 + i) * j->n_kv : NULL;
+        for (int h = 0; h < g; h++) {
+            float *sh = s + (i * g + h) * L, mx = -INFINITY, su = 0.f;
+            for (int64_t t = 0; t < L; t++) {
+                int64_t tt = lo_all + t;
+                if (tt < lo[i] || tt > hi[i] || (mrow && mrow[tt] == -INFINITY) || sh[t] == -INFINITY) {
+                    sh[t] = -INFINITY;
+                    continue;
+                }
+                float x = sh[t] * j->scale;
+                if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
+                if (mrow) x += mrow[tt];
+                sh[t] = x;
+                if (x > mx) mx = x;
+            }
+            if (mx == -INFINITY) { /* nothing visible: zeros */
+                for (int64_t t = 0; t < L; t++) sh[t] = 0.f;
+                inv[i * g + h] = 0.f;
+                continue;
+            }
+            if (T.exp_sum) {
+                su = T.exp_sum(sh, L, mx);
+            } else {
+                for (int64_t t = 0; t < L; t++) {
+                    float e = sh[t] == -INFINITY ? 0.f : expf(sh[t] - mx);
+                    sh[t] = e;
+                    su += e;
+                }
+            }
+            inv[i * g + h] = 1.f / su;
+        }
+    }
+    T.pv_f16(op, nr, s, L, vc, j->ldv, (int)L, j->hdv);
+    for (int r = 0; r < nr; r++)
+        for (int64_t d = 0; d < j->hdv; d++) op[r][d] *= inv[r];
+}
+
 /* out [N, Hq, hdv] = attention of q [N, Hq, hdk] over slots 0..n_kv-1 (backends/base.py) */
 RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
                             const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
@@ -1000,7 +1152,9 @@ RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, floa
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
                   scale, softcap, (int)causal, (int)f16, hdv};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
-    if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
+    if (f16 && T.qk_f16 && T.pv_f16 && Hq / Hkv <= ATTN_MAX_GROUP && (N >= ATTN_QB || Hq > Hkv))
+        pool_run(attn_block_chunk, &j, (N + ATTN_QB - 1) / ATTN_QB * Hkv, work >= 65536.0);
+    else if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
         pool_run(attn_group_chunk, &j, N * Hkv, work >= 65536.0);
     else
         pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);

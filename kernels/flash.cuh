@@ -39,10 +39,13 @@
 #define FLASH_BM (16 * FLASH_WARPS)  // rows per block
 #define FLASH_PAD 8                  // shared row stride HD + 8 halves: ldmatrix / fragment loads hit 32 banks
 
-template <int HD>
+// HD: the key (and query) width; HDV: the value (and output) width, HD but for the
+// decompressed multi-head latent attention (192 / 128: mla.cuh).
+template <int HD, int HDV = HD>
 struct FlashCfg {
     static constexpr int BN = HD <= 128 ? 64 : 32;  // keys per tile
     static constexpr int LD = HD + FLASH_PAD;
+    static constexpr int LDV = HDV + FLASH_PAD;
 };
 
 #if __CUDA_ARCH__ >= 800
@@ -67,24 +70,25 @@ __device__ __forceinline__ void flash_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// keys k0..k0+BN-1 of one head's K or V (base = head start, rows of HD halves) into
-// s[BN][LD]; keys outside [klo, khi] are zeros. Chunk c (of BN * HD / 8) = key c / (HD/8),
-// 8 halves at (c % (HD/8)) * 8; thread p copies chunks p, p + blockDim, ...
-template <int HD>
+// keys k0..k0+BN-1 of one head's K or V (base = head start, rows of D halves) into
+// s[BN][D + FLASH_PAD]; keys outside [klo, khi] are zeros. Chunk c (of BN * D / 8) = key
+// c / (D/8), 8 halves at (c % (D/8)) * 8; thread p copies chunks p, p + blockDim, ...
+template <int D, int BN>
 __device__ __forceinline__ void flash_load(__half* s, const __half* __restrict__ base, int k0, int klo, int khi) {
-    constexpr int BN = FlashCfg<HD>::BN, LD = FlashCfg<HD>::LD, CPR = HD / 8;
+    constexpr int LD = D + FLASH_PAD, CPR = D / 8;
+    static_assert(BN * CPR % (32 * FLASH_WARPS) == 0, "flash_load: whole chunks per thread");
 #pragma unroll
     for (int i = 0; i < BN * CPR / (32 * FLASH_WARPS); i++) {
         const int c = threadIdx.x + i * 32 * FLASH_WARPS;
         const int r = c / CPR, col = (c % CPR) * 8;
         const int j = k0 + r;
         const bool in = j >= klo && j <= khi;
-        flash_cp16(s + r * LD + col, in ? base + (long long)j * HD + col : base, in);
+        flash_cp16(s + r * LD + col, in ? base + (long long)j * D + col : base, in);
     }
 }
 #endif
 
-template <int HD>
+template <int HD, int HDV>
 __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __half* __restrict__ kc,
                                            const __half* __restrict__ vc, float* __restrict__ out,
                                            float* __restrict__ part_ml, float* __restrict__ part_acc,
@@ -92,14 +96,13 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
                                            int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,
                                            int causal, int window, int chunk) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int BN = FlashCfg<HD>::BN, LD = FlashCfg<HD>::LD;
+    constexpr int BN = FlashCfg<HD, HDV>::BN, LD = FlashCfg<HD, HDV>::LD, LDV = FlashCfg<HD, HDV>::LDV;
     constexpr int KT = HD / 16;  // k steps of S = Q K^T
     constexpr int NT = BN / 8;   // 8-key column tiles of S
-    constexpr int DT = HD / 8;   // 8-dim column tiles of O
+    constexpr int DT = HDV / 8;  // 8-dim column tiles of O
     constexpr float LOG2E = 1.4426950408889634f;
-    static_assert(BN * (HD / 8) % (32 * FLASH_WARPS) == 0, "flash_load: whole chunks per thread");
     __shared__ __align__(16) __half sk[BN * LD];
-    __shared__ __align__(16) __half sv[BN * LD];
+    __shared__ __align__(16) __half sv[BN * LDV];
     __shared__ int wrange[FLASH_WARPS][2];
 
     const int G = Hq / Hkv, kvh = blockIdx.x;
@@ -179,14 +182,14 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
         if (blo > bhi) bhi = -1;
     }
     const __half* kb = kc + (long long)kvh * ctx * HD;
-    const __half* vb = vc + (long long)kvh * ctx * HD;
+    const __half* vb = vc + (long long)kvh * ctx * HDV;
     const float* mrow[2] = {mask ? mask + (long long)rn[0] * n_kv : nullptr,
                             mask ? mask + (long long)rn[1] * n_kv : nullptr};
     int k0 = bhi >= 0 ? blo / BN * BN : 1;  // nothing visible: no tile (k0 > bhi)
     if (k0 <= bhi) {
-        flash_load<HD>(sk, kb, k0, blo, bhi);
+        flash_load<HD, BN>(sk, kb, k0, blo, bhi);
         flash_commit();
-        flash_load<HD>(sv, vb, k0, blo, bhi);
+        flash_load<HDV, BN>(sv, vb, k0, blo, bhi);
         flash_commit();
     }
     for (; k0 <= bhi; k0 += BN) {
@@ -252,7 +255,7 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
         }
         __syncthreads();  // every warp is done with K(k0)
         if (more) {
-            flash_load<HD>(sk, kb, k0 + BN, blo, bhi);
+            flash_load<HD, BN>(sk, kb, k0 + BN, blo, bhi);
             flash_commit();
             flash_wait<1>();  // V(k0) landed (K(k0 + BN) may be in flight)
         } else {
@@ -270,7 +273,7 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
                 pa[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
                 // V's B fragments, two 8-dim tiles per ldmatrix.x4.trans: lane L addresses
                 // key kk*16 + (L & 7) + ((L >> 3) & 1) * 8, dims dp*16 + (L >> 4) * 8
-                const __half* vp = sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+                const __half* vp = sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDV + (lane >> 4) * 8;
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t b0, b1, b2, b3;
@@ -285,7 +288,7 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
         }
         __syncthreads();  // every warp is done with V(k0)
         if (more) {
-            flash_load<HD>(sv, vb, k0 + BN, blo, bhi);
+            flash_load<HDV, BN>(sv, vb, k0 + BN, blo, bhi);
             flash_commit();
         }
     }
@@ -309,13 +312,13 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
                 part_ml[2 * slot] = m[i];
                 part_ml[2 * slot + 1] = l[i];
             }
-            float* ap = part_acc + slot * HD + 2 * t;
+            float* ap = part_acc + slot * HDV + 2 * t;
 #pragma unroll
             for (int d = 0; d < DT; d++) *reinterpret_cast<float2*>(ap + d * 8) = make_float2(o[d][2 * i], o[d][2 * i + 1]);
             continue;
         }
         const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        float* op = out + row * HD + 2 * t;
+        float* op = out + row * HDV + 2 * t;
 #pragma unroll
         for (int d = 0; d < DT; d++)
             *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
@@ -325,23 +328,25 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
 #endif
 }
 
-// out [N, Hq, HD] = attention of q [N, Hq, HD] (float32) over the f16 caches kc, vc
-// [Hkv, ctx, HD], as attention_f16kv. Grid (Hkv, ceil(N * Hq / Hkv / FLASH_BM), S), block
-// 32 * FLASH_WARPS. part_ml null: S = 1, out written. Else (few row tiles over many keys)
-// block z takes the keys [z * chunk, (z + 1) * chunk) (chunk a multiple of 64) and writes
-// partials for attention_combine (grid (Hq, N)) instead of out.
-#define RX_FLASH(HD)                                                                                    \
+// out [N, Hq, HDV] = attention of q [N, Hq, HD] (float32) over the f16 caches kc [Hkv, ctx, HD]
+// and vc [Hkv, ctx, HDV], as attention_f16kv. Grid (Hkv, ceil(N * Hq / Hkv / FLASH_BM), S),
+// block 32 * FLASH_WARPS. part_ml null: S = 1, out written. Else (few row tiles over many
+// keys) block z takes the keys [z * chunk, (z + 1) * chunk) (chunk a multiple of 64) and
+// writes partials for attention_combine (grid (Hq, N), hd = HDV) instead of out.
+#define RX_FLASH_KV(NAME, HD, HDV)                                                                      \
     RX_EXTERN void __launch_bounds__(32 * FLASH_WARPS)                                                 \
-        flash_attention_f16kv_##HD(const float* __restrict__ q, const __half* __restrict__ kc,         \
-                                   const __half* __restrict__ vc, float* __restrict__ out,             \
-                                   float* __restrict__ part_ml, float* __restrict__ part_acc,          \
-                                   const int* __restrict__ pos, const float* __restrict__ mask, int N, \
-                                   int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,     \
-                                   int causal, int window, int chunk) {                                \
-        flash_body<HD>(q, kc, vc, out, part_ml, part_acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap, \
-                       causal, window, chunk);                                                         \
+        flash_attention_f16kv_##NAME(const float* __restrict__ q, const __half* __restrict__ kc,       \
+                                     const __half* __restrict__ vc, float* __restrict__ out,           \
+                                     float* __restrict__ part_ml, float* __restrict__ part_acc,        \
+                                     const int* __restrict__ pos, const float* __restrict__ mask, int N, \
+                                     int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,   \
+                                     int causal, int window, int chunk) {                              \
+        flash_body<HD, HDV>(q, kc, vc, out, part_ml, part_acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, \
+                            softcap, causal, window, chunk);                                           \
     }
+#define RX_FLASH(HD) RX_FLASH_KV(HD, HD, HD)
 
 RX_FLASH(64)
 RX_FLASH(128)
 RX_FLASH(256)
+RX_FLASH_KV(192_128, 192, 128)  // DeepSeek's decompressed heads: 128 + 64 (rope) keys, 128 values

@@ -76,6 +76,96 @@ RX_HMM(q4_k, T_Q4_K)
 RX_HMM(q5_k, T_Q5_K)
 RX_HMM(q6_k, T_Q6_K)
 
+// Prefill of the latent attention on tensor cores (CudaOps.mla_attention, many queries): the
+// keys and values of every head decompressed from the latents, then flash.cuh's kernel over
+// them (192-wide keys: 128 from the latent + the 64 shared rope dims; 128-wide values).
+//
+// y (f16) [rows, n] = columns xo..xo+n-1 of x (f16, row stride xs) at column yo of y (row
+// stride ys): the latents c [n_kv, R] out of the cache rows [c, k_pe], the GEMMs' X operand.
+RX_EXTERN void copy_cols_f16(const __half* __restrict__ x, __half* __restrict__ y, long long rows, int n, int xs,
+                             int xo, int ys, int yo) {
+    GRID_STRIDE(i, rows * n) {
+        const long long r = i / n;
+        const int c = (int)(i - r * n);
+        y[r * ys + yo + c] = x[r * xs + xo + c];
+    }
+}
+
+// The same from a float32 x (the exact latent cache, SlotSpec(exact=True)), rounded to f16.
+RX_EXTERN void copy_cols_f32_f16(const float* __restrict__ x, __half* __restrict__ y, long long rows, int n,
+                                 int xs, int xo, int ys, int yo) {
+    GRID_STRIDE(i, rows * n) {
+        const long long r = i / n;
+        const int c = (int)(i - r * n);
+        y[r * ys + yo + c] = __float2half_rn(x[r * xs + xo + c]);
+    }
+}
+
+// attn_k_b [H * R, nope] (head h's rows h*R.., in its block format) transposed per head into
+// f16 y [H * nope, R]: y[h*nope + d][r] = W[h*R + r][d], a weight whose rows are the
+// decompressed key dims (decompressing k_nope = W_h^T c is then a plain GEMM, mma.cuh). Once
+// per layer, on the first long prefill. Thread i: chunk i of 8 columns of one W row.
+template <int T>
+__device__ __forceinline__ void mla_kb_t_body(const uint8_t* __restrict__ W, __half* __restrict__ y, int H, int R,
+                                              int nope, long long rb) {
+    constexpr int CPB = QT<T>::QK / 8;
+    const int cpr = nope >> 3;
+    GRID_STRIDE(i, (long long)H * R * cpr) {
+        const long long row = i / cpr;  // h * R + r
+        const int ch = (int)(i - row * cpr);
+        const int h = (int)(row / R), r = (int)(row - (long long)h * R);
+        float w[8];
+        deq8<T>(W + row * rb + (ch / CPB) * QT<T>::BYTES, ch % CPB, w);
+#pragma unroll
+        for (int j = 0; j < 8; j++) y[((long long)h * nope + ch * 8 + j) * R + r] = __float2half_rn(w[j]);
+    }
+}
+
+#define RX_MLA_KB_T(NAME, T)                                                                      \
+    RX_EXTERN void mla_kb_t_##NAME(const uint8_t* W, __half* y, int H, int R, int nope, long long rb) { \
+        mla_kb_t_body<T>(W, y, H, R, nope, rb);                                                   \
+    }
+RX_MLA_KB_T(f32, T_F32)
+RX_MLA_KB_T(f16, T_F16)
+RX_MLA_KB_T(bf16, T_BF16)
+RX_MLA_KB_T(q4_0, T_Q4_0)
+RX_MLA_KB_T(q4_1, T_Q4_1)
+RX_MLA_KB_T(q5_0, T_Q5_0)
+RX_MLA_KB_T(q5_1, T_Q5_1)
+RX_MLA_KB_T(q8_0, T_Q8_0)
+RX_MLA_KB_T(q4_k, T_Q4_K)
+RX_MLA_KB_T(q5_k, T_Q5_K)
+RX_MLA_KB_T(q6_k, T_Q6_K)
+
+// The flash kernel's K and V caches from the decompressed heads: kn [n, H * nope] and
+// v [n, H * dv] (float32, the GEMMs' outputs) and the rope keys k_pe at columns R..R+r-1 of
+// the latent cache rows kc [n, R + r] (f16, or float32 when kc32: the exact latent) ->
+//   K [H, n, nope + r] f16: K[h, j] = [kn[j, h*nope ..], kc[j, R ..]] (the rope key shared by
+//   every head), V [H, n, dv] f16: V[h, j] = v[j, h*dv ..].
+RX_EXTERN void mla_pack_kv_f32(const float* __restrict__ kn, const float* __restrict__ v,
+                               const void* __restrict__ kc, __half* __restrict__ K, __half* __restrict__ V,
+                               int n, int H, int nope, int r, int R, int dv, int kc32) {
+    const int dk = nope + r;
+    const long long nk = (long long)H * n * dk;
+    GRID_STRIDE(i, nk + (long long)H * n * dv) {
+        if (i < nk) {
+            const int d = (int)(i % dk);
+            const long long hj = i / dk;
+            const int j = (int)(hj % n), h = (int)(hj / n);
+            const long long e = (long long)j * (R + r) + R + d - nope;  // the rope key's element
+            K[i] = d < nope ? __float2half_rn(kn[(long long)j * H * nope + h * nope + d])
+                            : (kc32 ? __float2half_rn(static_cast<const float*>(kc)[e])
+                                    : static_cast<const __half*>(kc)[e]);
+        } else {
+            const long long e = i - nk;
+            const int d = (int)(e % dv);
+            const long long hj = e / dv;
+            const int j = (int)(hj % n), h = (int)(hj / n);
+            V[e] = __float2half_rn(v[(long long)j * H * dv + h * dv + d]);
+        }
+    }
+}
+
 // rope_f32 with YaRN: for pair i the extrapolated inverse frequency te = base^(-2i/n_rot) / ff[i]
 // and the interpolated one te * freq_scale are blended by
 //     ramp = (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor

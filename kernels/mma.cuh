@@ -336,3 +336,148 @@ RX_MMA(q8_0, T_Q8_0)
 RX_MMA(q4_k, T_Q4_K)
 RX_MMA(q5_k, T_Q5_K)
 RX_MMA(q6_k, T_Q6_K)
+
+// ---------------------------------------------------------------------------------------
+// Grouped GEMMs for mixtures of experts (prefill): the rows of X that one expert takes,
+// gathered, times that expert's weight tiles; the same stages, fetches and mma_tile as
+// above, one expert per block. moe_group_i32 (moe.cuh) sorts the batch's (token, slot)
+// pairs by expert: order[eoff[e] .. eoff[e+1]-1] are expert e's pairs p = n * k + j (in
+// pair order), and tiles[0] = T tiles of at most MMA_BN of those pairs, tile t being
+// (expert tiles[1 + 2t], first row tiles[2 + 2t] of its group). Grid (ceil(M / MMA_BM),
+// TMAX): block y >= T returns at once (the host sizes TMAX = P / MMA_BN + min(E, P) without
+// knowing the routing, so the grid is fixed and the call can be captured).
+//   GATHER (gate and up, NW = 2): X [N, K] f16 (the tokens), row r of the tile is token
+//     order[g] / k (g = eoff[e] + r0 + r); H [P, M] f16 gets act(Wg x) * (Wu x) at row g:
+//     the pairs in group order, the down projection's X as it is.
+//   !GATHER (down, NW = 1): X = H [P, K] f16, row r of the tile is row g; Y [P, M] f32
+//     gets W x at row order[g] (the pair: no two blocks write one row, so no atomics;
+//     moe_wsum_f32 then adds a token's k rows with their weights, in slot order).
+// Expert e's rows start at W + e * es * rb (es: rows one expert spans). No split K: the
+// grid has a block per (expert tile, row tile) already.
+template <int BK>
+__device__ __forceinline__ void mma_fetch_xrows(const __half* const (&xr)[MmaJobs<BK>::X], uint4 (&f)[MmaJobs<BK>::X],
+                                                int p, int k0, int K) {
+    constexpr int CPR = BK / 8;
+#pragma unroll
+    for (int i = 0; i < MmaJobs<BK>::X; i++) {
+        const int k = k0 + 8 * ((p + i * MMA_LOADERS) % CPR);
+        f[i] = (xr[i] != nullptr && k < K) ? __ldg(reinterpret_cast<const uint4*>(xr[i] + k))
+                                           : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int T, int NW, bool GATHER>
+__device__ __forceinline__ void mma_moe_body(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                             const __half* __restrict__ X, const int* __restrict__ order,
+                                             const int* __restrict__ eoff, const int* __restrict__ tiles,
+                                             __half* __restrict__ H, float* __restrict__ Y, int K, int M, int k,
+                                             long long es, long long row_bytes, int act) {
+    constexpr int BK = NW == 1 ? MMA_BK : MMA_BK_GLU;
+    constexpr int TILE = MMA_BM * (BK + MMA_PAD);
+    __shared__ __align__(16) __half stage[2][(NW + 1) * TILE];
+    __shared__ int srow[MMA_BN];  // the tile's rows: X row (GATHER: token) and output row, -1 past the group
+    __shared__ int sout[MMA_BN];
+    const int t = blockIdx.y;
+    if (t >= tiles[0]) return;
+    const int e = tiles[1 + 2 * t], r0 = tiles[2 + 2 * t];
+    const int g0 = eoff[e] + r0, nr = min(MMA_BN, eoff[e + 1] - g0);
+    if (threadIdx.x < MMA_BN) {
+        const int r = threadIdx.x;
+        int xrow = -1, orow = -1;
+        if (r < nr) {
+            const int pair = order[g0 + r];
+            xrow = GATHER ? pair / k : g0 + r;
+            orow = GATHER ? g0 + r : pair;
+        }
+        srow[threadIdx.x] = xrow;
+        sout[threadIdx.x] = orow;
+    }
+    __syncthreads();
+    const uint8_t* w0 = W0 + (long long)e * es * row_bytes;
+    const uint8_t* w1 = W1 + (long long)e * es * row_bytes;
+    const int m0 = blockIdx.x * MMA_BM;
+    const int cw = threadIdx.x >> 5;
+    const int nk = (K + BK - 1) / BK;
+    const __half* xr[MmaJobs<BK>::X];
+#pragma unroll
+    for (int i = 0; i < MmaJobs<BK>::X; i++) {
+        const int r = (threadIdx.x + i * MMA_LOADERS) / (BK / 8);
+        xr[i] = srow[r] >= 0 ? X + (long long)srow[r] * K : nullptr;
+    }
+    float acc[NW][2][2][4];
+#pragma unroll
+    for (int w = 0; w < NW; w++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[w][mt][nt][i] = 0.f;
+    {
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        mma_fetch_w<T, BK>(w0, v0, threadIdx.x, m0, 0, M, K, row_bytes);
+        if (NW == 2) mma_fetch_w<T, BK>(w1, v1, threadIdx.x, m0, 0, M, K, row_bytes);
+        mma_fetch_xrows<BK>(xr, f, threadIdx.x, 0, K);
+        mma_put<NW, BK>(stage[0], v0, v1, f, threadIdx.x);
+    }
+    __syncthreads();
+    for (int it = 0; it < nk; it++) {
+        const bool more = it + 1 < nk;
+        uint4 v0[MmaJobs<BK>::W], v1[MmaJobs<BK>::W], f[MmaJobs<BK>::X];
+        if (more) {
+            const int k0 = (it + 1) * BK;
+            mma_fetch_w<T, BK>(w0, v0, threadIdx.x, m0, k0, M, K, row_bytes);
+            if (NW == 2) mma_fetch_w<T, BK>(w1, v1, threadIdx.x, m0, k0, M, K, row_bytes);
+            mma_fetch_xrows<BK>(xr, f, threadIdx.x, k0, K);
+        }
+        const __half* st = stage[it & 1];
+#pragma unroll
+        for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
+        if (more) mma_put<NW, BK>(stage[(it + 1) & 1], v0, v1, f, threadIdx.x);
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int m = m0 + wr + mt * 16 + g + (i >> 1) * 8;
+                const int n = wn + nt * 8 + 2 * tq + (i & 1);
+                if (m >= M || n >= nr) continue;
+                const long long o = (long long)sout[n] * M + m;
+                if (NW == 2) {
+                    const float gv = acc[0][mt][nt][i], uv = acc[NW - 1][mt][nt][i];
+                    H[o] = __float2half_rn((act ? gelu_tanh(gv) : silu(gv)) * uv);
+                } else {
+                    Y[o] = acc[0][mt][nt][i];
+                }
+            }
+}
+
+#define RX_MMA_MOE(NAME, T)                                                                              \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS, 3)                                                     \
+        mmaglu_moe_##NAME(const uint8_t* Wg, const uint8_t* Wu, const __half* X, const int* order,      \
+                          const int* eoff, const int* tiles, __half* H, int K, int M, int k, long long es, \
+                          long long rb, int act) {                                                       \
+        mma_moe_body<T, 2, true>(Wg, Wu, X, order, eoff, tiles, H, nullptr, K, M, k, es, rb, act);       \
+    }                                                                                                    \
+    RX_EXTERN void __launch_bounds__(MMA_THREADS, 3)                                                     \
+        mma_moe_##NAME(const uint8_t* W, const __half* X, const int* order, const int* eoff,            \
+                       const int* tiles, float* Y, int K, int M, long long es, long long rb) {          \
+        mma_moe_body<T, 1, false>(W, W, X, order, eoff, tiles, nullptr, Y, K, M, 1, es, rb, 0);          \
+    }
+
+RX_MMA_MOE(f16, T_F16)
+RX_MMA_MOE(bf16, T_BF16)
+RX_MMA_MOE(q4_0, T_Q4_0)
+RX_MMA_MOE(q4_1, T_Q4_1)
+RX_MMA_MOE(q5_0, T_Q5_0)
+RX_MMA_MOE(q5_1, T_Q5_1)
+RX_MMA_MOE(q8_0, T_Q8_0)
+RX_MMA_MOE(q4_k, T_Q4_K)
+RX_MMA_MOE(q5_k, T_Q5_K)
+RX_MMA_MOE(q6_k, T_Q6_K)

@@ -9,6 +9,7 @@
 #pragma once
 #include <limits.h>
 #include "matmul.cuh"
+#include "mma.cuh"
 
 #define MOE_ROUTE_THREADS 256
 
@@ -232,3 +233,106 @@ RX_MOE(q8_0, T_Q8_0)
 RX_MOE(q4_k, T_Q4_K)
 RX_MOE(q5_k, T_Q5_K)
 RX_MOE(q6_k, T_Q6_K)
+
+// Prefill on tensor cores (mma.cuh's grouped GEMMs): the pairs sorted by expert, stably.
+// ids [P] (P = N * k pairs, expert of pair p, as moe_route_f32 writes them) ->
+//   order [P]: pairs grouped by expert, each group in pair order;
+//   eoff [E + 1]: expert e's group is order[eoff[e] .. eoff[e + 1] - 1];
+//   tiles [1 + 2 * TMAX]: tiles[0] = T, then (expert, first row of its group) for each tile
+//     of BN rows, experts in order (TMAX >= P / BN + min(E, P) >= T).
+// One block of 32 * W threads; dynamic shared memory 4 * (W * E + 2 * (E + 1)) bytes. Warp w
+// takes the pairs [w * seg, (w + 1) * seg) (seg = ceil(P / W)) 32 at a time: the lanes with
+// one expert find each other (__match_any_sync) and the lowest of them adds their number to
+// the warp's count of that expert (cnt[w][e]: one writer per entry, no atomics). Then each
+// count becomes the pairs of that expert in earlier warps (a scan over w), the group sizes
+// become offsets (a scan over e, with the tiles' offsets beside them), and the warps walk
+// their pairs again, placing pair p at eoff[e] + (earlier warps' pairs of e) + (this warp's
+// earlier pairs of e): the same order for the same ids, whatever the scheduling.
+__device__ __forceinline__ int moe_clamp_id(int e, int E) { return e < 0 ? 0 : (e >= E ? E - 1 : e); }
+
+RX_EXTERN void moe_group_i32(const int* __restrict__ ids, int* __restrict__ order, int* __restrict__ eoff,
+                             int* __restrict__ tiles, int P, int E, int BN) {
+    extern __shared__ int mg_sh[];
+    const int W = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int* cnt = mg_sh;              // [W][E]
+    int* off = cnt + W * E;        // [E + 1] group offsets
+    int* toff = off + (E + 1);     // [E + 1] tile offsets
+    for (int i = threadIdx.x; i < W * E; i += blockDim.x) cnt[i] = 0;
+    __syncthreads();
+    const int seg = (P + W - 1) / W, pb = warp * seg, pe = min(P, pb + seg);
+    const unsigned lt = (1u << lane) - 1u;  // lanes below this one
+    for (int b = pb; b < pe; b += 32) {
+        const int p = b + lane;
+        const int e = p < pe ? moe_clamp_id(ids[p], E) : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && (same & lt) == 0) cnt[warp * E + e] += __popc(same);
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {  // cnt[w][e] -> pairs of e in warps < w
+        int run = 0;
+        for (int w = 0; w < W; w++) {
+            const int c = cnt[w * E + e];
+            cnt[w * E + e] = run;
+            run += c;
+        }
+        off[e] = run;  // the group's size, for now
+    }
+    __syncthreads();
+    if (warp == 0) {  // exclusive scans over e of the group sizes and of their tiles
+        int base = 0, tbase = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane;
+            const int c = e < E ? off[e] : 0, nt = (c + BN - 1) / BN;
+            int s = c, ts = nt;  // inclusive scans over the 32 lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, s, o), at = __shfl_up_sync(0xffffffffu, ts, o);
+                if (lane >= o) s += a, ts += at;
+            }
+            if (e < E) {
+                off[e] = base + s - c;
+                toff[e] = tbase + ts - nt;
+            }
+            base += __shfl_sync(0xffffffffu, s, 31);
+            tbase += __shfl_sync(0xffffffffu, ts, 31);
+        }
+        if (lane == 0) {
+            off[E] = base;
+            toff[E] = tbase;
+            tiles[0] = tbase;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) eoff[e] = off[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
+            tiles[1 + 2 * (toff[e] + j)] = e;
+            tiles[2 + 2 * (toff[e] + j)] = j * BN;
+        }
+    for (int b = pb; b < pe; b += 32) {
+        const int p = b + lane;
+        const int e = p < pe ? moe_clamp_id(ids[p], E) : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        if (e >= 0) order[off[e] + cnt[warp * E + e] + __popc(same & lt)] = p;
+        __syncwarp();
+        if (e >= 0 && (same & lt) == 0) cnt[warp * E + e] += __popc(same);
+        __syncwarp();
+    }
+}
+
+// out [N, D] = sum over j < k, in order, of wts[p] * Y[p] (p = n * k + j; Y [P, D] the
+// grouped down projection's rows, one per pair): moe_down's sum, after the tensor cores.
+RX_EXTERN void moe_wsum_f32(const float* __restrict__ Y, const float* __restrict__ wts, float* __restrict__ out,
+                            int N, int D, int k) {
+    GRID_STRIDE(i, (long long)N * D) {
+        const long long n = i / D;
+        const int d = (int)(i - n * D);
+        float s = 0.f;
+        for (int j = 0; j < k; j++) {
+            const long long p = n * k + j;
+            s += wts[p] * Y[p * D + d];
+        }
+        out[i] = s;
+    }
+}

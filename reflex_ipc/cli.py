@@ -184,6 +184,9 @@ def main(argv=None) -> int:
     _EXIT_STATUS[0] = rc or 0
     if done is not None:
         done(rc or 0)
+        w = sys.modules.get("reflex_ipc.cuda.weights")
+        if w is not None:  # a weight upload still streaming from disk: the answer is out, stop it
+            w.stop_streams()
     store = sys.modules.get("reflex_ipc.runtime.prefixstore")
     if store is not None and store.PENDING:
         # the prompt's state into the prefix cache, after the answer: in the detached child,

@@ -88,6 +88,11 @@ TABLE = (
      "Threads of the `register` upload (pieces of the mapping; unset: 4) or of `read` (unset: 8)."),
     ("REFLEX_CUDA_UPLOAD_CHUNK_MB", "count", 16, "cuda",
      "MiB per pread of the `read` upload."),
+    ("REFLEX_CUDA_STREAM", "flag", True, "cuda",
+     "The `read` upload streams: reads in the forward pass's order, each kernel launched once "
+     "the tensors it reads are on the device, a MoE layer's routed experts read first; `auto` "
+     "also streams MoE files from the page cache (0: the whole file in file order, the first "
+     "kernel waiting for all of it)."),
     ("REFLEX_CUDA_UPLOAD_DIRECT", "flag", False, "cuda",
      "The `read` upload uses O_DIRECT, leaving the file out of the page cache (cold-cache "
      "measurements)."),
@@ -104,6 +109,14 @@ TABLE = (
     ("REFLEX_MMA", "flag", True, "cuda",
      "Prefill matmuls of 64+ tokens on the tensor-core kernels, inputs rounded to float16 (0: "
      "the float32 kernels; an accuracy fallback, and scripts/gpu/gpu-prefill's A/B)."),
+    ("REFLEX_MOE_MMA", "flag", True, "cuda",
+     "Mixture-of-experts layers of 32+ tokens as tensor-core GEMMs over the tokens grouped by "
+     "expert, inputs rounded to float16 (0: one matvec per token and expert; an accuracy "
+     "fallback and gpu-bigmodel's A/B)."),
+    ("REFLEX_MLA_FLASH", "flag", True, "cuda",
+     "Latent attention (deepseek2) of 128+ queries with keys and values decompressed per head "
+     "and the flash kernel (0: the absorbed form, as decode runs it; an accuracy fallback and "
+     "gpu-bigmodel's A/B)."),
     ("REFLEX_FLASH", "flag", True, "cuda",
      "Attention of 16+ queries on the tensor-core flash kernel, q and the softmax weights "
      "rounded to float16 (0: the float32 kernel; an accuracy fallback)."),

@@ -28,16 +28,18 @@ def bn_of(hd):
 
 def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None, f16=True,
                   chunk=0, S=1):
-    """q [N, Hq, hd]; K, V [Hkv, ctx, hd] (the caches, read only where the kernel reads).
-    S > 1: key shares of `chunk` keys (grid z), partials merged as attention_combine does."""
+    """q [N, Hq, hd]; K [Hkv, ctx, hd], V [Hkv, ctx, dv] (the caches, read only where the kernel
+    reads; dv = hd but for the decompressed latent heads, 192 / 128). S > 1: key shares of
+    `chunk` keys (grid z), partials merged as attention_combine does."""
     N, Hq, hd = q.shape
     Hkv, ctx, _ = K.shape
+    dv = V.shape[2]
     G = Hq // Hkv
     BN = bn_of(hd)
     rows = N * G
-    out = np.full((N, Hq, hd), np.nan)
+    out = np.full((N, Hq, dv), np.nan)
     part_ml = np.full((N, Hq, S, 2), np.nan)
-    part_acc = np.full((N, Hq, S, hd), np.nan)
+    part_acc = np.full((N, Hq, S, dv), np.nan)
     n_tiles = -(-rows // BM)
     for kvh, by, z in itertools.product(range(Hkv), range(n_tiles), range(S)):
         tile = n_tiles - 1 - by  # the kernel's order; each block is independent
@@ -66,7 +68,7 @@ def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0,
             Q = np.where(valid[:, None], Q.astype(np.float64), 0)
         m = np.full(BM, -np.inf)
         l = np.zeros(BM)
-        O = np.zeros((BM, hd))
+        O = np.zeros((BM, dv))
         k0 = blo // BN * BN if bhi >= 0 else 1
         while k0 <= bhi:
             j = k0 + np.arange(BN)
@@ -106,7 +108,7 @@ def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0,
                 out[rn[i], rh[i]] = O[i] * inv[i]
     if S > 1:  # attention_combine
         M = part_ml[..., 0].max(-1)
-        A = np.zeros((N, Hq, hd))
+        A = np.zeros((N, Hq, dv))
         L = np.zeros((N, Hq))
         for z in range(S):
             mz = part_ml[:, :, z, 0]
@@ -118,10 +120,11 @@ def flash_emulate(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0,
     return out
 
 
-def make_cache(rng, Hkv, ctx, hd, n_kv):
-    """f16-valued K, V [Hkv, ctx, hd] with NaN in every slot >= n_kv (never to be read)."""
+def make_cache(rng, Hkv, ctx, hd, n_kv, dv=None):
+    """f16-valued K [Hkv, ctx, hd], V [Hkv, ctx, dv or hd] with NaN in every slot >= n_kv (never
+    to be read)."""
     K = rng.standard_normal((Hkv, ctx, hd)).astype(np.float16).astype(np.float64)
-    V = rng.standard_normal((Hkv, ctx, hd)).astype(np.float16).astype(np.float64)
+    V = rng.standard_normal((Hkv, ctx, dv or hd)).astype(np.float16).astype(np.float64)
     K[:, n_kv:] = np.nan
     V[:, n_kv:] = np.nan
     return K, V
@@ -138,6 +141,9 @@ CASES = [  # (N, hd, Hq, Hkv, past, kwargs)
     (40, 256, 4, 1, 10, {"softcap": 5.0}),
     (33, 64, 16, 2, 20, {"causal": False}),
     (33, 128, 8, 8, 20, {"mask": True}),
+    (130, 192, 16, 16, 0, {"dv": 128}),  # DeepSeek's decompressed latent heads (CudaOps.mla_attention)
+    (70, 192, 16, 16, 45, {"dv": 128}),
+    (33, 192, 4, 4, 20, {"dv": 128, "mask": True}),
 ]
 
 
@@ -146,11 +152,11 @@ def test_flash_tiling_matches_attention(N, hd, Hq, Hkv, past, kw):
     rng = np.random.default_rng(N * 1000 + hd + past)
     n_kv = past + N
     ctx = n_kv + 40
-    K, V = make_cache(rng, Hkv, ctx, hd, n_kv)
+    kw = dict(kw)
+    K, V = make_cache(rng, Hkv, ctx, hd, n_kv, kw.pop("dv", None))
     q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
     pos = np.arange(past, n_kv)
     scale = 1 / np.sqrt(hd)
-    kw = dict(kw)
     causal = kw.pop("causal", True)
     mask = None
     if kw.pop("mask", False):
@@ -178,6 +184,7 @@ SPLIT_CASES = [  # (N, hd, Hq, Hkv, past, kwargs): few row tiles over many keys
     (24, 64, 16, 2, 1500, {"mask": True}),
     (32, 256, 16, 2, 1200, {"window": 300}),
     (40, 128, 16, 8, 1100, {"softcap": 20.0}),
+    (20, 192, 16, 16, 1300, {"dv": 128}),
 ]
 
 
@@ -188,10 +195,10 @@ def test_flash_split_keys_match_attention(N, hd, Hq, Hkv, past, kw):
     rng = np.random.default_rng(N + hd + past)
     n_kv = past + N
     ctx = n_kv + 300
-    K, V = make_cache(rng, Hkv, ctx, hd, n_kv)
+    kw = dict(kw)
+    K, V = make_cache(rng, Hkv, ctx, hd, n_kv, kw.pop("dv", None))
     q = rng.standard_normal((N, Hq, hd))
     pos = np.arange(past, n_kv)
-    kw = dict(kw)
     mask = None
     causal = True
     if kw.pop("mask", False):
@@ -239,6 +246,7 @@ def test_flash_constants_match_the_kernel():
     assert "HD <= 128 ? 64 : 32" in src  # bn_of
     for hd in cuda_ops.FLASH_HD:
         assert f"RX_FLASH({hd})" in src
+    assert "RX_FLASH_KV(192_128, 192, 128)" in src
 
 
 def test_flash_op_check_runs_on_the_numpy_oracle():
@@ -270,8 +278,8 @@ def ldmatrix_x4_trans(smem, LD, addr):
     return out
 
 
-@pytest.mark.parametrize("HD,BN", [(64, 64), (128, 64), (256, 32)])
-def test_warp_fragments_compute_qk_and_pv(HD, BN):
+@pytest.mark.parametrize("HD,HDV,BN", [(64, 64, 64), (128, 128, 64), (256, 256, 32), (192, 128, 32)])
+def test_warp_fragments_compute_qk_and_pv(HD, HDV, BN):
     """The kernel's register-level S = Q K^T and O += P V for one warp (16 rows) and one key
     tile, built from the mma.m16n8k16 fragment layout (reflex_ipc.testing.mma_fragments): Q's A
     fragments, K's B fragments from the padded shared tile, P's A fragments taken from S's
@@ -279,15 +287,15 @@ def test_warp_fragments_compute_qk_and_pv(HD, BN):
     from reflex_ipc.testing.mma_fragments import G, T, c_coords, warp_mma
 
     rng = np.random.default_rng(HD + BN)
-    LD = HD + 8
+    LD, LDV = HD + 8, HDV + 8
     Q = rng.standard_normal((16, HD)).astype(np.float16).astype(np.float64)
     Kt = rng.standard_normal((BN, HD)).astype(np.float16).astype(np.float64)
-    Vt = rng.standard_normal((BN, HD)).astype(np.float16).astype(np.float64)
+    Vt = rng.standard_normal((BN, HDV)).astype(np.float16).astype(np.float64)
     sk = np.full(BN * LD, np.nan)
-    sv = np.full(BN * LD, np.nan)  # the padding columns must never be read
+    sv = np.full(BN * LDV, np.nan)  # the padding columns must never be read
     for r in range(BN):
         sk[r * LD:r * LD + HD] = Kt[r]
-        sv[r * LD:r * LD + HD] = Vt[r]
+        sv[r * LDV:r * LDV + HDV] = Vt[r]
     # S: a[kt] = (row g, 2t..), (row g+8, 2t..), (row g, 2t+8..), (row g+8, 2t+8..) of Q
     s = np.zeros((BN // 8, 32, 4))
     for kt in range(HD // 16):
@@ -311,18 +319,18 @@ def test_warp_fragments_compute_qk_and_pv(HD, BN):
         for i in range(4):
             r, c = c_coords(i)
             P[r, nt * 8 + c] = p[nt][:, i]
-    o = np.zeros((HD // 8, 32, 4))
+    o = np.zeros((HDV // 8, 32, 4))
     lane = np.arange(32)
     for kk in range(BN // 16):
         a = np.concatenate([p[2 * kk][:, 0:2], p[2 * kk][:, 2:4], p[2 * kk + 1][:, 0:2], p[2 * kk + 1][:, 2:4]], 1)
         vrow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8
-        for dp in range(HD // 16):
-            addr = vrow * LD + (lane >> 4) * 8 + dp * 16
-            r = ldmatrix_x4_trans(sv, LD, addr)  # [32, 4 registers, 2 halves]
+        for dp in range(HDV // 16):
+            addr = vrow * LDV + (lane >> 4) * 8 + dp * 16
+            r = ldmatrix_x4_trans(sv, LDV, addr)  # [32, 4 registers, 2 halves]
             o[2 * dp] = warp_mma(a, np.concatenate([r[:, 0], r[:, 1]], 1), o[2 * dp])
             o[2 * dp + 1] = warp_mma(a, np.concatenate([r[:, 2], r[:, 3]], 1), o[2 * dp + 1])
-    O = np.full((16, HD), np.nan)
-    for d in range(HD // 8):  # the store: rows g / g + 8, dims d * 8 + 2t (+1)
+    O = np.full((16, HDV), np.nan)
+    for d in range(HDV // 8):  # the store: rows g / g + 8, dims d * 8 + 2t (+1)
         for i in range(4):
             rr, c = c_coords(i)
             O[rr, d * 8 + c] = o[d][:, i]

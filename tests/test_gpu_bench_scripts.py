@@ -252,6 +252,30 @@ def test_upload_mode_of_cold_runs():
                         {"upload_mode": "register"}]) == {"read": 2, "register": 1}
 
 
+def test_bigmodel_misses_and_table():
+    """gpu-bigmodel's miss list (what gets a per-kernel breakdown) and its last table."""
+    from reflex_ipc.testing import bigmodel
+
+    r = {"prefill_ratio": 1.2, "decode_ratio": 1.05, "cold_dropped_reflex_p50_ms": 8000.0,
+         "cold_dropped_llama_simple_p50_ms": 15000.0}
+    assert benchrun.bigmodel_misses("qwen3-30b-a3b", r) == ["decode_ratio", "cold_dropped"]
+    assert benchrun.bigmodel_misses("deepseek-v2-lite", dict(r, decode_ratio=1.2)) == []
+    assert benchrun.bigmodel_misses("qwen35-2b", {}) == ["prefill_ratio", "decode_ratio"]
+    rec = {"model": "deepseek-v2-lite", "steps": {"prefill_ab_REFLEX_MLA_FLASH": {"mma_speedup_p50": 3.5}}}
+    assert benchrun.ratios(rec)["prefill_ab_REFLEX_MLA_FLASH_speedup_p50"] == 3.5
+    report = {"ok": True, "path": "x.json",
+              "checks": {"n": 2, "failed": [], "rows": [{"op": "moe_grouped", "rel_err": 1e-3, "ok": True},
+                                                        {"op": "mla_prefill", "rel_err": 2e-3, "ok": True}],
+                         "bench_moe": {"qwen3-30b-a3b": {"pairs_N8_us": 90.0, "grouped_N8_us": 300.0,
+                                                         "device_N1_graph_us": 40.0}}},
+              "engine": {"runs": [{"model": "qwen3moe-e32-k4", "ok": True, "new_moe_mma_launches": 2}]},
+              "bench": {"summary": {"models": {"qwen3-30b-a3b": {"model": "qwen3-30b-a3b", "ratios": r}},
+                                    "drop_caches": {"allowed": True}}}}
+    text = bigmodel.table(report)
+    assert "checks: 2/2 passed" in text and "N=8: 300.0 vs 90.0 us" in text and "new_moe_mma_launches" in text
+    assert text.splitlines()[-1].startswith("ALL CHECKS OK: True")
+
+
 def test_cpufirst_dry_run(tmp_path, monkeypatch, capsys):
     """scripts/gpu/gpu-bench-cpufirst on a tiny 0.6B-layout model, the cpu backend and the fake
     llama-simple: both variants and the peer alternate, the JSON has every run, the table ends."""

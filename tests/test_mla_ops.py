@@ -344,3 +344,152 @@ def test_cuda_host_code_of_the_mla_step_on_a_fake_device(ops):
         assert rel < 2e-3, rel  # the f16 latent cache (an index or offset error is O(1))
     assert {"copy_cols_f32", "rope_yarn_f32", "hmm1_f32", "hmm8_f32", "kv_store", "mla_attention_split",
             "attention_combine"} <= set(dev.launches)
+
+
+class _FakeDeviceFlash(_FakeDevice):
+    """_FakeDevice plus numpy models of what CudaOps.mla_attention launches for a long prompt
+    (copy_cols_f16, mla_kb_t_f32, the f16 tensor-core GEMM and its split-K reduce, mla_pack_kv_f32,
+    flash_attention_f16kv_192_128 through tests/test_flash_tiling.py's model of the kernel)."""
+
+    def kernel(self, name):
+        from reflex_ipc.cuda.core import make_kernel
+
+        if not name.startswith(("flash_attention_f16kv_", "mla_kb_t_")):
+            return super().kernel(name)
+
+        def launch(grid, block, args, shared, stream):
+            self.launches.append(name)
+            fn = self.k_flash if name.startswith("flash") else self.k_mla_kb_t
+            fn(name, grid, block, *args)
+        return make_kernel(None, name, None, pack=lambda *args: args, launch=launch)
+
+    def k_hmm_f16(self, grid, block, W, X, Y, K, M, H, N, rb):
+        w = self.view(W, H * M * K, np.float16).reshape(H, M, K).astype(np.float64)
+        x = self.view(X, N * H * K, np.float32).reshape(N, H, K)
+        self.view(Y, N * H * M, np.float32)[...] = np.einsum("hmk,nhk->nhm", w, x).reshape(-1)
+
+    def k_copy_cols_f16(self, grid, block, x, y, rows, n, xs, xo, ys, yo):
+        X = self.view(x, rows * xs, np.float16).reshape(rows, xs)
+        Y = self.view(y, rows * ys, np.float16).reshape(rows, ys)
+        Y[:, yo:yo + n] = X[:, xo:xo + n]
+
+    def k_mla_kb_t(self, name, grid, block, W, y, H, R, nope, rb):
+        assert name == "mla_kb_t_f32" and rb == 4 * nope
+        w = self.view(W, H * R * nope, np.float32).reshape(H, R, nope)
+        self.view(y, H * nope * R, np.float16)[...] = w.transpose(0, 2, 1).astype(np.float16).reshape(-1)
+
+    def k_mma_f16(self, grid, block, W, X, Y, K, M, N, rb, acc, P):
+        assert rb == 2 * K and grid[:2] == (-(-M // 64), -(-N // 64)) and block == (256, 1, 1)
+        w = self.view(W, M * K, np.float16).reshape(M, K).astype(np.float64)
+        x = self.view(X, N * K, np.float16).reshape(N, K).astype(np.float64)
+        y = (x @ w.T).astype(np.float32)
+        if grid[2] > 1:  # split K: the partial sums (here all in split 0) for mma_reduce
+            p = self.view(P, grid[2] * N * M, np.float32).reshape(grid[2], N, M)
+            p[...] = 0
+            p[0] = y
+        else:
+            out = self.view(Y, N * M, np.float32).reshape(N, M)
+            out[...] = out + y if acc else y
+
+    def k_mma_reduce(self, grid, block, P, Y, S, NW, NM, mode):
+        assert NW == 1 and mode == 0
+        self.view(Y, NM, np.float32)[...] = self.view(P, S * NM, np.float32).reshape(S, NM).sum(0)
+
+    def k_kv_store_latent_f32(self, grid, block, k, kc, pos, N, dk):
+        p = self.view(pos, N, np.int32)
+        C = self.view(kc, (int(p.max()) + 1) * dk, np.float32).reshape(-1, dk)
+        C[p] = self.view(k, N * dk, np.float32).reshape(N, dk)
+
+    def k_mla_attention_split_f32(self, grid, block, q, kc, ml, acc, pos, mask, H, dk, dv, n_kv, scale, softcap,
+                                  causal, window, chunk):
+        """mla_attention_split over a float32 latent: _FakeDevice's model on its f16 copy (the
+        values are f16-representable in this test)."""
+        lat = self.view(kc, n_kv * dk, np.float32)
+        assert np.array_equal(lat.astype(np.float16).astype(np.float32), lat)
+        tmp = self.pool.alloc(n_kv * dk * 2)[0]
+        self.view(tmp, n_kv * dk, np.float16)[...] = lat.astype(np.float16)
+        self.k_mla_attention_split(grid, block, q, tmp, ml, acc, pos, mask, H, dk, dv, n_kv, scale, softcap,
+                                   causal, window, chunk)
+
+    def k_copy_cols_f32_f16(self, grid, block, x, y, rows, n, xs, xo, ys, yo):
+        X = self.view(x, rows * xs, np.float32).reshape(rows, xs)
+        Y = self.view(y, rows * ys, np.float16).reshape(rows, ys)
+        Y[:, yo:yo + n] = X[:, xo:xo + n].astype(np.float16)
+
+    def k_mla_pack_kv_f32(self, grid, block, kn, v, kc, K, V, n, H, nope, r, R, dv, kc32):
+        Kn = self.view(kn, n * H * nope, np.float32).reshape(n, H, nope)
+        Vv = self.view(v, n * H * dv, np.float32).reshape(n, H, dv)
+        lat = self.view(kc, n * (R + r), np.float32 if kc32 else np.float16).reshape(n, R + r).astype(np.float16)
+        Kh = self.view(K, H * n * (nope + r), np.float16).reshape(H, n, nope + r)
+        Kh[:, :, :nope] = Kn.transpose(1, 0, 2).astype(np.float16)
+        Kh[:, :, nope:] = lat[None, :, R:]
+        self.view(V, H * n * dv, np.float16)[...] = Vv.transpose(1, 0, 2).astype(np.float16).reshape(-1)
+
+    def k_flash(self, name, grid, block, q, kc, vc, out, ml, acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap,
+                causal, window, chunk):
+        from test_flash_tiling import flash_emulate
+
+        assert name == "flash_attention_f16kv_192_128" and ml == 0 and mask == 0 and Hq == Hkv == grid[0]
+        assert grid[1] == -(-N // 64) and block == (128, 1, 1)
+        Q = self.view(q, N * Hq * 192, np.float32).reshape(N, Hq, 192)
+        K = self.view(kc, Hkv * ctx * 192, np.float16).reshape(Hkv, ctx, 192).astype(np.float64)
+        V = self.view(vc, Hkv * ctx * 128, np.float16).reshape(Hkv, ctx, 128).astype(np.float64)
+        o = flash_emulate(Q, K, V, self.view(pos, N, np.int32), n_kv, scale, causal=bool(causal), window=window)
+        self.view(out, N * Hq * 128, np.float32)[...] = o.reshape(-1)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float16", "float32"])
+def test_cuda_host_code_of_the_mla_prefill_on_a_fake_device(ops, cache_dtype):
+    """CudaOps.mla_attention's long-prompt form (the latents decompressed per head by two GEMMs,
+    packed with the shared rope key, the flash kernel at 192 / 128) on _FakeDeviceFlash equals
+    numpy's absorbed form: a first chunk, then a second one over the first's keys; decode steps
+    keep the absorbed kernels. The transposed attn_k_b is made once."""
+    from reflex_ipc.backends.base import latent_attention
+    from reflex_ipc.cuda.arrays import DeviceWeight
+    from reflex_ipc.ggml_types import F32
+
+    dev = _FakeDeviceFlash(nbytes=48 << 20)
+    cu = object.__new__(cuda_ops.CudaOps)
+    cu.rt, cu.pool, cu.k, cu._graph, cu._arenas = dev, dev.pool, dev.kernel, None, {}
+    cu.mla_flash, cu.mla_flash_min_n, cu.mla_flash_launches, cu._mla_kbt, cu._sms = True, 8, 0, {}, 132
+    rng = np.random.default_rng(11)
+    H, nope, r, R, v_dim, n_ctx = 2, 128, 64, 32, 128, 200
+    kb = (rng.standard_normal((H * R, nope)) * 0.2).astype(np.float32)
+    vb = (rng.standard_normal((H * v_dim, R)) * 0.2).astype(np.float16).astype(np.float32)
+    vb16 = cu.asarray(vb, "float16")
+    dkb = cu.asarray(kb)
+    wk = DeviceWeight(dkb.ptr, kb.shape, F32, "F32", nope * 4, "k_b")
+    from reflex_ipc.ggml_types import F16
+    wv = DeviceWeight(vb16.ptr, vb.shape, F16, "F16", R * 2, "v_b")
+
+    cache_np = ops.zeros((1, n_ctx, R + r), "float32")
+    cache_cu = cu.zeros((1, n_ctx, R + r), cache_dtype)  # f16, or the exact float32 latent
+    for span in (range(0, 70), range(70, 100), range(100, 101)):
+        N = len(span)
+        pos = np.array(list(span), np.int32)
+        lat = rng.standard_normal((N, 1, R + r)).astype(np.float16).astype(np.float32)
+        q_nope = rng.standard_normal((N, H, nope)).astype(np.float32)
+        q_pe = rng.standard_normal((N, H, r)).astype(np.float32)
+        ops.kv_store(cache_np, None, lat, None, pos)
+        cu.kv_store(cache_cu, None, cu.asarray(lat), None, cu.positions(pos))
+        n_kv = int(pos.max()) + 1
+        want = latent_attention(ops, q_nope, q_pe, cache_np, kb, vb, pos,
+                                n_kv, scale=0.05)
+        before = cu.mla_flash_launches
+        got = cu.to_numpy(latent_attention(cu, cu.asarray(q_nope), cu.asarray(q_pe), cache_cu, wk, wv,
+                                           cu.positions(pos), n_kv, scale=0.05))
+        assert got.shape == (N, H, v_dim)
+        assert cu.mla_flash_launches == before + (N >= 8)
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert rel < 3e-3, rel  # f16 keys, values, q and p (a wrong index is O(1))
+    assert dev.launches.count("mla_kb_t_f32") == 1
+    assert {"copy_cols_f16" if cache_dtype == "float16" else "copy_cols_f32_f16", "mma_f16", "mla_pack_kv_f32",
+            "flash_attention_f16kv_192_128"} <= set(dev.launches)
+    assert {"mla_attention_split", "mla_attention_split_f32"} & set(dev.launches)  # the decode step
+
+
+def test_mla_prefill_check_runs_on_numpy(ops):
+    """opchecks.check_mla_prefill (run on CUDA by gpu-check / gpu-bigmodel) on the numpy oracle:
+    the check runs and numpy's float32 absorbed form is within its bound of the float64 one."""
+    rows = opchecks.check_mla_prefill(ops, np.random.default_rng(5))
+    assert len(rows) == 6 and all(r["ok"] for r in rows), rows

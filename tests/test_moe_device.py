@@ -258,6 +258,48 @@ class MemRuntime:
                         w = self.rows(W + (int(idv[p]) * es + r) * rb, rb, kind, F)
                         s += wv[p] * (w @ self.f32(H + 4 * p * F, F))
                     y[n * D + r] = s
+        elif name == "moe_group_i32":  # (its warp-level algorithm: tests/test_moe_grouped.py)
+            ids, order, eoff, tiles, P, E, BN = args
+            assert grid == (1, 1, 1) and shared == 4 * ((block[0] // 32) * E + 2 * (E + 1)) <= 46 * 1024
+            idv = self.i32(ids, P)
+            self.i32(order, P)[:] = np.argsort(idv, kind="stable")
+            cnt = np.bincount(idv, minlength=E)
+            self.i32(eoff, E + 1)[:] = np.concatenate([[0], np.cumsum(cnt)])
+            tl = [(e, r) for e in range(E) for r in range(0, cnt[e], BN)]
+            self.i32(tiles, 1 + 2 * len(tl))[:] = [len(tl)] + [v for t in tl for v in t]
+        elif name == "mma_x_f16":
+            x, y, n = args
+            self.mem[y:y + 2 * n] = self.f32(x, n).astype(np.float16).view(np.uint8)
+        elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
+            glu = op == "mmaglu_moe"
+            if glu:
+                Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act = args
+            else:
+                Wg, X, order, eoff, tiles, H, K, M, es, rb = args
+                Wu, k, act = Wg, 1, 0
+            assert block == (256, 1, 1) and grid[0] == -(-M // 64)
+            nt = int(self.i32(tiles, 1)[0])
+            assert nt <= grid[1]
+            tl = self.i32(tiles + 4, 2 * nt).reshape(nt, 2)
+            off = self.i32(eoff, int(tl[:, 0].max()) + 2 if nt else 1)
+            for e, r0 in tl:
+                g0 = off[e] + r0
+                for g in range(g0, min(g0 + 64, off[e + 1])):
+                    pair = int(self.i32(order + 4 * g, 1)[0])
+                    xrow = pair // k if glu else g
+                    x = self.mem[X + 2 * xrow * K:X + 2 * (xrow + 1) * K].view(np.float16).astype(F32)
+                    wg = np.stack([self.rows(Wg + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                    if glu:
+                        wu = np.stack([self.rows(Wu + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
+                        a, u = wg @ x, wu @ x
+                        a = a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)
+                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = (a * u).astype(np.float16).view(np.uint8)
+                    else:
+                        self.f32(H + 4 * pair * M, M)[:] = wg @ x
+        elif name == "moe_wsum_f32":
+            Y, wts, out, N, D, k = args
+            y, w = self.f32(Y, N * k * D).reshape(N, k, D), self.f32(wts, N * k).reshape(N, k)
+            self.f32(out, N * D)[:] = (w[:, :, None] * y).sum(1).reshape(-1)
         elif name in ("swiglu_f32", "geglu_f32"):
             g, u, y, n, ncol, gs, us = args
             gg, uu = self.f32(g, n), self.f32(u, n)
@@ -287,6 +329,10 @@ MOE_CASES = {  # name: (E, k, fused gate_up, types (gate, up, down), moe keyword
     "fused gelu logits expert_scale": (8, 3, True, (0, None, 0), dict(act="gelu", logits=True, escale=True)),
     "gate/up of two formats": (8, 2, False, (0, 1, 0), {}),
     "gate/up of two formats gelu": (8, 2, False, (1, 0, 1), dict(act="gelu")),
+    "f16": (8, 2, False, (1, 1, 1), {}),
+    "f16 sigmoid bias groups scale": (16, 4, False, (1, 1, 1), dict(gating="sigmoid", bias=True, groups=(4, 2),
+                                                                       scale=2.5)),
+    "f16 fused gelu logits expert_scale": (8, 3, True, (1, None, 1), dict(act="gelu", logits=True, escale=True)),
 }
 
 
@@ -325,6 +371,76 @@ def test_cuda_moe_on_interpreted_kernels_equals_numpy(mem_ops, name, N):
     router = "mm4_f32" if N > 1 else ("mmsk1_f32" if fusion_on() else "mm1_f32")
     assert names == ([] if lg is not None else [router]) + ["moe_route_f32"] + glu + \
         [f"moe_down_{kind[td]}"]
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CASES))
+def test_cuda_moe_grouped_on_interpreted_kernels_equals_numpy(mem_ops, name):
+    """The tensor-core prefill form (CudaOps.moe_mma, N >= moe_mma_min_n): the grouping, the
+    grouped gate/up and down GEMMs and the weighted sum launched with the right arguments (their
+    rounding of x and of H to f16 included), against numpy; gate/up of two formats keep the
+    per-pair kernels."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, 2, 132
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    N, K, F, D = 70, 16, 8, 12
+    rng = np.random.default_rng(len(name) * 5 + 1)
+    q = (lambda a, t: a if t == 0 else a.astype(np.float16).astype(F32))
+    gate = q((rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32), tg)
+    up = None if fused else q((rng.standard_normal((E * F, K)) * 0.3).astype(F32), tu)
+    down = q((rng.standard_normal((E * D, F)) * 0.3).astype(F32), td)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32) if o.get("logits") else None
+    bias = (rng.integers(0, 3, E) * 1.0).astype(F32) if o.get("bias") else None
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(gating=o.get("gating", "softmax"), norm=o.get("norm", True), scale=o.get("scale", 1.0),
+              act=o.get("act", "silu"), groups=o.get("groups"))
+    mma_types = {1}  # F16 takes the tensor cores, F32 does not
+    grouped = (fused or tg == tu) and tg in mma_types and td in mma_types
+    if lg is None:
+        lg = x @ router.T  # the router's logits as given: the interpreter's mm4 is float32 already
+    want = NumpyOps().moe(x.astype(np.float16).astype(F32) if grouped else x, router, gate, up, down, k,
+                          selection_bias=bias, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, tg), None if fused else rt.weight(up, tu),
+                  rt.weight(down, td), k, selection_bias=None if bias is None else ops.asarray(bias),
+                  logits=ops.asarray(lg), expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    names = [launch[0] for launch in rt.launches]
+    tol = 2e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol)
+    if grouped:
+        assert names == ["moe_route_f32", "moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16",
+                         "moe_wsum_f32"], names
+        tmax = N * k // 64 + min(E, N * k)
+        assert all(launch[1][1] == tmax for launch in rt.launches if "_moe_" in launch[0])
+        assert ops.moe_mma_launches == 1
+    else:
+        assert "moe_group_i32" not in names and ops.moe_mma_launches == 0
+
+
+@pytest.mark.parametrize("name", ["softmax", "fused gelu logits expert_scale", "gate/up of two formats"])
+def test_cuda_moe_down_split_launches_and_equals_numpy(mem_ops, name):
+    """CudaOps.moe_down_split: the down projection as moe_mm (a warp per pair and row, x_div 1)
+    and moe_wsum_f32 in place of moe_down, equal to numpy."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_down_split = True
+    E, k, fused, (tg, tu, td), o = MOE_CASES[name]
+    rng = np.random.default_rng(len(name))
+    N, K, F, D = 2, 16, 8, 12
+    gate = (rng.standard_normal((E * F * (2 if fused else 1), K)) * 0.3).astype(F32)
+    up = None if fused else (rng.standard_normal((E * F, K)) * 0.3).astype(np.float16).astype(F32)
+    down = (rng.standard_normal((E * D, F)) * 0.3).astype(F32)
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = rng.standard_normal((N, K)).astype(F32)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32)
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(act=o.get("act", "silu"))
+    want = NumpyOps().moe(x, router, gate, up, down, k, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 0), None if fused else rt.weight(up, tu),
+                  rt.weight(down, 0), k, logits=ops.asarray(lg),
+                  expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=1e-5, atol=1e-5)
+    names = [launch[0] for launch in rt.launches]
+    assert names[-2:] == ["moe_mm_f32", "moe_wsum_f32"] and not any(n.startswith("moe_down") for n in names)
 
 
 def test_cuda_moe_checks_its_arguments(mem_ops):
@@ -386,6 +502,11 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
 
         def wait(self):
             pass
+
+        queue = None  # (not streaming)
+
+        def streaming(self):
+            return False
 
     monkeypatch.setattr(cuda_ops, "WeightArena", Arena)
     ops = cuda_ops.CudaOps.__new__(cuda_ops.CudaOps)

@@ -114,6 +114,34 @@ FUSED_OPS = ("rms_norm_matmul_n", "rms_norm_matmul_glu", "qk_rope_kv_store", "re
              "delta_gates", "ssm_conv_silu", "delta_qkv", "rms_norm_gate", "sigmoid_gate")
 
 
+def latent_attention(ops, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, *, scale, causal=True, window=0,
+                     mask=None):
+    """Multi-head latent attention (deepseek2) over a layer's latent cache kv [1, n_slots, R + r]
+    (rows [c, rope(k_pe)], this batch's already stored): q_nope [N, H, nope], q_pe [N, H, r]
+    (rotated), wk_b [H*R, nope] (per head [R, nope]), wv_b [H*dv, R] -> [N, H, dv]. Exactly the
+    absorbed form
+        q = concat([head_matmul(q_nope, wk_b), q_pe])              # [N, H, R + r]
+        o = attention(q, kv, None, slots, n_kv, scale=scale, v_dim=R, causal=.., window=.., mask=..)
+        head_matmul(o, wv_b)
+    which decode runs everywhere; a backend with `mla_attention` may compute the same product
+    another way (CUDA: long prompts decompress each head's keys and values and run the flash
+    kernel). LoRA weights take the absorbed form."""
+    f = getattr(ops, "mla_attention", None)
+    if callable(f) and not any(getattr(w, "terms", None) is not None for w in (wk_b, wv_b)):
+        return f(q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, scale=scale, causal=causal, window=window, mask=mask)
+    return latent_attention_absorbed(ops, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, scale=scale, causal=causal,
+                                     window=window, mask=mask)
+
+
+def latent_attention_absorbed(ops, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, *, scale, causal=True, window=0,
+                              mask=None):
+    """latent_attention's defining sequence of plain ops."""
+    R = kv.shape[-1] - q_pe.shape[-1]
+    q = ops.concat([ops.head_matmul(q_nope, wk_b), q_pe])
+    o = ops.attention(q, kv, None, slots, n_kv, scale=scale, v_dim=R, causal=causal, window=window, mask=mask)
+    return ops.head_matmul(o, wv_b)
+
+
 def fusion_on() -> bool:
     """False when $REFLEX_FUSE is "0": models then run the plain ops' sequence."""
     return _settings.get().fuse

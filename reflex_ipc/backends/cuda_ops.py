@@ -104,12 +104,30 @@ FLASH_SPLIT_BELOW = 0.5
 FLASH_CHUNK = 256
 FLASH_MAX_SPLITS = 32
 FLASH_SPLIT_TARGET = 2
+# latent attention (deepseek2) of MLA_FLASH_MIN_N or more queries (prefill; never a captured
+# bucket, which holds at most 64) with keys and values decompressed per head (two GEMMs on the
+# latents, attn_k_b transposed to f16 once per layer) and the flash kernel of these (key, value)
+# widths; fewer queries (decode) keep the absorbed form over the latent cache, and so do more
+# than MLA_FLASH_MAX_KEYS keys (the decompressed heads would take ~1.3 KB a key and head).
+# REFLEX_MLA_FLASH=0 always keeps it.
+MLA_FLASH_MIN_N = 128
+MLA_FLASH_MAX_KEYS = 16384
+MLA_FLASH_KV = {(192, 128): "192_128"}  # (nope + rope, v) -> flash_attention_f16kv_* (flash.cuh)
 MLA_WARPS = 8  # MLA_WARPS in mla.cuh
 MLA_MAX_D = 640  # 32 * MLA_MAXD in mla.cuh: the latent attention's widest key
 TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+# mixtures of experts of MOE_MMA_MIN_N or more tokens (prefill) on tensor cores: moe_group_i32
+# sorts the (token, slot) pairs by expert on the device, mmaglu_moe_* / mma_moe_* (mma.cuh) run
+# each expert's gathered rows through its gate/up and down tiles, moe_wsum_f32 adds each token's
+# k rows with their weights in slot order (deterministic). Fewer tokens (decode) keep the matvec
+# per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
+# MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
+MOE_MMA_MIN_N = 32
+MOE_GROUP_WARPS = 32
+MOE_GROUP_SHARED = 46 * 1024
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
@@ -180,9 +198,21 @@ class CudaOps:
     n_chunked_calls = 0
     n_sequential_calls = 0
 
+    _guarded = None  # (see __init__)
     # mixtures of experts run on the device, so a graph can hold them (see moe)
     _moe_host_mode = False
     moe_capturable = True
+    moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
+    moe_mma_min_n = MOE_MMA_MIN_N
+    moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
+    # the per-pair form's down projection as a warp per (pair, row) (moe_mm_*, x_div 1) and then
+    # moe_wsum_f32, instead of moe_down_*'s warp per row walking a token's k experts in turn:
+    # k times the warps for decode's one token, one more launch, the same bits. Off until the
+    # H200 measures it (opchecks.bench_moe's device_N1_graph_split_us against device_N1_graph_us).
+    moe_down_split = False
+    mla_flash = False  # long-prompt latent attention decompressed + flash (__init__: sm_80+, REFLEX_MLA_FLASH)
+    mla_flash_min_n = MLA_FLASH_MIN_N
+    mla_flash_launches = 0
     # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
     matvec = False
     mv_variant = None
@@ -200,6 +230,7 @@ class CudaOps:
         self.pool = self.rt.pool
         self.k = self.rt.kernel
         self._arenas = {}
+        self._guarded = None  # kernel name -> launcher behind _stream_guard (while streaming)
         self._extra_weights = []
         self._graph = None
         self._att_count = None  # attention_split_last_f16kv's tickets (_att_tickets)
@@ -207,6 +238,13 @@ class CudaOps:
         self.mma = s.mma and tuple(self.rt.cc) >= (8, 0)
         self.mmnt = True
         self.flash = s.flash and tuple(self.rt.cc) >= (8, 0)
+        self.moe_mma = s.moe_mma and tuple(self.rt.cc) >= (8, 0)
+        self.moe_mma_min_n = MOE_MMA_MIN_N
+        self.moe_mma_launches = 0
+        self.mla_flash = s.mla_flash and tuple(self.rt.cc) >= (8, 0)
+        self.mla_flash_min_n = MLA_FLASH_MIN_N
+        self.mla_flash_launches = 0
+        self._mla_kbt = {}  # attn_k_b's device address -> its per-head transpose (f16 DeviceWeight)
         self.flash_min_n = FLASH_MIN_N
         self.flash_launches = 0  # attention calls that ran flash_attention_f16kv_* (opchecks asserts it)
         self.chunked = True
@@ -214,12 +252,55 @@ class CudaOps:
         self.mv_variant = None
 
     def _k_after_upload(self, name):
-        """Kernel lookup while weight uploads are in flight: the first launch waits for
-        them (weights loaded earlier may be read by any kernel), then lookups go direct."""
+        """Kernel lookup while weight uploads are in flight. An arena streaming from a cold file
+        (cuda/weights.py): launchers that first make sure every tensor the kernel's pointers
+        fall in is on the device (_stream_guard), so the first layers run while later ones are
+        read. Else (or once every stream is done) the first launch waits for the uploads (weights
+        loaded earlier may be read by any kernel), then lookups go direct."""
+        if any(a.streaming() for a in self._arenas.values()):
+            if self._guarded is None:
+                self._guarded = {}
+            k = self._guarded.get(name)
+            if k is None:
+                k = self._guarded[name] = self.rt.guarded_kernel(name, self._stream_guard)
+            return k
         for a in self._arenas.values():
             a.wait()
         self.k = self.rt.kernel
+        self._guarded = None
         return self.k(name)
+
+    def _stream_guard(self, ptrs):
+        """A kernel's pointer arguments: each one inside a streaming arena waits for its tensor
+        (an arena not streaming is waited for whole)."""
+        for a in self._arenas.values():
+            lo, hi = a.base, a.base + a.nbytes
+            for p in ptrs:
+                if lo <= p < hi:
+                    if a.queue is None:
+                        a.wait()
+                    else:
+                        a.ensure_ptr(p)
+
+    def _moe_experts_ready(self, ids, parts):
+        """Before a MoE layer's expert kernels read expert rows from a streaming arena: the
+        routed experts' rows of each expert weight (parts: [(weight, rows a expert spans, rows
+        read from its start)]) uploaded first, ahead of the rest (their tokens' ids cross to
+        the host, a wait for the device: only while streaming, never inside a capture, which
+        waits for whole uploads first). Returns the kernel lookup the expert kernels must use:
+        the unguarded one after this (the guard would wait for whole expert tensors), or
+        self.k when nothing streams."""
+        arenas = {id(w.owner): w.owner for w, _, _ in parts if isinstance(w.owner, WeightArena)}
+        if not arenas or not any(a.streaming() for a in arenas.values()):
+            return self.k
+        experts = np.unique(self.to_numpy(ids))
+        for a in arenas.values():
+            a.ensure([(w.ptr + int(e) * span * w.row_bytes, w.ptr + (int(e) * span + rows) * w.row_bytes)
+                      for w, span, rows in parts if w.owner is a for e in experts])
+        for a in self._arenas.values():  # the expert kernels read nothing else from an arena
+            if a.queue is None:
+                a.wait()
+        return self.rt.kernel
 
     # -- memory ------------------------------------------------------------------
     def empty(self, shape, dtype="float32"):
@@ -249,8 +330,12 @@ class CudaOps:
         """Wait for the weight upload when x lives in a file's arena (a 1-D weight read back or
         copied before any kernel ran: the upload thread's copies are on their own stream, which
         the runtime's stream does not wait for; kernels wait through _k_after_upload)."""
-        if isinstance(getattr(x, "owner", None), WeightArena):
-            x.owner.wait()
+        a = getattr(x, "owner", None)
+        if isinstance(a, WeightArena):
+            if a.streaming():
+                a.ensure_ptr(x.ptr)
+            else:
+                a.wait()
 
     def copy(self, src, out):
         self._uploaded(src)
@@ -321,7 +406,7 @@ class CudaOps:
 
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
-        return [a.stats for a in self._arenas.values()]
+        return [a.report() for a in self._arenas.values()]
 
     # -- weights -----------------------------------------------------------------
     def _arena(self, f):
@@ -733,22 +818,76 @@ class CudaOps:
         else:
             wg_ptr, wu_ptr, estride = w_gate.ptr, w_up.ptr, F
             same = w_gate.ggml_type == w_up.ggml_type and w_gate.row_bytes == w_up.row_bytes
+        # expert rows: gate (and its up rows after it when fused), up, down
+        parts = [(w_gate, estride, estride), (w_down, D, D)] + ([] if w_up is None else [(w_up, F, F)])
+        kx = self._moe_experts_ready(ids, parts)
+        if same and self._moe_mma_takes(N, k, E, w_gate, w_down):
+            return self._moe_grouped(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D,
+                                     0 if act == "silu" else 1, kx)
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
         if same:
             h = self.empty((N * k, F))
-            self.k(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
-                                                             Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
-                                                             act=0 if act == "silu" else 1)
+            kx(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
+                                                         Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
+                                                         act=0 if act == "silu" else 1)
         else:
             g, u = self.empty((N * k, F)), self.empty((N * k, F))
             for w, y in ((w_gate, g), (w_up, u)):
-                self.k(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
-                                                           M=F, x_div=k, es=estride, rb=w.row_bytes)
+                kx(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
+                                                       M=F, x_div=k, es=estride, rb=w.row_bytes)
             h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
-        self.k(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
+        if self.moe_down_split:  # a warp per (pair, row), then the slot-order sum: the same bits
+            y = self.empty((N * k, D))
+            kx(f"moe_mm_{MM_KERNEL[w_down.ggml_type]}")((N * k, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr,
+                                                       X=h.ptr, ids=ids.ptr, Y=y.ptr, K=F, M=D, x_div=1, es=D,
+                                                       rb=w_down.row_bytes)
+            self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
+            return out
+        kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+        return out
+
+    def _moe_mma_takes(self, N, k, E, w_gate, w_down):
+        """Whether a moe of N tokens (k experts each of E) runs as grouped tensor-core GEMMs:
+        sm_80+, REFLEX_MOE_MMA not 0, N >= moe_mma_min_n, gate/up and down in MMA_FORMATS,
+        a tile grid within CUDA's 65535 blocks along y, and one warp's counts of E experts in
+        moe_group_i32's shared memory."""
+        P = N * k
+        return (self.moe_mma and N >= self.moe_mma_min_n and w_gate.ggml_type in MMA_FORMATS
+                and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
+                and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
+
+    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None):
+        """moe's prefill form (see MOE_MMA_MIN_N): the pairs grouped by expert (moe_group_i32),
+        H [P, F] f16 = act(gate) * up of each group's gathered tokens in group order
+        (mmaglu_moe_*), Y [P, D] = down of H's rows stored at their pairs (mma_moe_*), out [N, D]
+        = each token's k rows of Y weighted, in slot order (moe_wsum_f32). Launch arguments do
+        not depend on the routing (the tile grid is sized for the worst case), so a graph holds it."""
+        N, K = x.shape
+        k = ids.shape[1]
+        E = w_down.shape[0] // D
+        P = N * k
+        tmax = P // MMA_BN + min(E, P)
+        warps = max(1, min(MOE_GROUP_WARPS, (MOE_GROUP_SHARED // 4 - 2 * (E + 1)) // E))
+        order, eoff = self.empty((P,), "int32"), self.empty((E + 1,), "int32")
+        tiles = self.empty((1 + 2 * tmax,), "int32")
+        self.k("moe_group_i32")((1, 1, 1), (32 * warps, 1, 1), ids=ids.ptr, order=order.ptr, eoff=eoff.ptr,
+                                tiles=tiles.ptr, P=P, E=E, BN=MMA_BN, shared=4 * (warps * E + 2 * (E + 1)))
+        xh = self._mma_x16(x)
+        h = self.empty((P, F), "float16")
+        block = (MMA_THREADS, 1, 1)
+        kx = kx or self.k  # (the expert kernels' lookup: see _moe_experts_ready)
+        kx(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")(
+            (-(-F // MMA_BM), tmax, 1), block, Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr,
+            tiles=tiles.ptr, H=h.ptr, K=K, M=F, k=k, es=estride, rb=w_gate.row_bytes, act=act)
+        y = self.empty((P, D))
+        kx(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
+            (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
+            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes)
+        self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
+        self.moe_mma_launches += 1
         return out
 
     def moe_route(self, logits, n_used, *, gating="softmax", norm=True, scale=1.0, selection_bias=None,
@@ -1110,6 +1249,82 @@ class CudaOps:
         return out
 
     # -- multi-head latent attention --------------------------------------------------
+    def mla_attention(self, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, *, scale, causal=True, window=0,
+                      mask=None):
+        """base.latent_attention. Long prompts (mla_flash_takes): the latents c of keys
+        0..n_kv-1 as f16 [n_kv, R] (copy_cols_f16, or copy_cols_f32_f16 from the exact float32
+        latent), each head's keys k_nope = W_h^T c by a GEMM
+        on attn_k_b's transpose (mla_kb_t_*, made once per layer and kept) and values by one on
+        attn_v_b, packed with the shared rope key into f16 K [H, n_kv, nope + r] and V [H, n_kv, dv]
+        (mla_pack_kv_f32), then flash attention of q = [q_nope, q_pe] (flash.cuh). Else the
+        absorbed form (decode)."""
+        N, H, nope = q_nope.shape
+        r = q_pe.shape[2]
+        R = kv.shape[2] - r
+        dv = wv_b.shape[0] // H if isinstance(wv_b, DeviceWeight) else 0
+        n_kv = int(n_kv)
+        if not self.mla_flash_takes(N, H, nope, r, R, dv, n_kv, wk_b, wv_b):
+            from .base import latent_attention_absorbed
+
+            return latent_attention_absorbed(self, q_nope, q_pe, kv, wk_b, wv_b, slots, n_kv, scale=scale,
+                                             causal=causal, window=window, mask=mask)
+        kbt = self._mla_kb_t(wk_b, H, R, nope)
+        xc = self.empty((n_kv, R), "float16")
+        kc32 = kv.dtype == "float32"  # the exact latent (SlotSpec(exact=True)), else f16
+        self.k("copy_cols_f32_f16" if kc32 else "copy_cols_f16")(_ew_grid(n_kv * R), (EW_BLOCK, 1, 1), x=kv.ptr,
+                                                                  y=xc.ptr, rows=n_kv, n=R, xs=R + r, xo=0, ys=R,
+                                                                  yo=0)
+        kn, v = self.empty((n_kv, H * nope)), self.empty((n_kv, H * dv))
+        self._mma((kbt,), xc, kn, R, H * nope, n_kv, 0)
+        self._mma((wv_b,), xc, v, R, H * dv, n_kv, 0)
+        K, V = self.empty((H, n_kv, nope + r), "float16"), self.empty((H, n_kv, dv), "float16")
+        self.k("mla_pack_kv_f32")(_ew_grid(H * n_kv * (nope + r + dv)), (EW_BLOCK, 1, 1), kn=kn.ptr, v=v.ptr,
+                                  kc=kv.ptr, K=K.ptr, V=V.ptr, n=n_kv, H=H, nope=nope, r=r, R=R, dv=dv,
+                                  kc32=1 if kc32 else 0)
+        q = self.concat([q_nope, q_pe])
+        pos = self.positions(slots)
+        out = self.empty((N, H, dv))
+        tiles = H * -(-N // FLASH_BM)
+        chunk, S = self._flash_split(tiles, n_kv)
+        ml = acc = None
+        if S > 1:
+            ml, acc = self.empty((N * H * S * 2,)), self.empty((N * H * S * dv,))
+        kern = self.k(f"flash_attention_f16kv_{MLA_FLASH_KV[(nope + r, dv)]}")
+        kern((H, tiles // H, S), (FLASH_THREADS, 1, 1),
+             kern.head(q=q.ptr, kc=K.ptr, vc=V.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
+                       part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr,
+                       mask=mask.ptr if mask is not None else 0),
+             N=N, Hq=H, Hkv=H, ctx=n_kv, n_kv=n_kv, scale=float(scale), softcap=0.0, causal=1 if causal else 0,
+             window=int(window), chunk=chunk)
+        if S > 1:
+            self.k("attention_combine")((H, N, 1), (max(32, (dv + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
+                                        part_acc=acc.ptr, out=out.ptr, Hq=H, hd=dv, S=S)
+        self.mla_flash_launches += 1
+        return out
+
+    def mla_flash_takes(self, N, H, nope, r, R, dv, n_kv, wk_b, wv_b):
+        """Whether mla_attention decompresses: sm_80+, REFLEX_MLA_FLASH not 0, N >= mla_flash_min_n,
+        not while capturing (the transposed attn_k_b is made on first use), a flash kernel for
+        (nope + r, dv), at most MLA_FLASH_MAX_KEYS keys, weights on the device with attn_v_b in a
+        tensor-core format and R a multiple of 8."""
+        return (self.mla_flash and N >= self.mla_flash_min_n and self._graph is None
+                and (nope + r, dv) in MLA_FLASH_KV and 0 < n_kv <= MLA_FLASH_MAX_KEYS and R % 8 == 0
+                and isinstance(wk_b, DeviceWeight) and wk_b.shape == (H * R, nope) and nope % 8 == 0
+                and isinstance(wv_b, DeviceWeight) and wv_b.shape == (H * dv, R) and wv_b.ggml_type in MMA_FORMATS)
+
+    def _mla_kb_t(self, wk_b, H, R, nope):
+        """attn_k_b [H*R, nope] transposed per head to an f16 weight [H*nope, R] (mla_kb_t_*),
+        made on first use and kept for the backend's life (H*nope*R*2 bytes a layer)."""
+        w = self._mla_kbt.get(wk_b.ptr)
+        if w is None:
+            t = self.empty((H * nope, R), "float16")
+            self.k(f"mla_kb_t_{MM_KERNEL[wk_b.ggml_type]}")(_ew_grid(H * R * (nope // 8)), (EW_BLOCK, 1, 1),
+                                                             W=wk_b.ptr, y=t.ptr, H=H, R=R, nope=nope,
+                                                             rb=wk_b.row_bytes)
+            w = DeviceWeight(t.ptr, (H * nope, R), F16, "F16", R * 2, f"{wk_b.name} transposed", t)
+            self._mla_kbt[wk_b.ptr] = w
+        return w
+
     def _copy_cols(self, x, xo, y, yo, n):
         """y[..., yo:yo+n] = x[..., xo:xo+n] over the rows of 2+-D contiguous x and y."""
         rows = x.size // x.shape[-1]

@@ -41,6 +41,21 @@ def make_kernel(func, name, stream, pack=None, launch=None):
     return factory(launch or func._launch_kernel, pack or struct.Struct(fmt).pack, stream)
 
 
+def guarded_launch(name, inner, guard):
+    """A make_kernel `launch` that hands the pointer arguments of kernel `name` (its layout's Q
+    fields, unpacked from the packed arguments) to guard(list) and then launches with inner."""
+    fmt = KERNELS[name][0]
+    st = struct.Struct(fmt)
+    where = [i for i, c in enumerate(fmt) if c == "Q"]
+
+    def launch(grid, block, args, shared, stream):
+        vals = st.unpack(args)
+        guard([vals[i] for i in where])
+        return inner(grid, block, args, shared, stream)
+
+    return launch
+
+
 class Pool:
     """Caching device allocator: blocks freed by DeviceArray go back to a free list by
     size class and are reused; all work runs on one stream, so reuse is ordered."""
@@ -140,6 +155,18 @@ class Runtime:
                 k = make_kernel(func, name, self.stream, launch=launch)
                 self._kernels[name] = k
         return k
+
+    def guarded_kernel(self, name, guard):
+        """kernel(name) whose every launch first calls guard(pointers): the values of the
+        kernel's pointer parameters (the streaming upload's check that what it reads is on the
+        device)."""
+        func = self.module.get_function(name)
+        inner = func._launch_kernel
+        if self.profiler is not None:
+            from .profile import timed_launch
+
+            inner = timed_launch(name, inner)
+        return make_kernel(func, name, self.stream, launch=guarded_launch(name, inner, guard))
 
     def loaded_binary_version(self, name="argmax_f32"):
         """The architecture of the code the driver loaded for a kernel (e.g. 90)."""

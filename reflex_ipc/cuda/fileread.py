@@ -244,3 +244,163 @@ def parallel_read(fd, chunks, make_lane, threads, pread=_pread, fd_direct=None):
     if errors:
         raise next((e for e in errors if isinstance(e, TruncatedError)), errors[0])
     return stats
+
+
+# ---------------------------------------------------------------------------------------
+# streaming: jobs in the order a forward pass needs them, the ones waited for first
+class JobQueue:
+    """The streaming read upload's jobs: (file_off, nbytes, dst_off) each, read in the planned
+    order (the list's) except that want() moves the jobs holding given device byte ranges
+    ahead of the rest, and wait() blocks until they are copied. Thread-safe; the first error
+    (fail()) ends it: take() returns None from then on and every wait() raises it."""
+
+    def __init__(self, jobs):
+        import bisect
+        import collections
+
+        self._bisect = bisect.bisect_right
+        self.jobs = list(jobs)
+        self.state = bytearray(len(self.jobs))  # 0 pending, 1 taken, 2 done
+        self.order = collections.deque(range(len(self.jobs)))
+        self.urgent = collections.deque()
+        self.cv = threading.Condition()
+        self.error = None
+        self.stopped = False  # stop(): no job is taken any more (the process is about to exit)
+        self.n_done = 0
+        self.bytes_done = 0
+        self.bytes_urgent = 0  # bytes of the jobs someone waited for
+        self.bytes = sum(n for _, n, _ in self.jobs)
+        by_dst = sorted(range(len(self.jobs)), key=lambda i: self.jobs[i][2])
+        self._dst_starts = [self.jobs[i][2] for i in by_dst]
+        self._by_dst = by_dst
+        self._max_len = max((n for _, n, _ in self.jobs), default=0)
+
+    def take(self):
+        """The next job's index (urgent ones first), marked taken; None when none is left."""
+        with self.cv:
+            if self.error is not None or self.stopped:
+                return None
+            for q in (self.urgent, self.order):
+                while q:
+                    i = q.popleft()
+                    if self.state[i] == 0:
+                        self.state[i] = 1
+                        return i
+            return None
+
+    def done(self, i):
+        with self.cv:
+            self.state[i] = 2
+            self.n_done += 1
+            self.bytes_done += self.jobs[i][1]
+            self.cv.notify_all()
+
+    def fail(self, e):
+        with self.cv:
+            if self.error is None:
+                self.error = e
+            self.cv.notify_all()
+
+    def complete(self):
+        return self.n_done == len(self.jobs)
+
+    def stop(self):
+        """Take no more jobs (those in progress finish): for a process whose answer is out."""
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()
+
+    def covering(self, lo, hi):
+        """Indices of the jobs whose device bytes [dst, dst + n) meet [lo, hi)."""
+        out = []
+        k = self._bisect(self._dst_starts, hi - 1)  # jobs starting at or before hi - 1
+        while k > 0:
+            k -= 1
+            i = self._by_dst[k]
+            _, n, dst = self.jobs[i]
+            if dst + n > lo:
+                out.append(i)
+            elif dst + self._max_len <= lo:  # no earlier job can reach lo
+                break
+        return out
+
+    def want(self, ranges):
+        """Move the pending jobs holding any of the device byte ranges [(lo, hi), ...] to the
+        front (in device order); returns every job index those ranges need."""
+        need = sorted({i for lo, hi in ranges if hi > lo for i in self.covering(lo, hi)},
+                      key=lambda i: self.jobs[i][2])
+        with self.cv:
+            for i in need:
+                if self.state[i] == 0:
+                    self.urgent.append(i)
+                    self.bytes_urgent += self.jobs[i][1]
+        return need
+
+    def wait(self, ids):
+        """Block until the jobs ids are done; raise the queue's error if there is one."""
+        with self.cv:
+            while True:
+                if self.error is not None:
+                    raise self.error
+                if all(self.state[i] == 2 for i in ids):
+                    return
+                self.cv.wait()
+
+
+def run_jobs(fd, queue, make_lane, threads, pread=_pread):
+    """Run a JobQueue on `threads` threads: each takes the next job, preads it into its lane's
+    first buffer, queues the copy to the device (lane.copy(0, 0, n, dst_off)), waits for it
+    (lane.wait(0): a job is done when its bytes are on the device) and marks it done. Lanes as
+    parallel_read's. The first error fails the queue (waiters raise it), stops the threads and
+    is raised here (a TruncatedError before others). Returns per-thread stats."""
+    errors = []
+    stats = [None] * threads
+
+    def worker(i):
+        lane = None
+        st = {"jobs": 0, "bytes": 0, "read_s": 0.0, "copy_s": 0.0, "setup_s": 0.0}
+        try:
+            t0 = time.perf_counter()
+            lane = make_lane(i)
+            st["setup_s"] = time.perf_counter() - t0
+            while True:
+                j = queue.take()
+                if j is None:
+                    break
+                file_off, n, dst_off = queue.jobs[j]
+                t1 = time.perf_counter()
+                read_chunk(fd, lane.bufs[0], file_off, n, n, pread)
+                t2 = time.perf_counter()
+                lane.copy(0, 0, n, dst_off)
+                lane.wait(0)
+                queue.done(j)
+                st["jobs"] += 1
+                st["bytes"] += n
+                st["read_s"] += t2 - t1
+                st["copy_s"] += time.perf_counter() - t2
+            lane.finish()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
+            errors.append(e)
+            queue.fail(e)
+        finally:
+            if lane is not None:
+                try:
+                    lane.close()
+                except BaseException as e:  # noqa: BLE001
+                    errors.append(e)
+                    queue.fail(e)
+            for k in ("read_s", "copy_s", "setup_s"):
+                st[k] = round(st[k], 4)
+            stats[i] = st
+
+    workers = [threading.Thread(target=worker, args=(i,), name=f"reflex-stream-{i}", daemon=True)
+               for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise next((e for e in errors if isinstance(e, TruncatedError)), errors[0])
+    if not queue.complete() and not queue.stopped:  # (no error, yet jobs left: never report success then)
+        raise RuntimeError(f"streaming upload ended with {len(queue.jobs) - queue.n_done} jobs not done")
+    return stats

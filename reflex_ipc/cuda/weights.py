@@ -17,9 +17,21 @@ auto samples the section's pages (mincore, well under 1 ms) and picks register w
 least RESIDENT_ENOUGH of them are in the page cache, else read. A failed read falls back
 to register, a refused registration to staging; a file that shrank is a gguf_error.
 `wait()` joins the thread; CudaOps calls it before its first kernel.
+
+Streaming (the read way, REFLEX_CUDA_STREAM on, the default): the file is not cached, so the
+disk bounds the start; the reads then follow `stream_plan` (the forward pass's order: small
+global tensors, token_embd, each layer's tensors, the rest, and last every expert of every
+mixture-of-experts tensor, one job per expert) and anyone may ask for byte ranges first
+(`ensure`, `ensure_ptr`): CudaOps launches each kernel only when the tensors it reads are on the
+device (the first layers' kernels run while later layers are read) and a MoE layer asks for
+the experts its tokens route to, which jump the queue, so a short prompt's first token reads
+the attention weights and only the experts it uses; the rest streams in behind. `streaming()`
+says whether that is under way (it waits the ~1 ms until the way is chosen).
 """
+import bisect
 import ctypes
 import os
+import re
 import threading
 import time
 
@@ -30,11 +42,89 @@ HOST_REGISTER_READ_ONLY = 0x08
 CHUNK = 32 << 20  # bytes per staging buffer
 N_STAGING = 2
 RESIDENT_ENOUGH = 0.9  # auto: the sampled fraction of cached pages from which register is used
+# auto, streaming on: a file whose mixture-of-experts tensors hold at least this share of the
+# bytes streams (the read way) even from the page cache: a short prompt's first token needs its
+# attention weights and the experts it routes to (a third to a half of them), read at ~15 GB/s
+# from the page cache, where register copies everything first (~20 GB/s)
+EXPERT_SHARE_STREAM = 0.5
 READ_THREADS = 8  # read: default threads (REFLEX_CUDA_UPLOAD_THREADS), each with two buffers
 # read: MiB per pread and per copy: REFLEX_CUDA_UPLOAD_CHUNK_MB (settings.py, default 16)
 
 
+_STREAMS = []  # the arenas that streamed (stop_streams)
+
+
+def stop_streams():
+    """Stop every streaming upload's reads (jobs in progress finish): a one-shot process that
+    has written its answer and only lingers before exiting leaves the disk to the next one."""
+    for a in _STREAMS:
+        if a.queue is not None:
+            a.queue.stop()
+
+
+def _is_expert(t):
+    return "_exps." in t.name and len(t.shape) == 3 and t.shape[2] > 1 and t.nbytes % t.shape[2] == 0
+
+
+def expert_share(f):
+    """The share of GGUFFile f's tensor bytes in mixture-of-experts tensors (*_exps, 3-D)."""
+    total = sum(t.nbytes for t in f.tensors.values())
+    return sum(t.nbytes for t in f.tensors.values() if _is_expert(t)) / total if total else 0.0
+
+
+def stream_plan(f, start, chunk):
+    """The streaming upload's jobs [(file_off, nbytes, dst_off)] for GGUFFile f's tensors (its
+    tensor data starting at file offset `start`), in the order a forward pass needs them: tensors
+    under 1 MiB outside the layers (norms, rope factors), token_embd, the tensors of blk.0, blk.1,
+    ..., the other large ones (the output head), then the experts of every 3-D *_exps tensor (one
+    job per expert: its rows are one contiguous slice), layer by layer. Tensors of one group that
+    follow each other in the file (gaps of alignment padding only) share jobs of up to `chunk`
+    bytes; larger ones are cut at `chunk`. Returns (jobs, the number of jobs before the experts)."""
+    eager, lazy = [], []
+    for t in f.tensors.values():
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        layer = int(m.group(1)) if m else None
+        if _is_expert(t):
+            per = t.nbytes // t.shape[2]
+            lazy += [((layer if layer is not None else 1 << 30, t.offset + e * per), t.offset + e * per, per)
+                     for e in range(t.shape[2])]
+            continue
+        if layer is not None:
+            key = layer
+        elif t.name.startswith("token_embd"):
+            key = -1
+        else:
+            key = -2 if t.nbytes < (1 << 20) else 1 << 30
+        eager.append(((key, t.offset), t.offset, t.nbytes))
+    jobs = []
+
+    def add(off, n):
+        while n > 0:
+            k = min(n, chunk)
+            jobs.append((off, k, off - start))
+            off += k
+            n -= k
+
+    cur = None  # [key, off, end] of the group being merged
+    for (key, _), off, n in sorted(eager):
+        if cur is not None and cur[0] == key and 0 <= off - cur[2] <= 256 and off + n - cur[1] <= chunk:
+            cur[2] = off + n
+            continue
+        if cur is not None:
+            add(cur[1], cur[2] - cur[1])
+        cur = [key, off, off + n]
+    if cur is not None:
+        add(cur[1], cur[2] - cur[1])
+    n_eager = len(jobs)
+    for _, off, n in sorted(lazy):
+        add(off, n)
+    return jobs, n_eager
+
+
 class WeightArena:
+    queue = None  # (set in __init__; class defaults for stand-ins in tests)
+    _decided = None
+
     def __init__(self, rt, gguf_file, mode=None):
         self.rt = rt
         self.f = gguf_file
@@ -46,6 +136,11 @@ class WeightArena:
         self.error = None
         self.stats = {}
         self.mode = mode or settings.get().cuda_upload
+        self.queue = None  # the streaming upload's fileread.JobQueue (None: another way)
+        self._decided = threading.Event()  # set once the way is chosen (queue set or not)
+        self._t0 = time.perf_counter()
+        self._starts = None  # tensors by device offset, for ensure_ptr: (starts, ends)
+        self._ready = None  # per tensor: on the device already (ensure_ptr's fast path)
         self._thread = threading.Thread(target=self._upload, name="reflex-cuda-upload", daemon=True)
         self._thread.start()
         self._waited = False
@@ -69,9 +164,17 @@ class WeightArena:
                     extra.update(probe)
                     if probe["resident"] < RESIDENT_ENOUGH:
                         mode = "read"
+                    elif settings.get().cuda_stream and expert_share(self.f) >= EXPERT_SHARE_STREAM:
+                        mode = "read"
+                        extra["why"] = "experts: stream the routed ones first"
             if mode == "read" and src.size:
                 try:
-                    self._upload_read(src)
+                    s = settings.get()
+                    if s.cuda_stream and not s.cuda_upload_direct:
+                        self._upload_stream(src)
+                    else:
+                        self._decided.set()
+                        self._upload_read(src)
                     return
                 except Exception as e:  # noqa: BLE001 - a shrunk file is final; else the mapping's way
                     from .fileread import TruncatedError
@@ -82,6 +185,7 @@ class WeightArena:
                         raise GGUFError(str(e), path=self.f.path) from None
                     self.stats["read_error"] = f"{type(e).__name__}: {e}"
                     mode = "register"
+            self._decided.set()
             if mode == "register" and src.size:
                 try:
                     self._upload_registered(src)
@@ -91,8 +195,11 @@ class WeightArena:
             self._upload_staging(src)
         except BaseException as e:
             self.error = e
+            if self.queue is not None:
+                self.queue.fail(e)
         finally:
             self.stats = {**self.stats, **extra}
+            self._decided.set()
             self.rt.ctx.pop()
 
     def _upload_read(self, src):
@@ -145,6 +252,116 @@ class WeightArena:
                       "buffer_wait_s_sum": round(sum(p["wait_s"] for p in per), 3),
                       "lane_setup_ms_max": round(max(p["setup_s"] for p in per) * 1e3, 2),
                       "GB_per_s": round(n / (t1 - t0) / 1e9, 2) if t1 > t0 else None}
+
+    def _open_checked(self, n):
+        """An fd of the file, checked to be the one parsed and still long enough."""
+        from . import fileread
+
+        fd = os.open(self.f.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            file_id = getattr(self.f, "file_id", None)
+            if file_id is not None and (st.st_dev, st.st_ino) != file_id:
+                raise OSError("the path now names another file than the one parsed")
+            if st.st_size < self.start + n:
+                raise fileread.TruncatedError(f"the file is {st.st_size} bytes now, its tensor data "
+                                              f"ends at byte {self.start + n}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _upload_stream(self, src):
+        """The read way in stream_plan's order, anyone's ensure() first (fileread.run_jobs on
+        a JobQueue): see the module docstring."""
+        from . import fileread
+
+        t0 = time.perf_counter()
+        n = src.size
+        s = settings.get()
+        threads = s.cuda_upload_threads or READ_THREADS
+        chunk = s.cuda_upload_chunk_mb << 20
+        try:
+            fd = self._open_checked(n)
+        except OSError:
+            self._decided.set()  # (the caller falls back to register)
+            raise
+        try:
+            try:
+                os.posix_fadvise(fd, self.start, n, os.POSIX_FADV_RANDOM)  # no readahead past a job
+            except (OSError, AttributeError):
+                pass
+            jobs, n_eager = stream_plan(self.f, self.start, chunk)
+            self.queue = fileread.JobQueue(jobs)
+            _STREAMS.append(self)
+            self._decided.set()
+            threads = max(1, min(threads, len(jobs)))
+            per = fileread.run_jobs(fd, self.queue, lambda i: _PinnedLane(self, chunk, 1), threads)
+        finally:
+            os.close(fd)
+        t1 = time.perf_counter()
+        from .. import phases
+
+        end_at = phases.since_launch_ms()
+        q = self.queue
+        self.stats = {**self.stats, "mode": "read", "streaming": True, "bytes": n, "bytes_read": q.bytes,
+                      "jobs": len(q.jobs), "jobs_before_experts": n_eager, "bytes_asked_first": q.bytes_urgent,
+                      "threads": threads, "chunk_mb": chunk >> 20,
+                      "start_at": round(end_at - (t1 - t0) * 1e3, 2), "end_at": round(end_at, 2),
+                      "upload_ms": round((t1 - t0) * 1e3, 2),
+                      "read_s_sum": round(sum(p["read_s"] for p in per), 3),
+                      "copy_s_sum": round(sum(p["copy_s"] for p in per), 3),
+                      "lane_setup_ms_max": round(max(p["setup_s"] for p in per) * 1e3, 2),
+                      "GB_per_s": round(q.bytes / (t1 - t0) / 1e9, 2) if t1 > t0 else None}
+
+    # -- streaming: what a kernel reads, on the device before it runs -------------------------
+    def streaming(self):
+        """True while the streaming upload is under way (waits until the way is chosen)."""
+        if self._decided is not None:
+            self._decided.wait()
+        q = self.queue
+        return q is not None and q.error is None and not q.complete()
+
+    def ensure(self, ranges):
+        """Block until the device byte ranges [(lo, hi), ...] (absolute device addresses) of
+        this arena are uploaded; they are read before anything else still pending. A failed
+        upload raises as wait() does. Without streaming: wait() for the whole upload."""
+        q = self.queue
+        if q is None or q.error is not None:
+            return self.wait()
+        if q.complete():
+            return
+        try:
+            q.wait(q.want([(lo - self.base, hi - self.base) for lo, hi in ranges]))
+        except Exception:  # the streaming read failed: the upload's outcome (another way may
+            self.wait()  # have uploaded it all since; else its error as a ReflexError)
+
+    def ensure_ptr(self, ptr):
+        """ensure() the whole tensor holding device address ptr (a kernel argument)."""
+        if self._starts is None:
+            infos = sorted(self.f.tensors.values(), key=lambda t: t.offset)
+            self._starts = ([self.base + t.offset - self.start for t in infos],
+                            [self.base + t.offset - self.start + t.nbytes for t in infos])
+            self._ready = bytearray(len(infos))
+        starts, ends = self._starts
+        i = bisect.bisect_right(starts, ptr) - 1
+        if i < 0 or ptr >= ends[i]:
+            return  # padding between tensors (nothing reads it)
+        if not self._ready[i]:
+            self.ensure([(starts[i], ends[i])])
+            self._ready[i] = 1
+
+    def report(self):
+        """The upload's stats; while streaming, what has arrived so far (bytes before the first
+        token, when asked at the first token)."""
+        q = self.queue
+        if q is None or q.complete() and self.stats.get("streaming"):
+            return self.stats
+        dt = time.perf_counter() - self._t0
+        return {**self.stats, "mode": "read", "streaming": True, "in_progress": True, "bytes": self.nbytes,
+                "bytes_done": q.bytes_done, "bytes_asked_first": q.bytes_urgent, "jobs": len(q.jobs),
+                "jobs_done": q.n_done, "ms_since_start": round(dt * 1e3, 2),
+                "GB_per_s": round(q.bytes_done / dt / 1e9, 2) if dt > 0 else None}
 
     def _upload_registered(self, src):
         """Page-lock the mapping and DMA from it. The range is cut at page boundaries into
@@ -270,9 +487,10 @@ class WeightArena:
 class _PinnedLane:
     """One reader thread's side of the read upload (fileread.parallel_read's lane): the
     arena's context pushed on this thread, its own stream, two page-locked buffers of
-    `chunk` bytes (halves of one allocation) and an event per buffer for its last copy."""
+    `chunk` bytes (halves of one allocation; one for the streaming upload, which waits for
+    each copy) and an event per buffer for its last copy."""
 
-    def __init__(self, arena, chunk):
+    def __init__(self, arena, chunk, n_bufs=2):
         import numpy as np
 
         self.arena = arena
@@ -284,8 +502,8 @@ class _PinnedLane:
         self.events = [None, None]
         try:
             self.stream = self.drv.Stream()
-            self.host = self.drv.pagelocked_empty(2 * chunk, np.uint8)  # one allocation, two halves
-            self.bufs = [self.host[:chunk], self.host[chunk:]]
+            self.host = self.drv.pagelocked_empty(n_bufs * chunk, np.uint8)  # one allocation, n_bufs parts
+            self.bufs = [self.host[i * chunk:(i + 1) * chunk] for i in range(n_bufs)]
         except BaseException:
             self.close()
             raise

@@ -17,8 +17,8 @@ is None and its step is skipped.
 
 import math
 
-from ..backends.base import (delta_gates, delta_qkv, qk_rope_kv_store, residual_add, rms_norm_gate,
-                             rms_norm_matmul_glu, rms_norm_matmul_n, sigmoid_gate, ssm_conv_silu)
+from ..backends.base import (delta_gates, delta_qkv, latent_attention, qk_rope_kv_store, residual_add,
+                             rms_norm_gate, rms_norm_matmul_glu, rms_norm_matmul_n, sigmoid_gate, ssm_conv_silu)
 
 
 def bias(ops, y, b):
@@ -227,10 +227,11 @@ def mla(ops, x, L, S, batch, eps, *, nope, rope_dims, rank, v_dim, rope, scale):
         q = rms_norm_matmul_n(ops, qa, L.attn_q_a_norm, eps, [L.attn_q_b])[0]
     q_nope, q_pe = ops.split(q.reshape(N, H, nope + r), [nope, r])
     q_pe = ops.rope(q_pe, batch.pos, inplace=True, **rope)
-    q = ops.concat([ops.head_matmul(q_nope, L.attn_k_b), q_pe])  # [N, H, rank + r]
     c = ops.rms_norm(c, L.attn_kv_a_norm, eps)
     k_pe = ops.rope(k_pe.reshape(N, 1, r), batch.pos, inplace=True, **rope)
     ops.kv_store(S.kv, None, ops.concat([c.reshape(N, 1, rank), k_pe]), None, batch.slots)
-    o = ops.attention(q, S.kv, None, batch.slots, batch.n_kv, scale=scale, v_dim=rank,
-                      **batch.attention_args(0))  # [N, H, rank]
-    return residual(ops, x, ops.head_matmul(o, L.attn_v_b).reshape(N, H * v_dim), L.attn_output)
+    # the absorbed form (q_nope through attn_k_b, scores over the latent head, attn_v_b; base.py),
+    # or the backend's equivalent (CUDA: long prompts decompress the heads for the flash kernel)
+    o = latent_attention(ops, q_nope, q_pe, S.kv, L.attn_k_b, L.attn_v_b, batch.slots, batch.n_kv, scale=scale,
+                         **batch.attention_args(0))  # [N, H, v_dim]
+    return residual(ops, x, o.reshape(N, H * v_dim), L.attn_output)

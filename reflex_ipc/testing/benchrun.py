@@ -4,6 +4,7 @@
     benchrun.py scale    OUT [--budget-s 540]   Qwen3-shaped 0.6B/4B/8B/14B/32B Q4_K (issue 19, 6)
     benchrun.py families OUT [--budget-s 540]   Qwen3-30B-A3B, DeepSeek-V2-Lite, Qwen3.5 ~2B (15, 16)
     benchrun.py cold19   OUT [--budget-s 300]   0.6B Q8_0 and Q4_K: issue 19's targets 1-5 and 7
+    benchrun.py bigmodel OUT [--budget-s 360]   the families again for issue 27 (scripts/gpu/gpu-bigmodel)
 
 (scripts/gpu/gpu-bench-scale, gpu-bench-families and gpu-bench-cold19 call these.) For each
 model: generate it into --models-dir (reflex_ipc/testing/shaped.py, scripts/gpu/make_shaped.py; or make_gguf.py's
@@ -19,6 +20,12 @@ venv (scripts/gpu/make-user-venv), with a timeout:
 - llama-bench -m M -p 512 -n 128 -ngl 99 -r 3 -o json (tg128 and pp512 in one process);
 - reflex decode (128 tokens, best of 3), prefill (512 tokens, p50), warm (system1 x3 etc.),
   with VRAM from NVML.
+bigmodel (issue 27; scripts/gpu/gpu-bigmodel runs it after its kernel and engine checks): the
+families' models, 30B-A3B first, with the cold starts from a dropped page cache, at most 3
+pairs a side, and per model an A/B of its prefill switch (REFLEX_MOE_MMA for the MoE models,
+REFLEX_MLA_FLASH for DeepSeek: 0 vs 1 alternating) and a per-kernel breakdown of a 512-token
+prefill and of decode tokens (reflex_ipc.testing.breakdown's parts, REFLEX_PROFILE=1) when a
+target is missed.
 cold19 adds: energy repetitions until the spread (sample sd / mean) of both engines' energy
 per start is under 20% (or the budget ends: recorded), 20 back-to-back starts vs isolated
 starts 2 s apart, a 500-token-prompt cold start vs llama-simple, prefill with REFLEX_MMA=0
@@ -48,6 +55,11 @@ PROMPT = "The capital of France is"
 SCALE = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
 FAMILIES = ["qwen35-2b", "deepseek-v2-lite", "qwen3-30b-a3b"]
 COLD19 = ["q8_0", "q4k"]
+BIGMODEL = ["qwen3-30b-a3b", "deepseek-v2-lite", "qwen35-2b"]
+# issue 27's targets (ratios against llama.cpp) and each model's prefill switch for the A/B
+BIGMODEL_TARGETS = {"prefill_ratio": 1.0, "decode_ratio": 1.1}
+BIGMODEL_COLD_DROPPED = {"qwen3-30b-a3b": 2.0}
+BIGMODEL_SWITCH = {"qwen3-30b-a3b": "REFLEX_MOE_MMA", "deepseek-v2-lite": "REFLEX_MLA_FLASH"}
 ENERGY_TAIL_S = 0.25  # the energy window's hold after exit (bench cold --energy-tail): a detached teardown  # make_gguf.py qwen3-shaped kinds (Qwen3-0.6B-shaped)
 
 
@@ -304,9 +316,15 @@ class Runner:
                 n = max(3, min(self.a.max_pairs, int(0.40 * left() / pair_s)))
                 n = max(1, min(n, int((self.budget.left() - 20) / pair_s)))
                 self.step(rec, "cold", lambda: self.cold(path, n, max(30, n * pair_s * 3)))
+                if self.a.suite == "bigmodel" and name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
+                    # the page cache warm, the whole file registered and copied first (the way before
+                    # MoE files streamed from the page cache too): 2 cold starts, no peer
+                    self.step(rec, "cold_register", lambda: self.cold(path, 2, max(30, 4 * pair_s), peer=False,
+                                                                      env={"REFLEX_CUDA_UPLOAD": "register"}))
                 if self.can_drop:
+                    nd = 1 if self.a.suite == "bigmodel" else 2  # a dropped-cache pair of a 20 GB model: ~35 s
                     self.step(rec, "cold_dropped_cache",
-                              lambda: self.cold(path, 2, max(30, 6 * pair_s), extra=["--drop-caches"]))
+                              lambda: self.cold(path, nd, max(30, 3 * nd * pair_s + 60), extra=["--drop-caches"]))
             if self.a.suite == "cold19":
                 self.cold19_extras(rec, path, pair_s or 2.0, left)
             self.step(rec, "llama_bench", lambda: self.llama_bench(path, max(60, left())))
@@ -315,10 +333,17 @@ class Runner:
                                                          "--prompt-tokens", 512))
             if self.a.suite == "cold19":
                 self.mma_ab(rec, path, left)
+            if self.a.suite == "bigmodel" and name in BIGMODEL_SWITCH:
+                self.mma_ab(rec, path, left, BIGMODEL_SWITCH[name])
             self.step(rec, "warm", lambda: self.bench("warm", path, max(60, left()), "--runs", 3,
                                                       "--prompt", PROMPT))
             if self.a.suite == "cold19" and self.gpu.nv and pair_s is not None:
                 self.step(rec, "energy", lambda: self.energy(rec, path, pair_s, left))  # what time is left
+            if self.a.suite == "bigmodel":
+                rec["ratios"] = ratios(rec)
+                miss = bigmodel_misses(name, rec["ratios"])
+                if miss:
+                    self.step(rec, "breakdown", lambda: self.breakdown(path, miss, left))
         finally:
             if not self.a.keep_models and os.path.exists(path):
                 os.unlink(path)
@@ -366,20 +391,37 @@ class Runner:
         n500 = max(3, min(8, int(0.1 * left() / pair_s)))
         self.step(rec, "cold_prompt_500", lambda: self.cold(path, n500, max(60, n500 * pair_s * 4), prompt=long_prompt))
 
-    def mma_ab(self, rec, path, left):
+    def mma_ab(self, rec, path, left, var="REFLEX_MMA"):
+        """Prefill with var=0 and =1, alternating twice (issue 19: REFLEX_MMA; issue 27, once: the
+        grouped MoE GEMMs, the MLA flash form)."""
         def ab():
             rows = {"0": [], "1": []}
-            for _ in range(2):
+            for _ in range(1 if self.a.suite == "bigmodel" else 2):
                 for v in ("0", "1"):
                     r = self.bench("prefill", path, max(60, left()), "--runs", 3, "--prompt-tokens", 512,
-                                   env={"REFLEX_MMA": v})
+                                   env={var: v})
                     rows[v].append(r)
             p50 = {v: stats([x for r in rs if "error" not in r for x in
                              [row.get("tokens_per_s") for row in r.get("per_run", [])]]) for v, rs in rows.items()}
-            return {"REFLEX_MMA": rows, "tokens_per_s": p50,
+            return {var: rows, "variable": var, "tokens_per_s": p50,
                     "mma_speedup_p50": _div((p50["1"] or {}).get("p50"), (p50["0"] or {}).get("p50"))}
 
-        self.step(rec, "prefill_mma_ab", ab)
+        self.step(rec, "prefill_mma_ab" if var == "REFLEX_MMA" else f"prefill_ab_{var}", ab)
+
+    def breakdown(self, path, miss, left):
+        """Per-kernel figures of what was missed: reflex_ipc.testing.breakdown's prefill (a
+        512-token prompt_logits) and decode parts, each a child with REFLEX_PROFILE=1."""
+        from reflex_ipc.testing import breakdown
+
+        out = {"missed": miss}
+        parts = [p for p in ("prefill", "decode") if any(m.startswith(p) for m in miss)]
+        for part in parts:
+            if left() < 20:
+                out[part] = {"skipped": "budget spent"}
+                continue
+            out[part] = breakdown.run_child(part, path, 3, {"REFLEX_BREAKDOWN_DEVICE": self.a.device},
+                                            timeout=self.cap(min(180, left())))
+        return out
 
     # -- the suite -------------------------------------------------------------------
     def run(self, models, weights, sizes_gb):
@@ -457,6 +499,8 @@ def ratios(rec):
         "warm_generate1_p50_ms": _p50(s, "warm", "generate_1_token_ms", "p50"),
         "vram_reflex_mib": _p50(s, "decode", "vram_process_mib") or _p50(s, "warm", "vram_process_mib"),
     }
+    if s.get("cold_register"):
+        out["cold_register_reflex_p50_ms"] = _p50(s, "cold_register", "wall_ms", "p50")
     if s.get("cold_dropped_cache"):
         d = s["cold_dropped_cache"]
         out["cold_dropped_reflex_p50_ms"] = _p50(d, "wall_ms", "p50")
@@ -482,7 +526,22 @@ def ratios(rec):
             out[f"energy_{k}_cv"] = (v or {}).get("cv")
     if s.get("prefill_mma_ab"):
         out["prefill_mma_speedup_p50"] = s["prefill_mma_ab"].get("mma_speedup_p50")
+    for k, v in s.items():
+        if k.startswith("prefill_ab_") and isinstance(v, dict):
+            out[f"{k}_speedup_p50"] = v.get("mma_speedup_p50")
     return out
+
+
+def bigmodel_misses(name, r):
+    """The issue-27 targets a model's ratios miss: ["prefill_ratio", ...] (None ratios count
+    as misses: a side that did not run)."""
+    miss = [k for k, t in BIGMODEL_TARGETS.items() if not (r.get(k) or 0) >= t]
+    t = BIGMODEL_COLD_DROPPED.get(name)
+    if t:
+        a, b = r.get("cold_dropped_reflex_p50_ms"), r.get("cold_dropped_llama_simple_p50_ms")
+        if not (a and b and b / a >= t):
+            miss.append("cold_dropped")
+    return miss
 
 
 def table(summary):
@@ -502,7 +561,8 @@ def table(summary):
         lines.append(f"{name:18} {gb:6.2f} " + " ".join(cells)
                      + (f"  {rec.get('error') or rec.get('skipped')}" if rec.get("error") or rec.get("skipped") else ""))
         extra = {k: v for k, v in r.items() if v is not None and k.startswith(("back_to_back", "isolated", "cold500", "energy_",
-                                                              "prefill_mma", "cold_dropped"))}
+                                                              "prefill_mma", "cold_dropped", "prefill_ab_",
+                                                              "cold_register"))}
         if extra:
             lines.append("    " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     lines.append(f"drop_caches: {summary.get('drop_caches')}; budget used {summary.get('budget_used_s')} s "
@@ -580,7 +640,7 @@ def load_points(path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("suite", choices=["scale", "families", "cold19"])
+    ap.add_argument("suite", choices=["scale", "families", "cold19", "bigmodel"])
     ap.add_argument("out", help="results directory (one JSON per model, summary.json)")
     ap.add_argument("--budget-s", type=float, default=None, help="default: 540 (cold19: 300)")
     ap.add_argument("--models", nargs="*", help="a subset, in this order")
@@ -598,12 +658,12 @@ def main(argv=None):
     ap.add_argument("--llama-bench")
     a = ap.parse_args(argv)
     if a.budget_s is None:
-        a.budget_s = 300.0 if a.suite == "cold19" else 540.0
+        a.budget_s = {"cold19": 300.0, "bigmodel": 360.0}.get(a.suite, 540.0)
     if a.drop_caches is None:
-        a.drop_caches = a.suite == "scale"
+        a.drop_caches = a.suite in ("scale", "bigmodel")
     if a.max_pairs is None:
-        a.max_pairs = 20 if a.suite == "cold19" else 10
-    models = a.models or {"scale": SCALE, "families": FAMILIES, "cold19": COLD19}[a.suite]
+        a.max_pairs = {"cold19": 20, "bigmodel": 3}.get(a.suite, 10)
+    models = a.models or {"scale": SCALE, "families": FAMILIES, "cold19": COLD19, "bigmodel": BIGMODEL}[a.suite]
     t0 = time.monotonic()
     ensure_venv(a)
     a.budget_s -= time.monotonic() - t0  # the venv's setup counts

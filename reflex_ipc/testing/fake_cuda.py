@@ -106,6 +106,11 @@ class FakeArena:
     def wait(self):
         pass
 
+    queue = None  # (never streaming: cuda/weights.py)
+
+    def streaming(self):
+        return False
+
 
 def recording_ops():
     """A CudaOps on a RecordingRuntime (sm_90-like: tensor-core and flash paths on, the

@@ -783,10 +783,10 @@ def check_attention(ops, rng):
     return rows
 
 
-def flash_row(case, out, ref):
+def flash_row(case, out, ref, op="flash_attention"):
     """A row of check_flash_attention: FLASH_TOL on the norm-relative error and FLASH_MAX_TOL on
     the largest element difference relative to max |ref|."""
-    r = row("flash_attention", case, out, ref, FLASH_TOL)
+    r = row(op, case, out, ref, FLASH_TOL)
     peak = float(np.max(np.abs(ref))) or 1.0
     r["max_rel"] = r["max_abs"] / peak
     r["ok"] = bool(r["ok"] and r["max_rel"] <= FLASH_MAX_TOL)
@@ -990,6 +990,65 @@ def check_mla(ops, rng):
     return rows
 
 
+def check_mla_prefill(ops, rng):
+    """base.latent_attention on the backend (CUDA's mla_attention: for 128+ queries the latents
+    decompressed per head by tensor-core GEMMs, attn_k_b transposed to f16, and the flash kernel
+    at key / value widths 192 / 128) against numpy's absorbed form in float64 on the same
+    dequantized weights: DeepSeek-V2-Lite's heads (16 x (128 + 64), v 128, latent 512) with Q8_0 /
+    Q4_K / F16 attn_k_b and attn_v_b, a first chunk, a second chunk over the first's keys (split
+    keys when its row tiles are few), a masked (system1-like) batch. On a backend with the
+    decompressed path (mla_flash), each call must have taken it (mla_flash_launches); tolerance
+    FLASH_TOL on the norm and FLASH_MAX_TOL on the largest element (K, V, q and p in f16)."""
+    from reflex_ipc.backends.base import latent_attention
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    ref_ops = NumpyOps(blas_threads=None)
+    rows = []
+    flash = getattr(ops, "mla_flash", False)
+    H, nope, r, R, dv = 16, 128, 64, 512, 128
+    scale = 1 / np.sqrt(nope + r)
+    kv16 = getattr(ops, "kv_dtype", "float32")
+    exact = getattr(ops, "exact_kv_dtype", None) or kv16  # deepseek2's latent (SlotSpec(exact=True))
+    for tk, tv, chunks, masked, cdt in (("Q8_0", "Q8_0", (200, 130), False, exact),
+                                        ("F16", "Q4_K", (128,), False, kv16),
+                                        ("Q8_0", "Q8_0", (160,), True, exact),
+                                        ("Q8_0", "Q6_K", (1000, 128), False, kv16)):
+        W = _weights(ops, {"kb": (tk, H * R, nope), "vb": (tv, H * dv, R)}, rng)
+        (wk, kb), (wv, vb) = W["kb"], W["vb"]
+        n_ctx = sum(chunks) + 8
+        cache = ops.zeros((1, n_ctx, R + r), cdt)
+        cache_ref = np.zeros((1, n_ctx, R + r), np.float32)
+        start = 0
+        for N in chunks:
+            pos = np.arange(start, start + N, dtype=np.int32)
+            lat = rng.standard_normal((N, 1, R + r)).astype(np.float16).astype(np.float32)
+            ops.kv_store(cache, None, ops.asarray(lat), None, ops.positions(pos))
+            cache_ref[0, pos] = lat[:, 0]
+            q_nope = rng.standard_normal((N, H, nope)).astype(np.float32)
+            q_pe = rng.standard_normal((N, H, r)).astype(np.float32)
+            n_kv = start + N
+            kw = {"causal": True, "window": 0, "mask": None}
+            if masked:  # each query sees a random half of the keys (and its own)
+                allowed = rng.random((N, n_kv)) < 0.5
+                allowed[np.arange(N), pos] = True
+                m = np.where(allowed, 0.0, -np.inf).astype(np.float32)
+                kw = {"causal": False, "window": 0, "mask": m}
+            want = latent_attention(ref_ops, q_nope.astype(np.float64), q_pe.astype(np.float64), cache_ref, kb, vb,
+                                    pos, n_kv, scale=scale, **kw)
+            before = getattr(ops, "mla_flash_launches", 0)
+            dkw = dict(kw, mask=None if kw["mask"] is None else ops.asarray(kw["mask"]))
+            got = ops.to_numpy(latent_attention(ops, ops.asarray(q_nope), ops.asarray(q_pe), cache, wk, wv,
+                                                ops.positions(pos), n_kv, scale=scale, **dkw))
+            case = f"k_b {tk} v_b {tv} N={N} keys={n_kv} cache {cdt}" + (" masked" if masked else "")
+            took = getattr(ops, "mla_flash_launches", 0) == before + 1
+            r_ = flash_row(case, got, want, op="mla_prefill") if flash else row("mla_prefill", case, got, want, 1e-4)
+            if flash and N >= ops.mla_flash_min_n and not took:
+                r_["ok"], r_["error"] = False, "the decompressed path was not taken"
+            rows.append(r_)
+            start += N
+    return rows
+
+
 def _check_mla_step(ops, ref_ops, rng, kv_dtype=None):
     """deepseek2's attention step (split, YaRN rope, head_matmul, concat, keys-only kv_store,
     latent attention, head_matmul) for decode tokens at growing positions: eager on `ops`,
@@ -1105,16 +1164,17 @@ def _route_margin(logits, k, gating, bias, groups):
     return out
 
 
-def _moe_inputs(rng, N, K, E, k, gating, bias, groups, router=None):
-    """x [N, K] (and logits [N, E] when router is None) whose routing has no near-ties."""
-    x = (rng.standard_normal((N, K)) * 0.5).astype(np.float32)
+def _moe_inputs(rng, N, K, E, k, gating, bias, groups, router=None, xs=0.5):
+    """x [N, K] (and logits [N, E] when router is None) whose routing has no near-ties; x's
+    standard deviation xs."""
+    x = (rng.standard_normal((N, K)) * xs).astype(np.float32)
     given = (rng.standard_normal((N, E)) * 2).astype(np.float32)
     for _ in range(200):
         lg = x.astype(np.float64) @ router.T if router is not None else given
         bad = _route_margin(lg, k, gating, bias, groups) < 1e-4
         if not bad.any():
             break
-        x[bad] = (rng.standard_normal((int(bad.sum()), K)) * 0.5).astype(np.float32)
+        x[bad] = (rng.standard_normal((int(bad.sum()), K)) * xs).astype(np.float32)
         given[bad] = (rng.standard_normal((int(bad.sum()), E)) * 2).astype(np.float32)
     return x, (None if router is not None else given)
 
@@ -1181,6 +1241,120 @@ def check_moe(ops, rng):
             rows.append(row("moe", f"{label} N={N}", ops.to_numpy(got), want, 1e-4))
     rows += _check_moe_route(ops, rng)
     rows += _check_moe_graph(ops, rng, npo)
+    return rows
+
+
+MOE_MMA_FORMATS = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def check_moe_grouped(ops, rng):
+    """moe's prefill form on tensor cores (CudaOps.moe_mma: moe_group_i32, mmaglu_moe_*, mma_moe_*,
+    moe_wsum_f32) against NumpyOps.moe on the same dequantized weights, within MMA_TOL (x, the
+    weights and the gated hidden rows rounded to f16): every tensor-core format at E=8 k=2; the
+    Qwen3-30B-A3B and DeepSeek-V2-Lite layouts at reduced widths with N = 32..300; a skewed
+    routing (one expert takes most tokens: several row tiles, and experts with no token); a
+    fused gate_up with gelu, logits and expert_scale; softmax/sigmoid, groups, norm off. Each
+    call must have taken the grouped path (moe_mma_launches), give the same bits when repeated,
+    and replay from a captured graph with new inputs."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    if not getattr(ops, "moe_mma", False):
+        return [{"op": "moe_grouped", "case": "skipped: moe_mma off (REFLEX_MOE_MMA=0 or before sm_80)",
+                 "ok": True}]
+    npo = NumpyOps()
+    rows = []
+    n_min = ops.moe_mma_min_n
+    # (label, E, k, (gate, up, down), F, K, D, Ns, opts); up None = a fused gate_up tensor
+    cases = [(f"{t} E=8 k=2", 8, 2, (t, t, t), None, 512, 200, (n_min, 70), {}) for t in MOE_MMA_FORMATS]
+    cases += [
+        ("qwen3moe-like E=128 k=8", 128, 8, ("Q4_K", "Q4_K", "Q6_K"), 256, 512, 256, (n_min, 100, 300), {}),
+        ("dsv2-like E=64 k=6 groups(8,3) no norm scale", 64, 6, ("Q8_0", "Q8_0", "Q8_0"), 224, 256, 264,
+         (n_min, 130), dict(norm=False, scale=16.0, groups=(8, 3))),
+        ("dsv3-like sigmoid bias groups(8,4) scale", 128, 8, ("Q4_K", "Q4_K", "Q6_K"), 256, 256, 256, (77,),
+         dict(gating="sigmoid", bias=True, groups=(8, 4), scale=2.5)),
+        ("skewed: expert 3 takes most tokens", 16, 4, ("Q5_K", "Q5_K", "Q4_K"), 256, 256, 264, (n_min, 250),
+         dict(logits=True, skew=True)),
+        ("fused gate_up gelu logits expert_scale", 16, 2, ("Q4_0", None, "Q6_K"), 256, 512, 256, (n_min, 90),
+         dict(act="gelu", logits=True, escale=True)),
+    ]
+    for label, E, k, (tg, tu, td), F, K, D, Ns, o in cases:
+        F = F or _moe_width((tg, tu, td))
+        spec = {"gate": (tg, E * F * (2 if tu is None else 1), K), "down": (td, E * D, F), "router": ("F32", E, K)}
+        if tu is not None:
+            spec["up"] = (tu, E * F, K)
+        W = _weights(ops, spec, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        gating = o.get("gating", "softmax")
+        bias = (rng.integers(0, 3, E) * 1.0).astype(np.float32) if o.get("bias") else None
+        escale = rng.uniform(0.5, 2.0, E).astype(np.float32) if o.get("escale") else None
+        groups = o.get("groups")
+        kw = dict(gating=gating, norm=o.get("norm", True), scale=o.get("scale", 1.0), act=o.get("act", "silu"),
+                  groups=groups)
+        # the gated rows reach the down GEMM as f16 (|h| < 65504): the random K-quant blocks hold
+        # weights up to ~10, so their x is smaller (|h| grows as x^2)
+        xs = 0.03 if any(t in ("Q4_K", "Q5_K", "Q6_K") for t in (tg, tu)) else 0.5
+        for N in Ns:
+            x, lg = _moe_inputs(rng, N, K, E, k, gating, bias, groups,
+                                router=None if o.get("logits") else ref["router"].astype(np.float64), xs=xs)
+            if o.get("skew"):  # 80% of the tokens rank expert 3 first by a wide margin
+                hot = rng.random(N) < 0.8
+                for _ in range(200):
+                    lg[hot, 3] = lg[hot].max(-1) + 4.0
+                    bad = _route_margin(lg, k, gating, bias, groups) < 1e-4
+                    if not bad.any():
+                        break
+                    lg[bad] = (rng.standard_normal((int(bad.sum()), E)) * 2).astype(np.float32)
+            want = npo.moe(x, ref["router"], ref["gate"], ref.get("up"), ref["down"], k, selection_bias=bias,
+                           logits=lg, expert_scale=escale, **kw)
+            args = (W["router"][0], W["gate"][0], W["up"][0] if tu is not None else None, W["down"][0], k)
+            dkw = dict(selection_bias=None if bias is None else ops.asarray(bias),
+                       logits=None if lg is None else ops.asarray(lg),
+                       expert_scale=None if escale is None else ops.asarray(escale), **kw)
+            X = ops.asarray(x)
+            before = ops.moe_mma_launches
+            poison(ops, (N, D), (N * k, D))
+            got = ops.to_numpy(ops.moe(X, *args, **dkw))
+            took = ops.moe_mma_launches == before + 1
+            r = row("moe_grouped", f"{label} N={N}", got, want, MMA_TOL)
+            r["ok"] = r["ok"] and took
+            if not took:
+                r["error"] = "the grouped path was not taken"
+            rows.append(r)
+            again = ops.to_numpy(ops.moe(X, *args, **dkw))
+            rows.append({"op": "moe_grouped", "case": f"{label} N={N} repeated: same bits",
+                         "ok": bool(np.array_equal(again, got))})
+    rows += _check_moe_grouped_graph(ops, rng, npo)
+    return rows
+
+
+def _check_moe_grouped_graph(ops, rng, npo):
+    """The grouped moe captured once (a 48-token ForwardGraphs bucket's size) and replayed with
+    new inputs: each replay equals numpy; the same inputs again give the same bits."""
+    if not hasattr(ops, "capture"):
+        return []
+    E, k, K, F, D, N = 32, 4, 512, 256, 264, 48
+    if N < ops.moe_mma_min_n:
+        return []
+    W = _weights(ops, {"gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K), "down": ("Q6_K", E * D, F),
+                       "router": ("F32", E, K)}, rng)
+    ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+    rows = []
+    X = ops.empty((N, K))
+    graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k))
+    got = []
+    for rep in range(2):
+        x = _moe_inputs(rng, N, K, E, k, "softmax", None, None, router=ref["router"].astype(np.float64),
+                        xs=0.03)[0]
+        ops.write(X, x)
+        graph.launch()
+        got.append(ops.to_numpy(out).copy())
+        want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+        rows.append(row("moe_grouped", f"graph N={N} replay {rep}", got[-1], want, MMA_TOL))
+    ops.write(X, x)
+    graph.launch()
+    rows.append({"op": "moe_grouped", "case": f"graph N={N} replay again: same bits",
+                 "ok": bool(np.array_equal(ops.to_numpy(out), got[-1]))})
+    graph.close()
     return rows
 
 
@@ -1419,39 +1593,71 @@ def bench_matvec_nt(ops, rng, configs=MMNT_BENCH, Ns=MMNT_BENCH_N, reps=30):
     return out
 
 
-def bench_moe(ops, rng):
-    """Microseconds per call of one Qwen3-30B-A3B-shaped MoE layer (128 experts, 8 used,
-    2048 -> 768 -> 2048, Q4_K gate/up, Q6_K down, F32 router): the device path eager and
-    captured at N = 1 (decode) and eager at N = 512 (prefill), and the host-routed path
-    (REFLEX_CUDA_MOE=host) at N = 1."""
-    E, k, K, F = 128, 8, 2048, 768
-    spec = {"router": ("F32", E, K), "gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K),
-            "down": ("Q6_K", E * K, F)}
-    tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c)) for key, (t, r, c) in spec.items()}
-    f = weights_gguf(tensors)
-    W = {key: ops.load_weight(f, key) for key in spec}
+MOE_BENCH = {  # layer shapes: (E, k, K, F, gate/up type, down type)
+    "qwen3-30b-a3b": (128, 8, 2048, 768, "Q4_K", "Q6_K"),
+    "deepseek-v2-lite": (64, 6, 2048, 1408, "Q8_0", "Q8_0"),
+}
+MOE_BENCH_N = (8, 16, 32, 64, 128, 512)
 
-    def timed(fn, reps):
-        fn()
-        ops.synchronize()
-        t0 = time.perf_counter()
-        ms = _event_ms(ops, lambda r: fn(), reps)
-        return round(ms * 1e3, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
 
+def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
+    """Microseconds per call of one MoE layer of each shape (MOE_BENCH; F32 router): the device
+    path eager and captured at N = 1 (decode), the host-routed path (REFLEX_CUDA_MOE=host) at
+    N = 1, and at each N of Ns the grouped tensor-core form (`grouped_N*`, when the backend has
+    it) against one matvec per pair (`pairs_N*`): where the crossover (moe_mma_min_n) lies."""
     out = {}
-    for N, reps in ((1, 200), (512, 10)):
-        X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
-        out[f"device_N{N}_us"] = timed(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), reps)[0]
-        if N == 1:
-            graph, _ = ops.capture(lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k))
-            out["device_N1_graph_us"] = timed(graph.launch, reps)[0]
-            graph.close()
-            prev, ops._moe_host_mode = ops._moe_host_mode, True
+    for shape in shapes:
+        E, k, K, F, tgu, td = MOE_BENCH[shape]
+        spec = {"router": ("F32", E, K), "gate": (tgu, E * F, K), "up": (tgu, E * F, K), "down": (td, E * K, F)}
+        tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c))
+                   for key, (t, r, c) in spec.items()}
+        f = weights_gguf(tensors)
+        W = {key: ops.load_weight(f, key) for key in spec}
+        res = out[shape] = {}
+
+        def timed(fn, reps):
+            fn()
+            ops.synchronize()
+            t0 = time.perf_counter()
+            ms = _event_ms(ops, lambda r: fn(), reps)
+            return round(ms * 1e3, 1), round((time.perf_counter() - t0) * 1e6 / reps, 1)
+
+        def moe(X):
+            return ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k)
+
+        X = ops.asarray(rng.standard_normal((1, K)).astype(np.float32) * 0.5)
+        res["device_N1_us"] = timed(lambda: moe(X), 200)[0]
+        graph, _ = ops.capture(lambda: moe(X))
+        res["device_N1_graph_us"] = timed(graph.launch, 200)[0]
+        graph.close()
+        if hasattr(ops, "moe_down_split"):  # the down projection a warp per (pair, row): same bits?
+            split0 = ops.moe_down_split
             try:
-                out["host_routed_N1_wall_us"] = timed(
-                    lambda: ops.moe(X, W["router"], W["gate"], W["up"], W["down"], k), 50)[1]
+                ref = ops.to_numpy(moe(X))
+                ops.moe_down_split = True
+                res["down_split_same_bits"] = bool(np.array_equal(ops.to_numpy(moe(X)), ref))
+                graph, _ = ops.capture(lambda: moe(X))
+                res["device_N1_graph_split_us"] = timed(graph.launch, 200)[0]
+                graph.close()
             finally:
-                ops._moe_host_mode = prev
+                ops.moe_down_split = split0
+        prev, ops._moe_host_mode = ops._moe_host_mode, True
+        try:
+            res["host_routed_N1_wall_us"] = timed(lambda: moe(X), 50)[1]
+        finally:
+            ops._moe_host_mode = prev
+        mma0, min0 = getattr(ops, "moe_mma", False), getattr(ops, "moe_mma_min_n", 0)
+        try:
+            for N in Ns:
+                X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+                ops.moe_mma = False
+                res[f"pairs_N{N}_us"] = timed(lambda: moe(X), 3 if N >= 256 else 10)[0]
+                if mma0:
+                    ops.moe_mma, ops.moe_mma_min_n = True, 1
+                    res[f"grouped_N{N}_us"] = timed(lambda: moe(X), 10)[0]
+        finally:
+            ops.moe_mma, ops.moe_mma_min_n = mma0, min0
+        print(f"[bench] moe {shape}: " + ", ".join(f"{a}={b}" for a, b in res.items()), flush=True)
     return out
 
 
@@ -1923,10 +2129,10 @@ def run_all(ops, seed=0):
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
                check_sampling,
-               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_recurrent,
+               check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
-               check_moe, check_rms_norm_matmul_n, check_rms_norm_matmul_glu, check_qk_rope_kv_store,
-               check_residual_add,
+               check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
+               check_qk_rope_kv_store, check_residual_add,
                check_matvec, check_matmul_nt):
         try:
             rows += fn(ops, rng)

@@ -192,7 +192,16 @@ def _read_cache(path: str, count: int, src_crc: int):
     if data[:8] != _MAGIC:
         return None
     n, scrc, kcrc = struct.unpack_from("<QII", data, 8)
-    if n != count or scrc != src_crc or zlib.crc32(memoryview(data)[_HEADER:]) != kcrc:
+    if n != count or scrc != src_crc:
+        return None
+    # the check reads the keys in pieces, each released after it (else all of them are
+    # resident at once, on top of the mapped weights)
+    crc, step, view = 0, 1 << 18, memoryview(data)
+    for a in range(_HEADER, len(data), step):
+        crc = zlib.crc32(view[a:a + step], crc)
+        _release(data, a, a + step)
+    view.release()
+    if crc != kcrc:
         return None
     _release(data, 0, len(data))
     return np.frombuffer(data, dtype="<u8", offset=_HEADER, count=count)

@@ -9,6 +9,7 @@
 #include "mla.cuh"
 #include "sampling.cuh"
 #include "moe.cuh"
+#include "archops.cuh"
 #include "recurrent.cuh"
 #include "chunked.cuh"
 #include "fused.cuh"

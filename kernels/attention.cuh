@@ -23,7 +23,9 @@ RX_EXTERN void kv_store(const float* k, const float* v, __half* kc, __half* vc, 
 // Scores: score(n, h, j) = scale * q[n,h].K[h/group, j], then softcap c*tanh(s/c) when
 // softcap > 0, then + mask[n, j] when a mask is given. Visible keys j in [lo, hi]:
 // hi = pos[n] when causal else n_kv - 1; lo = pos[n] - window + 1 when window > 0 (sliding
-// window), else 0. attend() runs one (head, query) over the visible keys inside
+// window), else 0, and at least pos[n] - pos[n] % span when span > 0 (chunked attention).
+// Attention sinks (sinks[h], when given) join the softmax's denominator only: att_sink.
+// attend() runs one (head, query) over the visible keys inside
 // [jbeg, jend): each warp walks a strided subset with an online softmax, then the warps
 // merge. It returns (in shared memory) the block's max m, sum l and unnormalized acc[hd].
 struct AttPart {
@@ -31,16 +33,34 @@ struct AttPart {
     float acc[32 * ATT_MAXD];
 };
 
+// the first visible key of a query at position p: its sliding window's, its chunk's (span)
+__device__ __forceinline__ int att_lo(int p, int window, int span) {
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (span > 0) lo = max(lo, p - p % span);
+    return lo;
+}
+
+// A softmax's denominator with an attention sink: the running max m and sum l of the visible
+// keys' exps become M = max(m, sink), l * exp(m - M) + exp(sink - M); *f = exp(m - M) rescales
+// the accumulated values. No sink (sinks null) or nothing visible (l = 0): l, f = 1.
+__device__ __forceinline__ float att_sink(float m, float l, const float* __restrict__ sinks, int h, float* f) {
+    *f = 1.f;
+    if (!sinks || !(l > 0.f)) return l;
+    const float s = sinks[h], M = fmaxf(m, s);
+    *f = expf(m - M);
+    return l * *f + expf(s - M);
+}
+
 __device__ __forceinline__ void attend(const float* __restrict__ q, const __half* __restrict__ kc,
                                        const __half* __restrict__ vc, const int* __restrict__ pos,
                                        const float* __restrict__ mask, int h, int n, int Hq, int Hkv,
                                        int hd, int ctx, int n_kv, float scale, float softcap, int causal,
-                                       int window, int jbeg, int jend, AttPart& res) {
+                                       int window, int span, int jbeg, int jend, AttPart& res) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = h / (Hq / Hkv);
     const int p = pos[n];
     const int hi = min(causal ? min(p, n_kv - 1) : n_kv - 1, jend - 1);
-    const int lo = max(window > 0 ? max(0, p - window + 1) : 0, jbeg);
+    const int lo = max(att_lo(p, window, span), jbeg);
 
     float qr[ATT_MAXD], acc[ATT_MAXD];
     const float* qp = q + ((long long)n * Hq + h) * hd;
@@ -108,14 +128,16 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const __half
 RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
 attention_f16kv(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
                 float* __restrict__ out, const int* __restrict__ pos, const float* __restrict__ mask,
-                int Hq, int Hkv, int hd, int ctx, int n_kv, float scale, float softcap, int causal,
-                int window) {
+                const float* __restrict__ sinks, int Hq, int Hkv, int hd, int ctx, int n_kv, float scale,
+                float softcap, int causal, int window, int span) {
     __shared__ AttPart res;
     const int h = blockIdx.x, n = blockIdx.y;
-    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, 0,
+    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span, 0,
            0x7fffffff, res);
+    float f;
+    const float L = att_sink(res.m, res.l, sinks, h, &f);
     float* op = out + ((long long)n * Hq + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) op[d] = res.l > 0.f ? res.acc[d] / res.l : 0.f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) op[d] = L > 0.f ? res.acc[d] * f / L : 0.f;
 }
 
 // Split-K form for few queries over many keys (decode): block (h, n, s) takes the keys
@@ -126,30 +148,32 @@ attention_split_f16kv(const float* __restrict__ q, const __half* __restrict__ kc
                       const __half* __restrict__ vc, float* __restrict__ part_ml,
                       float* __restrict__ part_acc, const int* __restrict__ pos,
                       const float* __restrict__ mask, int Hq, int Hkv, int hd, int ctx, int n_kv,
-                      float scale, float softcap, int causal, int window, int chunk) {
+                      float scale, float softcap, int causal, int window, int chunk, int span) {
     __shared__ AttPart res;
     const int h = blockIdx.x, n = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const long long slot = ((long long)n * Hq + h) * S + s;
     const int p = pos[n];
     const int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int lo = att_lo(p, window, span);
     if (s * chunk > hi || (s + 1) * chunk <= lo) {  // nothing visible here
         if (threadIdx.x == 0) { part_ml[2 * slot] = -INFINITY; part_ml[2 * slot + 1] = 0.f; }
         return;
     }
-    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window,
+    attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span,
            s * chunk, (s + 1) * chunk, res);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) part_acc[slot * hd + d] = res.acc[d];
     if (threadIdx.x == 0) { part_ml[2 * slot] = res.m; part_ml[2 * slot + 1] = res.l; }
 }
 
-// out[n, h, :] from the S partials of attention_split_f16kv. Grid (Hq, N), block >= hd.
+// out[n, h, :] from the S partials of attention_split_f16kv, with the attention sink sinks[h]
+// in the denominator when sinks is given. Grid (Hq, N), block >= hd.
 RX_EXTERN void attention_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
-                                 float* __restrict__ out, int Hq, int hd, int S) {
+                                 float* __restrict__ out, const float* __restrict__ sinks, int Hq, int hd, int S) {
     const int h = blockIdx.x, n = blockIdx.y;
     const long long base = ((long long)n * Hq + h) * S;
     float M = -INFINITY;
     for (int s = 0; s < S; s++) M = fmaxf(M, part_ml[2 * (base + s)]);
+    if (sinks && M != -INFINITY) M = fmaxf(M, sinks[h]);
     float* op = out + ((long long)n * Hq + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.f, L = 0.f;
@@ -160,6 +184,7 @@ RX_EXTERN void attention_combine(const float* __restrict__ part_ml, const float*
             L += part_ml[2 * (base + s) + 1] * f;
             a += part_acc[(base + s) * hd + d] * f;
         }
+        if (sinks && L > 0.f) L += expf(sinks[h] - M);
         op[d] = L > 0.f ? a / L : 0.f;
     }
 }

@@ -1,9 +1,11 @@
-"""Compile the CUDA kernels into one fatbin with nvcc (run by setup.py, or by hand).
+"""Compile the CUDA kernels into their fatbins with nvcc (run by setup.py, or by hand).
 
     python kernels/build.py [OUT_DIR] [--force]   # build now (needs nvcc)
     python kernels/build.py [OUT_DIR] --auto      # what setup.py does: build only if wanted
 
-kernels/all.cu is the one translation unit (it includes the *.cuh files). Targets:
+kernels/all.cu is the main translation unit (it includes the *.cuh files) -> reflex_kernels.fatbin,
+loaded at every start; kernels/iq_all.cu holds the IQ / TQ / MXFP4 formats' kernels ->
+reflex_kernels_iq.fatbin, loaded only for a model with such weights (UNITS). Targets:
 machine code for sm_75, sm_80, sm_86, sm_89, sm_90 and every newer one the installed
 nvcc knows, plus PTX of the newest for forward compatibility. REFLEX_CUDA_ARCHS
 (e.g. "90" or "80,90") narrows the list. The fatbin and build.json (what was built,
@@ -36,6 +38,9 @@ NEWER = [100, 103, 110, 120, 121]
 FATBIN = "reflex_kernels.fatbin"
 BUILD_JSON = "build.json"
 MAIN = "all.cu"
+# (translation unit, fatbin): the main one first (reflex_ipc/cuda/abi.py's UNITS, checked by
+# tests/test_kernels_build.py)
+UNITS = ((MAIN, FATBIN), ("iq_all.cu", "reflex_kernels_iq.fatbin"))
 FLAGS = ["-O3", "-std=c++17", "--threads", "0"]
 
 
@@ -70,17 +75,18 @@ def wanted_archs(nvcc):
     return supported_archs(nvcc)
 
 
-def nvcc_command(nvcc, archs, out, keep_dir=None):
+def nvcc_command(nvcc, archs, out, keep_dir=None, unit=MAIN):
     """keep_dir: nvcc keeps its intermediate files there (the PTX of each target:
-    all.compute_<arch>.ptx; the tests read it instead of compiling the PTX again)."""
+    <unit>.compute_<arch>.ptx, e.g. all.compute_90.ptx; the tests read it instead of compiling
+    the PTX again)."""
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
     keep = ["--keep", "--keep-dir", keep_dir] if keep_dir else []
-    return [nvcc, "--fatbin", *FLAGS, *gencode, *keep, "-o", out, os.path.join(HERE, MAIN)]
+    return [nvcc, "--fatbin", *FLAGS, *gencode, *keep, "-o", out, os.path.join(HERE, unit)]
 
 
 def sources():
-    return sorted(f for f in os.listdir(HERE) if f.endswith((".cu", ".cuh")))
+    return sorted(f for f in os.listdir(HERE) if f.endswith((".cu", ".cuh")) or f == "quant_tables.h")
 
 
 def _write_json(out_dir, info):
@@ -89,12 +95,11 @@ def _write_json(out_dir, info):
 
 
 def _up_to_date(out_dir, archs):
-    """True when the fatbin exists, is newer than every source, and was built for `archs`."""
-    fat = os.path.join(out_dir, FATBIN)
+    """True when the fatbins exist, are newer than every source, and were built for `archs`."""
     try:
         with open(os.path.join(out_dir, BUILD_JSON)) as fh:
             info = json.load(fh)
-        t = os.path.getmtime(fat)
+        t = min(os.path.getmtime(os.path.join(out_dir, fat)) for _, fat in UNITS)
     except (OSError, ValueError):
         return False
     newest = max(os.path.getmtime(os.path.join(HERE, s)) for s in sources())
@@ -141,9 +146,10 @@ def _sources_newer_than(path):
 
 
 def _not_built(out_dir, reason):
-    stale = os.path.join(out_dir, FATBIN)
-    if os.path.exists(stale):
-        os.remove(stale)
+    for _, fat in UNITS:
+        stale = os.path.join(out_dir, fat)
+        if os.path.exists(stale):
+            os.remove(stale)
     _write_json(out_dir, {"built": False, "reason": reason})
 
 
@@ -163,7 +169,8 @@ def build_if_wanted(out_dir):
             built = json.load(fh).get("built")
     except (OSError, ValueError):
         built = False
-    if built and os.path.exists(fat) and not _sources_newer_than(fat):
+    fats = [os.path.join(out_dir, f) for _, f in UNITS]
+    if built and all(os.path.exists(f) and not _sources_newer_than(f) for f in fats):
         _say(f"not building the CUDA fatbin ({why}); keeping the current one in {out_dir}")
         return fat
     _say(f"not building the CUDA fatbin ({why}): the package installs without GPU kernels "
@@ -210,14 +217,18 @@ def build(out_dir, force=False, why="asked", keep_dir=None):
     with tempfile.TemporaryDirectory() as tmp:
         if keep_dir:
             os.makedirs(keep_dir, exist_ok=True)
-        cmd = nvcc_command(nvcc, archs, os.path.join(tmp, FATBIN), keep_dir)
-        _say(" ".join(cmd))
-        subprocess.run(cmd, check=True)
-        shutil.move(os.path.join(tmp, FATBIN), out)
+        for unit, fat in UNITS:
+            cmd = nvcc_command(nvcc, archs, os.path.join(tmp, fat), keep_dir, unit)
+            _say(" ".join(cmd))
+            subprocess.run(cmd, check=True)
+        for _, fat in UNITS:  # all or nothing
+            shutil.move(os.path.join(tmp, fat), os.path.join(out_dir, fat))
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     _write_json(out_dir, {"built": True, "archs": archs, "ptx": archs[-1], "sources": sources(),
+                          "fatbins": [fat for _, fat in UNITS],
                           "nvcc": version.strip().splitlines()[-1] if version.strip() else "unknown"})
-    _say(f"built {out} ({os.path.getsize(out) / 1e6:.1f} MB) in {time.monotonic() - t0:.0f} s")
+    sizes = ", ".join(f"{fat} {os.path.getsize(os.path.join(out_dir, fat)) / 1e6:.1f} MB" for _, fat in UNITS)
+    _say(f"built {out_dir}: {sizes} in {time.monotonic() - t0:.0f} s")
     return out
 
 

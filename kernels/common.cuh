@@ -71,3 +71,9 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+// gpt-oss's clamped SwiGLU of a gate g and up u (llama.cpp's swiglu_oai): x = min(g, limit),
+// y = clamp(u, -limit, limit), x / (1 + exp(-alpha x)) * (y + 1).
+__device__ __forceinline__ float swiglu_oai(float g, float u, float alpha, float limit) {
+    const float x = fminf(g, limit), y = fminf(fmaxf(u, -limit), limit);
+    return x / (1.f + expf(alpha * (-x))) * (y + 1.f);
+}

@@ -33,6 +33,7 @@
 // (CudaOps.attention) never picks these kernels there. tests/test_flash_tiling.py models
 // this tiling and the online softmax in numpy.
 #pragma once
+#include "attention.cuh"
 #include "mma.cuh"
 
 #define FLASH_WARPS 4
@@ -92,9 +93,10 @@ template <int HD, int HDV>
 __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __half* __restrict__ kc,
                                            const __half* __restrict__ vc, float* __restrict__ out,
                                            float* __restrict__ part_ml, float* __restrict__ part_acc,
-                                           const int* __restrict__ pos, const float* __restrict__ mask, int N,
-                                           int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,
-                                           int causal, int window, int chunk) {
+                                           const int* __restrict__ pos, const float* __restrict__ mask,
+                                           const float* __restrict__ sinks, int N, int Hq, int Hkv, int ctx,
+                                           int n_kv, float scale, float softcap, int causal, int window,
+                                           int chunk, int span) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BN = FlashCfg<HD, HDV>::BN, LD = FlashCfg<HD, HDV>::LD, LDV = FlashCfg<HD, HDV>::LDV;
     constexpr int KT = HD / 16;  // k steps of S = Q K^T
@@ -125,7 +127,7 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
             rn[i] = n;
             rh[i] = kvh * G + r % G;
             const int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
-            const int lo = window > 0 ? max(0, p - window + 1) : 0;
+            const int lo = att_lo(p, window, span);
             if (lo <= hi) {
                 rlo[i] = lo;
                 rhi[i] = hi;
@@ -317,7 +319,9 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
             for (int d = 0; d < DT; d++) *reinterpret_cast<float2*>(ap + d * 8) = make_float2(o[d][2 * i], o[d][2 * i + 1]);
             continue;
         }
-        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        float f;  // an attention sink in the denominator (attention.cuh); with split keys attention_combine adds it
+        const float L = att_sink(m[i], l[i], sinks, rh[i], &f);
+        const float inv = L > 0.f ? f / L : 0.f;
         float* op = out + row * HDV + 2 * t;
 #pragma unroll
         for (int d = 0; d < DT; d++)
@@ -332,17 +336,20 @@ __device__ __forceinline__ void flash_body(const float* __restrict__ q, const __
 // and vc [Hkv, ctx, HDV], as attention_f16kv. Grid (Hkv, ceil(N * Hq / Hkv / FLASH_BM), S),
 // block 32 * FLASH_WARPS. part_ml null: S = 1, out written. Else (few row tiles over many
 // keys) block z takes the keys [z * chunk, (z + 1) * chunk) (chunk a multiple of 64) and
-// writes partials for attention_combine (grid (Hq, N), hd = HDV) instead of out.
+// writes partials for attention_combine (grid (Hq, N), hd = HDV, the same sinks) instead of out.
+// sinks (null: none) [Hq]: a logit per head in the denominator only, applied once: here, or
+// by attention_combine when the keys are split. span > 0: chunked attention (att_lo).
 #define RX_FLASH_KV(NAME, HD, HDV)                                                                      \
     RX_EXTERN void __launch_bounds__(32 * FLASH_WARPS)                                                 \
         flash_attention_f16kv_##NAME(const float* __restrict__ q, const __half* __restrict__ kc,       \
                                      const __half* __restrict__ vc, float* __restrict__ out,           \
                                      float* __restrict__ part_ml, float* __restrict__ part_acc,        \
-                                     const int* __restrict__ pos, const float* __restrict__ mask, int N, \
-                                     int Hq, int Hkv, int ctx, int n_kv, float scale, float softcap,   \
-                                     int causal, int window, int chunk) {                              \
-        flash_body<HD, HDV>(q, kc, vc, out, part_ml, part_acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, \
-                            softcap, causal, window, chunk);                                           \
+                                     const int* __restrict__ pos, const float* __restrict__ mask,      \
+                                     const float* __restrict__ sinks, int N, int Hq, int Hkv, int ctx, \
+                                     int n_kv, float scale, float softcap, int causal, int window,     \
+                                     int chunk, int span) {                                            \
+        flash_body<HD, HDV>(q, kc, vc, out, part_ml, part_acc, pos, mask, sinks, N, Hq, Hkv, ctx, n_kv, \
+                            scale, softcap, causal, window, chunk, span);                              \
     }
 #define RX_FLASH(HD) RX_FLASH_KV(HD, HD, HD)
 

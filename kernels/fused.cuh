@@ -231,8 +231,9 @@ RX_EXTERN void __launch_bounds__(32 * ATT_WARPS)
 attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict__ kc,
                            const __half* __restrict__ vc, float* part_ml, float* part_acc,
                            float* __restrict__ out, unsigned int* count, const int* __restrict__ pos,
-                           const float* __restrict__ mask, int Hq, int Hkv, int hd, int ctx, int n_kv,
-                           float scale, float softcap, int causal, int window, int chunk) {
+                           const float* __restrict__ mask, const float* __restrict__ sinks, int Hq, int Hkv,
+                           int hd, int ctx, int n_kv, float scale, float softcap, int causal, int window, int chunk,
+                           int span) {
     __shared__ AttPart res;
     __shared__ unsigned int ticket;
     const int h = blockIdx.x, n = blockIdx.y, s = blockIdx.z, S = gridDim.z;
@@ -240,11 +241,11 @@ attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict
     const long long slot = base + s;
     const int p = pos[n];
     const int hi = causal ? min(p, n_kv - 1) : n_kv - 1;
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int lo = att_lo(p, window, span);
     if (s * chunk > hi || (s + 1) * chunk <= lo) {  // nothing visible here (the same for the whole block)
         if (threadIdx.x == 0) { part_ml[2 * slot] = -INFINITY; part_ml[2 * slot + 1] = 0.f; }
     } else {
-        attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window,
+        attend(q, kc, vc, pos, mask, h, n, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span,
                s * chunk, (s + 1) * chunk, res);
         for (int d = threadIdx.x; d < hd; d += blockDim.x) part_acc[slot * hd + d] = res.acc[d];
         if (threadIdx.x == 0) { part_ml[2 * slot] = res.m; part_ml[2 * slot + 1] = res.l; }
@@ -258,6 +259,7 @@ attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict
     // the last block: every partial is written; read them past L1 (other SMs wrote them)
     float M = -INFINITY;
     for (int t = 0; t < S; t++) M = fmaxf(M, __ldcg(part_ml + 2 * (base + t)));
+    if (sinks && M != -INFINITY) M = fmaxf(M, sinks[h]);  // an attention sink: attention_combine's
     float* op = out + hn * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.f, L = 0.f;
@@ -268,6 +270,7 @@ attention_split_last_f16kv(const float* __restrict__ q, const __half* __restrict
             L += __ldcg(part_ml + 2 * (base + t) + 1) * f;
             a += __ldcg(part_acc + (base + t) * hd + d) * f;
         }
+        if (sinks && L > 0.f) L += expf(sinks[h] - M);
         op[d] = L > 0.f ? a / L : 0.f;
     }
     if (threadIdx.x == 0) count[hn] = 0u;  // ready for the next launch (stream order)

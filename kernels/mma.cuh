@@ -347,7 +347,9 @@ RX_MMA(q6_k, T_Q6_K)
 // TMAX): block y >= T returns at once (the host sizes TMAX = P / MMA_BN + min(E, P) without
 // knowing the routing, so the grid is fixed and the call can be captured).
 //   GATHER (gate and up, NW = 2): X [N, K] f16 (the tokens), row r of the tile is token
-//     order[g] / k (g = eoff[e] + r0 + r); H [P, M] f16 gets act(Wg x) * (Wu x) at row g:
+//     order[g] / k (g = eoff[e] + r0 + r; k = 1 when X holds a row per pair: Llama 4's
+//     weighted inputs); H [P, M] f16 gets act(Wg x) * (Wu x) at row g (act 0 silu, 1 gelu),
+//     or act 2, gpt-oss's swiglu_oai(Wg x + bg[e], Wu x + bu[e]) (biases [E, M] or null):
 //     the pairs in group order, the down projection's X as it is.
 //   !GATHER (down, NW = 1): X = H [P, K] f16, row r of the tile is row g; Y [P, M] f32
 //     gets W x at row order[g] (the pair: no two blocks write one row, so no atomics;
@@ -370,8 +372,10 @@ template <int T, int NW, bool GATHER>
 __device__ __forceinline__ void mma_moe_body(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                              const __half* __restrict__ X, const int* __restrict__ order,
                                              const int* __restrict__ eoff, const int* __restrict__ tiles,
-                                             __half* __restrict__ H, float* __restrict__ Y, int K, int M, int k,
-                                             long long es, long long row_bytes, int act) {
+                                             __half* __restrict__ H, float* __restrict__ Y,
+                                             const float* __restrict__ bg, const float* __restrict__ bu, int K,
+                                             int M, int k, long long es, long long row_bytes, int act, float alpha,
+                                             float limit) {
     constexpr int BK = NW == 1 ? MMA_BK : MMA_BK_GLU;
     constexpr int TILE = MMA_BM * (BK + MMA_PAD);
     __shared__ __align__(16) __half stage[2][(NW + 1) * TILE];
@@ -450,8 +454,16 @@ __device__ __forceinline__ void mma_moe_body(const uint8_t* __restrict__ W0, con
                 if (m >= M || n >= nr) continue;
                 const long long o = (long long)sout[n] * M + m;
                 if (NW == 2) {
-                    const float gv = acc[0][mt][nt][i], uv = acc[NW - 1][mt][nt][i];
-                    H[o] = __float2half_rn((act ? gelu_tanh(gv) : silu(gv)) * uv);
+                    float gv = acc[0][mt][nt][i], uv = acc[NW - 1][mt][nt][i];
+                    float hv;
+                    if (act == 2) {
+                        if (bg) gv += bg[(long long)e * M + m];
+                        if (bu) uv += bu[(long long)e * M + m];
+                        hv = swiglu_oai(gv, uv, alpha, limit);
+                    } else {
+                        hv = (act ? gelu_tanh(gv) : silu(gv)) * uv;
+                    }
+                    H[o] = __float2half_rn(hv);
                 } else {
                     Y[o] = acc[0][mt][nt][i];
                 }
@@ -461,14 +473,17 @@ __device__ __forceinline__ void mma_moe_body(const uint8_t* __restrict__ W0, con
 #define RX_MMA_MOE(NAME, T)                                                                              \
     RX_EXTERN void __launch_bounds__(MMA_THREADS, 3)                                                     \
         mmaglu_moe_##NAME(const uint8_t* Wg, const uint8_t* Wu, const __half* X, const int* order,      \
-                          const int* eoff, const int* tiles, __half* H, int K, int M, int k, long long es, \
-                          long long rb, int act) {                                                       \
-        mma_moe_body<T, 2, true>(Wg, Wu, X, order, eoff, tiles, H, nullptr, K, M, k, es, rb, act);       \
+                          const int* eoff, const int* tiles, __half* H, const float* bg, const float* bu, \
+                          int K, int M, int k, long long es, long long rb, int act, float alpha,         \
+                          float limit) {                                                                 \
+        mma_moe_body<T, 2, true>(Wg, Wu, X, order, eoff, tiles, H, nullptr, bg, bu, K, M, k, es, rb, act, \
+                                 alpha, limit);                                                          \
     }                                                                                                    \
     RX_EXTERN void __launch_bounds__(MMA_THREADS, 3)                                                     \
         mma_moe_##NAME(const uint8_t* W, const __half* X, const int* order, const int* eoff,            \
                        const int* tiles, float* Y, int K, int M, long long es, long long rb) {          \
-        mma_moe_body<T, 1, false>(W, W, X, order, eoff, tiles, nullptr, Y, K, M, 1, es, rb, 0);          \
+        mma_moe_body<T, 1, false>(W, W, X, order, eoff, tiles, nullptr, Y, nullptr, nullptr, K, M, 1, es, rb, \
+                                  0, 0.f, 0.f);                                                          \
     }
 
 RX_MMA_MOE(f16, T_F16)

@@ -46,7 +46,8 @@ __device__ __forceinline__ void moe_block_best(float& v, int& i, float* sv, int*
 }
 
 // One block (MOE_ROUTE_THREADS threads) per token n of logits [N, E]:
-//   probs = softmax(logits) (gating 0) or sigmoid(logits) (gating 1)
+//   probs = softmax(logits) (gating 0), sigmoid(logits) (gating 1) or the logits (gating 2:
+//           gpt-oss's softmax_weight, whose weights are a softmax over the chosen k)
 //   sel   = probs (+ bias[e] when bias is given: for choosing only)
 //   groups (G > 1): E/G consecutive experts a group; a group's score is the sum of its two
 //         largest sel values (its one value when groups have one expert); the G_used best
@@ -81,8 +82,10 @@ RX_EXTERN void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_f32(
         }
         s = block_sum(s);
         for (int e = tid; e < E; e += blockDim.x) probs[e] = probs[e] / s;
-    } else {
+    } else if (gating == 1) {
         for (int e = tid; e < E; e += blockDim.x) probs[e] = 1.f / (1.f + expf(-lr[e]));
+    } else {
+        for (int e = tid; e < E; e += blockDim.x) probs[e] = lr[e];
     }
     for (int e = tid; e < E; e += blockDim.x) {
         sel[e] = bias ? probs[e] + bias[e] : probs[e];
@@ -133,6 +136,21 @@ RX_EXTERN void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_f32(
             wsum += probs[i];
         }
         __syncthreads();
+    }
+    if (tid == 0 && gating == 2) {  // softmax over the chosen logits (best first: wts[0] is the max)
+        const float mx = wts[(long long)n * k];
+        wsum = 0.f;
+        for (int j = 0; j < k; j++) {
+            const float z = expf(wts[(long long)n * k + j] - mx);
+            wts[(long long)n * k + j] = z;
+            wsum += z;
+        }
+        const float inv = wsum;
+        wsum = 0.f;
+        for (int j = 0; j < k; j++) {
+            wts[(long long)n * k + j] = wts[(long long)n * k + j] / inv;
+            wsum += wts[(long long)n * k + j];
+        }
     }
     if (tid == 0) {
         const float div = norm ? fmaxf(wsum, 6.103515625e-5f) : 1.f;

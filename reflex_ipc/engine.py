@@ -253,6 +253,7 @@ def _late_cuda(f, adapters):
             return ops, net
         finally:
             cuda.startup_done()
+            cuda.release_thread()  # the taker pushes the context in its own thread
 
     return LateBackend.thread(build, "cuda", prepare=cuda.runtime)
 

@@ -63,6 +63,11 @@ ELEMS_PER_BYTE_EARLY = 1.78  # before the GGUF is parsed: weights per file byte 
 GPU_INIT_MS = 290.0  # CUDA init thread start -> backend ready (p50 of 7 cold runs: 224-344)
 GPU_AFTER_CUINIT_MS = 135.0  # cuInit returned -> backend ready (113-153)
 GPU_AFTER_CONTEXT_MS = 14.0  # primary context made -> backend ready (fatbin, pycuda; 10-16)
+GPU_PYCUDA_MS = 100.0  # the pycuda side started late (auto: once the engine wants the GPU, numpy
+#                        already imported) -> backend ready: pycuda's import, its context, the fatbin.
+#                        H200 (bench/results/cpufirst-h200-74b83be): a GPU pick made after the
+#                        tokenizer had its first token 178 ms later, 110-120 more than the other terms
+GPU_AFTER_PYCUDA_MS = 8.0  # pycuda imported -> backend ready, the context being there (module load)
 GPU_BUILD_MS = 6.0  # CudaOps + the model's device handles (backend_ready -> weights_loaded)
 GPU_UPLOAD_GBPS = 15.0  # registered mapping -> device, from the page cache (p50 15.3 GB/s)
 GPU_FIRST_MS = 10.0  # the first forward: eager launches, kernels loaded on first use
@@ -230,11 +235,19 @@ def gpu_in_ms(now_ms, progress):
     if p.get("init_thread_end_at") is not None:
         return 0.0
     if p.get("context_at") is not None:
-        return max(0.0, p["context_at"] + GPU_AFTER_CONTEXT_MS - now_ms)
-    if p.get("cuinit_at") is not None:
-        return max(0.0, p["cuinit_at"] + GPU_AFTER_CUINIT_MS - now_ms)
-    start = p.get("cuda_thread_start_at")
-    return max(0.0, (start if start is not None else now_ms) + GPU_INIT_MS - now_ms)
+        drv = max(0.0, p["context_at"] + GPU_AFTER_CONTEXT_MS - now_ms)
+    elif p.get("cuinit_at") is not None:
+        drv = max(0.0, p["cuinit_at"] + GPU_AFTER_CUINIT_MS - now_ms)
+    else:
+        start = p.get("cuda_thread_start_at")
+        drv = max(0.0, (start if start is not None else now_ms) + GPU_INIT_MS - now_ms)
+    if p.get("cuda_thread_start_at") is None or p.get("pycuda_imported_at") is not None:
+        return drv  # nothing started (GPU_INIT_MS counts it all), or only the module load is left
+    # the driver's thread runs; the pycuda side (import, context, fatbin) has its own time, from
+    # when it started, or from now when it has not (auto defers it until the GPU is wanted)
+    started = p.get("pycuda_start_at")
+    py = (started if started is not None else now_ms) + GPU_PYCUDA_MS
+    return max(drv, py - now_ms, 0.0)
 
 
 def decide(weight_bytes, req, *, mode="auto", now_ms=0.0, progress=None, gpu_ready=False, **kw):

@@ -5,9 +5,11 @@ Two formats, the ones the chat templates of tests/data/chat_templates ask for:
 - Hermes / Qwen2.5 / Qwen3: one or more
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; the text
   outside them is the content.
-- Llama 3.1-3.3 (JSON tool calling): the whole reply is one JSON object
+- Llama 3.1-3.3 and Llama 4 (JSON tool calling): the whole reply is one JSON object
   `{"name": ..., "parameters": {...}}` (or "arguments"), optionally after
   `<|python_tag|>`; the content is then empty.
+- gpt-oss (harmony): messages `... to=functions.NAME<|channel|>commentary json<|message|>{...}`
+  (reflex_ipc/harmony.py); the content is the final channel's text.
 
 `parse_tool_calls(text, tool_names)` -> (content, tool_calls) where
 tool_calls is OpenAI's shape: [{"id": "call_0", "type": "function",
@@ -47,6 +49,13 @@ def _call(obj, names, i):
 
 def parse_tool_calls(text: str, tool_names=()):
     names = set(tool_names or ())
+    if "<|message|>" in text:  # gpt-oss's harmony messages to functions.NAME (reflex_ipc/harmony.py)
+        from .harmony import tool_calls
+
+        content, found = tool_calls(text, names)
+        if found:
+            return content, [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                             for i, (n, a) in enumerate(found)]
     if "<tool_call>" in text:
         calls, pieces, last = [], [], 0
         for m in _HERMES.finditer(text):
@@ -65,8 +74,11 @@ def parse_tool_calls(text: str, tool_names=()):
             return "".join(pieces).strip(), calls
         return text, None
     body = text.strip()
-    if body.startswith(_PY_TAG):
-        body = body[len(_PY_TAG):].strip()
+    for tag in (_PY_TAG, "<|python_start|>"):  # Llama 3's, Llama 4's
+        if body.startswith(tag):
+            body = body[len(tag):].strip()
+    if body.endswith("<|python_end|>"):
+        body = body[:-len("<|python_end|>")].strip()
     if body.startswith("{") and body.endswith("}"):
         try:
             obj = json.loads(body)

@@ -49,6 +49,8 @@ FORMATS = {  # name -> (template, extra tokens, tokenizer metadata)
     "llama3": ("llama3", vg.LLAMA3, {"tokenizer.ggml.add_bos_token": True}),
     "gemma": ("gemma", vg.GEMMA, {"tokenizer.ggml.add_bos_token": True}),
     "qwen3": ("qwen3", vg.QWEN3, {}),
+    "gpt-oss": ("gpt-oss", vg.HARMONY, {}),
+    "llama4": ("llama4", vg.LLAMA4, {"tokenizer.ggml.add_bos_token": True}),
 }
 
 
@@ -65,6 +67,14 @@ def models(tmp_path_factory):
             ids = vg.vocab_gguf(path, extra, {"tokenizer.chat_template": src, **meta,
                                               "tokenizer.ggml.bos_token_id": ids["<|begin_of_text|>"],
                                               "tokenizer.ggml.eos_token_id": ids["<|eot_id|>"]})
+        elif name == "gpt-oss":
+            vg.vocab_gguf(path, extra, {"tokenizer.chat_template": src,
+                                        "tokenizer.ggml.bos_token_id": ids["<|startoftext|>"],
+                                        "tokenizer.ggml.eos_token_id": ids["<|return|>"]})
+        elif name == "llama4":
+            vg.vocab_gguf(path, extra, {"tokenizer.chat_template": src, **meta,
+                                        "tokenizer.ggml.bos_token_id": ids["<|begin_of_text|>"],
+                                        "tokenizer.ggml.eos_token_id": ids["<|eot|>"]})
         elif name == "gemma":
             vg.vocab_gguf(path, extra, {"tokenizer.chat_template": src, **meta,
                                         "tokenizer.ggml.bos_token_id": ids["<bos>"],
@@ -122,7 +132,7 @@ def ours(path, messages, **kw):
 
 
 @pytest.mark.parametrize("conv", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("fmt", ["chatml", "llama3", "qwen3"])
+@pytest.mark.parametrize("fmt", ["chatml", "llama3", "qwen3", "gpt-oss", "llama4"])
 def test_matches_llama_cpp_python(models, fmt, conv):
     path, _ = models[fmt]
     msgs = CONVERSATIONS[conv]
@@ -159,7 +169,7 @@ def test_qwen3_thinking(models, thinking):
     assert (tok.find_text("<think>") in got) == (thinking is False)
 
 
-@pytest.mark.parametrize("fmt", ["qwen3", "llama3"])
+@pytest.mark.parametrize("fmt", ["qwen3", "llama3", "gpt-oss", "llama4"])
 def test_tools_in_template(models, fmt):
     path, _ = models[fmt]
     msgs = [{"role": "user", "content": "Weather in Paris?"},
@@ -290,3 +300,20 @@ def test_fuzzed_messages_give_ids_or_invalid_request(models):
             assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
 
     check()
+
+
+def test_harmony_prompt(models):
+    """gpt-oss: the system and developer messages, the reasoning effort from the template's kwargs,
+    the generation prompt `<|start|>assistant`; <|end|> is not an end of generation, <|return|>
+    and <|call|> are."""
+    path, _ = models["gpt-oss"]
+    msgs = CONVERSATIONS["system"]
+    kw = {"reasoning_effort": "high"}
+    got = ours(path, msgs, chat_template_kwargs=kw, tools=TOOLS)
+    assert got == oracle_ids(path, msgs, tools=TOOLS, **kw)
+    f, tok = reflex_tok(path)
+    text = tok.decode(got)
+    assert "Reasoning: high" in text and text.endswith("<|start|>assistant")
+    assert "# Instructions" in text and "namespace functions" in text
+    assert tok.find_text("<|end|>") not in tok.eog_ids
+    assert {tok.find_text("<|return|>"), tok.find_text("<|call|>")} <= set(tok.eog_ids)

@@ -35,10 +35,17 @@ if not cpu_ops.available()[0]:  # pragma: no cover - the build is part of the in
                        "(python3 kernels/cpu/build.py)")
 
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
+              "IQ4_NL": [0], "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64]}
+# the formats of kernels/cpu/iq.c (IQ1_M's d is spread over its scale words; MXFP4's is a
+# power of two: random_weight sets them)
+IQ = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0",
+      "TQ2_0", "MXFP4"]
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q8_K"] + IQ
 FLOAT = ["F32", "F16", "BF16"]
-ACT_BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256}  # others: 32
+# the formats whose activations are rounded per 256 values (others: 32)
+ACT_BLOCK = {t: 256 for t in ["Q4_K", "Q5_K", "Q6_K", "Q8_K"] + IQ if t not in ("IQ4_NL", "MXFP4")}
 
 
 def random_weight(name, rows, cols, rng):
@@ -60,6 +67,14 @@ def random_weight(name, rows, cols, rng):
         for off in F16_FIELDS.get(name, []):
             s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
             raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
+        if name == "IQ1_M":  # d in the top nibbles of the 4 scale words at bytes 48..55
+            h = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype("<f2").view("<u2")
+            sc = np.ascontiguousarray(raw[:, 48:56]).view("<u2") & np.uint16(0x0FFF)
+            for k in range(4):
+                sc[:, k] |= ((h >> (4 * k)) & 0xF).astype(np.uint16) << 12
+            raw[:, 48:56] = sc.view(np.uint8)
+        if name == "MXFP4":  # E8M0: 2^(e - 127), here 2^-8 .. 2^-5
+            raw[:, 0] = rng.integers(119, 123, nb)
         raw = raw.reshape(-1)
     raw = np.ascontiguousarray(raw)
     return raw, dequantize(raw, tid, n).astype(np.float64).reshape(rows, cols)

@@ -125,15 +125,16 @@ def test_profiled_launches_keep_the_keyword_launchers():
 def test_a_wide_kernel_takes_its_leading_parameters_through_head():
     f = _Func()
     k = core.make_kernel(f, "attention_split_last_f16kv", None)
-    cut = abi.split_point([(p, c) for p, c in zip("x" * 19, launch.KERNELS["attention_split_last_f16kv"][0])])
-    assert cut == 9
-    head = k.head(q=1, kc=2, vc=3, part_ml=4, part_acc=5, out=6, count=7, pos=8, mask=0)
+    cut = abi.split_point([(p, c) for p, c in zip("x" * 21, launch.KERNELS["attention_split_last_f16kv"][0])])
+    assert cut == 10
+    head = k.head(q=1, kc=2, vc=3, part_ml=4, part_acc=5, out=6, count=7, pos=8, mask=0, sinks=9)
     k((16, 1, 4), (512, 1, 1), head, Hq=16, Hkv=8, hd=128, ctx=4096, n_kv=4096, scale=0.5, softcap=0.0, causal=1,
-      window=0, chunk=256)
+      window=0, chunk=256, span=8192)
     buf = f.calls[0][2]
-    assert struct.unpack_from("<9Q5i2f3i", buf) == (1, 2, 3, 4, 5, 6, 7, 8, 0, 16, 8, 128, 4096, 4096, 0.5, 0.0, 1, 0,
-                                                      256)
-    rest = dict(Hq=16, Hkv=8, hd=128, ctx=4096, n_kv=4096, scale=0.5, softcap=0.0, causal=1, window=0, chunk=256)
+    assert struct.unpack_from("<10Q5i2f4i", buf) == (1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 16, 8, 128, 4096, 4096, 0.5, 0.0,
+                                                       1, 0, 256, 8192)
+    rest = dict(Hq=16, Hkv=8, hd=128, ctx=4096, n_kv=4096, scale=0.5, softcap=0.0, causal=1, window=0, chunk=256,
+                span=8192)
     with pytest.raises(TypeError):  # the head is not optional
         k((1, 1, 1), (1, 1, 1), **rest)
     with pytest.raises(TypeError):  # nor something else in its place
@@ -141,7 +142,7 @@ def test_a_wide_kernel_takes_its_leading_parameters_through_head():
     with pytest.raises(TypeError):  # a head parameter by name in the launch
         k((1, 1, 1), (1, 1, 1), head, q=1, **rest)
     with pytest.raises(TypeError):
-        k.head(q=1, kc=2, vc=3, part_ml=4, part_acc=5, out=6, count=7, pos=8)  # mask missing
+        k.head(q=1, kc=2, vc=3, part_ml=4, part_acc=5, out=6, count=7, pos=8, mask=0)  # sinks missing
     assert len(f.calls) == 1
 
 

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE = os.path.join(ROOT, "tests", "data", "fake-peers")
 IDS = [785, 6722, 315, 9625, 374, 12095, 13, 576]
 # one of each layout: tied / untied dense, MoE, MLA + shared experts + dense first layer, hybrid
-TINY_MODELS = ["qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "qwen35-2b"]
+TINY_MODELS = ["qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "qwen35-2b", "gpt-oss-20b-q8_0"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_shaped_models_evaluate_in_reflex_and_llama_cpp(tiny, name, llama_cpp):
         ref = np.array(llm.scores[:len(IDS)], dtype=np.float64)
     finally:
         llm.close()
-    assert ours.shape == ref.shape == (len(IDS), 151936)
+    assert ours.shape == ref.shape == (len(IDS), 201088 if name.startswith("gpt-oss") else 151936)
     for z in (ours, ref):
         assert np.isfinite(z).all()
         assert z.std(axis=-1).min() > 1.0  # spread logits, of a realistic magnitude
@@ -100,6 +100,13 @@ def test_full_size_plans():
     moe = {n: (s, f) for n, s, f, _, _ in make_shaped.tensor_plan(make_shaped.config("qwen3-30b-a3b"), 151936)}
     assert moe["blk.47.ffn_gate_exps.weight"] == ((128, 768, 2048), "Q4_K")
     assert moe["blk.0.ffn_down_exps.weight"] == ((128, 2048, 768), "Q6_K")
+    oss = make_shaped.tensor_plan(make_shaped.config("gpt-oss-20b"), 201088)
+    assert abs(make_shaped.n_params(oss) / 1e9 - 20.91) < 0.05  # openai/gpt-oss-20b: 20.9 B
+    fmts = {n: f for n, _, f, _, _ in oss}
+    assert fmts["blk.23.ffn_gate_exps.weight"] == fmts["blk.0.ffn_down_exps.weight"] == "MXFP4"
+    assert fmts["blk.0.ffn_gate_exps.bias"] == fmts["blk.0.attn_sinks.weight"] == "F32"
+    assert fmts["blk.0.attn_q.weight"] == "Q8_0"  # 2880 columns: not whole Q4_K blocks
+    assert sum(make_shaped.nbytes(s, f) for _, s, f, _, _ in oss) / 1e9 < 12.5  # 12.8 GB as released
     meta = make_shaped.metadata(make_shaped.config("qwen35-2b"), 151936)
     assert meta["full_attention_interval"] == 4 and sum(meta["rope.dimension_sections"]) * 2 == meta[
         "rope.dimension_count"]
@@ -285,11 +292,12 @@ def test_cpufirst_dry_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     rc = cpufirst.main([str(out), "--device", "cpu", "--python", sys.executable, "--tiny", "--runs", "2",
                         "--cases", "q8_0:gen1", "q8_0:system1", "--models-dir", str(tmp_path / "m"),
-                        "--llama-simple", os.path.join(FAKE, "llama-simple"), "--budget-s", "120"])
+                        "--llama-simple", os.path.join(FAKE, "llama-simple"), "--budget-s", "120",
+                        "--variants", "gpu", "auto", "cpu"])
     assert rc == 0
     res = json.loads((out / "cpufirst.json").read_text())
     g1 = res["cases"]["q8_0:gen1"]
-    assert [len(g1["runs"][v]) for v in ("gpu", "auto", "llama-simple")] == [2, 2, 2]
+    assert [len(g1["runs"][v]) for v in ("gpu", "auto", "cpu", "llama-simple")] == [2, 2, 2, 2]
     assert all(r["rc"] == 0 and r["backend"] == "cpu" and r["phases"]["first_token"] for r in g1["runs"]["auto"])
     assert g1["summary"]["auto"]["wall_ms"]["n"] == 2 and g1["auto_over_gpu"]["n"] == 2
     assert g1["peer_over_variant"]["auto"] > 0
@@ -297,4 +305,6 @@ def test_cpufirst_dry_run(tmp_path, monkeypatch, capsys):
     assert not s1["runs"]["llama-simple"] and s1["summary"]["gpu"]["failures"] == 0
     table = capsys.readouterr().out.strip().splitlines()
     assert table[0].startswith("model") and "target: <= 200 ms" in "\n".join(table)
+    assert any(x.startswith("phase marks") for x in table)
+    assert any(x.split()[:2] == ["q8_0:gen1", "cpu"] for x in table)
     assert table[-1].startswith("idle power")

@@ -419,3 +419,54 @@ def test_server_request_naming_the_coming_device_waits_for_it(tiny_models):
                  {"id": 2, "op": "hello"})
     assert out[1]["ok"], out[1]
     assert out[2]["backend"] == "cpu" and len(made) == 1
+
+
+def test_late_cuda_thread_lets_go_of_the_context(monkeypatch):
+    """pycuda aborts the whole process when a thread ends with a context on its stack (seen on
+    the H200: REFLEX_START=auto starts that answered on the cpu died with status 134 once the
+    upload thread ended). engine._late_cuda's thread pops what runtime() pushed there; the
+    taking thread pushes its own."""
+    import sys
+    import types
+
+    from reflex_ipc import cuda, engine, models
+
+    stacks = {}
+
+    class Ctx:
+        def push(self):
+            stacks.setdefault(threading.get_ident(), []).append(self)
+
+        def pop(self):
+            stacks[threading.get_ident()].pop()
+
+        def synchronize(self):
+            pass
+
+    ctx = Ctx()
+    monkeypatch.setattr(cuda, "_result", {"runtime": types.SimpleNamespace(ctx=ctx)})
+    monkeypatch.setattr(cuda, "_pushed", threading.local())
+    monkeypatch.setattr(cuda, "start_init", lambda *a, **k: True)
+    monkeypatch.setattr(cuda, "_thread", types.SimpleNamespace(ident=None))
+    builder = []
+
+    class FakeOps:
+        def __init__(self):
+            cuda.runtime()  # as CudaOps does
+            builder.append(threading.get_ident())
+
+        def wait_uploads(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "reflex_ipc.backends.cuda_ops", types.SimpleNamespace(CudaOps=FakeOps))
+    monkeypatch.setattr(models, "load_model", lambda ops, f, lora: "net")
+    lb = engine._late_cuda(None, None)
+    assert lb.wait(10)
+    lb._thread.join(10)
+    assert lb.error is None and builder and stacks[builder[0]] == []
+    got = []
+    taker = threading.Thread(target=lambda: (got.append(lb.take()), got.append(list(stacks[threading.get_ident()])),
+                                             cuda.release_thread()))
+    taker.start()
+    taker.join(10)
+    assert got[0][1] == "net" and got[1] == [ctx]

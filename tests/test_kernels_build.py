@@ -33,7 +33,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None and not settings.get().require_nvcc
 
 from reflex_ipc.cuda import fatbin  # noqa: E402
 from reflex_ipc.cuda.arrays import DeviceArray  # noqa: E402
-from reflex_ipc.cuda.core import MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.core import IQ_TYPES, MM_TYPES, SIGNATURES, Pool, make_kernel  # noqa: E402
+from reflex_ipc.cuda.launch import MODULE_OF  # noqa: E402
 from reflex_ipc.testing.fake_cuda import FakeArena, RecordingRuntime  # noqa: E402
 
 
@@ -65,12 +66,17 @@ def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
     assert os.path.exists(out)
     info = json.load(open(d / "build.json"))
     assert info["built"] is True and info["archs"] == [75, 90] and info["ptx"] == 90
-    imgs = fatbin.read_images(out)
-    assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
-    # every kernel the backend may launch is in the machine code
-    elf = open(out, "rb").read()
+    assert info["fatbins"] == [fat for _, fat in build.UNITS]
+    elf = {}
+    for _, fat in build.UNITS:  # the main fatbin and the IQ formats' one
+        imgs = fatbin.read_images(str(d / fat))
+        assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
+        elf[fat] = open(d / fat, "rb").read()
+    # every kernel the backend may launch is in the machine code of its fatbin, and only there
     for name in SIGNATURES:
-        assert name.encode() + b"\0" in elf, name
+        home = MODULE_OF.get(name, build.FATBIN)
+        for fat, data in elf.items():
+            assert (name.encode() + b"\0" in data) == (fat == home), (name, fat)
     # up to date: a second build does not run nvcc
     monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
     monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
@@ -81,10 +87,15 @@ def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
 
 def _check_signatures(two_arch_build):
     """Each packing format in SIGNATURES has the kernel's parameter types in order: the
-    PTX of the one translation unit lists them (.u64 pointers, .u32/.s32 ints, .f32); the
-    PTX is the shared build's (nvcc --keep)."""
-    text = (two_arch_build / "keep" / "all.compute_90.ptx").read_text()
-    entries = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+    PTX of the translation units lists them (.u64 pointers, .u32/.s32 ints, .f32); the
+    PTX is the shared build's (nvcc --keep). Each kernel is in the unit launch.MODULE_OF says."""
+    entries = {}
+    for unit, fat in build.UNITS:
+        text = (two_arch_build / "keep" / (unit[:-3] + ".compute_90.ptx")).read_text()
+        found = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+        assert not set(found) & set(entries), "a kernel in two fatbins"
+        assert all(MODULE_OF.get(k, build.FATBIN) == fat for k in found), unit
+        entries.update(found)
     code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
     assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
     for name, params in entries.items():
@@ -114,11 +125,12 @@ def test_archs_env(monkeypatch):
 
 
 def test_no_nvcc_installs_without_kernels(tmp_path, monkeypatch, capsys):
-    (tmp_path / build.FATBIN).write_bytes(b"stale")
+    for _, fat in build.UNITS:
+        (tmp_path / fat).write_bytes(b"stale")
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
     assert build.build(str(tmp_path)) is None
     assert "nvcc not found" in capsys.readouterr().err
-    assert not (tmp_path / build.FATBIN).exists()
+    assert not any((tmp_path / fat).exists() for _, fat in build.UNITS)
     info = json.load(open(tmp_path / "build.json"))
     assert info["built"] is False and "nvcc" in info["reason"]
 
@@ -160,15 +172,17 @@ def test_rule_builds_when_asked_or_when_a_driver_is_present(tmp_path, monkeypatc
 
 def test_rule_keeps_a_current_fatbin_and_drops_a_stale_one(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("REFLEX_BUILD_CUDA", "0")
-    fat = tmp_path / build.FATBIN
-    fat.write_bytes(b"fatbin")
+    fats = [tmp_path / f for _, f in build.UNITS]
+    fat, iq = fats
     (tmp_path / "build.json").write_text(json.dumps({"built": True}))
     newest = max(os.path.getmtime(os.path.join(KDIR, s)) for s in build.sources())
-    os.utime(fat, (newest + 10, newest + 10))
+    for f in fats:
+        f.write_bytes(b"fatbin")
+        os.utime(f, (newest + 10, newest + 10))
     assert build.build_if_wanted(str(tmp_path)) == str(fat)  # built earlier, still current
     assert "keeping the current one" in capsys.readouterr().err
-    os.utime(fat, (newest - 10, newest - 10))  # a kernel source changed since
-    assert build.build_if_wanted(str(tmp_path)) is None and not fat.exists()
+    os.utime(iq, (newest - 10, newest - 10))  # a kernel source changed since the IQ fatbin was built
+    assert build.build_if_wanted(str(tmp_path)) is None and not any(f.exists() for f in fats)
     assert json.load(open(tmp_path / "build.json"))["built"] is False
 
 
@@ -248,8 +262,14 @@ def test_kernel_packs_arguments_in_c_layout():
     assert struct.unpack_from("<Qq", buf, 16) == (0xB0, 1 << 40)  # pointer realigned to 16
 
 
+def test_build_units_are_the_abi_units():
+    from reflex_ipc.cuda import abi
+
+    assert build.UNITS == abi.UNITS
+
+
 def test_every_matmul_type_has_kernels():
-    for t in MM_TYPES:
+    for t in MM_TYPES + IQ_TYPES:
         for nt in (1, 4, 8):
             assert f"mm{nt}_{t}" in SIGNATURES
         assert f"get_rows_{t}" in SIGNATURES
@@ -368,8 +388,8 @@ def test_cuda_ops_attention_paths(fake_ops):
     (n1, g1, b1, a1), (n2, g2, _, a2) = ops.rt.launches[-2:]
     assert n1 == "attention_split_f16kv" and n2 == "attention_combine"
     S = g1[2]
-    chunk = a1[-1]
-    assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S
+    chunk = a1[-2]  # then span (chunked attention's chunk: 0)
+    assert S * chunk >= 4096 and a1[11] == 4096 and g2 == (8, 1, 1) and a2[-1] == S and a1[-1] == 0
     assert a1[1] == kc.ptr and a1[2] == vc.ptr
     # prefill: the tensor-core kernel, a block per kv head and 64 rows of its 4 query heads
     qq = ops.empty((64, 8, 128))
@@ -377,8 +397,8 @@ def test_cuda_ops_attention_paths(fake_ops):
     out = ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, window=7)
     name, grid, block, args = ops.rt.launches[-1]
     assert name == "flash_attention_f16kv_128" and grid == (2, 4, 1) and block == (128, 1, 1)
-    assert args[:6] == (qq.ptr, kc.ptr, vc.ptr, out.ptr, 0, 0) and args[7] == 0
-    assert args[8:13] == (64, 8, 2, 4096, 4096) and args[14:17] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
+    assert args[:6] == (qq.ptr, kc.ptr, vc.ptr, out.ptr, 0, 0) and args[7] == 0 and args[8] == 0  # mask, sinks
+    assert args[9:14] == (64, 8, 2, 4096, 4096) and args[15:18] == (0.0, 1, 7) and ops.flash_launches == n0 + 1
     # odd sizes round the row tiles up: 17 queries x 4 heads = 68 rows -> 2 tiles
     ops.attention(ops.empty((17, 8, 128)), kc, vc, ops.positions(range(17)), 17, scale=0.1)
     assert ops.rt.launches[-1][:2] == ("flash_attention_f16kv_128", (2, 2, 1))
@@ -386,17 +406,20 @@ def test_cuda_ops_attention_paths(fake_ops):
     m = ops.empty((64, 64))
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     name, _, _, args = ops.rt.launches[-1]
-    assert name == "flash_attention_f16kv_128" and args[7] == m.ptr and args[12] == 64 and args[15] == 0
+    assert name == "flash_attention_f16kv_128" and args[7] == m.ptr and args[13] == 64 and args[16] == 0
     # few row tiles over many keys: the keys split over grid z (shares of a multiple of 64),
     # attention_combine merges the partials
     q20 = ops.empty((20, 8, 128))
     out = ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1)
     (n1, g1, _, a1), (n2, g2, b2, a2) = ops.rt.launches[-2:]
-    S, chunk = g1[2], a1[-1]
+    S, chunk = g1[2], a1[-2]
     assert n1 == "flash_attention_f16kv_128" and g1[:2] == (2, 2) and S > 1 and ops.flash_last_splits == S
-    assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[12] == 4096
+    assert chunk % 64 == 0 and (S - 1) * chunk < 3020 <= S * chunk and a1[4] and a1[5] and a1[13] == 4096
     assert n2 == "attention_combine" and g2 == (8, 20, 1) and b2 == (128, 1, 1)
-    assert a2 == (a1[4], a1[5], out.ptr, 8, 128, S)
+    assert a2 == (a1[4], a1[5], out.ptr, 0, 8, 128, S)  # no sinks
+    assert a1[-1] == 0  # span: no chunked attention (the keys' cover is not the chunk)
+    ops.attention(q20, kc, vc, ops.positions(range(3000, 3020)), 3020, scale=0.1, chunk=512)
+    assert ops.rt.launches[-2][0] == "flash_attention_f16kv_128" and ops.rt.launches[-2][3][-1] == 512
     # while capturing a graph, the split covers every slot (replays see later positions)
     ops._graph = type("G", (), {"pool": ops.pool})()
     try:
@@ -404,7 +427,7 @@ def test_cuda_ops_attention_paths(fake_ops):
     finally:
         ops._graph = None
     g1, a1 = ops.rt.launches[-2][1], ops.rt.launches[-2][3]
-    assert (g1[2] - 1) * a1[-1] < 4096 <= g1[2] * a1[-1]
+    assert (g1[2] - 1) * a1[-2] < 4096 <= g1[2] * a1[-2]
     # many row tiles, or few keys: one pass
     ops.attention(q20, kc, vc, ops.positions(range(20)), 20, scale=0.1)
     assert ops.rt.launches[-1][0] == "flash_attention_f16kv_128" and ops.rt.launches[-1][1][2] == 1
@@ -422,7 +445,7 @@ def test_cuda_ops_attention_paths(fake_ops):
     assert name == "attention_f16kv" and grid == (8, 64, 1) and block == (512, 1, 1)
     ops.attention(qq, kc, vc, ops.positions(range(64)), 64, scale=0.1, causal=False, mask=m)
     args = ops.rt.launches[-1][3]
-    assert args[5] == m.ptr and args[10] == 64 and args[13] == 0
+    assert args[5] == m.ptr and args[6] == 0 and args[11] == 64 and args[14] == 0
 
 
 def test_cuda_ops_load_weight_keeps_blocks(fake_ops, smollm2):
@@ -1133,3 +1156,39 @@ def test_models_decode_kernels_per_layer_matvec(fake_ops, monkeypatch, arch):
         assert variant_free(names) == want, t
         taken += sum(n.startswith("mv") for n in names)
     assert taken  # the fixtures have Q8_0 / Q4_K matrices
+
+
+def test_cuda_ops_iq_weights_stay_blocks_and_take_their_kernels(fake_ops, tmp_path):
+    """An IQ / TQ / MXFP4 weight stays its blocks in the arena (no dequantized copy), its loading
+    asks for a kernel of its fatbin (the real runtime loads that fatbin then, outside any graph
+    capture), and every matmul path launches that format's kernel of the same family."""
+    import numpy as np
+
+    from reflex_ipc.cuda.arrays import DeviceArray, DeviceWeight
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing.synthetic import tensors_gguf
+    from reflex_ipc.testing.opchecks import IQ_TYPES, random_weight
+    from reflex_ipc.ggml_types import TYPES
+
+    ops = fake_ops
+    rng = np.random.default_rng(0)
+    specs = {t: (random_weight(t, 64, 512, rng, ref=False)[0], TYPES[t][0], (64, 512)) for t in IQ_TYPES}
+    path = tensors_gguf(str(tmp_path / "iq.gguf"), specs)
+    with GGUFFile(path) as f:
+        for t in IQ_TYPES:
+            ops.rt.launches.clear()
+            info = f.tensors[t]
+            w = ops.load_weight(f, t)
+            low = t.lower()
+            assert isinstance(w, DeviceWeight) and w.type_name == t and w.row_bytes * 64 == info.nbytes
+            assert w.ptr == (1 << 30) + info.offset - f.data_offset  # inside the arena: no copy
+            assert MODULE_OF[f"get_rows_{low}"] == "reflex_kernels_iq.fatbin"
+            for n, kern in ((1, f"mm1_{low}"), (5, f"mm8_{low}"), (100, f"mma_{low}")):
+                x = DeviceArray.empty(ops.pool, (n, 512))
+                ops.matmul(x, w)
+                assert any(name == kern for name, *_ in ops.rt.launches), (t, n, [k for k, *_ in ops.rt.launches])
+            ops.matmul_glu(DeviceArray.empty(ops.pool, (1, 512)), w, w)
+            ops.embed(w, DeviceArray.empty(ops.pool, (3,), "int32"))
+            names = [name for name, *_ in ops.rt.launches]
+            assert f"mmglu1_{low}" in names and f"get_rows_{low}" in names
+            assert all(n in MODULE_OF for n in names if n.endswith("_" + low))

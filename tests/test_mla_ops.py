@@ -288,9 +288,9 @@ class _FakeDevice:
                     e = np.exp(sc - m)
                     ML[slot], A[slot] = (m, e.sum()), e @ lat[lo_:hi_ + 1, :dv]
 
-    def k_attention_combine(self, grid, block, ml, acc, out, H, hd, S):
+    def k_attention_combine(self, grid, block, ml, acc, out, sinks, H, hd, S):
         N = grid[1]
-        assert grid[0] == H and block[0] >= min(hd, 1024)
+        assert grid[0] == H and block[0] >= min(hd, 1024) and sinks == 0  # no attention sinks in MLA
         ML = self.view(ml, N * H * S * 2, np.float32).reshape(N, H, S, 2).astype(np.float64)
         A = self.view(acc, N * H * S * hd, np.float32).reshape(N, H, S, hd).astype(np.float64)
         M = ML[..., 0].max(-1, keepdims=True)
@@ -425,11 +425,12 @@ class _FakeDeviceFlash(_FakeDevice):
         Kh[:, :, nope:] = lat[None, :, R:]
         self.view(V, H * n * dv, np.float16)[...] = Vv.transpose(1, 0, 2).astype(np.float16).reshape(-1)
 
-    def k_flash(self, name, grid, block, q, kc, vc, out, ml, acc, pos, mask, N, Hq, Hkv, ctx, n_kv, scale, softcap,
-                causal, window, chunk):
+    def k_flash(self, name, grid, block, q, kc, vc, out, ml, acc, pos, mask, sinks, N, Hq, Hkv, ctx, n_kv, scale,
+                softcap, causal, window, chunk, span):
         from test_flash_tiling import flash_emulate
 
         assert name == "flash_attention_f16kv_192_128" and ml == 0 and mask == 0 and Hq == Hkv == grid[0]
+        assert sinks == 0 and span == 0  # no attention sinks or chunks in MLA
         assert grid[1] == -(-N // 64) and block == (128, 1, 1)
         Q = self.view(q, N * Hq * 192, np.float32).reshape(N, Hq, 192)
         K = self.view(kc, Hkv * ctx * 192, np.float16).reshape(Hkv, ctx, 192).astype(np.float64)

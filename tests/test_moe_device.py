@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from reflex_ipc.backends.base import fusion_on, moe_route
+from reflex_ipc.backends.base import fusion_on, moe_route, swiglu_oai
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
@@ -218,6 +218,11 @@ class MemRuntime:
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
+            if gating == 2:  # softmax_weight (gpt-oss): the kernel's scans are checked on the GPU (opchecks)
+                top, w = moe_route(self.f32(logits, grid[0] * E).reshape(-1, E), k, "softmax_weight", norm, scale)
+                self.i32(ids, grid[0] * k)[:] = top.reshape(-1)
+                self.f32(wts, grid[0] * k)[:] = w.reshape(-1)
+                return
             for n in range(grid[0]):
                 b = self.f32(bias, E).copy() if bias else None
                 es = self.f32(escale, E).copy() if escale else None
@@ -273,7 +278,7 @@ class MemRuntime:
         elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
             glu = op == "mmaglu_moe"
             if glu:
-                Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act = args
+                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit = args
             else:
                 Wg, X, order, eoff, tiles, H, K, M, es, rb = args
                 Wu, k, act = Wg, 1, 0
@@ -292,14 +297,45 @@ class MemRuntime:
                     if glu:
                         wu = np.stack([self.rows(Wu + (int(e) * es + m) * rb, rb, kind, K) for m in range(M)])
                         a, u = wg @ x, wu @ x
-                        a = a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)
-                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = (a * u).astype(np.float16).view(np.uint8)
+                        if act == 2:  # gpt-oss: the expert's biases, then the clamped SwiGLU
+                            a = a + (self.f32(bg + 4 * int(e) * M, M) if bg else 0)
+                            u = u + (self.f32(bu + 4 * int(e) * M, M) if bu else 0)
+                            h = swiglu_oai(a.astype(F32), u.astype(F32), alpha, limit)
+                        else:
+                            h = (a / (1 + np.exp(-a)) if act == 0 else NumpyOps().gelu(a)) * u
+                        self.mem[H + 2 * g * M:H + 2 * (g + 1) * M] = h.astype(np.float16).view(np.uint8)
                     else:
                         self.f32(H + 4 * pair * M, M)[:] = wg @ x
         elif name == "moe_wsum_f32":
             Y, wts, out, N, D, k = args
             y, w = self.f32(Y, N * k * D).reshape(N, k, D), self.f32(wts, N * k).reshape(N, k)
             self.f32(out, N * D)[:] = (w[:, :, None] * y).sum(1).reshape(-1)
+        elif name == "add_row_f32":
+            a, v, y, n, ncol = args
+            self.f32(y, n)[:] = (self.f32(a, n).reshape(-1, ncol) + self.f32(v, ncol)).reshape(-1)
+        elif name == "moe_swiglu_oai_f32":
+            G, U, bg, bu, ids, H, n, Fw, alpha, limit = args
+            e = self.i32(ids, n // Fw).astype(np.int64)
+            g, u = self.f32(G, n).reshape(-1, Fw).copy(), self.f32(U, n).reshape(-1, Fw).copy()
+            if bg:
+                g += self.f32(bg, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            if bu:
+                u += self.f32(bu, (e.max() + 1) * Fw).reshape(-1, Fw)[e]
+            self.f32(H, n)[:] = swiglu_oai(g, u, alpha, limit).reshape(-1)
+        elif name == "moe_down_bias_f32":
+            Y, bd, ids, wts, n, D, k = args
+            Nt = n // D
+            e, w = self.i32(ids, Nt * k).astype(np.int64).reshape(Nt, k), self.f32(wts, Nt * k).reshape(Nt, k)
+            b = self.f32(bd, (e.max() + 1) * D).reshape(-1, D)
+            y = self.f32(Y, n).reshape(Nt, D)
+            for j in range(k):  # slot order
+                y += w[:, j:j + 1] * b[e[:, j]]
+        elif name == "moe_weight_input_f32":
+            X, wts, X2, ones, n, K, k = args
+            P = n // K
+            w = self.f32(wts, P)
+            self.f32(X2, n)[:] = (self.f32(X, (P // k) * K).reshape(-1, K)[np.arange(P) // k] * w[:, None]).reshape(-1)
+            self.f32(ones, P)[:] = 1
         elif name in ("swiglu_f32", "geglu_f32"):
             g, u, y, n, ncol, gs, us = args
             gg, uu = self.f32(g, n), self.f32(u, n)
@@ -529,3 +565,69 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
                 assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
             route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
             assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (keys["expert_count"], keys["expert_used_count"])
+
+
+ARCH_CASES = {  # name: (E, k, moe keyword arguments, gpt-oss biases)
+    "gpt-oss softmax_weight swiglu_oai biases": (8, 4, dict(gating="softmax_weight", norm=False, act="swiglu_oai"),
+                                                 True),
+    "gpt-oss swiglu_oai no biases": (8, 2, dict(gating="softmax_weight", norm=False, act="swiglu_oai"), False),
+    "llama4 sigmoid weight_before k=1": (8, 1, dict(gating="sigmoid", norm=False, weight_before=True), False),
+    "llama4 sigmoid weight_before k=2": (8, 2, dict(gating="sigmoid", norm=False, weight_before=True), False),
+}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("name", sorted(ARCH_CASES))
+def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, grouped):
+    """gpt-oss's MoE (router bias, softmax_weight, expert gate/up biases and the clamped SwiGLU,
+    down biases) and Llama 4's (the weight applied to each pair's input) in both forms: per pair
+    (moe_mm twice, moe_swiglu_oai_f32 / moe_weight_input_f32, moe_down) and grouped on tensor
+    cores (mmaglu_moe's act 2 with the biases in its epilogue; x rows per pair, k = 1, for
+    Llama 4), against numpy."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, (2 if grouped else 10 ** 9), 132
+    E, k, kw, biases = ARCH_CASES[name]
+    N, K, F, D = (70 if grouped else 3), 16, 8, 12
+    rng = np.random.default_rng(len(name) * 3 + grouped)
+    h16 = (lambda a: a.astype(np.float16).astype(F32))
+    gate = h16(rng.standard_normal((E * F, K)).astype(F32))  # gate values past the clamp of 7
+    up = h16(rng.standard_normal((E * F, K)).astype(F32))
+    down = h16((rng.standard_normal((E * D, F)) * 0.3).astype(F32))
+    router = (rng.standard_normal((E, K)) * 0.5).astype(F32)
+    x = (rng.standard_normal((N, K)) * 2).astype(F32)
+    extra = {}
+    if biases:
+        extra = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                 "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+        extra = {n: a.astype(F32) for n, a in extra.items()}
+    lg = x @ router.T  # the router's logits as given (the interpreter's matmul is float32 already)
+    if grouped:  # what the tensor cores read: x (Llama 4: x times the pair's weight) as f16
+        ids, w = moe_route(lg + extra.get("router_bias", 0), k, kw["gating"], False, 1.0)
+        if kw.get("weight_before"):
+            xp = h16(np.repeat(x, k, 0) * w.reshape(-1, 1))
+            want = np.zeros((N, D), F32)
+            for p in range(N * k):
+                e = ids.reshape(-1)[p]
+                g, u = gate[e * F:(e + 1) * F] @ xp[p], up[e * F:(e + 1) * F] @ xp[p]
+                want[p // k] += down[e * D:(e + 1) * D] @ h16(g / (1 + np.exp(-g)) * u)
+        else:
+            want = None
+    xin = h16(x) if grouped else x
+    if not (grouped and kw.get("weight_before")):
+        want = NumpyOps().moe(xin, router, gate, up, down, k, logits=lg, **kw, **extra)
+    got = ops.moe(ops.asarray(x), rt.weight(router), rt.weight(gate, 1), rt.weight(up, 1), rt.weight(down, 1), k,
+                  logits=ops.asarray(lg), **kw, **{n: ops.asarray(a) for n, a in extra.items()})
+    names = [launch[0] for launch in rt.launches]
+    tol = 4e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol * np.abs(want).max())
+    pre = (["add_row_f32"] if biases else []) + ["moe_route_f32"] + \
+        (["moe_weight_input_f32"] if kw.get("weight_before") else [])
+    post = ["moe_down_bias_f32"] if biases else []
+    if grouped:
+        assert names == pre + ["moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16", "moe_wsum_f32"] + post
+        glu = next(launch for launch in rt.launches if launch[0] == "mmaglu_moe_f16")[3]
+        assert glu[14] == (2 if kw.get("act") == "swiglu_oai" else 0) and glu[11] == (1 if kw.get("weight_before") else k)
+        assert ops.moe_mma_launches == 1
+    else:
+        mid = ["moe_mm_f16", "moe_mm_f16", "moe_swiglu_oai_f32"] if kw.get("act") == "swiglu_oai" else ["moe_glu_f16"]
+        assert names == pre + mid + ["moe_down_f16"] + post

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reflex_ipc.backends import cuda_ops
-from reflex_ipc.backends.base import moe_route
+from reflex_ipc.backends.base import moe_route, swiglu_oai
 from reflex_ipc.backends.numpy_ops import NumpyOps
 
 from test_mma_tiling import BM, BN, C, LOADERS, PAD, WARPS, WN, G, T, act, load_w, tile, ROOT  # noqa: F401
@@ -133,9 +133,10 @@ def load_x_rows(s, off, X, srow, k0, K, BK):
     assert (written.reshape(BN, LD)[:, :BK] == 1).all()
 
 
-def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out):
+def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out, bg=None, bu=None):
     """mma_moe_body<T, len(Ws), gather> over its grid (ceil(M / BM), tmax): Ws are the whole
-    expert tensors [E * es, K] (expert e's rows from e * es), out the H (gather) or Y array."""
+    expert tensors [E * es, K] (expert e's rows from e * es), out the H (gather) or Y array;
+    mode 2 (gpt-oss): swiglu_oai of the products plus the expert's biases bg, bu [E, M]."""
     NW = len(Ws)
     BK = C["MMA_BK"] if NW == 1 else C["MMA_BK_GLU"]
     TILE = BM * (BK + PAD)
@@ -186,7 +187,12 @@ def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out):
                             assert (rows >= 0).all()
                             if NW == 2:
                                 g, u = acc[cw][0][mt][nt][ok, i], acc[cw][1][mt][nt][ok, i]
-                                v = act(g, mode) * u
+                                if mode == 2:
+                                    g = g + (bg[e, m[ok]] if bg is not None else 0)
+                                    u = u + (bu[e, m[ok]] if bu is not None else 0)
+                                    v = swiglu_oai(g, u)
+                                else:
+                                    v = act(g, mode) * u
                             else:
                                 v = acc[cw][0][mt][nt][ok, i]
                             assert np.isnan(out[rows, m[ok]]).all()  # each element once
@@ -223,6 +229,61 @@ def test_grouped_gemms_equal_numpy_moe(N, k, E, K, F, D, fused, act_):
         for j in range(k):
             out[n] += wts[n, j] * Y[n * k + j]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("N,k,E,K,F,D,form", [(19, 4, 5, 72, 40, 70, "gpt-oss"), (70, 2, 3, 40, 24, 136, "gpt-oss"),
+                                                (9, 1, 4, 200, 72, 24, "llama4"), (40, 2, 6, 48, 16, 40, "llama4")])
+def test_grouped_gemms_gpt_oss_llama4_equal_numpy_moe(N, k, E, K, F, D, form):
+    """gpt-oss's experts (softmax_weight routing over biased logits, gate/up biases and the
+    clamped SwiGLU in mmaglu_moe's epilogue, act 2; down biases added after moe_wsum by
+    moe_down_bias_f32) and Llama 4's (each pair's input weighted first: X holds a row per pair,
+    gathered with k = 1; unit weights in the sum) through the grouped GEMMs, equal to numpy."""
+    rng = np.random.default_rng(N * 5 + K)
+    x = (rng.standard_normal((N, K)) * 2).astype(np.float32)
+    router = rng.standard_normal((E, K)).astype(np.float32) * 0.3
+    wg = rng.standard_normal((E * F, K)).astype(np.float32) * 0.5  # gate values past the clamp of 7
+    wu = rng.standard_normal((E * F, K)).astype(np.float32) * 0.5
+    wd = rng.standard_normal((E * D, F)).astype(np.float32) * 0.2
+    if form == "gpt-oss":
+        b = {"router_bias": rng.standard_normal(E), "gate_bias": rng.standard_normal((E, F)) * 2,
+             "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+        b = {n: a.astype(np.float32) for n, a in b.items()}
+        kw = dict(gating="softmax_weight", norm=False, act="swiglu_oai", **b)
+        ids, wts = moe_route(x @ router.T + b["router_bias"], k, "softmax_weight", False)
+        X, x_div, mode = x.astype(np.float64), k, 2
+    else:
+        kw = dict(gating="sigmoid", norm=False, weight_before=True)
+        ids, wts = moe_route(x @ router.T, k, "sigmoid", False)
+        X = (np.repeat(x, k, 0) * wts.reshape(-1, 1)).astype(np.float64)  # moe_weight_input_f32
+        wts, x_div, mode = np.ones_like(wts), 1, 0
+    want = NumpyOps().moe(x, router, wg, wu, wd, k, **kw)
+    assert np.abs(x @ wg.T).max() > 7  # the clamp bites
+    P = N * k
+    order, eoff, tiles = group_emulate(ids, E, 3, BN)
+    tmax = P // BN + min(E, P)
+    H = np.full((P, F), np.nan)
+    grouped_emulate([wg.astype(np.float64), wu.astype(np.float64)], X, order, eoff, tiles, tmax, x_div, F, True,
+                    mode, H, kw.get("gate_bias"), kw.get("up_bias"))
+    assert not np.isnan(H).any()
+    Y = np.full((P, D), np.nan)
+    grouped_emulate([wd.astype(np.float64)], H, order, eoff, tiles, tmax, k, D, False, 0, Y)
+    out = np.zeros((N, D))
+    for n in range(N):  # moe_wsum_f32, then moe_down_bias_f32: slot order
+        for j in range(k):
+            out[n] += wts[n, j] * Y[n * k + j]
+        if "down_bias" in kw:
+            for j in range(k):
+                out[n] += wts[n, j] * kw["down_bias"][ids[n, j]]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_grouped_epilogue_matches_the_kernel_source():
+    """mmaglu_moe's act 2 adds the expert's biases [E, M] at (e, m) before swiglu_oai, the
+    unit common.cuh shares with archops.cuh's moe_swiglu_oai_f32."""
+    src = open(f"{ROOT}/kernels/mma.cuh").read()
+    assert "if (bg) gv += bg[(long long)e * M + m];" in src and "hv = swiglu_oai(gv, uv, alpha, limit);" in src
+    assert "xrow = GATHER ? pair / k : g0 + r;" in src
+    assert "H[i] = swiglu_oai(g, u, alpha, limit);" in open(f"{ROOT}/kernels/archops.cuh").read()
 
 
 def test_moe_grouped_op_check_runs_on_the_numpy_oracle():

@@ -45,14 +45,20 @@ def test_estimates_are_monotonic(host16):
 def test_the_gpu_milestones_move_its_estimate(host16):
     """The closer the CUDA start-up is to done, the sooner the GPU estimate."""
     now = 200.0
-    started = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0})
-    cuinit = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0, "cuinit_at": 150.0})
-    ctx = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0, "cuinit_at": 150.0, "context_at": 190.0})
+    py = {"pycuda_start_at": 31.0, "pycuda_imported_at": 180.0}  # start_init: both sides from the start
+    started = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0, "pycuda_start_at": 31.0})
+    cuinit = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0, "cuinit_at": 150.0, **py})
+    ctx = sr.gpu_in_ms(now, {"cuda_thread_start_at": 30.0, "cuinit_at": 150.0, "context_at": 190.0, **py})
     done = sr.gpu_in_ms(now, {"init_thread_end_at": 199.0})
     assert started == 30 + sr.GPU_INIT_MS - now
     assert cuinit == 150 + sr.GPU_AFTER_CUINIT_MS - now and ctx == 190 + sr.GPU_AFTER_CONTEXT_MS - now
     assert done == 0.0
     assert sr.gpu_in_ms(now, {}) == sr.GPU_INIT_MS  # not started: as if it started now
+    # auto: only the driver's thread started; the pycuda side starts when the GPU is wanted, so
+    # its import and the fatbin come after now however far the driver is (measured on the H200)
+    drv_only = {"cuda_thread_start_at": 30.0, "cuinit_at": 150.0, "context_at": 190.0}
+    assert sr.gpu_in_ms(now, drv_only) == sr.GPU_PYCUDA_MS > ctx
+    assert sr.gpu_in_ms(now, {**drv_only, "pycuda_start_at": 180.0}) == 180 + sr.GPU_PYCUDA_MS - now
 
 
 def test_forced_modes_and_one_pass_races(host16):

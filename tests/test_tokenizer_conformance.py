@@ -171,3 +171,30 @@ def test_decode_random_ids_matches_llama_cpp(name, llama_cpp):
             if buf.raw[:n] != tok.token_piece(i, special):
                 mism.append(("piece", i, special, buf.raw[:n], tok.token_piece(i, special)))
     assert not mism, f"{len(mism)} mismatches; first: {mism[0]!r}"
+
+
+@pytest.mark.parametrize("pre", ["gpt-4o", "llama4"])
+def test_gpt4o_pre_tokenizer_against_llama_cpp(pre, tmp_path, llama_cpp, smollm2):
+    """gpt-oss's and Llama 4's pre-tokenizer (tokenizer.ggml.pre "gpt-4o" / "llama4": tiktoken's
+    o200k pattern, case-aware words) on SmolLM2's vocabulary and merges, against llama.cpp."""
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing import vocab as vg
+    from reflex_ipc.tokenizer import load_tokenizer
+
+    path = str(tmp_path / "v.gguf")
+    vg.vocab_gguf(path, meta={"tokenizer.ggml.pre": pre})
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    try:
+        with GGUFFile(path) as f:
+            tok = load_tokenizer(f)
+        extra = ["HELLOworld it's", "CamelCaseWORDSandMore", "I'LL DON'T we'Ve", "ÉLAN Vital ÜBER alles",
+                 "abc/def/\n\nghi", "x//\r\n", "12345678", "ÀÉÎõü ßẞ ǅǆ"]
+        mism = []
+        for s in _strings(300, seed=4) + extra:
+            want = llm.tokenize(s.encode("utf-8"), add_bos=False, special=False)
+            got = tok.encode(s, add_bos=False, parse_special=False)
+            if got != want:
+                mism.append((s, want, got))
+        assert not mism, f"{len(mism)} mismatches; first: {mism[0]!r}"
+    finally:
+        llm.close()

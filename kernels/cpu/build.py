@@ -64,17 +64,23 @@ def units(machine=None):
     """(source, extra flags, object name) for every translation unit of the target machine."""
     machine = machine or platform.machine().lower()
     # ops.c: every exported function needs its prototype from rx_abi.h (the ABI table)
-    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o")]
+    out = [("generic.c", [], "generic.o"), ("ops.c", ["-pthread", "-Werror=missing-prototypes"], "ops.o"),
+           ("iq.c", [], "iq.o")]
     if machine in ("x86_64", "amd64"):
         isa = ["-mavx2", "-mfma", "-mf16c"]
         out.append(("x86.c", isa, "x86_avx2.o"))
+        out.append(("iq_x86.c", isa, "iq_avx2.o"))
         out.append(("x86.c", isa + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                     "-DRX_VNNI"], "x86_vnni.o"))
     elif machine in ("aarch64", "arm64"):
         out.append(("neon.c", ["-march=armv8-a"], "neon.o"))
+        out.append(("iq_neon.c", ["-march=armv8-a"], "iq_neon.o"))
         out.append(("neon.c", ["-march=armv8.2-a+dotprod", "-DRX_DOTPROD"], "neon_dotprod.o"))
         out.append(("neon.c", ["-march=armv8.2-a+dotprod+i8mm", "-DRX_I8MM"], "neon_i8mm.o"))
     return out
+
+
+QUANT_TABLES = os.path.join(os.path.dirname(HERE), "quant_tables.h")  # iq*.c include it
 
 
 def sources():
@@ -119,7 +125,7 @@ def _up_to_date(out_dir):
         t = os.path.getmtime(lib)
     except OSError:
         return False
-    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__), ABI_TABLE]
+    here = [os.path.join(HERE, s) for s in sources()] + [os.path.abspath(__file__), ABI_TABLE, QUANT_TABLES]
     return all(os.path.getmtime(p) <= t for p in here)
 
 

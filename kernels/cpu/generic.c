@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "rx_cpu.h"
+#include "rx_iq.h"
 
 static void quant_a32(const float *x, rx_a32 *y, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
@@ -278,6 +279,7 @@ void rx_fill_generic(rx_isa *t) {
     t->axpy_f32 = axpy_f32;
     t->axpy_f16 = axpy_f16;
     t->to_f16 = to_f16;
+    rx_fill_iq(t); /* the IQ / TQ / MXFP4 formats (iq.c) */
 }
 
 /* One row of k values of a natively read type -> float32 (the embedding lookup). */
@@ -288,6 +290,7 @@ void rx_dequant_row(int type, const void *src, float *y, int64_t k) {
     case RX_BF16: for (int64_t i = 0; i < k; i++) y[i] = rx_bf2f(((const uint16_t *)src)[i]); return;
     default: break;
     }
+    if (rx_iq_dequant_row(type, src, y, k)) return; /* iq.c's formats */
     if (type == RX_Q4_0 || type == RX_Q4_1 || type == RX_Q5_0 || type == RX_Q5_1 || type == RX_Q8_0) {
         for (int64_t b = 0; b < k / 32; b++, y += 32) {
             float d, m = 0.f;

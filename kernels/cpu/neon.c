@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "rx_cpu.h"
+#include "rx_iq.h"
 
 #if defined(RX_I8MM)
 #define RX_FILL rx_fill_i8mm
@@ -552,6 +553,7 @@ DOT2_MM(mm2_q5_1, rx_q5_1, unpack_q5_1, 1)
 
 void RX_FILL(rx_isa *t) {
     t->name = RX_NAME;
+    rx_fill_iq_neon(t); /* the IQ / TQ2_0 / MXFP4 formats (iq_neon.c) */
     t->dot[RX_Q4_0] = dot_q4_0;
     t->dot[RX_Q4_1] = dot_q4_1;
     t->dot[RX_Q5_0] = dot_q5_0;

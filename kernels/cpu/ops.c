@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "rx_cpu.h"
+#include "rx_iq.h"
 #define RX_ABI_REPLAY /* rx_replay_one: rx_run's dispatch of one recorded command */
 #include "rx_abi.h"   /* generated from reflex_ipc/backends/cpu_abi.py: prototypes, replay codes */
 
@@ -389,7 +390,7 @@ static int act_format(int64_t type) {
     case RX_F32: case RX_F16: case RX_BF16: return RX_ACT_F32;
     case RX_Q4_0: case RX_Q4_1: case RX_Q5_0: case RX_Q5_1: case RX_Q8_0: return RX_ACT_A32;
     case RX_Q4_K: case RX_Q5_K: case RX_Q6_K: case RX_Q8_K: return RX_ACT_A256;
-    default: return RX_ACT_NONE;
+    default: return rx_iq_act_format((int)type); /* iq.c's formats, else RX_ACT_NONE */
     }
 }
 
@@ -897,6 +898,8 @@ typedef struct {
     float scale, softcap;
     int causal, f16;
     int64_t ldv; /* values: row t of kv head h at vc + ((h * n_slots) + t) * ldv */
+    const float *sinks; /* [Hq] attention sinks, or NULL */
+    int64_t chunk;      /* chunked attention: keys from the query's chunk start (0: none) */
 } attn_job;
 
 static void attn_chunk(void *p, int64_t c) {
@@ -908,6 +911,7 @@ static void attn_chunk(void *p, int64_t c) {
     int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
     if (hi > j->n_kv - 1) hi = j->n_kv - 1;
     int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (j->chunk > 0 && lo < j->pos[n] - j->pos[n] % j->chunk) lo = j->pos[n] - j->pos[n] % j->chunk;
     if (lo < 0) lo = 0;
     memset(o, 0, (size_t)j->hdv * sizeof(float));
     if (hi < lo) return;
@@ -927,7 +931,9 @@ static void attn_chunk(void *p, int64_t c) {
         if (v > mx) mx = v;
     }
     if (mx == -INFINITY) return; /* nothing visible: zeros */
-    float sum = 0.f;
+    float sink = j->sinks ? j->sinks[h] : -INFINITY; /* a logit in the denominator only */
+    if (sink > mx) mx = sink;
+    float sum = j->sinks ? expf(sink - mx) : 0.f;
     for (int64_t t = lo; t <= hi; t++) {
         float e = s[t - lo] == -INFINITY ? 0.f : expf(s[t - lo] - mx);
         s[t - lo] = e;
@@ -979,6 +985,7 @@ static void attn_group_chunk(void *p, int64_t c) {
     int64_t hi = j->causal ? j->pos[n] : j->n_kv - 1;
     if (hi > j->n_kv - 1) hi = j->n_kv - 1;
     int64_t lo = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+    if (j->chunk > 0 && lo < j->pos[n] - j->pos[n] % j->chunk) lo = j->pos[n] - j->pos[n] % j->chunk;
     if (lo < 0) lo = 0;
     memset(o, 0, (size_t)g * j->hdv * sizeof(float));
     if (hi < lo) return;
@@ -1006,6 +1013,11 @@ static void attn_group_chunk(void *p, int64_t c) {
     }
     for (int h = 0; h < g; h++) {
         float *sh = s + h * L, su = 0.f;
+        if (j->sinks && mx[h] != -INFINITY) { /* attention sinks: attn_chunk's */
+            float sink = j->sinks[kvh * g + h];
+            if (sink > mx[h]) mx[h] = sink;
+            su = expf(sink - mx[h]);
+        }
         for (int64_t i = 0; i < L; i++) {
             float e = mx[h] == -INFINITY || sh[i] == -INFINITY ? 0.f : expf(sh[i] - mx[h]);
             sh[i] = e;
@@ -1146,11 +1158,11 @@ static void attn_block_chunk(void *p, int64_t c) {
 RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
                             const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
                             int64_t hdk, int64_t hdv, int64_t n_kv, float scale, float softcap,
-                            int64_t causal, int64_t window, int64_t f16) {
+                            int64_t causal, int64_t window, int64_t f16, const float *sinks, int64_t chunk) {
     pthread_mutex_lock(&g_lock);
     init_isa();
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
-                  scale, softcap, (int)causal, (int)f16, hdv};
+                  scale, softcap, (int)causal, (int)f16, hdv, sinks, chunk};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
     if (f16 && T.qk_f16 && T.pv_f16 && Hq / Hkv <= ATTN_MAX_GROUP && (N >= ATTN_QB || Hq > Hkv))
         pool_run(attn_block_chunk, &j, (N + ATTN_QB - 1) / ATTN_QB * Hkv, work >= 65536.0);
@@ -1171,7 +1183,7 @@ RX_EXPORT void rx_attention_latent(const float *q, const void *kc, float *out, c
     pthread_mutex_lock(&g_lock);
     init_isa();
     attn_job j = {q, kc, kc, out, pos, mask, N, Hq, 1, n_slots, hdk, hdv, n_kv, window,
-                  scale, softcap, (int)causal, (int)f16, hdk};
+                  scale, softcap, (int)causal, (int)f16, hdk, NULL, 0};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
     pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);
     pthread_mutex_unlock(&g_lock);

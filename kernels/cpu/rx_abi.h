@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RX_ABI_VERSION 2008833887
+#define RX_ABI_VERSION 2055457467
 #define RX_CMD_WIDTH 24
 #define RX_API __attribute__((visibility("default")))
 
@@ -51,7 +51,7 @@ RX_API int rx_embed(const rx_weight *w, const int32_t *ids, int64_t N, float *ou
 RX_API void rx_norm_rope(float *x, int64_t N, int64_t H, int64_t hd, const int32_t *pos, int64_t n_rot, double base, double freq_scale, const float *ff, int64_t neox, double mscale, int64_t norm, const float *w, float eps);
 RX_API void rx_rms_norm(const float *x, float *y, const float *w, int64_t R, int64_t D, float eps);
 RX_API void rx_kv_store(void *kc, void *vc, const float *k, const float *v, const int32_t *slots, int64_t N, int64_t Hkv, int64_t n_slots, int64_t hdk, int64_t hdv, int64_t f16);
-RX_API void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos, const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots, int64_t hdk, int64_t hdv, int64_t n_kv, float scale, float softcap, int64_t causal, int64_t window, int64_t f16);
+RX_API void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos, const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots, int64_t hdk, int64_t hdv, int64_t n_kv, float scale, float softcap, int64_t causal, int64_t window, int64_t f16, const float *sinks, int64_t chunk);
 RX_API void rx_attention_latent(const float *q, const void *kc, float *out, const int32_t *pos, const float *mask, int64_t N, int64_t Hq, int64_t n_slots, int64_t hdk, int64_t hdv, int64_t n_kv, float scale, float softcap, int64_t causal, int64_t window, int64_t f16);
 RX_API void rx_to_f16(const float *x, uint16_t *y, int64_t n);
 RX_API void rx_binary(int64_t op, const float *a, const float *b, float *out, int64_t n, int64_t nb);
@@ -86,7 +86,7 @@ static int rx_replay_one(const int64_t *a) {
         rx_kv_store((void *)(intptr_t)a[1], (void *)(intptr_t)a[2], (const float *)(intptr_t)a[3], (const float *)(intptr_t)a[4], (const int32_t *)(intptr_t)a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
         return 0;
     case RX_OP_ATTENTION:
-        rx_attention((const float *)(intptr_t)a[1], (const void *)(intptr_t)a[2], (const void *)(intptr_t)a[3], (float *)(intptr_t)a[4], (const int32_t *)(intptr_t)a[5], (const float *)(intptr_t)a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], (float)rx_abi_double(a[14]), (float)rx_abi_double(a[15]), a[16], a[17], a[18]);
+        rx_attention((const float *)(intptr_t)a[1], (const void *)(intptr_t)a[2], (const void *)(intptr_t)a[3], (float *)(intptr_t)a[4], (const int32_t *)(intptr_t)a[5], (const float *)(intptr_t)a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], (float)rx_abi_double(a[14]), (float)rx_abi_double(a[15]), a[16], a[17], a[18], (const float *)(intptr_t)a[19], a[20]);
         return 0;
     case RX_OP_EMBED:
         return rx_embed((const rx_weight *)(intptr_t)a[1], (const int32_t *)(intptr_t)a[2], a[3], (float *)(intptr_t)a[4], (float)rx_abi_double(a[5])) ? -1 : 0;

@@ -7,6 +7,7 @@
  *         s = d * sum(q)   (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights)
  *   A256: per 256 values {float d; int16 bsum[16]; int8 q[256]}, bsum[g] the sum
  *         of q over the g-th group of 16   (for Q4_K, Q5_K, Q6_K, Q8_K weights)
+ * (the IQ / TQ / MXFP4 formats: rx_iq.h says which they take)
  * F32/F16/BF16 weights take the float32 activations as they are.
  */
 #ifndef RX_CPU_H
@@ -18,7 +19,11 @@
 /* ggml type ids */
 enum {
     RX_F32 = 0, RX_F16 = 1, RX_Q4_0 = 2, RX_Q4_1 = 3, RX_Q5_0 = 6, RX_Q5_1 = 7, RX_Q8_0 = 8,
-    RX_Q4_K = 12, RX_Q5_K = 13, RX_Q6_K = 14, RX_Q8_K = 15, RX_BF16 = 30, RX_NTYPES = 31
+    RX_Q4_K = 12, RX_Q5_K = 13, RX_Q6_K = 14, RX_Q8_K = 15, RX_BF16 = 30,
+    /* iq.c (rx_iq.h) */
+    RX_IQ2_XXS = 16, RX_IQ2_XS = 17, RX_IQ3_XXS = 18, RX_IQ1_S = 19, RX_IQ4_NL = 20, RX_IQ3_S = 21,
+    RX_IQ2_S = 22, RX_IQ4_XS = 23, RX_IQ1_M = 29, RX_TQ1_0 = 34, RX_TQ2_0 = 35, RX_MXFP4 = 39,
+    RX_NTYPES = 40
 };
 
 /* activation formats */

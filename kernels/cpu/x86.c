@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "rx_cpu.h"
+#include "rx_iq.h"
 
 #ifdef RX_VNNI
 #define RX_FILL rx_fill_avx512vnni
@@ -1325,6 +1326,7 @@ void RX_FILL(rx_isa *t) {
     t->exp_sum = exp_sum;
     t->rms_row = rms_row;
     t->name = RX_NAME;
+    rx_fill_iq_avx2(t); /* the IQ / TQ2_0 / MXFP4 formats (iq_x86.c) */
     t->dot[RX_Q4_0] = dot_q4_0;
     t->dot[RX_Q4_1] = dot_q4_1;
     t->dot[RX_Q5_0] = dot_q5_0;

@@ -49,8 +49,13 @@ g = Hq / Hkv query heads per KV head (GQA; Hq % Hkv == 0) and kv head h // g:
     if softcap > 0: s[j] = softcap * tanh(s[j] / softcap)
     if mask is not None: s[j] += mask[n, j]
     keys visible: lo <= j <= hi, hi = pos[n] if causal else n_kv - 1,
-                  lo = pos[n] - window + 1 if window > 0 else 0 (clamped to 0)
+                  lo = pos[n] - window + 1 if window > 0 else 0 (clamped to 0),
+                  and with chunk > 0 (chunked attention, Llama 4) also
+                  lo >= pos[n] - pos[n] % chunk (the start of the query's chunk)
     out[n, h] = sum_j softmax(s over visible j)[j] * V[h // g, j]
+    with sinks (gpt-oss): a per-head logit sinks[h] joins the softmax's denominator only:
+    out[n, h] = sum_j exp(s[j] - M) V[h // g, j] / (sum_j exp(s[j] - M) + exp(sinks[h] - M)),
+    M = max(max_j s[j], sinks[h]) (raw: not scaled, capped or masked)
 A query with no visible key (all masked with -inf) gets zeros. `pos` here are
 the queries' *slots* (equal to positions in ordinary use). With an explicit
 mask the caller passes causal=False, window=0 and encodes everything in the
@@ -79,7 +84,7 @@ OPS = (
     "load_weight", "weight_rows", "matmul", "matmul_n", "matmul_glu", "moe", "embed",
     "add", "mul", "scale", "softcap", "silu", "gelu", "swiglu", "geglu",
     "rms_norm", "rope", "rms_norm_rope",
-    "kv_store", "attention",
+    "kv_store", "attention", "pos_scale",
     "argmax", "topk", "logprobs",
 )
 
@@ -335,6 +340,16 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     import numpy as np
 
     logits = np.asarray(logits, np.float32)
+    if gating == "softmax_weight":  # gpt-oss: chosen by logit, then a softmax over the chosen
+        top = np.argsort(-logits, axis=-1, kind="stable")[:, :n_used]
+        z = np.take_along_axis(logits, top, axis=-1)
+        w = np.exp(z - z.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        if norm:
+            w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.float32(6.103515625e-5))
+        if scale not in (0.0, 1.0):
+            w = w * np.float32(scale)
+        return top, w.astype(np.float32)
     if gating == "softmax":
         z = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(z)
@@ -342,7 +357,7 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     elif gating == "sigmoid":
         probs = np.float32(1) / (np.float32(1) + np.exp(-logits))
     else:
-        raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
+        raise ValueError(f"moe: gating must be softmax, sigmoid or softmax_weight, not {gating!r}")
     sel = probs if selection_bias is None else probs + np.asarray(selection_bias, np.float32)
     if groups is not None and groups[0] > 1:
         G, G_used = groups
@@ -360,6 +375,30 @@ def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_
     if scale not in (0.0, 1.0):
         w = w * np.float32(scale)
     return top, w.astype(np.float32)
+
+
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
+
+
+def swiglu_oai(g, u, alpha=OAI_ALPHA, limit=OAI_LIMIT):
+    """gpt-oss's clamped SwiGLU on the host (float32): x = min(g, limit), y = clamp(u, -limit,
+    limit), x * sigmoid(alpha x) * (y + 1)."""
+    import numpy as np
+
+    x = np.minimum(np.asarray(g, np.float32), np.float32(limit))
+    y = np.clip(np.asarray(u, np.float32), np.float32(-limit), np.float32(limit))
+    with np.errstate(over="ignore"):  # exp overflowing to inf for a very negative x: x / inf = -0, as in C
+        return (x / (np.float32(1) + np.exp(np.float32(-alpha) * x)) * (y + np.float32(1))).astype(np.float32)
+
+
+def pos_temperature(pos, floor, scale, offset=1.0):
+    """Llama 4's attention temperature per position (float32 [N]): llama.cpp's
+    log(floor((pos + offset) / floor) + 1) * scale + 1, in float64 then rounded."""
+    import numpy as np
+
+    p = np.asarray(pos, np.float32).reshape(-1)
+    q = np.floor((p + np.float32(offset)) / np.float32(floor)).astype(np.float64)  # float, as llama.cpp's
+    return (np.log(q + 1.0) * float(np.float32(scale)) + 1.0).astype(np.float32)
 
 
 def host_topk(logits, k, n=None):
@@ -489,10 +528,13 @@ class Ops:
         raise NotImplementedError
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None, router_bias=None,
+            gate_bias=None, up_bias=None, down_bias=None, weight_before=False):
         """A mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it:
-            logits = matmul(x, router)               router [E, K]: E experts
-            probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid")
+            logits = matmul(x, router) (+ router_bias [E])   router [E, K]: E experts
+            probs  = softmax(logits) (gating "softmax") or sigmoid(logits) ("sigmoid"); gating
+                     "softmax_weight" (gpt-oss): top = the n_used largest logits, w = softmax
+                     over those logits (then norm and scale as below)
             top    = the n_used largest of probs (+ selection_bias [E], for choosing only),
                      best first, lower index first on ties; with groups (G, G_used) only among
                      the G_used groups of experts whose two best values sum highest (moe_route)
@@ -505,7 +547,12 @@ class Ops:
         Variants (gemma4): `logits` float32 [N, E] given instead of a router (router None);
         w_up None when w_gate holds each expert's gate and up rows together ([E*2F, K]: expert
         e's gate at rows 2eF..2eF+F-1, its up right after); expert_scale [E] multiplies expert
-        e's output (a per-expert scale of the down projection)."""
+        e's output (a per-expert scale of the down projection).
+        gpt-oss: gate_bias, up_bias [E, F] and down_bias [E, K'] (float32 arrays) added to
+        expert e's gate, up and down products; act "swiglu_oai": with g, u the (biased) gate
+        and up values, x = min(g, 7), y = clamp(u, -7, 7), glu = x * sigmoid(1.702 x) * (y + 1)
+        (llama.cpp's alpha and limit; base.swiglu_oai). Llama 4: weight_before, expert e gets
+        w[n, k] * x[n] and the outputs are summed unweighted (the weight before the FFN)."""
         raise NotImplementedError
 
     def embed(self, w, ids, scale=1.0):
@@ -588,11 +635,19 @@ class Ops:
         raise NotImplementedError
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None, v_dim=None):
+                  mask=None, v_dim=None, sinks=None, chunk=0):
         """q float32 [N, Hq, dk] over slots 0..n_kv-1 of a layer's K/V arrays -> float32
         [N, Hq, dv] (semantics in the module docstring). Store the batch's own k/v first.
         v_cache None: the values are the first v_dim dims of the keys (multi-head latent
-        attention's latent, one KV head); a backend may support only v_cache given."""
+        attention's latent, one KV head); a backend may support only v_cache given.
+        sinks: float32 [Hq] attention sinks (or None); chunk: chunked attention's chunk size
+        (0: none; with a mask the caller encodes it in the mask and passes 0)."""
+        raise NotImplementedError
+
+    def pos_scale(self, x, pos, *, floor, scale, offset=1.0):
+        """x float32 [N, ...] with row n times Llama 4's attention temperature at position
+        pos[n]: log(floor((pos[n] + offset) / floor) + 1) * scale + 1 (computed in float64,
+        rounded to float32 once). Returns a new array."""
         raise NotImplementedError
 
     # -- multi-head latent attention (MLA_OPS: optional) ---------------------------------

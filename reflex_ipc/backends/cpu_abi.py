@@ -64,7 +64,7 @@ FUNCTIONS = {
     "rx_attention": (5, "void", "const float *q, const void *kc, const void *vc, float *out, const int32_t *pos, "
                      "const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots, int64_t hdk, "
                      "int64_t hdv, int64_t n_kv, float scale, float softcap, int64_t causal, int64_t window, "
-                     "int64_t f16"),
+                     "int64_t f16, const float *sinks, int64_t chunk"),
     "rx_attention_latent": (0, "void", "const float *q, const void *kc, float *out, const int32_t *pos, "
                             "const float *mask, int64_t N, int64_t Hq, int64_t n_slots, int64_t hdk, int64_t hdv, "
                             "int64_t n_kv, float scale, float softcap, int64_t causal, int64_t window, int64_t f16"),

@@ -5,7 +5,7 @@ their ctypes types, and the version the library must report."""
 
 from ctypes import Structure, c_char_p, c_double, c_float, c_int, c_int64, c_void_p  # noqa: F401
 
-ABI_VERSION = 2008833887
+ABI_VERSION = 2055457467
 CMD_WIDTH = 24
 
 
@@ -31,7 +31,7 @@ SIGNATURES = {
     "rx_norm_rope": ([c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64, c_double, c_double, c_void_p, c_int64, c_double, c_int64, c_void_p, c_float], None),
     "rx_rms_norm": ([c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_float], None),
     "rx_kv_store": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64], None),
-    "rx_attention": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_float, c_float, c_int64, c_int64, c_int64], None),
+    "rx_attention": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_float, c_float, c_int64, c_int64, c_int64, c_void_p, c_int64], None),
     "rx_attention_latent": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_float, c_float, c_int64, c_int64, c_int64], None),
     "rx_to_f16": ([c_void_p, c_void_p, c_int64], None),
     "rx_binary": ([c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64], None),
@@ -199,10 +199,10 @@ class Launchers:
             self._rec.append((4, (kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16)))
         _rx_kv_store(kc, vc, k, v, slots, N, Hkv, n_slots, hdk, hdv, f16)
 
-    def rx_attention(self, *, q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16):
+    def rx_attention(self, *, q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16, sinks, chunk):
         if self._rec is not None:
-            self._rec.append((5, (q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)))
-        _rx_attention(q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)
+            self._rec.append((5, (q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16, sinks, chunk)))
+        _rx_attention(q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16, sinks, chunk)
 
     def rx_attention_latent(self, *, q, kc, out, pos, mask, N, Hq, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16):
         return _rx_attention_latent(q, kc, out, pos, mask, N, Hq, n_slots, hdk, hdv, n_kv, scale, softcap, causal, window, f16)

@@ -4,8 +4,9 @@ Arrays are numpy arrays, as on the numpy backend; what differs is where the time
 goes. Weights stay the GGUF's own blocks, read in place from the file mapping
 (no dequantization and no copy at load: a weight handle is the tensor's address,
 type and row stride). `matmul` rounds each row of activations to int8 blocks
-(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, 256 values
-with group sums for the K-quants, as ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
+(32 values with a float scale for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/MXFP4 weights, 256 values
+with group sums for the K-quants and the other IQ / TQ formats (kernels/cpu/iq*.c), as
+ggml's CPU backend does with Q8_0/Q8_1/Q8_K)
 and runs integer dot products on the packed weights; F32/F16/BF16 weights take
 the float32 activations as they are. Norms, rotary, the KV store and attention
 are C loops as well; the KV cache is float16 (`kv_dtype`). So are the recurrent layers'
@@ -47,8 +48,10 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _lib = None
 _lib_error = None
 
-# ggml types the kernels read in place (others are dequantized to float32 at load)
-NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30})
+# ggml types the kernels read in place (others are dequantized to float32 at load): the float
+# types, Q4_0..Q8_0, Q4_K..Q8_K, and kernels/cpu/iq.c's IQ1_S..IQ4_XS, TQ1_0, TQ2_0, MXFP4
+NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 30,
+                          16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39})
 
 
 def library_path():
@@ -387,31 +390,46 @@ class CpuOps(Launchers):
         return y
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None, router_bias=None,
+            gate_bias=None, up_bias=None, down_bias=None, weight_before=False):
         """base.py's moe: the routing on the host (base.moe_route), each selected expert's rows
         through the kernels (weight_rows: only those experts' blocks are read). w_up None: w_gate
-        holds each expert's gate rows then its up rows (a fused gate_up tensor)."""
-        from .base import moe_route
+        holds each expert's gate rows then its up rows (a fused gate_up tensor). gpt-oss's expert
+        biases and clamped SwiGLU, Llama 4's weighted input: on the host between the kernels."""
+        from .base import moe_route, swiglu_oai
 
         self._eager("moe routing on the host")
         x = self._f32(x)
         if logits is None:
             logits = self.matmul(x, router)
+        logits = np.asarray(logits)
+        if router_bias is not None:
+            logits = logits + np.asarray(router_bias, _F32)
         E = logits.shape[-1]
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
-        top, w = moe_route(np.asarray(logits), n_used, gating, norm, scale, selection_bias, groups)
+        top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
-            h = np.ascontiguousarray(x[rows])
+            h = np.ascontiguousarray(x[rows] * w[rows, slot][:, None] if weight_before else x[rows], dtype=_F32)
             if w_up is None:
                 g, u = self.weight_rows(w_gate, 2 * e * F, F), self.weight_rows(w_gate, (2 * e + 1) * F, F)
             else:
                 g, u = self.weight_rows(w_gate, e * F, F), self.weight_rows(w_up, e * F, F)
-            y = self.matmul(self.matmul_glu(h, g, u, act=act), self.weight_rows(w_down, e * D, D))
+            if act == "swiglu_oai" or gate_bias is not None:
+                gv, uv = self.matmul_n(h, [g, u])
+                if gate_bias is not None:
+                    gv, uv = gv + np.asarray(gate_bias, _F32)[e], uv + np.asarray(up_bias, _F32)[e]
+                a = swiglu_oai(gv, uv) if act == "swiglu_oai" else \
+                    (self.swiglu(gv, uv) if act == "silu" else self.geglu(gv, uv))
+            else:
+                a = self.matmul_glu(h, g, u, act=act)
+            y = self.matmul(np.ascontiguousarray(a, dtype=_F32), self.weight_rows(w_down, e * D, D))
+            if down_bias is not None:
+                y = y + np.asarray(down_bias, _F32)[e]
             if expert_scale is not None:
                 y = y * np.asarray(expert_scale, _F32)[e]
-            out[rows] += y * w[rows, slot][:, None]
+            out[rows] += y if weight_before else y * w[rows, slot][:, None]
         return out
 
     def embed(self, w, ids, scale=1.0):
@@ -600,10 +618,12 @@ class CpuOps(Launchers):
                          slots=slots.ctypes.data, N=N, Hkv=Hkv, n_slots=n_slots, hdk=hdk, hdv=hdv, f16=f16)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None, v_dim=None):
+                  mask=None, v_dim=None, sinks=None, chunk=0):
         """base.py's attention over k_cache [Hkv, n_slots, hd_k], v_cache [Hkv, n_slots, hd_v]
         (v_cache None: the values are the first v_dim dims of the keys, one KV head)."""
         if v_cache is None:
+            if sinks is not None or chunk:
+                raise ValueError("attention: sinks and chunks need a v_cache")
             return self._attention_latent(q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim)
         f16 = self._kv_f16(k_cache, v_cache)
         q = self._f32(q)
@@ -613,12 +633,25 @@ class CpuOps(Launchers):
         if Hq % Hkv or k_cache.shape[2] != hdk:
             raise ValueError(f"attention: q {q.shape} against a cache of {k_cache.shape}")
         n_kv, pos, m = self._attention_keys(n_kv, n_slots, pos, mask, N)
+        if sinks is not None:
+            sinks = self._f32(sinks)
+            if sinks.shape != (Hq,):
+                raise ValueError(f"attention: sinks {sinks.shape} for {Hq} heads")
         out = self._new((N, Hq, hdv))
         self.rx_attention(q=q.ctypes.data, kc=k_cache.ctypes.data, vc=v_cache.ctypes.data, out=out.ctypes.data,
                           pos=pos.ctypes.data, mask=None if m is None else m.ctypes.data, N=N, Hq=Hq, Hkv=Hkv,
                           n_slots=n_slots, hdk=hdk, hdv=hdv, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
-                          causal=1 if causal else 0, window=int(window), f16=f16)
+                          causal=1 if causal else 0, window=int(window), f16=f16,
+                          sinks=None if sinks is None else sinks.ctypes.data, chunk=int(chunk))
         return out
+
+    def pos_scale(self, x, pos, *, floor, scale, offset=1.0):
+        """base.py's pos_scale on the host (Llama 4's NoPE layers; its MoE layers run on the host too)."""
+        from .base import pos_temperature
+
+        self._eager("attention temperature on the host")
+        x = np.asarray(x, _F32)
+        return x * pos_temperature(self.positions(pos), floor, scale, offset).reshape((-1,) + (1,) * (x.ndim - 1))
 
     def _attention_keys(self, n_kv, n_slots, pos, mask, N):
         """attention's key range, positions and mask (float32 [N, n_kv] or None), checked."""

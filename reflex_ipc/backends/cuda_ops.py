@@ -15,11 +15,17 @@ from ..cuda import runtime as _cuda_runtime  # the function (the module is cuda.
 from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
-from .base import check_glu, check_matmul_n, fusion_on, host_topk, moe_route, seq_group_table, weight_shape
+from .base import (OAI_ALPHA, OAI_LIMIT, check_glu, check_matmul_n, fusion_on, host_topk, moe_route,
+                   seq_group_table, swiglu_oai, weight_shape)
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
              Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
+# the IQ formats, TQ1_0 / TQ2_0 and MXFP4: every matmul family too (kernels/iq_all.cu: the families'
+# own kernels over iq.cuh's block readers), in the fatbin loaded when such a weight is
+IQ_KERNEL = {TYPES[n.upper()][0]: n for n in ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
+                                            "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4")}
+MM_KERNEL.update(IQ_KERNEL)
 EW_BLOCK = 256
 MM_ROWS = 4  # rows per block of the matmul kernels (MM_ROWS in matmul.cuh)
 # tensor-core matmuls (kernels/mma.cuh) for prefill: x of MMA_MIN_N or more rows, weights of
@@ -125,7 +131,7 @@ MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB i
 # k rows with their weights in slot order (deterministic). Fewer tokens (decode) keep the matvec
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
-MOE_MMA_MIN_N = 32
+MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
 MOE_GROUP_WARPS = 32
 MOE_GROUP_SHARED = 46 * 1024
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
@@ -427,12 +433,14 @@ class CudaOps:
             rows = math.prod(shape[:-1])
             cols = shape[-1]
             _, blk, bsize = TYPES[type_name(t.ggml_type)]
+            if t.ggml_type in IQ_KERNEL:  # their fatbin is loaded now, never inside a graph capture
+                self.rt.kernel(f"get_rows_{IQ_KERNEL[t.ggml_type]}")
             return DeviceWeight(arena.ptr(t), (rows, cols), t.ggml_type, type_name(t.ggml_type),
                                 cols // blk * bsize, name, arena)
         from ..quants import dequantize
 
         if len(shape) >= 2:
-            # a block format without a kernel here (Q2_K, Q3_K, IQ*): dequantized to f16 once
+            # a block format without a kernel here (Q2_K, Q3_K): dequantized to f16 once
             rows, cols = math.prod(shape[:-1]), shape[-1]
             host = dequantize(f.tensor_data(t), t.ggml_type, t.n_elements).astype(np.float16)
             dev = self.asarray(host.reshape(rows, cols), "float16")
@@ -776,25 +784,34 @@ class CudaOps:
         return x
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None, router_bias=None,
+            gate_bias=None, up_bias=None, down_bias=None, weight_before=False):
         """base.py's moe on the device, with no host round trip (so a graph can hold it): the
         routing kernel writes each token's expert ids and weights to device buffers, then one
         launch computes act(gate) * up of every (token, chosen expert) pair [N*k, F] and one
         the down projections summed over a token's experts with their weights, in slot order
         (deterministic). Only the chosen experts' blocks are read. REFLEX_CUDA_MOE=host routes
         on the host instead (the earlier path, for A/B; it waits for the device, so models are
-        then not captured: `moe_capturable`)."""
+        then not captured: `moe_capturable`). gpt-oss (expert biases, act swiglu_oai): the gate
+        and up products apart, then archops.cuh's biased clamped SwiGLU, its down biases after the
+        weighted sum; Llama 4 (weight_before): each pair's input weighted first (archops.cuh)."""
+        extra = dict(router_bias=router_bias, gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias,
+                     weight_before=weight_before)
         if self._moe_host_mode:
             return self._moe_host(x, router, w_gate, w_up, w_down, n_used, gating=gating, norm=norm,
                                   scale=scale, selection_bias=selection_bias, act=act, groups=groups,
-                                  logits=logits, expert_scale=expert_scale)
+                                  logits=logits, expert_scale=expert_scale, **extra)
         if logits is None:
             logits = self.matmul(x, router)
+        if router_bias is not None:
+            logits = self.add(logits, router_bias)
         N, K = x.shape
         E = logits.shape[-1]
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
-        if act not in ("silu", "gelu"):
-            raise ValueError(f"moe: act must be 'silu' or 'gelu', not {act!r}")
+        if act not in ("silu", "gelu", "swiglu_oai"):
+            raise ValueError(f"moe: act must be 'silu', 'gelu' or 'swiglu_oai', not {act!r}")
+        if (gate_bias is not None or up_bias is not None) and act != "swiglu_oai":
+            raise ValueError(f"moe: expert gate/up biases with act {act!r} (only swiglu_oai takes them)")
         parts = 2 if w_up is None else 1
         if (w_gate.shape != (parts * E * F, K) or (w_up is not None and w_up.shape != (E * F, K))
                 or w_down.shape != (E * D, F) or logits.shape != (N, E)):
@@ -812,6 +829,13 @@ class CudaOps:
         out = self.empty((N, D))
         if N == 0:
             return out
+        if weight_before:  # Llama 4: pair p's input is x[p / k] * wts[p]; its output summed unweighted
+            xw, ones = self.empty((N * k, K)), self.empty((N * k,))
+            self.k("moe_weight_input_f32")(_ew_grid(N * k * K), (EW_BLOCK, 1, 1), X=x.ptr, wts=wts.ptr, X2=xw.ptr,
+                                           ones=ones.ptr, n=N * k * K, K=K, k=k)
+            x, wts, x_div = xw, ones, 1
+        else:
+            x_div = k
         if w_up is None:  # expert e: gate rows 2eF..2eF+F-1, its up rows right after
             wg_ptr, wu_ptr, estride = w_gate.ptr, w_gate.ptr + F * w_gate.row_bytes, 2 * F
             same = True
@@ -821,33 +845,62 @@ class CudaOps:
         # expert rows: gate (and its up rows after it when fused), up, down
         parts = [(w_gate, estride, estride), (w_down, D, D)] + ([] if w_up is None else [(w_up, F, F)])
         kx = self._moe_experts_ready(ids, parts)
+        for b, shape in ((gate_bias, (E, F)), (up_bias, (E, F)), (down_bias, (E, D))):
+            if b is not None and (b.shape != shape or b.dtype != "float32"):
+                raise ValueError(f"moe: expert biases of {b.dtype} {b.shape}, expected float32 {shape}")
         if same and self._moe_mma_takes(N, k, E, w_gate, w_down):
-            return self._moe_grouped(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D,
-                                     0 if act == "silu" else 1, kx)
+            self._moe_grouped(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D,
+                              {"silu": 0, "gelu": 1, "swiglu_oai": 2}[act], kx, x_div=x_div, gate_bias=gate_bias,
+                              up_bias=up_bias)
+        else:
+            self._moe_pairs(x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_up, w_down, F, D, act, kx,
+                            x_div, same, gate_bias, up_bias)
+        if down_bias is not None:
+            self.k("moe_down_bias_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=out.ptr, bd=down_bias.ptr, ids=ids.ptr,
+                                        wts=wts.ptr, n=N * D, D=D, k=k)
+        return out
+
+    def _moe_pairs(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_up, w_down, F, D, act, kx, x_div,
+                   same, gate_bias, up_bias):
+        """moe's per-pair form (decode, and prefill off the tensor cores): act(gate) * up of each
+        (token, chosen expert) pair [N*k, F] (one moe_glu launch, or the two products apart and
+        the unit after them: gate/up of two formats, gpt-oss's biased swiglu_oai), then the down
+        projections summed over a token's experts with their weights (moe_down, or with
+        moe_down_split a warp per (pair, row) and moe_wsum_f32's slot-order sum: the same bits).
+        x [N * k / x_div, K]: row p / x_div is pair p's input."""
+        N, D = out.shape
+        k = ids.shape[1]
+        K = x.shape[1]
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
-        if same:
+        if same and act != "swiglu_oai":
             h = self.empty((N * k, F))
             kx(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
-                                                         Y=h.ptr, K=K, F=F, k=k, es=estride, rb=w_gate.row_bytes,
+                                                         Y=h.ptr, K=K, F=F, k=x_div, es=estride, rb=w_gate.row_bytes,
                                                          act=0 if act == "silu" else 1)
         else:
             g, u = self.empty((N * k, F)), self.empty((N * k, F))
-            for w, y in ((w_gate, g), (w_up, u)):
-                kx(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=w.ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
-                                                       M=F, x_div=k, es=estride, rb=w.row_bytes)
-            h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+            for w, ptr, y in ((w_gate, wg_ptr, g), (w_up if w_up is not None else w_gate, wu_ptr, u)):
+                kx(f"moe_mm_{MM_KERNEL[w.ggml_type]}")(grid, block, W=ptr, X=x.ptr, ids=ids.ptr, Y=y.ptr, K=K,
+                                                       M=F, x_div=x_div, es=estride, rb=w.row_bytes)
+            if act == "swiglu_oai":
+                h = self.empty((N * k, F))
+                self.k("moe_swiglu_oai_f32")(_ew_grid(N * k * F), (EW_BLOCK, 1, 1), G=g.ptr, U=u.ptr,
+                                             bg=gate_bias.ptr if gate_bias is not None else 0,
+                                             bu=up_bias.ptr if up_bias is not None else 0, ids=ids.ptr, H=h.ptr,
+                                             n=N * k * F, F=F, alpha=OAI_ALPHA, limit=OAI_LIMIT)
+            else:
+                h = self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
         if self.moe_down_split:  # a warp per (pair, row), then the slot-order sum: the same bits
             y = self.empty((N * k, D))
             kx(f"moe_mm_{MM_KERNEL[w_down.ggml_type]}")((N * k, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr,
                                                        X=h.ptr, ids=ids.ptr, Y=y.ptr, K=F, M=D, x_div=1, es=D,
                                                        rb=w_down.row_bytes)
             self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
-            return out
+            return
         kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
-        return out
 
     def _moe_mma_takes(self, N, k, E, w_gate, w_down):
         """Whether a moe of N tokens (k experts each of E) runs as grouped tensor-core GEMMs:
@@ -859,14 +912,18 @@ class CudaOps:
                 and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
                 and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
 
-    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None):
+    def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None, *,
+                     x_div=None, gate_bias=None, up_bias=None):
         """moe's prefill form (see MOE_MMA_MIN_N): the pairs grouped by expert (moe_group_i32),
         H [P, F] f16 = act(gate) * up of each group's gathered tokens in group order
         (mmaglu_moe_*), Y [P, D] = down of H's rows stored at their pairs (mma_moe_*), out [N, D]
         = each token's k rows of Y weighted, in slot order (moe_wsum_f32). Launch arguments do
-        not depend on the routing (the tile grid is sized for the worst case), so a graph holds it."""
-        N, K = x.shape
-        k = ids.shape[1]
+        not depend on the routing (the tile grid is sized for the worst case), so a graph holds it.
+        act 2: gpt-oss's swiglu_oai with its gate/up biases [E, F] in mmaglu_moe's epilogue;
+        x_div (default k): pair p's input is x row p / x_div (1: Llama 4's weighted pair rows)."""
+        N, k = ids.shape
+        K = x.shape[1]
+        x_div = k if x_div is None else x_div
         E = w_down.shape[0] // D
         P = N * k
         tmax = P // MMA_BN + min(E, P)
@@ -879,9 +936,11 @@ class CudaOps:
         h = self.empty((P, F), "float16")
         block = (MMA_THREADS, 1, 1)
         kx = kx or self.k  # (the expert kernels' lookup: see _moe_experts_ready)
-        kx(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")(
-            (-(-F // MMA_BM), tmax, 1), block, Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr,
-            tiles=tiles.ptr, H=h.ptr, K=K, M=F, k=k, es=estride, rb=w_gate.row_bytes, act=act)
+        glu = kx(f"mmaglu_moe_{MM_KERNEL[w_gate.ggml_type]}")
+        glu((-(-F // MMA_BM), tmax, 1), block,
+            glu.head(Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr, tiles=tiles.ptr, H=h.ptr,
+                     bg=gate_bias.ptr if gate_bias is not None else 0, bu=up_bias.ptr if up_bias is not None else 0),
+            K=K, M=F, k=x_div, es=estride, rb=w_gate.row_bytes, act=act, alpha=OAI_ALPHA, limit=OAI_LIMIT)
         y = self.empty((P, D))
         kx(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
             (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
@@ -894,8 +953,8 @@ class CudaOps:
                   groups=None, expert_scale=None):
         """The routing of moe on the device: (ids int32 [N, n_used], weights float32 [N, n_used])
         device arrays, as base.moe_route computes them (weights also times expert_scale[id])."""
-        if gating not in ("softmax", "sigmoid"):
-            raise ValueError(f"moe: gating must be softmax or sigmoid, not {gating!r}")
+        if gating not in ("softmax", "sigmoid", "softmax_weight"):
+            raise ValueError(f"moe: gating must be softmax, sigmoid or softmax_weight, not {gating!r}")
         N, E = logits.shape
         k = int(n_used)
         if not 1 <= k <= E:
@@ -915,13 +974,15 @@ class CudaOps:
             self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits=logits.ptr,
                                     bias=selection_bias.ptr if selection_bias is not None else 0,
                                     escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
-                                    wts=wts.ptr, E=E, k=k, gating=0 if gating == "softmax" else 1,
+                                    wts=wts.ptr, E=E, k=k,
+                                    gating={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating],
                                     norm=1 if norm else 0, scale=1.0 if scale in (0.0, 1.0) else float(scale), G=G,
                                     G_used=G_used, shared=shared)
         return ids, wts
 
     def _moe_host(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-                  selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+                  selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None, router_bias=None,
+                  gate_bias=None, up_bias=None, down_bias=None, weight_before=False):
         """REFLEX_CUDA_MOE=host: routed on the host (the router's logits cross, N x E floats),
         then each token's selected experts through the quantized matmul kernels on views of the
         expert tensors. It waits for the device, so it cannot run inside a captured graph."""
@@ -929,10 +990,14 @@ class CudaOps:
             raise RuntimeError("moe: REFLEX_CUDA_MOE=host cannot run inside a captured graph")
         if logits is None:
             logits = self.matmul(x, router)
+        if router_bias is not None:
+            logits = self.add(logits, router_bias)
         E = logits.shape[-1]
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
         top, w = moe_route(self.to_numpy(logits), n_used, gating, norm, scale,
                            None if selection_bias is None else self.to_numpy(selection_bias), groups)
+        host = {n: None if b is None else self.to_numpy(b) for n, b in
+                (("gate", gate_bias), ("up", up_bias), ("down", down_bias))}
         if expert_scale is not None:
             w = w * self.to_numpy(expert_scale)[top]
         out = self.zeros((x.shape[0], D))
@@ -946,8 +1011,17 @@ class CudaOps:
                 e = int(top[n, k])
                 g, u = (rows(w_gate, 2 * e * F, F), rows(w_gate, (2 * e + 1) * F, F)) if w_up is None else \
                     (rows(w_gate, e * F, F), rows(w_up, e * F, F))
-                y = self.matmul(self.matmul_glu(xn, g, u, act=act), rows(w_down, e * D, D))
-                self.add(on, self.scale(y, float(w[n, k])), out=on)
+                xe = self.scale(xn, float(w[n, k])) if weight_before else xn
+                if act == "swiglu_oai":
+                    gv, uv = (self.to_numpy(t) for t in self.matmul_n(xe, [g, u]))
+                    if host["gate"] is not None:
+                        gv, uv = gv + host["gate"][e], uv + host["up"][e]
+                    y = self.matmul(self.asarray(swiglu_oai(gv, uv)), rows(w_down, e * D, D))
+                else:
+                    y = self.matmul(self.matmul_glu(xe, g, u, act=act), rows(w_down, e * D, D))
+                if host["down"] is not None:
+                    y = self.add(y, self.asarray(host["down"][e]))
+                self.add(on, y if weight_before else self.scale(y, float(w[n, k])), out=on)
         return out
 
     def embed(self, w, ids, scale=1.0):
@@ -1126,11 +1200,18 @@ class CudaOps:
                            hd=hd, ctx=k_cache.shape[1])
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None, v_dim=None):
-        """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd]."""
+                  mask=None, v_dim=None, sinks=None, chunk=0):
+        """q [N, Hq, hd] over keys 0..n_kv-1 of a layer's K/V [Hkv, n_slots, hd] -> [N, Hq, hd];
+        attention sinks [Hq] and chunked attention (span: chunk) in every form's kernels."""
         if v_cache is None:
+            if sinks is not None or chunk:
+                raise ValueError("attention: sinks and chunks need a v_cache")
             return self._latent_attention(q, k_cache, pos, n_kv, scale, softcap, causal, window, mask, v_dim)
         N, Hq, hd = q.shape
+        span = int(chunk)
+        if sinks is not None and (sinks.shape != (Hq,) or sinks.dtype != "float32"):
+            raise ValueError(f"attention: sinks {sinks.dtype} {sinks.shape} for {Hq} heads")
+        sptr = sinks.ptr if sinks is not None else 0
         if hd > ATT_MAX_HD:
             raise ReflexError("unsupported_architecture", f"head_dim {hd} > {ATT_MAX_HD}")
         pos = self.positions(pos)
@@ -1154,18 +1235,18 @@ class CudaOps:
                 kern = self.k("attention_split_last_f16kv")
                 kern((Hq, N, S), (32 * ATT_WARPS, 1, 1),
                      kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, out=out.ptr,
-                               count=self._att_tickets().ptr, pos=pos.ptr, mask=mptr),
+                               count=self._att_tickets().ptr, pos=pos.ptr, mask=mptr, sinks=sptr),
                      Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
-                     causal=1 if causal else 0, window=int(window), chunk=chunk)
+                     causal=1 if causal else 0, window=int(window), chunk=chunk, span=span)
                 return out
             kern = self.k("attention_split_f16kv")
             kern((Hq, N, S), (32 * ATT_WARPS, 1, 1),
                  kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, part_ml=ml.ptr, part_acc=acc.ptr, pos=pos.ptr,
                            mask=mptr),
                  Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
-                 causal=1 if causal else 0, window=int(window), chunk=chunk)
+                 causal=1 if causal else 0, window=int(window), chunk=chunk, span=span)
             self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
-                                        part_acc=acc.ptr, out=out.ptr, Hq=Hq, hd=hd, S=S)
+                                        part_acc=acc.ptr, out=out.ptr, sinks=sptr, Hq=Hq, hd=hd, S=S)
             return out
         if (self.flash_takes(N, Hq, Hkv, hd) and v_cache.shape == k_cache.shape
                 and k_cache.ptr % 16 == 0 and v_cache.ptr % 16 == 0 and q.ptr % 8 == 0):
@@ -1173,8 +1254,8 @@ class CudaOps:
             # rows n * G + (h % G) of each kv head (G = Hq / Hkv), FLASH_BM per block
             tiles = Hkv * -(-N * (Hq // Hkv) // FLASH_BM)  # blocks along x and y
             # keys to cover: while capturing a graph every slot (replays see later positions)
-            span = n_kv if self._graph is not None else min(n_kv, max(1, keys))
-            chunk, S = self._flash_split(tiles, span)
+            cover = n_kv if self._graph is not None else min(n_kv, max(1, keys))  # (span: the chunk)
+            chunk, S = self._flash_split(tiles, cover)
             self.flash_launches += 1
             self.flash_last_splits = S
             ml = acc = None
@@ -1184,18 +1265,29 @@ class CudaOps:
             kern = self.k(f"flash_attention_f16kv_{hd}")
             kern((Hkv, tiles // Hkv, S), (FLASH_THREADS, 1, 1),
                  kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
-                           part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr, mask=mptr),
+                           part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr, mask=mptr, sinks=sptr),
                  N=N, Hq=Hq, Hkv=Hkv, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
-                 causal=1 if causal else 0, window=int(window), chunk=chunk)
+                 causal=1 if causal else 0, window=int(window), chunk=chunk, span=span)
             if S > 1:
                 self.k("attention_combine")((Hq, N, 1), (max(32, (hd + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
-                                            part_acc=acc.ptr, out=out.ptr, Hq=Hq, hd=hd, S=S)
+                                            part_acc=acc.ptr, out=out.ptr, sinks=sptr, Hq=Hq, hd=hd, S=S)
             return out
         kern = self.k("attention_f16kv")
         kern((Hq, N, 1), (32 * ATT_WARPS, 1, 1),
-             kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, out=out.ptr, pos=pos.ptr, mask=mptr),
+             kern.head(q=q.ptr, kc=k_cache.ptr, vc=v_cache.ptr, out=out.ptr, pos=pos.ptr, mask=mptr, sinks=sptr),
              Hq=Hq, Hkv=Hkv, hd=hd, ctx=ctx, n_kv=n_kv, scale=float(scale), softcap=float(softcap),
-             causal=1 if causal else 0, window=int(window))
+             causal=1 if causal else 0, window=int(window), span=span)
+        return out
+
+    def pos_scale(self, x, pos, *, floor, scale, offset=1.0):
+        """base.py's pos_scale: archops.cuh's pos_scale_f32 (positions read on the device, so a
+        captured decode step replays it)."""
+        pos = self.positions(pos)
+        out = self.empty(x.shape)
+        n = x.size
+        if n:
+            self.k("pos_scale_f32")(_ew_grid(n), (EW_BLOCK, 1, 1), x=x.ptr, pos=pos.ptr, y=out.ptr, n=n,
+                                    row=n // x.shape[0], floor_=float(floor), scale=float(scale), offset=float(offset))
         return out
 
     def flash_takes(self, N, Hq, Hkv, hd):
@@ -1245,7 +1337,7 @@ class CudaOps:
              H=H, dk=dk, dv=dv, n_kv=n_kv, scale=float(scale), softcap=float(softcap), causal=1 if causal else 0,
              window=int(window), chunk=chunk)
         self.k("attention_combine")((H, N, 1), (min(1024, max(32, (dv + 31) // 32 * 32)), 1, 1), part_ml=ml.ptr,
-                                    part_acc=acc.ptr, out=out.ptr, Hq=H, hd=dv, S=S)
+                                    part_acc=acc.ptr, out=out.ptr, sinks=0, Hq=H, hd=dv, S=S)
         return out
 
     # -- multi-head latent attention --------------------------------------------------
@@ -1293,12 +1385,12 @@ class CudaOps:
         kern((H, tiles // H, S), (FLASH_THREADS, 1, 1),
              kern.head(q=q.ptr, kc=K.ptr, vc=V.ptr, out=out.ptr, part_ml=ml.ptr if ml is not None else 0,
                        part_acc=acc.ptr if acc is not None else 0, pos=pos.ptr,
-                       mask=mask.ptr if mask is not None else 0),
+                       mask=mask.ptr if mask is not None else 0, sinks=0),
              N=N, Hq=H, Hkv=H, ctx=n_kv, n_kv=n_kv, scale=float(scale), softcap=0.0, causal=1 if causal else 0,
-             window=int(window), chunk=chunk)
+             window=int(window), chunk=chunk, span=0)
         if S > 1:
             self.k("attention_combine")((H, N, 1), (max(32, (dv + 31) // 32 * 32), 1, 1), part_ml=ml.ptr,
-                                        part_acc=acc.ptr, out=out.ptr, Hq=H, hd=dv, S=S)
+                                        part_acc=acc.ptr, out=out.ptr, sinks=0, Hq=H, hd=dv, S=S)
         self.mla_flash_launches += 1
         return out
 

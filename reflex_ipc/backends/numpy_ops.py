@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from ..errors import ReflexError
-from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, moe_route,
-                   seq_groups, weight_shape)
+from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, moe_route, pos_temperature,
+                   seq_groups, swiglu_oai, weight_shape)
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -250,25 +250,33 @@ class NumpyOps:
         return glu(self.matmul(x, w_gate), self.matmul(x, w_up))
 
     def moe(self, x, router, w_gate, w_up, w_down, n_used, *, gating="softmax", norm=True, scale=1.0,
-            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None):
+            selection_bias=None, act="silu", groups=None, logits=None, expert_scale=None, router_bias=None,
+            gate_bias=None, up_bias=None, down_bias=None, weight_before=False):
         if logits is None:
             logits = x @ router.T
+        if router_bias is not None:
+            logits = logits + router_bias
         E = logits.shape[-1]
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
         top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
-        glu = self.swiglu if act == "silu" else self.geglu
+        glu = {"silu": self.swiglu, "gelu": self.geglu, "swiglu_oai": swiglu_oai}[act]
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
-            h = x[rows]
+            h = x[rows] * w[rows, slot][:, None] if weight_before else x[rows]
             if w_up is None:
                 g, u = w_gate[2 * e * F:(2 * e + 1) * F], w_gate[(2 * e + 1) * F:(2 * e + 2) * F]
             else:
                 g, u = w_gate[e * F:(e + 1) * F], w_up[e * F:(e + 1) * F]
-            y = glu(h @ g.T, h @ u.T) @ w_down[e * D:(e + 1) * D].T
+            g, u = h @ g.T, h @ u.T
+            if gate_bias is not None:
+                g, u = g + gate_bias[e], u + up_bias[e]
+            y = glu(g, u) @ w_down[e * D:(e + 1) * D].T
+            if down_bias is not None:
+                y = y + down_bias[e]
             if expert_scale is not None:
                 y = y * expert_scale[e]
-            out[rows] += y * w[rows, slot][:, None]
+            out[rows] += y if weight_before else y * w[rows, slot][:, None]
         return out
 
     def embed(self, w, ids, scale=1.0):
@@ -396,62 +404,81 @@ class NumpyOps:
             v_cache[:, slots] = v.transpose(1, 0, 2)
 
     def attention(self, q, k_cache, v_cache, pos, n_kv, *, scale, softcap=0.0, causal=True, window=0,
-                  mask=None, v_dim=None):
+                  mask=None, v_dim=None, sinks=None, chunk=0):
         N, Hq, hd = q.shape
         Hkv = k_cache.shape[0]
         g = Hq // Hkv
         K = k_cache[:, :n_kv]  # [Hkv, n_kv, hd]
         V = v_cache[:, :n_kv] if v_cache is not None else k_cache[:, :n_kv, :v_dim]
         dv = V.shape[-1]
-        if N == 1 and mask is None and (window <= 0 or n_kv <= window) and (
+        sk = None if sinks is None else np.asarray(sinks, _F32).reshape(Hkv, g, 1)  # per head, after the scores
+        if N == 1 and mask is None and (window <= 0 or n_kv <= window) and (chunk <= 0 or n_kv <= chunk) and (
                 not causal or int(pos[0]) >= n_kv - 1):
             # decode: one query that sees every stored key
             s = (q.reshape(Hkv, g, hd) * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, g, n_kv]
             if softcap > 0.0:
                 s = np.tanh(s / _F32(softcap)) * _F32(softcap)
-            s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+            m = np.maximum.reduce(s, axis=-1, keepdims=True)
+            if sk is not None:
+                m = np.maximum(m, sk)
+            s -= m
             np.exp(s, out=s)
-            s /= np.add.reduce(s, axis=-1, keepdims=True)
+            denom = np.add.reduce(s, axis=-1, keepdims=True)
+            if sk is not None:
+                denom += np.exp(sk - m)
+            s /= denom
             return (s @ V).reshape(1, Hq, dv)
         qg = q.reshape(N, Hkv, g, hd).transpose(1, 0, 2, 3).reshape(Hkv, N * g, hd)
         s = (qg * _F32(scale)) @ K.transpose(0, 2, 1)  # [Hkv, N*g, n_kv]
         s = s.reshape(Hkv, N, g, n_kv)
         if softcap > 0.0:
             s = np.tanh(s / _F32(softcap)) * _F32(softcap)
-        bias = self._visibility(pos, n_kv, causal, window)  # [N, 1, n_kv] or None
+        bias = self._visibility(pos, n_kv, causal, window, chunk)  # [N, 1, n_kv] or None
         if mask is not None:
             m = np.asarray(mask, _F32)[:, None, :]
             bias = m if bias is None else bias + m
         if bias is not None:
             s += bias
         m = np.maximum.reduce(s, axis=-1, keepdims=True)
-        m[~np.isfinite(m)] = 0  # rows that see nothing: exp(-inf) = 0 everywhere
+        seen = np.isfinite(m)  # rows that see nothing: exp(-inf) = 0 everywhere, zeros out
+        m[~seen] = 0
+        if sk is not None:  # [Hkv, 1, g, 1] against m [Hkv, N, g, 1]
+            m = np.where(seen, np.maximum(m, sk[:, None]), m)
         s -= m
         p = np.exp(s, out=s)
         denom = np.add.reduce(p, axis=-1, keepdims=True)
+        if sk is not None:
+            denom += np.where(seen, np.exp(sk[:, None] - m), _F32(0))
         denom[denom == 0] = 1
         p /= denom
         o = p.reshape(Hkv, N * g, n_kv) @ V  # [Hkv, N*g, dv]
         return np.ascontiguousarray(o.reshape(Hkv, N, g, dv).transpose(1, 0, 2, 3)).reshape(N, Hq, dv)
 
-    def _visibility(self, pos, n_kv, causal, window):
+    def _visibility(self, pos, n_kv, causal, window, chunk=0):
         """Additive float32 [N, 1, n_kv] bias hiding keys outside [lo, hi] (base.py), or None
         when every key is visible. Memoized for the last positions array: every layer of a
         batch asks for the same one."""
-        key = (n_kv, causal, window)
+        key = (n_kv, causal, window, chunk)
         memo = self._vis_memo
         if memo is not None and memo[0] is pos and memo[1] == key:
             return memo[2]
         p = np.asarray(pos, np.int64).reshape(-1)
         bias = None
-        if (causal and int(p.min()) < n_kv - 1) or (window > 0 and int(p.max()) - window + 1 > 0):
+        if (causal and int(p.min()) < n_kv - 1) or (window > 0 and int(p.max()) - window + 1 > 0) or (
+                chunk > 0 and int(p.max()) >= chunk):
             j = np.arange(n_kv)
             hi = p if causal else np.full(len(p), n_kv - 1)
             lo = p - window + 1 if window > 0 else np.zeros(len(p), np.int64)
+            if chunk > 0:
+                lo = np.maximum(lo, p - p % chunk)
             vis = (j[None, :] >= lo[:, None]) & (j[None, :] <= hi[:, None])
             bias = np.where(vis, _F32(0), _F32(-np.inf))[:, None, :]
         self._vis_memo = (pos, key, bias)
         return bias
+
+    def pos_scale(self, x, pos, *, floor, scale, offset=1.0):
+        t = pos_temperature(pos, floor, scale, offset)
+        return x * t.reshape((-1,) + (1,) * (x.ndim - 1))
 
     # -- multi-head latent attention ---------------------------------------------------
     def split(self, x, sizes):

@@ -161,6 +161,11 @@ def collect():
             images = read_images(cuda.FATBIN_PATH)
             rep["kernels"]["images"] = [f"{i['kind']}_{i['arch']}" for i in images]
             rep["kernels"]["fatbin_bytes"] = os.path.getsize(cuda.FATBIN_PATH)
+            # the other fatbins (the IQ / TQ / MXFP4 formats'), loaded when a model needs them
+            for fat in info.get("fatbins", [])[1:]:
+                p = os.path.join(cuda.KERNEL_DIR, fat)
+                rep["kernels"].setdefault("other_fatbin_bytes", {})[fat] = (
+                    os.path.getsize(p) if os.path.exists(p) else "missing")
         except (OSError, FatbinError) as e:
             rep["kernels"]["error"] = str(e)
     try:

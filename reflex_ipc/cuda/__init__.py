@@ -148,6 +148,7 @@ def _driver_init(device_index, t):
 
 def _init_worker(device_index, driver_thread, drv_err, t):
     t0 = time.perf_counter()
+    _at(t, "pycuda_start")
     try:
         reason = kernels_missing_reason()
         if reason:
@@ -305,6 +306,20 @@ def runtime():
             # ends normally rather than through os._exit): pop ours first
             atexit.register(_pop_at_exit, rt.ctx)
     return rt
+
+
+def release_thread():
+    """Pop the context that runtime() pushed in this thread (not the main thread's: atexit pops
+    that one). pycuda aborts the whole process when a thread ends with a context still on its
+    stack, so a thread that made CUDA objects for another (handover's late backend) lets go of
+    it before it ends; the taking thread pushes its own through runtime()."""
+    if not getattr(_pushed, "done", False) or threading.current_thread() is threading.main_thread():
+        return
+    rt = _result.get("runtime")
+    _pushed.done = False
+    if rt is not None:
+        rt.ctx.synchronize()
+        rt.ctx.pop()
 
 
 def _pop_at_exit(ctx):

@@ -1,11 +1,13 @@
 """The CUDA kernels' ABI, declared once: in the kernel sources (kernels/*.cuh, `RX_EXTERN`).
 
-`python -m reflex_ipc.cuda.abi` runs the C preprocessor over kernels/all.cu (the one
-translation unit nvcc compiles; macros expanded, so a family instantiated by a macro yields
-each of its kernels), reads every `extern "C" __global__` definition, and writes
+`python -m reflex_ipc.cuda.abi` runs the C preprocessor over each translation unit nvcc
+compiles (UNITS: kernels/all.cu, the main fatbin; kernels/iq_all.cu, the IQ formats' fatbin,
+loaded only for models that need it; macros expanded, so a family instantiated by a macro
+yields each of its kernels), reads every `extern "C" __global__` definition, and writes
 reflex_ipc/cuda/launch.py: for each kernel its argument layout (a struct format: pointers Q,
 long long q, int i, unsigned I, float f, double d) and its launcher, a function with the
-kernel's parameters as keyword-only arguments, named as in the source:
+kernel's parameters as keyword-only arguments, named as in the source, and for the kernels
+of the other fatbins the file that holds them (MODULE_OF):
 
     rt.kernel("mm1_q8_0")(grid, block, W=w.ptr, X=x.ptr, Y=y.ptr, K=K, M=M, N=1, rb=rb, acc=0)
 
@@ -34,6 +36,9 @@ MODULE = os.path.join("reflex_ipc", "cuda", "launch.py")
 RESERVED = {"grid", "block", "shared", "self"}  # the launcher's own arguments
 
 _EXTERN = re.compile(r'extern\s+"C"\s+__global__\s+void\s+')
+# the translation units kernels/build.py compiles, each into its fatbin (the first: the main
+# one, loaded at start; the others when a kernel of theirs is first used: cuda/core.py)
+UNITS = (("all.cu", "reflex_kernels.fatbin"), ("iq_all.cu", "reflex_kernels_iq.fatbin"))
 
 
 class AbiError(Exception):
@@ -48,18 +53,18 @@ def find_cpp():
     return None
 
 
-def preprocess(kernels_dir=KERNELS_DIR, cpp=None):
-    """kernels/all.cu with its includes and macros expanded (cuda_fp16.h stubbed out; read as C:
+def preprocess(kernels_dir=KERNELS_DIR, cpp=None, unit="all.cu"):
+    """kernels/<unit> with its includes and macros expanded (cuda_fp16.h stubbed out; read as C:
     only the preprocessor runs, so no C++ front end is needed)."""
     cpp = cpp or find_cpp()
     if cpp is None:
         raise AbiError("no C preprocessor (cc, gcc, clang or cpp) to read the kernel sources")
     with tempfile.TemporaryDirectory() as stub:
         open(os.path.join(stub, "cuda_fp16.h"), "w").close()
-        r = subprocess.run([*cpp, "-P", "-x", "c", "-I", stub, os.path.join(kernels_dir, "all.cu")],
+        r = subprocess.run([*cpp, "-P", "-x", "c", "-I", stub, os.path.join(kernels_dir, unit)],
                            capture_output=True, text=True)
     if r.returncode:
-        raise AbiError(f"the preprocessor failed on kernels/all.cu:\n{r.stderr[-2000:]}")
+        raise AbiError(f"the preprocessor failed on kernels/{unit}:\n{r.stderr[-2000:]}")
     return r.stdout
 
 
@@ -143,8 +148,9 @@ def split_point(params):
     return cut
 
 
-def launch_module(ks):
-    """The text of reflex_ipc/cuda/launch.py for kernels `ks` (kernels())."""
+def launch_module(ks, module_of=None):
+    """The text of reflex_ipc/cuda/launch.py for kernels `ks` (kernels()); module_of: {kernel:
+    fatbin file} for the kernels outside the main fatbin."""
     sigs = {}
     for name in sorted(ks):
         sigs.setdefault(tuple(ks[name]), []).append(name)
@@ -180,12 +186,29 @@ def launch_module(ks):
     for name in sorted(ks):
         fmt = "".join(c for _, c in ks[name])
         out.append(f'    "{name}": ("{fmt}", {fid[tuple(ks[name])]}),')
+    out += ["}", "", "# the kernels of the other fatbins (cuda/core.py loads one when a kernel of it is first used):",
+            "# kernel name -> fatbin file", "MODULE_OF = {"]
+    for name in sorted(module_of or {}):
+        out.append(f'    "{name}": "{module_of[name]}",')
     out += ["}", ""]
     return "\n".join(out)
 
 
+def unit_kernels(kernels_dir=KERNELS_DIR, cpp=None):
+    """({name: parameters} of every unit's kernels, {name: fatbin file} for the non-main units)."""
+    ks, module_of = {}, {}
+    for i, (unit, fatbin) in enumerate(UNITS):
+        for name, params in kernels(preprocess(kernels_dir, cpp, unit)).items():
+            if name in ks:
+                raise AbiError(f"{name} is defined in two translation units ({unit} and another)")
+            ks[name] = params
+            if i:
+                module_of[name] = fatbin
+    return ks, module_of
+
+
 def expected(kernels_dir=KERNELS_DIR, cpp=None):
-    return launch_module(kernels(preprocess(kernels_dir, cpp)))
+    return launch_module(*unit_kernels(kernels_dir, cpp))
 
 
 def check(kernels_dir=KERNELS_DIR, root=ROOT, cpp=None):

@@ -6,6 +6,7 @@ Built by reflex_ipc.cuda's init thread; everything here assumes the primary cont
 is current in the calling thread.
 """
 
+import os
 import struct
 import threading
 import time
@@ -16,11 +17,18 @@ from .fatbin import chosen_image, read_images
 # The kernels' argument layouts and launchers, generated from kernels/*.cuh (cuda/abi.py):
 # KERNELS[name] = (struct format: Q pointer, q long long, i int, f float; launcher factory).
 KERNELS = _launch.KERNELS
+# the kernels of the other fatbins: name -> the fatbin file that holds them (Runtime loads it at
+# the first use of one of its kernels: the main fatbin, read at every start, stays as it was)
+MODULE_OF = _launch.MODULE_OF
 # the block formats with matmul kernels (mm*, mmn*, mmglu*, get_rows_*, moe_*, ...), those of the
 # tensor-core ones (mma.cuh), and the bandwidth-shaped matvecs' formats and variants (matvec.cuh)
 MM_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 MMA_TYPES = tuple(t for t in MM_TYPES if t != "f32")
 MV_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0")
+# the IQ formats, TQ1_0 / TQ2_0 and MXFP4: the same families (mm*, mma*, mmt*, mmnorm*, hmm*, moe_*,
+# get_rows_*) in reflex_kernels_iq.fatbin (kernels/iq_all.cu, iq.cuh's block readers)
+IQ_TYPES = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs", "tq1_0",
+            "tq2_0", "mxfp4")
 MV_VARIANTS = ("a", "b", "c", "d", "e")
 
 
@@ -132,6 +140,7 @@ class Runtime:
         self.upload_stream = drv.Stream()
         self.pool = Pool(drv)
         self._kernels = {}
+        self._modules = {}  # the other fatbins loaded so far: file -> module
         self._klock = threading.Lock()
         self.profiler = None  # $REFLEX_PROFILE=1: per-kernel GPU times (cuda/profile.py)
         from .. import settings
@@ -146,7 +155,7 @@ class Runtime:
         k = self._kernels.get(name)
         if k is None:
             with self._klock:
-                func = self.module.get_function(name)
+                func = self._module_of(name).get_function(name)
                 launch = None
                 if self.profiler is not None:
                     from .profile import timed_launch
@@ -156,11 +165,36 @@ class Runtime:
                 self._kernels[name] = k
         return k
 
+    def _module_of(self, name):
+        """The module holding kernel `name`: the main fatbin's, or another fatbin's (MODULE_OF),
+        loaded now if it is not yet (under _klock). A missing file is a cuda_error naming it."""
+        fat = MODULE_OF.get(name)
+        if fat is None:
+            return self.module
+        m = self._modules.get(fat)
+        if m is None:
+            from . import KERNEL_DIR
+
+            path = os.path.join(KERNEL_DIR, fat)
+            t0 = time.perf_counter()
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError as e:
+                from ..errors import ReflexError
+
+                raise ReflexError("cuda_error", f"kernel {name} is in {path}, which cannot be read ({e}): the "
+                                  "kernels were built without it; rebuild them (python kernels/build.py)") from None
+            m = self._modules[fat] = self.drv.module_from_buffer(data)
+            self.timings[f"module_load_ms[{fat}]"] = (time.perf_counter() - t0) * 1e3
+        return m
+
     def guarded_kernel(self, name, guard):
         """kernel(name) whose every launch first calls guard(pointers): the values of the
         kernel's pointer parameters (the streaming upload's check that what it reads is on the
         device)."""
-        func = self.module.get_function(name)
+        with self._klock:
+            func = self._module_of(name).get_function(name)
         inner = func._launch_kernel
         if self.profiler is not None:
             from .profile import timed_launch

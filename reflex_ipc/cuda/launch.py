@@ -30,20 +30,20 @@ def _argmax_f32(launch, pack, stream):
 
 
 def _attention_combine(launch, pack, stream):
-    def kernel(grid, block, *, part_ml, part_acc, out, Hq, hd, S, shared=0):
-        return launch(grid, block, pack(part_ml, part_acc, out, Hq, hd, S), shared, stream)
+    def kernel(grid, block, *, part_ml, part_acc, out, sinks, Hq, hd, S, shared=0):
+        return launch(grid, block, pack(part_ml, part_acc, out, sinks, Hq, hd, S), shared, stream)
 
     return kernel
 
 
 def _attention_f16kv(launch, pack, stream):
-    def head(*, q, kc, vc, out, pos, mask):
-        return (q, kc, vc, out, pos, mask)
+    def head(*, q, kc, vc, out, pos, mask, sinks):
+        return (q, kc, vc, out, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, shared=0):
-        if len(head) != 6:
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span, shared=0):
+        if len(head) != 7:
             raise TypeError("attention_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -53,23 +53,23 @@ def _attention_split_f16kv(launch, pack, stream):
     def head(*, q, kc, vc, part_ml, part_acc, pos, mask):
         return (q, kc, vc, part_ml, part_acc, pos, mask)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
         if len(head) != 7:
             raise TypeError("attention_split_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
 
 
 def _attention_split_last_f16kv(launch, pack, stream):
-    def head(*, q, kc, vc, part_ml, part_acc, out, count, pos, mask):
-        return (q, kc, vc, part_ml, part_acc, out, count, pos, mask)
+    def head(*, q, kc, vc, part_ml, part_acc, out, count, pos, mask, sinks):
+        return (q, kc, vc, part_ml, part_acc, out, count, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
-        if len(head) != 9:
+    def kernel(grid, block, head, *, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
+        if len(head) != 10:
             raise TypeError("attention_split_last_f16kv: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, Hq, Hkv, hd, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -144,13 +144,13 @@ def _delta_qkv_f32(launch, pack, stream):
 
 
 def _flash_attention_f16kv_128(launch, pack, stream):  # 4 kernels
-    def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask):
-        return (q, kc, vc, out, part_ml, part_acc, pos, mask)
+    def head(*, q, kc, vc, out, part_ml, part_acc, pos, mask, sinks):
+        return (q, kc, vc, out, part_ml, part_acc, pos, mask, sinks)
 
-    def kernel(grid, block, head, *, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, shared=0):
-        if len(head) != 8:
+    def kernel(grid, block, head, *, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, span, shared=0):
+        if len(head) != 9:
             raise TypeError("flash_attention_f16kv_128: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk), shared, stream)
+        return launch(grid, block, pack(*head, N, Hq, Hkv, ctx, n_kv, scale, softcap, causal, window, chunk, span), shared, stream)
 
     kernel.head = head
     return kernel
@@ -163,14 +163,14 @@ def _geglu_f32(launch, pack, stream):  # 2 kernels
     return kernel
 
 
-def _get_rows_bf16(launch, pack, stream):  # 11 kernels
+def _get_rows_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, ids, out, K, rb, scale, shared=0):
         return launch(grid, block, pack(W, ids, out, K, rb, scale), shared, stream)
 
     return kernel
 
 
-def _hmm1_bf16(launch, pack, stream):  # 22 kernels
+def _hmm1_bf16(launch, pack, stream):  # 46 kernels
     def kernel(grid, block, *, W, X, Y, K, M, H, N, rb, shared=0):
         return launch(grid, block, pack(W, X, Y, K, M, H, N, rb), shared, stream)
 
@@ -211,7 +211,7 @@ def _mla_attention_split(launch, pack, stream):  # 2 kernels
     return kernel
 
 
-def _mla_kb_t_bf16(launch, pack, stream):  # 11 kernels
+def _mla_kb_t_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, y, H, R, nope, rb, shared=0):
         return launch(grid, block, pack(W, y, H, R, nope, rb), shared, stream)
 
@@ -225,21 +225,21 @@ def _mla_pack_kv_f32(launch, pack, stream):
     return kernel
 
 
-def _mm1_bf16(launch, pack, stream):  # 44 kernels
+def _mm1_bf16(launch, pack, stream):  # 92 kernels
     def kernel(grid, block, *, W, X, Y, K, M, N, rb, acc, shared=0):
         return launch(grid, block, pack(W, X, Y, K, M, N, rb, acc), shared, stream)
 
     return kernel
 
 
-def _mma_bf16(launch, pack, stream):  # 10 kernels
+def _mma_bf16(launch, pack, stream):  # 22 kernels
     def kernel(grid, block, *, W, X, Y, K, M, N, rb, acc, P, shared=0):
         return launch(grid, block, pack(W, X, Y, K, M, N, rb, acc, P), shared, stream)
 
     return kernel
 
 
-def _mma_moe_bf16(launch, pack, stream):  # 10 kernels
+def _mma_moe_bf16(launch, pack, stream):  # 22 kernels
     def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, shared=0):
         return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb), shared, stream)
 
@@ -260,42 +260,48 @@ def _mma_x_f16(launch, pack, stream):
     return kernel
 
 
-def _mmaglu_bf16(launch, pack, stream):  # 10 kernels
+def _mmaglu_bf16(launch, pack, stream):  # 22 kernels
     def kernel(grid, block, *, Wg, Wu, X, Y, K, M, N, rb, act, P, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, Y, K, M, N, rb, act, P), shared, stream)
 
     return kernel
 
 
-def _mmaglu_moe_bf16(launch, pack, stream):  # 10 kernels
-    def kernel(grid, block, *, Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act, shared=0):
-        return launch(grid, block, pack(Wg, Wu, X, order, eoff, tiles, H, K, M, k, es, rb, act), shared, stream)
+def _mmaglu_moe_bf16(launch, pack, stream):  # 22 kernels
+    def head(*, Wg, Wu, X, order, eoff, tiles, H, bg, bu):
+        return (Wg, Wu, X, order, eoff, tiles, H, bg, bu)
 
+    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, shared=0):
+        if len(head) != 9:
+            raise TypeError("mmaglu_moe_bf16: the third argument must be kernel.head(...)")
+        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit), shared, stream)
+
+    kernel.head = head
     return kernel
 
 
-def _mmglu1_bf16(launch, pack, stream):  # 44 kernels
+def _mmglu1_bf16(launch, pack, stream):  # 92 kernels
     def kernel(grid, block, *, Wg, Wu, X, Y, K, M, N, rb, act, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, Y, K, M, N, rb, act), shared, stream)
 
     return kernel
 
 
-def _mmgnorm1_bf16(launch, pack, stream):  # 11 kernels
+def _mmgnorm1_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, Wg, Wu, X, nw, eps, Y, K, M, rb, act, split, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, nw, eps, Y, K, M, rb, act, split), shared, stream)
 
     return kernel
 
 
-def _mmn1_bf16(launch, pack, stream):  # 44 kernels
+def _mmn1_bf16(launch, pack, stream):  # 92 kernels
     def kernel(grid, block, *, W0, W1, W2, X, Y0, Y1, Y2, K, M0, M1, M2, N, rb, shared=0):
         return launch(grid, block, pack(W0, W1, W2, X, Y0, Y1, Y2, K, M0, M1, M2, N, rb), shared, stream)
 
     return kernel
 
 
-def _mmnorm1_bf16(launch, pack, stream):  # 11 kernels
+def _mmnorm1_bf16(launch, pack, stream):  # 23 kernels
     def head(*, W0, W1, W2, X, nw):
         return (W0, W1, W2, X, nw)
 
@@ -308,21 +314,28 @@ def _mmnorm1_bf16(launch, pack, stream):  # 11 kernels
     return kernel
 
 
-def _mmsk1_bf16(launch, pack, stream):  # 11 kernels
+def _mmsk1_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, X, Y, K, rb, acc, shared=0):
         return launch(grid, block, pack(W, X, Y, K, rb, acc), shared, stream)
 
     return kernel
 
 
-def _moe_down_bf16(launch, pack, stream):  # 11 kernels
+def _moe_down_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, H, ids, wts, Y, F, D, k, es, rb, shared=0):
         return launch(grid, block, pack(W, H, ids, wts, Y, F, D, k, es, rb), shared, stream)
 
     return kernel
 
 
-def _moe_glu_bf16(launch, pack, stream):  # 11 kernels
+def _moe_down_bias_f32(launch, pack, stream):
+    def kernel(grid, block, *, Y, bd, ids, wts, n, D, k, shared=0):
+        return launch(grid, block, pack(Y, bd, ids, wts, n, D, k), shared, stream)
+
+    return kernel
+
+
+def _moe_glu_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, Wg, Wu, X, ids, Y, K, F, k, es, rb, act, shared=0):
         return launch(grid, block, pack(Wg, Wu, X, ids, Y, K, F, k, es, rb, act), shared, stream)
 
@@ -336,7 +349,7 @@ def _moe_group_i32(launch, pack, stream):
     return kernel
 
 
-def _moe_mm_bf16(launch, pack, stream):  # 11 kernels
+def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, X, ids, Y, K, M, x_div, es, rb, shared=0):
         return launch(grid, block, pack(W, X, ids, Y, K, M, x_div, es, rb), shared, stream)
 
@@ -346,6 +359,20 @@ def _moe_mm_bf16(launch, pack, stream):  # 11 kernels
 def _moe_route_f32(launch, pack, stream):
     def kernel(grid, block, *, logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used, shared=0):
         return launch(grid, block, pack(logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used), shared, stream)
+
+    return kernel
+
+
+def _moe_swiglu_oai_f32(launch, pack, stream):
+    def kernel(grid, block, *, G, U, bg, bu, ids, H, n, F, alpha, limit, shared=0):
+        return launch(grid, block, pack(G, U, bg, bu, ids, H, n, F, alpha, limit), shared, stream)
+
+    return kernel
+
+
+def _moe_weight_input_f32(launch, pack, stream):
+    def kernel(grid, block, *, X, wts, X2, ones, n, K, k, shared=0):
+        return launch(grid, block, pack(X, wts, X2, ones, n, K, k), shared, stream)
 
     return kernel
 
@@ -381,6 +408,13 @@ def _mvna_q4_k(launch, pack, stream):  # 20 kernels
         return launch(grid, block, pack(*head, eps, Y0, Y1, Y2, K, M0, M1, M2, rb, norm), shared, stream)
 
     kernel.head = head
+    return kernel
+
+
+def _pos_scale_f32(launch, pack, stream):
+    def kernel(grid, block, *, x, pos, y, n, row, floor_, scale, offset, shared=0):
+        return launch(grid, block, pack(x, pos, y, n, row, floor_, scale, offset), shared, stream)
+
     return kernel
 
 
@@ -519,10 +553,10 @@ KERNELS = {
     "add_f32": ("QQQq", _add_f32),
     "add_row_f32": ("QQQqi", _add_row_f32),
     "argmax_f32": ("QiQ", _argmax_f32),
-    "attention_combine": ("QQQiii", _attention_combine),
-    "attention_f16kv": ("QQQQQQiiiiiffii", _attention_f16kv),
-    "attention_split_f16kv": ("QQQQQQQiiiiiffiii", _attention_split_f16kv),
-    "attention_split_last_f16kv": ("QQQQQQQQQiiiiiffiii", _attention_split_last_f16kv),
+    "attention_combine": ("QQQQiii", _attention_combine),
+    "attention_f16kv": ("QQQQQQQiiiiiffiii", _attention_f16kv),
+    "attention_split_f16kv": ("QQQQQQQiiiiiffiiii", _attention_split_f16kv),
+    "attention_split_last_f16kv": ("QQQQQQQQQQiiiiiffiiii", _attention_split_last_f16kv),
     "columns_f32": ("QQqiii", _columns_f32),
     "copy_cols_f16": ("QQqiiiii", _copy_cols_f16),
     "copy_cols_f32": ("QQqiiiii", _copy_cols_f16),
@@ -533,15 +567,25 @@ KERNELS = {
     "delta_gates_f32": ("QQQQQQqi", _delta_gates_f32),
     "delta_net_f32": ("QQQQQQQQiiiiif", _delta_net_f32),
     "delta_qkv_f32": ("QQQQiiiiff", _delta_qkv_f32),
-    "flash_attention_f16kv_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_192_128": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_256": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
-    "flash_attention_f16kv_64": ("QQQQQQQQiiiiiffiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_128": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_192_128": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_256": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
+    "flash_attention_f16kv_64": ("QQQQQQQQQiiiiiffiiii", _flash_attention_f16kv_128),
     "geglu_f32": ("QQQqiii", _geglu_f32),
     "gelu_f32": ("QQq", _copy_f32),
     "get_rows_bf16": ("QQQiqf", _get_rows_bf16),
     "get_rows_f16": ("QQQiqf", _get_rows_bf16),
     "get_rows_f32": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq1_m": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq1_s": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq2_s": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq2_xs": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq2_xxs": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq3_s": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq3_xxs": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq4_nl": ("QQQiqf", _get_rows_bf16),
+    "get_rows_iq4_xs": ("QQQiqf", _get_rows_bf16),
+    "get_rows_mxfp4": ("QQQiqf", _get_rows_bf16),
     "get_rows_q4_0": ("QQQiqf", _get_rows_bf16),
     "get_rows_q4_1": ("QQQiqf", _get_rows_bf16),
     "get_rows_q4_k": ("QQQiqf", _get_rows_bf16),
@@ -550,9 +594,21 @@ KERNELS = {
     "get_rows_q5_k": ("QQQiqf", _get_rows_bf16),
     "get_rows_q6_k": ("QQQiqf", _get_rows_bf16),
     "get_rows_q8_0": ("QQQiqf", _get_rows_bf16),
+    "get_rows_tq1_0": ("QQQiqf", _get_rows_bf16),
+    "get_rows_tq2_0": ("QQQiqf", _get_rows_bf16),
     "hmm1_bf16": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_f16": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_f32": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq1_m": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq1_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq2_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq2_xs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq2_xxs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq3_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq3_xxs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq4_nl": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_iq4_xs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_mxfp4": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_q4_0": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_q4_1": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_q4_k": ("QQQiiiiq", _hmm1_bf16),
@@ -561,9 +617,21 @@ KERNELS = {
     "hmm1_q5_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_q6_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm1_q8_0": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_tq1_0": ("QQQiiiiq", _hmm1_bf16),
+    "hmm1_tq2_0": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_bf16": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_f16": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_f32": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq1_m": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq1_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq2_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq2_xs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq2_xxs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq3_s": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq3_xxs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq4_nl": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_iq4_xs": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_mxfp4": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q4_0": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q4_1": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q4_k": ("QQQiiiiq", _hmm1_bf16),
@@ -572,6 +640,8 @@ KERNELS = {
     "hmm8_q5_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q6_k": ("QQQiiiiq", _hmm1_bf16),
     "hmm8_q8_0": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_tq1_0": ("QQQiiiiq", _hmm1_bf16),
+    "hmm8_tq2_0": ("QQQiiiiq", _hmm1_bf16),
     "kv_store": ("QQQQQiiii", _kv_store),
     "kv_store_latent_f32": ("QQQii", _kv_store_latent_f32),
     "logprob_rows": ("QqQQiQ", _logprob_rows),
@@ -580,6 +650,16 @@ KERNELS = {
     "mla_kb_t_bf16": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_f16": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_f32": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq1_m": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq1_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_xs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq2_xxs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq3_s": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq3_xxs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq4_nl": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_iq4_xs": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_mxfp4": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q4_0": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q4_1": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q4_k": ("QQiiiq", _mla_kb_t_bf16),
@@ -588,10 +668,22 @@ KERNELS = {
     "mla_kb_t_q5_k": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q6_k": ("QQiiiq", _mla_kb_t_bf16),
     "mla_kb_t_q8_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_tq1_0": ("QQiiiq", _mla_kb_t_bf16),
+    "mla_kb_t_tq2_0": ("QQiiiq", _mla_kb_t_bf16),
     "mla_pack_kv_f32": ("QQQQQiiiiiii", _mla_pack_kv_f32),
     "mm1_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f16": ("QQQiiiqi", _mm1_bf16),
     "mm1_f32": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq1_m": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq1_s": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq2_s": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq2_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq2_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq3_s": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq3_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq4_nl": ("QQQiiiqi", _mm1_bf16),
+    "mm1_iq4_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm1_mxfp4": ("QQQiiiqi", _mm1_bf16),
     "mm1_q4_0": ("QQQiiiqi", _mm1_bf16),
     "mm1_q4_1": ("QQQiiiqi", _mm1_bf16),
     "mm1_q4_k": ("QQQiiiqi", _mm1_bf16),
@@ -600,9 +692,21 @@ KERNELS = {
     "mm1_q5_k": ("QQQiiiqi", _mm1_bf16),
     "mm1_q6_k": ("QQQiiiqi", _mm1_bf16),
     "mm1_q8_0": ("QQQiiiqi", _mm1_bf16),
+    "mm1_tq1_0": ("QQQiiiqi", _mm1_bf16),
+    "mm1_tq2_0": ("QQQiiiqi", _mm1_bf16),
     "mm4_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm4_f16": ("QQQiiiqi", _mm1_bf16),
     "mm4_f32": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq1_m": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq1_s": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq2_s": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq2_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq2_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq3_s": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq3_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq4_nl": ("QQQiiiqi", _mm1_bf16),
+    "mm4_iq4_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm4_mxfp4": ("QQQiiiqi", _mm1_bf16),
     "mm4_q4_0": ("QQQiiiqi", _mm1_bf16),
     "mm4_q4_1": ("QQQiiiqi", _mm1_bf16),
     "mm4_q4_k": ("QQQiiiqi", _mm1_bf16),
@@ -611,9 +715,21 @@ KERNELS = {
     "mm4_q5_k": ("QQQiiiqi", _mm1_bf16),
     "mm4_q6_k": ("QQQiiiqi", _mm1_bf16),
     "mm4_q8_0": ("QQQiiiqi", _mm1_bf16),
+    "mm4_tq1_0": ("QQQiiiqi", _mm1_bf16),
+    "mm4_tq2_0": ("QQQiiiqi", _mm1_bf16),
     "mm8_bf16": ("QQQiiiqi", _mm1_bf16),
     "mm8_f16": ("QQQiiiqi", _mm1_bf16),
     "mm8_f32": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq1_m": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq1_s": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq2_s": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq2_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq2_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq3_s": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq3_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq4_nl": ("QQQiiiqi", _mm1_bf16),
+    "mm8_iq4_xs": ("QQQiiiqi", _mm1_bf16),
+    "mm8_mxfp4": ("QQQiiiqi", _mm1_bf16),
     "mm8_q4_0": ("QQQiiiqi", _mm1_bf16),
     "mm8_q4_1": ("QQQiiiqi", _mm1_bf16),
     "mm8_q4_k": ("QQQiiiqi", _mm1_bf16),
@@ -622,10 +738,31 @@ KERNELS = {
     "mm8_q5_k": ("QQQiiiqi", _mm1_bf16),
     "mm8_q6_k": ("QQQiiiqi", _mm1_bf16),
     "mm8_q8_0": ("QQQiiiqi", _mm1_bf16),
+    "mm8_tq1_0": ("QQQiiiqi", _mm1_bf16),
+    "mm8_tq2_0": ("QQQiiiqi", _mm1_bf16),
     "mma_bf16": ("QQQiiiqiQ", _mma_bf16),
     "mma_f16": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq1_m": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq1_s": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq2_s": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq2_xs": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq2_xxs": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq3_s": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq3_xxs": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq4_nl": ("QQQiiiqiQ", _mma_bf16),
+    "mma_iq4_xs": ("QQQiiiqiQ", _mma_bf16),
     "mma_moe_bf16": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_f16": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq1_m": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq1_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_xs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq2_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq3_s": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq3_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq4_nl": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_iq4_xs": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_mxfp4": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_q4_0": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_q4_1": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_q4_k": ("QQQQQQiiqq", _mma_moe_bf16),
@@ -634,6 +771,9 @@ KERNELS = {
     "mma_moe_q5_k": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_q6_k": ("QQQQQQiiqq", _mma_moe_bf16),
     "mma_moe_q8_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_tq1_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_tq2_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_mxfp4": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_1": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_k": ("QQQiiiqiQ", _mma_bf16),
@@ -643,19 +783,43 @@ KERNELS = {
     "mma_q6_k": ("QQQiiiqiQ", _mma_bf16),
     "mma_q8_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_reduce": ("QQiiqi", _mma_reduce),
+    "mma_tq1_0": ("QQQiiiqiQ", _mma_bf16),
+    "mma_tq2_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_x_f16": ("QQq", _mma_x_f16),
     "mmaglu_bf16": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_f16": ("QQQQiiiqiQ", _mmaglu_bf16),
-    "mmaglu_moe_bf16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_f16": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_1": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q6_k": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
-    "mmaglu_moe_q8_0": ("QQQQQQQiiiqqi", _mmaglu_moe_bf16),
+    "mmaglu_iq1_m": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq1_s": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq2_s": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq2_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq2_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq3_s": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq3_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq4_nl": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_iq4_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_mxfp4": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_k": ("QQQQiiiqiQ", _mmaglu_bf16),
@@ -664,9 +828,21 @@ KERNELS = {
     "mmaglu_q5_k": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q6_k": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q8_0": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_tq1_0": ("QQQQiiiqiQ", _mmaglu_bf16),
+    "mmaglu_tq2_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmglu1_bf16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_f16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_f32": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq1_m": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq1_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq2_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq2_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq2_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq3_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq3_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq4_nl": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_iq4_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_mxfp4": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_q4_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_q4_1": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_q4_k": ("QQQQiiiqi", _mmglu1_bf16),
@@ -675,9 +851,21 @@ KERNELS = {
     "mmglu1_q5_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_q6_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu1_q8_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_tq1_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu1_tq2_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_bf16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_f16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_f32": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq1_m": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq1_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq2_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq2_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq2_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq3_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq3_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq4_nl": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_iq4_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_mxfp4": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_q4_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_q4_1": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_q4_k": ("QQQQiiiqi", _mmglu1_bf16),
@@ -686,9 +874,21 @@ KERNELS = {
     "mmglu4_q5_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_q6_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu4_q8_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_tq1_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu4_tq2_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_bf16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_f16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_f32": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq1_m": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq1_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq2_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq2_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq2_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq3_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq3_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq4_nl": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_iq4_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_mxfp4": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_q4_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_q4_1": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_q4_k": ("QQQQiiiqi", _mmglu1_bf16),
@@ -697,9 +897,21 @@ KERNELS = {
     "mmglu8_q5_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_q6_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmglu8_q8_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_tq1_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmglu8_tq2_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmgnorm1_bf16": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_f16": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_f32": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq1_m": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq1_s": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq2_s": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq2_xs": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq2_xxs": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq3_s": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq3_xxs": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq4_nl": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_iq4_xs": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_mxfp4": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_q4_0": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_q4_1": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_q4_k": ("QQQQfQiiqii", _mmgnorm1_bf16),
@@ -708,9 +920,21 @@ KERNELS = {
     "mmgnorm1_q5_k": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_q6_k": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmgnorm1_q8_0": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_tq1_0": ("QQQQfQiiqii", _mmgnorm1_bf16),
+    "mmgnorm1_tq2_0": ("QQQQfQiiqii", _mmgnorm1_bf16),
     "mmn1_bf16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_f16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_f32": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq1_m": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq1_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq2_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq2_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq2_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq3_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq3_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq4_nl": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_iq4_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_mxfp4": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_q4_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_q4_1": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_q4_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
@@ -719,9 +943,21 @@ KERNELS = {
     "mmn1_q5_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_q6_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn1_q8_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_tq1_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn1_tq2_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_bf16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_f16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_f32": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq1_m": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq1_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq2_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq2_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq2_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq3_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq3_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq4_nl": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_iq4_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_mxfp4": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_q4_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_q4_1": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_q4_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
@@ -730,9 +966,21 @@ KERNELS = {
     "mmn4_q5_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_q6_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn4_q8_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_tq1_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn4_tq2_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_bf16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_f16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_f32": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq1_m": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq1_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq2_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq2_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq2_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq3_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq3_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq4_nl": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_iq4_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_mxfp4": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_q4_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_q4_1": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_q4_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
@@ -741,9 +989,21 @@ KERNELS = {
     "mmn8_q5_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_q6_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmn8_q8_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_tq1_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmn8_tq2_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmnorm1_bf16": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_f16": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_f32": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq1_m": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq1_s": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq2_s": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq2_xs": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq2_xxs": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq3_s": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq3_xxs": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq4_nl": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_iq4_xs": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_mxfp4": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_q4_0": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_q4_1": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_q4_k": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
@@ -752,9 +1012,21 @@ KERNELS = {
     "mmnorm1_q5_k": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_q6_k": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmnorm1_q8_0": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_tq1_0": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
+    "mmnorm1_tq2_0": ("QQQQQfQQQiiiiqi", _mmnorm1_bf16),
     "mmsk1_bf16": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_f16": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_f32": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq1_m": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq1_s": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq2_s": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq2_xs": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq2_xxs": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq3_s": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq3_xxs": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq4_nl": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_iq4_xs": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_mxfp4": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_q4_0": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_q4_1": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_q4_k": ("QQQiqi", _mmsk1_bf16),
@@ -763,9 +1035,21 @@ KERNELS = {
     "mmsk1_q5_k": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_q6_k": ("QQQiqi", _mmsk1_bf16),
     "mmsk1_q8_0": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_tq1_0": ("QQQiqi", _mmsk1_bf16),
+    "mmsk1_tq2_0": ("QQQiqi", _mmsk1_bf16),
     "mmt8_bf16": ("QQQiiiqi", _mm1_bf16),
     "mmt8_f16": ("QQQiiiqi", _mm1_bf16),
     "mmt8_f32": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq1_m": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq1_s": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq2_s": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq2_xs": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq2_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq3_s": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq3_xxs": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq4_nl": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_iq4_xs": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_mxfp4": ("QQQiiiqi", _mm1_bf16),
     "mmt8_q4_0": ("QQQiiiqi", _mm1_bf16),
     "mmt8_q4_1": ("QQQiiiqi", _mm1_bf16),
     "mmt8_q4_k": ("QQQiiiqi", _mm1_bf16),
@@ -774,9 +1058,21 @@ KERNELS = {
     "mmt8_q5_k": ("QQQiiiqi", _mm1_bf16),
     "mmt8_q6_k": ("QQQiiiqi", _mm1_bf16),
     "mmt8_q8_0": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_tq1_0": ("QQQiiiqi", _mm1_bf16),
+    "mmt8_tq2_0": ("QQQiiiqi", _mm1_bf16),
     "mmtglu8_bf16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_f16": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_f32": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq1_m": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq1_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq2_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq2_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq2_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq3_s": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq3_xxs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq4_nl": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_iq4_xs": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_mxfp4": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_q4_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_q4_1": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_q4_k": ("QQQQiiiqi", _mmglu1_bf16),
@@ -785,9 +1081,21 @@ KERNELS = {
     "mmtglu8_q5_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_q6_k": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtglu8_q8_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_tq1_0": ("QQQQiiiqi", _mmglu1_bf16),
+    "mmtglu8_tq2_0": ("QQQQiiiqi", _mmglu1_bf16),
     "mmtn8_bf16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_f16": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_f32": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq1_m": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq1_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq2_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq2_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq2_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq3_s": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq3_xxs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq4_nl": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_iq4_xs": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_mxfp4": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_q4_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_q4_1": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_q4_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
@@ -796,9 +1104,22 @@ KERNELS = {
     "mmtn8_q5_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_q6_k": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "mmtn8_q8_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_tq1_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
+    "mmtn8_tq2_0": ("QQQQQQQiiiiiq", _mmn1_bf16),
     "moe_down_bf16": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_bias_f32": ("QQQQqii", _moe_down_bias_f32),
     "moe_down_f16": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_f32": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq1_m": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq1_s": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq2_s": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq2_xs": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq2_xxs": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq3_s": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq3_xxs": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq4_nl": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_iq4_xs": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_mxfp4": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_q4_0": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_q4_1": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_q4_k": ("QQQQQiiiqq", _moe_down_bf16),
@@ -807,9 +1128,21 @@ KERNELS = {
     "moe_down_q5_k": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_q6_k": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_down_q8_0": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_tq1_0": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_down_tq2_0": ("QQQQQiiiqq", _moe_down_bf16),
     "moe_glu_bf16": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_f16": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_f32": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq1_m": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq1_s": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq2_s": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq2_xs": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq2_xxs": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq3_s": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq3_xxs": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq4_nl": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_iq4_xs": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_mxfp4": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q4_0": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q4_1": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q4_k": ("QQQQQiiiqqi", _moe_glu_bf16),
@@ -818,10 +1151,22 @@ KERNELS = {
     "moe_glu_q5_k": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q6_k": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_glu_q8_0": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_tq1_0": ("QQQQQiiiqqi", _moe_glu_bf16),
+    "moe_glu_tq2_0": ("QQQQQiiiqqi", _moe_glu_bf16),
     "moe_group_i32": ("QQQQiii", _moe_group_i32),
     "moe_mm_bf16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f16": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_f32": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq1_m": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq1_s": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq2_s": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq2_xs": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq2_xxs": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq3_s": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq3_xxs": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq4_nl": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_iq4_xs": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_mxfp4": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q4_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q4_1": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q4_k": ("QQQQiiiqq", _moe_mm_bf16),
@@ -830,7 +1175,11 @@ KERNELS = {
     "moe_mm_q5_k": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q6_k": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_q8_0": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_tq1_0": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mm_tq2_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_swiglu_oai_f32": ("QQQQQQqiff", _moe_swiglu_oai_f32),
+    "moe_weight_input_f32": ("QQQQqii", _moe_weight_input_f32),
     "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),
     "mul_col_f32": ("QQQqi", _add_row_f32),
     "mul_f32": ("QQQq", _add_f32),
@@ -895,6 +1244,7 @@ KERNELS = {
     "mvne_q5_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q6_k": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
     "mvne_q8_0": ("QQQQQfQQQiiiiqi", _mvna_q4_k),
+    "pos_scale_f32": ("QQQqifff", _pos_scale_f32),
     "qk_rope_kv_store_f32": ("QQQQQQQQQiiiiiiififfQif", _qk_rope_kv_store_f32),
     "residual_add_f32": ("QQQiifff", _residual_add_f32),
     "rms_norm_gate_f32": ("QQQQiif", _rms_norm_gate_f32),
@@ -915,4 +1265,321 @@ KERNELS = {
     "ssm_scan_f32": ("QQQQQQQQQiiiiii", _ssm_scan_f32),
     "swiglu_f32": ("QQQqiii", _geglu_f32),
     "topk_f32": ("QQiiiQQ", _topk_f32),
+}
+
+# the kernels of the other fatbins (cuda/core.py loads one when a kernel of it is first used):
+# kernel name -> fatbin file
+MODULE_OF = {
+    "get_rows_iq1_m": "reflex_kernels_iq.fatbin",
+    "get_rows_iq1_s": "reflex_kernels_iq.fatbin",
+    "get_rows_iq2_s": "reflex_kernels_iq.fatbin",
+    "get_rows_iq2_xs": "reflex_kernels_iq.fatbin",
+    "get_rows_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "get_rows_iq3_s": "reflex_kernels_iq.fatbin",
+    "get_rows_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "get_rows_iq4_nl": "reflex_kernels_iq.fatbin",
+    "get_rows_iq4_xs": "reflex_kernels_iq.fatbin",
+    "get_rows_mxfp4": "reflex_kernels_iq.fatbin",
+    "get_rows_tq1_0": "reflex_kernels_iq.fatbin",
+    "get_rows_tq2_0": "reflex_kernels_iq.fatbin",
+    "hmm1_iq1_m": "reflex_kernels_iq.fatbin",
+    "hmm1_iq1_s": "reflex_kernels_iq.fatbin",
+    "hmm1_iq2_s": "reflex_kernels_iq.fatbin",
+    "hmm1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "hmm1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "hmm1_iq3_s": "reflex_kernels_iq.fatbin",
+    "hmm1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "hmm1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "hmm1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "hmm1_mxfp4": "reflex_kernels_iq.fatbin",
+    "hmm1_tq1_0": "reflex_kernels_iq.fatbin",
+    "hmm1_tq2_0": "reflex_kernels_iq.fatbin",
+    "hmm8_iq1_m": "reflex_kernels_iq.fatbin",
+    "hmm8_iq1_s": "reflex_kernels_iq.fatbin",
+    "hmm8_iq2_s": "reflex_kernels_iq.fatbin",
+    "hmm8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "hmm8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "hmm8_iq3_s": "reflex_kernels_iq.fatbin",
+    "hmm8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "hmm8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "hmm8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "hmm8_mxfp4": "reflex_kernels_iq.fatbin",
+    "hmm8_tq1_0": "reflex_kernels_iq.fatbin",
+    "hmm8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq1_m": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq1_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq3_s": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_mxfp4": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_tq1_0": "reflex_kernels_iq.fatbin",
+    "mla_kb_t_tq2_0": "reflex_kernels_iq.fatbin",
+    "mm1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mm1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mm1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mm1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mm1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mm1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mm1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mm1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mm1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mm1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mm1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mm1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mm4_iq1_m": "reflex_kernels_iq.fatbin",
+    "mm4_iq1_s": "reflex_kernels_iq.fatbin",
+    "mm4_iq2_s": "reflex_kernels_iq.fatbin",
+    "mm4_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mm4_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mm4_iq3_s": "reflex_kernels_iq.fatbin",
+    "mm4_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mm4_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mm4_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mm4_mxfp4": "reflex_kernels_iq.fatbin",
+    "mm4_tq1_0": "reflex_kernels_iq.fatbin",
+    "mm4_tq2_0": "reflex_kernels_iq.fatbin",
+    "mm8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mm8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mm8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mm8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mm8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mm8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mm8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mm8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mm8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mm8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mm8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mm8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mma_iq1_m": "reflex_kernels_iq.fatbin",
+    "mma_iq1_s": "reflex_kernels_iq.fatbin",
+    "mma_iq2_s": "reflex_kernels_iq.fatbin",
+    "mma_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mma_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mma_iq3_s": "reflex_kernels_iq.fatbin",
+    "mma_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mma_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mma_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq1_m": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq1_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq3_s": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mma_moe_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mma_moe_mxfp4": "reflex_kernels_iq.fatbin",
+    "mma_moe_tq1_0": "reflex_kernels_iq.fatbin",
+    "mma_moe_tq2_0": "reflex_kernels_iq.fatbin",
+    "mma_mxfp4": "reflex_kernels_iq.fatbin",
+    "mma_tq1_0": "reflex_kernels_iq.fatbin",
+    "mma_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmaglu_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmaglu_moe_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmaglu_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmaglu_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmaglu_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmglu1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmglu1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmglu1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmglu1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmglu4_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmglu4_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmglu4_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmglu4_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmglu8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmglu8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmglu8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmglu8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmgnorm1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmn1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmn1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmn1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmn1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmn1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmn1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmn1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmn1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmn1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmn1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmn1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmn1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmn4_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmn4_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmn4_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmn4_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmn4_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmn4_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmn4_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmn4_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmn4_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmn4_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmn4_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmn4_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmn8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmn8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmn8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmn8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmn8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmn8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmn8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmn8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmn8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmn8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmn8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmn8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmnorm1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmnorm1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmnorm1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmnorm1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmsk1_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmsk1_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmsk1_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmsk1_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmt8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmt8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmt8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmt8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmt8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmt8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmt8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmt8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmt8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmt8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmt8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmt8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmtglu8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmtglu8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmtglu8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmtglu8_tq2_0": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq1_m": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq1_s": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq2_s": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq2_xs": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq3_s": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq4_nl": "reflex_kernels_iq.fatbin",
+    "mmtn8_iq4_xs": "reflex_kernels_iq.fatbin",
+    "mmtn8_mxfp4": "reflex_kernels_iq.fatbin",
+    "mmtn8_tq1_0": "reflex_kernels_iq.fatbin",
+    "mmtn8_tq2_0": "reflex_kernels_iq.fatbin",
+    "moe_down_iq1_m": "reflex_kernels_iq.fatbin",
+    "moe_down_iq1_s": "reflex_kernels_iq.fatbin",
+    "moe_down_iq2_s": "reflex_kernels_iq.fatbin",
+    "moe_down_iq2_xs": "reflex_kernels_iq.fatbin",
+    "moe_down_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "moe_down_iq3_s": "reflex_kernels_iq.fatbin",
+    "moe_down_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "moe_down_iq4_nl": "reflex_kernels_iq.fatbin",
+    "moe_down_iq4_xs": "reflex_kernels_iq.fatbin",
+    "moe_down_mxfp4": "reflex_kernels_iq.fatbin",
+    "moe_down_tq1_0": "reflex_kernels_iq.fatbin",
+    "moe_down_tq2_0": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq1_m": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq1_s": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq2_s": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq2_xs": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq3_s": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq4_nl": "reflex_kernels_iq.fatbin",
+    "moe_glu_iq4_xs": "reflex_kernels_iq.fatbin",
+    "moe_glu_mxfp4": "reflex_kernels_iq.fatbin",
+    "moe_glu_tq1_0": "reflex_kernels_iq.fatbin",
+    "moe_glu_tq2_0": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq1_m": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq1_s": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq2_s": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq2_xs": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq2_xxs": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq3_s": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq3_xxs": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq4_nl": "reflex_kernels_iq.fatbin",
+    "moe_mm_iq4_xs": "reflex_kernels_iq.fatbin",
+    "moe_mm_mxfp4": "reflex_kernels_iq.fatbin",
+    "moe_mm_tq1_0": "reflex_kernels_iq.fatbin",
+    "moe_mm_tq2_0": "reflex_kernels_iq.fatbin",
 }

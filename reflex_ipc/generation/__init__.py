@@ -109,10 +109,15 @@ class Generation:
         self.ids = ids
         p = self.p
         self.think = None
+        self.harmony = False
         if p.reasoning or p.thinking_budget is not None:
             from .reasoning import think_tokens
 
             self.think = think_tokens(r.tok)
+            if self.think is None and p.reasoning:  # gpt-oss: channels instead of <think> blocks
+                from ..harmony import is_harmony
+
+                self.harmony = is_harmony(r.tok)
         # choice 0's parts, built (and so checked) before anything runs
         self._first = self._pipeline(0)
 
@@ -305,6 +310,10 @@ class Generation:
             from .reasoning import ReasoningSplitter
 
             split = ReasoningSplitter(self.think_open)
+        elif p.reasoning and self.harmony:
+            from ..harmony import HarmonySplitter
+
+            split = HarmonySplitter()
         text_parts, reasoning_parts = [], []
         finish = "length"
         constraint = stages[0] if stages else None

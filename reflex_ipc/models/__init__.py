@@ -32,27 +32,33 @@ def cuda_unfit(f):
 
 def __getattr__(name):
     """ARCHITECTURES: the supported architectures (the GGUF `general.architecture` values), the
-    modules of this package but the shared ones: an architecture is one module."""
+    modules of this package but the shared ones: an architecture is one module (its name with
+    "-" spelled "_": gpt-oss is gpt_oss.py)."""
     if name == "ARCHITECTURES":
         import os
 
-        return tuple(sorted(f[:-3] for f in os.listdir(os.path.dirname(__file__))
+        return tuple(sorted(f[:-3].replace("_", "-") for f in os.listdir(os.path.dirname(__file__))
                             if f.endswith(".py") and not f.startswith("_") and f[:-3] not in SHARED))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def module(arch):
+    """The module of a supported architecture (gpt-oss: models/gpt_oss.py)."""
+    import importlib
+
+    return importlib.import_module(f".{arch.replace('-', '_')}", __name__)
 
 
 def load_model(ops, f, lora=None):
     """The Model for GGUFFile f, its weights checked and loaded through backend `ops`, with
     LoRA adapters (a reflex_ipc.lora.LoraSet) applied when given."""
-    import importlib
-
     arch = f.architecture
     supported = __getattr__("ARCHITECTURES")
     if arch not in supported:
         raise ReflexError("unsupported_architecture",
                           f"architecture {arch!r} is not supported (supported: {', '.join(supported)})")
     check_vocabulary(f)
-    model = importlib.import_module(f".{arch}", __name__).Model(ops, f, lora)
+    model = module(arch).Model(ops, f, lora)
     if lora is not None:
         lora.check_used()
         if lora.runtime:  # low-rank terms added at run time: the model's matmuls go through LoraOps

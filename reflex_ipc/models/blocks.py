@@ -46,18 +46,19 @@ def qkv(ops, x, L, eps, q_width=None, kv=True):
     return q, None if k is None else k.reshape(N, L.n_head_kv, hd), None if v is None else v.reshape(N, L.n_head_kv, hd)
 
 
-def rope_store(ops, q, k, v, L, S, batch, eps, rope):
+def rope_store(ops, q, k, v, L, S, batch, eps, rope, qk_norm=None):
     """q [N, H, d] and k [N, Hkv, d] RMS-normed per head by L.attn_q_norm / attn_k_norm (when the
-    layer has them) and rotated (rope: rope's keyword arguments; None: no rotation), then k and
-    v stored at the batch's slots of the layer's K/V S. Returns q (rotated in place)."""
-    norm = L.attn_q_norm is not None
+    layer has them; qk_norm True: without weights, Llama 4's L2 norm, which commutes with a
+    rope over every dim) and rotated (rope: rope's keyword arguments; None: no rotation), then
+    k and v stored at the batch's slots of the layer's K/V S. Returns q (rotated in place)."""
+    norm = L.attn_q_norm is not None if qk_norm is None else qk_norm
+    qn, kn = (L.attn_q_norm, L.attn_k_norm) if qk_norm is None else (None, None)
     if rope is None:  # no positions (a NoPE layer): the norms alone
         if norm:
-            q, k = ops.rms_norm(q, L.attn_q_norm, eps), ops.rms_norm(k, L.attn_k_norm, eps)
+            q, k = ops.rms_norm(q, qn, eps), ops.rms_norm(k, kn, eps)
         ops.kv_store(S.k, S.v, k, v, batch.slots)
         return q
-    return qk_rope_kv_store(ops, q, k, v, L.attn_q_norm, L.attn_k_norm, eps, batch.pos, S.k, S.v, batch.slots,
-                            norm=norm, **rope)[0]
+    return qk_rope_kv_store(ops, q, k, v, qn, kn, eps, batch.pos, S.k, S.v, batch.slots, norm=norm, **rope)[0]
 
 
 def rope_q(ops, q, L, eps, batch, rope):
@@ -68,11 +69,13 @@ def rope_q(ops, q, L, eps, batch, rope):
     return ops.rope(q, batch.pos, inplace=True, **rope)
 
 
-def attend(ops, q, S, batch, scale, window=0, softcap=0.0):
+def attend(ops, q, S, batch, scale, window=0, softcap=0.0, sinks=None, chunk=0):
     """Attention of q [N, H, d] over slots 0..n_kv-1 of the K/V S (the batch's own stored
-    first) -> [N, H * dv]."""
+    first) -> [N, H * dv]; a sliding window or chunked attention's chunks, attention sinks
+    (a per-head logit in the softmax's denominator) when given."""
+    kw = {} if sinks is None else {"sinks": sinks}
     out = ops.attention(q, S.k, S.v, batch.slots, batch.n_kv, scale=scale, softcap=softcap,
-                        **batch.attention_args(window))
+                        **batch.attention_args(window, chunk), **kw)
     return out.reshape(batch.n, -1)
 
 
@@ -80,12 +83,11 @@ def residual(ops, x, a, w, b=None, *, post_norm=None, eps=0.0, scale=1.0, out_sc
     """x += scale * post(a @ w.T + b), in place on x (the model's own hidden state, which
     nothing else reads as the old value); post = rms_norm(., post_norm, eps) when given (a
     sandwich norm), then x *= out_scale. Plain: the product is added into x by the matmul
-    itself."""
+    itself, then the bias."""
     if post_norm is None and scale == 1.0 and out_scale == 1.0:
-        if b is None:
-            ops.matmul(a, w, out=x, accumulate=True)
-        else:
-            ops.add(x, linear(ops, a, w, b), out=x)
+        ops.matmul(a, w, out=x, accumulate=True)
+        if b is not None:
+            ops.add(x, b, out=x)
         return x
     return add(ops, x, linear(ops, a, w, b), post_norm=post_norm, eps=eps, scale=scale, out_scale=out_scale)
 
@@ -97,16 +99,20 @@ def add(ops, x, y, *, post_norm=None, eps=0.0, scale=1.0, out_scale=1.0):
 
 
 def attention(ops, x, L, S, batch, eps, *, rope, scale, window=0, softcap=0.0, post_norm=None, res_scale=1.0,
-              gated=False):
+              gated=False, sinks=None, chunk=0, qk_norm=None, temperature=None):
     """x += the self-attention of rms_norm(x, L.attn_norm): q/k/v (qkv), q/k norm + rope +
     K/V store (rope_store), attention (attend), output projection + residual (residual, with
     the layer's post-attention norm and a residual scale when given). gated: attn_q gives each
-    head's query then an output gate of its width; the output is times sigmoid(gate) (qwen35)."""
+    head's query then an output gate of its width; the output is times sigmoid(gate) (qwen35).
+    sinks / chunk: attend's; qk_norm: rope_store's; temperature: pos_scale's keyword arguments
+    (floor, scale, offset): the queries times Llama 4's attention temperature at their positions."""
     hd = L.head_dim
     q, k, v = qkv(ops, x, L, eps, q_width=2 * hd if gated else None)
     qg, q = (q, ops.columns(q, 0, hd)) if gated else (None, q)
-    q = rope_store(ops, q, k, v, L, S, batch, eps, rope)
-    a = attend(ops, q, S, batch, scale, window, softcap)
+    q = rope_store(ops, q, k, v, L, S, batch, eps, rope, qk_norm)
+    if temperature is not None:
+        q = ops.pos_scale(q, batch.pos, **temperature)
+    a = attend(ops, q, S, batch, scale, window, softcap, sinks, chunk)
     if gated:
         a = sigmoid_gate(ops, a, qg, hd, hd)
     return residual(ops, x, a, L.attn_output, L.attn_output_bias, post_norm=post_norm, eps=eps, scale=res_scale)

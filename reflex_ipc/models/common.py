@@ -356,3 +356,37 @@ def same_head_dims(hp):
 
 def default_attn_scale(hp):
     return hp.attn_scale if hp.attn_scale else 1.0 / math.sqrt(hp.head_dim)
+
+
+def swa_layers(hp, n_pattern, dense_first=False):
+    """Which layers are sliding-window (or chunked) ones, as llama.cpp's load_swa_pattern reads
+    them: `attention.sliding_window_pattern` as an array of per-layer flags, else a period n
+    (default n_pattern): layer i is windowed unless i % n == n - 1 (dense_first: unless
+    i % n == 0); n = 0: every layer."""
+    flags = hp.layer_flags("attention.sliding_window_pattern")
+    if flags is not None:
+        if len(flags) < hp.n_layer:
+            raise _bad(f"{hp.arch}.attention.sliding_window_pattern",
+                       f"{len(flags)} entries for {hp.n_layer} layers")
+        return flags[:hp.n_layer]
+    n = hp.int("attention.sliding_window_pattern", default=n_pattern, lo=0, hi=1 << 16)
+    if dense_first:
+        return [n == 0 or i % n != 0 for i in range(hp.n_layer)]
+    return [n == 0 or i % n < n - 1 for i in range(hp.n_layer)]
+
+
+def yarn_rope(hp):
+    """(freq_scale, mscale, yarn) of rope for a model whose rope.scaling.type may be yarn, as
+    llama.cpp's context derives them when the model sets no YaRN log multiplier: ext_factor 1
+    for yarn, attn_factor = get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.attn_factor
+    (ggml's rope multiplies the 1 + 0.1 ln factor back), beta_fast 32, beta_slow 1, the
+    original context rope.scaling.original_context_length (else the trained one)."""
+    fs = 1.0 if hp.rope_scaling == "none" else hp.rope_scale
+    rope_attn = hp.float("rope.scaling.attn_factor", default=1.0, gt=0.0)
+    if hp.rope_scaling != "yarn":
+        return fs, rope_attn, None
+    factor = 1.0 / fs
+    attn = (1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0) / (1.0 + 0.1 * math.log(factor))
+    n_ctx_orig = hp.int("rope.scaling.original_context_length", default=hp.n_ctx_train, lo=0, hi=MAX_CTX) \
+        or hp.n_ctx_train
+    return fs, attn * rope_attn, (1.0, n_ctx_orig, 32.0, 1.0)

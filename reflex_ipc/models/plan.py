@@ -225,7 +225,8 @@ def example(keys, base=TINY, **spec):
     """An EXAMPLES entry: metadata keys (`base` updated by `keys`, in base's order) and the
     writer's options (synthetic.example_gguf): has / lacks (the optional tensors and layouts
     written, as write_gguf takes them), seed, gain, embd_std, rules (synthetic.Init),
-    quantize (matrices quantized where rows fit: a quantized file with its F32 twin beside)."""
+    quantize (matrices quantized where rows fit: a quantized file with its F32 twin beside), vocab
+    (a real vocabulary of synthetic.VOCABS instead of SmolLM2's, chat template included)."""
     return dict(spec, keys={**base, **keys})
 
 

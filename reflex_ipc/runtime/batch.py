@@ -24,10 +24,16 @@ import numpy as np
 def attention_mask(allowed, pos, key_pos, window=0):
     """The additive mask `ops.attention` takes (float32: 0 visible, -inf hidden) for the bool
     visibility `allowed` [N, n_kv], narrowed to a sliding window on positions when window
-    > 0: query n sees key j only while pos[n] - key_pos[j] < window."""
+    > 0: query n sees key j only while pos[n] - key_pos[j] < window. window may also be
+    ("chunk", c): chunked attention, query n sees key j only from the start of its chunk,
+    key_pos[j] >= pos[n] - pos[n] % c (Batch.attention_args' key for it)."""
     vis = allowed
-    if window > 0:
-        vis = vis & ((np.asarray(pos)[:, None].astype(np.int64) - np.asarray(key_pos)[None, :]) < window)
+    p = np.asarray(pos)[:, None].astype(np.int64)
+    if isinstance(window, tuple):
+        c = window[1]
+        vis = vis & (np.asarray(key_pos)[None, :] >= p - p % c)
+    elif window > 0:
+        vis = vis & ((p - np.asarray(key_pos)[None, :]) < window)
     return np.where(vis, np.float32(0), np.float32(-np.inf))
 
 
@@ -73,11 +79,14 @@ class Batch:
         for w, m in (masks or {}).items():
             ops.write(self.masks[w], m)
 
-    def attention_args(self, window=0):
-        """Keyword arguments for ops.attention: causal (with an optional sliding window) or an
-        explicit additive mask built from `allowed` (and the window, on key positions)."""
+    def attention_args(self, window=0, chunk=0):
+        """Keyword arguments for ops.attention: causal (with an optional sliding window, or
+        chunked attention's chunk size) or an explicit additive mask built from `allowed`
+        (and the window or chunks, on key positions; masks keyed by window, or ("chunk", c))."""
         if not self.masked:
-            return {"causal": True, "window": window, "mask": None}
+            return {"causal": True, "window": window, "mask": None, **({"chunk": chunk} if chunk else {})}
+        if chunk:
+            window = ("chunk", int(chunk))
         m = self.masks.get(window)
         if m is None:
             if self.allowed is None:  # a fixed batch asked for a window it has no mask for

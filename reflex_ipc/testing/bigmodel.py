@@ -13,8 +13,9 @@ recorded and the rest goes on), a table last:
    beside the others; check_moe, check_mla: the decode forms), and bench_moe's crossover
    sweep (grouped vs one matvec per pair at 8-512 tokens, Qwen3-30B-A3B and DeepSeek-V2-Lite
    layer shapes), on the backend of --device;
-2. engine: small qwen3moe and deepseek2 GGUFs (synthetic.example_gguf, Q8_0; DeepSeek with its
-   real head widths 128 + 64 / 128 so that the flash form runs) through load_runner on
+2. engine: small qwen3moe, deepseek2, gpt-oss and llama4 GGUFs (synthetic.example_gguf, Q8_0;
+   DeepSeek with its real head widths 128 + 64 / 128 so that the flash form runs; gpt-oss's MoE
+   form, sinks and window, Llama 4's weighted expert inputs, on the grouped GEMMs) through load_runner on
    --device against the numpy backend: the last logits of a 200-token prompt (the grouped
    MoE and the MLA flash forms) within 1e-2 x max|logit|, and the same with REFLEX_MOE_MMA=0
    / REFLEX_MLA_FLASH=0 (the per-pair and absorbed forms) and with the weights streamed
@@ -54,6 +55,15 @@ ENGINE_MODELS = {  # name: (synthetic example, its changed metadata keys, quanti
                                             "attention.key_length_mla": 192, "attention.value_length_mla": 128,
                                             "expert_count": 16, "expert_used_count": 4,
                                             "expert_feed_forward_length": 64}, "Q8_0"),
+    # gpt-oss (issue 31): router bias, softmax over the chosen, expert biases and the clamped SwiGLU in
+    # the grouped GEMMs' epilogue; attention sinks and a 32-key window in the flash prefill (head 64)
+    "gpt-oss-e32-k4": ("gpt-oss", {"embedding_length": 128, "attention.key_length": 64,
+                                   "attention.value_length": 64, "expert_count": 32, "expert_used_count": 4,
+                                   "expert_feed_forward_length": 64, "attention.sliding_window": 32}, "Q8_0"),
+    # Llama 4: each pair's input weighted before its expert (x rows per pair in the grouped GEMMs)
+    "llama4-e16-k1": ("llama4", {"embedding_length": 128, "attention.key_length": 64, "attention.value_length": 64,
+                                 "feed_forward_length": 128, "expert_count": 16, "expert_used_count": 1,
+                                 "expert_feed_forward_length": 64}, "Q8_0"),
 }
 
 
@@ -124,12 +134,14 @@ def compare_engine(path, device):
             run = load_runner(path, device=device)
             ops = run.ops
             m0, f0 = getattr(ops, "moe_mma_launches", 0), getattr(ops, "mla_flash_launches", 0)
+            a0 = getattr(ops, "flash_launches", 0)
             got = np.asarray(run.prompt_logits(ids), np.float64)
             err = float(np.max(np.abs(got - want)))
             res[f"{tag}_logits_max_abs_diff"] = err
             res[f"{tag}_logits_ok"] = bool(np.all(np.isfinite(got)) and err <= 1e-2 * peak)
             res[f"{tag}_moe_mma_launches"] = getattr(ops, "moe_mma_launches", 0) - m0
             res[f"{tag}_mla_flash_launches"] = getattr(ops, "mla_flash_launches", 0) - f0
+            res[f"{tag}_flash_launches"] = getattr(ops, "flash_launches", 0) - a0
             if tag == "stream":
                 up = (ops.upload_stats() or [{}])[0] if hasattr(ops, "upload_stats") else {}
                 res["stream_upload"] = {k: up.get(k) for k in ("mode", "streaming", "bytes", "bytes_done",
@@ -219,7 +231,8 @@ def table(report):
         lines.append("engine: " + json.dumps({k: v for k, v in r.items() if k in (
             "model", "ok", "new_logits_max_abs_diff", "old_logits_max_abs_diff", "stream_logits_max_abs_diff",
             "max_abs_logit", "new_greedy_identical", "new_greedy_near_tie", "stream_greedy_identical",
-            "new_moe_mma_launches", "new_mla_flash_launches", "stream_upload", "error")})[:700])
+            "new_moe_mma_launches", "new_mla_flash_launches", "new_flash_launches", "stream_upload",
+            "error")})[:700])
     if e.get("error"):
         lines.append("engine: ERROR " + e["error"][-800:])
     b = report.get("bench") or {}

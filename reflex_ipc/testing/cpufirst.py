@@ -166,7 +166,7 @@ def table(res):
              f"{'x peer':>7}  choices / est p50 (cpu, gpu, race ms)"]
     for key, c in res["cases"].items():
         model, case = key.split(":")
-        for v in (*VARIANTS, "llama-simple"):
+        for v in (*res.get("variants", VARIANTS), "llama-simple"):
             s = c["summary"].get(v)
             if not s:
                 continue
@@ -186,6 +186,14 @@ def table(res):
         t = TARGETS.get(f"{model} {case}" if model == "8b" else case)
         if t:
             lines.append(f"{'':6} {'':8} target: {t}")
+    marks = ("main_args_parsed", "numpy_imported", "gguf_open", "tokenizer", "backend_ready", "first_token")
+    lines.append("phase marks, p50 ms after launch: " + ", ".join(marks))
+    for key, c in res["cases"].items():
+        for v, runs in c.get("runs", {}).items():
+            ph = [r["phases"] for r in runs if r.get("phases")]
+            if ph:
+                med = [sorted(x.get(m) or 0 for x in ph)[len(ph) // 2] for m in marks]
+                lines.append(f"  {key:14} {v:12} " + " ".join(f"{x:7.1f}" for x in med))
     lines.append(f"idle power {res.get('idle_power_w')} W; budget used {res.get('budget_used_s')} s of "
                  f"{res.get('budget_s')}; load avg {res.get('load_avg')}")
     return "\n".join(lines)
@@ -202,9 +210,12 @@ def main(argv=None):
     ap.add_argument("--venv", default="/tmp/reflex-venv")
     ap.add_argument("--models-dir", default="/tmp/models")
     ap.add_argument("--keep-models", action="store_true")
+    ap.add_argument("--variants", nargs="*", choices=("gpu", "auto", "cpu", "race"),
+                    help="REFLEX_START values to alternate (default: gpu auto)")
     ap.add_argument("--tiny", action="store_true", help="tiny models of the same layouts (dry runs)")
     ap.add_argument("--llama-simple", default=os.environ.get("LLAMA_SIMPLE") or None)
     a = ap.parse_args(argv)
+    variants = tuple(a.variants or VARIANTS)
     from reflex_ipc.commands.bench import GPU, machine_info
     from reflex_ipc.testing.benchrun import Budget, ensure_venv, read_file
 
@@ -220,7 +231,8 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     os.makedirs(a.models_dir, exist_ok=True)
     gpu = GPU()
-    res = {"benchmark": "cpufirst", "machine": machine_info(gpu), "budget_s": a.budget_s, "device": a.device,
+    res = {"benchmark": "cpufirst", "variants": list(variants), "machine": machine_info(gpu),
+           "budget_s": a.budget_s, "device": a.device,
            "python": a.python, "llama_simple": a.llama_simple, "prompt": PROMPT, "candidates": list(CANDIDATES),
            "setup_s": round(time.monotonic() - t0, 1), "cases": {}, "models": {},
            "cpu_library": os.path.exists(os.path.join(ROOT, "reflex_ipc", "kernels", "libreflex_cpu.so"))}
@@ -238,7 +250,7 @@ def main(argv=None):
     models = {}
     for mi, (model, case) in enumerate(cases):
         key = f"{model}:{case}"
-        rec = res["cases"][key] = {"runs": {v: [] for v in (*VARIANTS, "llama-simple")}}
+        rec = res["cases"][key] = {"runs": {v: [] for v in (*variants, "llama-simple")}}
         try:
             if model not in models:
                 if budget.left() < (60 if model == "8b" else 20):
@@ -267,7 +279,7 @@ def main(argv=None):
             t_case = time.monotonic()
             rnd = 0
             while rnd < a.runs:
-                order = VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]
+                order = variants if rnd % 2 == 0 else variants[::-1]
                 for v in order:
                     env = dict(env_base, REFLEX_START=v)
                     rec["runs"][v].append(one_run(argv_r, env, gpu, idle_w))
@@ -282,10 +294,11 @@ def main(argv=None):
                     rec["cut_at_rounds"] = rnd
                     break
             rec["summary"] = {v: summarize(r, idle_w) for v, r in rec["runs"].items() if r}
-            rec["auto_over_gpu"] = paired(rec["runs"]["gpu"], rec["runs"]["auto"])
+            if "gpu" in rec["runs"] and "auto" in rec["runs"]:
+                rec["auto_over_gpu"] = paired(rec["runs"]["gpu"], rec["runs"]["auto"])
             if rec["runs"]["llama-simple"]:
                 rec["peer_over_variant"] = {
-                    v: (paired(rec["runs"][v], rec["runs"]["llama-simple"]) or {}).get("p50") for v in VARIANTS}
+                    v: (paired(rec["runs"][v], rec["runs"]["llama-simple"]) or {}).get("p50") for v in variants}
         except Exception as e:  # one case's failure must not lose the others
             rec["error"] = f"{type(e).__name__}: {e}"
         save()

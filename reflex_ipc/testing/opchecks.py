@@ -21,8 +21,13 @@ from .references import attention_ref, rms_norm_rope_ref
 
 # byte offsets of the float16 scale fields in each block format
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
+              "IQ4_NL": [0], "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64], "IQ1_M": [], "MXFP4": []}
 MM_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# the formats of kernels/iq_all.cu (their own fatbin on CUDA): check_iq
+IQ_TYPES = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+            "MXFP4"]
 # Tolerance of the tensor-core matmuls (CudaOps with N >= mma_min_n): x and the dequantized
 # weights are rounded to float16 (unit roundoff 2^-11 = 4.9e-4, a relative rounding error
 # of rms 2^-11/sqrt(3) = 2.8e-4 on each operand), products are summed in float32. For a
@@ -88,6 +93,14 @@ def random_weight(name, rows, cols, rng, ref=True):
         for off in F16_FIELDS[name]:
             s = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype(np.float16)
             raw[:, off:off + 2] = s.view(np.uint8).reshape(nb, 2)
+        if name == "IQ1_M":  # its float16 d in the top nibbles of the 4 scale words (bytes 48..55)
+            h = (rng.uniform(0.2, 1.0, nb) * 0.01 * rng.choice([-1, 1], nb)).astype("<f2").view("<u2")
+            sc = np.ascontiguousarray(raw[:, 48:56]).view("<u2") & np.uint16(0x0FFF)
+            for k in range(4):
+                sc[:, k] |= ((h >> (4 * k)) & 0xF).astype(np.uint16) << 12
+            raw[:, 48:56] = sc.view(np.uint8)
+        elif name == "MXFP4":  # E8M0, 2^(e - 128) with the doubled E2M1 values: 2^-9 .. 2^-6
+            raw[:, 0] = rng.integers(119, 123, nb)
         raw = raw.reshape(-1)
     if not ref:
         return np.ascontiguousarray(raw), None
@@ -783,6 +796,128 @@ def check_attention(ops, rng):
     return rows
 
 
+def check_attention_sinks_chunks(ops, rng):
+    """gpt-oss's attention sinks and Llama 4's chunked attention in every form of attention
+    (CUDA: the split-key decode, fused and two-kernel; the tensor-core prefill, one share and
+    split over key shares; attention_f16kv with flash off; a mask; a captured graph) against
+    the float64 reference, sinks large enough to take a real share of the softmax."""
+    rows = []
+    hd, Hq, Hkv, ctx = 64, 16, 2, 2400
+    cache = (ops.zeros((Hkv, ctx, hd), ops.kv_dtype), ops.zeros((Hkv, ctx, hd), ops.kv_dtype))
+    n_all = 2200
+    k = rng.standard_normal((n_all, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_all, Hkv, hd)).astype(np.float32)
+    ops.kv_store(*cache, ops.asarray(k), ops.asarray(v), np.arange(n_all))
+    Kc, Vc = (ops.to_numpy(c)[:, :n_all].astype(np.float64) for c in cache)  # as stored (f16 or f32)
+    sinks = rng.uniform(-1.0, 3.0, Hq).astype(np.float32)
+    S = ops.asarray(sinks)
+    scale = 1 / np.sqrt(hd)
+
+    def one(case, N, n_kv, kw, tol=None, mask=None, flash=True):
+        q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+        pos = np.arange(n_kv - N, n_kv)
+        ref = attention_ref(q.astype(np.float64), Kc, Vc, pos, n_kv, scale, 0.0, mask is None, kw.get("window", 0),
+                            None if mask is None else mask.astype(np.float64),
+                            sinks if kw.get("sinks") is not None else None, kw.get("chunk", 0))
+        before = _flash_count(ops)
+        old = getattr(ops, "flash", None)
+        if old is not None and not flash:
+            ops.flash = False
+        try:
+            out = ops.to_numpy(ops.attention(ops.asarray(q), *cache, pos, n_kv, scale=scale, causal=mask is None,
+                                             mask=None if mask is None else ops.asarray(mask), **kw))
+        finally:
+            if old is not None:
+                ops.flash = old
+        rows.append(row("attention", case, out, ref, tol if tol is not None else _att_tol(ops, before)))
+
+    for label, kw in (("sinks", dict(sinks=S)), ("chunk=512", dict(chunk=512)),
+                      ("sinks chunk=512", dict(sinks=S, chunk=512)), ("sinks window=300", dict(sinks=S, window=300))):
+        one(f"split-K decode n_kv=2200 {label}", 1, 2200, kw, 1e-5)
+        one(f"split-K decode n_kv=1025 {label}", 2, 1025, kw, 1e-5)
+        with settings.override(fuse=False):
+            one(f"split-K decode (split + combine) n_kv=2200 {label}", 1, 2200, kw, 1e-5)
+        one(f"prefill N=100 n_kv=700 {label}", 100, 700, kw)
+        one(f"prefill N=100 n_kv=700 {label} attention_f16kv", 100, 700, kw, 1e-5, flash=False)
+        one(f"prefill N=16 n_kv=2200 (key shares) {label}", 16, 2200, kw)
+        one(f"prefill N=517 n_kv=1030 {label}", 517, 1030, kw)
+    mask = np.where(rng.random((40, 900)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    mask[:, 0] = 0
+    mask[3] = -np.inf  # nothing visible: zeros whatever the sink
+    one("masked N=40 n_kv=900 sinks", 40, 900, dict(sinks=S), mask=mask)
+    one("masked N=2 n_kv=900 sinks (split-K)", 2, 900, dict(sinks=S), 1e-5, mask=mask[:2])
+    if hasattr(ops, "capture"):
+        q = rng.standard_normal((1, Hq, hd)).astype(np.float32)
+        Q, P = ops.asarray(q), ops.positions(np.array([1999], np.int32))
+        g, out = ops.capture(lambda: ops.attention(Q, *cache, P, n_all, scale=scale, sinks=S, chunk=512))
+        try:
+            for i, p in enumerate((1999, 2047, 2048, 2199)):
+                qi = rng.standard_normal(q.shape).astype(np.float32)
+                ops.write(Q, qi)
+                ops.write(P, np.array([p], np.int32))
+                g.launch()
+                ref = attention_ref(qi.astype(np.float64), Kc, Vc, [p], p + 1, scale, 0.0, True, 0, None, sinks, 512)
+                rows.append(row("attention", f"graph replay pos={p} sinks chunk=512", ops.to_numpy(out), ref, 1e-5))
+        finally:
+            g.close()
+    return rows
+
+
+def check_archops(ops, rng):
+    """pos_scale (Llama 4's attention temperature) on positions around its floor steps, and moe's
+    gpt-oss form (router bias, softmax_weight gating, expert biases, swiglu_oai: a clamp that
+    bites) and Llama 4's (sigmoid, the weight before the experts, k = 1 and 2) against
+    NumpyOps.moe on the same dequantized weights, also inside a captured graph."""
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    npo = NumpyOps()
+    rows = []
+    # the cpu backend rounds activations to int8 blocks (twice: x, then the glu for the down
+    # products), through the clamps and gates of these units: a few % of the outputs' norm
+    tol = 5e-2 if ops.name == "cpu" else 1e-4
+    x = rng.standard_normal((7, 4, 16)).astype(np.float32)
+    pos = np.array([0, 8190, 8191, 8192, 16383, 40000, 100000], np.int32)
+    got = ops.to_numpy(ops.pos_scale(ops.asarray(x), pos, floor=8192.0, scale=0.1, offset=1.0))
+    rows.append(row("pos_scale", "floor 8192 scale 0.1", got, npo.pos_scale(x, pos, floor=8192.0, scale=0.1), 1e-7))
+    E, K, D = 8, 256, 256
+    for label, kw, k, fmt in (("gpt-oss-like", dict(gating="softmax_weight", norm=False, act="swiglu_oai",
+                                                    oai=True), 4, "Q8_0"),
+                              ("gpt-oss-like F32", dict(gating="softmax_weight", norm=False, act="swiglu_oai",
+                                                        oai=True), 2, "F32"),
+                              ("llama4-like k=1", dict(gating="sigmoid", norm=False, weight_before=True), 1, "Q4_K"),
+                              ("llama4-like k=2", dict(gating="sigmoid", norm=False, weight_before=True), 2, "F16")):
+        F = 256 if fmt.endswith("_K") else 224
+        W = _weights(ops, {"gate": (fmt, E * F, K), "up": (fmt, E * F, K), "down": (fmt, E * D, F),
+                           "router": ("F32", E, K)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        kw = dict(kw)
+        extra_np, extra = {}, {}
+        if kw.pop("oai", False):
+            b = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                 "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+            extra_np = {n: a.astype(np.float32) for n, a in b.items()}
+            extra = {n: ops.asarray(a) for n, a in extra_np.items()}
+        for N in (1, 5):
+            xx = (rng.standard_normal((N, K)) * 3).astype(np.float32)  # gate values past the clamp of 7
+            want = npo.moe(xx, ref["router"], ref["gate"], ref["up"], ref["down"], k, **kw, **extra_np)
+            got = ops.moe(ops.asarray(xx), W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k, **kw, **extra)
+            rows.append(row("moe", f"{label} {fmt} k={k} N={N}", ops.to_numpy(got), want, tol))
+        if hasattr(ops, "capture"):
+            X = ops.empty((3, K))
+            graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k,
+                                                     **kw, **extra))
+            try:
+                for rep in range(2):
+                    xx = (rng.standard_normal((3, K)) * 3).astype(np.float32)
+                    ops.write(X, xx)
+                    graph.launch()
+                    want = npo.moe(xx, ref["router"], ref["gate"], ref["up"], ref["down"], k, **kw, **extra_np)
+                    rows.append(row("moe", f"{label} graph replay {rep}", ops.to_numpy(out), want, tol))
+            finally:
+                graph.close()
+    return rows
+
+
 def flash_row(case, out, ref, op="flash_attention"):
     """A row of check_flash_attention: FLASH_TOL on the norm-relative error and FLASH_MAX_TOL on
     the largest element difference relative to max |ref|."""
@@ -999,6 +1134,17 @@ def check_mla_prefill(ops, rng):
     keys when its row tiles are few), a masked (system1-like) batch. On a backend with the
     decompressed path (mla_flash), each call must have taken it (mla_flash_launches); tolerance
     FLASH_TOL on the norm and FLASH_MAX_TOL on the largest element (K, V, q and p in f16)."""
+    kv16 = getattr(ops, "kv_dtype", "float32")
+    exact = getattr(ops, "exact_kv_dtype", None) or kv16  # deepseek2's latent (SlotSpec(exact=True))
+    return _mla_prefill_rows(ops, rng, (("Q8_0", "Q8_0", (200, 130), False, exact),
+                                        ("F16", "Q4_K", (128,), False, kv16),
+                                        ("Q8_0", "Q8_0", (160,), True, exact),
+                                        ("Q8_0", "Q6_K", (1000, 128), False, kv16)))
+
+
+def _mla_prefill_rows(ops, rng, cases, op="mla_prefill", tol=1e-4):
+    """check_mla_prefill's rows for cases (attn_k_b format, attn_v_b format, chunk sizes, masked,
+    cache dtype); tol: the bound where the backend has no decompressed path."""
     from reflex_ipc.backends.base import latent_attention
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
@@ -1007,12 +1153,7 @@ def check_mla_prefill(ops, rng):
     flash = getattr(ops, "mla_flash", False)
     H, nope, r, R, dv = 16, 128, 64, 512, 128
     scale = 1 / np.sqrt(nope + r)
-    kv16 = getattr(ops, "kv_dtype", "float32")
-    exact = getattr(ops, "exact_kv_dtype", None) or kv16  # deepseek2's latent (SlotSpec(exact=True))
-    for tk, tv, chunks, masked, cdt in (("Q8_0", "Q8_0", (200, 130), False, exact),
-                                        ("F16", "Q4_K", (128,), False, kv16),
-                                        ("Q8_0", "Q8_0", (160,), True, exact),
-                                        ("Q8_0", "Q6_K", (1000, 128), False, kv16)):
+    for tk, tv, chunks, masked, cdt in cases:
         W = _weights(ops, {"kb": (tk, H * R, nope), "vb": (tv, H * dv, R)}, rng)
         (wk, kb), (wv, vb) = W["kb"], W["vb"]
         n_ctx = sum(chunks) + 8
@@ -1041,7 +1182,7 @@ def check_mla_prefill(ops, rng):
                                                 ops.positions(pos), n_kv, scale=scale, **dkw))
             case = f"k_b {tk} v_b {tv} N={N} keys={n_kv} cache {cdt}" + (" masked" if masked else "")
             took = getattr(ops, "mla_flash_launches", 0) == before + 1
-            r_ = flash_row(case, got, want, op="mla_prefill") if flash else row("mla_prefill", case, got, want, 1e-4)
+            r_ = flash_row(case, got, want, op=op) if flash else row(op, case, got, want, tol)
             if flash and N >= ops.mla_flash_min_n and not took:
                 r_["ok"], r_["error"] = False, "the decompressed path was not taken"
             rows.append(r_)
@@ -1182,7 +1323,7 @@ def _moe_inputs(rng, N, K, E, k, gating, bias, groups, router=None, xs=0.5):
 def _moe_width(types):
     """An expert width F (the down projection's columns) that every format's blocks divide,
     not a multiple of 256 where the formats allow (tails of the row loops)."""
-    if any(t in ("Q4_K", "Q5_K", "Q6_K") for t in types):
+    if any(t is not None and TYPES[t][1] == 256 for t in types):
         return 256
     return 200 if all(t in (None, "F32", "F16", "BF16") for t in types) else 224
 
@@ -1324,6 +1465,75 @@ def check_moe_grouped(ops, rng):
             rows.append({"op": "moe_grouped", "case": f"{label} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
     rows += _check_moe_grouped_graph(ops, rng, npo)
+    rows += _check_moe_grouped_archs(ops, rng, npo)
+    return rows
+
+
+def _check_moe_grouped_archs(ops, rng, npo):
+    """The grouped prefill in gpt-oss's form (router bias, softmax_weight, expert gate/up biases
+    and the clamped SwiGLU in mmaglu_moe's epilogue: act 2, down biases after the weighted sum;
+    F16 and Q8_0 experts) and Llama 4's (sigmoid, each pair's input
+    weighted first: x rows per pair, unit weights; k = 1 and 2), against NumpyOps.moe within
+    MMA_TOL; each call must take the grouped path and repeat its bits; one captured graph."""
+    rows = []
+    n_min = ops.moe_mma_min_n
+    E, K, D = 32, 256, 264
+    oai = dict(gating="softmax_weight", norm=False, act="swiglu_oai")
+    l4 = dict(gating="sigmoid", norm=False, weight_before=True)
+    for label, k, fmt, kw in (("gpt-oss-like", 4, ("F16", "F16", "F16"), oai),
+                              ("gpt-oss-like", 4, ("Q8_0", "Q8_0", "Q8_0"), oai),
+                              ("llama4-like k=1", 1, ("Q4_K", "Q4_K", "Q6_K"), l4),
+                              ("llama4-like k=2", 2, ("F16", "F16", "F16"), l4)):
+        F = _moe_width(fmt)
+        W = _weights(ops, {"gate": (fmt[0], E * F, K), "up": (fmt[1], E * F, K), "down": (fmt[2], E * D, F),
+                           "router": ("F32", E, K)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+        # gate products of std ~4: the clamp at 7 bites, f16 rounding of x stays far below MMA_TOL
+        xs = 4.0 / (float(np.sqrt(np.mean(ref["gate"].astype(np.float64) ** 2))) * np.sqrt(K))
+        if kw is l4:  # the silu unit: |h| ~ g * u stays small
+            xs = 0.03 if fmt[0].endswith("_K") else 0.5
+        extra_np = {}
+        if kw is oai:
+            extra_np = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)) * 2,
+                        "up_bias": rng.standard_normal((E, F)) * 2, "down_bias": rng.standard_normal((E, D)) * 0.5}
+            extra_np = {n: a.astype(np.float32) for n, a in extra_np.items()}
+        extra = {n: ops.asarray(a) for n, a in extra_np.items()}
+        name = f"{label} {'/'.join(fmt)} E={E} k={k}"
+        for N in (n_min, 150):
+            x, lg = _moe_inputs(rng, N, K, E, k, "sigmoid" if kw is l4 else "softmax", None, None, xs=xs)
+            lg = (lg - extra_np.get("router_bias", np.float32(0))).astype(np.float32)  # + router bias: lg as drawn
+            want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k, logits=lg, **kw, **extra_np)
+            X, LG = ops.asarray(x), ops.asarray(lg)
+            args = (W["router"][0], W["gate"][0], W["up"][0], W["down"][0], k)
+            before = ops.moe_mma_launches
+            poison(ops, (N, D), (N * k, D))
+            got = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
+            took = ops.moe_mma_launches == before + 1
+            r = row("moe_grouped", f"{name} N={N}", got, want, MMA_TOL)
+            r["ok"] = r["ok"] and took
+            if not took:
+                r["error"] = "the grouped path was not taken"
+            rows.append(r)
+            again = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
+            rows.append({"op": "moe_grouped", "case": f"{name} N={N} repeated: same bits",
+                         "ok": bool(np.array_equal(again, got))})
+        if hasattr(ops, "capture") and fmt[0] == "Q8_0" and 48 >= n_min:
+            N = 48
+            X, LG = ops.empty((N, K)), ops.empty((N, E))
+            graph, out = ops.capture(lambda: ops.moe(X, *args, logits=LG, **kw, **extra))
+            try:
+                for rep in range(2):
+                    x, lg = _moe_inputs(rng, N, K, E, k, "softmax", None, None, xs=xs)
+                    lg = (lg - extra_np["router_bias"]).astype(np.float32)
+                    ops.write(X, x)
+                    ops.write(LG, lg)
+                    graph.launch()
+                    want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k, logits=lg, **kw,
+                                   **extra_np)
+                    rows.append(row("moe_grouped", f"{name} graph N={N} replay {rep}", ops.to_numpy(out), want,
+                                    MMA_TOL))
+            finally:
+                graph.close()
     return rows
 
 
@@ -2124,11 +2334,137 @@ def _bench_model_layer(ops, rng, drv, N, mma0):
     return res
 
 
+def check_iq(ops, rng):
+    """The IQ formats, TQ1_0, TQ2_0 and MXFP4 (CUDA: kernels/iq_all.cu's families, in their own
+    fatbin) through every matmul path, against float64 products with the weights dequantized by
+    quants.py: one token (a block per row; a warp per row on a weight of more rows than
+    cuda_ops.MM_SPLIT_ROWS), 2..63 tokens (mmt), 64+ (the tensor-core tiles, K not a multiple of
+    their 64-column slices for the 32-value formats), plain and accumulate; the embedding rows;
+    q/k/v in one launch; gate/up (silu, gelu); the RMSNorm-folded one-token ops; head_matmul
+    (MLA's per-head weights) where the backend has it; the routed experts (moe) against
+    NumpyOps.moe (and their grouped tensor-core GEMMs from moe_mma_min_n tokens where the backend
+    has them, within MMA_TOL); a one-token step replayed from a captured graph; MLA's long prefill
+    with IQ attn_k_b / attn_v_b (CUDA's decompressed path). Outputs poisoned first. On the cpu
+    backend (its int8 activation rounding) the bound is CPU_ACT_TOL."""
+    from reflex_ipc.backends.base import rms_norm_matmul_glu, rms_norm_matmul_n
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    cpu = getattr(ops, "name", "") == "cpu"
+
+    def tol(N):
+        return CPU_ACT_TOL if cpu else (MMA_TOL if getattr(ops, "mma", False) and N >= ops.mma_min_n else MM_TOL)
+
+    rows = []
+    npo = NumpyOps()
+    for name in IQ_TYPES:
+        blk = TYPES[name][1]
+        K = 768 if blk == 256 else 352  # 352: 5.5 slices of the tensor-core tiles
+        W = _weights(ops, {"a": (name, 203, K), "b": (name, 203, K), "c": (name, 70, K), "d": (name, 57, K),
+                           "wide": (name, 16500, 256)}, rng)
+        (wa, ra), (wb, rb), (wc, rc), (wd, rd) = W["a"], W["b"], W["c"], W["d"]
+        for N in (1, 3, 8, 13, 63, 64, 100):
+            x = rng.standard_normal((N, K)).astype(np.float32)
+            X, x64 = ops.asarray(x), x.astype(np.float64)
+            poison(ops, (N, 203))
+            rows.append(row("iq_matmul", f"{name} K={K} N={N}", ops.to_numpy(ops.matmul(X, wa)), x64 @ ra.T, tol(N)))
+            if N in (1, 9, 13, 100):
+                y0 = rng.standard_normal((N, 203)).astype(np.float32)
+                Y = ops.asarray(y0.copy())
+                ops.matmul(X, wa, out=Y, accumulate=True)
+                rows.append(row("iq_matmul", f"{name} K={K} N={N} accumulate", ops.to_numpy(Y), y0 + x64 @ ra.T,
+                                tol(N)))
+            if N in (1, 13, 100):
+                poison(ops, (N, 203), (N, 70), (N, 57))
+                outs = ops.matmul_n(X, [wa, wc, wd])
+                for i, (out, r) in enumerate(zip(outs, (ra, rc, rd))):
+                    rows.append(row("iq_matmul_n", f"{name} N={N} out{i}", ops.to_numpy(out), x64 @ r.T, tol(N)))
+                xg = (x * 2 / np.std(x64 @ ra.T)).astype(np.float32)  # gate values of a few units
+                g64, u64 = xg.astype(np.float64) @ ra.T, xg.astype(np.float64) @ rb.T
+                for act in ("silu", "gelu"):
+                    poison(ops, (N, 203))
+                    out = ops.to_numpy(ops.matmul_glu(ops.asarray(xg), wa, wb, act=act))
+                    rows.append(row("iq_matmul_glu", f"{name} {act} N={N}", out, glu_ref(g64, u64, act), 2 * tol(N)))
+        # one token, a weight of more rows than a block-per-row launch takes (CUDA: mm1)
+        x = rng.standard_normal((1, 256)).astype(np.float32)
+        wide, rwide = W["wide"]
+        rows.append(row("iq_matmul", f"{name} M=16500 K=256 N=1", ops.to_numpy(ops.matmul(ops.asarray(x), wide)),
+                        x.astype(np.float64) @ rwide.T, tol(1)))
+        ids = np.array([0, 5, 202, 17, 5], dtype=np.int32)
+        rows.append(row("iq_get_rows", name, ops.to_numpy(ops.embed(wa, ids, scale=0.5)), ra[ids] * 0.5, 1e-6))
+        # the RMSNorm folded into the one-token q/k/v and gate/up (CUDA: mmnorm1 / mmgnorm1)
+        x = (rng.standard_normal((1, K)) * 3 + 0.5).astype(np.float32)
+        nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+        X, NW = ops.asarray(x), ops.asarray(nw)
+        h = _rms64(x, nw, 1e-6)
+        poison(ops, (1, 203), (1, 70), (1, 57))
+        for i, (out, r) in enumerate(zip(rms_norm_matmul_n(ops, X, NW, 1e-6, [wa, wc, wd]), (ra, rc, rd))):
+            rows.append(row("iq_rms_norm_matmul_n", f"{name} out{i}", ops.to_numpy(out), h @ r.T, tol(1)))
+        hs = _rms64(x, nw * np.float32(2 / np.std(h @ ra.T)), 1e-6)  # gate values of a few units
+        NWs = ops.asarray((nw * np.float32(2 / np.std(h @ ra.T))).astype(np.float32))
+        out = ops.to_numpy(rms_norm_matmul_glu(ops, X, NWs, 1e-6, wa, wb, act="silu"))
+        rows.append(row("iq_rms_norm_matmul_glu", name, out, glu_ref(hs @ ra.T, hs @ rb.T, "silu"), 2 * tol(1)))
+        # MLA's per-head weights: x [N, H, K] by [H * M, K]
+        if getattr(ops, "head_matmul", None) is not None:
+            Wh = _weights(ops, {"h": (name, 3 * 37, K)}, rng)["h"]
+            for N in (1, 5, 13):
+                x = rng.standard_normal((N, 3, K)).astype(np.float32)
+                poison(ops, (N, 3, 37))
+                got = ops.to_numpy(ops.head_matmul(ops.asarray(x), Wh[0]))
+                want = np.einsum("nhk,hmk->nhm", x.astype(np.float64), Wh[1].reshape(3, 37, K))
+                rows.append(row("iq_head_matmul", f"{name} N={N}", got, want, tol(N)))
+        # routed experts: every weight of the format, against numpy's moe on the dequantized weights
+        E, k, F, Km, D = 8, 2, (256 if blk == 256 else 224), 512, 203
+        Wm = _weights(ops, {"gate": (name, E * F, Km), "up": (name, E * F, Km), "down": (name, E * D, F),
+                            "router": ("F32", E, Km)}, rng)
+        ref = {key: v[1].astype(np.float32) for key, v in Wm.items()}
+        # prefill: the grouped tensor-core GEMMs where the backend has them (moe_mma), x small
+        # enough that the gated rows fit the f16 they are stored in between the two GEMMs
+        grouped = getattr(ops, "moe_mma", False)
+        xs = min(0.5, 2.0 / (float(np.std(ref["gate"])) * np.sqrt(Km) + 1e-30))
+        for N in (1, 3, 17) + ((ops.moe_mma_min_n, 70) if grouped else ()):
+            big = grouped and N >= ops.moe_mma_min_n
+            x = _moe_inputs(rng, N, Km, E, k, "softmax", None, None, router=ref["router"].astype(np.float64),
+                            xs=xs if big else 0.5)[0]
+            with np.errstate(over="ignore"):
+                want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+            poison(ops, (N, D), (N * k, F))
+            before = getattr(ops, "moe_mma_launches", 0)
+            got = ops.moe(ops.asarray(x), Wm["router"][0], Wm["gate"][0], Wm["up"][0], Wm["down"][0], k)
+            r = row("iq_moe", f"{name} E={E} k={k} N={N}" + (" grouped" if big else ""), ops.to_numpy(got), want,
+                    MMA_TOL if big else 3 * CPU_ACT_TOL if cpu else 1e-4)  # cpu: three roundings chained
+            if big and ops.moe_mma_launches != before + 1:
+                r["ok"], r["error"] = False, "the grouped path was not taken"
+            rows.append(r)
+        # a one-token step (q/k/v, gate/up, down) from a captured graph, replayed on a new x
+        if hasattr(ops, "capture"):
+            X = ops.asarray(rng.standard_normal((1, K)).astype(np.float32))
+            g, outs = ops.capture(lambda: ops.matmul_n(X, [wa, wc]) + [ops.matmul_glu(X, wa, wb)])
+            try:
+                x2 = rng.standard_normal((1, K)).astype(np.float32)
+                ops.write(X, x2)
+                g.launch()
+                x64 = x2.astype(np.float64)
+                refs = [x64 @ ra.T, x64 @ rc.T, glu_ref(x64 @ ra.T, x64 @ rb.T, "silu")]
+                for i, (o, r) in enumerate(zip(outs, refs)):
+                    rows.append(row("iq_graph", f"{name} out{i}", ops.to_numpy(o), r, 2 * tol(1)))
+            finally:
+                g.close()
+    # MLA's long prefill (CUDA: attn_k_b transposed by mla_kb_t_*, attn_v_b's tensor-core GEMM,
+    # the flash kernel) with IQ weights: attn_k_b's 128 columns take the 32-value formats only
+    if getattr(ops, "head_matmul", None) is not None:
+        kv16 = getattr(ops, "kv_dtype", "float32")
+        exact = getattr(ops, "exact_kv_dtype", None) or kv16
+        rows += _mla_prefill_rows(ops, rng, (("IQ4_NL", "IQ4_XS", (130,), False, exact),
+                                             ("MXFP4", "IQ2_XXS", (140, 128), False, kv16)),
+                                  op="iq_mla_prefill", tol=3 * CPU_ACT_TOL if cpu else 1e-4)
+    return rows
+
+
 def run_all(ops, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for fn in (check_matmul, check_matmul_prefill, check_elementwise, check_attention, check_flash_attention,
-               check_sampling,
+               check_attention_sinks_chunks, check_archops, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
                check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,

@@ -28,9 +28,10 @@ def rms_norm_rope_ref(x, w, eps, pos, n_rot, base, freq_scale, factors, neox, ms
     return out
 
 
-def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None):
+def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0, mask=None, sinks=None, chunk=0):
     """base.py's attention formula in float64, query by query and head by head (q [N, Hq, hd],
-    K and V [Hkv, n, hd]; the reference of opchecks.check_attention and tests/test_engine_ops.py)."""
+    K and V [Hkv, n, hd]; the reference of opchecks.check_attention and tests/test_engine_ops.py);
+    attention sinks [Hq] in the denominator, chunked attention's chunk size."""
     q, K, V = (np.asarray(a, np.float64) for a in (q, K, V))
     N, Hq, hd = q.shape
     Hkv = K.shape[0]
@@ -47,13 +48,17 @@ def attention_ref(q, K, V, pos, n_kv, scale, softcap=0.0, causal=True, window=0,
                 keep &= j <= pos[n]
             if window:
                 keep &= j > pos[n] - window
+            if chunk:
+                keep &= j >= pos[n] - pos[n] % chunk
             if mask is not None:
                 s = s + mask[n, :n_kv]
             s = np.where(keep, s, -np.inf)
             if np.all(np.isneginf(s)):
                 continue
-            p = np.exp(s - s.max())
-            out[n, h] = (p / p.sum()) @ V[h // g, :n_kv]
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - m)
+            denom = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[n, h] = (p / denom) @ V[h // g, :n_kv]
     return out
 
 

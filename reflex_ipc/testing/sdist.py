@@ -1,4 +1,4 @@
-"""llama.cpp's tokenizer test vectors, from the llama-cpp-python 0.3.36 sdist.
+"""llama.cpp's tokenizer test vectors (and ggml-common.h), from the llama-cpp-python 0.3.36 sdist.
 
 `vocab_models_dir()` returns a directory holding the sdist's
 vendor/llama.cpp/models/ggml-vocab-* files (vocab-only GGUFs and their
@@ -86,6 +86,18 @@ def _extract(cache: str, out: str) -> None:
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ggml_common_h() -> str:
+    """The text of the sdist's vendor/llama.cpp/ggml/src/ggml-common.h (ggml's block layouts and
+    the IQ grids; scripts/fixtures/make_quant_tables.py reads its tables)."""
+    want = "vendor/llama.cpp/ggml/src/ggml-common.h"
+    with tarfile.open(_sdist_path(cache_dir()), "r:gz") as tar:
+        for m in tar:
+            parts = m.name.split("/", 1)
+            if len(parts) == 2 and parts[1] == want and m.isfile():
+                return tar.extractfile(m).read().decode("utf-8")
+    raise RuntimeError(f"the llama-cpp-python {VERSION} sdist holds no {want}")
 
 
 def read_vectors(gguf_path: str) -> list[tuple[str, list[int]]]:

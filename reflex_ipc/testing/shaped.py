@@ -5,8 +5,9 @@
     make_shaped.py --list
 
 MODEL is one of SHAPES (Qwen3 dense 0.6B..32B, Qwen3-30B-A3B, DeepSeek-V2-Lite, a ~2B
-Qwen3.5). Real tensor names and metadata (llama.cpp's), the real Qwen2 vocabulary (151,936
-tokens; scripts/fixtures/data/qwen2-vocab.npz) for every model, random weights.
+Qwen3.5, gpt-oss-20b). Real tensor names and metadata (llama.cpp's), the real Qwen2 vocabulary
+(151,936 tokens; scripts/fixtures/data/qwen2-vocab.npz) for every model but gpt-oss (its
+o200k_harmony one, scripts/fixtures/data/o200k-harmony-vocab.npz), random weights.
 
 Weights: a Q4_K mix like llama.cpp's Q4_K_M but uniform over layers: every matrix Q4_K, except
 Q6_K for output (and token_embd when it is tied to the output), attn_v, ffn_down,
@@ -63,6 +64,16 @@ SHAPES = {
     # from a released config.
     "qwen35-2b": dict(kind="qwen35", E=2048, L=24, H=8, Hkv=2, hd=256, rot=64, F=6144, d=128, n_k=16, n_v=16,
                       interval=4, sections=[11, 11, 10, 0], ctx=262144),
+    # gpt-oss-20b (openai/gpt-oss-20b config.json): 24 layers, hidden 2880, 64 query heads of 64,
+    # 8 KV heads, attention sinks and biases, a window of 128 on even layers, 32 experts of 2880
+    # (4 used; router bias, softmax over the chosen) in MXFP4 as released, rope 150000 with YaRN
+    # factor 32 over 4096, the o200k_harmony vocabulary (201,088 tokens). Matrices of 2880 columns
+    # are not whole Q4_K blocks: Q8_0 (as the Q4_K mix's fallback).
+    "gpt-oss-20b": dict(kind="gpt-oss", E=2880, L=24, H=64, Hkv=8, hd=64, F=2880, X=32, used=4, Fe=2880,
+                        window=128, tied=False, ctx=131072, vocab="o200k-harmony", experts="MXFP4"),
+    # the same with Q8_0 experts (a backend without MXFP4 kernels; ~20 GB)
+    "gpt-oss-20b-q8_0": dict(kind="gpt-oss", E=2880, L=24, H=64, Hkv=8, hd=64, F=2880, X=32, used=4, Fe=2880,
+                             window=128, tied=False, ctx=131072, vocab="o200k-harmony", experts="Q8_0"),
 }
 
 # the same models, tiny (every quantized row still a multiple of 256 where the full one is)
@@ -72,6 +83,7 @@ TINY = {
     "deepseek2": dict(E=256, L=2, H=4, R=256, nope=64, rope=32, v=64, X=4, shared=2, used=2, F=352, Fe=160,
                       dense=1),
     "qwen35": dict(E=256, L=4, H=2, Hkv=1, hd=64, rot=16, F=512, d=64, n_k=2, n_v=4, sections=[3, 3, 2, 0]),
+    "gpt-oss": dict(E=256, L=2, H=4, Hkv=2, hd=64, F=256, X=4, used=2, Fe=256, window=16),
 }
 
 
@@ -89,9 +101,11 @@ Q6_NAMES = ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_dow
 F32_NAMES = ("ffn_gate_inp.weight", "ssm_conv1d.weight", "ssm_alpha.weight", "ssm_beta.weight")
 
 
-def fmt_for(name, shape, tied):
-    if len(shape) == 1 or name.endswith(F32_NAMES) or name.endswith("ssm_a"):
+def fmt_for(name, shape, tied, experts=None):
+    if len(shape) == 1 or name.endswith(F32_NAMES) or name.endswith("ssm_a") or name.endswith(".bias"):
         return "F32"
+    if experts and name.endswith("_exps.weight") and shape[-1] % BLOCK[experts][0] == 0:
+        return experts  # the experts' own format (gpt-oss: MXFP4)
     want = "Q6_K" if name.endswith(Q6_NAMES) or (name == "token_embd.weight" and tied) else "Q4_K"
     cols = shape[-1]
     if cols % 256 == 0:
@@ -110,9 +124,10 @@ def tensor_plan(cfg, n_vocab):
     from .synthetic import plan_shapes
 
     E, tied = cfg["E"], cfg.get("tied", False)
+    has = (() if tied else ("output.weight",)) + (("attn_q.bias", "attn_k.bias", "attn_v.bias")
+                                                  if cfg["kind"] == "gpt-oss" else ())
     out = []
-    for name, shape, _ in plan_shapes(cfg["kind"], metadata(cfg, n_vocab), n_vocab,
-                                      has=() if tied else ("output.weight",)):
+    for name, shape, _ in plan_shapes(cfg["kind"], metadata(cfg, n_vocab), n_vocab, has=has):
         rel = name.split(".", 2)[2] if name.startswith("blk.") else name
         fill, std = FILLS.get(rel, ("norm" if "norm" in rel else "mat", None))
         if rel == "token_embd.weight":
@@ -121,8 +136,10 @@ def tensor_plan(cfg, n_vocab):
             std = 3.0 / math.sqrt(E)
         elif rel == "ffn_gate_inp.weight":
             std = 2.0 / math.sqrt(E)
-        out.append((name, shape, fmt_for(name, shape, tied), float(1.0 / math.sqrt(shape[-1]) if std is None else std),
-                    fill))
+        elif (rel.endswith(".bias") or rel == "attn_sinks.weight") and rel not in FILLS:
+            fill, std = "small", 0.1 if rel.endswith(".bias") else 1.0
+        out.append((name, shape, fmt_for(name, shape, tied, cfg.get("experts")),
+                    float(1.0 / math.sqrt(shape[-1]) if std is None else std), fill))
     return out
 
 
@@ -149,6 +166,12 @@ def metadata(cfg, n_vocab):
                    "expert_weights_norm": False, "expert_gating_func": 1, "vocab_size": n_vocab,
                    "rope.scaling.type": "yarn", "rope.scaling.factor": 40.0,
                    "rope.scaling.yarn_log_multiplier": 0.0707, "rope.scaling.original_context_length": 4096})
+    elif k == "gpt-oss":
+        kv.update({"attention.head_count_kv": cfg["Hkv"], "attention.key_length": cfg["hd"],
+                   "attention.value_length": cfg["hd"], "expert_count": cfg["X"], "expert_used_count": cfg["used"],
+                   "expert_feed_forward_length": cfg["Fe"], "attention.sliding_window": cfg["window"],
+                   "rope.freq_base": 150000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                   "rope.scaling.original_context_length": 4096, "attention.layer_norm_rms_epsilon": 1e-5})
     elif k == "qwen35":
         d, n_v = cfg["d"], cfg["n_v"]
         kv.update({"attention.head_count_kv": cfg["Hkv"], "attention.key_length": cfg["hd"],
@@ -271,14 +294,19 @@ def write_kv_fast(w):
 _VOCABS = {}
 
 
-def write_model(name, out, tiny=False, vocab=QWEN2_VOCAB, seed=0, threads=None):
-    """Write model `name` to `out`; returns {name, path, bytes, params, seconds, GB_per_s}."""
+def write_model(name, out, tiny=False, vocab=None, seed=0, threads=None):
+    """Write model `name` to `out`; returns {name, path, bytes, params, seconds, GB_per_s}.
+    vocab: a GGUF or dump_vocab npz (default: the shape's own, else Qwen2's)."""
     import gguf
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFValueType as VT
 
+    from .synthetic import vocab_path
+
     t0 = time.perf_counter()
     cfg = config(name, tiny)
+    if vocab is None:
+        vocab = vocab_path(cfg["vocab"]) if cfg.get("vocab") else QWEN2_VOCAB
     arch = cfg["kind"]
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(f"{name}{'-tiny' if tiny else ''}-shaped-random-q4_k")
@@ -332,7 +360,7 @@ def main(argv=None):
     ap.add_argument("model", nargs="?", choices=sorted(SHAPES))
     ap.add_argument("out", nargs="?")
     ap.add_argument("--tiny", action="store_true", help="tiny dimensions, same layout (tests)")
-    ap.add_argument("--vocab", default=QWEN2_VOCAB)
+    ap.add_argument("--vocab", default=None, help="GGUF or dump_vocab npz (default: the model's own, else Qwen2's)")
     ap.add_argument("--list", action="store_true", help="the models, their parameters and file sizes")
     a = ap.parse_args(argv)
     if a.list or not a.model:

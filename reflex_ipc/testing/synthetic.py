@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 # Block layouts: elements per block, bytes per block.
-BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210), "MXFP4": (32, 17)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -89,9 +89,67 @@ def random_blocks(rng, tname, rows, cols, std):
         scales *= np.where(rng.random((nb, 16)) < 0.5, -1, 1).astype(np.int16)
         raw[:, 192:208] = scales.astype(np.int8).view(np.uint8)
         raw[:, 208:210] = _f16_bytes(std / (18.5 * np.abs(scales).mean(axis=1)) * jitter)
+    elif tname == "MXFP4":
+        # an E8M0 exponent e then 16 bytes of 32 E2M1 nibbles, value kvalues[q] * 2^(e - 128)
+        # (ggml's), kvalues {0, 1, 2, 3, 4, 6, 8, 12} with signs: uniform nibbles have std ~5.85
+        e = np.rint(128 + np.log2(std * jitter / 5.85)).clip(1, 254)
+        raw[:, 0] = e.astype(np.uint8)
     else:
         raise ValueError(f"no random blocks for {tname}")
     return raw.reshape(rows, -1)
+
+
+# the block formats gguf-py cannot quantize (the IQ ones) take random well-formed blocks: any
+# bytes are a valid block (grid indices, sign bits, sub-block scales), then the block's scale is
+# set so that its values have the wanted standard deviation. Where the float16 d of each lives
+# (IQ1_M spreads it over the top nibbles of its scale words; MXFP4's is a power of two).
+IQ_SCALE_AT = {"IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0, "IQ1_S": 0, "IQ4_NL": 0,
+               "IQ4_XS": 0, "IQ1_M": None}
+
+
+def _set_block_scale(tname, raw, d):
+    """Write the per-block scales d (float64 [nb]) into the blocks raw [nb, bytes] of format tname."""
+    if tname == "MXFP4":  # E8M0, taken at half by ggml: d = 2^(e - 128)
+        raw[:, 0] = np.clip(np.round(np.log2(np.maximum(d, 1e-30))) + 128, 2, 254).astype(np.uint8)
+    elif tname == "IQ1_M":
+        h = np.asarray(d, np.float16).view(np.uint16)
+        sc = np.ascontiguousarray(raw[:, 48:56]).view("<u2") & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[:, k] |= ((h >> (4 * k)) & 0xF).astype(np.uint16) << 12
+        raw[:, 48:56] = sc.view(np.uint8)
+    else:
+        at = IQ_SCALE_AT[tname]
+        raw[:, at:at + 2] = _f16_bytes(d)
+
+
+def random_iq_blocks(rng, tname, rows, cols, std):
+    """uint8 [rows, row bytes]: random blocks of an IQ format (IQ_SCALE_AT) or MXFP4 whose values
+    have standard deviation ~std (per-block scales log-normal, sigma 0.25, like random_blocks')."""
+    from reflex_ipc.ggml_types import TYPES
+    from reflex_ipc.quants import dequantize  # gguf-py's values (tests/test_quants.py), faster
+
+    tid, blk, bsize = TYPES[tname]
+    if cols % blk:
+        raise ValueError(f"{tname} needs rows of a multiple of {blk} values, not {cols}")
+    nb = rows * cols // blk
+    raw = rng.integers(0, 256, size=(nb, bsize), dtype=np.uint8)
+    _set_block_scale(tname, raw, np.ones(nb))
+    unit = dequantize(raw.reshape(-1), tid, nb * blk).reshape(nb, blk).std(axis=1, dtype=np.float64)
+    jitter = np.exp(0.25 * rng.standard_normal(nb))
+    _set_block_scale(tname, raw, std / np.maximum(unit, 1e-3) * jitter)
+    return raw.reshape(rows, -1)
+
+
+def quantized(rng, a, tname):
+    """The F32 matrix a [..., cols] in block format tname: gguf-py's quantization where it has
+    one, else random blocks of a's standard deviation (random_iq_blocks; a's values are lost)."""
+    from gguf import GGMLQuantizationType as T
+    import gguf.quants as gq
+
+    if tname in IQ_SCALE_AT:
+        raw = random_iq_blocks(rng, tname, int(np.prod(a.shape[:-1])), a.shape[-1], float(a.std()))
+        return raw.reshape(*a.shape[:-1], -1)
+    return gq.quantize(np.ascontiguousarray(a, dtype=np.float32), T[tname])
 
 
 def weight(rng, tname, rows, cols, std):
@@ -178,9 +236,9 @@ VOCAB = "<the tokenizer's vocabulary size>"  # a key value write_gguf replaces b
 
 def model_class(arch):
     """The Model class of an architecture (its module is imported)."""
-    import importlib
+    from reflex_ipc.models import module
 
-    return importlib.import_module(f"reflex_ipc.models.{arch}").Model
+    return module(arch).Model
 
 
 def _relative(name):
@@ -261,8 +319,9 @@ class Init:
     "norm") 1 +- 0.1; the projections back into the residual stream (OUT) `gain` / sqrt(fan-in);
     anything else 1 / sqrt(fan-in) (its last dimension); token_embd `embd_std`. ssm_a is
     -exp(0.5 N(0, 1)) (a negative decay). `shapes` {name: shape} changes a tensor's shape,
-    `drop` leaves tensors out (after their draw), qtype (e.g. "Q8_0") stores the tensors of two
-    or more dimensions whose rows fit its blocks quantized (but DENSE ones); with `blocks`, those
+    `drop` leaves tensors out (after their draw), qtype (e.g. "Q8_0", or an IQ format: `quantized`)
+    stores the tensors of two or more dimensions whose rows fit its blocks quantized (but DENSE
+    ones); with `blocks`, those
     are random well-formed blocks of that std (random_blocks: fast, for large timing models)."""
 
     RULES = {"per_layer_token_embd.weight": (0.0, 0.3), "rope_freqs.weight": (1.5, 0.3),
@@ -318,7 +377,7 @@ class Init:
 
             q = T[self.qtype]
             if shape[-1] % gguf.GGML_QUANT_SIZES[q][0] == 0:
-                return gguf.quants.quantize(a, q), q
+                return quantized(self.rng, a, self.qtype), q  # the IQ formats: random blocks
         return a, None
 
 
@@ -342,7 +401,7 @@ def examples():
 def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quantize=None, has=(), lacks=(),
                  drop=(), shapes=None, extra=None, seed=None, qtype=None, blocks=False):
     """Write the example `name` (examples()) to path with the tokenizer of the GGUF `tokenizer`
-    (default SmolLM2); returns path. keys: changed keys (the tensors follow them); override:
+    (default SmolLM2; an example that names a `vocab`, VOCABS, has that one); returns path. keys: changed keys (the tensors follow them); override:
     metadata-only changes (None removes a key; the tensors do not follow: bad-input files);
     has / lacks: more optional tensors and layouts (write_gguf); drop, shapes, extra: tensors
     left out, reshaped or added (Init, write_gguf); quantize (default: the example's): matrices
@@ -350,7 +409,7 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     qtype: matrices stored in that format where rows fit (the GPU checks), as random blocks with
     `blocks` (Init: large timing models)."""
     arch, spec = examples()[name]
-    if tokenizer is None:
+    if tokenizer is None and not spec.get("vocab"):
         from reflex_ipc.modelpath import resolve_model
 
         tokenizer = resolve_model("smollm2")
@@ -358,7 +417,8 @@ def example_gguf(name, path, *, tokenizer=None, keys=None, override=None, quanti
     quantize = spec.get("quantize", False) if quantize is None else quantize
     init = Init(seed, embd_std=spec.get("embd_std", 1.0), gain=spec.get("gain", 1.0), qtype=qtype, drop=drop,
                 shapes=shapes, rules=spec.get("rules"), blocks=blocks)
-    write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=_tiny_tokenizer(tokenizer),
+    toks = _vocab_entries(spec["vocab"]) if spec.get("vocab") else _tiny_tokenizer(tokenizer)
+    write_gguf(path, arch, {**spec["keys"], **(keys or {})}, init, tokenizer=toks,
                has=set(spec.get("has", ())) | set(has), lacks=set(spec.get("lacks", ())) | set(lacks),
                override=override, extra=extra, writer=_quantized_writer(path, arch, seed) if quantize else None)
     return str(path)
@@ -875,6 +935,21 @@ TINY_CONFIGS = {
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")  # tiny_gguf's (another name: llama's tensors)
 _TINY_TOKENIZER = {}
+# vocabularies an example may name (plan.example(..., vocab=)): dump_vocab npz files of real ones
+VOCABS = {"o200k-harmony": "o200k-harmony-vocab.npz"}  # gpt-oss's (scripts/fixtures/make_o200k_vocab.py)
+
+
+def vocab_path(name):
+    """The npz of a VOCABS vocabulary (scripts/fixtures/data/)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(root, "scripts", "fixtures", "data", VOCABS[name])
+
+
+def _vocab_entries(name):
+    """The tokenizer entries (chat template included) of a VOCABS vocabulary, read once."""
+    if name not in _TINY_TOKENIZER:
+        _TINY_TOKENIZER[name] = load_vocab(vocab_path(name))
+    return _TINY_TOKENIZER[name]
 
 
 def _tiny_tokenizer(path):
@@ -885,15 +960,57 @@ def _tiny_tokenizer(path):
     return _TINY_TOKENIZER[path]
 
 
+def _twin_writer(path, arch, twin):
+    """A GGUFWriter for path that also writes `twin`: the same metadata (but general.*) and every
+    tensor given to add_tensor as F32 (quantized ones dequantized by gguf-py): an f32_twin
+    written at once, without reading the file back."""
+    import gguf
+    import gguf.quants as gq
+
+    class Writer(gguf.GGUFWriter):
+        def __init__(self):
+            super().__init__(str(path), arch)
+            self.twin = gguf.GGUFWriter(str(twin), arch)
+
+        def add_key_value(self, key, val, vtype, **kw):
+            super().add_key_value(key, val, vtype, **kw)
+            if not key.startswith("general."):
+                self.twin.add_key_value(key, val, vtype, **kw)
+
+        def add_tensor(self, name, a, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+            super().add_tensor(name, a, raw_dtype=raw_dtype)
+            f = a if raw_dtype is None else gq.dequantize(a, raw_dtype)
+            self.twin.add_tensor(name, np.ascontiguousarray(f, dtype=np.float32))
+
+        def write_header_to_file(self, *args, **kw):
+            super().write_header_to_file(*args, **kw)
+            self.twin.write_header_to_file(*args, **kw)
+
+        def write_kv_data_to_file(self):
+            super().write_kv_data_to_file()
+            self.twin.write_kv_data_to_file()
+
+        def write_tensors_to_file(self, *args, **kw):
+            super().write_tensors_to_file(*args, **kw)
+            self.twin.write_tensors_to_file(*args, **kw)
+
+        def close(self):
+            super().close()
+            self.twin.close()
+
+    return Writer()
+
+
 def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None,
               n_ff=64, rope_base=10000.0, eps=1e-5, untied=False, qkv_bias=False, qk_norm=False,
               rope_freqs=False, window=0, pattern=None, rope_base_swa=None, rope_factor=None,
-              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None):
+              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None, twin=None):
     """Write a random tiny model of the llama family (llama, qwen2, qwen3, gemma3: the options are
     reflex_ipc.testing.references' model configuration; qk_norm follows the architecture) with
     the tokenizer of the GGUF `tokenizer` (default: SmolLM2, whose vocabulary of TINY_N_VOCAB
     tokens the embedding assumes); returns {tensor name: float64 numpy array (numpy order)} as
-    stored (quantized ones dequantized)."""
+    stored (quantized ones dequantized). qtype: the matrices' block format (any; the IQ ones as
+    random blocks: `quantized`); twin: also write the F32 twin there (_twin_writer)."""
     import gguf.quants
 
     if tokenizer is None:
@@ -921,7 +1038,8 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
     has |= {"attn_q.bias", "attn_k.bias", "attn_v.bias"} if qkv_bias else set()
     init = Init(seed, qtype=qtype, drop=drop, rules={"rope_freqs.weight": (1.5, 0.5)})
     written = write_gguf(path, arch, keys, init, tokenizer=_tiny_tokenizer(tokenizer), has=has,
-                         layout=arch if arch in TINY_ARCHS else "llama")
+                         layout=arch if arch in TINY_ARCHS else "llama",
+                         writer=None if twin is None else _twin_writer(path, arch, twin))
     return {name: (gguf.quants.dequantize(a, raw) if raw is not None else a).astype(np.float64)
             for name, (a, raw) in written.items()}
 

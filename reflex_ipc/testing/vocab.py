@@ -19,6 +19,12 @@ LLAMA3 = [(t, CONTROL) for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|star
 GEMMA = [(t, CONTROL) for t in ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>")]
 QWEN3 = [(t, USER_DEFINED) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>",
                                      "<tool_response>", "</tool_response>")]
+# o200k_harmony's (gpt-oss) special tokens that its chat format uses (<|endoftext|>: SmolLM2 has it);
+# <|return|> and <|call|> end a reply
+HARMONY = [(t, CONTROL) for t in ("<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                                  "<|start|>", "<|end|>", "<|message|>", "<|call|>")]
+LLAMA4 = [(t, CONTROL) for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>",
+                                 "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>", "<|image|>")]
 FIM_QWEN = [(t, CONTROL) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
                                    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
 

@@ -101,6 +101,12 @@ QWEN2 = _c(r"(?:" + _CONTRACTIONS + r")|[^\r\n{L}{N}]?[{L}]+|[{N}]"
            r"| ?[^\s{L}{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN35 = _c(r"(?:" + _CONTRACTIONS + r")|[^\r\n{L}{N}]?[{L}{M}]+|[{N}]"
             r"| ?[^\s{L}{M}{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o / o200k (gpt-oss, Llama 4): case-aware words as llama.cpp rewrites tiktoken's pattern
+# (a letter that is not a-z, then one that is not A-Z: a collapsed non-ASCII letter is both)
+_UP, _LO = r"(?:(?=[{L}])[^a-z])", r"(?:(?=[{L}])[^A-Z])"
+GPT4O = _c(r"[^\r\n{L}{N}]?" + _UP + "*" + _LO + r"+(?:" + _CONTRACTIONS + r")?"
+           r"|[^\r\n{L}{N}]?" + _UP + "+" + _LO + r"*(?:" + _CONTRACTIONS + r")?"
+           r"|[{N}]{{1,3}}| ?[^\s{L}{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 # DeepSeek LLM's letter class (a regex character class, as llama.cpp spells it)
 _DS_LETTERS = (
@@ -127,6 +133,7 @@ _LISTS = {
     "llama3": lambda: [LLAMA3],
     "qwen2": lambda: [QWEN2],
     "qwen35": lambda: [QWEN35],
+    "gpt4o": lambda: [GPT4O],
     "starcoder": lambda: [_c(r"[{N}]"), GPT2],
     "falcon": lambda: [_c(r"[{P}$\+<=>\^~\|`]+"), GPT2, _w("[0-9][0-9][0-9]")],
     "deepseek-llm": lambda: [
@@ -156,6 +163,7 @@ ALIASES = {
     "qwen2": "qwen2", "deepseek-r1-qwen": "qwen2", "kormo": "qwen2", "f2llmv2": "qwen2",
     "megrez": "qwen2", "stablelm2": "qwen2", "hunyuan": "qwen2", "solar-open": "qwen2",
     "qwen35": "qwen35",
+    "gpt-4o": "gpt4o", "llama4": "gpt4o", "kanana2": "gpt4o", "talkie": "gpt4o",
     "starcoder": "starcoder", "refact": "starcoder", "command-r": "starcoder",
     "smollm": "starcoder", "codeshell": "starcoder", "exaone": "starcoder",
     "minerva-7b": "starcoder", "mellum2": "starcoder",

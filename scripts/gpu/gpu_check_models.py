@@ -211,14 +211,14 @@ RECURRENT = ("qwen35", "qwen35moe", "granitehybrid")  # architectures with recur
 def example_paths(syn, tok):
     """Every architecture's examples (models/<arch>.py EXAMPLES, synthetic.example_gguf; SmolLM2's
     tokenizer via tok): the F32 ones, Q8_0 where rows allow except the recurrent hybrids (F32,
-    "hybrid-" files: hybrid_checks), and the quantized (K-quant) ones of qwen3moe and phi3.
+    "hybrid-" files: hybrid_checks), and the quantized (K-quant) ones of qwen3moe, phi3, gpt-oss and llama4.
     Returns (paths, [(name, path)] of those models.NO_CUDA refuses)."""
     from reflex_ipc.models import NO_CUDA
     from reflex_ipc.testing.synthetic import example_gguf, examples
 
     paths, refused = [], []
     for name, (arch, spec) in examples().items():
-        if spec.get("quantize") and arch not in ("qwen3moe", "phi3"):
+        if spec.get("quantize") and arch not in ("qwen3moe", "phi3", "gpt-oss", "llama4"):
             continue
         hybrid = arch in RECURRENT
         path = os.path.join(syn, f"{'hybrid' if hybrid else 'family'}-{name.replace('@', '-')}.gguf")

@@ -402,3 +402,148 @@ def test_stdio_hybrids_stream_system1_and_auto(example):
     assert tokens == results[1]["token_ids"] and len(tokens) == 4
     assert len(results[2]["candidates"]) == 2
     assert len(results[3]["token_ids"]) == 3
+
+
+# -- gpt-oss, Llama 4 ---------------------------------------------------------------------------------
+def _llama_rows(llama_cpp, path, ids, first, n_ctx, **kw):
+    """llama.cpp's logits (F32 K/V cache) of the rows first..len(ids)-1 of ids: the prompt up to
+    `first` in one evaluation, then one token at a time (only the last row is kept: a long
+    prompt's every row would not fit)."""
+    m = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
+                        verbose=False, **llamaref.F32_KV, **kw)
+    try:
+        n_vocab = m.n_vocab()
+
+        def last():
+            ptr = llama_cpp.llama_get_logits_ith(m.ctx, -1)
+            return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float64, copy=True)
+
+        m.eval(list(ids[:first + 1]))
+        rows = [last()]
+        for t in ids[first + 1:]:
+            m.eval([t])
+            rows.append(last())
+        return np.array(rows)
+    finally:
+        m.close()
+
+
+def _our_rows(ops, path, ids, first, n_ctx, chunk=256):
+    from reflex_ipc.runtime.batch import Batch
+
+    m = _model(path, ops)
+    st = m.new_state(ops, n_ctx)
+    for a in range(0, first, chunk):
+        b = min(first, a + chunk)
+        m.forward(st, Batch(ops, ids[a:b], range(a, b)), rows=slice(b - a - 1, b - a))
+    rows = []
+    for p in range(first, len(ids)):
+        rows.append(np.asarray(ops.to_numpy(m.forward(st, Batch(ops, ids[p:p + 1], [p]))), np.float64)[0])
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("device", ("numpy", "cpu"))
+def test_llama4_chunks_and_temperature_past_8192_tokens(example, llama_cpp, device):
+    """Past position 8191 Llama 4's RoPE layers attend only within their chunk of 8192 positions
+    and its NoPE layer's queries take the temperature 1 + 0.1 ln 2: the rows from position 8185
+    to 8200 of a 8201-token prompt against llama.cpp (F32 K/V cache)."""
+    from reflex_ipc.backends.cpu_ops import CpuOps
+
+    path = example("llama4")
+    ids = list(np.random.default_rng(7).integers(100, 40000, 8201))
+    first, n_ctx = 8185, 8448
+    ref = _llama_rows(llama_cpp, path, ids, first, n_ctx)
+    ops = NumpyOps() if device == "numpy" else CpuOps(threads=2)
+    ours = _our_rows(ops, path, ids, first, n_ctx)
+    tol = 1e-3 if device == "numpy" else 5e-3
+    err = np.abs(ours - ref).max(axis=1) / np.abs(ref).max()
+    assert err.max() <= tol, err
+    # the chunks matter here: without them the rows past 8191 move well beyond the tolerance
+    import reflex_ipc.models.llama4 as l4
+
+    saved = l4.CHUNK
+    l4.CHUNK = 1 << 30
+    try:
+        far = _our_rows(NumpyOps(), path, ids, 8190, n_ctx)[-1]
+    finally:
+        l4.CHUNK = saved
+    assert np.abs(far - ref[-1]).max() / np.abs(ref).max() > 10 * tol
+
+
+def test_llama4_chunked_masks_in_system1_and_graphs(example, monkeypatch):
+    """Chunked attention through explicit masks (system1's one pass, ForwardGraphs' buckets): with
+    a chunk of 8 positions the one-pass candidates equal each candidate scored alone, and a
+    masked batch equals the causal runs of the same tokens."""
+    import reflex_ipc.models.llama4 as l4
+    from reflex_ipc.runtime.batch import Batch, attention_mask
+
+    monkeypatch.setattr(l4, "CHUNK", 8)
+    m = attention_mask(np.ones((2, 20), bool), [9, 17], np.arange(20), ("chunk", 8))
+    assert list(np.flatnonzero(m[0] == 0)) == list(range(8, 20)) and list(np.flatnonzero(m[1] == 0)) == list(
+        range(16, 20))
+    r = load_runner(example("llama4"), device="numpy", n_ctx=N_CTX)
+    try:
+        prompt = "The capital of France is a city whose name"
+        cands = [" Paris, of course", " London", " a city of lights and rivers"]
+        res = r.system1(prompt, cands)
+        for text, c in zip(cands, res["candidates"]):
+            alone = r.system1(prompt, [text], cache_prompt=False)["candidates"][0]
+            assert abs(alone["logprob"] - c["logprob"]) <= 1e-4 * len(c["token_ids"]), text
+        ops = NumpyOps()
+        model = _model(example("llama4"), ops)
+        ids = IDS[:14]
+        causal = model.forward(model.new_state(ops, 32), Batch(ops, ids, range(14)))
+        st = model.new_state(ops, 32)
+        allowed = np.tril(np.ones((14, 14), bool))
+        masked = model.forward(st, Batch(ops, ids, range(14), slots=range(14), allowed=allowed,
+                                         key_pos=np.arange(14)))
+        np.testing.assert_allclose(masked, causal, rtol=0, atol=1e-5 * np.abs(causal).max())
+    finally:
+        r.close()
+
+
+def test_gpt_oss_sinks_and_window_matter(example, llama_cpp):
+    """gpt-oss's sinks and sliding window change its logits (llama.cpp agrees with both: the
+    matrix); without either reflex's rows move away from llama.cpp's."""
+    path = example("gpt-oss")
+    ids = IDS + IDS[:8]
+    ref = llamaref.logits(llama_cpp, path, ids)
+    base = np.abs(_logits(path, ids) - ref).max() / np.abs(ref).max()
+    assert base < 1e-3
+
+    class NoSinks(NumpyOps):
+        def attention(self, *a, sinks=None, **kw):
+            return super().attention(*a, **kw)
+
+    class NoWindow(NumpyOps):
+        def attention(self, *a, window=0, **kw):
+            return super().attention(*a, **kw)
+
+    for ops in (NoSinks(), NoWindow()):
+        assert np.abs(_logits(path, ids, ops) - ref).max() / np.abs(ref).max() > 10 * base + 1e-3
+
+
+@pytest.mark.parametrize("device", ("numpy", "cpu"))
+@pytest.mark.parametrize("name", ["gpt-oss", "llama4"])
+def test_new_families_state_prefix_and_logprobs(example, tmp_path, name, device):
+    """gpt-oss and Llama 4 like every family: a saved state continues as the unbroken run, a
+    second request reuses the first's prompt state (same tokens), log-probabilities come with
+    the tokens, and decode steps replay from the backend's graphs where it has them."""
+    path = example(name)
+    ids = IDS + IDS[:6]
+    r = load_runner(path, device=device, n_ctx=N_CTX)
+    try:
+        full = r.generate(ids, max_tokens=10, cache_prompt=False, logprobs=2)
+        assert len(full["logprobs"]) == 10 and all(len(e["top"]) == 2 for e in full["logprobs"])
+        again = r.generate(ids, max_tokens=10)
+        assert again["token_ids"] == full["token_ids"] and again["cached_tokens"] > 0
+        state = str(tmp_path / "s.state")
+        r.generate(ids[:12], max_tokens=1, kv_export=state, cache_prompt=False)
+    finally:
+        r.close()
+    r = load_runner(path, device=device, n_ctx=N_CTX)
+    try:
+        cont = r.generate(ids[12:], max_tokens=10, kv_import=state)
+        assert cont["token_ids"] == full["token_ids"]
+    finally:
+        r.close()

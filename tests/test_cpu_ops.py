@@ -423,7 +423,8 @@ def test_kv_store_and_attention(ref_ops, case, kv_dtype):
 
 
 @pytest.mark.parametrize("case", [dict(Hq=8, Hkv=2), dict(Hq=4, Hkv=4, window=5), dict(Hq=6, Hkv=1, softcap=4.0),
-                                  dict(Hq=4, Hkv=2, masked=True)])
+                                  dict(Hq=4, Hkv=2, masked=True), dict(Hq=8, Hkv=2, sinks=True),
+                                  dict(Hq=4, Hkv=4, chunk=4), dict(Hq=6, Hkv=2, sinks=True, chunk=5)])
 def test_attention_blocks_match_single_queries(case):
     """A prompt pass attends in blocks of queries (x86: register tiles over several queries and
     heads); each query's result is the one it gets alone, within float rounding (the dots and
@@ -448,7 +449,15 @@ def test_attention_blocks_match_single_queries(case):
         kw.update(causal=False, mask=mask)
     else:
         kw.update(causal=True, window=case.get("window", 0))
+    if case.get("sinks"):  # gpt-oss: a per-head logit in each softmax's denominator
+        kw.update(sinks=rng.standard_normal(Hq).astype(np.float32))
+    if case.get("chunk"):  # Llama 4: keys from the query's chunk start
+        kw.update(chunk=case["chunk"])
     full = ops.attention(q, kc, vc, slots, n_kv, **kw)
+    # the blocks and the single queries (with Hq > Hkv both take the block path) against the oracle
+    want = _ref_attention(NumpyOps(), q, kc[:, :n_kv].astype(np.float32), vc[:, :n_kv].astype(np.float32),
+                          slots, n_kv, **kw)
+    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-5)
     for n in range(N):
         one = dict(kw, mask=mask[n:n + 1]) if mask is not None else kw
         np.testing.assert_allclose(full[n], ops.attention(q[n:n + 1], kc, vc, slots[n:n + 1], n_kv, **one)[0],

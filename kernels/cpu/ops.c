@@ -1075,6 +1075,7 @@ static void attn_block_chunk(void *p, int64_t c) {
         hi[i] = j->causal ? j->pos[n] : j->n_kv - 1;
         if (hi[i] > j->n_kv - 1) hi[i] = j->n_kv - 1;
         lo[i] = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+        if (j->chunk > 0 && lo[i] < j->pos[n] - j->pos[n] % j->chunk) lo[i] = j->pos[n] - j->pos[n] % j->chunk;
         if (lo[i] < 0) lo[i] = 0;
         if (hi[i] >= lo[i]) {
             if (lo[i] < lo_all) lo_all = lo[i];
@@ -1137,7 +1138,16 @@ static void attn_block_chunk(void *p, int64_t c) {
                 inv[i * g + h] = 0.f;
                 continue;
             }
-            if (T.exp_sum) {
+            if (j->sinks) { /* attention sinks: attn_group_chunk's, in its order */
+                float sink = j->sinks[kvh * g + h];
+                if (sink > mx) mx = sink;
+                su = expf(sink - mx);
+                for (int64_t t = 0; t < L; t++) {
+                    float e = sh[t] == -INFINITY ? 0.f : expf(sh[t] - mx);
+                    sh[t] = e;
+                    su += e;
+                }
+            } else if (T.exp_sum) {
                 su = T.exp_sum(sh, L, mx);
             } else {
                 for (int64_t t = 0; t < L; t++) {

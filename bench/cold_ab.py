@@ -60,6 +60,41 @@ def generate(tree, device="cpu", model=None):
             "main_args_parsed": ph.get("main_args_parsed"), "first_token": ph.get("first_token")}
 
 
+def http_first_token(tree):
+    """A cold `reflex http --device cpu` (it spawns its engine): ms from spawn to the first
+    streamed token of POST /v1/completions, sent as soon as the port accepts."""
+    import http.client
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=tree)
+    env.pop("REFLEX_MODEL", None)
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "stream": True}).encode()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(["reflex", "http", "--port", str(port), "--device", "cpu"], env=env,
+                            stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+                break
+            except ConnectionRefusedError:
+                assert proc.poll() is None
+                time.sleep(0.002)
+        r = c.getresponse()
+        assert r.status == 200, r.read()
+        while not r.fp.readline().startswith(b"data: {"):
+            pass
+        c.close()
+        return {"http_first_token": (time.perf_counter() - t0) * 1e3}
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
 def summary(a, b):
     ratios = [y / x for x, y in zip(a, b) if x and y]
     return {"a_p50": round(statistics.median(a), 3), "b_p50": round(statistics.median(b), 3),
@@ -75,14 +110,18 @@ def main():
     p.add_argument("--a-commit", help="tree A's commit, when it is not a git checkout")
     p.add_argument("--b-commit", help="tree B's commit, when it is not a git checkout")
     p.add_argument("--out", help="write the results JSON here")
+    p.add_argument("--http", action="store_true",
+                   help="also a cold `reflex http` to its first streamed token (the http extra)")
     p.add_argument("--device", default="cpu", help="generate's --device (default: %(default)s)")
     p.add_argument("--model", help="generate's --model (default: smollm2)")
     p.add_argument("--no-ready", action="store_true", help="only the generate runs")
     args = p.parse_args()
+    uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    uptime_before = uptime()
+    uptimes = [uptime_before]
     trees = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b)}
-    samples = {k: {"ready": [], "wall": [], "cpu": [], "main_args_parsed": [], "first_token": []}
-               for k in trees}
-    uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    samples = {k: {"ready": [], "wall": [], "cpu": [], "main_args_parsed": [], "first_token": [],
+                   **({"http_first_token": []} if args.http else {})} for k in trees}
     for i in range(args.runs):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
         if not args.no_ready:
@@ -91,17 +130,20 @@ def main():
         for k in order:
             for name, v in generate(trees[k], args.device, args.model).items():
                 samples[k][name].append(v)
-    uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+        if args.http:
+            for k in order:
+                samples[k]["http_first_token"].append(http_first_token(trees[k])["http_first_token"])
     def commit(tree):
         r = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
         return r.stdout.strip() or None
     res = {"benchmark": "cold_ab", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                       "load_avg": os.getloadavg()},
+                       "load_avg": os.getloadavg(), "uptime_before": uptime_before,
+                       "uptime_after": uptime()},
            "trees": {k: {"path": v, "commit": getattr(args, f"{k}_commit") or commit(v)}
                      for k, v in trees.items()},
            "runs": args.runs, "prompt": PROMPT, "device": args.device, "model": args.model,
-           "uptime_before_after": uptime,
+           "uptime_before_after": uptimes + [uptime()],
            "summary": {m: summary(samples["a"][m], samples["b"][m]) for m in samples["a"] if samples["a"][m]},
            "samples_ms": samples}
     text = json.dumps(res, indent=1)

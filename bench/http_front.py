@@ -14,6 +14,13 @@
    (ready line, then first token event). Alternating, --cold-runs each.
 
     python bench/http_front.py [--samples N] [--cold-runs N] [--out DIR]
+        [--endpoints completions,classify,messages,responses] [--base TREE] [--rounds R]
+        [--no-cold]
+
+   --endpoints measures 1. for each endpoint given, paired with the engine op it maps to
+   (/v1/classify: classify; /v1/messages and /v1/responses: generate with messages).
+   --base TREE adds that source tree's front as a third phase on the same engine
+   (direct, front, base; the order of the fronts flips every round): before/after.
 """
 
 from __future__ import annotations
@@ -36,9 +43,12 @@ sys.path.insert(0, ROOT)
 PROMPT = "Hi"
 
 
-def env():
+def env(tree=None):
     e = dict(os.environ)
     e.pop("PYTHONDONTWRITEBYTECODE", None)
+    if tree is not None:  # another source tree's front (--base)
+        e["PYTHONPATH"] = os.pathsep.join([tree, os.path.join(tree, "clients", "python")])
+        return e
     e["PYTHONPATH"] = ROOT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     return e
 
@@ -54,22 +64,43 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def summary(xs):
     return {"p50": round(statistics.median(xs), 3), "p10": round(pct(xs, 0.1), 3),
             "p90": round(pct(xs, 0.9), 3), "min": round(min(xs), 3), "n": len(xs)}
 
 
+# endpoint: (HTTP path, HTTP body, the engine op and params the front sends for it)
+ENDPOINTS = {
+    "completions": ("/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 1, "temperature": 0},
+                    ("generate", {"prompt": PROMPT, "max_tokens": 1})),
+    "classify": ("/v1/classify", {"input": "Is the sky blue? Answer:", "labels": [" yes", " no"]},
+                 ("classify", {"input": "Is the sky blue? Answer:", "labels": [" yes", " no"]})),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 1, "temperature": 0,
+                                  "messages": [{"role": "user", "content": PROMPT}]},
+                 ("generate", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                               "temperature": 0.0})),
+    "responses": ("/v1/responses", {"model": "m", "input": PROMPT, "max_output_tokens": 1, "temperature": 0},
+                  ("generate", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                                "temperature": 0.0})),
+}
+
+
 class Direct:
-    def __init__(self, path):
+    def __init__(self, path, endpoint="completions"):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
         self.f = self.sock.makefile("rb")
         assert json.loads(self.f.readline())["event"] == "ready"
         self.n = 0
+        self.op, self.params = ENDPOINTS[endpoint][2]
 
     def once(self):
         self.n += 1
-        line = json.dumps({"id": self.n, "op": "generate", "prompt": PROMPT, "max_tokens": 1}).encode() + b"\n"
+        line = json.dumps({"id": self.n, "op": self.op, **self.params}).encode() + b"\n"
         t0 = time.perf_counter()
         self.sock.sendall(line)
         while True:
@@ -86,10 +117,10 @@ class Direct:
 
 
 class Front:
-    def __init__(self, sock_path):
+    def __init__(self, sock_path, endpoint="completions", tree=None):
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "http", "--connect", sock_path,
-                                      "--port", str(self.port)], env=env(), stderr=subprocess.DEVNULL)
+                                      "--port", str(self.port)], env=env(tree), stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while True:
             try:
@@ -102,11 +133,12 @@ class Front:
             assert time.time() < deadline and self.proc.poll() is None
             time.sleep(0.05)
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        self.body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}).encode()
+        self.path, body, _ = ENDPOINTS[endpoint]
+        self.body = json.dumps(body).encode()
 
     def once(self):
         t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", body=self.body, headers={"Content-Type": "application/json"})
+        self.conn.request("POST", self.path, body=self.body, headers={"Content-Type": "application/json"})
         r = self.conn.getresponse()
         data = r.read()
         wall = (time.perf_counter() - t0) * 1e3
@@ -127,36 +159,43 @@ class Front:
         self.proc.wait(20)
 
 
-def latency(samples, warmup):
+def latency(samples, warmup, endpoint="completions", base=None, rounds=2):
+    """Direct vs front (and, with `base`, that tree's front on the same engine), phases
+    alternated (direct, front[, base]) for `rounds` rounds."""
     d = tempfile.mkdtemp(prefix="reflex-bench-")
     path = os.path.join(d, "engine.sock")
     eng = subprocess.Popen([sys.executable, "-m", "reflex_ipc", "uds", path, "--device", "cpu",
                             "--model", "smollm2"], env=env(), stderr=subprocess.DEVNULL)
-    out = {"direct": [], "front": []}
+    names = ("direct", "front") + (("base",) if base else ())
+    out = {n: [] for n in names}
+    cpu = {n: [] for n in names if n != "direct"}
     try:
         while not os.path.exists(path):
             time.sleep(0.02)
-        for rnd in range(2):
-            for name in ("direct", "front"):
-                c = Direct(path) if name == "direct" else Front(path)
+        for rnd in range(rounds):
+            for name in (names if rnd % 2 == 0 else names[:1] + names[1:][::-1]):
+                c = Direct(path, endpoint) if name == "direct" else \
+                    Front(path, endpoint, tree=base if name == "base" else None)
                 for _ in range(warmup):
                     c.once()
-                cpu0 = c.cpu_ms() if name == "front" else None
+                cpu0 = c.cpu_ms() if name != "direct" else None
                 for _ in range(samples):
                     wall, total = c.once()
                     out[name].append({"wall_ms": round(wall, 3), "engine_total_ms": total,
                                       "overhead_ms": round(wall - total, 3), "round": rnd})
                 if cpu0 is not None:
-                    out.setdefault("front_cpu_ms_per_request", []).append(round((c.cpu_ms() - cpu0) / samples, 3))
+                    cpu[name].append(round((c.cpu_ms() - cpu0) / samples, 3))
                 c.close()
     finally:
         eng.terminate()
         eng.wait(20)
-    cpu = out.pop("front_cpu_ms_per_request")
     res = {k: {"wall_ms": summary([s["wall_ms"] for s in v]),
                "overhead_ms": summary([s["overhead_ms"] for s in v])} for k, v in out.items()}
-    res["front_cpu_ms_per_request"] = cpu  # one figure per front phase
+    res["front_cpu_ms_per_request"] = cpu["front"]  # one figure per front phase
     res["added_p50_ms"] = round(res["front"]["overhead_ms"]["p50"] - res["direct"]["overhead_ms"]["p50"], 3)
+    if base:
+        res["base_cpu_ms_per_request"] = cpu["base"]
+        res["base_added_p50_ms"] = round(res["base"]["overhead_ms"]["p50"] - res["direct"]["overhead_ms"]["p50"], 3)
     res["samples"] = out
     return res
 
@@ -215,16 +254,35 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--endpoints", default="completions",
+                    help="comma-separated, of: " + ", ".join(ENDPOINTS) + " (the first is the headline figure)")
+    ap.add_argument("--base", default=None, help="another source tree whose front is measured beside this "
+                                                 "one's, on the same engine, alternated")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-start part")
     a = ap.parse_args()
+    base = os.path.abspath(a.base) if a.base else None
     from reflex_ipc.commands.bench import cpu_model
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     res = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0],
                        "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "loadavg_before": os.getloadavg()},
+                       "loadavg_before": os.getloadavg(), "uptime_before": uptime()},
            "request": {"op": "generate", "prompt": PROMPT, "max_tokens": 1, "model": "smollm2", "device": "cpu"}}
-    res["latency"] = latency(a.samples, a.warmup)
+    endpoints = a.endpoints.split(",")
+    res["base"] = base
+    res["latency"] = latency(a.samples, a.warmup, endpoints[0], base, a.rounds)
+    res["endpoints"] = {e: latency(a.samples, a.warmup, e, base, a.rounds) for e in endpoints[1:]}
+    for e, r in [(endpoints[0], res["latency"]), *res["endpoints"].items()]:
+        print(f"{e}: added p50 {r['added_p50_ms']} ms (p10 front {r['front']['overhead_ms']['p10']} vs direct "
+              f"{r['direct']['overhead_ms']['p10']}), front CPU per request {r['front_cpu_ms_per_request']} ms" +
+              (f"; base: added p50 {r['base_added_p50_ms']} ms (p10 {r['base']['overhead_ms']['p10']}), CPU "
+               f"{r['base_cpu_ms_per_request']} ms" if base else ""), flush=True)
+    if a.no_cold:
+        res["machine"]["loadavg_after"] = os.getloadavg()
+        res["machine"]["uptime_after"] = uptime()
+        return _write(a, res, commit)
     cold = {"front": [], "stdio": []}
     cold_front()  # warm the page cache and bytecode once for both
     for _ in range(a.cold_runs):
@@ -237,10 +295,8 @@ def main():
     res["cold"]["front_vs_stdio_p50"] = round(res["cold"]["front_first_token_ms"]["p50"]
                                               / res["cold"]["stdio_first_token_ms"]["p50"], 3)
     res["machine"]["loadavg_after"] = os.getloadavg()
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"http_front-{time.strftime('%Y-%m-%d')}-{commit or 'nocommit'}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    res["machine"]["uptime_after"] = uptime()
+    path = _write(a, res, commit)
     lat = res["latency"]
     print(f"added latency p50 {lat['added_p50_ms']} ms (front overhead {lat['front']['overhead_ms']['p50']} ms, "
           f"direct {lat['direct']['overhead_ms']['p50']} ms; wall p50 {lat['front']['wall_ms']['p50']} vs "
@@ -249,6 +305,15 @@ def main():
           f"{res['cold']['stdio_first_token_ms']['p50']} ms ({res['cold']['front_vs_stdio_p50']}x); "
           f"load {res['machine']['loadavg_before']} -> {res['machine']['loadavg_after']}")
     print(path)
+
+
+def _write(a, res, commit):
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"http_front-{time.strftime('%Y-%m-%d')}-{commit or 'nocommit'}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(path)
+    return path
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ import time
 
 from .errors import ReflexError
 
-OPS_OF = {"generate": "generate", "infill": "infill", "decide": "system1", "embed": "embed",
+OPS_OF = {"generate": "generate", "infill": "infill", "decide": "system1", "classify": "classify",
+          "embed": "embed",
           "tokenize": "tokenize", "detokenize": "detokenize", "save_state": "state_save",
           "load_state": "state_load"}
 
@@ -211,13 +212,20 @@ class Model:
         from .ops._base import kv_args
 
         t0 = time.perf_counter()
+        tools = req.tools if req.tool_choice != "none" else None
+        if tools is None and req.tools is not None:  # tool_choice none: tools not offered
+            req = _replace(req, tools=None)
+        elif tools and req.tool_choice != "auto":
+            req = _forced_call(self.runner, req)
         prompt = self._chat_prompt(req, should_cancel=should_cancel)
         out = yield from self._decode(req, prompt, on_token, should_cancel,
                                       reasoning=req.messages is not None, **kv_args(req))
-        if req.tools:
+        if tools:
             from . import prepare
 
-            out = prepare.add_tool_calls(dict(out), req.tools)
+            out = prepare.add_tool_calls(dict(out), tools, runner=self.runner,
+                                         chat_template=req.chat_template,
+                                         parallel=req.parallel_tool_calls)
         return _timed(out, self.name, t0)
 
     def _infill(self, req, on_token=None, should_cancel=None):
@@ -250,6 +258,20 @@ class Model:
         return _timed(out, self.name, t0)
 
     system1 = decide
+
+    def classify(self, input=None, labels=None, *, should_cancel=None, **fields) -> dict:
+        """Pick one of a few labels for a text (or the assistant's turn after `messages`),
+        or for each of a batch of `questions` over one shared prefix: the protocol's
+        classify (system1 with labels: probabilities, logprobs, best, entropy, a warning
+        when the labels tokenize to different lengths)."""
+        req = input if _is_struct(input) else None
+        if req is None:
+            fields.update({k: v for k, v in (("input", input), ("labels", labels)) if v is not None})
+        req = self._req("classify", req, fields)
+        from .ops.classify import execute
+
+        t0 = time.perf_counter()
+        return _timed(execute(self.runner, req, should_cancel=should_cancel), self.name, t0)
 
     def embed(self, input=None, *, should_cancel=None, **fields) -> dict:
         """Pooled final hidden states of a text or a list of texts: the protocol's embed."""
@@ -332,6 +354,33 @@ class Model:
         if path is not None:
             fields["path"] = path
         return self._req(op, None, fields)
+
+
+def _replace(req, **changes):
+    import msgspec
+
+    return msgspec.structs.replace(req, **changes)
+
+
+def _forced_call(runner, req):
+    """tool_choice required / named: the request with the grammar that forces the call."""
+    from . import prepare
+
+    if req.messages is None:
+        raise ReflexError("invalid_request", "`tool_choice`: goes with `messages` and `tools`")
+    if any(getattr(req, k) is not None for k in ("json_schema", "regex", "grammar")):
+        raise ReflexError("invalid_request", "`tool_choice` required or named forces a tool call; "
+                                             "it cannot be combined with json_schema, regex or grammar")
+    choice = req.tool_choice
+    if not isinstance(choice, str):
+        import msgspec
+
+        choice = msgspec.to_builtins(choice)
+    thinking = (req.enable_thinking is True
+                or (req.chat_template_kwargs or {}).get("enable_thinking") is True)
+    g = prepare.tool_grammar(runner, req.tools, choice, req.parallel_tool_calls, req.chat_template,
+                             thinking)
+    return _replace(req, grammar=g)
 
 
 def _drain(gen):

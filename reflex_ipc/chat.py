@@ -392,7 +392,8 @@ def _guard_filters(filters):
         "join": lambda ctx, v, d="", attribute=None: None,
         "pprint": lambda v, *a, **k: _LIMITS.charge(2 * _size(v, _LIMITS.cap), "pprint"),
         "string": lambda v: _LIMITS.charge(_text_size(v), "string"),
-        "list": lambda v: isinstance(v, str) and _repeat([0], len(v), "list"),
+        # jinja's `list` takes the eval context first (a pass_eval_context async variant)
+        "list": lambda *a: isinstance(a[-1], str) and _repeat([0], len(a[-1]), "list"),
         "batch": lambda v, linecount, *a, **k: _repeat([0], linecount if isinstance(linecount, int) else 0,
                                                        "batch"),
         "sum": lambda ctx, v, *a, **k: None,

@@ -13,6 +13,7 @@ COMMANDS = {
     "stdio": ("serve", "serve JSON lines on stdin/stdout"),
     "uds": ("serve", "serve JSON lines on a Unix domain socket"),
     "http": ("http", "OpenAI-compatible HTTP front over a `reflex uds` engine (extra: http)"),
+    "mcp": ("mcp", "Model Context Protocol server over stdio: generate, decide, embed, infill (extra: mcp)"),
     "generate": ("generate", "generate a continuation of a prompt"),
     "infill": ("infill", "fill in the middle between a prefix and a suffix (FIM models)"),
     "system1": ("system1", "score candidate continuations in one forward pass"),

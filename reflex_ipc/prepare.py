@@ -25,6 +25,11 @@ def chat_text(runner, messages, *, tools=None, chat_template=None, add_generatio
     into llama.cpp's chat-path ids."""
     from . import chat
 
+    if tools is not None or any(isinstance(m, dict) and m.get("tool_calls") for m in messages or ()):
+        from .toolcalls import object_arguments, wants_object_arguments
+
+        if wants_object_arguments(_template_source(runner, chat_template)):
+            messages = object_arguments(messages)
     text = chat.render(runner.tok, runner.f, messages, tools=tools,
                        add_generation_prompt=add_generation_prompt, chat_template=chat_template,
                        chat_template_kwargs=chat_template_kwargs, should_cancel=should_cancel)
@@ -104,19 +109,78 @@ def generate_extras(runner, *, logprobs=None, cache_prompt=True, json_schema=Non
     return kw
 
 
-def add_tool_calls(out: dict, tools) -> dict:
-    """With `tools` in the request: parse the generated text for tool calls (Hermes /
-    Qwen `<tool_call>` blocks, Llama 3 JSON); when there are some, the result gets
-    `tool_calls` and `content` (the text outside them)."""
+def _template_source(runner, chat_template=None):
+    """The chat template's source (the override or the GGUF's), or None when there is none."""
+    if isinstance(chat_template, str):
+        return chat_template
+    f = getattr(runner, "f", None)
+    src = f.metadata.get("tokenizer.chat_template") if f is not None else None
+    return src if isinstance(src, str) else None
+
+
+def tool_format(runner, chat_template=None):
+    """The tool-call format the chat template asks for (toolcalls.FORMATS), or None."""
+    from .toolcalls import detect
+
+    return detect(_template_source(runner, chat_template))
+
+
+def tool_grammar(runner, tools, tool_choice, parallel=True, chat_template=None, thinking=False):
+    """The Lark grammar that forces a call when `tool_choice` is "required" or names a
+    function (None for "auto" / "none"); `thinking` (the request turned the template's
+    thinking on): a <think> block may come first."""
+    if not tools or tool_choice in (None, "auto", "none"):
+        return None
+    from .toolcalls import detect, grammar
+
+    src = _template_source(runner, chat_template)
+    return grammar(detect(src), tools, tool_choice, parallel, runner.tok,
+                   think=bool(thinking) and isinstance(src, str) and "</think>" in src)
+
+
+_MARKERS = {"mistral": ("[TOOL_CALLS]",), "mistral_args": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+            "deepseek_r1": ("<｜tool▁calls▁begin｜>",), "deepseek_v3": ("<｜tool▁calls▁begin｜>",),
+            "hermes": ("<tool_call>",), "qwen3_coder": ("<tool_call>",),
+            "llama3": ("<|python_tag|>", "<|python_start|>"), "harmony": ("<|message|>",)}
+
+
+def _text_with_markers(runner, out, fmt):
+    """The output's text with control tokens rendered when the format's markers are control
+    tokens of this vocabulary (Mistral's [TOOL_CALLS]): a plain decode drops them."""
+    tok = getattr(runner, "tok", None)
+    ids = out.get("token_ids")
+    if tok is None or not ids:
+        return out.get("text", "")
+    for m in _MARKERS.get(fmt, ()) if fmt else {x for v in _MARKERS.values() for x in v}:
+        i = tok.find_text(m)
+        if i >= 0 and tok.is_control(i) and i in ids:
+            if out.get("reasoning_content"):  # the text after the reasoning block
+                from .generation.reasoning import think_tokens
+
+                think = think_tokens(tok)
+                if think is not None and think[1][0] in ids:
+                    ids = ids[len(ids) - ids[::-1].index(think[1][0]):]
+            dec = tok.stream_decoder(special=True)
+            return "".join(dec.feed(t) for t in ids if t not in tok.eog_ids) + dec.flush()
+    return out.get("text", "")
+
+
+def add_tool_calls(out: dict, tools, *, runner=None, chat_template=None, parallel=True) -> dict:
+    """With `tools` in the request: parse the generated text for tool calls in the format
+    of the chat template (toolcalls.py; any format when it names none); when there are
+    some, the result gets `tool_calls` and `content` (the text outside them). Without
+    `parallel` only the first call is kept."""
     if not tools:
         return out
     from .toolcalls import parse_tool_calls
 
-    names = [t["function"]["name"] for t in tools
-             if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    fmt = tool_format(runner, chat_template) if runner is not None else None
     for part in [out, *out.get("choices", ())]:  # with n > 1: each choice too
-        content, calls = parse_tool_calls(part.get("text", ""), names)
+        text = _text_with_markers(runner, part, fmt) if runner is not None else part.get("text", "")
+        content, calls = parse_tool_calls(text, tools, fmt)
+        if calls is None and fmt is not None:
+            content, calls = parse_tool_calls(text, tools, None)
         if calls:
-            part["tool_calls"] = calls
+            part["tool_calls"] = calls if parallel else calls[:1]
             part["content"] = content
     return out

@@ -217,6 +217,10 @@ def test_template_override_and_errors(models):
                                                           "{{ m.content }}{% endfor %}")
     f, tok = reflex_tok(path)
     assert tok.decode(got) == "[user]What is the capital of France?"
+    # the guarded filters keep jinja's calling conventions (`list` takes the eval context
+    # first; Mistral's templates use it)
+    got = ours(path, CONVERSATIONS["one"], chat_template="{{ 'abc'|list|join('-') }}|{{ [1, 2]|list|sum }}")
+    assert tok.decode(got) == "a-b-c|3"
     with pytest.raises(ReflexError) as e:
         ours(path, CONVERSATIONS["one"], chat_template="{% for %}")
     assert e.value.kind == "invalid_request" and e.value.message.startswith("`chat_template`")

@@ -236,6 +236,22 @@ def test_features_import_nothing_until_used():
     assert r.stdout.split("\n")[:2] == ["[]", "['jinja2']"]
 
 
+def test_cli_generate_imports_no_front():
+    """`reflex generate` (the cold path to a first token) imports nothing of the HTTP / MCP
+    fronts, their packages, chat templates or constraints: each comes with the request or
+    command that uses it."""
+    code = ("import sys\nfrom reflex_ipc import cli\n"
+            "try:\n    cli.main(['generate', '--device', 'cpu', '--max-tokens', '1', 'Hi'])\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = ('reflex_ipc.front', 'reflex_ipc.toolcalls', 'reflex_ipc.ops.classify', 'starlette',"
+            " 'uvicorn', 'mcp', 'pydantic', 'anyio', 'anthropic', 'openai', 'httpx', 'jinja2', 'llguidance')\n"
+            "print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT, REFLEX_DETACH="0"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and r.stderr.strip().splitlines()[-1] == "[]", (r.stdout, r.stderr)
+
+
 def _cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", "reflex_ipc", *args], input=stdin,
                           capture_output=True, text=True, timeout=300,

@@ -18,7 +18,7 @@ from reflex_ipc.api import Model
 pytestmark = pytest.mark.usefixtures("smollm2")
 
 PROMPT = "The capital of France is"
-THINK, END = 49150, 49151  # SmolLM2's last two tokens, renamed <think> and </think>
+THINK, END = 49150, 49151  # SmolLM2's last two tokens, renamed <think> and </think> (THINK_IDS)
 TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{%- if add_generation_prompt %}<|im_start|>assistant\n"
             "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
@@ -36,30 +36,9 @@ def runner(tiny_models):
 def thinker(tmp_path_factory, smollm2):
     """A tiny llama whose vocabulary has <think> and </think> as user-defined tokens, as
     Qwen3's has."""
-    import gguf
+    from reflex_ipc.testing.synthetic import thinker_gguf
 
-    from reflex_ipc.testing.synthetic import TINY_CONFIGS, read_tokenizer, tiny_gguf, write_tokenizer
-
-    d = tmp_path_factory.mktemp("thinker")
-    entries = []
-    for key, val, vt, st in read_tokenizer(smollm2):
-        if key == "tokenizer.ggml.tokens":
-            val = list(val)
-            val[THINK], val[END] = b"<think>", b"</think>"
-        elif key == "tokenizer.ggml.token_type":
-            val = list(val)
-            val[THINK] = val[END] = 4  # user-defined
-        entries.append((key, val, vt, st))
-    vocab = d / "vocab.gguf"
-    w = gguf.GGUFWriter(str(vocab), "llama")
-    write_tokenizer(w, entries)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    path = d / "thinker.gguf"
-    tiny_gguf(path, tokenizer=str(vocab), **TINY_CONFIGS["llama"])
-    r = load_runner(str(path), device="numpy", n_ctx=256)
+    r = load_runner(thinker_gguf(tmp_path_factory.mktemp("thinker")), device="numpy", n_ctx=256)
     yield r
     r.close()
 

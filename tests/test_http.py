@@ -188,9 +188,6 @@ def test_completion_errors(oai):
         oai.completions.create(model="any", prompt=PROMPT, max_tokens=100000)
     assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        oai.completions.create(model="any", prompt=PROMPT, n=2, stream=True)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
-    with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model="any", prompt=PROMPT, logit_bias={"x": 1})
     assert e.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as e:
@@ -214,9 +211,35 @@ def test_sampling_parameters_follow_the_engine(oai, engine):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [c["text"] for c in ref["choices"]]
     assert r.usage.completion_tokens == sum(c["completion_tokens"] for c in ref["choices"])
+    # streamed, n > 1: per-index chunks that join to the same choices
+    texts, finish = {}, {}
+    for c in oai.completions.create(model="any", prompt=PROMPT, max_tokens=5, temperature=0.9, seed=7,
+                                    n=3, stream=True, extra_body=extra):
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert [texts[i] for i in range(3)] == [c["text"] for c in ref["choices"]]
+    assert [finish[i] for i in range(3)] == [c.finish_reason for c in r.choices]
+    # the chat prompt's state cached first and the streamed request right after the plain one: a
+    # prompt computed cold (one batch) and one mostly from the prefix cache (its last token alone)
+    # differ in the last bits, enough to move a token sampled at temperature 0.9
+    oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
     chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
                                        max_tokens=3, temperature=0.9, seed=7, n=2)
     assert [c.index for c in chat.choices] == [0, 1]
+    roles, texts, finish = {}, {}, {}
+    chunks = list(oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=3, temperature=0.9, seed=7, n=2, stream=True,
+                                              stream_options={"include_usage": True}))
+    for c in chunks:
+        for ch in c.choices:
+            roles[ch.index] = roles.get(ch.index) or ch.delta.role
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            finish[ch.index] = ch.finish_reason or finish.get(ch.index)
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert [texts[i] for i in range(2)] == [c.message.content for c in chat.choices]
+    assert [finish[i] for i in range(2)] == [c.finish_reason for c in chat.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
 
 
 def test_embeddings_match_engine(oai, engine):
@@ -583,6 +606,21 @@ def test_mapping_of_requests():
                                          b'"input_extra": [{"filename": "f.py", "text": "x"}], "seed": -1}',
                                          api.InfillRequest))
     assert (op, p) == ("infill", {"prefix": "a", "suffix": "b", "input_extra": [{"filename": "f.py", "text": "x"}]})
+    # llama.cpp's sampling fields pass on /infill under their names
+    sampled = {"typical_p": 0.9, "repeat_last_n": 32, "frequency_penalty": 0.5, "presence_penalty": 0.25,
+               "dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": 16,
+               "dry_sequence_breakers": ["\n"]}
+    op, p = api.infill_params(api.decode(json.dumps({"input_prefix": "a", **sampled}).encode(), api.InfillRequest))
+    assert p == {"prefix": "a", "suffix": "", **sampled}
+    # chat's reasoning switches: reasoning_effort "none"/"minimal" is enable_thinking false, an explicit one wins
+    for body, want in (({"reasoning_effort": "none"}, {"enable_thinking": False}),
+                       ({"reasoning_effort": "high"}, {"enable_thinking": True}),
+                       ({"reasoning_effort": "none", "enable_thinking": True, "thinking_budget": 8},
+                        {"enable_thinking": True, "thinking_budget": 8}),
+                       ({"chat_template_kwargs": {"x": 1}}, {"chat_template_kwargs": {"x": 1}})):
+        _, p = api.chat_params(api.decode(json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode(),
+                                          api.ChatRequest))
+        assert {k: p[k] for k in want} == want and ("enable_thinking" in p) == ("enable_thinking" in want)
     e = api.engine_error("invalid_request", "Object contains unknown field `json_schema`", "generate")
     assert (e.status, e.param, e.code) == (400, "response_format", "unsupported_parameter")
     for kind, status in (("context_overflow", 400), ("model_not_found", 404), ("internal", 500),

@@ -79,7 +79,9 @@ NEEDS_MODEL = {"detokenize, id past the vocabulary",
                "message without content", "template raises",
                "template does not compile", "tools with prompt", "infill without FIM tokens",
                "regex does not compile", "json_schema not a schema",
-               "json_schema unsupported feature", "grammar with errors", "two constraints"}
+               "json_schema unsupported feature", "grammar with errors", "two constraints",
+               "generate: a named tool_choice must be in tools",
+               "generate: a forced call and json_schema exclude each other"}
 
 
 @pytest.mark.parametrize("case", VECTORS)

@@ -220,6 +220,55 @@ type System1Result struct {
 	Timings         Timings    `json:"timings"`
 }
 
+// ClassifyRequest: classify's parameters. Exactly one of Input and Messages; the labels
+// continue Input as written (give the leading space the text needs).
+type ClassifyRequest struct {
+	Input    string    `json:"input,omitempty"`
+	Messages []Message `json:"messages,omitempty"`
+	Labels   []string  `json:"labels"` // 1 to 64, distinct
+	// Questions: a batch over the shared Input (or Messages), one decision per question.
+	Questions   []string `json:"questions,omitempty"`
+	Temperature float64  `json:"temperature,omitempty"`  // 0: 1.0
+	CachePrompt *bool    `json:"cache_prompt,omitempty"` // nil: true
+	Model       string   `json:"model,omitempty"`
+	Device      string   `json:"device,omitempty"`
+}
+
+// LabelScore is one label of a classify decision.
+type LabelScore struct {
+	Label       string  `json:"label"`
+	Probability float64 `json:"probability"` // softmax of logprob / temperature over the labels
+	Logprob     float64 `json:"logprob"`     // the sum of the label's token log-probabilities
+	MeanLogprob float64 `json:"mean_logprob"`
+	Tokens      int     `json:"tokens"` // the label's token count after this prompt
+}
+
+// Decision is one classify decision (a question's, with Questions).
+type Decision struct {
+	Question     string       `json:"question,omitempty"`
+	Labels       []LabelScore `json:"labels"`
+	Best         string       `json:"best"`
+	BestIdx      int          `json:"best_idx"`
+	Entropy      float64      `json:"entropy"` // bits
+	PromptTokens int          `json:"prompt_tokens"`
+	CachedTokens int          `json:"cached_tokens"`
+}
+
+// ClassifyResult: classify's result. Without Questions the decision's fields are set
+// (Labels, Best, BestIdx, Entropy); with them, Results holds one decision per question.
+type ClassifyResult struct {
+	Labels       []LabelScore `json:"labels,omitempty"`
+	Best         string       `json:"best,omitempty"`
+	BestIdx      int          `json:"best_idx"`
+	Entropy      float64      `json:"entropy"`
+	Results      []Decision   `json:"results,omitempty"`
+	PromptTokens int          `json:"prompt_tokens"`
+	CachedTokens int          `json:"cached_tokens"`
+	Warning      string       `json:"warning,omitempty"` // set when the labels tokenize to different lengths
+	Model        string       `json:"model"`
+	Timings      Timings      `json:"timings"`
+}
+
 // EmbedRequest: embed's parameters.
 type EmbedRequest struct {
 	Input     []string `json:"input"`
@@ -338,6 +387,12 @@ func Boolp(v bool) *bool { return &v }
 // System1 scores each candidate as a continuation of the prompt.
 func (c *Client) System1(ctx context.Context, req System1Request) (*System1Result, error) {
 	return call[System1Result](ctx, c, "system1", req)
+}
+
+// Classify picks one of the labels for a text or a conversation (system1 with labels):
+// each label's probability, the best one, the entropy; a batch with Questions.
+func (c *Client) Classify(ctx context.Context, req ClassifyRequest) (*ClassifyResult, error) {
+	return call[ClassifyResult](ctx, c, "classify", req)
 }
 
 // Embed returns one embedding per input string.

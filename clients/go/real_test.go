@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,6 +132,36 @@ func TestOtherOps(t *testing.T) {
 	e, err := c.Embed(ctx, EmbedRequest{Input: []string{"a", "b"}, Normalize: true})
 	if err != nil || len(e.Embeddings) != 2 || len(e.Embeddings[0]) != e.Dim {
 		t.Fatalf("embed: %v", err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	c, ctx := shared(t), context.Background()
+	labels := []string{" yes", " no"}
+	r, err := c.Classify(ctx, ClassifyRequest{Input: "Is the sky blue? Answer:", Labels: labels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := c.System1(ctx, System1Request{Prompt: "Is the sky blue? Answer:", Candidates: labels})
+	if err != nil || r.Best != labels[s1.BestIdx] || r.Warning != "" || len(r.Labels) != 2 {
+		t.Fatalf("classify %+v vs system1 %+v (%v)", r, s1, err)
+	}
+	for i, l := range r.Labels {
+		if math.Abs(l.Probability-s1.Candidates[i].Probability) > 1e-9 || l.Tokens != 1 {
+			t.Fatalf("label %d: %+v vs %+v", i, l, s1.Candidates[i])
+		}
+	}
+	batch, err := c.Classify(ctx, ClassifyRequest{
+		Messages:  []Message{{Role: "user", Content: strings.Repeat("Water is wet. ", 8)}},
+		Labels:    []string{"yes", "no", "not sure"},
+		Questions: []string{"Is water wet?", "Is water dry?"}})
+	if err != nil || len(batch.Results) != 2 || batch.Results[1].Question != "Is water dry?" ||
+		!strings.Contains(batch.Warning, "different lengths") || batch.Results[1].CachedTokens == 0 {
+		t.Fatalf("batch: %v %+v", err, batch)
+	}
+	_, err = c.Classify(ctx, ClassifyRequest{Input: "x", Labels: []string{" a", " a"}})
+	if Kind(err) != "invalid_request" {
+		t.Fatalf("duplicate labels: %v", err)
 	}
 }
 

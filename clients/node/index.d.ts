@@ -244,6 +244,55 @@ export interface System1Params extends ModelParams, ChatParams {
   kv_export?: string | null;
 }
 
+export interface ClassifyParams extends ModelParams, ChatParams {
+  /** Exactly one of input and messages; input is continued by each label as written. */
+  input?: string;
+  /** 1 to 64 distinct labels. */
+  labels: string[];
+  /** A batch over the shared input: each question appended (to messages as a last user message). */
+  questions?: string[];
+  /** Default 1. */
+  temperature?: number;
+  /** Default true: reuse the state of the prompt prefix shared with the previous request. */
+  cache_prompt?: boolean;
+}
+
+export interface ClassifyLabel {
+  label: string;
+  /** Softmax of logprob / temperature over the labels. */
+  probability: number;
+  /** The sum of the label's token log-probabilities. */
+  logprob: number;
+  mean_logprob: number;
+  /** The label's token count after this prompt. */
+  tokens: number;
+}
+
+export interface ClassifyDecision {
+  labels: ClassifyLabel[];
+  best: string;
+  best_idx: number;
+  /** Bits. */
+  entropy: number;
+  prompt_tokens: number;
+  cached_tokens: number;
+}
+
+export interface ClassifyResult extends ResultEvent {
+  /** Without questions: the decision's fields. */
+  labels?: ClassifyLabel[];
+  best?: string;
+  best_idx?: number;
+  entropy?: number;
+  /** With questions: one decision per question. */
+  results?: (ClassifyDecision & { question: string })[];
+  prompt_tokens: number;
+  cached_tokens: number;
+  /** Present when the labels tokenize to different lengths. */
+  warning?: string;
+  model: string;
+}
+
 export interface System1Candidate {
   text: string;
   token_ids: number[];
@@ -432,6 +481,8 @@ export declare class Reflex {
   infill(params: InfillParams, options?: RequestOptions): Promise<GenerateResult>;
   streamInfill(params: InfillParams, options?: RequestOptions): AsyncGenerator<StreamEvent, void, undefined>;
   system1(params: System1Params, options?: RequestOptions): Promise<System1Result>;
+  /** The decision op: labels with probabilities, best, entropy (a batch with questions). */
+  classify(params: ClassifyParams, options?: RequestOptions): Promise<ClassifyResult>;
   embed(params: EmbedParams, options?: RequestOptions): Promise<EmbedResult>;
   tokenize(params: TokenizeParams, options?: RequestOptions): Promise<TokenizeResult>;
   detokenize(params: DetokenizeParams, options?: RequestOptions): Promise<DetokenizeResult>;

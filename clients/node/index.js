@@ -229,6 +229,8 @@ export class Reflex {
     return this._events('infill', { ...params, stream: true }, signal, timeout);
   }
   system1(params, opts) { return this.request('system1', params, opts); }
+  /** The classify op: which of params.labels continues params.input (or begins the reply to params.messages). */
+  classify(params, opts) { return this.request('classify', params, opts); }
   embed(params, opts) { return this.request('embed', params, opts); }
   tokenize(params, opts) { return this.request('tokenize', params, opts); }
   detokenize(params, opts) { return this.request('detokenize', params, opts); }

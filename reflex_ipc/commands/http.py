@@ -85,15 +85,13 @@ def run(args) -> int:
         try:
             import uvicorn
 
-            from ..front.app import Front, build_app
+            from ..front.app import Front, build_app, uvicorn_config
         except ImportError as e:
             sys.stderr.write(f"reflex http: {e.name} is missing: pip install 'reflex-ipc[http]'\n")
             return 1
         app = build_app(Front(engine, api_key=api_key, max_body_bytes=args.max_body_bytes,
                               chat_max_tokens=args.chat_max_tokens))
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level))
         host = f"[{args.host}]" if ":" in args.host else args.host
         sys.stderr.write(f"reflex http: serving http://{host}:{args.port}/v1 "
                          f"({'engine at ' + args.connect if args.connect else 'engine spawned'}"

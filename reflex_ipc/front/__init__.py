@@ -1,9 +1,14 @@
-"""`reflex http`: an OpenAI-compatible HTTP front over the engine's Unix socket.
+"""`reflex http` (an OpenAI- and Anthropic-compatible HTTP front over the engine's Unix socket)
+and `reflex mcp` (mcp_server.py: a Model Context Protocol server over the in-process engine,
+reflex_ipc.Model).
 
 A separate process (the engine keeps no network socket): engine.py holds the engine and its
-FIFO queue, api.py maps the OpenAI request and response shapes onto the protocol's ops, and
-app.py is the Starlette application. Starlette and Uvicorn are the `http` extra; only
-`reflex http` imports this package.
+FIFO queue, api.py maps the OpenAI request and response shapes onto the protocol's ops
+(anthropic.py Anthropic's Messages API, responses.py OpenAI's Responses API, classify.py
+/v1/classify; textstream.py splits a turn into reasoning, content and tool calls as it
+streams), and app.py is the Starlette application. Starlette and Uvicorn are the `http`
+extra, the mcp package the `mcp` extra; only `reflex http` and `reflex mcp` import this
+package.
 """
 
 try:

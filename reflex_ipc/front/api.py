@@ -3,20 +3,22 @@
 Requests are decoded with msgspec (already a dependency of the engine's protocol) into the
 structs below: a wrong type or an out-of-range value is a 400 that names the field. Fields
 that OpenAI clients send and this front does not know are ignored, as OpenAI-compatible
-servers do; fields it knows but cannot honour (`echo`, `n` > 1 while streaming, images)
-are a 400 naming them. The sampling fields (`n`, the penalties, `logit_bias`, and
-llama.cpp's `typical_p`, `repeat_last_n`, DRY) map to the engine's parameters of the same
-names. A field the engine itself does not have yet (`messages`,
+servers do; fields it knows but cannot honour (`echo`, `best_of`, images) are a 400
+naming them. The sampling fields (`n`, the penalties, `logit_bias`, and llama.cpp's
+`typical_p`, `repeat_last_n`, DRY) and the reasoning switches (`enable_thinking`,
+`thinking_budget`, `chat_template_kwargs`; `reasoning_effort` "none" turns thinking off)
+map to the engine's parameters of the same names. A field the engine itself does not have yet (`messages`,
 `logprobs`, `json_schema`, `tools`, the `infill` op) is passed on, and the engine's
 "unknown field" answer becomes a 400 "not supported by this engine yet" naming the HTTP
 parameter (see `engine_error`).
 """
 
 import base64
+import itertools
+import os
 import re
 import struct
 import time
-import uuid
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -85,6 +87,7 @@ class _Sampling(Struct, kw_only=True):
     dry_allowed_length: Optional[int] = None
     dry_penalty_last_n: Optional[int] = None
     dry_sequence_breakers: Optional[list[str]] = None
+    thinking_budget: Optional[int] = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -112,6 +115,10 @@ class ChatRequest(_Sampling, kw_only=True):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
+    # reasoning models (the engine checks the values)
+    reasoning_effort: Optional[str] = None
+    enable_thinking: Optional[bool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class EmbeddingRequest(Struct, kw_only=True):
@@ -148,6 +155,16 @@ class InfillRequest(Struct, kw_only=True):
     n_indent: Optional[Annotated[int, Meta(ge=0, le=2**31 - 1)]] = None
     t_max_predict_ms: Optional[Annotated[int, Meta(ge=-1, le=INT64_MAX)]] = None
     cache_prompt: Optional[bool] = None
+    # the rest of llama.cpp's sampling fields (the engine checks the values)
+    typical_p: Optional[float] = None
+    repeat_last_n: Optional[int] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    dry_multiplier: Optional[float] = None
+    dry_base: Optional[float] = None
+    dry_allowed_length: Optional[int] = None
+    dry_penalty_last_n: Optional[int] = None
+    dry_sequence_breakers: Optional[list[str]] = None
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -169,12 +186,11 @@ def decode(body: bytes, cls):
 
 SAMPLING = ("top_p", "seed", "stop", "top_k", "min_p", "repeat_penalty", "n", "frequency_penalty",
             "presence_penalty", "logit_bias", "typical_p", "repeat_last_n", "dry_multiplier",
-            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+            "thinking_budget")
 
 
 def _common(req, default_max_tokens):
-    if req.stream and req.n not in (None, 1):
-        raise unsupported("n", "must be 1 when streaming (n > 1 is answered without `stream`)")
     # a parameter left out is left out here: with_model_defaults fills it in from the
     # model's own defaults (its GGUF), else the engine's (greedy), not OpenAI's temperature 1
     p = {"max_tokens": req.max_tokens or default_max_tokens}
@@ -244,6 +260,13 @@ def chat_params(req: ChatRequest, default_max_tokens=512):
         req.max_tokens = req.max_completion_tokens
     p = _common(req, default_max_tokens)
     p["messages"] = [_message(m, i) for i, m in enumerate(req.messages)]
+    thinking = req.enable_thinking
+    if thinking is None and req.reasoning_effort is not None:
+        thinking = req.reasoning_effort not in ("none", "minimal")
+    if thinking is not None:
+        p["enable_thinking"] = thinking
+    if req.chat_template_kwargs is not None:
+        p["chat_template_kwargs"] = req.chat_template_kwargs
     if req.logprobs:
         p["logprobs"] = req.top_logprobs or 0
     elif req.top_logprobs:
@@ -265,13 +288,24 @@ def chat_params(req: ChatRequest, default_max_tokens=512):
                             param="response_format", code="invalid_value")
     choice = req.tool_choice
     if req.tools and choice != "none":
-        if choice not in (None, "auto"):
-            raise unsupported("tool_choice", "may be \"auto\" or \"none\" only")
         for i, t in enumerate(req.tools):
             if t.get("type") != "function" or not isinstance(t.get("function"), dict):
                 raise HTTPError(400, f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{...}}}}",
                                 param=f"tools[{i}]", code="invalid_value")
         p["tools"] = req.tools
+        if choice == "required":
+            p["tool_choice"] = "required"
+        elif isinstance(choice, dict):
+            fn = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise HTTPError(400, "`tool_choice` must be auto, none, required or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}", param="tool_choice", code="invalid_value")
+            p["tool_choice"] = {"type": "function", "function": {"name": fn["name"]}}
+        elif choice not in (None, "auto"):
+            raise HTTPError(400, f"`tool_choice` must be auto, none, required or a named function, not {choice!r}",
+                            param="tool_choice", code="invalid_value")
+        if req.parallel_tool_calls is False:
+            p["parallel_tool_calls"] = False
     return "generate", p
 
 
@@ -288,7 +322,9 @@ def infill_params(req: InfillRequest):
         raise HTTPError(400, "`n_predict` must be -1 (the default) or at least 1", param="n_predict",
                         code="invalid_value")
     for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "stop", "n_indent",
-                 "cache_prompt"):
+                 "cache_prompt", "typical_p", "repeat_last_n", "frequency_penalty", "presence_penalty",
+                 "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                 "dry_sequence_breakers"):
         v = getattr(req, name)
         if v is not None:
             p[name] = v
@@ -322,7 +358,8 @@ _FIELD = re.compile(r"`\$\.([A-Za-z_]+)")  # "at `$.x`", "at `key` in `$.x`"
 
 # engine field -> the HTTP parameter it comes from
 HTTP_PARAM = {"messages": "messages", "logprobs": "logprobs", "json_schema": "response_format",
-              "tools": "tools", "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra",
+              "tools": "tools", "tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls",
+              "prefix": "suffix", "suffix": "suffix", "input_extra": "input_extra",
               "n_indent": "n_indent", "t_max_predict_ms": "t_max_predict_ms"}
 
 
@@ -349,8 +386,18 @@ def engine_error(kind, message, op):
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}
 
 
-def new_id(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+_ID_BASE = os.urandom(6).hex()  # a random 12-hex prefix per process; a counter after it
+_ID_NEXT = itertools.count(1).__next__
+
+
+def unique(n=24):
+    """n hex digits unique in this process (and, with the random prefix, across processes):
+    ids need to differ, not to be secret, so no random draw (a syscall) per request."""
+    return (_ID_BASE + format(_ID_NEXT(), "012x"))[:n]
+
+
+def new_id(prefix, sep="-"):
+    return f"{prefix}{sep}{unique()}"
 
 
 def _choices(result):
@@ -401,7 +448,7 @@ def tool_calls(result):
         args = fn.get("arguments", {})
         if not isinstance(args, str):
             args = msgspec.json.encode(args).decode()
-        out.append({"id": tc.get("id") or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+        out.append({"id": tc.get("id") or f"call_{unique()}", "type": "function",
                     "function": {"name": fn.get("name", ""), "arguments": args}, "index": i})
     return out
 
@@ -417,12 +464,18 @@ def completion_response(result, model, rid=None):
 
 
 def chat_response(result, model, rid=None):
+    from .textstream import split_reasoning
+
     choices = []
     for i, r in enumerate(_choices(result)):
-        msg = {"role": "assistant", "content": r.get("text", ""), "refusal": None}
+        reasoning, content, calls = split_reasoning(r)
+        msg = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
         finish = FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
         calls = tool_calls(r)
         if calls:
+            msg["content"] = content or None
             msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
             finish = "tool_calls"
         choices.append({"index": i, "message": msg, "finish_reason": finish,

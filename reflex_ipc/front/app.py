@@ -5,12 +5,13 @@ import contextlib
 import hmac
 import os
 import sys
+import time
 import traceback
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -24,6 +25,9 @@ class JSON(Response):
 
     def render(self, content):
         return orjson.dumps(content)
+
+
+WATCH_AFTER = 0.02  # s: how long a request waits for the engine before its disconnect watcher starts
 
 
 def error_response(e: HTTPError):
@@ -59,6 +63,12 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+def anthropic_error(e: HTTPError):
+    from .anthropic import error_body
+
+    return JSON(error_body(e), status_code=e.status, headers=e.headers)
+
+
 def sse(obj):
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -71,24 +81,29 @@ class Front:
         self.max_body_bytes = max_body_bytes
         self.chat_max_tokens = chat_max_tokens
         self.retry_after = retry_after
+        self._model_id = (object(), None)  # (the engine info it was read from, the id)
 
     # -- plumbing --------------------------------------------------------------------------
 
     def model_id(self):
-        info = self.engine.info or {}
-        path = info.get("path")
-        if path:
-            name = os.path.basename(path)
-            return name[:-5] if name.endswith(".gguf") else name
-        return self.engine.model or "default"
+        info = self.engine.info
+        if info is not self._model_id[0]:  # per engine `load` (a restart reloads)
+            path = (info or {}).get("path")
+            name = os.path.basename(path) if path else None
+            if name:
+                name = name[:-5] if name.endswith(".gguf") else name
+            self._model_id = (info, name)
+        return self._model_id[1] or self.engine.model or "default"
 
     def check_auth(self, request):
         if self.api_key is None:
             return
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     async def read_body(self, request):
@@ -96,12 +111,19 @@ class Front:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise self._too_large()
         chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > self.max_body_bytes:
-                raise self._too_large()
-            chunks.append(chunk)
-        return b"".join(chunks)
+        receive = request.receive  # the ASGI messages as they come (Request.stream()'s loop)
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                raise ClientDisconnect()
+            chunk = msg.get("body", b"")
+            if chunk:
+                n += len(chunk)
+                if n > self.max_body_bytes:
+                    raise self._too_large()
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self):
         return HTTPError(413, f"the request body exceeds {self.max_body_bytes} bytes (--max-body-bytes)",
@@ -121,13 +143,17 @@ class Front:
                                     if op in ("generate", "infill") else None)
         task = asyncio.current_task()
         gone = []
+        watcher = []
 
-        async def watch():  # one task: on disconnect it cancels this one, inside the engine call
+        async def watch():  # on disconnect it cancels this task, inside the engine call
             await _wait_disconnect(request.receive)
             gone.append(True)
             task.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        # the watcher task starts only if the engine has not answered within WATCH_AFTER s
+        # (most requests: no task at all); a client that left earlier is seen then
+        timer = asyncio.get_running_loop().call_later(
+            WATCH_AFTER, lambda: watcher.append(asyncio.ensure_future(watch())))
         try:
             ev = await events.__anext__()
         except ReflexError as e:
@@ -137,7 +163,9 @@ class Front:
             await events.aclose()
             raise
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watcher:
+                watcher[0].cancel()
         if gone:  # the result came as the client left: nobody to send it to
             await events.aclose()
             raise asyncio.CancelledError()
@@ -198,7 +226,10 @@ class Front:
         ev, events = await self._first(request, op, params)
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        gen = (self._chat_stream if chat else self._completion_stream)(ev, events, rid, model, include_usage)
+        if chat:
+            gen = self._chat_stream(ev, events, rid, model, include_usage, tools=bool(params.get("tools")))
+        else:
+            gen = self._completion_stream(ev, events, rid, model, include_usage)
         return EventStream(gen)
 
     async def _engine_stream(self, first, events):
@@ -216,60 +247,95 @@ class Front:
             await events.aclose()
 
     async def _completion_stream(self, first, events, rid, model, include_usage):
-        import time
+        offsets = {}  # choice index -> text offset (logprobs' text_offset)
+        head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"text_completion","created":' + \
+            str(int(time.time())).encode() + b',"model":' + orjson.dumps(model) + b',"choices":'
 
-        created = int(time.time())
-        offset = 0
-        base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        def chunk(choices, usage=None):
+            tail = b',"usage":' + orjson.dumps(usage) if usage is not None else b""
+            return head + orjson.dumps(choices) + tail + b"}\n\n"
+
         async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
             async for ev in evs:
                 if "error" in ev:
                     yield sse(ev)
                     break
                 if ev.get("event") == "token":
+                    i = ev.get("index", 0)
+                    text = ev.get("text", "")
                     lp = None
                     if ev.get("logprobs") is not None:
-                        lp = api.completion_logprobs(api._entries(ev["logprobs"]), offset)
-                    offset += len(ev.get("text", ""))
-                    if ev.get("text") or lp is not None:
-                        yield sse({**base, "choices": [{"index": 0, "text": ev.get("text", ""),
-                                                        "logprobs": lp, "finish_reason": None}]})
+                        lp = api.completion_logprobs(api._entries(ev["logprobs"]), offsets.get(i, 0))
+                    offsets[i] = offsets.get(i, 0) + len(text)
+                    if text or lp is not None:
+                        yield chunk([{"index": i, "text": text, "logprobs": lp, "finish_reason": None}])
                     continue
-                fr = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
-                yield sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": fr}]})
+                for i, r in enumerate(api._choices(ev)):
+                    fr = api.FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
+                    yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": fr}])
                 if include_usage:
-                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+                    yield chunk([], api.usage(ev))
         yield b"data: [DONE]\n\n"
 
-    async def _chat_stream(self, first, events, rid, model, include_usage):
-        import time
+    async def _chat_stream(self, first, events, rid, model, include_usage, tools=False):
+        """Chat completion chunks: per choice (`index`, n > 1 interleaved as the engine
+        generates them) its role, reasoning_content / content deltas, tool_calls and finish."""
+        from .textstream import Turn
 
-        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        head = b'data: {"id":' + orjson.dumps(rid) + b',"object":"chat.completion.chunk","created":' + \
+            str(int(time.time())).encode() + b',"model":' + orjson.dumps(model) + b',"choices":'
 
-        def chunk(delta, finish=None, lp=None):
-            return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+        def chunk(i, delta, finish=None, lp=None):
+            return head + orjson.dumps([{"index": i, "delta": delta, "logprobs": lp,
+                                         "finish_reason": finish}]) + b"}\n\n"
 
-        yield chunk({"role": "assistant", "content": ""})
+        turns = {}  # choice index -> its Turn (opened by the choice's first chunk)
+
+        def turn_of(i):
+            t = turns.get(i)
+            if t is None:
+                t = turns[i] = Turn(tools)
+                opened.append(chunk(i, {"role": "assistant", "content": ""}))
+            return t
+
+        opened = []
+        turn_of(0)
+        yield opened.pop()
         async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
             async for ev in evs:
                 if "error" in ev:
                     yield sse(ev)
                     break
                 if ev.get("event") == "token":
-                    lp = None
+                    i = ev.get("index", 0)
+                    pieces = turn_of(i).feed(ev)
+                    if opened:
+                        yield opened.pop()
                     if ev.get("logprobs") is not None:
                         lp = api.chat_logprobs(api._entries(ev["logprobs"]))
-                    if ev.get("text") or lp is not None:
-                        yield chunk({"content": ev.get("text", "")}, lp=lp)
+                        for kind, text in pieces:
+                            if kind == "reasoning":
+                                yield chunk(i, {"reasoning_content": text})
+                        yield chunk(i, {"content": "".join(t for k, t in pieces if k == "content")}, lp=lp)
+                    else:
+                        for kind, text in pieces:
+                            yield chunk(i, {"reasoning_content" if kind == "reasoning" else "content": text})
                     continue
-                finish = api.FINISH.get(ev.get("finish_reason"), ev.get("finish_reason"))
-                calls = api.tool_calls(ev)
-                if calls:
-                    yield chunk({"tool_calls": calls})
-                    finish = "tool_calls"
-                yield chunk({}, finish)
+                for i, r in enumerate(api._choices(ev)):
+                    turn = turn_of(i)
+                    if opened:
+                        yield opened.pop()
+                    finish = api.FINISH.get(r.get("finish_reason"), r.get("finish_reason"))
+                    rest, _ = turn.finish(r)
+                    for kind, text in rest:
+                        yield chunk(i, {"reasoning_content" if kind == "reasoning" else "content": text})
+                    calls = api.tool_calls(r)
+                    if calls:
+                        yield chunk(i, {"tool_calls": calls})
+                        finish = "tool_calls"
+                    yield chunk(i, {}, finish)
                 if include_usage:
-                    yield sse({**base, "choices": [], "usage": api.usage(ev)})
+                    yield head + b"[]" + b',"usage":' + orjson.dumps(api.usage(ev)) + b"}\n\n"
         yield b"data: [DONE]\n\n"
 
     async def embeddings(self, request):
@@ -302,22 +368,265 @@ class Front:
 
         return EventStream(gen())
 
+    # -- decisions -----------------------------------------------------------------------
+
+    async def classify(self, request):
+        import reflex_ipc.front.classify as classify
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), classify.ClassifyRequest)
+        result = await self.call(request, "classify", classify.params(req))
+        return JSON(classify.response(result, self.model_id()))
+
+    # -- Anthropic's Messages API --------------------------------------------------------
+
+    async def messages(self, request):
+        import reflex_ipc.front.anthropic as A
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), A.MessagesRequest)
+        params = A.params(req)
+        model = self.model_id()
+        if not req.stream:
+            return JSON(A.response(await self.call(request, "generate", params), model, req.stop_sequences))
+        params["stream"] = True
+        ev, events = await self._first(request, "generate", params)
+        return EventStream(self._messages_stream(ev, events, model, bool(params.get("tools")), req.stop_sequences),
+                           media_type="text/event-stream")
+
+    async def _messages_stream(self, first, events, model, tools, stops):
+        import reflex_ipc.front.anthropic as A
+        from .textstream import Turn
+
+        turn, st = Turn(tools), A.StreamState()
+        kinds = {"reasoning": "thinking", "content": "text"}
+        yield A.message_start(A.new_id("msg"), model)
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    yield A.event("error", {"error": {"type": "api_error", "message": ev["error"]["message"]}})
+                    return
+                if ev.get("event") == "token":
+                    for kind, text in turn.feed(ev):
+                        for out in st.delta(kinds[kind], text):
+                            yield out
+                    continue
+                rest, calls = turn.finish(ev)
+                for kind, text in rest:
+                    for out in st.delta(kinds[kind], text):
+                        yield out
+                if st.index < 0 and not calls:  # an empty reply still has its text block
+                    for out in st.start("text"):
+                        yield out
+                for out in st.stop():
+                    yield out
+                for call in calls:
+                    for out in st.tool_use(call):
+                        yield out
+                reason, seq = A.stop_reason(ev, stops)
+                yield A.event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                                "usage": A.usage(ev)})
+                yield A.event("message_stop", {})
+
+    # -- OpenAI's Responses API ----------------------------------------------------------
+
+    async def responses(self, request):
+        import reflex_ipc.front.responses as R
+        from .textstream import split_reasoning
+
+        self.check_auth(request)
+        req = api.decode(await self.read_body(request), R.ResponsesRequest)
+        params = R.params(req, self.chat_max_tokens)
+        model = self.model_id()
+        if not req.stream:
+            result = await self.call(request, "generate", params)
+            return JSON(R.response(result, req, model, *split_reasoning(result)))
+        params["stream"] = True
+        ev, events = await self._first(request, "generate", params)
+        return EventStream(self._responses_stream(ev, events, req, model, bool(params.get("tools"))))
+
+    async def _responses_stream(self, first, events, req, model, tools):
+        import reflex_ipc.front.responses as R
+        from .textstream import Turn
+
+        E, turn = R.Events(), Turn(tools)
+        rid, created = R.new_id("resp"), int(time.time())
+        output = []  # finished output items
+        cur = {"kind": None, "item": None, "text": ""}
+
+        def env(status, result=None):
+            return R.envelope(rid, req, model, created, status, list(output), result)
+
+        def close():
+            kind, item, text = cur["kind"], cur["item"], cur["text"]
+            if kind is None:
+                return []
+            idx = len(output)
+            if kind == "content":
+                part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                item = {**item, "status": "completed", "content": [part]}
+                evs = [E("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                         text=text, logprobs=[]),
+                       E("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                         part=part)]
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                item = {**item, "status": "completed", "content": [part]}
+                evs = [E("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                         text=text),
+                       E("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                         part=part)]
+            evs.append(E("response.output_item.done", output_index=idx, item=item))
+            output.append(item)
+            cur.update(kind=None, item=None, text="")
+            return evs
+
+        def delta(kind, text):
+            evs = []
+            if cur["kind"] != kind:
+                evs += close()
+                idx = len(output)
+                if kind == "content":
+                    item = R.message_item("", status="in_progress")
+                    item["content"] = []
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                else:
+                    item = R.reasoning_item("")
+                    item.update(status="in_progress", content=[])
+                    part = {"type": "reasoning_text", "text": ""}
+                cur.update(kind=kind, item=item, text="")
+                evs += [E("response.output_item.added", output_index=idx, item=item),
+                        E("response.content_part.added", item_id=item["id"], output_index=idx, content_index=0,
+                          part=part)]
+            cur["text"] += text
+            name = "response.output_text.delta" if kind == "content" else "response.reasoning_text.delta"
+            extra = {"logprobs": []} if kind == "content" else {}
+            evs.append(E(name, item_id=cur["item"]["id"], output_index=len(output), content_index=0, delta=text,
+                         **extra))
+            return evs
+
+        yield E("response.created", response=env("in_progress"))
+        yield E("response.in_progress", response=env("in_progress"))
+        async with contextlib.aclosing(self._engine_stream(first, events)) as evs:
+            async for ev in evs:
+                if "error" in ev:
+                    err = ev["error"]
+                    yield E("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
+                    return
+                if ev.get("event") == "token":
+                    for kind, text in turn.feed(ev):
+                        for out in delta(kind, text):
+                            yield out
+                    continue
+                rest, calls = turn.finish(ev)
+                for kind, text in rest:
+                    for out in delta(kind, text):
+                        yield out
+                if not output and cur["kind"] is None and not calls:
+                    for out in delta("content", ""):
+                        yield out
+                for out in close():
+                    yield out
+                for call in calls:
+                    item = R.call_item(call)
+                    idx = len(output)
+                    yield E("response.output_item.added", output_index=idx,
+                            item={**item, "arguments": "", "status": "in_progress"})
+                    yield E("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
+                            delta=item["arguments"])
+                    yield E("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                            arguments=item["arguments"], name=item["name"])
+                    yield E("response.output_item.done", output_index=idx, item=item)
+                    output.append(item)
+                status = R.status_of(ev)
+                final = env(status, ev)
+                yield E("response.completed" if status == "completed" else "response.incomplete", response=final)
+
+
+class _Coalescing:
+    """A transport whose writes within one turn of the event loop go out as one write:
+    uvicorn writes a response's status line and headers, then its body, each with its
+    own send(); joined, a response costs one syscall and wakes the client once. Every
+    other attribute is the transport's."""
+
+    __slots__ = ("_t", "_loop", "_buf")
+
+    def __init__(self, transport, loop):
+        self._t, self._loop, self._buf = transport, loop, None
+
+    def write(self, data):
+        if self._buf is None:
+            self._buf = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._buf.append(data)
+
+    def _flush(self):
+        buf, self._buf = self._buf, None
+        if buf:
+            self._t.write(buf[0] if len(buf) == 1 else b"".join(buf))
+
+    def writelines(self, items):
+        for data in items:
+            self.write(data)
+
+    def close(self):
+        self._flush()
+        self._t.close()
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def http_protocol():
+    """uvicorn's HTTP protocol (httptools, else h11) on a coalescing transport."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):
+        def connection_made(self, transport):
+            super().connection_made(_Coalescing(transport, asyncio.get_running_loop()))
+
+    return Protocol
+
+
+def uvicorn_config(app, *, host="127.0.0.1", port=8080, log_level="warning"):
+    import uvicorn
+
+    # no access log, so no X-Forwarded-For rewriting either (proxy_headers: a middleware
+    # call per request)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          lifespan="on", timeout_graceful_shutdown=5, http=http_protocol(),
+                          proxy_headers=False)
+
+
+def _internal_error(exc):
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return HTTPError(500, f"internal error in the HTTP front: {type(exc).__name__} "
+                     "(the traceback is in its log)", code="internal_error")
+
 
 def build_app(front: Front):
-    def guard(handler):
+    """The ASGI application: Starlette's, with the endpoints' exact (method, path) pairs
+    dispatched straight to their handlers (a dict lookup: no route matching, no middleware
+    stack, per request); everything else (other methods and paths: 404/405, lifespan) goes
+    through Starlette."""
+
+    def guard(handler, shape=error_response):
         async def endpoint(request):
             try:
                 return await handler(request)
             except HTTPError as e:
-                return error_response(e)
+                return shape(e)
             except QueueFull:
-                return error_response(front.busy_error())
+                return shape(front.busy_error())
             except EngineUnavailable as e:
-                return error_response(HTTPError(503, f"the engine is unavailable: {e} (the next request "
-                                                "starts or reconnects it)", code="engine_died",
-                                                headers={"Retry-After": str(front.retry_after)}))
+                return shape(HTTPError(503, f"the engine is unavailable: {e} (the next request "
+                                       "starts or reconnects it)", code="engine_died",
+                                       headers={"Retry-After": str(front.retry_after)}))
             except (asyncio.CancelledError, ClientDisconnect):
                 return Response(status_code=499)  # the client went away: nobody reads this
+            except Exception as e:  # noqa: BLE001  (a bug in the front: a 500 in the API's shape)
+                return shape(_internal_error(e))
 
         return endpoint
 
@@ -326,19 +635,22 @@ def build_app(front: Front):
                                         code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)))
 
     async def server_error(request, exc):
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        return error_response(HTTPError(500, f"internal error in the HTTP front: {type(exc).__name__} "
-                                        "(the traceback is in its log)", code="internal_error"))
+        return error_response(_internal_error(exc))
 
-    routes = [
-        Route("/health", guard(front.health), methods=["GET"]),
-        Route("/v1/models", guard(front.models), methods=["GET"]),
-        Route("/v1/models/{model:path}", guard(front.model), methods=["GET"]),
-        Route("/v1/completions", guard(front.completions), methods=["POST"]),
-        Route("/v1/chat/completions", guard(front.chat), methods=["POST"]),
-        Route("/v1/embeddings", guard(front.embeddings), methods=["POST"]),
-        Route("/infill", guard(front.infill), methods=["POST"]),
+    endpoints = [
+        ("/health", front.health, "GET", error_response),
+        ("/v1/models", front.models, "GET", error_response),
+        ("/v1/completions", front.completions, "POST", error_response),
+        ("/v1/chat/completions", front.chat, "POST", error_response),
+        ("/v1/embeddings", front.embeddings, "POST", error_response),
+        ("/infill", front.infill, "POST", error_response),
+        ("/v1/classify", front.classify, "POST", error_response),
+        ("/v1/messages", front.messages, "POST", anthropic_error),
+        ("/v1/responses", front.responses, "POST", error_response),
     ]
+    routes = [Route(path, guard(handler, shape), methods=[method]) for path, handler, method, shape in endpoints]
+    routes.insert(2, Route("/v1/models/{model:path}", guard(front.model), methods=["GET"]))
+    direct = {(method, path): guard(handler, shape) for path, handler, method, shape in endpoints}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -349,5 +661,17 @@ def build_app(front: Front):
             task.cancel()
             await front.engine.close()
 
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    starlette = Starlette(routes=routes, lifespan=lifespan,
+                          exception_handlers={HTTPException: http_error, Exception: server_error})
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            endpoint = direct.get((scope["method"], scope["path"]))
+            if endpoint is not None:
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await starlette(scope, receive, send)
+
+    app.starlette = starlette
+    return app

@@ -186,29 +186,42 @@ class Engine:
     async def events(self, op, params, prepare=None):
         """One request: its events, then its result (ReflexError for an error result).
         Close the iterator (contextlib.aclosing) to cancel it early. prepare(params, the
-        model's sampling defaults) runs once the engine is up, before the request is sent."""
+        model's sampling defaults) runs once the engine is up, before the request is sent.
+        (turn()'s steps inline: this runs per request.)"""
         done = False
+        if self.waiting >= self.max_queue:
+            raise QueueFull()
+        self.waiting += 1
         try:
-            async with self.turn() as client:
-                if prepare is not None:
-                    params = prepare(params, (self.info or {}).get("sampling"))
-                try:
-                    async with contextlib.aclosing(client.events(op, params)) as evs:
-                        async for ev in evs:
-                            if ev.get("event") == "result":
-                                done = True
-                            yield ev
-                    done = True
-                except ReflexConnectionError as e:
-                    done = True
-                    await self._died(f"the engine connection failed mid-request: {e.message}")
-                    raise EngineUnavailable(self.last_error) from None
-                except ReflexError:
-                    done = True
-                    raise
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+        self.busy = True
+        try:
+            client = await self._ensure()
+            if prepare is not None:
+                params = prepare(params, (self.info or {}).get("sampling"))
+            evs = client.events(op, params)
+            try:
+                async for ev in evs:
+                    if ev.get("event") == "result":
+                        done = True
+                    yield ev
+                done = True
+            except ReflexConnectionError as e:
+                done = True
+                await self._died(f"the engine connection failed mid-request: {e.message}")
+                raise EngineUnavailable(self.last_error) from None
+            except ReflexError:
+                done = True
+                raise
+            finally:
+                await evs.aclose()
         finally:
             if not done:
                 self.cancelled += 1
+            self.busy = False
+            self._lock.release()
 
     async def request(self, op, params):
         result = None

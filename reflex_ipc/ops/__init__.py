@@ -20,7 +20,7 @@ MAX_TOKENS = 131072  # the largest max_tokens of generate
 # `device` of a request and --device of every command; what ready/hello/load report as `backend`
 from ..backends import BACKENDS, DEVICES  # noqa: E402,F401
 
-NAMES = ("hello", "load", "generate", "infill", "system1", "embed", "tokenize", "detokenize",
+NAMES = ("hello", "load", "generate", "infill", "system1", "classify", "embed", "tokenize", "detokenize",
          "state_save", "state_load", "ping", "shutdown")
 
 _registry = None

@@ -86,12 +86,29 @@ class DecodeRequest(ModelRequest, kw_only=True):
         description="constrain the output to this Lark grammar")]] = None
 
 
+class ToolChoiceFunction(Struct, kw_only=True):
+    name: NonEmptyStr
+
+
+class ToolChoice(Struct, kw_only=True):
+    """A named function that the reply must call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
 class GenerateRequest(DecodeRequest, kw_only=True):
     prompt: Optional[Annotated[str, Meta(
         min_length=1, description="tokenized with special tokens parsed, BOS per the GGUF "
                                   "(exactly one of this and messages)")]] = None
     messages: Optional[Messages] = None
     tools: Optional[Tools] = None
+    tool_choice: Annotated[Union[Literal["auto", "none", "required"], ToolChoice], Meta(
+        description="with tools: auto (the model decides), none (tools not offered), required "
+                    "(at least one call) or a named function, the last two enforced by a grammar "
+                    "so the arguments always parse")] = "auto"
+    parallel_tool_calls: Annotated[bool, Meta(
+        description="with tools: allow more than one call in a reply")] = True
     chat_template: Optional[ChatTemplate] = None
     chat_template_kwargs: Optional[TemplateKwargs] = None
     enable_thinking: EnableThinking = None

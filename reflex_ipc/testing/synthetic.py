@@ -951,6 +951,38 @@ def _vocab_entries(name):
         _TINY_TOKENIZER[name] = load_vocab(vocab_path(name))
     return _TINY_TOKENIZER[name]
 
+THINK_IDS = (49150, 49151)  # the thinker's <think> and </think>: SmolLM2's last two tokens, renamed
+
+
+def thinker_gguf(dir_path, chat_template=None):
+    """A tiny llama (TINY_CONFIGS["llama"]) whose vocabulary is SmolLM2's with its last two
+    tokens renamed <think> and </think> (user-defined, as Qwen3's are): a reasoning model's
+    tokens on random weights. Returns the GGUF's path (dir_path/thinker.gguf)."""
+    import gguf
+
+    from reflex_ipc.modelpath import resolve_model
+
+    think, end = THINK_IDS
+    entries = []
+    for key, val, vt, st in read_tokenizer(resolve_model("smollm2")):
+        if key == "tokenizer.ggml.tokens":
+            val = list(val)
+            val[think], val[end] = b"<think>", b"</think>"
+        elif key == "tokenizer.ggml.token_type":
+            val = list(val)
+            val[think] = val[end] = 4  # user-defined
+        entries.append((key, val, vt, st))
+    vocab = os.path.join(str(dir_path), "thinker-vocab.gguf")
+    w = gguf.GGUFWriter(vocab, "llama")
+    write_tokenizer(w, entries)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path = os.path.join(str(dir_path), "thinker.gguf")
+    tiny_gguf(path, tokenizer=vocab, chat_template=chat_template, **TINY_CONFIGS["llama"])
+    return path
+
 
 def _tiny_tokenizer(path):
     """The tokenizer.* entries of the GGUF at path but its chat template (read_tokenizer),
@@ -1004,13 +1036,15 @@ def _twin_writer(path, arch, twin):
 def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, head_dim=None,
               n_ff=64, rope_base=10000.0, eps=1e-5, untied=False, qkv_bias=False, qk_norm=False,
               rope_freqs=False, window=0, pattern=None, rope_base_swa=None, rope_factor=None,
-              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None, twin=None):
+              final_softcap=None, attn_softcap=None, qtype=None, seed=0, drop=(), tokenizer=None, twin=None,
+              chat_template=None):
     """Write a random tiny model of the llama family (llama, qwen2, qwen3, gemma3: the options are
     reflex_ipc.testing.references' model configuration; qk_norm follows the architecture) with
     the tokenizer of the GGUF `tokenizer` (default: SmolLM2, whose vocabulary of TINY_N_VOCAB
-    tokens the embedding assumes); returns {tensor name: float64 numpy array (numpy order)} as
-    stored (quantized ones dequantized). qtype: the matrices' block format (any; the IQ ones as
-    random blocks: `quantized`); twin: also write the F32 twin there (_twin_writer)."""
+    tokens the embedding assumes) and no chat template unless `chat_template` is given; returns
+    {tensor name: float64 numpy array (numpy order)} as stored (quantized ones dequantized).
+    qtype: the matrices' block format (any; the IQ ones as random blocks: `quantized`); twin:
+    also write the F32 twin there (_twin_writer)."""
     import gguf.quants
 
     if tokenizer is None:
@@ -1037,7 +1071,12 @@ def tiny_gguf(path, arch="llama", n_layer=2, n_embd=32, n_head=4, n_head_kv=2, h
     has |= {"rope_freqs.weight"} if rope_freqs else set()
     has |= {"attn_q.bias", "attn_k.bias", "attn_v.bias"} if qkv_bias else set()
     init = Init(seed, qtype=qtype, drop=drop, rules={"rope_freqs.weight": (1.5, 0.5)})
-    written = write_gguf(path, arch, keys, init, tokenizer=_tiny_tokenizer(tokenizer), has=has,
+    entries = _tiny_tokenizer(tokenizer)
+    if chat_template is not None:
+        from gguf import GGUFValueType
+
+        entries = [*entries, ("tokenizer.chat_template", chat_template, GGUFValueType.STRING, None)]
+    written = write_gguf(path, arch, keys, init, tokenizer=entries, has=has,
                          layout=arch if arch in TINY_ARCHS else "llama",
                          writer=None if twin is None else _twin_writer(path, arch, twin))
     return {name: (gguf.quants.dequantize(a, raw) if raw is not None else a).astype(np.float64)

@@ -59,6 +59,22 @@ test('the other ops', async () => {
   assert.equal(e.embeddings[0].length, e.dim);
 });
 
+test('classify', async () => {
+  const r = await c.classify({ input: 'Is the sky blue? Answer:', labels: [' yes', ' no'] });
+  const s = await c.system1({ prompt: 'Is the sky blue? Answer:', candidates: [' yes', ' no'] });
+  assert.equal(r.best, [' yes', ' no'][s.best_idx]);
+  r.labels.forEach((l, i) => assert.ok(Math.abs(l.probability - s.candidates[i].probability) < 1e-9));
+  assert.equal(r.warning, undefined);
+  const capital = [{ role: 'user', content: 'What is the capital of France?' }];
+  assert.equal((await c.classify({ messages: capital, labels: ['Paris', 'London', 'Berlin'] })).best, 'Paris');
+  const batch = await c.classify({ messages: [{ role: 'user', content: 'Water is wet. '.repeat(8) }],
+    labels: ['yes', 'no', 'not sure'], questions: ['Is water wet?', 'Is water dry?'] });
+  assert.deepEqual(batch.results.map((x) => x.question), ['Is water wet?', 'Is water dry?']);
+  assert.match(batch.warning, /different lengths/);
+  assert.ok(batch.results[1].cached_tokens > 0);
+  await rejectsKind(c.classify({ input: 'x', labels: [' a', ' a'] }), 'invalid_request');
+});
+
 test('chat, infill, logprobs, json_schema', async () => {
   const capital = [{ role: 'user', content: 'Name the three primary colors.' }];
   const r = await c.chat(capital, { max_tokens: 24 });

@@ -191,6 +191,11 @@ class AsyncClient:
     async def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
         return await self.request("system1", {**given(prompt=prompt, candidates=candidates), **params}, timeout=timeout)
 
+    async def classify(self, labels=None, input=None, *, messages=None, questions=None, timeout=None, **params):
+        """The classify op (see Client.classify)."""
+        return await self.request("classify", {**given(labels=labels, input=input, messages=messages,
+                                                       questions=questions), **params}, timeout=timeout)
+
     async def embed(self, input=None, *, timeout=None, **params):
         """input: a string or a list of strings; the result's embeddings is always a list."""
         return await self.request("embed", {**given(input=input), **params}, timeout=timeout)

@@ -257,6 +257,14 @@ class Client:
     def system1(self, prompt=None, candidates=None, *, timeout=None, **params):
         return self.request("system1", {**given(prompt=prompt, candidates=candidates), **params}, timeout=timeout)
 
+    def classify(self, labels=None, input=None, *, messages=None, questions=None, timeout=None, **params):
+        """The classify op: which of `labels` continues `input` (a string), or begins the
+        reply to `messages`; each label's probability and logprob, `best`, `entropy`, and a
+        `warning` when the labels tokenize to different lengths. `questions`: a batch over
+        the shared input, one decision per question in `results`."""
+        return self.request("classify", {**given(labels=labels, input=input, messages=messages,
+                                                 questions=questions), **params}, timeout=timeout)
+
     def embed(self, input=None, *, timeout=None, **params):
         """input: a string or a list of strings; the result's embeddings is always a list."""
         return self.request("embed", {**given(input=input), **params}, timeout=timeout)

@@ -206,6 +206,32 @@ def test_chat_infill_logprobs_schema(client):
     assert ei.value.kind == "invalid_request" and "json_schema" in ei.value.message
 
 
+def test_classify(client):
+    """The decision op: labels with probabilities (equal to system1's), best, entropy, a warning
+    when the labels' token counts differ, and a batch of questions over one shared prefix."""
+    r = client.classify([" yes", " no"], "Is the sky blue? Answer:")
+    s = client.system1("Is the sky blue? Answer:", [" yes", " no"])
+    assert [x["label"] for x in r["labels"]] == [" yes", " no"] and r["best"] == [" yes", " no"][s["best_idx"]]
+    assert [x["probability"] for x in r["labels"]] == pytest.approx([c["probability"] for c in s["candidates"]])
+    assert r["entropy"] == pytest.approx(s["entropy"]) and "warning" not in r
+    chat = client.classify(["Paris", "London", "Berlin"], messages=CAPITAL)
+    assert chat["best"] == "Paris"
+    batch = client.classify(["yes", "no", "not sure"], messages=[{"role": "user", "content": "Water is wet. " * 8}],
+                            questions=["Is water wet?", "Is water dry?"])
+    assert [x["question"] for x in batch["results"]] == ["Is water wet?", "Is water dry?"]
+    assert "different lengths" in batch["warning"] and batch["results"][1]["cached_tokens"] > 0
+    with pytest.raises(ReflexError) as ei:
+        client.classify([" a", " a"], "x")
+    assert ei.value.kind == "invalid_request"
+
+    async def main():
+        argv = reflex_argv()
+        async with await AsyncClient.spawn(argv[0], argv[1:]) as c:
+            return await c.classify([" yes", " no"], "Is the sky blue? Answer:")
+
+    assert asyncio.run(main())["best"] == r["best"]
+
+
 def test_prefix_cache_switch(client):
     """prefix_cache=False passes through: the machine's prefix cache is neither read nor
     written (the result's timings then have no prefix_cache_tokens)."""

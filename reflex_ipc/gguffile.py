@@ -513,14 +513,19 @@ def _walk_strings_numpy(mm, start, count, size, field):
     """The fast walk in numpy: candidates are where a u64 read at any byte is 1..255."""
     import numpy as np
 
-    starts = np.empty(count, np.int64)
-    lengths = np.empty(count, np.int64)
+    # int32 where every offset fits (half the memory: Gemma-3's 262144 tokens take 2 MB instead
+    # of 4 in a cold process's peak)
+    itype = np.int32 if size < 2**31 else np.int64
+    starts = np.empty(count, itype)
+    lengths = np.empty(count, itype)
 
     def fast(pos, i, window):
         b = np.frombuffer(mm, dtype=np.uint8, count=window, offset=pos)
         # a u64 read at every byte offset: an overlapping unaligned view, no copy
         v64 = np.ndarray(shape=(window - 7,), dtype="<u8", buffer=b, strides=(1,))
-        cand = np.flatnonzero((v64 - 1) < 255)
+        # 1..255 as two compares into booleans (no 8-byte-per-position temporary: the walk's
+        # transients stay a few hundred KB, which a cold process's heap then keeps)
+        cand = np.flatnonzero((v64 < 256) & (b[:window - 7] != 0))
         if not len(cand) or cand[0] != 0:
             return 0, pos
         ends = cand + 8 + b[cand]

@@ -65,7 +65,7 @@ def _compile_ops(tmp_path, edit):
     build = _cpu_build()
     src = open(os.path.join(CPU_DIR, "ops.c")).read()
     (tmp_path / "ops.c").write_text(edit(src))
-    for h in ("rx_cpu.h", "rx_abi.h"):
+    for h in sorted(f for f in os.listdir(CPU_DIR) if f.endswith(".h")):  # all ops.c includes
         (tmp_path / h).write_text(open(os.path.join(CPU_DIR, h)).read())
     flags = next(f for s, f, _ in build.units() if s == "ops.c")
     cc = build.find_cc()

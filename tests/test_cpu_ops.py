@@ -161,6 +161,28 @@ def test_matmul_leading_axes_out_accumulate(ops, name):
         ops.matmul(x[..., :128], w)
 
 
+@pytest.mark.parametrize("name", QUANT)
+def test_batched_paths_agree(ops, name):
+    """Prompt passes: the panels (x86, N >= 8: the weight rows unpacked once per chunk into an
+    interleaved panel) return the tiles' results (N = 4..7) bit for bit for the rows the tiles
+    cover, with a partial panel at the end, accumulating, and in gated units."""
+    rng = np.random.default_rng(hash(name) % 2**32)
+    cols = 768 if TYPES[name][1] == 256 else 160
+    rows = 37  # 4 whole panels and 5 rows; the tiles cover rows 0..35, dot the last
+    raw, _ = random_weight(name, rows, cols, rng)
+    w = load(ops, name, raw, rows, cols)
+    x = rng.standard_normal((21, cols)).astype(np.float32)
+    full = ops.matmul(x, w)
+    for n0 in range(0, 20, 4):
+        np.testing.assert_array_equal(full[n0:n0 + 4, :36], ops.matmul(x[n0:n0 + 4], w)[:, :36])
+    base = rng.standard_normal((21, rows)).astype(np.float32)
+    out = base.copy()
+    ops.matmul(x, w, out=out, accumulate=True)
+    np.testing.assert_array_equal(out, base + full)
+    g = ops.matmul_glu(x, w, w, act="gelu")
+    np.testing.assert_array_equal(g[:4, :36], ops.matmul_glu(x[:4], w, w, act="gelu")[:, :36])
+
+
 def _isa_results(isa):
     code = (
         "import sys, json, numpy as np\n"
@@ -398,6 +420,50 @@ def test_kv_store_and_attention(ref_ops, case, kv_dtype):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     if case.get("masked"):
         assert not got[0].any()
+
+
+@pytest.mark.parametrize("case", [dict(Hq=8, Hkv=2), dict(Hq=4, Hkv=4, window=5), dict(Hq=6, Hkv=1, softcap=4.0),
+                                  dict(Hq=4, Hkv=2, masked=True), dict(Hq=8, Hkv=2, sinks=True),
+                                  dict(Hq=4, Hkv=4, chunk=4), dict(Hq=6, Hkv=2, sinks=True, chunk=5)])
+def test_attention_blocks_match_single_queries(case):
+    """A prompt pass attends in blocks of queries (x86: register tiles over several queries and
+    heads); each query's result is the one it gets alone, within float rounding (the dots and
+    the value sums are computed in the same order; the softmax's exponentials are vectorized)."""
+    ops = cpu_ops.CpuOps(kv_dtype="float16")
+    rng = np.random.default_rng(21)
+    N, Hq, Hkv, hd, start = 11, case["Hq"], case["Hkv"], 40, 6
+    kc, vc = _cache_pair(ops, Hkv, 32, hd, hd, ops.kv_dtype)
+    ops.kv_store(kc, vc, rng.standard_normal((start + N, Hkv, hd)).astype(np.float32),
+                 rng.standard_normal((start + N, Hkv, hd)).astype(np.float32), ops.positions(range(start + N)))
+    q = rng.standard_normal((N, Hq, hd)).astype(np.float32)
+    n_kv, slots = start + N, ops.positions(range(start, start + N))
+    kw = dict(scale=0.2, softcap=case.get("softcap", 0.0))
+    mask = None
+    if case.get("masked"):
+        from reflex_ipc.runtime.batch import attention_mask
+
+        allowed = rng.random((N, n_kv)) < 0.5
+        allowed[:, 2:4] = False  # keys no query sees
+        allowed[3] = False  # a query that sees nothing
+        mask = attention_mask(allowed, np.arange(N), np.arange(n_kv))
+        kw.update(causal=False, mask=mask)
+    else:
+        kw.update(causal=True, window=case.get("window", 0))
+    if case.get("sinks"):  # gpt-oss: a per-head logit in each softmax's denominator
+        kw.update(sinks=rng.standard_normal(Hq).astype(np.float32))
+    if case.get("chunk"):  # Llama 4: keys from the query's chunk start
+        kw.update(chunk=case["chunk"])
+    full = ops.attention(q, kc, vc, slots, n_kv, **kw)
+    # the blocks and the single queries (with Hq > Hkv both take the block path) against the oracle
+    want = _ref_attention(NumpyOps(), q, kc[:, :n_kv].astype(np.float32), vc[:, :n_kv].astype(np.float32),
+                          slots, n_kv, **kw)
+    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-5)
+    for n in range(N):
+        one = dict(kw, mask=mask[n:n + 1]) if mask is not None else kw
+        np.testing.assert_allclose(full[n], ops.attention(q[n:n + 1], kc, vc, slots[n:n + 1], n_kv, **one)[0],
+                                   rtol=1e-5, atol=1e-6)
+    if mask is not None:
+        assert not full[3].any()
 
 
 def _ref_attention(ref_ops, q, k, v, pos, n_kv, **kw):

@@ -135,16 +135,50 @@ static int g_n_workers;
 static int64_t g_spin_ns = 150000;    /* workers: spin this long for the next job */
 static int64_t g_wait_spin_ns = 30000; /* caller: spin this long for the last chunk */
 
-static void run_chunks(uint32_t gen) {
+/* Counters of the pool (rx_pool_stats), for profiles: where a pass's time goes between the
+ * jobs. Relaxed atomic adds, a few per job. */
+enum {
+    POOL_STAT_JOBS,        /* jobs run on the pool */
+    POOL_STAT_INLINE,      /* jobs run on the caller alone (small, solo, one chunk) */
+    POOL_STAT_CALLER_WORK, /* ns the caller ran chunks of pool jobs */
+    POOL_STAT_CALLER_WAIT, /* ns the caller waited after its last chunk for the others' */
+    POOL_STAT_CALLER_SLEEPS,
+    POOL_STAT_CALLER_CHUNKS,
+    POOL_STAT_WORKER_CHUNKS,
+    POOL_STAT_WORKER_WORK, /* ns workers ran chunks */
+    POOL_STAT_WORKER_LATE, /* ns from a job's start to a worker's first look at it (wake-up) */
+    POOL_STAT_WORKER_IDLE, /* ns workers spun or slept between jobs */
+    POOL_STAT_WORKER_SLEEPS,
+    POOL_STAT_WORKER_MISSED, /* jobs a worker arrived at with no chunk left */
+    POOL_STAT_INLINE_NS,   /* ns of the inline jobs */
+    POOL_STAT_N
+};
+static _Atomic int64_t g_stat[POOL_STAT_N];
+static _Atomic int64_t g_job_t0; /* when the current job was published */
+
+static inline void stat_add(int i, int64_t v) { atomic_fetch_add_explicit(&g_stat[i], v, memory_order_relaxed); }
+
+/* out[0..n-1] = the counters (POOL_STAT_* order; fewer when n is smaller); reset: zero them
+ * after. Returns how many there are. */
+RX_EXPORT int64_t rx_pool_stats(int64_t *out, int64_t n, int64_t reset) {
+    for (int64_t i = 0; i < n && i < POOL_STAT_N; i++)
+        out[i] = reset ? atomic_exchange(&g_stat[i], 0) : atomic_load(&g_stat[i]);
+    return POOL_STAT_N;
+}
+
+/* the chunks of job `gen` this thread claims; returns how many it ran */
+static int64_t run_chunks(uint32_t gen) {
     uint64_t v = atomic_load(&g_job);
+    int64_t ran = 0;
     for (;;) {
-        if ((uint32_t)(v >> GEN_SHIFT) != (gen & 0xffffff)) return;
+        if ((uint32_t)(v >> GEN_SHIFT) != (gen & 0xffffff)) return ran;
         uint64_t n = (v >> N_SHIFT) & FIELD, i = v & FIELD;
-        if (i >= n) return;
+        if (i >= n) return ran;
         if (!atomic_compare_exchange_weak(&g_job, &v, v + 1)) continue;
         chunk_fn fn = atomic_load_explicit(&g_fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&g_ctx, memory_order_relaxed);
         fn(ctx, (int64_t)i);
+        ran++;
         uint32_t d = atomic_fetch_add(&g_done, 1) + 1;
         if (d == n && atomic_load(&g_main_waiting)) wake_word(&g_done);
         v = atomic_load(&g_job);
@@ -165,6 +199,7 @@ static void *worker_main(void *arg) {
                 sched_yield(); /* a thread that shares this core (the caller, a neighbour) goes first */
                 if (now_ns() - t0 > g_spin_ns) {
                     atomic_fetch_add(&g_sleepers, 1);
+                    stat_add(POOL_STAT_WORKER_SLEEPS, 1);
                     while ((g = atomic_load(&g_gen)) == seen && !atomic_load(&g_quit)) wait_word(&g_gen, seen);
                     atomic_fetch_sub(&g_sleepers, 1);
                     break;
@@ -173,7 +208,13 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&g_quit)) return NULL;
         seen = g;
-        run_chunks(g);
+        int64_t t1 = now_ns(), pub = atomic_load_explicit(&g_job_t0, memory_order_relaxed);
+        stat_add(POOL_STAT_WORKER_IDLE, t1 - t0);
+        if (pub && t1 > pub) stat_add(POOL_STAT_WORKER_LATE, t1 - pub);
+        int64_t ran = run_chunks(g);
+        stat_add(POOL_STAT_WORKER_CHUNKS, ran);
+        stat_add(POOL_STAT_WORKER_MISSED, ran == 0);
+        stat_add(POOL_STAT_WORKER_WORK, now_ns() - t1);
     }
 }
 
@@ -218,7 +259,10 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
         parallel = 0;
     }
     if (!parallel || n == 1 || g_nth <= 1) {
+        int64_t t = now_ns();
         for (int64_t c = 0; c < n; c++) fn(ctx, c);
+        stat_add(POOL_STAT_INLINE, 1);
+        stat_add(POOL_STAT_INLINE_NS, now_ns() - t);
         return;
     }
     pool_start();
@@ -234,11 +278,12 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
     atomic_store_explicit(&g_ctx, ctx, memory_order_relaxed);
     atomic_store(&g_done, 0);
     uint32_t gen = atomic_load(&g_gen) + 1;
+    int64_t t_start = now_ns();
+    atomic_store_explicit(&g_job_t0, t_start, memory_order_relaxed);
     atomic_store(&g_job, ((uint64_t)(gen & 0xffffff) << GEN_SHIFT) | ((uint64_t)n << N_SHIFT));
     atomic_store(&g_gen, gen);
     if (atomic_load(&g_sleepers)) wake_word(&g_gen);
-    int64_t t_start = now_ns();
-    run_chunks(gen);
+    stat_add(POOL_STAT_CALLER_CHUNKS, run_chunks(gen));
     /* wait for chunks other threads claimed */
     int64_t t0 = now_ns();
     int spins = 0;
@@ -249,6 +294,7 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
             sched_yield();
             if (now_ns() - t0 > g_wait_spin_ns) {
                 atomic_store(&g_main_waiting, 1);
+                stat_add(POOL_STAT_CALLER_SLEEPS, 1);
                 uint32_t d;
                 while ((d = atomic_load(&g_done)) < (uint32_t)n) wait_word(&g_done, d);
                 atomic_store(&g_main_waiting, 0);
@@ -257,6 +303,9 @@ static void pool_run(chunk_fn fn, void *ctx, int64_t n, int parallel) {
         }
     }
     int64_t t_end = now_ns();
+    stat_add(POOL_STAT_JOBS, 1);
+    stat_add(POOL_STAT_CALLER_WORK, t0 - t_start);
+    stat_add(POOL_STAT_CALLER_WAIT, t_end - t0);
     if (t_end - t0 > (t0 - t_start) + 20000) { /* waited more than worked (+20 us) */
         if (++g_straggles >= 4) {
             g_solo_jobs = 512; /* a few decode steps alone, then try the pool again */
@@ -434,10 +483,72 @@ static float *up_buf(size_t n) { /* the up projections of a chunk's rows */
     return tl_up;
 }
 
+static _Thread_local uint8_t *tl_panel;
+static _Thread_local size_t tl_panel_cap;
+
+static uint8_t *panel_buf(size_t n) { /* a chunk's packed weight rows (two panels for a gated unit) */
+    if (n > tl_panel_cap) {
+        free(tl_panel);
+        tl_panel_cap = n + 4096;
+        tl_panel = aligned_alloc(64, (tl_panel_cap + 63) / 64 * 64);
+        if (!tl_panel) tl_panel_cap = 0;
+    }
+    return tl_panel;
+}
+
+#define PANEL_COLS 32 /* activation rows per gated-unit step: the two panels' outputs stay in L1 */
+
+/* rows [r0, r1) of weight w (row 0 at w->data) against all N activation rows, through panels
+ * of RX_PANEL_M rows: y[n * ldy + r - r0] (+)= the products. 0, or -1 when there is no buffer. */
+static int mm_panels(const rx_weight *w, int64_t K, const uint8_t *a, size_t a_row, int64_t N, int64_t r0,
+                     int64_t r1, float *y, int64_t ldy, int accumulate) {
+    int t = (int)w->type;
+    uint8_t *pb = panel_buf((size_t)(K / (act_format(t) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[t]);
+    if (!pb) return -1;
+    int pm = T.panel_m;
+    for (int64_t r = r0; r < r1; r += pm) {
+        int rows = r1 - r < pm ? (int)(r1 - r) : pm;
+        T.pack[t](K, w->data + r * w->row_bytes, w->row_bytes, rows, pb);
+        T.panel[t](K, pb, a, a_row, N, y + (r - r0), ldy, rows, accumulate);
+    }
+    return 0;
+}
+
+/* the gated unit's rows [r0, r1) through panels: gate and up of PANEL_COLS activation rows,
+ * then the unit, into y [N, M] */
+static int glu_panels(const mm_job *j, int64_t r0, int64_t r1) {
+    const rx_weight *wg = j->w[0], *wu = j->w[1];
+    int tg = (int)wg->type, tu = (int)wu->type;
+    size_t bg = (size_t)(j->K / (act_format(tg) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[tg];
+    size_t bu = (size_t)(j->K / (act_format(tu) == RX_ACT_A32 ? 32 : 256)) * (size_t)T.panel_bytes[tu];
+    uint8_t *pg = panel_buf(bg + bu);
+    if (!pg) return -1;
+    uint8_t *pu = pg + bg;
+    float g[PANEL_COLS * RX_PANEL_M], u[PANEL_COLS * RX_PANEL_M];
+    int pm = T.panel_m;
+    for (int64_t r = r0; r < r1; r += pm) {
+        int rows = r1 - r < pm ? (int)(r1 - r) : pm;
+        T.pack[tg](j->K, wg->data + r * wg->row_bytes, wg->row_bytes, rows, pg);
+        T.pack[tu](j->K, wu->data + r * wu->row_bytes, wu->row_bytes, rows, pu);
+        for (int64_t n0 = 0; n0 < j->N; n0 += PANEL_COLS) {
+            int64_t nc = j->N - n0 < PANEL_COLS ? j->N - n0 : PANEL_COLS;
+            T.panel[tg](j->K, pg, (const uint8_t *)j->a[0] + n0 * j->a_row[0], j->a_row[0], nc, g, pm, pm, 0);
+            T.panel[tu](j->K, pu, (const uint8_t *)j->a[1] + n0 * j->a_row[1], j->a_row[1], nc, u, pm, pm, 0);
+            glu_apply(j->mode, g, g, u, nc * pm);
+            for (int64_t c = 0; c < nc; c++)
+                memcpy(j->y[0] + (n0 + c) * wg->M + r, g + c * pm, (size_t)rows * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 static void mm_chunk(void *p, int64_t c) {
     mm_job *j = p;
     int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
     if (r1 > j->rows) r1 = j->rows;
+    if (j->mode && j->N >= RX_PANEL_MIN_N && T.panel[j->w[0]->type] && T.panel[j->w[1]->type] &&
+        !glu_panels(j, r0, r1))
+        return;
     if (j->mode) { /* gated unit: rows of gate and up together */
         const rx_weight *wg = j->w[0], *wu = j->w[1];
         rx_dot_fn dg = T.dot[wg->type], du = T.dot[wu->type];
@@ -512,6 +623,10 @@ static void mm_chunk(void *p, int64_t c) {
         rx_dot2_fn dot2 = T.dot2[w->type];
         rx_tile_fn tile = T.tile[w->type], tile8 = T.tile8[w->type];
         int64_t base = j->row0[i], n0 = 0;
+        if (j->N >= RX_PANEL_MIN_N && T.panel[w->type] &&
+            !mm_panels(w, j->K, j->a[i], j->a_row[i], j->N, a0 - base, a1 - base, j->y[i] + a0 - base, w->M,
+                       j->accumulate))
+            continue;
         if (tile && j->N >= RX_TILE_N) { /* tiles of 8 or 4 activation rows x 4 weight rows */
             int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
             float t[2 * RX_TILE_N * RX_TILE_M];
@@ -591,6 +706,7 @@ RX_EXPORT int rx_matmul(int64_t N, int64_t K, const float *x, int64_t ldx, int64
     int64_t per = (j.rows + 8 * g_nth - 1) / (8 * g_nth);
     if (N > 1) per = N >= 64 ? 8 : 16;
     if (per < 4) per = 4;
+    if (N >= RX_PANEL_MIN_N && per < T.panel_m) per = T.panel_m; /* whole panels */
     per = (per + 3) & ~(int64_t)3;
     j.rows_per_chunk = per;
     int64_t n_chunks = (j.rows + per - 1) / per;
@@ -669,6 +785,10 @@ static const float *rope_table(const rope_params *p) {
 }
 
 static void rms_row(const float *x, float *y, const float *w, int64_t D, float eps) {
+    if (T.rms_row) {
+        T.rms_row(x, y, w, D, eps);
+        return;
+    }
     double ss = 0.0;
     for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
     float ms = (float)(ss / (double)D) + eps;
@@ -677,9 +797,30 @@ static void rms_row(const float *x, float *y, const float *w, int64_t D, float e
     else for (int64_t i = 0; i < D; i++) y[i] = x[i] * r;
 }
 
+/* Row-wise ops on the pool: a chunk is ROW_CHUNK rows (their results do not depend on the split) */
+#define ROW_CHUNK 16
+#define ROWS_PARALLEL 65536 /* values: fewer run on the caller alone */
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t R, D;
+    float eps;
+} rms_job;
+
+static void rms_chunk(void *p, int64_t c) {
+    const rms_job *j = p;
+    int64_t r1 = (c + 1) * ROW_CHUNK < j->R ? (c + 1) * ROW_CHUNK : j->R;
+    for (int64_t r = c * ROW_CHUNK; r < r1; r++) rms_row(j->x + r * j->D, j->y + r * j->D, j->w, j->D, j->eps);
+}
+
 /* y [R, D] = rms_norm(x [R, D]) * w (w may be NULL; y may be x) */
 RX_EXPORT void rx_rms_norm(const float *x, float *y, const float *w, int64_t R, int64_t D, float eps) {
-    for (int64_t r = 0; r < R; r++) rms_row(x + r * D, y + r * D, w, D, eps);
+    pthread_mutex_lock(&g_lock);
+    init_isa();
+    rms_job j = {x, w, y, R, D, eps};
+    pool_run(rms_chunk, &j, (R + ROW_CHUNK - 1) / ROW_CHUNK, R * D >= ROWS_PARALLEL);
+    pthread_mutex_unlock(&g_lock);
 }
 
 static void rope_row(float *v, const float *c, const float *s, int64_t half, int neox) {
@@ -691,23 +832,37 @@ static void rope_row(float *v, const float *c, const float *s, int64_t half, int
     }
 }
 
+typedef struct {
+    float *x;
+    const float *tab, *w;
+    int64_t N, H, hd, half;
+    int neox, norm;
+    float eps;
+} rope_job;
+
+static void rope_chunk(void *p, int64_t ch) {
+    const rope_job *j = p;
+    int64_t n1 = (ch + 1) * ROW_CHUNK < j->N ? (ch + 1) * ROW_CHUNK : j->N;
+    for (int64_t n = ch * ROW_CHUNK; n < n1; n++) {
+        const float *c = j->tab + (size_t)n * j->half * 2, *s = c + j->half;
+        for (int64_t h = 0; h < j->H; h++) {
+            float *v = j->x + (n * j->H + h) * j->hd;
+            if (j->norm) rms_row(v, v, j->w, j->hd, j->eps);
+            rope_row(v, c, s, j->half, j->neox);
+        }
+    }
+}
+
 /* In place on x [N, H, hd]: optional per-head RMSNorm (norm != 0; w may be NULL), then
  * rotary at pos [N] over the first n_rot dims of each head. */
 RX_EXPORT void rx_norm_rope(float *x, int64_t N, int64_t H, int64_t hd, const int32_t *pos, int64_t n_rot,
                             double base, double freq_scale, const float *ff, int64_t neox, double mscale,
                             int64_t norm, const float *w, float eps) {
     pthread_mutex_lock(&g_lock);
+    init_isa();
     rope_params p = {N, H, hd, n_rot, pos, base, freq_scale, mscale, ff, (int)neox};
-    const float *tab = rope_table(&p);
-    int64_t half = n_rot / 2;
-    for (int64_t n = 0; n < N; n++) {
-        const float *c = tab + (size_t)n * half * 2, *s = c + half;
-        for (int64_t h = 0; h < H; h++) {
-            float *v = x + (n * H + h) * hd;
-            if (norm) rms_row(v, v, w, hd, eps);
-            rope_row(v, c, s, half, (int)neox);
-        }
-    }
+    rope_job j = {x, rope_table(&p), w, N, H, hd, n_rot / 2, (int)neox, (int)norm, eps};
+    pool_run(rope_chunk, &j, (N + ROW_CHUNK - 1) / ROW_CHUNK, N * H * hd >= ROWS_PARALLEL);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -887,6 +1042,128 @@ static void attn_group_chunk(void *p, int64_t c) {
     }
 }
 
+/* Blocks of ATTN_QB queries (prompt passes, float16 cache; the table's qk_f16 / pv_f16): an
+ * item is ATTN_QB consecutive queries x the g query heads of one KV head, whose scores are
+ * computed in register tiles (each key and value row converted once for several queries); the
+ * softmax is attn_group_chunk's, per (query, head) row; each dot and each output value is
+ * computed as attn_group_chunk computes it, so the results are the same. Items are claimed
+ * last query block first: under causal masking the largest come first, and the pool's tail
+ * is a small item. */
+#define ATTN_QB 4
+
+static _Thread_local float *tl_scores;
+static _Thread_local size_t tl_scores_cap;
+
+/* whether key t is hidden from every query n0..n0+nq-1 by the mask */
+static inline int masked_for_all(const attn_job *j, int64_t n0, int nq, int64_t t) {
+    for (int i = 0; i < nq; i++)
+        if (j->mask[(n0 + i) * j->n_kv + t] != -INFINITY) return 0;
+    return 1;
+}
+
+static void attn_block_chunk(void *p, int64_t c) {
+    attn_job *j = p;
+    int g = (int)(j->Hq / j->Hkv);
+    int64_t n_blk = (j->N + ATTN_QB - 1) / ATTN_QB, item = n_blk * j->Hkv - 1 - c;
+    int64_t kvh = item % j->Hkv, n0 = item / j->Hkv * ATTN_QB;
+    int nq = j->N - n0 < ATTN_QB ? (int)(j->N - n0) : ATTN_QB, nr = nq * g;
+    int64_t lo[ATTN_QB], hi[ATTN_QB], lo_all = INT64_MAX, hi_all = -1;
+    const float *qp[ATTN_QB * ATTN_MAX_GROUP];
+    float *op[ATTN_QB * ATTN_MAX_GROUP], inv[ATTN_QB * ATTN_MAX_GROUP];
+    for (int i = 0; i < nq; i++) {
+        int64_t n = n0 + i;
+        hi[i] = j->causal ? j->pos[n] : j->n_kv - 1;
+        if (hi[i] > j->n_kv - 1) hi[i] = j->n_kv - 1;
+        lo[i] = j->window > 0 ? (int64_t)j->pos[n] - j->window + 1 : 0;
+        if (j->chunk > 0 && lo[i] < j->pos[n] - j->pos[n] % j->chunk) lo[i] = j->pos[n] - j->pos[n] % j->chunk;
+        if (lo[i] < 0) lo[i] = 0;
+        if (hi[i] >= lo[i]) {
+            if (lo[i] < lo_all) lo_all = lo[i];
+            if (hi[i] > hi_all) hi_all = hi[i];
+        }
+        for (int h = 0; h < g; h++) {
+            qp[i * g + h] = j->q + (n * j->Hq + kvh * g + h) * j->hdk;
+            op[i * g + h] = j->out + (n * j->Hq + kvh * g + h) * j->hdv;
+            memset(op[i * g + h], 0, (size_t)j->hdv * sizeof(float));
+        }
+    }
+    if (hi_all < lo_all) return; /* nothing visible: zeros */
+    int64_t L = hi_all - lo_all + 1;
+    size_t need = (size_t)nr * (size_t)L;
+    if (need > tl_scores_cap) {
+        free(tl_scores);
+        tl_scores_cap = need + 4096;
+        tl_scores = malloc(tl_scores_cap * sizeof(float));
+        if (!tl_scores) {
+            tl_scores_cap = 0;
+            return;
+        }
+    }
+    float *s = tl_scores;
+    size_t kbase = (size_t)kvh * j->n_slots;
+    const uint16_t *kc = (const uint16_t *)j->kc + (kbase + lo_all) * j->hdk;
+    const uint16_t *vc = (const uint16_t *)j->vc + (kbase + lo_all) * j->ldv;
+    /* the scores of the runs of keys some query may see (a key every query's mask hides: no dot) */
+    for (int64_t t = 0; t < L;) {
+        int64_t t1 = t;
+        if (j->mask && masked_for_all(j, n0, nq, lo_all + t)) {
+            while (t1 < L && masked_for_all(j, n0, nq, lo_all + t1)) t1++;
+            for (int r = 0; r < nr; r++)
+                for (int64_t u = t; u < t1; u++) s[r * L + u] = -INFINITY;
+        } else {
+            while (t1 < L && !(j->mask && masked_for_all(j, n0, nq, lo_all + t1))) t1++;
+            T.qk_f16(qp, nr, kc + t * j->hdk, j->hdk, (int)(t1 - t), j->hdk, s + t, L);
+        }
+        t = t1;
+    }
+    /* each row's softmax, as attn_group_chunk's (keys outside the query's range: hidden) */
+    for (int i = 0; i < nq; i++) {
+        const float *mrow = j->mask ? j->mask + (n0 + i) * j->n_kv : NULL;
+        for (int h = 0; h < g; h++) {
+            float *sh = s + (i * g + h) * L, mx = -INFINITY, su = 0.f;
+            for (int64_t t = 0; t < L; t++) {
+                int64_t tt = lo_all + t;
+                if (tt < lo[i] || tt > hi[i] || (mrow && mrow[tt] == -INFINITY) || sh[t] == -INFINITY) {
+                    sh[t] = -INFINITY;
+                    continue;
+                }
+                float x = sh[t] * j->scale;
+                if (j->softcap > 0.f) x = j->softcap * tanhf(x / j->softcap);
+                if (mrow) x += mrow[tt];
+                sh[t] = x;
+                if (x > mx) mx = x;
+            }
+            if (mx == -INFINITY) { /* nothing visible: zeros */
+                for (int64_t t = 0; t < L; t++) sh[t] = 0.f;
+                inv[i * g + h] = 0.f;
+                continue;
+            }
+            if (j->sinks) { /* attention sinks: attn_group_chunk's, in its order */
+                float sink = j->sinks[kvh * g + h];
+                if (sink > mx) mx = sink;
+                su = expf(sink - mx);
+                for (int64_t t = 0; t < L; t++) {
+                    float e = sh[t] == -INFINITY ? 0.f : expf(sh[t] - mx);
+                    sh[t] = e;
+                    su += e;
+                }
+            } else if (T.exp_sum) {
+                su = T.exp_sum(sh, L, mx);
+            } else {
+                for (int64_t t = 0; t < L; t++) {
+                    float e = sh[t] == -INFINITY ? 0.f : expf(sh[t] - mx);
+                    sh[t] = e;
+                    su += e;
+                }
+            }
+            inv[i * g + h] = 1.f / su;
+        }
+    }
+    T.pv_f16(op, nr, s, L, vc, j->ldv, (int)L, j->hdv);
+    for (int r = 0; r < nr; r++)
+        for (int64_t d = 0; d < j->hdv; d++) op[r][d] *= inv[r];
+}
+
 /* out [N, Hq, hdv] = attention of q [N, Hq, hdk] over slots 0..n_kv-1 (backends/base.py) */
 RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, float *out, const int32_t *pos,
                             const float *mask, int64_t N, int64_t Hq, int64_t Hkv, int64_t n_slots,
@@ -897,7 +1174,9 @@ RX_EXPORT void rx_attention(const float *q, const void *kc, const void *vc, floa
     attn_job j = {q, kc, vc, out, pos, mask, N, Hq, Hkv, n_slots, hdk, hdv, n_kv, window,
                   scale, softcap, (int)causal, (int)f16, hdv, sinks, chunk};
     double work = (double)N * (double)Hq * (double)n_kv * (double)(hdk + hdv);
-    if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
+    if (f16 && T.qk_f16 && T.pv_f16 && Hq / Hkv <= ATTN_MAX_GROUP && (N >= ATTN_QB || Hq > Hkv))
+        pool_run(attn_block_chunk, &j, (N + ATTN_QB - 1) / ATTN_QB * Hkv, work >= 65536.0);
+    else if (f16 && Hq > Hkv && Hq / Hkv <= ATTN_MAX_GROUP) /* grouped query heads: one pass per KV head */
         pool_run(attn_group_chunk, &j, N * Hkv, work >= 65536.0);
     else
         pool_run(attn_chunk, &j, N * Hq, work >= 65536.0);

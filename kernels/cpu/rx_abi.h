@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RX_ABI_VERSION 663637181
+#define RX_ABI_VERSION 2055457467
 #define RX_CMD_WIDTH 24
 #define RX_API __attribute__((visibility("default")))
 
@@ -42,6 +42,7 @@ RX_API int rx_set_threads(int n);
 RX_API int rx_threads(void);
 RX_API void rx_set_spin(int64_t worker_ns, int64_t wait_ns);
 RX_API int64_t rx_solo_jobs(void);
+RX_API int64_t rx_pool_stats(int64_t *out, int64_t n, int64_t reset);
 RX_API int rx_act_format(int64_t type);
 RX_API int rx_run(const int64_t *cmds, int64_t n, int64_t stride);
 RX_API int rx_matmul(int64_t N, int64_t K, const float *x, int64_t ldx, int64_t nw, const rx_weight *w0, const rx_weight *w1, const rx_weight *w2, float *y0, float *y1, float *y2, int64_t mode, int64_t accumulate);

@@ -59,12 +59,32 @@ typedef void (*rx_dot2_fn)(int64_t n, const void *w, const void *a0, const void 
 typedef void (*rx_tile_fn)(int64_t n, const uint8_t *w, int64_t row_bytes, const uint8_t *a, size_t a_row,
                            float *y, int64_t ldy);
 
+/* Panels (prompt passes, N >= RX_PANEL_MIN_N activation rows): RX_PANEL_M consecutive weight
+ * rows are unpacked once into an interleaved panel (pack: for each block, the rows' values as
+ * unsigned bytes in groups of 4 — group g holds values 4g..4g+3 of row 0, then of row 1, ... —
+ * then each format's per-row scales), which the product (panel) runs against every activation
+ * row: one int8 multiply-add per group gives all the rows' partial sums in the vector's lanes,
+ * so there is no per-block horizontal sum. Per (row, activation row) the float arithmetic is the
+ * tile's, in the same order: the results equal the tiles' bit for bit.
+ * pack(n, w, row_bytes, rows, panel): rows (1..panel_m) weight rows; missing rows are zeros.
+ * panel(n, panel, a, a_row, ncols, y, ldy, rows, accumulate): y[c * ldy + r] (+)= dot(row r,
+ * activation row c) for c < ncols, r < rows. panel_bytes: a panel's bytes per weight block. */
+#define RX_PANEL_M 16 /* the most rows a panel holds (the table's panel_m: 8 or 16) */
+#define RX_PANEL_MIN_N 8
+typedef void (*rx_pack_fn)(int64_t n, const uint8_t *w, int64_t row_bytes, int rows, void *panel);
+typedef void (*rx_panel_fn)(int64_t n, const void *panel, const uint8_t *a, size_t a_row, int64_t ncols, float *y,
+                            int64_t ldy, int rows, int accumulate);
+
 typedef struct {
     const char *name;
     rx_dot_fn dot[RX_NTYPES];
     rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
     rx_tile_fn tile[RX_NTYPES]; /* optional (NULL: dot2 / dot) */
     rx_tile_fn tile8[RX_NTYPES]; /* optional: the same with 2 * RX_TILE_N activation rows */
+    rx_pack_fn pack[RX_NTYPES];   /* optional, with panel and panel_bytes */
+    rx_panel_fn panel[RX_NTYPES];
+    int panel_bytes[RX_NTYPES];
+    int panel_m; /* weight rows a panel */
     void (*quant_a32)(const float *x, rx_a32 *y, int64_t n);
     void (*quant_a256)(const float *x, rx_a256 *y, int64_t n);
     /* attention helpers: float32 or float16 rows */
@@ -81,6 +101,20 @@ typedef struct {
      * (1, 2) float16 value rows, each read once */
     void (*axpyn_f16)(float *y, int64_t ldy, int ny, const float *a, const uint16_t *x, int64_t ldx, int nx,
                       int64_t n);
+    /* optional, both or neither (attention over blocks of queries, prompt passes): s[i * lds + t] =
+     * dot(q[i], k + t * ldk) for nq query rows and nk float16 key rows, dotn's arithmetic per
+     * dot; o[i][d] += sum over t < nv of p[i * ldp + t] * (v + t * ldv)[d] for d < n, axpyn's
+     * arithmetic per value (one multiply-add a value row, in row order) */
+    void (*qk_f16)(const float *const *q, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n, float *s,
+                   int64_t lds);
+    void (*pv_f16)(float *const *o, int no, const float *p, int64_t ldp, const uint16_t *v, int64_t ldv, int nv,
+                   int64_t n);
+    /* optional: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL) over D values, the sum of squares
+     * in double (ops.c's rms_row, summed in another order) */
+    void (*rms_row)(const float *x, float *y, const float *w, int64_t D, float eps);
+    /* optional (the block attention's softmax): s[i] = exp(s[i] - mx) (0 where s[i] is -inf) for
+     * i < n; returns their sum */
+    float (*exp_sum)(float *s, int64_t n, float mx);
     /* optional: y[i] = act(g[i]) * u[i] (u NULL: act(g[i])), act silu (1) / gelu-tanh (2) */
     void (*act)(int mode, float *y, const float *g, const float *u, int64_t n);
 } rx_isa;

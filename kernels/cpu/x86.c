@@ -541,6 +541,390 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
     for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
 }
 
+/* ---------------------------------------------------------------- panels (rx_cpu.h)
+ * PM weight rows a panel: 16 with AVX-512 (512-bit vectors, one lane a row), else 8. A panel
+ * holds, per weight block, the rows' values as unsigned bytes in groups of 4 (group g: values
+ * 4g..4g+3 of row 0, of row 1, ...: PM * 4 bytes, one vector), then the format's per-row
+ * numbers, each as one vector of PM lanes:
+ *   32-value formats: 8 groups, d, the offset term m (value = d * u + m) as floats;
+ *   Q4_K: 64 groups, the 8 sub-block scales as int32, the mins as int16 pairs (m_2k, m_2k+1)
+ *         [4], d, dmin;
+ *   Q6_K: 64 groups, the 16 scales as int32, as int16 pairs (sc_2k, sc_2k+1) [8], d.
+ * The products: one multiply-add of a group vector with a broadcast 4-byte group of the
+ * activations gives every row's partial sum in its lane; the integer sums are the tiles'
+ * (exact), and the float steps per lane are the tiles', in their order, so the results are
+ * the tiles' bit for bit. */
+#ifdef RX_VNNI
+#define PM 16
+typedef __m512i vi;
+typedef __m512 vf;
+#define VI_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define VF_LOAD(p) _mm512_loadu_ps(p)
+#define VF_STORE(p, v) _mm512_storeu_ps(p, v)
+#define VI_ZERO() _mm512_setzero_si512()
+#define VF_ZERO() _mm512_setzero_ps()
+#define VI_SET1(x) _mm512_set1_epi32(x)
+#define VF_SET1(x) _mm512_set1_ps(x)
+#define VI_ADD(a, b) _mm512_add_epi32(a, b)
+#define VI_SUB(a, b) _mm512_sub_epi32(a, b)
+#define VI_SLLI(a, k) _mm512_slli_epi32(a, k)
+#define VI_MULLO(a, b) _mm512_mullo_epi32(a, b)
+#define VF_CVT(a) _mm512_cvtepi32_ps(a)
+#define VF_MUL(a, b) _mm512_mul_ps(a, b)
+#define VF_SUB(a, b) _mm512_sub_ps(a, b)
+#define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VDPB(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define VDPW(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+static inline vf vf_half(const rx_half *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
+static inline void panel_store(float *y, vf v, int rows, int accumulate) {
+    __mmask16 m = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
+    _mm512_mask_storeu_ps(y, m, v);
+}
+#else
+#define PM 8
+typedef __m256i vi;
+typedef __m256 vf;
+#define VI_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VF_LOAD(p) _mm256_loadu_ps(p)
+#define VF_STORE(p, v) _mm256_storeu_ps(p, v)
+#define VI_ZERO() _mm256_setzero_si256()
+#define VF_ZERO() _mm256_setzero_ps()
+#define VI_SET1(x) _mm256_set1_epi32(x)
+#define VF_SET1(x) _mm256_set1_ps(x)
+#define VI_ADD(a, b) _mm256_add_epi32(a, b)
+#define VI_SUB(a, b) _mm256_sub_epi32(a, b)
+#define VI_SLLI(a, k) _mm256_slli_epi32(a, k)
+#define VI_MULLO(a, b) _mm256_mullo_epi32(a, b)
+#define VF_CVT(a) _mm256_cvtepi32_ps(a)
+#define VF_MUL(a, b) _mm256_mul_ps(a, b)
+#define VF_SUB(a, b) _mm256_sub_ps(a, b)
+#define VF_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VDPB(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#define VDPW(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+static inline vf vf_half(const rx_half *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+static inline void panel_store(float *y, vf v, int rows, int accumulate) {
+    if (rows == 8) {
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (int r = 0; r < rows; r++) y[r] = accumulate ? y[r] + t[r] : t[r];
+}
+#endif
+/* signed weights (AVX2 Q8_0): the sign of w moved onto the activations */
+#define VDPB_SS(acc, w, s) VDPB(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))
+
+#define PG (PM * 4)                              /* bytes of one group vector */
+#define PANEL_A32_BYTES (8 * PG + 2 * PM * 4)
+#define PANEL_Q4K_BYTES (64 * PG + 8 * PM * 4 + 4 * PM * 4 + 2 * PM * 4)
+#define PANEL_Q6K_BYTES (64 * PG + 16 * PM * 4 + 8 * PM * 4 + PM * 4)
+
+/* rows[0..7] (32 bytes each) -> out + g * stride = dword g of the 8 rows: an 8x8 transpose */
+static inline void transpose8(const __m256i r[8], uint8_t *out, int64_t stride) {
+    __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    /* u0 = [r0.0 r1.0 r2.0 r3.0 | r0.4 r1.4 r2.4 r3.4], u4 the same of rows 4..7 */
+    _mm256_storeu_si256((__m256i *)(out + 0 * stride), _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 1 * stride), _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 2 * stride), _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 3 * stride), _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256((__m256i *)(out + 4 * stride), _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256((__m256i *)(out + 5 * stride), _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256((__m256i *)(out + 6 * stride), _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256((__m256i *)(out + 7 * stride), _mm256_permute2x128_si256(u3, u7, 0x31));
+}
+
+/* u[r] (32 unsigned bytes of each of the PM rows) -> the 8 group vectors at p */
+static inline void transpose_rows(const __m256i u[PM], uint8_t *p) {
+    for (int h = 0; h < PM / 8; h++) transpose8(u + 8 * h, p + 32 * h, PG);
+}
+
+static inline void store_half_f(uint8_t *p, const rx_half *h) { VF_STORE((float *)p, vf_half(h)); }
+
+/* UNPACK / MIN as the tiles' (MIN from the vector of the rows' d); the missing rows are zeros */
+#define PACK_A32(NAME, TYPE, UNPACK, MIN, HAS_M)                                                   \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {              \
+        uint8_t *p = panel;                                                                        \
+        for (int64_t b = 0; b < n / 32; b++, p += PANEL_A32_BYTES) {                               \
+            __m256i r[PM];                                                                         \
+            rx_half d[PM], m[PM];                                                                  \
+            for (int i = 0; i < PM; i++) {                                                         \
+                if (i < rows) {                                                                    \
+                    const TYPE *x = (const TYPE *)(w + i * rb) + b;                                \
+                    r[i] = UNPACK(x);                                                              \
+                    d[i] = x->d;                                                                   \
+                    m[i] = HAS_M ? x->d2m : 0;                                                     \
+                } else {                                                                           \
+                    r[i] = _mm256_setzero_si256();                                                 \
+                    d[i] = m[i] = 0;                                                               \
+                }                                                                                  \
+            }                                                                                      \
+            transpose_rows(r, p);                                                                  \
+            vf dw = vf_half(d);                                                                    \
+            VF_STORE((float *)(p + 8 * PG), dw);                                                   \
+            VF_STORE((float *)(p + 8 * PG + PM * 4), MIN(dw, m));                                  \
+        }                                                                                          \
+    }
+
+#define MINV_OFF8(dw, m) VF_MUL(dw, VF_SET1(-8.f))
+#define MINV_OFF16(dw, m) VF_MUL(dw, VF_SET1(-16.f))
+#define MINV_OFF128(dw, m) VF_MUL(dw, VF_SET1(-128.f))
+#define MINV_M(dw, m) vf_half(m)
+#define MINV_NONE(dw, m) VF_ZERO()
+#define d2m d
+PACK_A32(pack_q4_0, rx_q4_0, UNPACK_Q4_0, MINV_OFF8, 0)
+PACK_A32(pack_q5_0, rx_q5_0, UNPACK_Q5_0, MINV_OFF16, 0)
+#ifdef RX_VNNI
+PACK_A32(pack_q8_0, rx_q8_0, UNPACK_Q8_0, MINV_OFF128, 0)
+#else
+PACK_A32(pack_q8_0, rx_q8_0, UNPACK_Q8_0, MINV_NONE, 0) /* signed bytes: the products use the sign trick */
+#endif
+#undef d2m
+#define d2m m
+PACK_A32(pack_q4_1, rx_q4_1, UNPACK_Q4_1, MINV_M, 1)
+PACK_A32(pack_q5_1, rx_q5_1, UNPACK_Q5_1, MINV_M, 1)
+#undef d2m
+
+/* NC activation rows at a time; the block's 8 group vectors stay in registers for them */
+#define PANEL_A32_COLS(NC, DOT)                                                                    \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        vf acc[NC];                                                                                \
+        for (int c = 0; c < NC; c++) acc[c] = VF_ZERO();                                           \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_A32_BYTES) {                                   \
+            vi w0 = VI_LOAD(p), w1 = VI_LOAD(p + PG), w2 = VI_LOAD(p + 2 * PG), w3 = VI_LOAD(p + 3 * PG); \
+            vi w4 = VI_LOAD(p + 4 * PG), w5 = VI_LOAD(p + 5 * PG), w6 = VI_LOAD(p + 6 * PG);       \
+            vi w7 = VI_LOAD(p + 7 * PG);                                                           \
+            vf dw = VF_LOAD((const float *)(p + 8 * PG)), mw = VF_LOAD((const float *)(p + 8 * PG + PM * 4)); \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const rx_a32 *yc = (const rx_a32 *)(a + (c0 + c) * ar) + b;                        \
+                const int32_t *q = (const int32_t *)yc->q;                                         \
+                vi s0 = DOT(VI_ZERO(), w0, VI_SET1(q[0]));                                         \
+                vi s1 = DOT(VI_ZERO(), w1, VI_SET1(q[1]));                                         \
+                s0 = DOT(s0, w2, VI_SET1(q[2]));                                                   \
+                s1 = DOT(s1, w3, VI_SET1(q[3]));                                                   \
+                s0 = DOT(s0, w4, VI_SET1(q[4]));                                                   \
+                s1 = DOT(s1, w5, VI_SET1(q[5]));                                                   \
+                s0 = DOT(s0, w6, VI_SET1(q[6]));                                                   \
+                s1 = DOT(s1, w7, VI_SET1(q[7]));                                                   \
+                vf sf = VF_CVT(VI_ADD(s0, s1));                                                    \
+                acc[c] = VF_FMA(VF_MUL(dw, VF_SET1(yc->d)), sf, acc[c]);                           \
+                acc[c] = VF_FMA(mw, VF_SET1(yc->s), acc[c]);                                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+#define PANEL_A32(NAME, DOT)                                                                       \
+    static void NAME(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y, \
+                     int64_t ldy, int rows, int accumulate) {                                      \
+        int64_t nb = n / 32, c0 = 0;                                                               \
+        PANEL_A32_COLS(4, DOT)                                                                     \
+        PANEL_A32_COLS(1, DOT)                                                                     \
+    }
+PANEL_A32(panel_a32, VDPB)
+#ifndef RX_VNNI
+PANEL_A32(panel_a32_ss, VDPB_SS)
+#endif
+
+/* the PM rows' unsigned values u[r][0..255] -> the panel's 64 group vectors */
+static inline void transpose_sb(const uint8_t (*u)[256], uint8_t *p) {
+    for (int k = 0; k < 8; k++) {
+        __m256i r[PM];
+        for (int i = 0; i < PM; i++) r[i] = _mm256_loadu_si256((const __m256i *)(u[i] + 32 * k));
+        transpose_rows(r, p + 8 * PG * k);
+    }
+}
+
+static void pack_q4_k(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {
+    uint8_t *p = panel;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    _Alignas(64) uint8_t u[PM][256];
+    for (int64_t b = 0; b < n / 256; b++, p += PANEL_Q4K_BYTES) {
+        int32_t *sc = (int32_t *)(p + 64 * PG);
+        int16_t *mn = (int16_t *)(p + 64 * PG + 8 * PM * 4);
+        rx_half d[PM], dm[PM];
+        for (int i = 0; i < PM; i++) {
+            if (i >= rows) {
+                memset(u[i], 0, 256);
+                for (int j = 0; j < 8; j++) {
+                    sc[j * PM + i] = 0;
+                    mn[(j / 2) * 2 * PM + i * 2 + j % 2] = 0;
+                }
+                d[i] = dm[i] = 0;
+                continue;
+            }
+            const rx_q4_k *x = (const rx_q4_k *)(w + i * rb) + b;
+            for (int g2 = 0; g2 < 4; g2++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g2));
+                _mm256_storeu_si256((__m256i *)(u[i] + 64 * g2), _mm256_and_si256(q, m4));
+                _mm256_storeu_si256((__m256i *)(u[i] + 64 * g2 + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            }
+            for (int j = 0; j < 8; j++) {
+                uint8_t sj, mj;
+                rx_k4_scale_min(j, x->scales, &sj, &mj);
+                sc[j * PM + i] = sj;
+                mn[(j / 2) * 2 * PM + i * 2 + j % 2] = mj;
+            }
+            d[i] = x->d;
+            dm[i] = x->dmin;
+        }
+        transpose_sb((const uint8_t(*)[256])u, p);
+        store_half_f(p + 64 * PG + 12 * PM * 4, d);
+        store_half_f(p + 64 * PG + 13 * PM * 4, dm);
+    }
+}
+
+static void pack_q6_k(int64_t n, const uint8_t *w, int64_t rb, int rows, void *panel) {
+    uint8_t *p = panel;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    _Alignas(64) uint8_t u[PM][256];
+    for (int64_t b = 0; b < n / 256; b++, p += PANEL_Q6K_BYTES) {
+        int32_t *sc = (int32_t *)(p + 64 * PG);
+        int16_t *sp = (int16_t *)(p + 64 * PG + 16 * PM * 4);
+        rx_half d[PM];
+        for (int i = 0; i < PM; i++) {
+            if (i >= rows) {
+                memset(u[i], 0, 256);
+                for (int g = 0; g < 16; g++) {
+                    sc[g * PM + i] = 0;
+                    sp[(g / 2) * 2 * PM + i * 2 + g % 2] = 0;
+                }
+                d[i] = 0;
+                continue;
+            }
+            const rx_q6_k *x = (const rx_q6_k *)(w + i * rb) + b;
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = x->ql + 64 * h;
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                for (int part = 0; part < 4; part++) {
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + (part & 1) * 32));
+                    __m256i lv = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    __m256i hv = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)), m2);
+                    _mm256_storeu_si256((__m256i *)(u[i] + 128 * h + 32 * part),
+                                        _mm256_or_si256(lv, _mm256_slli_epi16(hv, 4)));
+                }
+            }
+            for (int g = 0; g < 16; g++) {
+                sc[g * PM + i] = x->scales[g];
+                sp[(g / 2) * 2 * PM + i * 2 + g % 2] = x->scales[g];
+            }
+            d[i] = x->d;
+        }
+        transpose_sb((const uint8_t(*)[256])u, p);
+        store_half_f(p + 64 * PG + 24 * PM * 4, d);
+    }
+}
+
+/* the int32 sums of the rows' values in NG consecutive groups (group vectors at wg) with the
+ * activation's 4-byte groups q[0..NG-1] */
+#define GROUP_SUMS(NG, wg, q, out)                                                                 \
+    do {                                                                                           \
+        vi s0_ = VI_ZERO(), s1_ = VI_ZERO();                                                       \
+        for (int g_ = 0; g_ < NG; g_ += 2) {                                                       \
+            s0_ = VDPB(s0_, VI_LOAD((wg) + g_ * PG), VI_SET1((q)[g_]));                           \
+            s1_ = VDPB(s1_, VI_LOAD((wg) + (g_ + 1) * PG), VI_SET1((q)[g_ + 1]));                 \
+        }                                                                                          \
+        out = VI_ADD(s0_, s1_);                                                                    \
+    } while (0)
+
+#define PANEL_Q4K_COLS(NC)                                                                         \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        vf acc[NC];                                                                                \
+        for (int c = 0; c < NC; c++) acc[c] = VF_ZERO();                                           \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_Q4K_BYTES) {                                   \
+            const rx_a256 *yc[NC];                                                                 \
+            vi S[NC];                                                                              \
+            for (int c = 0; c < NC; c++) {                                                         \
+                yc[c] = (const rx_a256 *)(a + (c0 + c) * ar) + b;                                  \
+                S[c] = VI_ZERO();                                                                  \
+            }                                                                                      \
+            for (int j = 0; j < 8; j++) {                                                          \
+                const uint8_t *wg = p + 8 * PG * j;                                                \
+                vi sc = VI_LOAD(p + 64 * PG + j * PM * 4);                                         \
+                for (int c = 0; c < NC; c++) {                                                     \
+                    vi t;                                                                          \
+                    GROUP_SUMS(8, wg, (const int32_t *)(yc[c]->q + 32 * j), t);                    \
+                    S[c] = VI_ADD(S[c], VI_MULLO(t, sc));                                          \
+                }                                                                                  \
+            }                                                                                      \
+            const uint8_t *mn = p + 64 * PG + 8 * PM * 4;                                          \
+            vf d = VF_LOAD((const float *)(p + 64 * PG + 12 * PM * 4));                            \
+            vf dmin = VF_LOAD((const float *)(p + 64 * PG + 13 * PM * 4));                         \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const int16_t *bs = yc[c]->bsum;                                                   \
+                /* dword k: the activation sums of sub-blocks 2k and 2k + 1, as int16 */            \
+                int32_t pr[4];                                                                     \
+                for (int k = 0; k < 4; k++)                                                        \
+                    pr[k] = (int32_t)(uint16_t)(int16_t)(bs[4 * k] + bs[4 * k + 1]) |              \
+                            (int32_t)((uint32_t)(uint16_t)(int16_t)(bs[4 * k + 2] + bs[4 * k + 3]) << 16); \
+                vi M = VI_ZERO();                                                                  \
+                for (int k = 0; k < 4; k++) M = VDPW(M, VI_LOAD(mn + k * PM * 4), VI_SET1(pr[k])); \
+                vf t = VF_SUB(VF_MUL(d, VF_CVT(S[c])), VF_MUL(dmin, VF_CVT(M)));                   \
+                acc[c] = VF_FMA(VF_SET1(yc[c]->d), t, acc[c]);                                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+static void panel_q4_k(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y,
+                       int64_t ldy, int rows, int accumulate) {
+    int64_t nb = n / 256, c0 = 0;
+    PANEL_Q4K_COLS(4)
+    PANEL_Q4K_COLS(1)
+}
+
+#define PANEL_Q6K_COLS(NC)                                                                         \
+    for (; c0 + NC <= ncols; c0 += NC) {                                                           \
+        vf acc[NC];                                                                                \
+        for (int c = 0; c < NC; c++) acc[c] = VF_ZERO();                                           \
+        const uint8_t *p = panel;                                                                  \
+        for (int64_t b = 0; b < nb; b++, p += PANEL_Q6K_BYTES) {                                   \
+            const rx_a256 *yc[NC];                                                                 \
+            vi S[NC];                                                                              \
+            for (int c = 0; c < NC; c++) {                                                         \
+                yc[c] = (const rx_a256 *)(a + (c0 + c) * ar) + b;                                  \
+                S[c] = VI_ZERO();                                                                  \
+            }                                                                                      \
+            for (int g = 0; g < 16; g++) {                                                         \
+                const uint8_t *wg = p + 4 * PG * g;                                                \
+                vi sc = VI_LOAD(p + 64 * PG + g * PM * 4);                                         \
+                for (int c = 0; c < NC; c++) {                                                     \
+                    vi t;                                                                          \
+                    GROUP_SUMS(4, wg, (const int32_t *)(yc[c]->q + 16 * g), t);                    \
+                    S[c] = VI_ADD(S[c], VI_MULLO(t, sc));                                          \
+                }                                                                                  \
+            }                                                                                      \
+            const uint8_t *sp = p + 64 * PG + 16 * PM * 4;                                         \
+            vf d = VF_LOAD((const float *)(p + 64 * PG + 24 * PM * 4));                            \
+            for (int c = 0; c < NC; c++) {                                                         \
+                const int32_t *bs = (const int32_t *)yc[c]->bsum;                                  \
+                vi corr = VI_ZERO();                                                               \
+                for (int k = 0; k < 8; k++) corr = VDPW(corr, VI_LOAD(sp + k * PM * 4), VI_SET1(bs[k])); \
+                vi sumi = VI_SUB(S[c], VI_SLLI(corr, 5));                                          \
+                acc[c] = VF_FMA(VF_MUL(d, VF_SET1(yc[c]->d)), VF_CVT(sumi), acc[c]);               \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < NC; c++) panel_store(y + (c0 + c) * ldy, acc[c], rows, accumulate);   \
+    }
+
+static void panel_q6_k(int64_t n, const void *panel, const uint8_t *a, size_t ar, int64_t ncols, float *y,
+                       int64_t ldy, int rows, int accumulate) {
+    int64_t nb = n / 256, c0 = 0;
+    PANEL_Q6K_COLS(4)
+    PANEL_Q6K_COLS(1)
+}
+
 static float dot_q8_k(int64_t n, const void *w, const void *a) {
     const rx_q8_k *x = w; const rx_a256 *y = a;
     __m256 acc = _mm256_setzero_ps();
@@ -742,6 +1126,100 @@ static void axpyn_f16(float *y, int64_t ldy, int ny, const float *a, const uint1
         }
 }
 
+/* Attention over a block of queries (rx_cpu.h's qk_f16 / pv_f16): register tiles of NQ query
+ * rows x NK key rows (each key's 8 values converted once for the NQ queries), and of NO output
+ * rows x 32 values (each value row's 8 values converted once for the NO rows). Per dot and per
+ * output value the operations are dotn_f32_f16's / axpyn_f16's, in their order. */
+#ifdef RX_VNNI /* 32 vector registers (AVX-512VL) */
+#define QK_NK 4
+#else
+#define QK_NK 2
+#endif
+
+#define QK_TILE(NAME, NQ, NK)                                                                      \
+    static inline void NAME(const float *const *q, const uint16_t *k, int64_t ldk, int64_t n, float *s, \
+                            int64_t lds) {                                                         \
+        __m256 acc[NQ][NK];                                                                        \
+        _Pragma("GCC unroll 4") for (int a = 0; a < NQ; a++)                                       \
+            _Pragma("GCC unroll 4") for (int b = 0; b < NK; b++) acc[a][b] = _mm256_setzero_ps();  \
+        int64_t i = 0;                                                                             \
+        for (; i + 8 <= n; i += 8) {                                                               \
+            __m256 kv[NK];                                                                         \
+            _Pragma("GCC unroll 4") for (int b = 0; b < NK; b++) kv[b] = load_h8(k + b * ldk + i); \
+            _Pragma("GCC unroll 4") for (int a = 0; a < NQ; a++) {                                 \
+                __m256 qv = _mm256_loadu_ps(q[a] + i);                                             \
+                _Pragma("GCC unroll 4") for (int b = 0; b < NK; b++) acc[a][b] = _mm256_fmadd_ps(qv, kv[b], acc[a][b]); \
+            }                                                                                      \
+        }                                                                                          \
+        for (int a = 0; a < NQ; a++)                                                               \
+            for (int b = 0; b < NK; b++) {                                                         \
+                float r = hsum8(acc[a][b]);                                                        \
+                for (int64_t e = i; e < n; e++) r += q[a][e] * half1(k[b * ldk + e]);              \
+                s[a * lds + b] = r;                                                                \
+            }                                                                                      \
+    }
+QK_TILE(qk_tile, 4, QK_NK)
+QK_TILE(qk_tile_q1, 1, QK_NK)
+QK_TILE(qk_tile_k1, 4, 1)
+QK_TILE(qk_tile_11, 1, 1)
+
+static void qk_f16(const float *const *q, int nq, const uint16_t *k, int64_t ldk, int nk, int64_t n, float *s,
+                   int64_t lds) {
+    int a = 0;
+    for (; a + 4 <= nq; a += 4) {
+        int b = 0;
+        for (; b + QK_NK <= nk; b += QK_NK) qk_tile(q + a, k + b * ldk, ldk, n, s + a * lds + b, lds);
+        for (; b < nk; b++) qk_tile_k1(q + a, k + b * ldk, ldk, n, s + a * lds + b, lds);
+    }
+    for (; a < nq; a++) {
+        int b = 0;
+        for (; b + QK_NK <= nk; b += QK_NK) qk_tile_q1(q + a, k + b * ldk, ldk, n, s + a * lds + b, lds);
+        for (; b < nk; b++) qk_tile_11(q + a, k + b * ldk, ldk, n, s + a * lds + b, lds);
+    }
+}
+
+#define PV_TILE(NAME, NO)                                                                          \
+    static inline void NAME(float *const *o, int64_t d0, const float *p, int64_t ldp, const uint16_t *v, \
+                            int64_t ldv, int nv) {                                                 \
+        __m256 acc[NO][4];                                                                         \
+        _Pragma("GCC unroll 4") for (int a = 0; a < NO; a++)                                       \
+            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) acc[a][b] = _mm256_loadu_ps(o[a] + d0 + 8 * b); \
+        for (int t = 0; t < nv; t++) {                                                             \
+            const uint16_t *vt = v + t * ldv + d0;                                                 \
+            __m256 x0 = load_h8(vt), x1 = load_h8(vt + 8), x2 = load_h8(vt + 16), x3 = load_h8(vt + 24); \
+            _Pragma("GCC unroll 4") for (int a = 0; a < NO; a++) {                                 \
+                __m256 pa = _mm256_set1_ps(p[a * ldp + t]);                                        \
+                acc[a][0] = _mm256_fmadd_ps(pa, x0, acc[a][0]);                                    \
+                acc[a][1] = _mm256_fmadd_ps(pa, x1, acc[a][1]);                                    \
+                acc[a][2] = _mm256_fmadd_ps(pa, x2, acc[a][2]);                                    \
+                acc[a][3] = _mm256_fmadd_ps(pa, x3, acc[a][3]);                                    \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int a = 0; a < NO; a++)                                       \
+            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) _mm256_storeu_ps(o[a] + d0 + 8 * b, acc[a][b]); \
+    }
+PV_TILE(pv_tile, 4)
+PV_TILE(pv_tile_1, 1)
+
+static void pv_f16(float *const *o, int no, const float *p, int64_t ldp, const uint16_t *v, int64_t ldv, int nv,
+                   int64_t n) {
+    int64_t d0 = 0;
+    for (; d0 + 32 <= n; d0 += 32) {
+        int a = 0;
+        for (; a + 4 <= no; a += 4) pv_tile(o + a, d0, p + a * ldp, ldp, v, ldv, nv);
+        for (; a < no; a++) pv_tile_1(o + a, d0, p + a * ldp, ldp, v, ldv, nv);
+    }
+    for (; d0 + 8 <= n; d0 += 8) /* 8 values at a time */
+        for (int a = 0; a < no; a++) {
+            __m256 acc = _mm256_loadu_ps(o[a] + d0);
+            for (int t = 0; t < nv; t++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[a * ldp + t]), load_h8(v + t * ldv + d0), acc);
+            _mm256_storeu_ps(o[a] + d0, acc);
+        }
+    for (; d0 < n; d0++) /* axpyn_f16's scalar tail */
+        for (int a = 0; a < no; a++)
+            for (int t = 0; t < nv; t++) o[a][d0] += p[a * ldp + t] * half1(v[t * ldv + d0]);
+}
+
 /* exp(x) in float32 (Cephes' reduction and polynomial: within 2 ulp of expf) */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -758,6 +1236,55 @@ static inline __m256 exp8(__m256 x) {
     p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* RMS norm of a row: the squares summed in double (exact products), 8 at a time in 2 x 4
+ * lanes; y = (x * r) * w as the portable loop computes it */
+static void rms_row(const float *x, float *y, const float *w, int64_t D, float eps) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
+    }
+    a0 = _mm256_add_pd(a0, a1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a0), _mm256_extractf128_pd(a0, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < D; i++) ss += (double)x[i] * x[i];
+    float ms = (float)(ss / (double)D) + eps;
+    float r = 1.f / sqrtf(ms);
+    __m256 vr = _mm256_set1_ps(r);
+    i = 0;
+    if (w) {
+        for (; i + 8 <= D; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vr), _mm256_loadu_ps(w + i)));
+        for (; i < D; i++) y[i] = (x[i] * r) * w[i];
+    } else {
+        for (; i + 8 <= D; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vr));
+        for (; i < D; i++) y[i] = x[i] * r;
+    }
+}
+
+/* s[i] = exp(s[i] - mx), 0 for -inf, 8 at a time (exp8); returns the sum */
+static float exp_sum(float *s, int64_t n, float mx) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vmx = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(s + i);
+        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vmx)));
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8(acc);
+    for (; i < n; i++) {
+        float e = s[i] == -INFINITY ? 0.f : expf(s[i] - mx);
+        s[i] = e;
+        sum += e;
+    }
+    return sum;
 }
 
 static inline float silu1(float g) { return g / (1.f + expf(-g)); }
@@ -794,6 +1321,10 @@ void RX_FILL(rx_isa *t) {
     t->act = act;
     t->dotn_f32_f16 = dotn_f32_f16;
     t->axpyn_f16 = axpyn_f16;
+    t->qk_f16 = qk_f16;
+    t->pv_f16 = pv_f16;
+    t->exp_sum = exp_sum;
+    t->rms_row = rms_row;
     t->name = RX_NAME;
     rx_fill_iq_avx2(t); /* the IQ / TQ2_0 / MXFP4 formats (iq_x86.c) */
     t->dot[RX_Q4_0] = dot_q4_0;
@@ -827,6 +1358,26 @@ void RX_FILL(rx_isa *t) {
     t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->tile[RX_Q4_K] = tile_q4_k;
     t->tile[RX_Q6_K] = tile_q6_k;
+    t->pack[RX_Q4_0] = pack_q4_0;
+    t->pack[RX_Q4_1] = pack_q4_1;
+    t->pack[RX_Q5_0] = pack_q5_0;
+    t->pack[RX_Q5_1] = pack_q5_1;
+    t->pack[RX_Q8_0] = pack_q8_0;
+    t->panel[RX_Q4_0] = t->panel[RX_Q4_1] = t->panel[RX_Q5_0] = t->panel[RX_Q5_1] = panel_a32;
+#ifdef RX_VNNI
+    t->panel[RX_Q8_0] = panel_a32;
+#else
+    t->panel[RX_Q8_0] = panel_a32_ss;
+#endif
+    t->panel_bytes[RX_Q4_0] = t->panel_bytes[RX_Q4_1] = t->panel_bytes[RX_Q5_0] = PANEL_A32_BYTES;
+    t->panel_bytes[RX_Q5_1] = t->panel_bytes[RX_Q8_0] = PANEL_A32_BYTES;
+    t->pack[RX_Q4_K] = pack_q4_k;
+    t->panel[RX_Q4_K] = panel_q4_k;
+    t->panel_bytes[RX_Q4_K] = PANEL_Q4K_BYTES;
+    t->pack[RX_Q6_K] = pack_q6_k;
+    t->panel[RX_Q6_K] = panel_q6_k;
+    t->panel_bytes[RX_Q6_K] = PANEL_Q6K_BYTES;
+    t->panel_m = PM;
     t->quant_a32 = quant_a32;
     t->quant_a256 = quant_a256;
     t->dot_f32 = dot_f32;

@@ -44,6 +44,7 @@ FUNCTIONS = {
     "rx_threads": (0, "int", "void"),
     "rx_set_spin": (0, "void", "int64_t worker_ns, int64_t wait_ns"),
     "rx_solo_jobs": (0, "int64_t", "void"),
+    "rx_pool_stats": (0, "int64_t", "int64_t *out, int64_t n, int64_t reset"),  # ops.c's POOL_STAT_* counters
     "rx_act_format": (0, "int", "int64_t type"),
     "rx_run": (0, "int", "const int64_t *cmds, int64_t n, int64_t stride"),
     # linear algebra

@@ -5,7 +5,7 @@ their ctypes types, and the version the library must report."""
 
 from ctypes import Structure, c_char_p, c_double, c_float, c_int, c_int64, c_void_p  # noqa: F401
 
-ABI_VERSION = 663637181
+ABI_VERSION = 2055457467
 CMD_WIDTH = 24
 
 
@@ -22,6 +22,7 @@ SIGNATURES = {
     "rx_threads": ([], c_int),
     "rx_set_spin": ([c_int64, c_int64], None),
     "rx_solo_jobs": ([], c_int64),
+    "rx_pool_stats": ([c_void_p, c_int64, c_int64], c_int64),
     "rx_act_format": ([c_int64], c_int),
     "rx_run": ([c_void_p, c_int64, c_int64], c_int),
     "rx_matmul": ([c_int64, c_int64, c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64], c_int),
@@ -93,11 +94,11 @@ COLUMNS = 14
 
 # the library's functions (ctypes), set by bind(lib) once cpu_ops has loaded and typed them:
 # module globals, the cheapest lookup for the launchers below
-_rx_abi_version = _rx_isa_name = _rx_set_isa = _rx_set_threads = _rx_threads = _rx_set_spin = _rx_solo_jobs = _rx_act_format = _rx_run = _rx_matmul = _rx_dot = _rx_embed = _rx_norm_rope = _rx_rms_norm = _rx_kv_store = _rx_attention = _rx_attention_latent = _rx_to_f16 = _rx_binary = _rx_unary = _rx_copy = _rx_argmax = _rx_columns = _rx_ssm_conv = _rx_delta_net = _rx_ssm_scan = None
+_rx_abi_version = _rx_isa_name = _rx_set_isa = _rx_set_threads = _rx_threads = _rx_set_spin = _rx_solo_jobs = _rx_pool_stats = _rx_act_format = _rx_run = _rx_matmul = _rx_dot = _rx_embed = _rx_norm_rope = _rx_rms_norm = _rx_kv_store = _rx_attention = _rx_attention_latent = _rx_to_f16 = _rx_binary = _rx_unary = _rx_copy = _rx_argmax = _rx_columns = _rx_ssm_conv = _rx_delta_net = _rx_ssm_scan = None
 
 
 def bind(lib):
-    global _rx_abi_version, _rx_isa_name, _rx_set_isa, _rx_set_threads, _rx_threads, _rx_set_spin, _rx_solo_jobs, _rx_act_format, _rx_run, _rx_matmul, _rx_dot, _rx_embed, _rx_norm_rope, _rx_rms_norm, _rx_kv_store, _rx_attention, _rx_attention_latent, _rx_to_f16, _rx_binary, _rx_unary, _rx_copy, _rx_argmax, _rx_columns, _rx_ssm_conv, _rx_delta_net, _rx_ssm_scan
+    global _rx_abi_version, _rx_isa_name, _rx_set_isa, _rx_set_threads, _rx_threads, _rx_set_spin, _rx_solo_jobs, _rx_pool_stats, _rx_act_format, _rx_run, _rx_matmul, _rx_dot, _rx_embed, _rx_norm_rope, _rx_rms_norm, _rx_kv_store, _rx_attention, _rx_attention_latent, _rx_to_f16, _rx_binary, _rx_unary, _rx_copy, _rx_argmax, _rx_columns, _rx_ssm_conv, _rx_delta_net, _rx_ssm_scan
     _rx_abi_version = lib.rx_abi_version
     _rx_isa_name = lib.rx_isa_name
     _rx_set_isa = lib.rx_set_isa
@@ -105,6 +106,7 @@ def bind(lib):
     _rx_threads = lib.rx_threads
     _rx_set_spin = lib.rx_set_spin
     _rx_solo_jobs = lib.rx_solo_jobs
+    _rx_pool_stats = lib.rx_pool_stats
     _rx_act_format = lib.rx_act_format
     _rx_run = lib.rx_run
     _rx_matmul = lib.rx_matmul
@@ -153,6 +155,9 @@ class Launchers:
 
     def rx_solo_jobs(self):
         return _rx_solo_jobs()
+
+    def rx_pool_stats(self, *, out, n, reset):
+        return _rx_pool_stats(out, n, reset)
 
     def rx_act_format(self, *, type):
         return _rx_act_format(type)

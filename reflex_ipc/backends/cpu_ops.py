@@ -119,6 +119,24 @@ def _ptr(a):
     return a.ctypes.data
 
 
+def _empty64(shape, dtype):
+    """np.empty(shape, dtype) starting on a 64-byte boundary (a cache line): the threads of a
+    product write disjoint column blocks of each output row, which then share no line (numpy's
+    own large arrays start 16 bytes into a page)."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize if isinstance(shape, tuple) else int(shape) * dt.itemsize
+    if nbytes < 4096:
+        return np.empty(shape, dt)
+    buf = np.empty(nbytes + 64, np.uint8)
+    off = _off64(buf)
+    return buf[off:off + nbytes].view(dt).reshape(shape)
+
+
+def _off64(a):
+    """Bytes from a's start to the next 64-byte boundary."""
+    return -a.__array_interface__["data"][0] % 64
+
+
 class CpuWeight:
     """A weight handle: `shape` (rows, cols) of ggml type `ggml_type`, read in place from
     `raw` (the mapping, or a float32 array for types the kernels do not read)."""
@@ -202,7 +220,7 @@ class CpuOps(Launchers):
 
     def _new(self, shape, dtype=_F32):
         if self._keep is None:
-            return np.empty(shape, dtype)
+            return _empty64(shape, dtype)
         # Recording: a graph keeps its arrays for as long as it lives, so memory that the
         # recorded code no longer references (no Python object left: nothing later in the
         # recording can read it) is handed out again, as replays run the same order.
@@ -212,12 +230,14 @@ class CpuOps(Launchers):
         nbytes = max(1, math.prod(shape if isinstance(shape, tuple) else (shape,)) * dt.itemsize)
         best = None
         for b in self._keep:  # base buffers; 3 references: the list, b, getrefcount's argument
-            if b.nbytes >= nbytes and sys.getrefcount(b) <= 3 and (best is None or b.nbytes < best.nbytes):
+            # (the arrays handed out are views whose base is b: numpy's views name the owner)
+            if b.nbytes - _off64(b) >= nbytes and sys.getrefcount(b) <= 3 and (best is None or b.nbytes < best.nbytes):
                 best = b
         if best is None:
-            best = np.empty((nbytes + 63) // 64 * 64, np.uint8)
+            best = np.empty((nbytes + 63) // 64 * 64 + 64, np.uint8)
             self._keep.append(best)
-        return best[:nbytes].view(dt).reshape(shape)
+        off = _off64(best)
+        return best[off:off + nbytes].view(dt).reshape(shape)
 
     def _eager(self, why):
         """A step done in numpy: a recording that contains it cannot be replayed."""

@@ -71,6 +71,38 @@ def _set_hugepage(enabled):
     return _set_madvise_hugepage(enabled)
 
 
+_MAPPED_MIN = 64 << 10  # bytes from which zeros() maps its own pages
+
+
+def _mapped_zeros(shape, dtype):
+    """Zeros of at least _MAPPED_MIN bytes in a private anonymous mapping of their own (small
+    pages), or None. np.zeros is lazy only where malloc maps the block itself, and glibc's
+    threshold for that rises to the largest block freed so far (up to 32 MiB): after a few
+    large temporaries, a 128 KiB cache array comes from the heap, and calloc clears (touches)
+    all of it. A mapping's pages stay untouched, outside the resident set, until a token is
+    stored in them."""
+    import mmap
+
+    dt = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    count = 1
+    for d in shape:
+        count *= int(d)
+    nbytes = count * dt.itemsize
+    if nbytes < _MAPPED_MIN or not hasattr(mmap, "MAP_PRIVATE"):
+        return None
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # fd -1: anonymous, zero-filled
+    except (OSError, ValueError):
+        return None  # np.zeros then tries (and reports out_of_memory)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:
+            pass  # advice only
+    return np.frombuffer(m, dtype=dt, count=count).reshape(shape)
+
+
 def set_blas_threads(n):
     """Set the thread count of the OpenBLAS that numpy uses; False when it cannot be found.
 
@@ -136,6 +168,9 @@ class NumpyOps:
         # transparent huge pages on big arrays, and then the first token stored in each
         # (layer, head) row zeroes 2 MiB: seconds on a first prompt on some machines.
         # Small pages make that first touch proportional to what is stored.
+        out = _mapped_zeros(shape, dtype)
+        if out is not None:
+            return out
         hugepage = _set_hugepage(False)
         try:
             return np.zeros(shape, dtype)

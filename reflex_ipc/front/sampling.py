@@ -12,7 +12,7 @@ from msgspec import Struct
 FIELDS = ("top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n", "frequency_penalty",
           "presence_penalty", "logit_bias", "typical_p", "dry_multiplier", "dry_base",
           "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "enable_thinking",
-          "thinking_budget")
+          "thinking_budget", "cache_prompt")
 
 
 class Extras(Struct, kw_only=True):
@@ -32,6 +32,7 @@ class Extras(Struct, kw_only=True):
     dry_sequence_breakers: Optional[list[str]] = None
     enable_thinking: Optional[bool] = None
     thinking_budget: Optional[int] = None
+    cache_prompt: Optional[bool] = None
 
 
 def extras(req) -> dict:

@@ -82,12 +82,11 @@ def attend(ops, q, S, batch, scale, window=0, softcap=0.0, sinks=None, chunk=0):
 def residual(ops, x, a, w, b=None, *, post_norm=None, eps=0.0, scale=1.0, out_scale=1.0):
     """x += scale * post(a @ w.T + b), in place on x (the model's own hidden state, which
     nothing else reads as the old value); post = rms_norm(., post_norm, eps) when given (a
-    sandwich norm), then x *= out_scale. Plain: the product is added into x by the matmul
-    itself, then the bias."""
-    if post_norm is None and scale == 1.0 and out_scale == 1.0:
+    sandwich norm), then x *= out_scale. Plain and without a bias: the product is added into
+    x by the matmul itself. A bias goes onto the product before the residual, as llama.cpp
+    adds them (x + (a @ w.T + b) rounds unlike (x + a @ w.T) + b)."""
+    if post_norm is None and scale == 1.0 and out_scale == 1.0 and b is None:
         ops.matmul(a, w, out=x, accumulate=True)
-        if b is not None:
-            ops.add(x, b, out=x)
         return x
     return add(ops, x, linear(ops, a, w, b), post_norm=post_norm, eps=eps, scale=scale, out_scale=out_scale)
 

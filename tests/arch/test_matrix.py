@@ -278,7 +278,7 @@ KERNELS = {
     "gemma4_moe": ([20, 9, 20], [28, 17, 28]),
     "gemma4_e2b": ([14, 14, 14, 13, 13], [23, 23, 23, 20, 20]),
     "gemma4_fused_qkv": ([9, 9, 9], [17, 17, 17]),
-    "gpt-oss": ([20, 20, 20, 20], [22, 22, 22, 22]),
+    "gpt-oss": ([21, 21, 21, 21], [23, 23, 23, 23]),  # its output biases go on before the residual (llama.cpp's order)
     "granitehybrid": ([18, 8, 18, 8], [22, 15, 22, 15]),
     "granitehybrid_moe": ([13, 23, 23, 13], [17, 26, 26, 17]),
     "llama": ([6, 6], [11, 11]),

@@ -61,111 +61,6 @@ static inline __m256i bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
-static float dot_q4_0(int64_t n, const void *w, const void *a) {
-    const rx_q4_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i off = _mm256_set1_epi8(8);
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = _mm256_sub_epi8(nibbles32(x[b].qs), off);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-/* two activation rows per weight block (batches): the unpacked block is reused */
-#define DOT2_A32(NAME, TYPE, UNPACK, DOT, HAS_M)                                                   \
-    static void NAME(int64_t n, const void *w, const void *a0, const void *a1, float *out) {        \
-        const TYPE *x = w; const rx_a32 *y0 = a0, *y1 = a1;                                         \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
-        float m0 = 0.f, m1 = 0.f;                                                                   \
-        for (int64_t b = 0; b < n / 32; b++) {                                                      \
-            __m256i q = UNPACK;                                                                     \
-            float d = half1(x[b].d);                                                                \
-            __m256 s0 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y0[b].q)));  \
-            __m256 s1 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y1[b].q)));  \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * y0[b].d), s0, acc0);                          \
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * y1[b].d), s1, acc1);                          \
-            if (HAS_M) {                                                                            \
-                float m = half1(x[b].d2m);                                                          \
-                m0 += m * y0[b].s;                                                                  \
-                m1 += m * y1[b].s;                                                                  \
-            }                                                                                       \
-        }                                                                                           \
-        out[0] = hsum8(acc0) + m0;                                                                  \
-        out[1] = hsum8(acc1) + m1;                                                                  \
-    }
-
-static float dot_q4_1(int64_t n, const void *w, const void *a) {
-    const rx_q4_1 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-        accm += half1(x[b].m) * y[b].s;
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q5_0(int64_t n, const void *w, const void *a) {
-    const rx_q5_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        /* value - 16: a clear fifth bit makes the byte nibble | 0xF0 (nibble - 16) */
-        __m256i hi = _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0));
-        q = _mm256_or_si256(q, hi);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-static float dot_q5_1(int64_t n, const void *w, const void *a) {
-    const rx_q5_1 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        q = _mm256_or_si256(q, _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-        accm += half1(x[b].m) * y[b].s;
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q8_0(int64_t n, const void *w, const void *a) {
-    const rx_q8_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-#define d2m d /* Q4_0, Q5_0, Q8_0 have no m: the HAS_M branch is compiled out */
-DOT2_A32(dot2_q4_0, rx_q4_0, _mm256_sub_epi8(nibbles32(x[b].qs), _mm256_set1_epi8(8)), dot_ss, 0)
-DOT2_A32(dot2_q8_0, rx_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), dot_ss, 0)
-DOT2_A32(dot2_q5_0, rx_q5_0,
-         _mm256_or_si256(nibbles32(x[b].qs), _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0))),
-         dot_ss, 0)
-#undef d2m
-#define d2m m
-DOT2_A32(dot2_q4_1, rx_q4_1, nibbles32(x[b].qs), dot_us, 1)
-DOT2_A32(dot2_q5_1, rx_q5_1,
-         _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
-#undef d2m
-
 /* ---------------------------------------------------------------- tiles (RX_TILE_M x RX_TILE_N)
  * The learnt scheme of ggml's repacked / llamafile's tiled products, on the GGUF's blocks in
  * place (no repacked copy of the weights: none of the memory a repack costs): per block, the
@@ -241,6 +136,88 @@ TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
 TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
 #endif
 
+
+/* ---------------------------------------------------------------- rows the tiles' way
+ * A single dot (one-token steps, the rows a tile leaves over) and dot2 compute each output
+ * the way the tiles and panels compute their lanes, so that a row's result does not depend
+ * on the batch it is in: the block's values unpacked as the tile's (unsigned + offset / min),
+ * the block's integer sum (exact, in any order), then per block, in block order,
+ * acc = fma(d_w * d_a, sum, acc); acc = fma(m_w, s_a, acc) (m_w: the offset / min term). */
+static inline int hsum_i32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+    return _mm_cvtsi128_si32(r);
+}
+
+#define MIN1_OFF8(x, dw) ((dw) * -8.f)
+#define MIN1_OFF16(x, dw) ((dw) * -16.f)
+#define MIN1_OFF128(x, dw) ((dw) * -128.f)
+#define MIN1_M(x, dw) half1((x)->m)
+#define MIN1_NONE(x, dw) 0.f
+
+/* NR (1, 2) activation rows against one weight row, 4 blocks at a time (their integer sums
+ * reduced together, then the float steps block after block) */
+#define ROW_A32(NAME, TYPE, UNPACK, MIN, MIN1, DOT)                                                \
+    static inline __attribute__((always_inline)) void NAME##_n(int64_t n, const TYPE *x,              \
+                                                               const rx_a32 *const *y, int nr,        \
+                                                               float *out) {                          \
+        float acc[2] = {0.f, 0.f};                                                                 \
+        int64_t nb = n / 32, b = 0;                                                                \
+        for (; b + 4 <= nb; b += 4) {                                                              \
+            __m256i q0 = UNPACK(x + b), q1 = UNPACK(x + b + 1), q2 = UNPACK(x + b + 2), q3 = UNPACK(x + b + 3); \
+            __m128 dw = half4(x[b].d, x[b + 1].d, x[b + 2].d, x[b + 3].d);                          \
+            float mw[4];                                                                           \
+            _mm_storeu_ps(mw, MIN(x + b, x + b + 1, x + b + 2, x + b + 3, dw));                    \
+            for (int r = 0; r < nr; r++) {                                                         \
+                const rx_a32 *a = y[r] + b;                                                        \
+                __m128i si = hsum4x8(DOT(q0, _mm256_loadu_si256((const __m256i *)a[0].q)),          \
+                                     DOT(q1, _mm256_loadu_si256((const __m256i *)a[1].q)),          \
+                                     DOT(q2, _mm256_loadu_si256((const __m256i *)a[2].q)),          \
+                                     DOT(q3, _mm256_loadu_si256((const __m256i *)a[3].q)));         \
+                float s[4], f[4];                                                                  \
+                _mm_storeu_ps(s, _mm_cvtepi32_ps(si));                                             \
+                _mm_storeu_ps(f, _mm_mul_ps(dw, _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d)));     \
+                float t = acc[r];                                                                  \
+                for (int k = 0; k < 4; k++) {                                                      \
+                    t = fmaf(f[k], s[k], t);                                                       \
+                    t = fmaf(mw[k], a[k].s, t);                                                    \
+                }                                                                                  \
+                acc[r] = t;                                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (; b < nb; b++) {                                                                      \
+            __m256i q = UNPACK(x + b);                                                             \
+            float dw = half1(x[b].d), mw = MIN1(x + b, dw);                                        \
+            for (int r = 0; r < nr; r++) {                                                         \
+                const rx_a32 *a = y[r] + b;                                                        \
+                float s = (float)hsum_i32x8(DOT(q, _mm256_loadu_si256((const __m256i *)a->q)));    \
+                acc[r] = fmaf(dw * a->d, s, acc[r]);                                               \
+                acc[r] = fmaf(mw, a->s, acc[r]);                                                   \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < nr; r++) out[r] = acc[r];                                              \
+    }                                                                                              \
+    static float NAME(int64_t n, const void *w, const void *a) {                                   \
+        const rx_a32 *y[1] = {a};                                                                  \
+        float o;                                                                                   \
+        NAME##_n(n, w, y, 1, &o);                                                                  \
+        return o;                                                                                  \
+    }                                                                                              \
+    static void NAME##2(int64_t n, const void *w, const void *a0, const void *a1, float *out) {     \
+        const rx_a32 *y[2] = {a0, a1};                                                             \
+        NAME##_n(n, w, y, 2, out);                                                                 \
+    }
+ROW_A32(dot_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, MIN1_OFF8, dot_us)
+ROW_A32(dot_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, MIN1_M, dot_us)
+ROW_A32(dot_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, MIN1_OFF16, dot_us)
+ROW_A32(dot_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, MIN1_M, dot_us)
+#ifdef RX_VNNI
+ROW_A32(dot_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, MIN1_OFF128, dot_us)
+#else
+ROW_A32(dot_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, MIN1_NONE, dot_ss)
+#endif
+
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
 static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *sc) {
     int summ = 0;
@@ -256,29 +233,6 @@ static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *
 /* u8 x s8 over 32 bytes, each 16-bit pair sum times a per-lane int16 scale -> 8 int32 */
 static inline __m256i dot_us_scaled(__m256i u, __m256i s, __m256i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
-}
-
-static float dot_q4_k(int64_t n, const void *w, const void *a) {
-    const rx_q4_k *x = w; const rx_a256 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t b = 0; b < n / 256; b++) {
-        uint8_t sc[8];
-        int summ = k_scales(x[b].scales, y[b].bsum, sc);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i p0 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j));
-            __m256i p1 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j + 32));
-            sumi = _mm256_add_epi32(sumi, dot_us_scaled(lo, p0, _mm256_set1_epi16(sc[2 * j])));
-            sumi = _mm256_add_epi32(sumi, dot_us_scaled(hi, p1, _mm256_set1_epi16(sc[2 * j + 1])));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * half1(x[b].d)), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * half1(x[b].dmin) * (float)summ;
-    }
-    return hsum8(acc) - accm;
 }
 
 static float dot_q5_k(int64_t n, const void *w, const void *a) {
@@ -306,117 +260,6 @@ static float dot_q5_k(int64_t n, const void *w, const void *a) {
         accm += y[b].d * half1(x[b].dmin) * (float)summ;
     }
     return hsum8(acc) - accm;
-}
-
-static float dot_q6_k(int64_t n, const void *w, const void *a) {
-    const rx_q6_k *x = w; const rx_a256 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accc = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *sc = x[b].scales;
-        int corr = 0; /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
-        for (int g = 0; g < 16; g++) corr += sc[g] * y[b].bsum[g];
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[b].ql + 64 * h;
-            const int8_t *p = y[b].q + 128 * h;
-            const int8_t *s = sc + 8 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int i = 0; i < 4; i++) {
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
-                __m256i pv = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
-                sumi = _mm256_add_epi32(sumi, dot_us_scaled(q[i], pv, scale));
-            }
-        }
-        float d = y[b].d * half1(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accc += d * 32.f * (float)corr;
-    }
-    return hsum8(acc) - accc;
-}
-
-static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
-    const rx_q4_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float accm0 = 0.f, accm1 = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t b = 0; b < n / 256; b++) {
-        uint8_t sc[8], sc1[8];
-        int summ0 = k_scales(x[b].scales, y0[b].bsum, sc);
-        int summ1 = k_scales(x[b].scales, y1[b].bsum, sc1);
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
-            s0 = _mm256_add_epi32(s0, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j)), c0));
-            s0 = _mm256_add_epi32(s0, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j + 32)), c1));
-            s1 = _mm256_add_epi32(s1, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j)), c0));
-            s1 = _mm256_add_epi32(s1, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j + 32)), c1));
-        }
-        float d = half1(x[b].d), dmin = half1(x[b].dmin);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[b].d * d), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[b].d * d), _mm256_cvtepi32_ps(s1), acc1);
-        accm0 += y0[b].d * dmin * (float)summ0;
-        accm1 += y1[b].d * dmin * (float)summ1;
-    }
-    out[0] = hsum8(acc0) - accm0;
-    out[1] = hsum8(acc1) - accm1;
-}
-
-static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
-    const rx_q6_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float accc0 = 0.f, accc1 = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *sc = x[b].scales;
-        int corr0 = 0, corr1 = 0;
-        for (int g = 0; g < 16; g++) {
-            corr0 += sc[g] * y0[b].bsum[g];
-            corr1 += sc[g] * y1[b].bsum[g];
-        }
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[b].ql + 64 * h;
-            const int8_t *p0 = y0[b].q + 128 * h, *p1 = y1[b].q + 128 * h;
-            const int8_t *s = sc + 8 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int i = 0; i < 4; i++) {
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
-                s0 = _mm256_add_epi32(s0, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p0 + 32 * i)), scale));
-                s1 = _mm256_add_epi32(s1, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p1 + 32 * i)), scale));
-            }
-        }
-        float d = half1(x[b].d), d0 = y0[b].d * d, d1 = y1[b].d * d;
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(s1), acc1);
-        accc0 += d0 * 32.f * (float)corr0;
-        accc1 += d1 * 32.f * (float)corr1;
-    }
-    out[0] = hsum8(acc0) - accc0;
-    out[1] = hsum8(acc1) - accc1;
 }
 
 /* K-quant tiles: per super-block, the int32 sums of scale_g * (group g of the weights . the
@@ -540,6 +383,104 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
     }
     for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
 }
+
+
+/* Q4_K / Q6_K rows the tiles' way (NR = 1, 2 activation rows): per super-block the exact
+ * integer sums, then that lane's float steps of tile_q4_k / tile_q6_k */
+static inline __attribute__((always_inline)) void q4k_n(int64_t n, const rx_q4_k *x, const rx_a256 *const *y,
+                                                        int nr, float *out) {
+    float acc[2] = {0.f, 0.f};
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < n / 256; b++) {
+        uint8_t sc[8], mn[8];
+        for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[b].scales, &sc[g], &mn[g]);
+        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *p = y[r][b].q + 64 * j;
+                s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)p)), c0);
+                s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 32))), c1);
+            }
+        }
+        float d = half1(x[b].d), dmin = half1(x[b].dmin);
+        for (int r = 0; r < nr; r++) {
+            const int16_t *bs = y[r][b].bsum;
+            int summ = 0;
+            for (int j = 0; j < 8; j++) summ += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+            float t = d * (float)hsum_i32x8(s[r]) - dmin * (float)summ;
+            acc[r] = fmaf(y[r][b].d, t, acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+static inline __attribute__((always_inline)) void q6k_n(int64_t n, const rx_q6_k *x, const rx_a256 *const *y,
+                                                        int nr, float *out) {
+    float acc[2] = {0.f, 0.f};
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const int8_t *sc = x[b].scales;
+        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int i = 0; i < 4; i++) {
+                const int8_t *si = sc + 8 * h + 2 * i;
+                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(si[1]), _mm_set1_epi16(si[0]));
+                for (int r = 0; r < nr; r++) {
+                    __m256i pv = _mm256_loadu_si256((const __m256i *)(y[r][b].q + 128 * h + 32 * i));
+                    s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(q[i], pv), scale);
+                }
+            }
+        }
+        float d = half1(x[b].d);
+        for (int r = 0; r < nr; r++) {
+            int corr = 0; /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
+            for (int g = 0; g < 16; g++) corr += sc[g] * y[r][b].bsum[g];
+            int sumi = hsum_i32x8(s[r]) - corr * 32;
+            acc[r] = fmaf(d * y[r][b].d, (float)sumi, acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+static float dot_q4_k(int64_t n, const void *w, const void *a) {
+    const rx_a256 *y[1] = {a};
+    float o;
+    q4k_n(n, w, y, 1, &o);
+    return o;
+}
+
+static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_a256 *y[2] = {a0, a1};
+    q4k_n(n, w, y, 2, out);
+}
+
+static float dot_q6_k(int64_t n, const void *w, const void *a) {
+    const rx_a256 *y[1] = {a};
+    float o;
+    q6k_n(n, w, y, 1, &o);
+    return o;
+}
+
+static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_a256 *y[2] = {a0, a1};
+    q6k_n(n, w, y, 2, out);
+}
+
 
 /* ---------------------------------------------------------------- panels (rx_cpu.h)
  * PM weight rows a panel: 16 with AVX-512 (512-bit vectors, one lane a row), else 8. A panel
@@ -1287,33 +1228,36 @@ static float exp_sum(float *s, int64_t n, float mx) {
     return sum;
 }
 
-static inline float silu1(float g) { return g / (1.f + expf(-g)); }
-static inline float gelu1(float g) { /* as the vector form below */
-    return g / (1.f + expf(-2.f * 0.79788456080286535588f * (g + 0.044715f * g * g * g)));
-}
-
 /* the gated units' activations, 8 at a time: silu(g) = g / (1 + e^-g); gelu (tanh form)
  * g * 0.5 (1 + tanh w) = g / (1 + e^-2w), w = sqrt(2/pi) (g + 0.044715 g^3) */
-static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+static inline __m256 act8(int mode, __m256 x, __m256 u, int has_u) {
     const __m256 one = _mm256_set1_ps(1.f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i), v;
-        if (mode == 1) {
-            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-        } else {
-            /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
-            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-            __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
-                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
-            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
-        }
-        if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
-        _mm256_storeu_ps(y + i, v);
+    __m256 v;
+    if (mode == 1) {
+        v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    } else {
+        /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
+        __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
+                                 _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+        v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
     }
-    for (; i < n; i++) {
-        float v = mode == 1 ? silu1(g[i]) : gelu1(g[i]);
-        y[i] = u ? v * u[i] : v;
+    return has_u ? _mm256_mul_ps(v, u) : v;
+}
+
+/* the last n % 8 values go through the same vector steps (zero-padded lanes), so a value's
+ * result does not depend on where it falls in the call (a row's units in a batch or alone) */
+static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, act8(mode, _mm256_loadu_ps(g + i), u ? _mm256_loadu_ps(u + i) : _mm256_setzero_ps(),
+                                     u != NULL));
+    if (i < n) {
+        float tg[8] = {0}, tu[8] = {0}, ty[8];
+        memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
+        if (u) memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(ty, act8(mode, _mm256_loadu_ps(tg), _mm256_loadu_ps(tu), u != NULL));
+        memcpy(y + i, ty, (size_t)(n - i) * sizeof(float));
     }
 }
 
@@ -1339,11 +1283,11 @@ void RX_FILL(rx_isa *t) {
     t->dot[RX_F32] = dot_f32w;
     t->dot[RX_F16] = dot_f16w;
     t->dot[RX_BF16] = dot_bf16w;
-    t->dot2[RX_Q4_0] = dot2_q4_0;
-    t->dot2[RX_Q4_1] = dot2_q4_1;
-    t->dot2[RX_Q5_0] = dot2_q5_0;
-    t->dot2[RX_Q5_1] = dot2_q5_1;
-    t->dot2[RX_Q8_0] = dot2_q8_0;
+    t->dot2[RX_Q4_0] = dot_q4_02;
+    t->dot2[RX_Q4_1] = dot_q4_12;
+    t->dot2[RX_Q5_0] = dot_q5_02;
+    t->dot2[RX_Q5_1] = dot_q5_12;
+    t->dot2[RX_Q8_0] = dot_q8_02;
     t->dot2[RX_Q4_K] = dot2_q4_k;
     t->dot2[RX_Q6_K] = dot2_q6_k;
     t->tile[RX_Q4_0] = tile_q4_0;

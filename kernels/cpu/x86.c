@@ -75,9 +75,23 @@ static inline __m128i hsum4x8(__m256i d0, __m256i d1, __m256i d2, __m256i d3) {
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
+static inline int hsum_i32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+    return _mm_cvtsi128_si32(r);
+}
+
 static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
     return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
 }
+
+/* how far ahead a tile prefetches its weight rows: the next tile's with 4 or more activation rows,
+ * further with fewer (less work a block: one-token steps stream the weights from memory) */
+#ifndef PF_SMALL
+#define PF_SMALL 12
+#endif
+#define PF_ROWS(nc) ((nc) >= 4 ? 4 : PF_SMALL)
 
 /* UNPACK(block pointer) -> __m256i of 32 unsigned values; MIN(block pointer, d) -> the float
  * offset term per unit of activation sum (value = d * u + MIN) */
@@ -90,10 +104,10 @@ static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();            \
         for (int64_t b = 0; b < n / 32; b++) {                                                     \
             /* the next tile's rows: a large matrix streams from memory (the output layer) */       \
-            _mm_prefetch((const char *)(x0 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x1 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x2 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x3 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x0 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x1 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x2 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x3 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
             __m256i q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
             __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                                  \
             __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                    \
@@ -120,9 +134,55 @@ static inline __m256i u_q5(const uint8_t *qs, const uint8_t *qh) {
 #define MIN_OFF16(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-16.f))
 #define MIN_M(a, b, c, d, dw) half4((a)->m, (b)->m, (c)->m, (d)->m)
 #define MIN_NONE(a, b, c, d, dw) _mm_setzero_ps()
+/* The tile of 4 weight rows x 1 activation row (one-token steps), in two passes over chunks of
+ * up to 64 blocks: the integer sums row after row (each row's blocks read in order: the
+ * weights stream from memory as in a plain dot, where a 4-row tile's 4 interleaved streams
+ * were twice as slow for a large matrix), then the float steps of TILE_A32 for the 4 rows in
+ * the lanes, block after block: the same bits as TILE_A32 with NC = 1. */
+#define ROWS4_CHUNK 64
+#define ROWS4_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
+                     int64_t ldy) {                                                                \
+        (void)ar; (void)ldy;                                                                       \
+        const rx_a32 *ya = (const rx_a32 *)a;                                                      \
+        const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
+        const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
+        __m128 acc = _mm_setzero_ps();                                                             \
+        int64_t nb = n / 32;                                                                       \
+        _Alignas(16) int32_t s[4][ROWS4_CHUNK];                                                    \
+        for (int64_t b0 = 0; b0 < nb; b0 += ROWS4_CHUNK) {                                         \
+            int64_t nc = nb - b0 < ROWS4_CHUNK ? nb - b0 : ROWS4_CHUNK;                            \
+            for (int i = 0; i < 4; i++) {                                                          \
+                const TYPE *x = (const TYPE *)(w + i * rb) + b0;                                   \
+                const rx_a32 *yb = ya + b0;                                                        \
+                int64_t b = 0;                                                                     \
+                for (; b + 4 <= nc; b += 4)                                                        \
+                    _mm_store_si128((__m128i *)(s[i] + b),                                          \
+                        hsum4x8(DOT(UNPACK(x + b), _mm256_loadu_si256((const __m256i *)yb[b].q)),   \
+                                DOT(UNPACK(x + b + 1), _mm256_loadu_si256((const __m256i *)yb[b + 1].q)), \
+                                DOT(UNPACK(x + b + 2), _mm256_loadu_si256((const __m256i *)yb[b + 2].q)), \
+                                DOT(UNPACK(x + b + 3), _mm256_loadu_si256((const __m256i *)yb[b + 3].q)))); \
+                for (; b < nc; b++)                                                                \
+                    s[i][b] = hsum_i32x8(DOT(UNPACK(x + b), _mm256_loadu_si256((const __m256i *)yb[b].q))); \
+            }                                                                                      \
+            for (int64_t k = 0; k < nc; k++) {                                                     \
+                int64_t b = b0 + k;                                                                \
+                __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                              \
+                __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                \
+                __m128 sf = _mm_cvtepi32_ps(_mm_setr_epi32(s[0][k], s[1][k], s[2][k], s[3][k]));   \
+                acc = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(ya[b].d)), sf, acc);                 \
+                acc = _mm_fmadd_ps(mw, _mm_set1_ps(ya[b].s), acc);                                 \
+            }                                                                                      \
+        }                                                                                          \
+        _mm_storeu_ps(y, acc);                                                                     \
+    }
+
 #define TILES_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
     TILE_A32(NAME, 4, TYPE, UNPACK, MIN, DOT)                                                      \
-    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)
+    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)                                                 \
+    ROWS4_A32(NAME##_1, TYPE, UNPACK, MIN, DOT)                                                    \
+    TILE_A32(NAME##_2, 2, TYPE, UNPACK, MIN, DOT)                                                  \
+    TILE_A32(NAME##_3, 3, TYPE, UNPACK, MIN, DOT)
 TILES_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
 TILES_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
 TILES_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
@@ -143,12 +203,6 @@ TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
  * on the batch it is in: the block's values unpacked as the tile's (unsigned + offset / min),
  * the block's integer sum (exact, in any order), then per block, in block order,
  * acc = fma(d_w * d_a, sum, acc); acc = fma(m_w, s_a, acc) (m_w: the offset / min term). */
-static inline int hsum_i32x8(__m256i v) {
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
-    return _mm_cvtsi128_si32(r);
-}
 
 #define MIN1_OFF8(x, dw) ((dw) * -8.f)
 #define MIN1_OFF16(x, dw) ((dw) * -16.f)
@@ -279,24 +333,25 @@ static inline __m128i hsum4x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3) {
     return _mm_hadd_epi32(_mm_hadd_epi32(a0, a1), _mm_hadd_epi32(a2, a3));
 }
 
-static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void tile_q4_k_n(int64_t n, const uint8_t *w, int64_t rb,
+        const uint8_t *a, size_t ar, float *y, int64_t ldy, int nc) {
     const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
                            (const rx_q4_k *)(w + 3 * rb)};
-    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
-                            (const rx_a256 *)(a + 3 * ar)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar * (nc > 1)),
+                            (const rx_a256 *)(a + 2 * ar * (nc > 2)), (const rx_a256 *)(a + 3 * ar * (nc > 3))};
     __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < n / 256; b++) {
         uint8_t sc[4][8], mn[4][8];
         for (int i = 0; i < 4; i++) {
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb, _MM_HINT_T0);
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + 128, _MM_HINT_T0);
             for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[i][b].scales, &sc[i][g], &mn[i][g]);
         }
         __m256i s[4][4];
         for (int i = 0; i < 4; i++)
-            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+            for (int c = 0; c < nc; c++) s[i][c] = _mm256_setzero_si256();
         for (int g2 = 0; g2 < 4; g2++) { /* 32 bytes: groups 2 g2 (low nibbles), 2 g2 + 1 (high) */
             __m256i lo[4], hi[4];
             for (int i = 0; i < 4; i++) {
@@ -304,7 +359,7 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
                 lo[i] = _mm256_and_si256(q, m4);
                 hi[i] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             }
-            for (int c = 0; c < 4; c++) {
+            for (int c = 0; c < nc; c++) {
                 __m256i p0 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2));
                 __m256i p1 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2 + 32));
                 for (int i = 0; i < 4; i++) {
@@ -318,7 +373,7 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
         __m128i mins[4];
         for (int i = 0; i < 4; i++)
             mins[i] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn[i]));
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             const int16_t *bs = yv[c][b].bsum;
             /* pair sums of the 16 group sums: the activation sum of each group of 32 */
             __m128i b01 = _mm_loadu_si128((const __m128i *)bs), b23 = _mm_loadu_si128((const __m128i *)(bs + 8));
@@ -330,21 +385,32 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
             acc[c] = _mm_fmadd_ps(_mm_set1_ps(yv[c][b].d), t, acc[c]);
         }
     }
-    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+    for (int c = 0; c < nc; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
 }
 
-static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 4);
+}
+static void tile_q4_k_2(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 2);
+}
+static void tile_q4_k_3(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 3);
+}
+
+static inline __attribute__((always_inline)) void tile_q6_k_n(int64_t n, const uint8_t *w, int64_t rb,
+        const uint8_t *a, size_t ar, float *y, int64_t ldy, int nc) {
     const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
                            (const rx_q6_k *)(w + 3 * rb)};
-    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
-                            (const rx_a256 *)(a + 3 * ar)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar * (nc > 1)),
+                            (const rx_a256 *)(a + 2 * ar * (nc > 2)), (const rx_a256 *)(a + 3 * ar * (nc > 3))};
     __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < n / 256; b++) {
         __m256i s[4][4];
         for (int i = 0; i < 4; i++) {
-            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + 4 * rb + k, _MM_HINT_T0);
-            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + k, _MM_HINT_T0);
+            for (int c = 0; c < nc; c++) s[i][c] = _mm256_setzero_si256();
         }
         for (int h = 0; h < 2; h++) {
             for (int part = 0; part < 4; part++) { /* 32 values: part 0..3 of the half (q1..q4) */
@@ -359,14 +425,14 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
                     const int8_t *sc = x[i][b].scales + 8 * h + 2 * part;
                     scale[i] = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
                 }
-                for (int c = 0; c < 4; c++) {
+                for (int c = 0; c < nc; c++) {
                     __m256i p = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 128 * h + 32 * part));
                     for (int i = 0; i < 4; i++) s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(q[i], p), scale[i]);
                 }
             }
         }
         __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
             __m128i b0 = _mm_loadu_si128((const __m128i *)yv[c][b].bsum);
             __m128i b1 = _mm_loadu_si128((const __m128i *)(yv[c][b].bsum + 8));
@@ -381,36 +447,81 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
             acc[c] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(yv[c][b].d)), _mm_cvtepi32_ps(sumi), acc[c]);
         }
     }
-    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+    for (int c = 0; c < nc; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+}
+
+static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 4);
+}
+static void tile_q6_k_2(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 2);
+}
+static void tile_q6_k_3(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 3);
 }
 
 
-/* Q4_K / Q6_K rows the tiles' way (NR = 1, 2 activation rows): per super-block the exact
- * integer sums, then that lane's float steps of tile_q4_k / tile_q6_k */
+/* Q4_K / Q6_K rows the tiles' way: per super-block the exact integer sums, then that lane's
+ * float steps of tile_q4_k / tile_q6_k */
+static inline __attribute__((always_inline)) void q4k_ints(const rx_q4_k *x, const rx_a256 *y, int32_t *sumi,
+                                                           int32_t *summ) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    uint8_t sc[8], mn[8];
+    for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x->scales, &sc[g], &mn[g]);
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const int8_t *p = y->q + 64 * j;
+        s = acc_scaled(s, _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)p)), _mm256_set1_epi16(sc[2 * j]));
+        s = acc_scaled(s, _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 32))),
+                       _mm256_set1_epi16(sc[2 * j + 1]));
+    }
+    int m = 0;
+    for (int j = 0; j < 8; j++) m += mn[j] * (y->bsum[2 * j] + y->bsum[2 * j + 1]);
+    *sumi = hsum_i32x8(s);
+    *summ = m;
+}
+
+/* the super-block's integer sum with the -32 offset: sum_g scale_g (q_g . p_g) - 32 sum_g scale_g bsum_g */
+static inline __attribute__((always_inline)) int32_t q6k_int(const rx_q6_k *x, const rx_a256 *y) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    const int8_t *sc = x->scales;
+    __m256i s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int i = 0; i < 4; i++) {
+            const int8_t *si = sc + 8 * h + 2 * i;
+            __m256i scale = _mm256_set_m128i(_mm_set1_epi16(si[1]), _mm_set1_epi16(si[0]));
+            __m256i pv = _mm256_loadu_si256((const __m256i *)(y->q + 128 * h + 32 * i));
+            s = acc_scaled(s, _mm256_maddubs_epi16(q[i], pv), scale);
+        }
+    }
+    int corr = 0;
+    for (int g = 0; g < 16; g++) corr += sc[g] * y->bsum[g];
+    return hsum_i32x8(s) - corr * 32;
+}
+
 static inline __attribute__((always_inline)) void q4k_n(int64_t n, const rx_q4_k *x, const rx_a256 *const *y,
                                                         int nr, float *out) {
     float acc[2] = {0.f, 0.f};
-    const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < n / 256; b++) {
-        uint8_t sc[8], mn[8];
-        for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[b].scales, &sc[g], &mn[g]);
-        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
-            for (int r = 0; r < nr; r++) {
-                const int8_t *p = y[r][b].q + 64 * j;
-                s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)p)), c0);
-                s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 32))), c1);
-            }
-        }
         float d = half1(x[b].d), dmin = half1(x[b].dmin);
         for (int r = 0; r < nr; r++) {
-            const int16_t *bs = y[r][b].bsum;
-            int summ = 0;
-            for (int j = 0; j < 8; j++) summ += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
-            float t = d * (float)hsum_i32x8(s[r]) - dmin * (float)summ;
+            int32_t si, sm;
+            q4k_ints(x + b, y[r] + b, &si, &sm);
+            float t = d * (float)si - dmin * (float)sm;
             acc[r] = fmaf(y[r][b].d, t, acc[r]);
         }
     }
@@ -420,41 +531,62 @@ static inline __attribute__((always_inline)) void q4k_n(int64_t n, const rx_q4_k
 static inline __attribute__((always_inline)) void q6k_n(int64_t n, const rx_q6_k *x, const rx_a256 *const *y,
                                                         int nr, float *out) {
     float acc[2] = {0.f, 0.f};
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *sc = x[b].scales;
-        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[b].ql + 64 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int i = 0; i < 4; i++) {
-                const int8_t *si = sc + 8 * h + 2 * i;
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(si[1]), _mm_set1_epi16(si[0]));
-                for (int r = 0; r < nr; r++) {
-                    __m256i pv = _mm256_loadu_si256((const __m256i *)(y[r][b].q + 128 * h + 32 * i));
-                    s[r] = acc_scaled(s[r], _mm256_maddubs_epi16(q[i], pv), scale);
-                }
-            }
-        }
         float d = half1(x[b].d);
-        for (int r = 0; r < nr; r++) {
-            int corr = 0; /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
-            for (int g = 0; g < 16; g++) corr += sc[g] * y[r][b].bsum[g];
-            int sumi = hsum_i32x8(s[r]) - corr * 32;
-            acc[r] = fmaf(d * y[r][b].d, (float)sumi, acc[r]);
-        }
+        for (int r = 0; r < nr; r++) acc[r] = fmaf(d * y[r][b].d, (float)q6k_int(x + b, y[r] + b), acc[r]);
     }
     for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+/* 4 weight rows x 1 activation row (one-token steps) as ROWS4_A32: the integer sums row after
+ * row, then the tile's float steps with the 4 rows in the lanes (tile_q4_k / tile_q6_k, NC = 1) */
+static void tile_q4_k_1(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,
+                        int64_t ldy) {
+    (void)ar; (void)ldy;
+    const rx_a256 *ya = (const rx_a256 *)a;
+    const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
+                           (const rx_q4_k *)(w + 3 * rb)};
+    __m128 acc = _mm_setzero_ps();
+    int64_t nb = n / 256;
+    _Alignas(16) int32_t si[4][16], sm[4][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        int64_t nc = nb - b0 < 16 ? nb - b0 : 16;
+        for (int i = 0; i < 4; i++)
+            for (int64_t k = 0; k < nc; k++) q4k_ints(x[i] + b0 + k, ya + b0 + k, &si[i][k], &sm[i][k]);
+        for (int64_t k = 0; k < nc; k++) {
+            int64_t b = b0 + k;
+            __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            __m128 dmin = half4(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin);
+            __m128 S = _mm_cvtepi32_ps(_mm_setr_epi32(si[0][k], si[1][k], si[2][k], si[3][k]));
+            __m128 M = _mm_cvtepi32_ps(_mm_setr_epi32(sm[0][k], sm[1][k], sm[2][k], sm[3][k]));
+            __m128 t = _mm_sub_ps(_mm_mul_ps(d, S), _mm_mul_ps(dmin, M));
+            acc = _mm_fmadd_ps(_mm_set1_ps(ya[b].d), t, acc);
+        }
+    }
+    _mm_storeu_ps(y, acc);
+}
+
+static void tile_q6_k_1(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,
+                        int64_t ldy) {
+    (void)ar; (void)ldy;
+    const rx_a256 *ya = (const rx_a256 *)a;
+    const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
+                           (const rx_q6_k *)(w + 3 * rb)};
+    __m128 acc = _mm_setzero_ps();
+    int64_t nb = n / 256;
+    _Alignas(16) int32_t si[4][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        int64_t nc = nb - b0 < 16 ? nb - b0 : 16;
+        for (int i = 0; i < 4; i++)
+            for (int64_t k = 0; k < nc; k++) si[i][k] = q6k_int(x[i] + b0 + k, ya + b0 + k);
+        for (int64_t k = 0; k < nc; k++) {
+            int64_t b = b0 + k;
+            __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            __m128 S = _mm_cvtepi32_ps(_mm_setr_epi32(si[0][k], si[1][k], si[2][k], si[3][k]));
+            acc = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(ya[b].d)), S, acc);
+        }
+    }
+    _mm_storeu_ps(y, acc);
 }
 
 static float dot_q4_k(int64_t n, const void *w, const void *a) {
@@ -1302,6 +1434,27 @@ void RX_FILL(rx_isa *t) {
     t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->tile[RX_Q4_K] = tile_q4_k;
     t->tile[RX_Q6_K] = tile_q6_k;
+    t->tile_c[1][RX_Q4_0] = tile_q4_0_1;
+    t->tile_c[2][RX_Q4_0] = tile_q4_0_2;
+    t->tile_c[3][RX_Q4_0] = tile_q4_0_3;
+    t->tile_c[1][RX_Q4_1] = tile_q4_1_1;
+    t->tile_c[2][RX_Q4_1] = tile_q4_1_2;
+    t->tile_c[3][RX_Q4_1] = tile_q4_1_3;
+    t->tile_c[1][RX_Q5_0] = tile_q5_0_1;
+    t->tile_c[2][RX_Q5_0] = tile_q5_0_2;
+    t->tile_c[3][RX_Q5_0] = tile_q5_0_3;
+    t->tile_c[1][RX_Q5_1] = tile_q5_1_1;
+    t->tile_c[2][RX_Q5_1] = tile_q5_1_2;
+    t->tile_c[3][RX_Q5_1] = tile_q5_1_3;
+    t->tile_c[1][RX_Q8_0] = tile_q8_0_1;
+    t->tile_c[2][RX_Q8_0] = tile_q8_0_2;
+    t->tile_c[3][RX_Q8_0] = tile_q8_0_3;
+    t->tile_c[1][RX_Q4_K] = tile_q4_k_1;
+    t->tile_c[2][RX_Q4_K] = tile_q4_k_2;
+    t->tile_c[3][RX_Q4_K] = tile_q4_k_3;
+    t->tile_c[1][RX_Q6_K] = tile_q6_k_1;
+    t->tile_c[2][RX_Q6_K] = tile_q6_k_2;
+    t->tile_c[3][RX_Q6_K] = tile_q6_k_3;
     t->pack[RX_Q4_0] = pack_q4_0;
     t->pack[RX_Q4_1] = pack_q4_1;
     t->pack[RX_Q5_0] = pack_q5_0;

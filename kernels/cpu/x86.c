@@ -461,8 +461,9 @@ static void tile_q6_k_3(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *
 }
 
 
-/* Q4_K / Q6_K rows the tiles' way: per super-block the exact integer sums, then that lane's
- * float steps of tile_q4_k / tile_q6_k */
+/* Q4_K / Q6_K rows the tiles' way: per super-block the exact integer sums (plain adds: one
+ * row has no other sums to hide a chain of VPDPWSSD's latency behind), then that lane's float
+ * steps of tile_q4_k / tile_q6_k */
 static inline __attribute__((always_inline)) void q4k_ints(const rx_q4_k *x, const rx_a256 *y, int32_t *sumi,
                                                            int32_t *summ) {
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -473,9 +474,9 @@ static inline __attribute__((always_inline)) void q4k_ints(const rx_q4_k *x, con
         __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
         __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         const int8_t *p = y->q + 64 * j;
-        s = acc_scaled(s, _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)p)), _mm256_set1_epi16(sc[2 * j]));
-        s = acc_scaled(s, _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 32))),
-                       _mm256_set1_epi16(sc[2 * j + 1]));
+        s = _mm256_add_epi32(s, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi16(sc[2 * j])));
+        s = _mm256_add_epi32(s, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(p + 32)),
+                                              _mm256_set1_epi16(sc[2 * j + 1])));
     }
     int m = 0;
     for (int j = 0; j < 8; j++) m += mn[j] * (y->bsum[2 * j] + y->bsum[2 * j + 1]);
@@ -505,7 +506,7 @@ static inline __attribute__((always_inline)) int32_t q6k_int(const rx_q6_k *x, c
             const int8_t *si = sc + 8 * h + 2 * i;
             __m256i scale = _mm256_set_m128i(_mm_set1_epi16(si[1]), _mm_set1_epi16(si[0]));
             __m256i pv = _mm256_loadu_si256((const __m256i *)(y->q + 128 * h + 32 * i));
-            s = acc_scaled(s, _mm256_maddubs_epi16(q[i], pv), scale);
+            s = _mm256_add_epi32(s, dot_us_scaled(q[i], pv, scale));
         }
     }
     int corr = 0;

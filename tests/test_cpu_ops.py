@@ -223,6 +223,58 @@ def test_every_code_path_agrees():
                                            err_msg=f"{name} on {res['isa']}")
 
 
+BATCH_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17]
+
+
+def _batch_invariance(isa):
+    """Run in a process on kernel set `isa`: for every weight type, the rows of a matmul (and of
+    a gated unit) of N activation rows whose bits differ from the same row computed alone."""
+    code = (
+        "import sys, json, numpy as np\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+        "import test_cpu_ops as t\n"
+        "from reflex_ipc.backends.cpu_ops import CpuOps\n"
+        "ops = CpuOps(threads=2)\n"
+        "out = {'isa': ops.isa, 'bad': []}\n"
+        "for name in t.QUANT + ['F16', 'BF16']:  # F32 weights: BLAS past 4 rows (cpu_ops.matmul)\n"
+        "    rng = np.random.default_rng(17)\n"
+        "    rows, cols = 37, 1024  # 2 whole panels of 16 and 5 rows; tiles for 36 rows, a dot for 1\n"
+        "    ws = [t.load(ops, name, t.random_weight(name, rows, cols, rng)[0], rows, cols) for _ in range(2)]\n"
+        f"    x = rng.standard_normal(({max(BATCH_SIZES)}, cols)).astype(np.float32)\n"
+        "    alone = [ops.matmul(x[n:n + 1], ws[0])[0] for n in range(len(x))]\n"
+        "    alone_glu = [ops.matmul_glu(x[n:n + 1], ws[0], ws[1])[0] for n in range(len(x))]\n"
+        f"    for N in {BATCH_SIZES!r}:\n"
+        "        y, g = ops.matmul(x[:N], ws[0]), ops.matmul_glu(x[:N], ws[0], ws[1])\n"
+        "        for n in range(N):\n"
+        "            if y[n].tobytes() != alone[n].tobytes():\n"
+        "                out['bad'].append(f'{name} matmul N={N} row {n}')\n"
+        "            if g[n].tobytes() != alone_glu[n].tobytes():\n"
+        "                out['bad'].append(f'{name} glu N={N} row {n}')\n"
+        "print(json.dumps(out))\n")
+    env = dict(os.environ, REFLEX_CPU_ISA=isa)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "auto"])
+def test_batch_invariant(isa):
+    """Each output row of a matmul or gated unit of N activation rows (tiles, panels, dot2, the
+    rows left over: x86's every path) has exactly the bits of that row computed alone (a
+    one-token step): a prompt gives the same logits whether prefilled whole or after a reused
+    prefix. x86: the AVX2 build and the default one (AVX-512 VNNI where the CPU has it)."""
+    import platform
+
+    machine = platform.machine().lower()
+    if isa == "avx2" and machine not in ("x86_64", "amd64"):
+        isa = "neon"  # aarch64: the base NEON kernels in its place
+    res = _batch_invariance(isa)
+    if isa != "auto":
+        assert res["isa"] == isa
+    assert not res["bad"], f"{res['isa']}: {len(res['bad'])} rows differ, e.g. {res['bad'][:8]}"
+
+
 # --- ops against the oracle ----------------------------------------------------------------
 MIXED = [("Q4_1", "Q4_1", "Q8_0"), ("Q4_K", "Q6_K", "Q5_0"), ("F16", "Q8_0", "Q4_0")]
 

@@ -219,8 +219,9 @@ def test_messages_errors(front, claude):
 # -- /v1/responses (OpenAI) --------------------------------------------------------------------
 
 # Requests whose answers are compared across engines or repeats prefill their whole prompt
-# (cache_prompt off): on x86 the cpu backend's rows sum in another order in a prefill's 4-row
-# tiles than after a reused prefix, which moves near-ties (ARCHITECTURE.md, "cpu backend").
+# (cache_prompt off), so the comparison does not depend on what each engine held before or on
+# any batch-shape sensitivity of a backend (ARCHITECTURE.md, "Batch-invariant": F32 weights
+# through BLAS are not).
 WHOLE = {"cache_prompt": False}
 
 
@@ -376,8 +377,6 @@ def test_sampling_extras_pass_through(claude, oai, engine):
     """Sampling fields the official clients do not type go as extra body fields, under the
     engine's names; one the engine lacks is a 400 naming it."""
     # cache_prompt off: each request prefills its whole prompt, whatever the engine held before
-    # (on x86 a prompt's rows sum differently in a full prefill's 4-row tiles than in the few
-    # rows after a reused prefix, and a seeded sample at temperature 1 can follow that)
     sampled = dict(temperature=1.0, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1, cache_prompt=False)
     ref = engine.chat([{"role": "user", "content": "Name a primary color."}], max_tokens=8, **sampled)
     m = claude.messages.create(model="any", max_tokens=8, messages=[{"role": "user", "content": "Name a primary color."}],

@@ -584,6 +584,29 @@ static void mm_chunk(void *p, int64_t c) {
                 }
             }
         }
+        int64_t nc = j->N - n0;
+        if (nc > 0 && nc < RX_TILE_N && T.tile_c[nc][wg->type] && T.tile_c[nc][wu->type]) {
+            /* the activation rows left (one-token steps: 1) in tiles of 4 weight rows: the gate
+             * projections into y, the up ones into a buffer, then the unit over the rows */
+            rx_tile_fn fg = T.tile_c[nc][wg->type], fu = T.tile_c[nc][wu->type];
+            int64_t rt = r0 + (r1 - r0) / RX_TILE_M * RX_TILE_M, nr = r1 - r0;
+            const uint8_t *ag = (const uint8_t *)j->a[0] + n0 * j->a_row[0];
+            const uint8_t *au = (const uint8_t *)j->a[1] + n0 * j->a_row[1];
+            float *y = j->y[0] + n0 * wg->M;
+            float *ub = up_buf((size_t)(nc * nr));
+            for (int64_t r = r0; r < rt; r += RX_TILE_M) {
+                fg(j->K, wg->data + r * wg->row_bytes, wg->row_bytes, ag, j->a_row[0], y + r, wg->M);
+                fu(j->K, wu->data + r * wu->row_bytes, wu->row_bytes, au, j->a_row[1], ub + (r - r0), nr);
+            }
+            for (int64_t c = 0; c < nc; c++) {
+                for (int64_t r = rt; r < r1; r++) {
+                    y[c * wg->M + r] = dg(j->K, wg->data + r * wg->row_bytes, ag + c * j->a_row[0]);
+                    ub[c * nr + r - r0] = du(j->K, wu->data + r * wu->row_bytes, au + c * j->a_row[1]);
+                }
+                glu_apply(j->mode, y + c * wg->M + r0, y + c * wg->M + r0, ub + c * nr, nr);
+            }
+            return;
+        }
         for (int64_t n = n0; n < j->N;) {
             const uint8_t *ag = (const uint8_t *)j->a[0] + n * j->a_row[0];
             const uint8_t *au = (const uint8_t *)j->a[1] + n * j->a_row[1];
@@ -647,6 +670,29 @@ static void mm_chunk(void *p, int64_t c) {
                         }
                 }
             }
+        }
+        int64_t nc = j->N - n0;
+        rx_tile_fn tc = nc > 0 && nc < RX_TILE_N ? T.tile_c[nc][w->type] : NULL;
+        if (tc) { /* the activation rows left (one-token steps: 1) in tiles of 4 weight rows */
+            int64_t rt = a0 + (a1 - a0) / RX_TILE_M * RX_TILE_M;
+            const uint8_t *a = (const uint8_t *)j->a[i] + n0 * j->a_row[i];
+            float *y = j->y[i] + n0 * w->M - base;
+            float t[RX_TILE_N * RX_TILE_M];
+            for (int64_t r = a0; r < a1; r += RX_TILE_M) {
+                if (r < rt && !j->accumulate) { /* straight into y */
+                    tc(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], y + r, w->M);
+                    continue;
+                }
+                if (r < rt) tc(j->K, w->data + (r - base) * w->row_bytes, w->row_bytes, a, j->a_row[i], t, RX_TILE_M);
+                for (int64_t c = 0; c < nc; c++)
+                    for (int64_t k = 0; k < RX_TILE_M && r + k < a1; k++) {
+                        float v = r < rt ? t[c * RX_TILE_M + k]
+                                         : dot(j->K, w->data + (r + k - base) * w->row_bytes, a + c * j->a_row[i]);
+                        if (j->accumulate) y[c * w->M + r + k] += v;
+                        else y[c * w->M + r + k] = v;
+                    }
+            }
+            continue;
         }
         for (int64_t n = n0; n < j->N;) {
             const uint8_t *a = (const uint8_t *)j->a[i] + n * j->a_row[i];

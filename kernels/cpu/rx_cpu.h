@@ -81,6 +81,10 @@ typedef struct {
     rx_dot2_fn dot2[RX_NTYPES]; /* optional (NULL: two dot calls) */
     rx_tile_fn tile[RX_NTYPES]; /* optional (NULL: dot2 / dot) */
     rx_tile_fn tile8[RX_NTYPES]; /* optional: the same with 2 * RX_TILE_N activation rows */
+    /* optional: the same with c = 1..RX_TILE_N - 1 activation rows (tile_c[c]): one-token steps
+     * and the rows a batch leaves over go through the tiles' arithmetic too (x86: each output's
+     * float steps are then the same whatever the batch) */
+    rx_tile_fn tile_c[RX_TILE_N][RX_NTYPES];
     rx_pack_fn pack[RX_NTYPES];   /* optional, with panel and panel_bytes */
     rx_panel_fn panel[RX_NTYPES];
     int panel_bytes[RX_NTYPES];

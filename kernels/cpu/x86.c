@@ -61,111 +61,6 @@ static inline __m256i bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
-static float dot_q4_0(int64_t n, const void *w, const void *a) {
-    const rx_q4_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i off = _mm256_set1_epi8(8);
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = _mm256_sub_epi8(nibbles32(x[b].qs), off);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-/* two activation rows per weight block (batches): the unpacked block is reused */
-#define DOT2_A32(NAME, TYPE, UNPACK, DOT, HAS_M)                                                   \
-    static void NAME(int64_t n, const void *w, const void *a0, const void *a1, float *out) {        \
-        const TYPE *x = w; const rx_a32 *y0 = a0, *y1 = a1;                                         \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                              \
-        float m0 = 0.f, m1 = 0.f;                                                                   \
-        for (int64_t b = 0; b < n / 32; b++) {                                                      \
-            __m256i q = UNPACK;                                                                     \
-            float d = half1(x[b].d);                                                                \
-            __m256 s0 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y0[b].q)));  \
-            __m256 s1 = _mm256_cvtepi32_ps(DOT(q, _mm256_loadu_si256((const __m256i *)y1[b].q)));  \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * y0[b].d), s0, acc0);                          \
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * y1[b].d), s1, acc1);                          \
-            if (HAS_M) {                                                                            \
-                float m = half1(x[b].d2m);                                                          \
-                m0 += m * y0[b].s;                                                                  \
-                m1 += m * y1[b].s;                                                                  \
-            }                                                                                       \
-        }                                                                                           \
-        out[0] = hsum8(acc0) + m0;                                                                  \
-        out[1] = hsum8(acc1) + m1;                                                                  \
-    }
-
-static float dot_q4_1(int64_t n, const void *w, const void *a) {
-    const rx_q4_1 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-        accm += half1(x[b].m) * y[b].s;
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q5_0(int64_t n, const void *w, const void *a) {
-    const rx_q5_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        /* value - 16: a clear fifth bit makes the byte nibble | 0xF0 (nibble - 16) */
-        __m256i hi = _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0));
-        q = _mm256_or_si256(q, hi);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-static float dot_q5_1(int64_t n, const void *w, const void *a) {
-    const rx_q5_1 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = nibbles32(x[b].qs);
-        q = _mm256_or_si256(q, _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_us(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-        accm += half1(x[b].m) * y[b].s;
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q8_0(int64_t n, const void *w, const void *a) {
-    const rx_q8_0 *x = w; const rx_a32 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i p = _mm256_loadu_si256((const __m256i *)y[b].q);
-        __m256 s = _mm256_cvtepi32_ps(dot_ss(q, p));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half1(x[b].d) * y[b].d), s, acc);
-    }
-    return hsum8(acc);
-}
-
-#define d2m d /* Q4_0, Q5_0, Q8_0 have no m: the HAS_M branch is compiled out */
-DOT2_A32(dot2_q4_0, rx_q4_0, _mm256_sub_epi8(nibbles32(x[b].qs), _mm256_set1_epi8(8)), dot_ss, 0)
-DOT2_A32(dot2_q8_0, rx_q8_0, _mm256_loadu_si256((const __m256i *)x[b].qs), dot_ss, 0)
-DOT2_A32(dot2_q5_0, rx_q5_0,
-         _mm256_or_si256(nibbles32(x[b].qs), _mm256_andnot_si256(bits32(x[b].qh), _mm256_set1_epi8((char)0xF0))),
-         dot_ss, 0)
-#undef d2m
-#define d2m m
-DOT2_A32(dot2_q4_1, rx_q4_1, nibbles32(x[b].qs), dot_us, 1)
-DOT2_A32(dot2_q5_1, rx_q5_1,
-         _mm256_or_si256(nibbles32(x[b].qs), _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10))), dot_us, 1)
-#undef d2m
-
 /* ---------------------------------------------------------------- tiles (RX_TILE_M x RX_TILE_N)
  * The learnt scheme of ggml's repacked / llamafile's tiled products, on the GGUF's blocks in
  * place (no repacked copy of the weights: none of the memory a repack costs): per block, the
@@ -180,9 +75,23 @@ static inline __m128i hsum4x8(__m256i d0, __m256i d1, __m256i d2, __m256i d3) {
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
+static inline int hsum_i32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+    return _mm_cvtsi128_si32(r);
+}
+
 static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
     return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
 }
+
+/* how far ahead a tile prefetches its weight rows: the next tile's with 4 or more activation rows,
+ * further with fewer (less work a block: one-token steps stream the weights from memory) */
+#ifndef PF_SMALL
+#define PF_SMALL 12
+#endif
+#define PF_ROWS(nc) ((nc) >= 4 ? 4 : PF_SMALL)
 
 /* UNPACK(block pointer) -> __m256i of 32 unsigned values; MIN(block pointer, d) -> the float
  * offset term per unit of activation sum (value = d * u + MIN) */
@@ -195,10 +104,10 @@ static inline __m128 half4(rx_half a, rx_half b, rx_half c, rx_half d) {
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();            \
         for (int64_t b = 0; b < n / 32; b++) {                                                     \
             /* the next tile's rows: a large matrix streams from memory (the output layer) */       \
-            _mm_prefetch((const char *)(x0 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x1 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x2 + b) + 4 * rb, _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(x3 + b) + 4 * rb, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)(x0 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x1 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x2 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
+            _mm_prefetch((const char *)(x3 + b) + PF_ROWS(NC) * rb, _MM_HINT_T0);                  \
             __m256i q0 = UNPACK(x0 + b), q1 = UNPACK(x1 + b), q2 = UNPACK(x2 + b), q3 = UNPACK(x3 + b); \
             __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                                  \
             __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                    \
@@ -225,9 +134,55 @@ static inline __m256i u_q5(const uint8_t *qs, const uint8_t *qh) {
 #define MIN_OFF16(a, b, c, d, dw) _mm_mul_ps(dw, _mm_set1_ps(-16.f))
 #define MIN_M(a, b, c, d, dw) half4((a)->m, (b)->m, (c)->m, (d)->m)
 #define MIN_NONE(a, b, c, d, dw) _mm_setzero_ps()
+/* The tile of 4 weight rows x 1 activation row (one-token steps), in two passes over chunks of
+ * up to 64 blocks: the integer sums row after row (each row's blocks read in order: the
+ * weights stream from memory as in a plain dot, where a 4-row tile's 4 interleaved streams
+ * were twice as slow for a large matrix), then the float steps of TILE_A32 for the 4 rows in
+ * the lanes, block after block: the same bits as TILE_A32 with NC = 1. */
+#define ROWS4_CHUNK 64
+#define ROWS4_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
+    static void NAME(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,  \
+                     int64_t ldy) {                                                                \
+        (void)ar; (void)ldy;                                                                       \
+        const rx_a32 *ya = (const rx_a32 *)a;                                                      \
+        const TYPE *x0 = (const TYPE *)w, *x1 = (const TYPE *)(w + rb);                              \
+        const TYPE *x2 = (const TYPE *)(w + 2 * rb), *x3 = (const TYPE *)(w + 3 * rb);               \
+        __m128 acc = _mm_setzero_ps();                                                             \
+        int64_t nb = n / 32;                                                                       \
+        _Alignas(16) int32_t s[4][ROWS4_CHUNK];                                                    \
+        for (int64_t b0 = 0; b0 < nb; b0 += ROWS4_CHUNK) {                                         \
+            int64_t nc = nb - b0 < ROWS4_CHUNK ? nb - b0 : ROWS4_CHUNK;                            \
+            for (int i = 0; i < 4; i++) {                                                          \
+                const TYPE *x = (const TYPE *)(w + i * rb) + b0;                                   \
+                const rx_a32 *yb = ya + b0;                                                        \
+                int64_t b = 0;                                                                     \
+                for (; b + 4 <= nc; b += 4)                                                        \
+                    _mm_store_si128((__m128i *)(s[i] + b),                                          \
+                        hsum4x8(DOT(UNPACK(x + b), _mm256_loadu_si256((const __m256i *)yb[b].q)),   \
+                                DOT(UNPACK(x + b + 1), _mm256_loadu_si256((const __m256i *)yb[b + 1].q)), \
+                                DOT(UNPACK(x + b + 2), _mm256_loadu_si256((const __m256i *)yb[b + 2].q)), \
+                                DOT(UNPACK(x + b + 3), _mm256_loadu_si256((const __m256i *)yb[b + 3].q)))); \
+                for (; b < nc; b++)                                                                \
+                    s[i][b] = hsum_i32x8(DOT(UNPACK(x + b), _mm256_loadu_si256((const __m256i *)yb[b].q))); \
+            }                                                                                      \
+            for (int64_t k = 0; k < nc; k++) {                                                     \
+                int64_t b = b0 + k;                                                                \
+                __m128 dw = half4(x0[b].d, x1[b].d, x2[b].d, x3[b].d);                              \
+                __m128 mw = MIN(x0 + b, x1 + b, x2 + b, x3 + b, dw);                                \
+                __m128 sf = _mm_cvtepi32_ps(_mm_setr_epi32(s[0][k], s[1][k], s[2][k], s[3][k]));   \
+                acc = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(ya[b].d)), sf, acc);                 \
+                acc = _mm_fmadd_ps(mw, _mm_set1_ps(ya[b].s), acc);                                 \
+            }                                                                                      \
+        }                                                                                          \
+        _mm_storeu_ps(y, acc);                                                                     \
+    }
+
 #define TILES_A32(NAME, TYPE, UNPACK, MIN, DOT)                                                    \
     TILE_A32(NAME, 4, TYPE, UNPACK, MIN, DOT)                                                      \
-    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)
+    TILE_A32(NAME##_8, 8, TYPE, UNPACK, MIN, DOT)                                                 \
+    ROWS4_A32(NAME##_1, TYPE, UNPACK, MIN, DOT)                                                    \
+    TILE_A32(NAME##_2, 2, TYPE, UNPACK, MIN, DOT)                                                  \
+    TILE_A32(NAME##_3, 3, TYPE, UNPACK, MIN, DOT)
 TILES_A32(tile_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, dot_us)
 TILES_A32(tile_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, dot_us)
 TILES_A32(tile_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, dot_us)
@@ -239,6 +194,82 @@ TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, dot_us)
 #else
 #define UNPACK_Q8_0(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
 TILES_A32(tile_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, dot_ss)
+#endif
+
+
+/* ---------------------------------------------------------------- rows the tiles' way
+ * A single dot (one-token steps, the rows a tile leaves over) and dot2 compute each output
+ * the way the tiles and panels compute their lanes, so that a row's result does not depend
+ * on the batch it is in: the block's values unpacked as the tile's (unsigned + offset / min),
+ * the block's integer sum (exact, in any order), then per block, in block order,
+ * acc = fma(d_w * d_a, sum, acc); acc = fma(m_w, s_a, acc) (m_w: the offset / min term). */
+
+#define MIN1_OFF8(x, dw) ((dw) * -8.f)
+#define MIN1_OFF16(x, dw) ((dw) * -16.f)
+#define MIN1_OFF128(x, dw) ((dw) * -128.f)
+#define MIN1_M(x, dw) half1((x)->m)
+#define MIN1_NONE(x, dw) 0.f
+
+/* NR (1, 2) activation rows against one weight row, 4 blocks at a time (their integer sums
+ * reduced together, then the float steps block after block) */
+#define ROW_A32(NAME, TYPE, UNPACK, MIN, MIN1, DOT)                                                \
+    static inline __attribute__((always_inline)) void NAME##_n(int64_t n, const TYPE *x,              \
+                                                               const rx_a32 *const *y, int nr,        \
+                                                               float *out) {                          \
+        float acc[2] = {0.f, 0.f};                                                                 \
+        int64_t nb = n / 32, b = 0;                                                                \
+        for (; b + 4 <= nb; b += 4) {                                                              \
+            __m256i q0 = UNPACK(x + b), q1 = UNPACK(x + b + 1), q2 = UNPACK(x + b + 2), q3 = UNPACK(x + b + 3); \
+            __m128 dw = half4(x[b].d, x[b + 1].d, x[b + 2].d, x[b + 3].d);                          \
+            float mw[4];                                                                           \
+            _mm_storeu_ps(mw, MIN(x + b, x + b + 1, x + b + 2, x + b + 3, dw));                    \
+            for (int r = 0; r < nr; r++) {                                                         \
+                const rx_a32 *a = y[r] + b;                                                        \
+                __m128i si = hsum4x8(DOT(q0, _mm256_loadu_si256((const __m256i *)a[0].q)),          \
+                                     DOT(q1, _mm256_loadu_si256((const __m256i *)a[1].q)),          \
+                                     DOT(q2, _mm256_loadu_si256((const __m256i *)a[2].q)),          \
+                                     DOT(q3, _mm256_loadu_si256((const __m256i *)a[3].q)));         \
+                float s[4], f[4];                                                                  \
+                _mm_storeu_ps(s, _mm_cvtepi32_ps(si));                                             \
+                _mm_storeu_ps(f, _mm_mul_ps(dw, _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d)));     \
+                float t = acc[r];                                                                  \
+                for (int k = 0; k < 4; k++) {                                                      \
+                    t = fmaf(f[k], s[k], t);                                                       \
+                    t = fmaf(mw[k], a[k].s, t);                                                    \
+                }                                                                                  \
+                acc[r] = t;                                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (; b < nb; b++) {                                                                      \
+            __m256i q = UNPACK(x + b);                                                             \
+            float dw = half1(x[b].d), mw = MIN1(x + b, dw);                                        \
+            for (int r = 0; r < nr; r++) {                                                         \
+                const rx_a32 *a = y[r] + b;                                                        \
+                float s = (float)hsum_i32x8(DOT(q, _mm256_loadu_si256((const __m256i *)a->q)));    \
+                acc[r] = fmaf(dw * a->d, s, acc[r]);                                               \
+                acc[r] = fmaf(mw, a->s, acc[r]);                                                   \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < nr; r++) out[r] = acc[r];                                              \
+    }                                                                                              \
+    static float NAME(int64_t n, const void *w, const void *a) {                                   \
+        const rx_a32 *y[1] = {a};                                                                  \
+        float o;                                                                                   \
+        NAME##_n(n, w, y, 1, &o);                                                                  \
+        return o;                                                                                  \
+    }                                                                                              \
+    static void NAME##2(int64_t n, const void *w, const void *a0, const void *a1, float *out) {     \
+        const rx_a32 *y[2] = {a0, a1};                                                             \
+        NAME##_n(n, w, y, 2, out);                                                                 \
+    }
+ROW_A32(dot_q4_0, rx_q4_0, UNPACK_Q4_0, MIN_OFF8, MIN1_OFF8, dot_us)
+ROW_A32(dot_q4_1, rx_q4_1, UNPACK_Q4_1, MIN_M, MIN1_M, dot_us)
+ROW_A32(dot_q5_0, rx_q5_0, UNPACK_Q5_0, MIN_OFF16, MIN1_OFF16, dot_us)
+ROW_A32(dot_q5_1, rx_q5_1, UNPACK_Q5_1, MIN_M, MIN1_M, dot_us)
+#ifdef RX_VNNI
+ROW_A32(dot_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_OFF128, MIN1_OFF128, dot_us)
+#else
+ROW_A32(dot_q8_0, rx_q8_0, UNPACK_Q8_0, MIN_NONE, MIN1_NONE, dot_ss)
 #endif
 
 /* the 8 six-bit scales of a Q4_K/Q5_K block, and sum_j min_j * (activation sum of j) */
@@ -256,29 +287,6 @@ static inline int k_scales(const uint8_t *scales, const int16_t *bsum, uint8_t *
 /* u8 x s8 over 32 bytes, each 16-bit pair sum times a per-lane int16 scale -> 8 int32 */
 static inline __m256i dot_us_scaled(__m256i u, __m256i s, __m256i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
-}
-
-static float dot_q4_k(int64_t n, const void *w, const void *a) {
-    const rx_q4_k *x = w; const rx_a256 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t b = 0; b < n / 256; b++) {
-        uint8_t sc[8];
-        int summ = k_scales(x[b].scales, y[b].bsum, sc);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i p0 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j));
-            __m256i p1 = _mm256_loadu_si256((const __m256i *)(y[b].q + 64 * j + 32));
-            sumi = _mm256_add_epi32(sumi, dot_us_scaled(lo, p0, _mm256_set1_epi16(sc[2 * j])));
-            sumi = _mm256_add_epi32(sumi, dot_us_scaled(hi, p1, _mm256_set1_epi16(sc[2 * j + 1])));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * half1(x[b].d)), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * half1(x[b].dmin) * (float)summ;
-    }
-    return hsum8(acc) - accm;
 }
 
 static float dot_q5_k(int64_t n, const void *w, const void *a) {
@@ -308,117 +316,6 @@ static float dot_q5_k(int64_t n, const void *w, const void *a) {
     return hsum8(acc) - accm;
 }
 
-static float dot_q6_k(int64_t n, const void *w, const void *a) {
-    const rx_q6_k *x = w; const rx_a256 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    float accc = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *sc = x[b].scales;
-        int corr = 0; /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
-        for (int g = 0; g < 16; g++) corr += sc[g] * y[b].bsum[g];
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[b].ql + 64 * h;
-            const int8_t *p = y[b].q + 128 * h;
-            const int8_t *s = sc + 8 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int i = 0; i < 4; i++) {
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
-                __m256i pv = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
-                sumi = _mm256_add_epi32(sumi, dot_us_scaled(q[i], pv, scale));
-            }
-        }
-        float d = y[b].d * half1(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accc += d * 32.f * (float)corr;
-    }
-    return hsum8(acc) - accc;
-}
-
-static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
-    const rx_q4_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float accm0 = 0.f, accm1 = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t b = 0; b < n / 256; b++) {
-        uint8_t sc[8], sc1[8];
-        int summ0 = k_scales(x[b].scales, y0[b].bsum, sc);
-        int summ1 = k_scales(x[b].scales, y1[b].bsum, sc1);
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i c0 = _mm256_set1_epi16(sc[2 * j]), c1 = _mm256_set1_epi16(sc[2 * j + 1]);
-            s0 = _mm256_add_epi32(s0, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j)), c0));
-            s0 = _mm256_add_epi32(s0, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y0[b].q + 64 * j + 32)), c1));
-            s1 = _mm256_add_epi32(s1, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j)), c0));
-            s1 = _mm256_add_epi32(s1, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(y1[b].q + 64 * j + 32)), c1));
-        }
-        float d = half1(x[b].d), dmin = half1(x[b].dmin);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[b].d * d), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[b].d * d), _mm256_cvtepi32_ps(s1), acc1);
-        accm0 += y0[b].d * dmin * (float)summ0;
-        accm1 += y1[b].d * dmin * (float)summ1;
-    }
-    out[0] = hsum8(acc0) - accm0;
-    out[1] = hsum8(acc1) - accm1;
-}
-
-static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
-    const rx_q6_k *x = w; const rx_a256 *y0 = a0, *y1 = a1;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float accc0 = 0.f, accc1 = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    for (int64_t b = 0; b < n / 256; b++) {
-        const int8_t *sc = x[b].scales;
-        int corr0 = 0, corr1 = 0;
-        for (int g = 0; g < 16; g++) {
-            corr0 += sc[g] * y0[b].bsum[g];
-            corr1 += sc[g] * y1[b].bsum[g];
-        }
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[b].ql + 64 * h;
-            const int8_t *p0 = y0[b].q + 128 * h, *p1 = y1[b].q + 128 * h;
-            const int8_t *s = sc + 8 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int i = 0; i < 4; i++) {
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(s[2 * i + 1]), _mm_set1_epi16(s[2 * i]));
-                s0 = _mm256_add_epi32(s0, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p0 + 32 * i)), scale));
-                s1 = _mm256_add_epi32(s1, dot_us_scaled(q[i], _mm256_loadu_si256((const __m256i *)(p1 + 32 * i)), scale));
-            }
-        }
-        float d = half1(x[b].d), d0 = y0[b].d * d, d1 = y1[b].d * d;
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(s1), acc1);
-        accc0 += d0 * 32.f * (float)corr0;
-        accc1 += d1 * 32.f * (float)corr1;
-    }
-    out[0] = hsum8(acc0) - accc0;
-    out[1] = hsum8(acc1) - accc1;
-}
-
 /* K-quant tiles: per super-block, the int32 sums of scale_g * (group g of the weights . the
  * activations) for the 16 (row, activation) pairs, reduced to one 4-lane vector per
  * activation row; the mins (Q4_K) / the -32 offset (Q6_K) through the activations' group
@@ -436,24 +333,25 @@ static inline __m128i hsum4x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3) {
     return _mm_hadd_epi32(_mm_hadd_epi32(a0, a1), _mm_hadd_epi32(a2, a3));
 }
 
-static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void tile_q4_k_n(int64_t n, const uint8_t *w, int64_t rb,
+        const uint8_t *a, size_t ar, float *y, int64_t ldy, int nc) {
     const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
                            (const rx_q4_k *)(w + 3 * rb)};
-    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
-                            (const rx_a256 *)(a + 3 * ar)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar * (nc > 1)),
+                            (const rx_a256 *)(a + 2 * ar * (nc > 2)), (const rx_a256 *)(a + 3 * ar * (nc > 3))};
     __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < n / 256; b++) {
         uint8_t sc[4][8], mn[4][8];
         for (int i = 0; i < 4; i++) {
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb, _MM_HINT_T0);
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)(x[i] + b) + 4 * rb + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + 128, _MM_HINT_T0);
             for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x[i][b].scales, &sc[i][g], &mn[i][g]);
         }
         __m256i s[4][4];
         for (int i = 0; i < 4; i++)
-            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+            for (int c = 0; c < nc; c++) s[i][c] = _mm256_setzero_si256();
         for (int g2 = 0; g2 < 4; g2++) { /* 32 bytes: groups 2 g2 (low nibbles), 2 g2 + 1 (high) */
             __m256i lo[4], hi[4];
             for (int i = 0; i < 4; i++) {
@@ -461,7 +359,7 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
                 lo[i] = _mm256_and_si256(q, m4);
                 hi[i] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             }
-            for (int c = 0; c < 4; c++) {
+            for (int c = 0; c < nc; c++) {
                 __m256i p0 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2));
                 __m256i p1 = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 64 * g2 + 32));
                 for (int i = 0; i < 4; i++) {
@@ -475,7 +373,7 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
         __m128i mins[4];
         for (int i = 0; i < 4; i++)
             mins[i] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn[i]));
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             const int16_t *bs = yv[c][b].bsum;
             /* pair sums of the 16 group sums: the activation sum of each group of 32 */
             __m128i b01 = _mm_loadu_si128((const __m128i *)bs), b23 = _mm_loadu_si128((const __m128i *)(bs + 8));
@@ -487,21 +385,32 @@ static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
             acc[c] = _mm_fmadd_ps(_mm_set1_ps(yv[c][b].d), t, acc[c]);
         }
     }
-    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+    for (int c = 0; c < nc; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
 }
 
-static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+static void tile_q4_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 4);
+}
+static void tile_q4_k_2(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 2);
+}
+static void tile_q4_k_3(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q4_k_n(n, w, rb, a, ar, y, ldy, 3);
+}
+
+static inline __attribute__((always_inline)) void tile_q6_k_n(int64_t n, const uint8_t *w, int64_t rb,
+        const uint8_t *a, size_t ar, float *y, int64_t ldy, int nc) {
     const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
                            (const rx_q6_k *)(w + 3 * rb)};
-    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar), (const rx_a256 *)(a + 2 * ar),
-                            (const rx_a256 *)(a + 3 * ar)};
+    const rx_a256 *yv[4] = {(const rx_a256 *)a, (const rx_a256 *)(a + ar * (nc > 1)),
+                            (const rx_a256 *)(a + 2 * ar * (nc > 2)), (const rx_a256 *)(a + 3 * ar * (nc > 3))};
     __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < n / 256; b++) {
         __m256i s[4][4];
         for (int i = 0; i < 4; i++) {
-            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + 4 * rb + k, _MM_HINT_T0);
-            for (int c = 0; c < 4; c++) s[i][c] = _mm256_setzero_si256();
+            for (int k = 0; k < 210; k += 64) _mm_prefetch((const char *)(x[i] + b) + PF_ROWS(nc) * rb + k, _MM_HINT_T0);
+            for (int c = 0; c < nc; c++) s[i][c] = _mm256_setzero_si256();
         }
         for (int h = 0; h < 2; h++) {
             for (int part = 0; part < 4; part++) { /* 32 values: part 0..3 of the half (q1..q4) */
@@ -516,14 +425,14 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
                     const int8_t *sc = x[i][b].scales + 8 * h + 2 * part;
                     scale[i] = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
                 }
-                for (int c = 0; c < 4; c++) {
+                for (int c = 0; c < nc; c++) {
                     __m256i p = _mm256_loadu_si256((const __m256i *)(yv[c][b].q + 128 * h + 32 * part));
                     for (int i = 0; i < 4; i++) s[i][c] = acc_scaled(s[i][c], _mm256_maddubs_epi16(q[i], p), scale[i]);
                 }
             }
         }
         __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             /* the -32 offset: 32 * sum_g scale_g * (activation sum of group g) */
             __m128i b0 = _mm_loadu_si128((const __m128i *)yv[c][b].bsum);
             __m128i b1 = _mm_loadu_si128((const __m128i *)(yv[c][b].bsum + 8));
@@ -538,8 +447,173 @@ static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a,
             acc[c] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(yv[c][b].d)), _mm_cvtepi32_ps(sumi), acc[c]);
         }
     }
-    for (int c = 0; c < 4; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
+    for (int c = 0; c < nc; c++) _mm_storeu_ps(y + c * ldy, acc[c]);
 }
+
+static void tile_q6_k(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 4);
+}
+static void tile_q6_k_2(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 2);
+}
+static void tile_q6_k_3(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y, int64_t ldy) {
+    tile_q6_k_n(n, w, rb, a, ar, y, ldy, 3);
+}
+
+
+/* Q4_K / Q6_K rows the tiles' way: per super-block the exact integer sums (plain adds: one
+ * row has no other sums to hide a chain of VPDPWSSD's latency behind), then that lane's float
+ * steps of tile_q4_k / tile_q6_k */
+static inline __attribute__((always_inline)) void q4k_ints(const rx_q4_k *x, const rx_a256 *y, int32_t *sumi,
+                                                           int32_t *summ) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    uint8_t sc[8], mn[8];
+    for (int g = 0; g < 8; g++) rx_k4_scale_min(g, x->scales, &sc[g], &mn[g]);
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const int8_t *p = y->q + 64 * j;
+        s = _mm256_add_epi32(s, dot_us_scaled(lo, _mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi16(sc[2 * j])));
+        s = _mm256_add_epi32(s, dot_us_scaled(hi, _mm256_loadu_si256((const __m256i *)(p + 32)),
+                                              _mm256_set1_epi16(sc[2 * j + 1])));
+    }
+    int m = 0;
+    for (int j = 0; j < 8; j++) m += mn[j] * (y->bsum[2 * j] + y->bsum[2 * j + 1]);
+    *sumi = hsum_i32x8(s);
+    *summ = m;
+}
+
+/* the super-block's integer sum with the -32 offset: sum_g scale_g (q_g . p_g) - 32 sum_g scale_g bsum_g */
+static inline __attribute__((always_inline)) int32_t q6k_int(const rx_q6_k *x, const rx_a256 *y) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    const int8_t *sc = x->scales;
+    __m256i s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int i = 0; i < 4; i++) {
+            const int8_t *si = sc + 8 * h + 2 * i;
+            __m256i scale = _mm256_set_m128i(_mm_set1_epi16(si[1]), _mm_set1_epi16(si[0]));
+            __m256i pv = _mm256_loadu_si256((const __m256i *)(y->q + 128 * h + 32 * i));
+            s = _mm256_add_epi32(s, dot_us_scaled(q[i], pv, scale));
+        }
+    }
+    int corr = 0;
+    for (int g = 0; g < 16; g++) corr += sc[g] * y->bsum[g];
+    return hsum_i32x8(s) - corr * 32;
+}
+
+static inline __attribute__((always_inline)) void q4k_n(int64_t n, const rx_q4_k *x, const rx_a256 *const *y,
+                                                        int nr, float *out) {
+    float acc[2] = {0.f, 0.f};
+    for (int64_t b = 0; b < n / 256; b++) {
+        float d = half1(x[b].d), dmin = half1(x[b].dmin);
+        for (int r = 0; r < nr; r++) {
+            int32_t si, sm;
+            q4k_ints(x + b, y[r] + b, &si, &sm);
+            float t = d * (float)si - dmin * (float)sm;
+            acc[r] = fmaf(y[r][b].d, t, acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+static inline __attribute__((always_inline)) void q6k_n(int64_t n, const rx_q6_k *x, const rx_a256 *const *y,
+                                                        int nr, float *out) {
+    float acc[2] = {0.f, 0.f};
+    for (int64_t b = 0; b < n / 256; b++) {
+        float d = half1(x[b].d);
+        for (int r = 0; r < nr; r++) acc[r] = fmaf(d * y[r][b].d, (float)q6k_int(x + b, y[r] + b), acc[r]);
+    }
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+/* 4 weight rows x 1 activation row (one-token steps) as ROWS4_A32: the integer sums row after
+ * row, then the tile's float steps with the 4 rows in the lanes (tile_q4_k / tile_q6_k, NC = 1) */
+static void tile_q4_k_1(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,
+                        int64_t ldy) {
+    (void)ar; (void)ldy;
+    const rx_a256 *ya = (const rx_a256 *)a;
+    const rx_q4_k *x[4] = {(const rx_q4_k *)w, (const rx_q4_k *)(w + rb), (const rx_q4_k *)(w + 2 * rb),
+                           (const rx_q4_k *)(w + 3 * rb)};
+    __m128 acc = _mm_setzero_ps();
+    int64_t nb = n / 256;
+    _Alignas(16) int32_t si[4][16], sm[4][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        int64_t nc = nb - b0 < 16 ? nb - b0 : 16;
+        for (int i = 0; i < 4; i++)
+            for (int64_t k = 0; k < nc; k++) q4k_ints(x[i] + b0 + k, ya + b0 + k, &si[i][k], &sm[i][k]);
+        for (int64_t k = 0; k < nc; k++) {
+            int64_t b = b0 + k;
+            __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            __m128 dmin = half4(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin);
+            __m128 S = _mm_cvtepi32_ps(_mm_setr_epi32(si[0][k], si[1][k], si[2][k], si[3][k]));
+            __m128 M = _mm_cvtepi32_ps(_mm_setr_epi32(sm[0][k], sm[1][k], sm[2][k], sm[3][k]));
+            __m128 t = _mm_sub_ps(_mm_mul_ps(d, S), _mm_mul_ps(dmin, M));
+            acc = _mm_fmadd_ps(_mm_set1_ps(ya[b].d), t, acc);
+        }
+    }
+    _mm_storeu_ps(y, acc);
+}
+
+static void tile_q6_k_1(int64_t n, const uint8_t *w, int64_t rb, const uint8_t *a, size_t ar, float *y,
+                        int64_t ldy) {
+    (void)ar; (void)ldy;
+    const rx_a256 *ya = (const rx_a256 *)a;
+    const rx_q6_k *x[4] = {(const rx_q6_k *)w, (const rx_q6_k *)(w + rb), (const rx_q6_k *)(w + 2 * rb),
+                           (const rx_q6_k *)(w + 3 * rb)};
+    __m128 acc = _mm_setzero_ps();
+    int64_t nb = n / 256;
+    _Alignas(16) int32_t si[4][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        int64_t nc = nb - b0 < 16 ? nb - b0 : 16;
+        for (int i = 0; i < 4; i++)
+            for (int64_t k = 0; k < nc; k++) si[i][k] = q6k_int(x[i] + b0 + k, ya + b0 + k);
+        for (int64_t k = 0; k < nc; k++) {
+            int64_t b = b0 + k;
+            __m128 d = half4(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            __m128 S = _mm_cvtepi32_ps(_mm_setr_epi32(si[0][k], si[1][k], si[2][k], si[3][k]));
+            acc = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(ya[b].d)), S, acc);
+        }
+    }
+    _mm_storeu_ps(y, acc);
+}
+
+static float dot_q4_k(int64_t n, const void *w, const void *a) {
+    const rx_a256 *y[1] = {a};
+    float o;
+    q4k_n(n, w, y, 1, &o);
+    return o;
+}
+
+static void dot2_q4_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_a256 *y[2] = {a0, a1};
+    q4k_n(n, w, y, 2, out);
+}
+
+static float dot_q6_k(int64_t n, const void *w, const void *a) {
+    const rx_a256 *y[1] = {a};
+    float o;
+    q6k_n(n, w, y, 1, &o);
+    return o;
+}
+
+static void dot2_q6_k(int64_t n, const void *w, const void *a0, const void *a1, float *out) {
+    const rx_a256 *y[2] = {a0, a1};
+    q6k_n(n, w, y, 2, out);
+}
+
 
 /* ---------------------------------------------------------------- panels (rx_cpu.h)
  * PM weight rows a panel: 16 with AVX-512 (512-bit vectors, one lane a row), else 8. A panel
@@ -1287,33 +1361,36 @@ static float exp_sum(float *s, int64_t n, float mx) {
     return sum;
 }
 
-static inline float silu1(float g) { return g / (1.f + expf(-g)); }
-static inline float gelu1(float g) { /* as the vector form below */
-    return g / (1.f + expf(-2.f * 0.79788456080286535588f * (g + 0.044715f * g * g * g)));
-}
-
 /* the gated units' activations, 8 at a time: silu(g) = g / (1 + e^-g); gelu (tanh form)
  * g * 0.5 (1 + tanh w) = g / (1 + e^-2w), w = sqrt(2/pi) (g + 0.044715 g^3) */
-static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+static inline __m256 act8(int mode, __m256 x, __m256 u, int has_u) {
     const __m256 one = _mm256_set1_ps(1.f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i), v;
-        if (mode == 1) {
-            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-        } else {
-            /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
-            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-            __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
-                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
-            v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
-        }
-        if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
-        _mm256_storeu_ps(y + i, v);
+    __m256 v;
+    if (mode == 1) {
+        v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    } else {
+        /* 0.5 (1 + tanh w) = 1 / (1 + e^-2w): no cancellation where tanh w is near -1 */
+        __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.f * 0.79788456080286535588f),
+                                 _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+        v = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
     }
-    for (; i < n; i++) {
-        float v = mode == 1 ? silu1(g[i]) : gelu1(g[i]);
-        y[i] = u ? v * u[i] : v;
+    return has_u ? _mm256_mul_ps(v, u) : v;
+}
+
+/* the last n % 8 values go through the same vector steps (zero-padded lanes), so a value's
+ * result does not depend on where it falls in the call (a row's units in a batch or alone) */
+static void act(int mode, float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, act8(mode, _mm256_loadu_ps(g + i), u ? _mm256_loadu_ps(u + i) : _mm256_setzero_ps(),
+                                     u != NULL));
+    if (i < n) {
+        float tg[8] = {0}, tu[8] = {0}, ty[8];
+        memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
+        if (u) memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(ty, act8(mode, _mm256_loadu_ps(tg), _mm256_loadu_ps(tu), u != NULL));
+        memcpy(y + i, ty, (size_t)(n - i) * sizeof(float));
     }
 }
 
@@ -1339,11 +1416,11 @@ void RX_FILL(rx_isa *t) {
     t->dot[RX_F32] = dot_f32w;
     t->dot[RX_F16] = dot_f16w;
     t->dot[RX_BF16] = dot_bf16w;
-    t->dot2[RX_Q4_0] = dot2_q4_0;
-    t->dot2[RX_Q4_1] = dot2_q4_1;
-    t->dot2[RX_Q5_0] = dot2_q5_0;
-    t->dot2[RX_Q5_1] = dot2_q5_1;
-    t->dot2[RX_Q8_0] = dot2_q8_0;
+    t->dot2[RX_Q4_0] = dot_q4_02;
+    t->dot2[RX_Q4_1] = dot_q4_12;
+    t->dot2[RX_Q5_0] = dot_q5_02;
+    t->dot2[RX_Q5_1] = dot_q5_12;
+    t->dot2[RX_Q8_0] = dot_q8_02;
     t->dot2[RX_Q4_K] = dot2_q4_k;
     t->dot2[RX_Q6_K] = dot2_q6_k;
     t->tile[RX_Q4_0] = tile_q4_0;
@@ -1358,6 +1435,27 @@ void RX_FILL(rx_isa *t) {
     t->tile8[RX_Q8_0] = tile_q8_0_8;
     t->tile[RX_Q4_K] = tile_q4_k;
     t->tile[RX_Q6_K] = tile_q6_k;
+    t->tile_c[1][RX_Q4_0] = tile_q4_0_1;
+    t->tile_c[2][RX_Q4_0] = tile_q4_0_2;
+    t->tile_c[3][RX_Q4_0] = tile_q4_0_3;
+    t->tile_c[1][RX_Q4_1] = tile_q4_1_1;
+    t->tile_c[2][RX_Q4_1] = tile_q4_1_2;
+    t->tile_c[3][RX_Q4_1] = tile_q4_1_3;
+    t->tile_c[1][RX_Q5_0] = tile_q5_0_1;
+    t->tile_c[2][RX_Q5_0] = tile_q5_0_2;
+    t->tile_c[3][RX_Q5_0] = tile_q5_0_3;
+    t->tile_c[1][RX_Q5_1] = tile_q5_1_1;
+    t->tile_c[2][RX_Q5_1] = tile_q5_1_2;
+    t->tile_c[3][RX_Q5_1] = tile_q5_1_3;
+    t->tile_c[1][RX_Q8_0] = tile_q8_0_1;
+    t->tile_c[2][RX_Q8_0] = tile_q8_0_2;
+    t->tile_c[3][RX_Q8_0] = tile_q8_0_3;
+    t->tile_c[1][RX_Q4_K] = tile_q4_k_1;
+    t->tile_c[2][RX_Q4_K] = tile_q4_k_2;
+    t->tile_c[3][RX_Q4_K] = tile_q4_k_3;
+    t->tile_c[1][RX_Q6_K] = tile_q6_k_1;
+    t->tile_c[2][RX_Q6_K] = tile_q6_k_2;
+    t->tile_c[3][RX_Q6_K] = tile_q6_k_3;
     t->pack[RX_Q4_0] = pack_q4_0;
     t->pack[RX_Q4_1] = pack_q4_1;
     t->pack[RX_Q5_0] = pack_q5_0;

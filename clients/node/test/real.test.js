@@ -60,8 +60,8 @@ test('the other ops', async () => {
 });
 
 test('classify', async () => {
-  // cache_prompt false: both evaluate the whole prompt in one pass (on x86 the cpu backend's
-  // rows round differently after a reused prefix: ARCHITECTURE.md, "not batch-invariant")
+  // cache_prompt false: both evaluate the whole prompt in one pass, so the two agree exactly
+  // whatever batch shapes the backend's kernels are sensitive to (ARCHITECTURE.md, "Batch-invariant")
   const r = await c.classify({ input: 'Is the sky blue? Answer:', labels: [' yes', ' no'], cache_prompt: false });
   const s = await c.system1({ prompt: 'Is the sky blue? Answer:', candidates: [' yes', ' no'], cache_prompt: false });
   assert.equal(r.best, [' yes', ' no'][s.best_idx]);

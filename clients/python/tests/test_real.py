@@ -209,8 +209,8 @@ def test_chat_infill_logprobs_schema(client):
 def test_classify(client):
     """The decision op: labels with probabilities (equal to system1's), best, entropy, a warning
     when the labels' token counts differ, and a batch of questions over one shared prefix."""
-    # cache_prompt off: both evaluate the whole prompt in one pass (on x86 the cpu backend's rows
-    # round differently after a reused prefix: ARCHITECTURE.md, "not batch-invariant")
+    # cache_prompt off: both evaluate the whole prompt in one pass, so the two agree exactly
+    # whatever batch shapes the backend's kernels are sensitive to (ARCHITECTURE.md, "Batch-invariant")
     r = client.classify([" yes", " no"], "Is the sky blue? Answer:", cache_prompt=False)
     s = client.system1("Is the sky blue? Answer:", [" yes", " no"], cache_prompt=False)
     assert [x["label"] for x in r["labels"]] == [" yes", " no"] and r["best"] == [" yes", " no"][s["best_idx"]]

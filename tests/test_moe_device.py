@@ -328,3 +328,124 @@ def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, gro
     else:
         mid = ["moe_mm_f16", "moe_mm_f16", "moe_swiglu_oai_f32"] if kw.get("act") == "swiglu_oai" else ["moe_glu_f16"]
         assert names == pre + mid + ["moe_down_f16"] + post
+
+
+# -- decode on matvec.cuh's machinery (kernels/moe_mv.cuh), quantized experts ------------------
+MV_FORMATS = {"Q4_K": (12, 256), "Q5_K": (13, 256), "Q6_K": (14, 256), "Q8_0": (8, 32)}  # type, block
+MV_CASES = {  # name: (gate/up format, down format, E, k, fused gate_up, moe keyword arguments)
+    "q4_k/q6_k k=8 (qwen3moe)": ("Q4_K", "Q6_K", 16, 8, False, {}),
+    "q5_k/q4_k k=4 groups": ("Q5_K", "Q4_K", 16, 4, False, dict(gating="sigmoid", groups=(4, 2), scale=2.5)),
+    "q6_k fused gelu k=1": ("Q6_K", "Q6_K", 8, 1, True, dict(act="gelu", norm=False)),
+    "q8_0/q5_k k=8 of 8": ("Q8_0", "Q5_K", 8, 8, False, {}),
+    "q8_0 fused k=4 escale": ("Q8_0", "Q8_0", 8, 4, True, dict(escale=True)),
+    "q4_k llama4 weight_before k=1": ("Q4_K", "Q8_0", 8, 1, False, dict(gating="sigmoid", norm=False,
+                                                                         weight_before=True)),
+    "q4_k llama4 weight_before k=2": ("Q4_K", "Q4_K", 8, 2, False, dict(gating="sigmoid", norm=False,
+                                                                         weight_before=True)),
+}
+
+
+def _qw(rt, name, rows, cols, rng):
+    """(device weight of format name, its float32 dequantized values)."""
+    from reflex_ipc.testing.opchecks import random_weight
+
+    raw, ref = random_weight(name, rows, cols, rng)
+    return rt.qweight(raw, MV_FORMATS[name][0], (rows, cols)), ref.astype(F32)
+
+
+@pytest.mark.parametrize("variant", [None, "c", "d", "e"])
+@pytest.mark.parametrize("name", sorted(MV_CASES))
+@pytest.mark.parametrize("N", [1, 2, 3])
+def test_cuda_moe_decode_takes_matvec_kernels(mem_ops, name, N, variant):
+    """Few tokens with experts in matvec.cuh's formats: moe_mvglu{V}_* (the picked variant, or
+    the forced one) and moe_mvdown_* with their grids and blocks (interpreted in numpy: the
+    launch arguments, expert offsets, x_div, the clamped row blocks of D % 4 != 0), equal to
+    numpy; REFLEX_MATVEC=old (matvec off) keeps moe.cuh's kernels."""
+    from reflex_ipc.backends.cuda_ops import moe_mv_pick
+
+    ops, rt = mem_ops, mem_ops.rt
+    ops.matvec, ops.moe_mv_variant, ops.moe_mma, ops.moe_mma_min_n = True, variant, True, 4
+    tg, td, E, k, fused, o = MV_CASES[name]
+    rng = np.random.default_rng(len(name) * 11 + N)
+    K, F, D = (2 * MV_FORMATS[tg][1], MV_FORMATS[td][1], 13)
+    K = max(K, 64)
+    wg, gate = _qw(rt, tg, E * F * (2 if fused else 1), K, rng)
+    wu, up = (None, None) if fused else _qw(rt, tg, E * F, K, rng)
+    wd, down = _qw(rt, td, E * D, F, rng)
+    router = (rng.standard_normal((E, K)) * 0.3).astype(F32)
+    x = (rng.standard_normal((N, K)) * 0.02).astype(F32)  # gate values of a few units (random blocks)
+    lg = (rng.standard_normal((N, E)) * 2).astype(F32)
+    escale = rng.uniform(0.5, 2, E).astype(F32) if o.get("escale") else None
+    kw = dict(gating=o.get("gating", "softmax"), norm=o.get("norm", True), scale=o.get("scale", 1.0),
+              act=o.get("act", "silu"), groups=o.get("groups"), weight_before=o.get("weight_before", False))
+    want = NumpyOps().moe(x, router, gate, up, down, k, logits=lg, expert_scale=escale, **kw)
+    got = ops.moe(ops.asarray(x), rt.weight(router), wg, wu, wd, k, logits=ops.asarray(lg),
+                  expert_scale=None if escale is None else ops.asarray(escale), **kw)
+    np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    launches = {launch[0]: launch for launch in rt.launches}
+    v = variant or moe_mv_pick(MV_FORMATS[tg][0])
+    glu, down_k = f"moe_mvglu{v}_{tg.lower()}", f"moe_mvdown_{td.lower()}"
+    pre = ["moe_route_f32"] + (["moe_weight_input_f32"] if kw["weight_before"] else [])
+    assert [launch[0] for launch in rt.launches] == pre + [glu, down_k]
+    R, W, G = {"c": (4, 2, 1), "d": (2, 1, 4), "e": (4, 1, 2)}[v]
+    assert launches[glu][1:3] == ((-(-F // (R * G)), N * k, 1), (32 * W * G, 1, 1))
+    assert launches[glu][3][7] == (1 if kw["weight_before"] else k)  # x_div
+    assert launches[down_k][1:3] == ((-(-D // 4), N, 1), (32 * min(k, 8), 1, 1))
+    assert ops.moe_mv_launches == 2 and ops.moe_mma_launches == 0
+
+
+def test_cuda_moe_mv_off_prefill_and_mixed_forms(mem_ops):
+    """The matvec switch off keeps moe.cuh's per-pair kernels; N >= moe_mma_min_n still takes the
+    grouped tensor-core GEMMs; gate/up of two formats keep moe_mm for gate and up and take
+    moe_mvdown for down."""
+    ops, rt = mem_ops, mem_ops.rt
+    ops.moe_mma, ops.moe_mma_min_n, ops._sms = True, 3, 132
+    rng = np.random.default_rng(5)
+    E, k, K, F, D = 8, 2, 256, 256, 12
+    wg, _ = _qw(rt, "Q4_K", E * F, K, rng)
+    wu, _ = _qw(rt, "Q4_K", E * F, K, rng)
+    wd, _ = _qw(rt, "Q6_K", E * D, F, rng)
+    router = rt.weight((rng.standard_normal((E, K)) * 0.3).astype(F32))
+    rt.interpret = False  # launches only (the q-format moe_glu / mma kernels have no interpreter here)
+    for matvec, N, want in ((False, 1, ["moe_glu_q4_k", "moe_down_q6_k"]), (True, 2, ["moe_mvglue_q4_k",
+                                                                                        "moe_mvdown_q6_k"]),
+                            (True, 3, ["moe_group_i32", "mma_x_f16", "mmaglu_moe_q4_k", "mma_moe_q6_k",
+                                       "moe_wsum_f32"])):
+        ops.matvec = matvec
+        rt.launches.clear()
+        lg = ops.asarray(rng.standard_normal((N, E)).astype(F32))
+        ops.moe(ops.asarray(rng.standard_normal((N, K)).astype(F32)), router, wg, wu, wd, k, logits=lg)
+        assert [launch[0] for launch in rt.launches] == ["moe_route_f32"] + want
+    rt.interpret = True
+    rt.launches.clear()
+    ops.matvec = True
+    w16 = rt.weight((rng.standard_normal((E * F, K)) * 0.1).astype(np.float16).astype(F32), 1)
+    wg32 = rt.weight((rng.standard_normal((E * F, K)) * 0.1).astype(F32), 0)
+    wd8, down = _qw(rt, "Q8_0", E * D, F, rng)
+    x = (rng.standard_normal((1, K)) * 0.5).astype(F32)
+    lg = rng.standard_normal((1, E)).astype(F32)
+    gate, up = rt.f32(wg32.ptr, E * F * K).reshape(E * F, K).copy(), \
+        rt.mem[w16.ptr:w16.ptr + 2 * E * F * K].view(np.float16).astype(F32).reshape(E * F, K)
+    want = NumpyOps().moe(x, None, gate, up, down, k, logits=lg)
+    got = ops.moe(ops.asarray(x), router, wg32, w16, wd8, k, logits=ops.asarray(lg))
+    np.testing.assert_allclose(rt.f32(got.ptr, D).reshape(1, D), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert [launch[0] for launch in rt.launches] == ["moe_route_f32", "moe_mm_f32", "moe_mm_f16", "swiglu_f32",
+                                                     "moe_mvdown_q8_0"]
+
+
+def test_moe_mv_constants_match_the_kernels():
+    """cuda_ops' MOE_MV_GLU, MOE_MVD_R / MOE_MVD_WARPS and MV_VARIANTS agree with kernels/moe_mv.cuh."""
+    import os
+    import re
+
+    from reflex_ipc.backends import cuda_ops
+
+    src = open(os.path.join(os.path.dirname(__file__), "..", "kernels", "moe_mv.cuh")).read()
+    assert int(re.search(r"#define MOE_MVD_R (\d+)", src).group(1)) == cuda_ops.MOE_MVD_R
+    assert int(re.search(r"#define MOE_MVD_WARPS (\d+)", src).group(1)) == cuda_ops.MOE_MVD_WARPS
+    got = {m[0]: tuple(int(v) for v in m[1:]) for m in
+           re.findall(r"RX_MOE_MVGLU_V\((\w), NAME, T, (\d+), (\d+), (\d+), (\d+)\)", src)}
+    assert sorted(got) == sorted(cuda_ops.MOE_MV_GLU)
+    assert all(got[v] == cuda_ops.MV_VARIANTS[v] for v in got)
+    fmts = re.findall(r"^RX_MOE_MV\((\w+), T_\w+\)", src, re.M)
+    assert sorted(fmts) == sorted(cuda_ops.MV_KERNEL.values())

@@ -132,6 +132,28 @@ MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB i
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
 MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
+# the per-pair form (decode, short prompts) with experts in matvec.cuh's formats (MV_KERNEL):
+# kernels/moe_mv.cuh's moe_mvglu{V}_* (gate/up of each pair on matvec.cuh's layout, variants
+# MOE_MV_GLU of MV_VARIANTS) and moe_mvdown_* (a block: MOE_MVD_R rows of one token for all k
+# pairs, a warp a pair, min(k, MOE_MVD_WARPS) warps, the weighted dots summed in slot order
+# through shared memory); REFLEX_MATVEC=old keeps moe.cuh's moe_glu / moe_down. Decode reads
+# ~14 + 10 MB a layer on the Qwen3-30B-A3B shape: every (pair, row) block is resident at once
+# (the grids are a few hundred blocks of 2-8 warps), each lane with 4-8 rows' loads in flight.
+MOE_MV_GLU = ("c", "d", "e")
+MOE_MVD_R, MOE_MVD_WARPS = 4, 8  # MOE_MVD_R, MOE_MVD_WARPS in moe_mv.cuh
+MOE_MV_MAX_PAIRS = 65535  # grid y of moe_mvglu (pairs) and moe_mvdown (tokens)
+
+
+def moe_mv_pick(t):
+    """moe_mvglu's variant for experts of format t: as mvglu's (warps over whole rows for the
+    short rows of K-block quants, two warps a row for Q8_0's)."""
+    return {"q6_k": "d", "q8_0": "c"}.get(MV_KERNEL[t], "e")
+
+
+def moe_mv_grid(v, F, P):
+    """(grid, block) of moe_mvglu variant v for F rows of each of P pairs."""
+    R, W, G, _ = MV_VARIANTS[v]
+    return (-(-F // (R * G)), P, 1), (32 * W * G, 1, 1)
 MOE_GROUP_WARPS = 32
 MOE_GROUP_SHARED = 46 * 1024
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
@@ -222,6 +244,8 @@ class CudaOps:
     # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
     matvec = False
     mv_variant = None
+    moe_mv_variant = None  # forces moe_mvglu's variant (one of MOE_MV_GLU: opchecks, tests)
+    moe_mv_launches = 0  # moe_mvglu / moe_mvdown launches (opchecks asserts them)
 
     def __init__(self):
         from .. import settings
@@ -256,6 +280,8 @@ class CudaOps:
         self.chunked = True
         self.matvec = s.matvec == "new"  # see MV_KERNEL
         self.mv_variant = None
+        self.moe_mv_variant = None
+        self.moe_mv_launches = 0
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight. An arena streaming from a cold file
@@ -873,7 +899,14 @@ class CudaOps:
         K = x.shape[1]
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
-        if same and act != "swiglu_oai":
+        if same and act != "swiglu_oai" and self._moe_mv_ok(N * k, w_gate, (wg_ptr, wu_ptr), x):
+            h = self.empty((N * k, F))
+            v = self.moe_mv_variant or moe_mv_pick(w_gate.ggml_type)
+            kx(f"moe_mvglu{v}_{MV_KERNEL[w_gate.ggml_type]}")(
+                *moe_mv_grid(v, F, N * k), Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr, Y=h.ptr, K=K, F=F,
+                x_div=x_div, es=estride, rb=w_gate.row_bytes, act=0 if act == "silu" else 1)
+            self.moe_mv_launches += 1
+        elif same and act != "swiglu_oai":
             h = self.empty((N * k, F))
             kx(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
                                                          Y=h.ptr, K=K, F=F, k=x_div, es=estride, rb=w_gate.row_bytes,
@@ -898,9 +931,23 @@ class CudaOps:
                                                        rb=w_down.row_bytes)
             self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
             return
+        if self._moe_mv_ok(N, w_down, (w_down.ptr,), h):
+            kx(f"moe_mvdown_{MV_KERNEL[w_down.ggml_type]}")(
+                (-(-D // MOE_MVD_R), N, 1), (32 * min(k, MOE_MVD_WARPS), 1, 1), W=w_down.ptr, H=h.ptr, ids=ids.ptr,
+                wts=wts.ptr, Y=out.ptr, F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+            self.moe_mv_launches += 1
+            return
         kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+
+    def _moe_mv_ok(self, rows, w, ptrs, x):
+        """Whether the per-pair form's expert weight w (expert blocks at ptrs) over x takes
+        moe_mv.cuh (`rows` pairs or tokens along the grid's y): REFLEX_MATVEC=new, a format of
+        matvec.cuh, the pointers and rows aligned for its loads, x 16-byte aligned."""
+        t = w.ggml_type
+        return (self.matvec and t in MV_KERNEL and 0 < rows <= MOE_MV_MAX_PAIRS and x.ptr % 16 == 0
+                and w.row_bytes % MV_ALIGN[t] == 0 and all(p % MV_ALIGN[t] == 0 for p in ptrs))
 
     def _moe_mma_takes(self, N, k, E, w_gate, w_down):
         """Whether a moe of N tokens (k experts each of E) runs as grouped tensor-core GEMMs:

@@ -321,7 +321,7 @@ def _mmsk1_bf16(launch, pack, stream):  # 23 kernels
     return kernel
 
 
-def _moe_down_bf16(launch, pack, stream):  # 23 kernels
+def _moe_down_bf16(launch, pack, stream):  # 27 kernels
     def kernel(grid, block, *, W, H, ids, wts, Y, F, D, k, es, rb, shared=0):
         return launch(grid, block, pack(W, H, ids, wts, Y, F, D, k, es, rb), shared, stream)
 
@@ -352,6 +352,13 @@ def _moe_group_i32(launch, pack, stream):
 def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
     def kernel(grid, block, *, W, X, ids, Y, K, M, x_div, es, rb, shared=0):
         return launch(grid, block, pack(W, X, ids, Y, K, M, x_div, es, rb), shared, stream)
+
+    return kernel
+
+
+def _moe_mvgluc_q4_k(launch, pack, stream):  # 12 kernels
+    def kernel(grid, block, *, Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act, shared=0):
+        return launch(grid, block, pack(Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act), shared, stream)
 
     return kernel
 
@@ -1177,6 +1184,22 @@ KERNELS = {
     "moe_mm_q8_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq1_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq2_0": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mvdown_q4_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q5_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q6_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q8_0": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvgluc_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
     "moe_swiglu_oai_f32": ("QQQQQQqiff", _moe_swiglu_oai_f32),
     "moe_weight_input_f32": ("QQQQqii", _moe_weight_input_f32),

@@ -8,11 +8,13 @@ import struct
 import numpy as np
 
 from reflex_ipc.backends.base import moe_route, swiglu_oai
+from reflex_ipc.backends.cuda_ops import MOE_MVD_R, MOE_MVD_WARPS, MV_ALIGN, MV_KERNEL, MV_VARIANTS
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
 
 F32 = np.float32
+MV_TYPES = {v: k for k, v in MV_KERNEL.items()}  # "q4_k" -> Q4_K
 INT_MAX = 2 ** 31 - 1
 THREADS = 256  # MOE_ROUTE_THREADS
 MM_ROWS = 4
@@ -147,6 +149,27 @@ class MemRuntime:
         return DeviceWeight(p, a.shape, ggml_type, "F32" if ggml_type == 0 else "F16", a.shape[1] * a.itemsize,
                             "w", None)
 
+    def qweight(self, raw, ggml_type, shape, align=16):
+        """A quantized weight [rows, cols] from its raw GGUF bytes (rows of whole blocks) at a
+        pointer `align`-byte aligned and no more (as matvec.cuh's loads need it, and no luckier)."""
+        from reflex_ipc.quants import BY_ID
+
+        name, blk, bsize = BY_ID[ggml_type]
+        raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
+        assert raw.size == shape[0] * shape[1] // blk * bsize
+        p = self.drv.mem_alloc(raw.size + 256)
+        p += align if p % (2 * align) == 0 else 0  # aligned to `align`, not to 2 * align
+        self.drv.memcpy_htod_async(p, raw, None)
+        self.weights.append((p, p + raw.size))
+        return DeviceWeight(p, tuple(shape), ggml_type, name, shape[1] // blk * bsize, "w", None)
+
+    def qrows(self, ptr, rb, ggml_type, K, n=1):
+        """n rows of K weights of a quantized format from ptr (inside one weight tensor), dequantized."""
+        from reflex_ipc.quants import dequantize
+
+        assert any(a <= ptr and ptr + n * rb <= b for a, b in self.weights), "a read outside the weights"
+        return dequantize(self.mem[ptr:ptr + n * rb].copy(), ggml_type, n * K).reshape(n, K)
+
     def rows(self, ptr, rb, kind, K):
         """Row of K weights at ptr (inside one weight tensor)."""
         assert any(a <= ptr and ptr + rb <= b for a, b in self.weights), "a read outside the weights"
@@ -198,6 +221,36 @@ class MemRuntime:
                 i, w = kernel_route(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, G, G_used, es)
                 self.i32(ids + 4 * n * k, k)[:] = i
                 self.f32(wts + 4 * n * k, k)[:] = w
+        elif name.startswith("moe_mvglu"):  # kernels/moe_mv.cuh; grid (row blocks, pairs)
+            v, fmt = name[len("moe_mvglu")], name[len("moe_mvglu") + 2:]
+            R, W, G, _ = MV_VARIANTS[v]
+            t = MV_TYPES[fmt]
+            Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act = args
+            assert block == (32 * W * G, 1, 1) and grid[0] == -(-F // (R * G)) and grid[2] == 1
+            assert X % 16 == 0 and Wg % MV_ALIGN[t] == 0 and Wu % MV_ALIGN[t] == 0 and rb % MV_ALIGN[t] == 0
+            P = grid[1]
+            idv, y = self.i32(ids, P), self.f32(Y, P * F)
+            for p in range(P):
+                x = self.f32(X + 4 * (p // x_div) * K, K)
+                row = int(idv[p]) * es
+                g = (self.qrows(Wg + row * rb, rb, t, K, F) @ x).astype(F32)
+                u = (self.qrows(Wu + row * rb, rb, t, K, F) @ x).astype(F32)
+                a = g / (1 + np.exp(-g)) if act == 0 else NumpyOps().gelu(g)
+                y[p * F:(p + 1) * F] = a * u
+        elif name.startswith("moe_mvdown_"):  # kernels/moe_mv.cuh; grid (row blocks, tokens)
+            t = MV_TYPES[name[len("moe_mvdown_"):]]
+            W, H, ids, wts, Y, F, D, k, es, rb = args
+            assert grid[0] == -(-D // MOE_MVD_R) and grid[2] == 1 and block == (32 * min(k, MOE_MVD_WARPS), 1, 1)
+            assert H % 16 == 0 and W % MV_ALIGN[t] == 0 and rb % MV_ALIGN[t] == 0
+            N = grid[1]
+            idv, wv, y = self.i32(ids, N * k), self.f32(wts, N * k), self.f32(Y, N * D)
+            for n in range(N):
+                s = np.zeros(D, F32)
+                for j in range(k):  # slot order
+                    p = n * k + j
+                    w = self.qrows(W + int(idv[p]) * es * rb, rb, t, F, D)
+                    s = (s + wv[p] * (w @ self.f32(H + 4 * p * F, F)).astype(F32)).astype(F32)
+                y[n * D:(n + 1) * D] = s
         elif op == "moe_glu":
             Wg, Wu, X, ids, Y, K, F, k, es, rb, act = args
             assert grid[1] * MM_ROWS >= F > (grid[1] - 1) * MM_ROWS and block == (32 * MM_ROWS, 1, 1)

@@ -449,3 +449,33 @@ def test_moe_mv_constants_match_the_kernels():
     assert all(got[v] == cuda_ops.MV_VARIANTS[v] for v in got)
     fmts = re.findall(r"^RX_MOE_MV\((\w+), T_\w+\)", src, re.M)
     assert sorted(fmts) == sorted(cuda_ops.MV_KERNEL.values())
+
+
+def test_gpu_check_of_the_moe_mv_kernels_holds_on_numpy():
+    """opchecks.check_moe_mv on the numpy oracle (given the CUDA backend's switches, which change
+    nothing there; the GPU run checks the full MOE_MV_CASES and a captured graph): its references
+    and tolerances hold, each call repeated gives the same bits, and its launch count, which only
+    the CUDA backend's moe_mvglu / moe_mvdown raise, fails each row here."""
+    from reflex_ipc.testing import opchecks
+
+    ops = NumpyOps()
+    assert opchecks.check_moe_mv(ops, np.random.default_rng(0)) == []  # not a CUDA backend: nothing
+    ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n, ops.moe_mv_launches = False, None, 48, 0
+    cases = [c for c in opchecks.MOE_MV_CASES if c[0].startswith(("qwen3moe", "q5_k", "gate/up", "gpt-oss"))]
+    assert {c[1] if isinstance(c[1], str) else c[1][0] for c in cases} >= {"Q4_K", "Q5_K", "Q8_0"}
+    rows = opchecks.check_moe_mv(ops, np.random.default_rng(0), cases=cases)
+    assert len(rows) == 2 * 3 * len(cases)
+    vals = [r for r in rows if "rel_err" in r]
+    assert all(r["rel_err"] <= r["tol"] and r["moe_mv_launches"] == 0 and not r["ok"] for r in vals), vals[:3]
+    assert all(r["ok"] for r in rows if r["case"].endswith("same bits"))
+    assert (ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n) == (False, None, 48)  # restored
+    assert opchecks.check_moe_mv in _run_all_checks()
+
+
+def _run_all_checks():
+    import inspect
+
+    from reflex_ipc.testing import opchecks
+
+    src = inspect.getsource(opchecks.run_all)
+    return [getattr(opchecks, n) for n in opchecks.__dict__ if n.startswith("check_") and f" {n}," in src]

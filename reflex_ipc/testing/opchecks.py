@@ -1385,6 +1385,118 @@ def check_moe(ops, rng):
     return rows
 
 
+
+# (label, gate/up format (a pair: gate, up of two formats), down format, E, k, K, F, D, opts);
+# every MV format for gate/up and for down, k = 1, 4, 6, 8, E = 8..128, K / F of 768, 2048 and
+# 2880 where the format allows, D % 4 != 0 (moe_mvdown's last row block part empty)
+MOE_MV_CASES = [
+    ("qwen3moe-like E=128 k=8", "Q4_K", "Q6_K", 128, 8, 256, 256, 256, {}),
+    ("qwen3-30b-a3b rows E=16 k=8", "Q4_K", "Q6_K", 16, 8, 2048, 768, 2048, {}),
+    ("q5_k E=8 k=4 D=770", "Q5_K", "Q5_K", 8, 4, 768, 768, 770, {}),
+    ("q6_k/q4_k E=8 k=1 no norm", "Q6_K", "Q4_K", 8, 1, 2048, 768, 2048, dict(norm=False)),
+    ("q8_0 K=2880 E=8 k=4", "Q8_0", "Q8_0", 8, 4, 2880, 768, 2880, {}),
+    ("q8_0 fused gelu F=2880 k=8 expert_scale", "Q8_0", "Q8_0", 8, 8, 768, 2880, 768,
+     dict(fused=True, act="gelu", escale=True)),
+    ("llama4-like weight_before k=1", "Q4_K", "Q4_K", 16, 1, 2048, 512, 2048,
+     dict(gating="sigmoid", norm=False, weight_before=True)),
+    ("dsv2-like sigmoid groups(8,3) k=6", "Q5_K", "Q8_0", 64, 6, 512, 512, 512,
+     dict(gating="sigmoid", groups=(8, 3), scale=2.5)),
+    ("gate/up of two formats", ("Q4_K", "Q8_0"), "Q6_K", 8, 4, 768, 768, 768, {}),
+    ("gpt-oss-like swiglu_oai biases k=4", "Q8_0", "Q8_0", 8, 4, 2880, 768, 2880,
+     dict(gating="softmax_weight", norm=False, act="swiglu_oai", biases=True)),
+]
+
+
+def check_moe_mv(ops, rng, cases=None):
+    """moe's decode form on matvec.cuh's layout (kernels/moe_mv.cuh: moe_mvglu{c,d,e}_* and
+    moe_mvdown_*, CUDA only) against NumpyOps.moe on the same dequantized weights: MOE_MV_CASES
+    at N = 1, 2, 3 with moe_mvglu's variants c, d, e in turn (every format x variant), each
+    call counted as taking the new kernels (moe_mv_launches: 2, or 1 when gate/up take moe_mm),
+    a repeated call giving the same bits, and one case captured in a graph and replayed.
+    cases: a subset of MOE_MV_CASES (tests on the numpy oracle)."""
+    if not hasattr(ops, "moe_mv_variant"):
+        return []
+    from reflex_ipc.backends.cuda_ops import MOE_MV_GLU
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    npo = NumpyOps()
+    rows = []
+    saved = ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n
+    try:
+        ops.matvec, ops.moe_mma_min_n = True, max(ops.moe_mma_min_n, 4)
+        for label, tgu, td, E, k, K, F, D, o in MOE_MV_CASES if cases is None else cases:
+            tg, tu = tgu if isinstance(tgu, tuple) else (tgu, tgu)
+            fused = o.get("fused", False)
+            spec = {"gate": (tg, E * F * (2 if fused else 1), K), "down": (td, E * D, F), "router": ("F32", E, K)}
+            if not fused:
+                spec["up"] = (tu, E * F, K)
+            W = _weights(ops, spec, rng)
+            ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+            gating, groups = o.get("gating", "softmax"), o.get("groups")
+            kw = dict(gating=gating, norm=o.get("norm", True), scale=o.get("scale", 1.0), act=o.get("act", "silu"),
+                      groups=groups, weight_before=o.get("weight_before", False))
+            escale = rng.uniform(0.5, 2.0, E).astype(np.float32) if o.get("escale") else None
+            extra = {}
+            if o.get("biases"):
+                extra = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)),
+                         "up_bias": rng.standard_normal((E, F)), "down_bias": rng.standard_normal((E, D)) * 0.1}
+                extra = {n: a.astype(np.float32) for n, a in extra.items()}
+            expect = 1 if (tg != tu or kw["act"] == "swiglu_oai") else 2
+            for N, v in zip((1, 2, 3), MOE_MV_GLU):
+                ops.moe_mv_variant = v
+                x, _ = _moe_inputs(rng, N, K, E, k, "softmax" if gating == "softmax_weight" else gating, None,
+                                   groups, router=ref["router"].astype(np.float64))
+                if extra:  # gpt-oss: the router's logits given (its bias moves the routing's margins)
+                    lg = (x.astype(np.float64) @ ref["router"].T.astype(np.float64)).astype(np.float32)
+                else:
+                    lg = None
+                want = npo.moe(x, ref["router"], ref["gate"], ref.get("up"), ref["down"], k, logits=lg,
+                               expert_scale=escale, **kw, **extra)
+                poison(ops, (N, D), (N * k, F))
+                dev = {n: ops.asarray(a) for n, a in extra.items()}
+
+                def call():
+                    return ops.to_numpy(ops.moe(ops.asarray(x), W["router"][0], W["gate"][0],
+                                                None if fused else W["up"][0], W["down"][0], k,
+                                                logits=None if lg is None else ops.asarray(lg),
+                                                expert_scale=None if escale is None else ops.asarray(escale),
+                                                **kw, **dev))
+
+                before = ops.moe_mv_launches
+                got = call()
+                took = ops.moe_mv_launches - before
+                r = row("moe_mv", f"{label} N={N} glu {v}", got, want, 1e-4)
+                r["ok"] = r["ok"] and took == expect
+                r["moe_mv_launches"] = took
+                rows.append(r)
+                rows.append({"op": "moe_mv", "case": f"{label} N={N} glu {v} repeated: same bits",
+                             "ok": bool(np.array_equal(call(), got))})
+        if hasattr(ops, "capture"):  # the decode shape captured once, replayed with new inputs
+            ops.moe_mv_variant = None
+            E, k, K, F, D = 32, 8, 2048, 768, 2048
+            W = _weights(ops, {"gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K), "down": ("Q6_K", E * D, F),
+                               "router": ("F32", E, K)}, rng)
+            ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+            for N in (1, 3):
+                X = ops.empty((N, K))
+                before = ops.moe_mv_launches
+                graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0],
+                                                         W["down"][0], k))
+                took = ops.moe_mv_launches - before
+                for rep in range(2):
+                    x = _moe_inputs(rng, N, K, E, k, "softmax", None, None,
+                                    router=ref["router"].astype(np.float64))[0]
+                    ops.write(X, x)
+                    graph.launch()
+                    want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+                    r = row("moe_mv", f"graph E={E} k={k} N={N} replay {rep}", ops.to_numpy(out), want, 1e-4)
+                    r["ok"] = r["ok"] and took == 2
+                    rows.append(r)
+                graph.close()
+    finally:
+        ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n = saved
+    return rows
+
 MOE_MMA_FORMATS = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -1840,6 +1952,17 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
         graph, _ = ops.capture(lambda: moe(X))
         res["device_N1_graph_us"] = timed(graph.launch, 200)[0]
         graph.close()
+        if hasattr(ops, "moe_mv_launches"):  # moe.cuh's generic per-pair kernels (matvec off) for A/B
+            mv0 = ops.matvec
+            try:
+                ref = ops.to_numpy(moe(X))
+                ops.matvec = False
+                res["generic_rel_err"] = float(rel_err(ops.to_numpy(moe(X)), ref)[0])
+                graph, _ = ops.capture(lambda: moe(X))
+                res["device_N1_graph_generic_us"] = timed(graph.launch, 200)[0]
+                graph.close()
+            finally:
+                ops.matvec = mv0
         if hasattr(ops, "moe_down_split"):  # the down projection a warp per (pair, row): same bits?
             split0 = ops.moe_down_split
             try:
@@ -2467,7 +2590,7 @@ def run_all(ops, seed=0):
                check_attention_sinks_chunks, check_archops, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
-               check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
+               check_moe, check_moe_mv, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
                check_qk_rope_kv_store, check_residual_add,
                check_matvec, check_matmul_nt):
         try:

@@ -10,7 +10,7 @@ import pytest
 
 from reflex_ipc.backends.base import fusion_on, moe_route
 from reflex_ipc.backends.numpy_ops import NumpyOps
-from reflex_ipc.testing.moe_runtime import MemRuntime, kernel_route
+from reflex_ipc.testing.moe_runtime import MemRuntime, kernel_route, kernel_route_warp
 
 F32 = np.float32
 
@@ -39,9 +39,35 @@ def test_routing_kernel_model_equals_moe_route(case):
         ids, wk = kernel_route(lg[n], k, 0 if gating == "softmax" else 1, norm, scale, bias, G, G_used)
         assert ids.tolist() == top[n].tolist()
         np.testing.assert_allclose(wk, w[n], rtol=2e-6, atol=1e-7)
+        if not G and E <= 256:  # moe_route_warp_f32: the same ids, weights within rounding
+            ids, wk = kernel_route_warp(lg[n], k, 0 if gating == "softmax" else 1, norm, scale, bias)
+            assert ids.tolist() == top[n].tolist()
+            np.testing.assert_allclose(wk, w[n], rtol=2e-6, atol=1e-7)
+
+
+def test_routing_warp_kernel_model_softmax_weight_and_nan():
+    """moe_route_warp_f32's model: gpt-oss's softmax_weight (a softmax over the chosen logits),
+    E of 1..256 (lanes holding 0..8 experts), and a NaN logit never chosen."""
+    rng = np.random.default_rng(3)
+    for E, k in ((1, 1), (33, 4), (128, 8), (256, 8), (200, 32)):
+        lg = (rng.standard_normal(E) * 2).astype(F32)
+        for gating, g in (("softmax", 0), ("sigmoid", 1), ("softmax_weight", 2)):
+            top, w = moe_route(lg[None], k, gating, gating != "softmax_weight", 1.0)
+            ids, wk = kernel_route_warp(lg, k, g, gating != "softmax_weight", 1.0)
+            assert ids.tolist() == top[0].tolist()
+            np.testing.assert_allclose(wk, w[0], rtol=2e-6, atol=1e-7)
+    lg = (rng.standard_normal(64)).astype(F32)
+    lg[3] = np.nan
+    ids, _ = kernel_route_warp(lg, 8, 1, True, 1.0)
+    assert 3 not in ids.tolist() and len(set(ids.tolist())) == 8
 
 
 # -- CudaOps.moe on a fake runtime with numpy device memory (reflex_ipc.testing.moe_runtime) --
+def route_name(E, groups):
+    """The routing kernel CudaOps.moe_route launches: a warp per token up to 256 experts without groups."""
+    return "moe_route_warp_f32" if E <= 256 and not (groups and groups[0] > 1) else "moe_route_f32"
+
+
 @pytest.fixture
 def mem_ops():
     from reflex_ipc.backends import cuda_ops
@@ -102,7 +128,7 @@ def test_cuda_moe_on_interpreted_kernels_equals_numpy(mem_ops, name, N):
            [f"moe_mm_{kind[tg]}", f"moe_mm_{kind[tu]}", "swiglu_f32" if kw["act"] == "silu" else "geglu_f32"])
     # the router: one token's matvec of few rows runs a block per row (mmsk1) when fusion is on
     router = "mm4_f32" if N > 1 else ("mmsk1_f32" if fusion_on() else "mm1_f32")
-    assert names == ([] if lg is not None else [router]) + ["moe_route_f32"] + glu + \
+    assert names == ([] if lg is not None else [router]) + [route_name(E, kw["groups"])] + glu + \
         [f"moe_down_{kind[td]}"]
 
 
@@ -141,7 +167,7 @@ def test_cuda_moe_grouped_on_interpreted_kernels_equals_numpy(mem_ops, name):
     tol = 2e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
     np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol)
     if grouped:
-        assert names == ["moe_route_f32", "moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16",
+        assert names == [route_name(E, kw["groups"]), "moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16",
                          "moe_wsum_f32"], names
         tmax = N * k // 64 + min(E, N * k)
         assert all(launch[1][1] == tmax for launch in rt.launches if "_moe_" in launch[0])
@@ -258,10 +284,11 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
             rt.launches.clear()
             model.forward(state, Batch(ops, ids, list(range(len(ids)))))
             names = [launch[0] for launch in rt.launches]
-            for kern in ("moe_route_f32", "moe_glu_", "moe_down_"):
+            for kern in ("moe_route_warp_f32", "moe_glu_", "moe_down_"):
                 assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
-            route = next(launch for launch in rt.launches if launch[0] == "moe_route_f32")
-            assert route[1] == (len(ids), 1, 1) and route[3][5:7] == (keys["expert_count"], keys["expert_used_count"])
+            route = next(launch for launch in rt.launches if launch[0] == "moe_route_warp_f32")
+            assert route[1] == (1, 1, 1) and route[3][5:8] == (len(ids), keys["expert_count"],
+                                                               keys["expert_used_count"])
 
 
 ARCH_CASES = {  # name: (E, k, moe keyword arguments, gpt-oss biases)
@@ -317,7 +344,7 @@ def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, gro
     names = [launch[0] for launch in rt.launches]
     tol = 4e-3 if grouped else 1e-5  # H rounded to f16 between the two GEMMs
     np.testing.assert_allclose(rt.f32(got.ptr, N * D).reshape(N, D), want, rtol=tol, atol=tol * np.abs(want).max())
-    pre = (["add_row_f32"] if biases else []) + ["moe_route_f32"] + \
+    pre = (["add_row_f32"] if biases else []) + ["moe_route_warp_f32"] + \
         (["moe_weight_input_f32"] if kw.get("weight_before") else [])
     post = ["moe_down_bias_f32"] if biases else []
     if grouped:
@@ -385,7 +412,7 @@ def test_cuda_moe_decode_takes_matvec_kernels(mem_ops, name, N, variant):
     launches = {launch[0]: launch for launch in rt.launches}
     v = variant or moe_mv_pick(MV_FORMATS[tg][0])
     glu, down_k = f"moe_mvglu{v}_{tg.lower()}", f"moe_mvdown_{td.lower()}"
-    pre = ["moe_route_f32"] + (["moe_weight_input_f32"] if kw["weight_before"] else [])
+    pre = [route_name(E, kw["groups"])] + (["moe_weight_input_f32"] if kw["weight_before"] else [])
     assert [launch[0] for launch in rt.launches] == pre + [glu, down_k]
     R, W, G = {"c": (4, 2, 1), "d": (2, 1, 4), "e": (4, 1, 2)}[v]
     assert launches[glu][1:3] == ((-(-F // (R * G)), N * k, 1), (32 * W * G, 1, 1))
@@ -415,7 +442,7 @@ def test_cuda_moe_mv_off_prefill_and_mixed_forms(mem_ops):
         rt.launches.clear()
         lg = ops.asarray(rng.standard_normal((N, E)).astype(F32))
         ops.moe(ops.asarray(rng.standard_normal((N, K)).astype(F32)), router, wg, wu, wd, k, logits=lg)
-        assert [launch[0] for launch in rt.launches] == ["moe_route_f32"] + want
+        assert [launch[0] for launch in rt.launches] == ["moe_route_warp_f32"] + want
     rt.interpret = True
     rt.launches.clear()
     ops.matvec = True
@@ -429,7 +456,7 @@ def test_cuda_moe_mv_off_prefill_and_mixed_forms(mem_ops):
     want = NumpyOps().moe(x, None, gate, up, down, k, logits=lg)
     got = ops.moe(ops.asarray(x), router, wg32, w16, wd8, k, logits=ops.asarray(lg))
     np.testing.assert_allclose(rt.f32(got.ptr, D).reshape(1, D), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
-    assert [launch[0] for launch in rt.launches] == ["moe_route_f32", "moe_mm_f32", "moe_mm_f16", "swiglu_f32",
+    assert [launch[0] for launch in rt.launches] == ["moe_route_warp_f32", "moe_mm_f32", "moe_mm_f16", "swiglu_f32",
                                                      "moe_mvdown_q8_0"]
 
 
@@ -479,3 +506,24 @@ def _run_all_checks():
 
     src = inspect.getsource(opchecks.run_all)
     return [getattr(opchecks, n) for n in opchecks.__dict__ if n.startswith("check_") and f" {n}," in src]
+
+
+def test_cuda_moe_route_takes_the_warp_kernel_where_it_serves(mem_ops):
+    """moe_route_warp_f32 (a warp per token, 4 a block) up to 256 experts without groups; past 256
+    experts, with groups, or with moe_route_warp off, moe_route_f32; the same ids either way."""
+    ops, rt = mem_ops, mem_ops.rt
+    rng = np.random.default_rng(9)
+    for E, groups, warp, N in ((256, None, True, 5), (257, None, True, 2), (64, (8, 3), True, 3),
+                               (64, None, False, 3), (64, None, True, 1)):
+        ops.moe_route_warp = warp
+        rt.launches.clear()
+        lg = (rng.standard_normal((N, E)) * 2).astype(F32)
+        ids, wts = ops.moe_route(ops.asarray(lg), 8, gating="sigmoid", groups=groups, scale=2.5)
+        want = "moe_route_warp_f32" if warp and E <= 256 and not groups else "moe_route_f32"
+        name, grid, block = rt.launches[-1][:3]
+        assert name == want
+        assert (grid, block) == (((-(-N // 4), 1, 1), (128, 1, 1)) if want == "moe_route_warp_f32" else
+                                 ((N, 1, 1), (256, 1, 1)))
+        top, w = moe_route(lg, 8, "sigmoid", True, 2.5, None, groups)
+        assert rt.i32(ids.ptr, N * 8).reshape(N, 8).tolist() == top.tolist()
+        np.testing.assert_allclose(rt.f32(wts.ptr, N * 8).reshape(N, 8), w, rtol=2e-6, atol=1e-7)

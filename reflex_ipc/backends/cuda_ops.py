@@ -125,6 +125,9 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+# routings of up to MOE_ROUTE_WARP_MAXE experts without groups take moe_route_warp_f32 (a warp per
+# token, MOE_ROUTE_WARP_TOKENS a block: no block barriers; the same ids), unless moe_route_warp is off
+MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS = 256, 4
 # mixtures of experts of MOE_MMA_MIN_N or more tokens (prefill) on tensor cores: moe_group_i32
 # sorts the (token, slot) pairs by expert on the device, mmaglu_moe_* / mma_moe_* (mma.cuh) run
 # each expert's gathered rows through its gate/up and down tiles, moe_wsum_f32 adds each token's
@@ -245,6 +248,7 @@ class CudaOps:
     matvec = False
     mv_variant = None
     moe_mv_variant = None  # forces moe_mvglu's variant (one of MOE_MV_GLU: opchecks, tests)
+    moe_route_warp = True  # moe_route_warp_f32 where it serves (see MOE_ROUTE_WARP_MAXE)
     moe_mv_launches = 0  # moe_mvglu / moe_mvdown launches (opchecks asserts them)
 
     def __init__(self):
@@ -1017,7 +1021,15 @@ class CudaOps:
             raise ReflexError("unsupported_architecture", f"moe: {E} experts in {G} groups exceed the "
                               "routing kernel's shared memory (REFLEX_CUDA_MOE=host routes on the host)")
         ids, wts = self.empty((N, k), "int32"), self.empty((N, k))
-        if N:
+        gid = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating]
+        if N and self.moe_route_warp and not G and E <= MOE_ROUTE_WARP_MAXE:
+            self.k("moe_route_warp_f32")((-(-N // MOE_ROUTE_WARP_TOKENS), 1, 1), (32 * MOE_ROUTE_WARP_TOKENS, 1, 1),
+                                         logits=logits.ptr,
+                                         bias=selection_bias.ptr if selection_bias is not None else 0,
+                                         escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
+                                         wts=wts.ptr, N=N, E=E, k=k, gating=gid, norm=1 if norm else 0,
+                                         scale=1.0 if scale in (0.0, 1.0) else float(scale))
+        elif N:
             self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits=logits.ptr,
                                     bias=selection_bias.ptr if selection_bias is not None else 0,
                                     escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,

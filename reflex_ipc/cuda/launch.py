@@ -370,6 +370,13 @@ def _moe_route_f32(launch, pack, stream):
     return kernel
 
 
+def _moe_route_warp_f32(launch, pack, stream):
+    def kernel(grid, block, *, logits, bias, escale, ids, wts, N, E, k, gating, norm, scale, shared=0):
+        return launch(grid, block, pack(logits, bias, escale, ids, wts, N, E, k, gating, norm, scale), shared, stream)
+
+    return kernel
+
+
 def _moe_swiglu_oai_f32(launch, pack, stream):
     def kernel(grid, block, *, G, U, bg, bu, ids, H, n, F, alpha, limit, shared=0):
         return launch(grid, block, pack(G, U, bg, bu, ids, H, n, F, alpha, limit), shared, stream)
@@ -1201,6 +1208,7 @@ KERNELS = {
     "moe_mvglue_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
     "moe_mvglue_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_route_warp_f32": ("QQQQQiiiiif", _moe_route_warp_f32),
     "moe_swiglu_oai_f32": ("QQQQQQqiff", _moe_swiglu_oai_f32),
     "moe_weight_input_f32": ("QQQQqii", _moe_weight_input_f32),
     "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),

@@ -8,7 +8,8 @@ import struct
 import numpy as np
 
 from reflex_ipc.backends.base import moe_route, swiglu_oai
-from reflex_ipc.backends.cuda_ops import MOE_MVD_R, MOE_MVD_WARPS, MV_ALIGN, MV_KERNEL, MV_VARIANTS
+from reflex_ipc.backends.cuda_ops import (MOE_MVD_R, MOE_MVD_WARPS, MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS,
+                                         MV_ALIGN, MV_KERNEL, MV_VARIANTS)
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
@@ -91,6 +92,76 @@ def kernel_route(lr, k, gating, norm, scale, bias=None, G=0, G_used=0, escale=No
     w = (w * F32(scale)).astype(F32)
     if escale is not None:
         w = (w * escale[ids]).astype(F32)
+    return np.array(ids, np.int32), w
+
+
+def kernel_route_warp(lr, k, gating, norm, scale, bias=None, escale=None):
+    """One warp of moe_route_warp_f32 for one token's logits lr [E <= 256], step by step: lane l
+    holds experts l + 32 i, each round every lane's best untaken (sel, index, prob) and an xor
+    butterfly over the lanes; softmax's max and sum by butterflies too."""
+    lr = np.asarray(lr, F32)
+    E, PL = lr.size, 8
+    idx = np.arange(32)[:, None] + 32 * np.arange(PL)[None, :]  # [lane, i]
+    valid = idx < E
+    pr = np.where(valid, np.pad(lr, (0, 32 * PL - E), constant_values=-np.inf)[idx], F32(-np.inf)).astype(F32)
+
+    def butterfly(vals, op):
+        vals = list(vals)
+        for o in (16, 8, 4, 2, 1):
+            vals = [op(vals[l], vals[l ^ o]) for l in range(32)]
+        assert all(v == vals[0] for v in vals) or all(np.isnan(v) for v in vals)
+        return vals[0]
+
+    if gating == 0:
+        m = butterfly([pr[l].max() for l in range(32)], lambda a, b: F32(max(a, b)))
+        z = np.where(valid, np.exp(pr - m), pr).astype(F32)
+        lane_s = [F32(0)] * 32
+        for l in range(32):
+            for i in range(PL):
+                if valid[l, i]:
+                    lane_s[l] = F32(lane_s[l] + z[l, i])
+        s = butterfly(lane_s, lambda a, b: F32(a + b))
+        pr = (z / s).astype(F32)
+    elif gating == 1:
+        with np.errstate(over="ignore"):
+            pr = (F32(1) / (F32(1) + np.exp(-pr))).astype(F32)
+    sel = pr.copy()
+    if bias is not None:
+        b = np.pad(np.asarray(bias, F32), (0, 32 * PL - E))[idx]
+        sel = np.where(valid, pr + b, pr).astype(F32)
+    taken = ~valid
+    ids, w = [], []
+    wsum = F32(0)
+    for j in range(k):
+        cands = []
+        for l in range(32):
+            v, bi, p = -np.inf, INT_MAX, F32(0)
+            for i in range(PL):
+                if not taken[l, i] and before(sel[l, i], idx[l, i], v, bi):
+                    v, bi, p = sel[l, i], int(idx[l, i]), pr[l, i]
+            cands.append((v, bi, p))
+        v, bi, p = butterfly(cands, lambda a, b: b if before(b[0], b[1], a[0], a[1]) else a)
+        if not 0 <= bi < E:
+            bi, p = j, pr[j % 32, j // 32]
+        taken[bi % 32, bi // 32] = True
+        ids.append(bi)
+        w.append(p)
+        wsum = F32(wsum + p)
+    w = np.array(w, F32)
+    if gating == 2:
+        z = np.exp(w - w[0]).astype(F32)
+        t = F32(0)
+        for v in z:
+            t = F32(t + v)
+        w = (z / t).astype(F32)
+        wsum = F32(0)
+        for v in w:
+            wsum = F32(wsum + v)
+    if norm:
+        w = (w / max(wsum, F32(6.103515625e-5))).astype(F32)
+    w = (w * F32(scale)).astype(F32)
+    if escale is not None:
+        w = (w * np.asarray(escale, F32)[ids]).astype(F32)
     return np.array(ids, np.int32), w
 
 
@@ -207,6 +278,16 @@ class MemRuntime:
             w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
             y = self.f32(Y, M)
             y[:] = (y if acc else 0) + w @ self.f32(X, K)
+        elif name == "moe_route_warp_f32":  # a warp per token (tokens n < N of MOE_ROUTE_WARP_TOKENS a block)
+            logits, bias, escale, ids, wts, N, E, k, gating, norm, scale = args
+            assert block == (32 * MOE_ROUTE_WARP_TOKENS, 1, 1) and grid[0] == -(-N // MOE_ROUTE_WARP_TOKENS)
+            assert E <= MOE_ROUTE_WARP_MAXE
+            b = self.f32(bias, E).copy() if bias else None
+            es = self.f32(escale, E).copy() if escale else None
+            for n in range(N):
+                i, w = kernel_route_warp(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, es)
+                self.i32(ids + 4 * n * k, k)[:] = i
+                self.f32(wts + 4 * n * k, k)[:] = w
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G

@@ -1695,10 +1695,32 @@ def _check_moe_route(ops, rng):
         (8, 2, "softmax", False, None, True, 1.0, True), (128, 8, "softmax", False, None, True, 1.0, True),
         (128, 8, "sigmoid", False, (8, 4), True, 1.0, True), (64, 6, "softmax", False, (16, 3), False, 1.0, True),
         (32, 1, "sigmoid", False, None, False, 1.0, True),
+        # moe_route_warp_f32's edges (CUDA; up to 256 experts without groups): lanes of 8 experts
+        # and of none, past 256 experts the block kernel again, gpt-oss's softmax_weight
+        (256, 8, "softmax", False, None, True, 1.0, False), (200, 8, "sigmoid", True, None, True, 2.5, False),
+        (256, 8, "sigmoid", False, None, True, 1.0, True), (20, 16, "softmax", False, None, True, 1.0, True),
+        (300, 8, "softmax", False, None, True, 1.0, False), (32, 4, "softmax_weight", False, None, False, 1.0, True),
     ]
-    for E, k, gating, has_bias, groups, norm, scale, ties in cases:
+    warp0 = getattr(ops, "moe_route_warp", None)
+    try:
+        for warp in ((True, False) if warp0 is not None else (None,)):
+            if warp is not None:
+                ops.moe_route_warp = warp
+            for case in cases:
+                rows += _moe_route_rows(ops, rng, case, "" if warp is None else f" warp={warp}")
+    finally:
+        if warp0 is not None:
+            ops.moe_route_warp = warp0
+    return rows
+
+
+def _moe_route_rows(ops, rng, case, tag):
+    from reflex_ipc.backends.base import moe_route
+
+    rows = []
+    E, k, gating, has_bias, groups, norm, scale, ties = case
+    for N in (1, 17):
         bias = (rng.integers(0, 3, E) * 1.0).astype(np.float32) if has_bias else None
-        N = 17
         if ties:  # exact ties: every implementation computes equal values for equal logits
             lg = (rng.integers(0, 4, (N, E)) * 0.5).astype(np.float32)
         else:
@@ -1707,10 +1729,11 @@ def _check_moe_route(ops, rng):
         ids, wts = ops.moe_route(ops.asarray(lg), k, gating=gating, norm=norm, scale=scale,
                                  selection_bias=None if bias is None else ops.asarray(bias), groups=groups)
         got = ops.to_numpy(ids)
-        case = f"E={E} k={k} {gating} bias={has_bias} groups={groups} norm={norm} scale={scale} ties={ties}"
-        rows.append({"op": "moe_route", "case": case + " ids", "ok": bool(np.array_equal(got, top)),
+        name = (f"E={E} k={k} {gating} bias={has_bias} groups={groups} norm={norm} scale={scale} ties={ties} "
+                f"N={N}{tag}")
+        rows.append({"op": "moe_route", "case": name + " ids", "ok": bool(np.array_equal(got, top)),
                      "got": got[:2].tolist(), "ref": top[:2].tolist()})
-        rows.append(row("moe_route", case + " weights", ops.to_numpy(wts), w, 1e-6))
+        rows.append(row("moe_route", name + " weights", ops.to_numpy(wts), w, 1e-6))
     return rows
 
 

@@ -16,8 +16,14 @@
 #pragma once
 #include "matvec.cuh"
 
+// Register caps (launch bounds): 16 warps an SM for the gate/up variants, 2 blocks of 8 warps
+// for down; uncapped, ptxas takes 160-215 registers and an SM holds 8-12 warps of these
+// latency-bound loops. Under the cap only Q4_K's e / c spill (16 bytes, as matvec.cuh's
+// mvglue_q4_k) and Q5_K's e / c (~200 bytes: the backend picks d for Q5_K).
 #define MOE_MVD_R 4
 #define MOE_MVD_WARPS 8
+#define MOE_MVG_WARPS_SM 16
+#define MOE_MVD_MINB 2
 
 template <int T, int R, int W, int G, int U>
 __device__ __forceinline__ void moe_mvglu_body(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
@@ -85,18 +91,18 @@ __device__ __forceinline__ void moe_mvdown_body(const uint8_t* __restrict__ Wt, 
 }
 
 #define RX_MOE_MVGLU_V(V, NAME, T, R, W, G, U)                                                          \
-    RX_EXTERN void __launch_bounds__(32 * W * G) moe_mvglu##V##_##NAME(                                 \
+    RX_EXTERN void __launch_bounds__(32 * W * G, MOE_MVG_WARPS_SM / (W * G)) moe_mvglu##V##_##NAME(     \
         const uint8_t* Wg, const uint8_t* Wu, const float* X, const int* ids, float* Y, int K, int F,   \
         int x_div, long long es, long long rb, int act) {                                               \
         moe_mvglu_body<T, R, W, G, U>(Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act);                     \
     }
 
 // the gate/up variants: matvec.cuh's c, d, e (the backend's MOE_MV_GLU lists the same)
-#define RX_MOE_MV(NAME, T)                                                                             \
+#define RX_MOE_MV(NAME, T)                                                                              \
     RX_MOE_MVGLU_V(c, NAME, T, 4, 2, 1, 1)                                                              \
     RX_MOE_MVGLU_V(d, NAME, T, 2, 1, 4, 1)                                                              \
     RX_MOE_MVGLU_V(e, NAME, T, 4, 1, 2, 1)                                                              \
-    RX_EXTERN void __launch_bounds__(32 * MOE_MVD_WARPS) moe_mvdown_##NAME(                             \
+    RX_EXTERN void __launch_bounds__(32 * MOE_MVD_WARPS, MOE_MVD_MINB) moe_mvdown_##NAME(               \
         const uint8_t* W, const float* H, const int* ids, const float* wts, float* Y, int F, int D,     \
         int k, long long es, long long rb) {                                                            \
         moe_mvdown_body<T>(W, H, ids, wts, Y, F, D, k, es, rb);                                         \

@@ -148,9 +148,10 @@ MOE_MV_MAX_PAIRS = 65535  # grid y of moe_mvglu (pairs) and moe_mvdown (tokens)
 
 
 def moe_mv_pick(t):
-    """moe_mvglu's variant for experts of format t: as mvglu's (warps over whole rows for the
-    short rows of K-block quants, two warps a row for Q8_0's)."""
-    return {"q6_k": "d", "q8_0": "c"}.get(MV_KERNEL[t], "e")
+    """moe_mvglu's variant for experts of format t: as mvglu's (a warp over whole rows for the
+    short rows of K-block quants, two warps a row for Q8_0's), but d for Q5_K: its e / c spill
+    under moe_mv.cuh's register cap (16 warps an SM), d does not."""
+    return {"q5_k": "d", "q6_k": "d", "q8_0": "c"}.get(MV_KERNEL[t], "e")
 
 
 def moe_mv_grid(v, F, P):

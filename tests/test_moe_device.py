@@ -364,6 +364,7 @@ MV_CASES = {  # name: (gate/up format, down format, E, k, fused gate_up, moe key
     "q5_k/q4_k k=4 groups": ("Q5_K", "Q4_K", 16, 4, False, dict(gating="sigmoid", groups=(4, 2), scale=2.5)),
     "q6_k fused gelu k=1": ("Q6_K", "Q6_K", 8, 1, True, dict(act="gelu", norm=False)),
     "q8_0/q5_k k=8 of 8": ("Q8_0", "Q5_K", 8, 8, False, {}),
+    "q4_k/q6_k k=12 of 16": ("Q4_K", "Q6_K", 16, 12, False, {}),
     "q8_0 fused k=4 escale": ("Q8_0", "Q8_0", 8, 4, True, dict(escale=True)),
     "q4_k llama4 weight_before k=1": ("Q4_K", "Q8_0", 8, 1, False, dict(gating="sigmoid", norm=False,
                                                                          weight_before=True)),

@@ -1387,7 +1387,7 @@ def check_moe(ops, rng):
 
 
 # (label, gate/up format (a pair: gate, up of two formats), down format, E, k, K, F, D, opts);
-# every MV format for gate/up and for down, k = 1, 4, 6, 8, E = 8..128, K / F of 768, 2048 and
+# every MV format for gate/up and for down, k = 1, 4, 6, 8, 12, E = 8..128, K / F of 768, 2048 and
 # 2880 where the format allows, D % 4 != 0 (moe_mvdown's last row block part empty)
 MOE_MV_CASES = [
     ("qwen3moe-like E=128 k=8", "Q4_K", "Q6_K", 128, 8, 256, 256, 256, {}),
@@ -1402,6 +1402,7 @@ MOE_MV_CASES = [
     ("dsv2-like sigmoid groups(8,3) k=6", "Q5_K", "Q8_0", 64, 6, 512, 512, 512,
      dict(gating="sigmoid", groups=(8, 3), scale=2.5)),
     ("gate/up of two formats", ("Q4_K", "Q8_0"), "Q6_K", 8, 4, 768, 768, 768, {}),
+    ("k=12 of 32: two chunks of moe_mvdown's 8 warps", "Q4_K", "Q6_K", 32, 12, 256, 256, 260, {}),
     ("gpt-oss-like swiglu_oai biases k=4", "Q8_0", "Q8_0", 8, 4, 2880, 768, 2880,
      dict(gating="softmax_weight", norm=False, act="swiglu_oai", biases=True)),
 ]

@@ -121,8 +121,8 @@ TABLE = (
      "Attention of 16+ queries on the tensor-core flash kernel, q and the softmax weights "
      "rounded to float16 (0: the float32 kernel; an accuracy fallback)."),
     ("REFLEX_MATVEC", ("new", "old"), "new", "cuda",
-     "One-token matvecs on kernels/matvec.cuh (`old`: the kernels before it; kept for "
-     "scripts/gpu/gpu-matvec --decode's A/B)."),
+     "One-token matvecs on kernels/matvec.cuh, and few-token MoE experts on kernels/moe_mv.cuh "
+     "(`old`: the kernels before them; kept for scripts/gpu/gpu-matvec --decode's and gpu-moedec's A/B)."),
     ("REFLEX_PROFILE", "flag", False, "cuda",
      "CUDA events around every launch inside a profiling window (scripts/gpu/gpu-breakdown's "
      "per-kernel times)."),

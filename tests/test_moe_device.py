@@ -528,3 +528,47 @@ def test_cuda_moe_route_takes_the_warp_kernel_where_it_serves(mem_ops):
         top, w = moe_route(lg, 8, "sigmoid", True, 2.5, None, groups)
         assert rt.i32(ids.ptr, N * 8).reshape(N, 8).tolist() == top.tolist()
         np.testing.assert_allclose(rt.f32(wts.ptr, N * 8).reshape(N, 8), w, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("v", ["c", "d", "e"])
+@pytest.mark.parametrize("F", [32, 96, 768, 2880])
+def test_moe_mvglu_blocks_write_each_pair_row_once(v, F):
+    """moe_mvglu's grid (moe_mv_grid) and mv_row0 / mv_writer (matvec.cuh) emulated thread by
+    thread: every (pair, row < F) written exactly once, rows read clamped inside the expert."""
+    from reflex_ipc.backends.cuda_ops import MV_VARIANTS, moe_mv_grid
+
+    R, W, G, _ = MV_VARIANTS[v]
+    P = 3
+    (gx, gy, gz), (bx, _, _) = moe_mv_grid(v, F, P)
+    assert gy == P and gz == 1 and bx == 32 * W * G
+    written = np.zeros((P, F), int)
+    for p in range(gy):
+        for b in range(gx):
+            for warp in range(bx // 32):
+                row0 = (b * G + warp // W) * R  # mv_row0
+                reads = [min(row0 + r, F - 1) for r in range(R)]
+                assert all(0 <= r < F for r in reads)
+                if warp % W == 0:  # mv_writer: lane 0 of the group's first warp
+                    for r in range(R):
+                        if row0 + r < F:
+                            written[p, row0 + r] += 1
+    assert (written == 1).all()
+
+
+@pytest.mark.parametrize("k", [1, 2, 6, 8, 9, 12, 16, 20])
+def test_moe_mvdown_sums_each_row_in_slot_order(k):
+    """moe_mvdown's chunks of min(k, 8) warps emulated: thread t < MOE_MVD_R adds pair j's weighted
+    dot for j = 0, 1, ..., k - 1 in that order (the same bits as moe_down's loop), each once."""
+    from reflex_ipc.backends.cuda_ops import MOE_MVD_R, MOE_MVD_WARPS
+
+    nw = min(k, MOE_MVD_WARPS)
+    order = {t: [] for t in range(MOE_MVD_R)}
+    for j0 in range(0, k, nw):
+        part = {}
+        for warp in range(nw):  # each warp's pair of this chunk
+            if j0 + warp < k:
+                part[warp] = j0 + warp
+        for t in range(MOE_MVD_R):  # after the barrier
+            for w in range(min(nw, k - j0)):
+                order[t].append(part[w])
+    assert all(order[t] == list(range(k)) for t in order)

@@ -135,13 +135,16 @@ MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS = 256, 4
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
 MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
+MOE_GROUP_WARPS = 32
+MOE_GROUP_SHARED = 46 * 1024
 # the per-pair form (decode, short prompts) with experts in matvec.cuh's formats (MV_KERNEL):
 # kernels/moe_mv.cuh's moe_mvglu{V}_* (gate/up of each pair on matvec.cuh's layout, variants
 # MOE_MV_GLU of MV_VARIANTS) and moe_mvdown_* (a block: MOE_MVD_R rows of one token for all k
 # pairs, a warp a pair, min(k, MOE_MVD_WARPS) warps, the weighted dots summed in slot order
 # through shared memory); REFLEX_MATVEC=old keeps moe.cuh's moe_glu / moe_down. Decode reads
-# ~14 + 10 MB a layer on the Qwen3-30B-A3B shape: every (pair, row) block is resident at once
-# (the grids are a few hundred blocks of 2-8 warps), each lane with 4-8 rows' loads in flight.
+# ~14 + 10 MB a layer on the Qwen3-30B-A3B shape: registers capped so that 16 warps an SM stay
+# resident (gate/up's 768 blocks of 2 warps in one wave, down's 512 of 8 in two), each warp with
+# 4-8 rows' loads in flight (40-55 KB an SM), where moe_glu / moe_down had one row a warp.
 MOE_MV_GLU = ("c", "d", "e")
 MOE_MVD_R, MOE_MVD_WARPS = 4, 8  # MOE_MVD_R, MOE_MVD_WARPS in moe_mv.cuh
 MOE_MV_MAX_PAIRS = 65535  # grid y of moe_mvglu (pairs) and moe_mvdown (tokens)
@@ -158,8 +161,8 @@ def moe_mv_grid(v, F, P):
     """(grid, block) of moe_mvglu variant v for F rows of each of P pairs."""
     R, W, G, _ = MV_VARIANTS[v]
     return (-(-F // (R * G)), P, 1), (32 * W * G, 1, 1)
-MOE_GROUP_WARPS = 32
-MOE_GROUP_SHARED = 46 * 1024
+
+
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
@@ -898,7 +901,8 @@ class CudaOps:
         the unit after them: gate/up of two formats, gpt-oss's biased swiglu_oai), then the down
         projections summed over a token's experts with their weights (moe_down, or with
         moe_down_split a warp per (pair, row) and moe_wsum_f32's slot-order sum: the same bits).
-        x [N * k / x_div, K]: row p / x_div is pair p's input."""
+        Experts in matvec.cuh's formats take moe_mv.cuh's moe_mvglu / moe_mvdown instead (see
+        MOE_MV_GLU). x [N * k / x_div, K]: row p / x_div is pair p's input."""
         N, D = out.shape
         k = ids.shape[1]
         K = x.shape[1]
@@ -1034,8 +1038,7 @@ class CudaOps:
             self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits=logits.ptr,
                                     bias=selection_bias.ptr if selection_bias is not None else 0,
                                     escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
-                                    wts=wts.ptr, E=E, k=k,
-                                    gating={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating],
+                                    wts=wts.ptr, E=E, k=k, gating=gid,
                                     norm=1 if norm else 0, scale=1.0 if scale in (0.0, 1.0) else float(scale), G=G,
                                     G_used=G_used, shared=shared)
         return ids, wts

@@ -240,10 +240,12 @@ def test_host_mode_is_not_captured(monkeypatch):
     assert m.capturable is False
 
 
-def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tmp_path):
+@pytest.mark.parametrize("matvec", [False, True])
+def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tmp_path, matvec):
     """A qwen3moe forward pass on CudaOps (kernels recorded, not run): every layer's experts go
-    through the device routing and expert kernels, and nothing waits for the device (this
-    runtime has no device -> host copy), so the model may be captured."""
+    through the device routing and expert kernels (Q8_0: moe.cuh's, or with REFLEX_MATVEC=new
+    moe_mv.cuh's), and nothing waits for the device (this runtime has no device -> host copy),
+    so the model may be captured."""
     import os
 
     from reflex_ipc.backends import cuda_ops
@@ -273,6 +275,7 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
     ops.rt, ops.pool, ops.k = rt, rt.pool, rt.kernel
     ops._arenas, ops._extra_weights, ops._graph = {}, [], None
     ops.mma, ops._seq_memo = False, None  # the per-row matmul kernels (what the interpreter runs)
+    ops.matvec = matvec
     keys = examples()["qwen3moe"][1]["keys"]
     tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
     path = example_gguf("qwen3moe", str(tmp_path / "qwen3moe.gguf"), tokenizer=tok, qtype="Q8_0")
@@ -284,8 +287,10 @@ def test_qwen3moe_forward_launches_moe_kernels_without_host_sync(monkeypatch, tm
             rt.launches.clear()
             model.forward(state, Batch(ops, ids, list(range(len(ids)))))
             names = [launch[0] for launch in rt.launches]
-            for kern in ("moe_route_warp_f32", "moe_glu_", "moe_down_"):
-                assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, names)
+            # (the example's experts are 24 wide: their down projection stays F32, on moe_down)
+            for kern in ("moe_route_warp_f32",) + (("moe_mvgluc_q8_0", "moe_down_f32") if matvec else
+                                                    ("moe_glu_", "moe_down_")):
+                assert sum(n.startswith(kern) for n in names) == keys["block_count"], (kern, [n for n in names if "moe" in n])
             route = next(launch for launch in rt.launches if launch[0] == "moe_route_warp_f32")
             assert route[1] == (1, 1, 1) and route[3][5:8] == (len(ids), keys["expert_count"],
                                                                keys["expert_used_count"])

@@ -385,3 +385,44 @@ def test_skip_and_wide_match_the_kernel_source():
         for cw in range(WARPS):
             wn = (cw >> 1) * WN
             assert warp_ntn(nr, cw, True) == sum(wn + 8 * nt < nr for nt in range(2))
+
+
+def test_bench_moe_tile_runs_on_the_numpy_oracle():
+    """opchecks.bench_moe_tile (scripts/gpu/gpu-moetile's timing) on the numpy backend dressed
+    with the switches and a fake event clock, at small shapes: every variant timed, restored
+    afterwards, same_bits true (numpy ignores the switches), a speedup reported."""
+    from reflex_ipc.testing import opchecks
+
+    class Ev:
+        t = [0.0]
+
+        def record(self, stream):
+            Ev.t[0] += 1.0
+            self.at = Ev.t[0]
+
+        def synchronize(self):
+            pass
+
+        def time_since(self, other):
+            return self.at - other.at
+
+    class Ops(NumpyOps):
+        moe_mma, moe_mma_min_n, moe_skip, mma_wide, wide_launches = False, 48, True, True, 0
+
+        class rt:
+            stream = None
+
+            class drv:
+                Event = Ev
+
+        def synchronize(self):
+            pass
+
+    ops = Ops(blas_threads=None)
+    rows = opchecks.bench_moe_tile(ops, np.random.default_rng(0), shapes=("tiny",), N=40, rounds=2, reps=2,
+                                   table={"tiny": (8, 2, 256, 256, "Q4_K", "Q6_K")}, dense=(("Q4_K", 96, 256),))
+    assert [r["case"] for r in rows] == ["moe tiny N=40", "matmul Q4_K 256->96 N=40"]
+    for r in rows:
+        assert r["same_bits"] and r["speedup"] > 0
+        assert {f"skip{a}_wide{b}_us" for a in (0, 1) for b in (0, 1)} <= set(r)
+    assert (ops.moe_skip, ops.mma_wide, ops.moe_mma, ops.moe_mma_min_n) == (True, True, False, 48)

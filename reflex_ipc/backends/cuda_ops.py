@@ -218,6 +218,7 @@ class CudaOps:
     moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
     moe_skip = True  # REFLEX_MOE_SKIP (MOE_SKIP); opchecks compares both
     mma_wide = True  # REFLEX_MMA_WIDE (MOE_WIDE, MMA_WIDE); opchecks compares both
+    wide_launches = 0  # tensor-core launches that read their weights with DeqWide (gpu-moetile reports it)
     # the per-pair form's down projection as a warp per (pair, row) (moe_mm_*, x_div 1) and then
     # moe_wsum_f32, instead of moe_down_*'s warp per row walking a token's k experts in turn:
     # k times the warps for decode's one token, one more launch, the same bits. Off until the
@@ -928,7 +929,9 @@ class CudaOps:
         Q5_K blocks, 144 / 176 bytes, are then all 16-byte aligned; Q6_K's aligned words around
         a run stay inside the tensor)."""
         a = WIDE_ALIGN.get(w.ggml_type)
-        return bool(self.mma_wide and a and not any(p % a for p in ptrs))
+        ok = bool(self.mma_wide and a and not any(p % a for p in ptrs))
+        self.wide_launches += ok
+        return ok
 
     def _moe_flags(self, w, *ptrs):
         """mma_moe / mmaglu_moe's flags for weight w read from ptrs: MOE_SKIP (moe_skip), MOE_WIDE."""

@@ -1930,15 +1930,19 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
 
 
 MOE_TILE_VARIANTS = ((True, True), (False, False), (True, False), (False, True))  # (moe_skip, mma_wide)
+MOE_TILE_DENSE = (("Q4_K", 4096, 2048), ("Q6_K", 2048, 4096))  # (type, M, K): Qwen3-30B-A3B's q and o
 
 
-def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512, rounds=3, reps=10):
+def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512, rounds=3, reps=10,
+                   table=MOE_BENCH, dense=MOE_TILE_DENSE):
     """The grouped MoE GEMMs (one MoE layer of each MOE_BENCH shape at N tokens, the prefill
     form) and two dense tensor-core matmuls of the Qwen3-30B-A3B shape (Q4_K 2048 -> 4096, Q6_K
     4096 -> 2048, N tokens) under each (moe_skip, mma_wide) of MOE_TILE_VARIANTS (REFLEX_MOE_SKIP,
     REFLEX_MMA_WIDE): GPU us per call (CUDA events, `reps` calls), the variants alternated for
-    `rounds` rounds and the median kept; `same_bits`: every variant's output equals the first's.
-    Rows {case, variant: us, ..., same_bits, speedup (plain over skip+wide)}."""
+    `rounds` rounds and the median kept; `same_bits`: every variant's output equals the first's;
+    `*_wide_launches`: the call's launches that took DeqWide (0 when the weights' format or
+    alignment does not allow it). Rows {case, variant: us, ..., same_bits, speedup (plain
+    over skip+wide)}."""
     out = []
     saved = {a: getattr(ops, a) for a in ("moe_skip", "mma_wide", "moe_mma", "moe_mma_min_n")}
     tag = lambda v: f"skip{int(v[0])}_wide{int(v[1])}"  # noqa: E731
@@ -1946,7 +1950,7 @@ def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512
         ops.moe_mma, ops.moe_mma_min_n = True, 1
         cases = []
         for shape in shapes:
-            E, k, K, F, tgu, td = MOE_BENCH[shape]
+            E, k, K, F, tgu, td = table[shape]
             spec = {"router": ("F32", E, K), "gate": (tgu, E * F, K), "up": (tgu, E * F, K), "down": (td, E * K, F)}
             tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c))
                        for key, (t, r, c) in spec.items()}
@@ -1954,7 +1958,7 @@ def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512
             X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
             cases.append((f"moe {shape} N={N}", lambda W=W, X=X, k=k: ops.moe(X, W["router"], W["gate"], W["up"],
                                                                                W["down"], k)))
-        for t, M, K in (("Q4_K", 4096, 2048), ("Q6_K", 2048, 4096)):
+        for t, M, K in dense:
             tensors = {"w": (random_weight(t, M, K, rng, ref=False)[0], TYPES[t][0], (M, K))}
             w = ops.load_weight(weights_gguf(tensors), "w")
             X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
@@ -1965,7 +1969,9 @@ def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512
             for rnd in range(rounds):
                 for v in MOE_TILE_VARIANTS:
                     ops.moe_skip, ops.mma_wide = v
+                    w0 = getattr(ops, "wide_launches", 0)
                     y = ops.to_numpy(fn())  # warm, and the bits
+                    res[f"{tag(v)}_wide_launches"] = getattr(ops, "wide_launches", 0) - w0
                     if first is None:
                         first = y
                     same = same and bool(np.array_equal(y, first))

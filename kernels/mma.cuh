@@ -77,7 +77,8 @@ struct MmaJobs {
 // bytes) in one each (blocks of 144 / 176 bytes: 16-byte aligned when the tensor is); Q6_K
 // (210-byte blocks, 2-byte aligned) takes each 8-byte run from two aligned 8-byte loads
 // (the words around it, all inside its block when the tensor is 8-byte aligned) and a
-// funnel shift. The host sets the flag only for tensors so aligned (cuda_ops._wide_ok).
+// funnel shift. The host sets the flag only for tensors so aligned (cuda_ops._wide_ok). The
+// small integers become floats by qf (exact, as deq8's conversions), so the products are the same.
 template <int T>
 struct DeqWide {
     static constexpr bool has = false;
@@ -109,6 +110,10 @@ __device__ __forceinline__ float hi_f16(uint32_t v) {
 __device__ __forceinline__ int qbyte(const uint2& q, int i) {  // byte i (0..7) of q
     return (int)(((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xffu);
 }
+// (float)(v) for 0 <= v < 2^23, exactly, without an int conversion (a quarter-rate pipe):
+// 0x4B000000 | v is 2^23 + v; qf(v, 2^23 + 32) = (float)(v - 32)
+__device__ __forceinline__ float qf(int v, float bias) { return __int_as_float(0x4B000000 | v) - bias; }
+#define DEQ_TWO23 8388608.f
 
 // bytes p..p+7 (p 2-byte aligned) from the aligned 8-byte words at (p & ~7) and 8 after it
 __device__ __forceinline__ uint2 ld8_w2(const uint8_t* p) {
@@ -132,7 +137,7 @@ struct DeqWide<T_Q4_K> {
         const float d = lo_f16(h.x) * sc, m = hi_f16(h.x) * mn;
         const int sh = (sub & 1) * 4;
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * (float)((qbyte(q, i) >> sh) & 0xF) - m;
+        for (int i = 0; i < 8; i++) w[i] = d * qf((qbyte(q, i) >> sh) & 0xF, DEQ_TWO23) - m;
     }
 };
 
@@ -151,7 +156,7 @@ struct DeqWide<T_Q5_K> {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int v = ((qbyte(q, i) >> sh) & 0xF) | (((qbyte(hb, i) >> sub) & 1) << 4);
-            w[i] = d * (float)v - m;
+            w[i] = d * qf(v, DEQ_TWO23) - m;
         }
     }
 };
@@ -167,7 +172,7 @@ struct DeqWide<T_Q6_K> {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int v = ((qbyte(q, i) >> sh) & 0xF) | (((qbyte(hb, i) >> (2 * g)) & 3) << 4);
-            w[i] = d * (float)(v - 32);
+            w[i] = d * qf(v, DEQ_TWO23 + 32.f);
         }
     }
 };
@@ -259,29 +264,24 @@ __device__ __forceinline__ void mma_put(__half* st, const uint4 (&v0)[MmaJobs<BK
     mma_put_x<BK>(st + NW * TILE, f, p);
 }
 
-// acc[mt][nt][i] += warp cw's 32 x 16 tile (rows wr.., tokens wn..) over the BK columns in
-// shared memory; ntn = 1 multiplies only its first 8 tokens (nt = 0: the grouped MoE GEMMs'
-// MOE_SKIP when the rest lie past the group; acc[.][1] then stays as it was).
-// sw: W tile [MMA_BM][BK + MMA_PAD], sx: X tile [MMA_BN][BK + MMA_PAD].
-template <int BK>
-__device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int cw, float (&acc)[2][2][4],
-                                         int ntn = 2) {
+// acc[w][mt][nt][i] += warp cw's 32 x 16 tile (rows wr.., tokens wn..) of weight w < NW over
+// the BK columns in shared memory, each X fragment loaded once for the NW weights (each
+// accumulator still takes its MMAs in k order: the same sums as one weight at a time);
+// ntn = 1 multiplies only its first 8 tokens (nt = 0: the grouped MoE GEMMs' MOE_SKIP when
+// the rest lie past the group; acc[.][.][1] then stays as it was).
+// st: a stage, NW W tiles [MMA_BM][BK + MMA_PAD] then the X tile [MMA_BN][BK + MMA_PAD].
+template <int BK, int NW>
+__device__ __forceinline__ void mma_tile(const __half* st, int cw, float (&acc)[NW][2][2][4], int ntn = 2) {
     constexpr int LD = BK + MMA_PAD;
+    constexpr int TILE = MMA_BM * LD;
+    const __half* sx = st + NW * TILE;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int wr = (cw & 1) * 32, wn = (cw >> 1) * MMA_WN;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
 #if __CUDA_ARCH__ >= 800
-        uint32_t a[2][4], b[2][2];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            const __half* p = sw + (wr + mt * 16 + g) * LD + kk + 2 * t;
-            a[mt][0] = *reinterpret_cast<const uint32_t*>(p);
-            a[mt][1] = *reinterpret_cast<const uint32_t*>(p + 8 * LD);
-            a[mt][2] = *reinterpret_cast<const uint32_t*>(p + 8);
-            a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * LD + 8);
-        }
+        uint32_t b[2][2];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             if (nt >= ntn) continue;
@@ -290,33 +290,47 @@ __device__ __forceinline__ void mma_tile(const __half* sw, const __half* sx, int
             b[nt][1] = *reinterpret_cast<const uint32_t*>(p + 8);
         }
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int w = 0; w < NW; w++) {
+            uint32_t a[2][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                if (nt >= ntn) continue;
-                float* c = acc[mt][nt];
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                    : "r"(a[mt][0]), "r"(a[mt][1]), "r"(a[mt][2]), "r"(a[mt][3]), "r"(b[nt][0]),
-                      "r"(b[nt][1]));
+            for (int mt = 0; mt < 2; mt++) {
+                const __half* p = st + w * TILE + (wr + mt * 16 + g) * LD + kk + 2 * t;
+                a[mt][0] = *reinterpret_cast<const uint32_t*>(p);
+                a[mt][1] = *reinterpret_cast<const uint32_t*>(p + 8 * LD);
+                a[mt][2] = *reinterpret_cast<const uint32_t*>(p + 8);
+                a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * LD + 8);
             }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    if (nt >= ntn) continue;
+                    float* c = acc[w][mt][nt];
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                        : "r"(a[mt][0]), "r"(a[mt][1]), "r"(a[mt][2]), "r"(a[mt][3]), "r"(b[nt][0]),
+                          "r"(b[nt][1]));
+                }
+        }
 #else
         // the same C elements (row g or g+8, tokens 2t, 2t+1) with scalar loops
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int w = 0; w < NW; w++)
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (nt >= ntn) continue;
-                    const __half* pw = sw + (wr + mt * 16 + g + (i >> 1) * 8) * LD + kk;
-                    const __half* px = sx + (wn + nt * 8 + 2 * t + (i & 1)) * LD + kk;
-                    float s = 0.f;
-                    for (int k = 0; k < 16; k++) s += __half2float(pw[k]) * __half2float(px[k]);
-                    acc[mt][nt][i] += s;
-                }
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        if (nt >= ntn) continue;
+                        const __half* pw = st + w * TILE + (wr + mt * 16 + g + (i >> 1) * 8) * LD + kk;
+                        const __half* px = sx + (wn + nt * 8 + 2 * t + (i & 1)) * LD + kk;
+                        float s = 0.f;
+                        for (int k = 0; k < 16; k++) s += __half2float(pw[k]) * __half2float(px[k]);
+                        acc[w][mt][nt][i] += s;
+                    }
 #endif
     }
 }
@@ -370,8 +384,7 @@ __device__ __forceinline__ void mma_body(const uint8_t* __restrict__ W0, const u
             mma_fetch<T, NW, BK>(W0, W1, X, v0, v1, f, threadIdx.x, m0, n0, (kb + it + 1) * BK, M, N, K,
                                  row_bytes, wide);
         const __half* st = stage[it & 1];
-#pragma unroll
-        for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w]);
+        mma_tile<BK, NW>(st, cw, acc);
         if (more) mma_put<NW, BK>(stage[(it + 1) & 1], v0, v1, f, threadIdx.x);
         __syncthreads();
     }
@@ -568,10 +581,7 @@ __device__ __forceinline__ void mma_moe_body(const uint8_t* __restrict__ W0, con
             mma_fetch_xrows<BK>(xr, f, threadIdx.x, k0, K);
         }
         const __half* st = stage[it & 1];
-        if (ntn > 0) {
-#pragma unroll
-            for (int w = 0; w < NW; w++) mma_tile<BK>(st + w * TILE, st + NW * TILE, cw, acc[w], ntn);
-        }
+        if (ntn > 0) mma_tile<BK, NW>(st, cw, acc, ntn);
         if (more) mma_put<NW, BK>(stage[(it + 1) & 1], v0, v1, f, threadIdx.x);
         __syncthreads();
     }

@@ -211,14 +211,28 @@ def test_wide_dequant_reads_the_same_values_inside_the_tensor(t, K):
         assert {(blk * bsize) % 8 for blk in range(rows * nb)} >= ({0, 2, 4, 6} if nb % 4 else {0})
 
 
+def qf(v, bias):
+    """mma.cuh's qf: the float32 with bits 0x4B000000 | v, minus bias, in float32."""
+    return np.float32(np.array([0x4B000000 | v], np.uint32).view(np.float32)[0] - np.float32(bias))
+
+
+def test_qf_is_the_exact_conversion():
+    """qf(v, 2^23) == (float)v for every 6-bit value, qf(v, 2^23 + 32) == (float)(v - 32)."""
+    for v in range(64):
+        assert qf(v, 8388608.0) == np.float32(v) and qf(v, 8388608.0 + 32) == np.float32(v - 32)
+
+
 def test_wide_dequant_matches_the_kernel_source():
-    """The expressions of DeqWide's readers are deq8's (the same floats from the same bytes)."""
+    """The expressions of DeqWide's readers are deq8's (the same floats from the same bytes:
+    qf is (float) of the same integer, exactly)."""
     src = open(os.path.join(ROOT, "kernels", "mma.cuh")).read()
     q = open(os.path.join(ROOT, "kernels", "quants.cuh")).read()
     assert "w[i] = d * (float)((q[i] >> sh) & 0xF) - m;" in q and \
-        "w[i] = d * (float)((qbyte(q, i) >> sh) & 0xF) - m;" in src
-    assert q.count("w[i] = d * (float)v - m;") == 1 and src.count("w[i] = d * (float)v - m;") == 1
-    assert "w[i] = d * (float)(v - 32);" in q and "w[i] = d * (float)(v - 32);" in src
+        "w[i] = d * qf((qbyte(q, i) >> sh) & 0xF, DEQ_TWO23) - m;" in src
+    assert q.count("w[i] = d * (float)v - m;") == 1 and src.count("w[i] = d * qf(v, DEQ_TWO23) - m;") == 1
+    assert "w[i] = d * (float)(v - 32);" in q and "w[i] = d * qf(v, DEQ_TWO23 + 32.f);" in src
+    assert "#define DEQ_TWO23 8388608.f" in src
+    assert "return __int_as_float(0x4B000000 | v) - bias;" in src
     assert "const float d = ld_f16(b) * sc, m = ld_f16(b + 2) * mn;" in q
     assert src.count("const float d = lo_f16(h.x) * sc, m = hi_f16(h.x) * mn;") == 2
     assert "if (DeqWide<T>::has && wide)" in src

@@ -67,8 +67,9 @@ def u32(s, idx):
 
 
 def tile(s, w_off, x_off, cw, acc, BK, ntn=2):
-    """mma_tile of warp cw: acc [2][2] of [32, 4] arrays, updated in place (ntn = 1: only
-    acc[.][0], the first 8 tokens)."""
+    """mma_tile of warp cw for one weight (the kernel loads each X fragment once for its NW
+    weights: the same indices, each accumulator's MMAs in the same k order): acc [2][2] of
+    [32, 4] arrays, updated in place (ntn = 1: only acc[.][0], the first 8 tokens)."""
     LD = BK + PAD
     wr, wn = (cw & 1) * 32, (cw >> 1) * WN
     for kk in range(0, BK, 16):

@@ -69,7 +69,7 @@ struct MmaJobs {
 };
 
 // The K-quants' chunks read with wide loads (MMA_WIDE, MOE_WIDE: REFLEX_MMA_WIDE): deq8's values,
-// bit for bit (the same expressions on the same bytes), from fewer load instructions. deq8
+// bit for bit (the same arithmetic on the same bytes), from fewer load instructions. deq8
 // reads a Q4_K chunk with ~9 loads of 1-2 bytes (d, dmin, 2-4 scale bytes, 4 x 2 quant bytes)
 // and every load of a warp touches as many lines as the warp has rows (8 at BK = 32): the L1
 // wavefronts of those loads, not the tensor cores, bound the kernels. Here Q4_K / Q5_K take

@@ -356,6 +356,7 @@ def test_cuda_moe_gpt_oss_llama4_forms_on_interpreted_kernels(mem_ops, name, gro
         assert names == pre + ["moe_group_i32", "mma_x_f16", "mmaglu_moe_f16", "mma_moe_f16", "moe_wsum_f32"] + post
         glu = next(launch for launch in rt.launches if launch[0] == "mmaglu_moe_f16")[3]
         assert glu[14] == (2 if kw.get("act") == "swiglu_oai" else 0) and glu[11] == (1 if kw.get("weight_before") else k)
+        assert glu[17] == 1  # MOE_SKIP; no MOE_WIDE for F16 (cuda_ops._moe_flags)
         assert ops.moe_mma_launches == 1
     else:
         mid = ["moe_mm_f16", "moe_mm_f16", "moe_swiglu_oai_f32"] if kw.get("act") == "swiglu_oai" else ["moe_glu_f16"]

@@ -135,6 +135,11 @@ MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS = 256, 4
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
 MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
+# the grouped GEMMs' flags (mma.cuh): MOE_SKIP by REFLEX_MOE_SKIP, MOE_WIDE by REFLEX_MMA_WIDE (the
+# dense GEMMs: MMA_WIDE in their mode), only for the formats DeqWide reads, from tensors aligned
+# as it needs (_wide_ok)
+MOE_SKIP, MOE_WIDE, MMA_WIDE = 1, 2, 4
+WIDE_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 8}
 MOE_GROUP_WARPS = 32
 MOE_GROUP_SHARED = 46 * 1024
 # the per-pair form (decode, short prompts) with experts in matvec.cuh's formats (MV_KERNEL):
@@ -240,6 +245,9 @@ class CudaOps:
     moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
     moe_mma_min_n = MOE_MMA_MIN_N
     moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
+    moe_skip = True  # REFLEX_MOE_SKIP (MOE_SKIP); opchecks compares both
+    mma_wide = True  # REFLEX_MMA_WIDE (MOE_WIDE, MMA_WIDE); opchecks compares both
+    wide_launches = 0  # tensor-core launches that read their weights with DeqWide (gpu-moetile reports it)
     # the per-pair form's down projection as a warp per (pair, row) (moe_mm_*, x_div 1) and then
     # moe_wsum_f32, instead of moe_down_*'s warp per row walking a token's k experts in turn:
     # k times the warps for decode's one token, one more launch, the same bits. Off until the
@@ -279,6 +287,8 @@ class CudaOps:
         self.moe_mma = s.moe_mma and tuple(self.rt.cc) >= (8, 0)
         self.moe_mma_min_n = MOE_MMA_MIN_N
         self.moe_mma_launches = 0
+        self.moe_skip = s.moe_skip
+        self.mma_wide = s.mma_wide
         self.mla_flash = s.mla_flash and tuple(self.rt.cc) >= (8, 0)
         self.mla_flash_min_n = MLA_FLASH_MIN_N
         self.mla_flash_launches = 0
@@ -577,11 +587,12 @@ class CudaOps:
         grid = (-(-M // MMA_BM), -(-N // MMA_BN), S)
         P = self.empty((S * nw * N * M,)) if S > 1 else None
         t, block, rb, p = MM_KERNEL[ws[0].ggml_type], (MMA_THREADS, 1, 1), ws[0].row_bytes, P.ptr if S > 1 else 0
+        kmode = mode | (MMA_WIDE if self._wide_ok(ws[0], *(w.ptr for w in ws)) else 0)
         if nw == 1:
-            self.k(f"mma_{t}")(grid, block, W=ws[0].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb, acc=mode, P=p)
+            self.k(f"mma_{t}")(grid, block, W=ws[0].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb, acc=kmode, P=p)
         else:
             self.k(f"mmaglu_{t}")(grid, block, Wg=ws[0].ptr, Wu=ws[1].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb,
-                                  act=mode, P=p)
+                                  act=kmode, P=p)
         if S > 1:
             blocks = min(-(-(N * M) // EW_BLOCK), 8 * self._sm_count())
             self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P=P.ptr, Y=out.ptr, S=S, NW=nw, NM=N * M,
@@ -968,6 +979,20 @@ class CudaOps:
                 and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
                 and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
 
+    def _wide_ok(self, w, *ptrs):
+        """Whether the tensor-core kernels read weight w (from ptrs) with DeqWide's wide loads:
+        mma_wide, a format DeqWide reads, and tensors that start aligned as it needs (Q4_K /
+        Q5_K blocks, 144 / 176 bytes, are then all 16-byte aligned; Q6_K's aligned words around
+        a run stay inside the tensor)."""
+        a = WIDE_ALIGN.get(w.ggml_type)
+        ok = bool(self.mma_wide and a and not any(p % a for p in ptrs))
+        self.wide_launches += ok
+        return ok
+
+    def _moe_flags(self, w, *ptrs):
+        """mma_moe / mmaglu_moe's flags for weight w read from ptrs: MOE_SKIP (moe_skip), MOE_WIDE."""
+        return (MOE_SKIP if self.moe_skip else 0) | (MOE_WIDE if self._wide_ok(w, *ptrs) else 0)
+
     def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None, *,
                      x_div=None, gate_bias=None, up_bias=None):
         """moe's prefill form (see MOE_MMA_MIN_N): the pairs grouped by expert (moe_group_i32),
@@ -996,11 +1021,12 @@ class CudaOps:
         glu((-(-F // MMA_BM), tmax, 1), block,
             glu.head(Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr, tiles=tiles.ptr, H=h.ptr,
                      bg=gate_bias.ptr if gate_bias is not None else 0, bu=up_bias.ptr if up_bias is not None else 0),
-            K=K, M=F, k=x_div, es=estride, rb=w_gate.row_bytes, act=act, alpha=OAI_ALPHA, limit=OAI_LIMIT)
+            K=K, M=F, k=x_div, es=estride, rb=w_gate.row_bytes, act=act, alpha=OAI_ALPHA, limit=OAI_LIMIT,
+            flags=self._moe_flags(w_gate, wg_ptr, wu_ptr))
         y = self.empty((P, D))
         kx(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
             (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
-            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes)
+            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes, flags=self._moe_flags(w_down, w_down.ptr))
         self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
         self.moe_mma_launches += 1
         return out

@@ -240,8 +240,8 @@ def _mma_bf16(launch, pack, stream):  # 22 kernels
 
 
 def _mma_moe_bf16(launch, pack, stream):  # 22 kernels
-    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, shared=0):
-        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb), shared, stream)
+    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, flags, shared=0):
+        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb, flags), shared, stream)
 
     return kernel
 
@@ -271,10 +271,10 @@ def _mmaglu_moe_bf16(launch, pack, stream):  # 22 kernels
     def head(*, Wg, Wu, X, order, eoff, tiles, H, bg, bu):
         return (Wg, Wu, X, order, eoff, tiles, H, bg, bu)
 
-    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, shared=0):
+    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, flags, shared=0):
         if len(head) != 9:
             raise TypeError("mmaglu_moe_bf16: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit), shared, stream)
+        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit, flags), shared, stream)
 
     kernel.head = head
     return kernel
@@ -765,28 +765,28 @@ KERNELS = {
     "mma_iq3_xxs": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_nl": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_xs": ("QQQiiiqiQ", _mma_bf16),
-    "mma_moe_bf16": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_f16": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq1_m": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq1_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_xs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq3_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq3_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq4_nl": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq4_xs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_mxfp4": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_1": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_1": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q6_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q8_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_tq1_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_tq2_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_bf16": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_f16": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq1_m": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq1_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_xs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_xxs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq3_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq3_xxs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq4_nl": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq4_xs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_mxfp4": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_1": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_1": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q6_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q8_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_tq1_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_tq2_0": ("QQQQQQiiqqi", _mma_moe_bf16),
     "mma_mxfp4": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_1": ("QQQiiiqiQ", _mma_bf16),
@@ -811,28 +811,28 @@ KERNELS = {
     "mmaglu_iq3_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_nl": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
-    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
     "mmaglu_mxfp4": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),

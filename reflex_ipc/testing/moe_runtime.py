@@ -381,10 +381,11 @@ class MemRuntime:
         elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
             glu = op == "mmaglu_moe"
             if glu:
-                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit = args
+                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit, flags = args
             else:
-                Wg, X, order, eoff, tiles, H, K, M, es, rb = args
+                Wg, X, order, eoff, tiles, H, K, M, es, rb, flags = args
                 Wu, k, act = Wg, 1, 0
+            assert flags in (0, 1, 3)  # MOE_SKIP, MOE_SKIP | MOE_WIDE: the same bits (check_moe_grouped)
             assert block == (256, 1, 1) and grid[0] == -(-M // 64)
             nt = int(self.i32(tiles, 1)[0])
             assert nt <= grid[1]

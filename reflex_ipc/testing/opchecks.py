@@ -7,6 +7,7 @@ against a float64 reference. Outputs are poisoned (NaN) before each launch where
 op writes into a caller buffer, so unwritten elements fail.
 """
 
+import json
 import os
 import tempfile
 import time
@@ -200,6 +201,9 @@ def _check_matmul_prefill(ops, rng):
             out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
             rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N}", out, x.astype(np.float64) @ ref.T,
                             mm_tol(ops, name, N)))
+            if N in (33, 500) and name in ("Q4_K", "Q5_K", "Q6_K"):  # REFLEX_MMA_WIDE each way: the same bits
+                rows += _tile_variants(ops, lambda: ops.to_numpy(ops.matmul(ops.asarray(x), w)), out,
+                                       f"{name} M={M} K={K} N={N}", "matmul_prefill", ("mma_wide",))
             if N in (33, 500) and M == 1000:
                 y0 = rng.standard_normal((N, M)).astype(np.float32)
                 y = ops.asarray(y0.copy())  # (the numpy backend's asarray keeps the array)
@@ -328,6 +332,9 @@ def check_matmul_glu(ops, rng):
                 # gated unit of f16-rounded products: about twice the matmul's error
                 tol = MM_TOL if mm_tol(ops, g_t, N) == mm_tol(ops, u_t, N) == MM_TOL else 2 * MMA_TOL
                 rows.append(row("matmul_glu", case, out, ref, tol))
+                if N == 70 and g_t == u_t and g_t in ("Q4_K", "Q5_K", "Q6_K"):  # REFLEX_MMA_WIDE each way
+                    rows += _tile_variants(ops, lambda: ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act)), out, case,
+                                           "matmul_glu", ("mma_wide",))
                 if N in (1, 13, 70):
                     glu = ops.swiglu if act == "silu" else ops.geglu
                     unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
@@ -1507,9 +1514,11 @@ def check_moe_grouped(ops, rng):
     weights and the gated hidden rows rounded to f16): every tensor-core format at E=8 k=2; the
     Qwen3-30B-A3B and DeepSeek-V2-Lite layouts at reduced widths with N = 32..300; a skewed
     routing (one expert takes most tokens: several row tiles, and experts with no token); a
-    fused gate_up with gelu, logits and expert_scale; softmax/sigmoid, groups, norm off. Each
-    call must have taken the grouped path (moe_mma_launches), give the same bits when repeated,
-    and replay from a captured graph with new inputs."""
+    fused gate_up with gelu, logits and expert_scale; softmax/sigmoid, groups, norm off; the
+    Qwen3-30B-A3B layout at N = 600; routings that give expert groups of exactly 1..70 rows
+    (and empty experts). Each call must have taken the grouped path (moe_mma_launches), give
+    the same bits when repeated and with REFLEX_MOE_SKIP / REFLEX_MMA_WIDE each way (moe_skip,
+    mma_wide: the same sums in the same order), and replay from a captured graph with new inputs."""
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
     if not getattr(ops, "moe_mma", False):
@@ -1530,6 +1539,11 @@ def check_moe_grouped(ops, rng):
          dict(logits=True, skew=True)),
         ("fused gate_up gelu logits expert_scale", 16, 2, ("Q4_0", None, "Q6_K"), 256, 512, 256, (n_min, 90),
          dict(act="gelu", logits=True, escale=True)),
+        ("qwen3moe-like E=128 k=8", 128, 8, ("Q4_K", "Q4_K", "Q6_K"), 256, 512, 256, (600,), {}),
+        ("groups of 1..70 rows", 24, 2, ("Q4_K", "Q4_K", "Q6_K"), 256, 512, 264, (MOE_GROUP_SIZES_N,),
+         dict(logits=True, sizes=True)),
+        ("groups of 1..70 rows", 24, 2, ("Q5_K", "Q5_K", "Q8_0"), 256, 256, 200, (MOE_GROUP_SIZES_N,),
+         dict(logits=True, sizes=True)),
     ]
     for label, E, k, (tg, tu, td), F, K, D, Ns, o in cases:
         F = F or _moe_width((tg, tu, td))
@@ -1550,6 +1564,8 @@ def check_moe_grouped(ops, rng):
         for N in Ns:
             x, lg = _moe_inputs(rng, N, K, E, k, gating, bias, groups,
                                 router=None if o.get("logits") else ref["router"].astype(np.float64), xs=xs)
+            if o.get("sizes"):  # expert e takes exactly MOE_GROUP_SIZES[e] of the N * k pairs
+                lg = _moe_sized_logits(rng, N, E, k)
             if o.get("skew"):  # 80% of the tokens rank expert 3 first by a wide margin
                 hot = rng.random(N) < 0.8
                 for _ in range(200):
@@ -1577,8 +1593,48 @@ def check_moe_grouped(ops, rng):
             again = ops.to_numpy(ops.moe(X, *args, **dkw))
             rows.append({"op": "moe_grouped", "case": f"{label} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
+            rows += _tile_variants(ops, lambda: ops.to_numpy(ops.moe(X, *args, **dkw)), got, f"{label} N={N}")
     rows += _check_moe_grouped_graph(ops, rng, npo)
     rows += _check_moe_grouped_archs(ops, rng, npo)
+    return rows
+
+
+# expert group sizes (pairs an expert takes) of check_moe_grouped's "groups of 1..70 rows":
+# one, a few, one short of / at / one past each 8- and 16-token warp tile, half and whole 64-row
+# tiles, two tiles; 5 of its 24 experts take none
+MOE_GROUP_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 70)
+MOE_GROUP_SIZES_N = sum(MOE_GROUP_SIZES) // 2  # tokens at k = 2
+
+
+def _moe_sized_logits(rng, N, E, k):
+    """Logits [N, E] whose top k (softmax, by wide margins) give expert e exactly
+    MOE_GROUP_SIZES[e] pairs (0 past them), each token's k experts distinct."""
+    lab = np.repeat(np.arange(len(MOE_GROUP_SIZES)), MOE_GROUP_SIZES)
+    assert lab.size == N * k and max(MOE_GROUP_SIZES) <= N
+    lab = lab.reshape(k, N)  # sorted: token n's slots lab[j, n] are distinct (no group exceeds N)
+    perm = rng.permutation(N)
+    lg = (rng.standard_normal((N, E)) * 0.5).astype(np.float32)
+    for j in range(k):
+        lg[perm, lab[j]] = 12.0 - 2.0 * j
+    return lg
+
+
+def _tile_variants(ops, run, got, name, op="moe_grouped", switches=("moe_skip", "mma_wide")):
+    """The same call with each of CudaOps' switches (moe_skip: REFLEX_MOE_SKIP, mma_wide:
+    REFLEX_MMA_WIDE) flipped alone and all together: the same bits as got."""
+    switches = [a for a in switches if hasattr(ops, a)]
+    rows = []
+    saved = {a: getattr(ops, a) for a in switches}
+    sets = [(a,) for a in switches] + ([tuple(switches)] if len(switches) > 1 else [])
+    try:
+        for flip in sets:
+            for a in switches:
+                setattr(ops, a, saved[a] != (a in flip))
+            what = " ".join(f"{a}={int(getattr(ops, a))}" for a in flip)
+            rows.append({"op": op, "case": f"{name} {what}: same bits", "ok": bool(np.array_equal(run(), got))})
+    finally:
+        for a, v in saved.items():
+            setattr(ops, a, v)
     return rows
 
 
@@ -1630,6 +1686,8 @@ def _check_moe_grouped_archs(ops, rng, npo):
             again = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
             rows.append({"op": "moe_grouped", "case": f"{name} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
+            rows += _tile_variants(ops, lambda: ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra)), got,
+                                   f"{name} N={N}")
         if hasattr(ops, "capture") and fmt[0] == "Q8_0" and 48 >= n_min:
             N = 48
             X, LG = ops.empty((N, K)), ops.empty((N, E))
@@ -2015,6 +2073,66 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
         finally:
             ops.moe_mma, ops.moe_mma_min_n = mma0, min0
         print(f"[bench] moe {shape}: " + ", ".join(f"{a}={b}" for a, b in res.items()), flush=True)
+    return out
+
+
+MOE_TILE_VARIANTS = ((True, True), (False, False), (True, False), (False, True))  # (moe_skip, mma_wide)
+MOE_TILE_DENSE = (("Q4_K", 4096, 2048), ("Q6_K", 2048, 4096))  # (type, M, K): Qwen3-30B-A3B's q and o
+
+
+def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512, rounds=3, reps=10,
+                   table=MOE_BENCH, dense=MOE_TILE_DENSE):
+    """The grouped MoE GEMMs (one MoE layer of each MOE_BENCH shape at N tokens, the prefill
+    form) and two dense tensor-core matmuls of the Qwen3-30B-A3B shape (Q4_K 2048 -> 4096, Q6_K
+    4096 -> 2048, N tokens) under each (moe_skip, mma_wide) of MOE_TILE_VARIANTS (REFLEX_MOE_SKIP,
+    REFLEX_MMA_WIDE): GPU us per call (CUDA events, `reps` calls), the variants alternated for
+    `rounds` rounds and the median kept; `same_bits`: every variant's output equals the first's;
+    `*_wide_launches`: the call's launches that took DeqWide (0 when the weights' format or
+    alignment does not allow it). Rows {case, variant: us, ..., same_bits, speedup (plain
+    over skip+wide)}."""
+    out = []
+    saved = {a: getattr(ops, a) for a in ("moe_skip", "mma_wide", "moe_mma", "moe_mma_min_n")}
+    tag = lambda v: f"skip{int(v[0])}_wide{int(v[1])}"  # noqa: E731
+    try:
+        ops.moe_mma, ops.moe_mma_min_n = True, 1
+        cases = []
+        for shape in shapes:
+            E, k, K, F, tgu, td = table[shape]
+            spec = {"router": ("F32", E, K), "gate": (tgu, E * F, K), "up": (tgu, E * F, K), "down": (td, E * K, F)}
+            tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c))
+                       for key, (t, r, c) in spec.items()}
+            W = {key: ops.load_weight(weights_gguf(tensors), key) for key in spec}
+            X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+            cases.append((f"moe {shape} N={N}", lambda W=W, X=X, k=k: ops.moe(X, W["router"], W["gate"], W["up"],
+                                                                               W["down"], k)))
+        for t, M, K in dense:
+            tensors = {"w": (random_weight(t, M, K, rng, ref=False)[0], TYPES[t][0], (M, K))}
+            w = ops.load_weight(weights_gguf(tensors), "w")
+            X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+            cases.append((f"matmul {t} {K}->{M} N={N}", lambda w=w, X=X: ops.matmul(X, w)))
+        for name, fn in cases:
+            res, times, first = {"case": name}, {}, None
+            same = True
+            for rnd in range(rounds):
+                for v in MOE_TILE_VARIANTS:
+                    ops.moe_skip, ops.mma_wide = v
+                    w0 = getattr(ops, "wide_launches", 0)
+                    y = ops.to_numpy(fn())  # warm, and the bits
+                    res[f"{tag(v)}_wide_launches"] = getattr(ops, "wide_launches", 0) - w0
+                    if first is None:
+                        first = y
+                    same = same and bool(np.array_equal(y, first))
+                    ops.synchronize()
+                    times.setdefault(tag(v), []).append(_event_ms(ops, lambda r: fn(), reps) * 1e3)
+            for key, ts in times.items():
+                res[f"{key}_us"] = round(sorted(ts)[len(ts) // 2], 1)
+            res["same_bits"] = same
+            res["speedup"] = round(res["skip0_wide0_us"] / res["skip1_wide1_us"], 3)
+            print(f"[bench] moe_tile {json.dumps(res)}", flush=True)
+            out.append(res)
+    finally:
+        for a, v in saved.items():
+            setattr(ops, a, v)
     return out
 
 

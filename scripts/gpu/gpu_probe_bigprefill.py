@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 27: where a big MoE model's warm prefill and decode time goes, in one process.
 
-    REFLEX_PROFILE=1 python3 scripts/gpu/gpu_probe_bigprefill.py MODEL.gguf OUT.json [--runs 8]
+    REFLEX_PROFILE=1 PYTHONPATH=CHECKOUT python3 scripts/gpu/gpu_probe_bigprefill.py MODEL.gguf OUT.json [--runs 8]
 
 1. load (the CUDA backend, weights streamed as in a cold start), then 512-token prefills
    (prompt_logits, a new prompt each time) right away: what a warm-up sees while the rest of
@@ -20,9 +20,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from reflex_ipc.engine import load_runner  # noqa: E402
+from reflex_ipc.engine import load_runner
 
 
 def prefill_ids(n_vocab, n, salt):

@@ -8,7 +8,8 @@
    the file still uploads behind it;
 2. ops.wait_uploads(), then --runs prefills: the steady state (what llama-bench's pp512
    measures, after its load), wall per run, then one profiled per kernel (CUDA events);
-3. decode: 64 tokens (best of 3, ms/token); with REFLEX_CUDA_GRAPH=0 (eager launches) also
+3. system1 with 3 candidates on a ~500-token prompt (a new one each run), warm, per phase;
+4. decode: 64 tokens (best of 3, ms/token); with REFLEX_CUDA_GRAPH=0 (eager launches) also
    16 tokens profiled per kernel (run the probe twice for both).
 Writes OUT.json and prints a short table.
 """
@@ -61,6 +62,21 @@ def main():
         prof.window()
         r.prompt_logits(prefill_ids(nv, a.tokens, 999))
         rep["prefill_profile"] = prof.report(top=30)
+    # issue 27 target 5: warm system1 x3 with a ~500-token prompt, a new prompt each time
+    # (cache_prompt off: the whole prompt evaluated), per phase from its timings
+    from reflex_ipc.commands.bench import prefill_prompt
+
+    rows = []
+    for j in range(a.runs + 1):
+        t0 = time.perf_counter()
+        res = r.system1(prefill_prompt(500, 50 + j), [" Paris", " London", " Berlin"], cache_prompt=False)
+        wall = (time.perf_counter() - t0) * 1e3
+        if j:  # the first is a warm-up
+            rows.append({"wall_ms": round(wall, 2), "prompt_tokens": res["prompt_tokens"],
+                         **{k: v for k, v in res["timings"].items() if isinstance(v, (int, float))}})
+    rep["system1_500"] = {"runs": rows, "wall_p50_ms": statistics.median(x["wall_ms"] for x in rows),
+                          "phase_p50_ms": {k: statistics.median(x[k] for x in rows if k in x)
+                                           for k in ("tokenize", "prompt_eval", "candidates_eval", "total")}}
     best = None
     r.generate("The capital of France is", max_tokens=8, stop=[], temperature=0)
     for _ in range(3):
@@ -86,6 +102,9 @@ def main():
     print(f"{rep['model']}: load {rep['load_ms']} ms; prefill {a.tokens} while streaming "
           f"{rep['while_streaming_ms']} ms; wait_uploads {rep['wait_uploads_ms']} ms; steady {rep['steady_ms']} "
           f"(p50 {med} ms = {rep['steady_tok_s']} tok/s); decode {rep['decode_tok_s']} tok/s")
+    s1 = rep["system1_500"]
+    print(f"system1 x3, {s1['runs'][0]['prompt_tokens']}-token prompt, warm: p50 {s1['wall_p50_ms']:.1f} ms; "
+          f"phases p50 {s1['phase_p50_ms']}")
     p = rep.get("prefill_profile")
     if p:
         print(f"profiled prefill: {p['kernels']} kernels, GPU {p['gpu_ms']:.1f} ms, span {p['span_ms']:.1f}, "

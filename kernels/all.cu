@@ -15,5 +15,6 @@
 #include "fused.cuh"
 #include "hybrid.cuh"
 #include "matvec.cuh"
+#include "moe_mv.cuh"
 #include "matvec_nt.cuh"
 #include "flash.cuh"

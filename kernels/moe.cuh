@@ -164,6 +164,111 @@ RX_EXTERN void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_f32(
     }
 }
 
+// moe_route_f32's routing for up to MOE_ROUTE_WARP_MAXE experts without groups, a warp per
+// token (MOE_ROUTE_WARP_TOKENS tokens a block; tokens n < N): lane l holds experts l, l + 32, ...
+// in registers, the top k come from k warp-wide argmaxes over (sel, index, prob) by shuffles
+// (no block barriers: decode's routing is a few microseconds of latency, not a block's k rounds
+// of __syncthreads). The same ids as moe_route_f32 (the same order: larger first, lower index
+// first on ties; NaN never chosen); the weights differ only by softmax's summation order.
+#define MOE_ROUTE_WARP_MAXE 256
+#define MOE_ROUTE_WARP_TOKENS 4
+RX_EXTERN void __launch_bounds__(32 * MOE_ROUTE_WARP_TOKENS) moe_route_warp_f32(
+    const float* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ escale,
+    int* __restrict__ ids, float* __restrict__ wts, int N, int E, int k, int gating, int norm, float scale) {
+    constexpr int PL = MOE_ROUTE_WARP_MAXE / 32;
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * MOE_ROUTE_WARP_TOKENS + (int)(threadIdx.x >> 5);
+    if (n >= N) return;  // (a whole warp: no block barrier follows)
+    const float* lr = logits + (long long)n * E;
+    float pr[PL], sl[PL];
+    unsigned taken = 0u;  // bit i: expert lane + 32 i taken (or past E)
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        const int e = lane + 32 * i;
+        pr[i] = e < E ? lr[e] : -INFINITY;
+        if (e >= E) taken |= 1u << i;
+    }
+    if (gating == 0) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < PL; i++) m = fmaxf(m, pr[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            if (!((taken >> i) & 1u)) {
+                pr[i] = expf(pr[i] - m);
+                s += pr[i];
+            }
+        }
+        s = warp_sum(s);
+#pragma unroll
+        for (int i = 0; i < PL; i++) pr[i] = pr[i] / s;
+    } else if (gating == 1) {
+#pragma unroll
+        for (int i = 0; i < PL; i++) pr[i] = 1.f / (1.f + expf(-pr[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        const int e = lane + 32 * i;
+        sl[i] = (bias && e < E) ? pr[i] + bias[e] : pr[i];
+    }
+    float wsum = 0.f;  // the same in every lane
+    for (int j = 0; j < k; j++) {
+        float v = -INFINITY, p = 0.f;
+        int bi = INT_MAX;
+#pragma unroll
+        for (int i = 0; i < PL; i++)
+            if (!((taken >> i) & 1u) && moe_before(sl[i], lane + 32 * i, v, bi)) v = sl[i], bi = lane + 32 * i, p = pr[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, v, o), p2 = __shfl_xor_sync(0xffffffffu, p, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (moe_before(v2, i2, v, bi)) v = v2, bi = i2, p = p2;
+        }
+        if (bi < 0 || bi >= E) {  // only NaN scores leave no candidate: keep ids in range
+            bi = j;
+            float q = 0.f;
+#pragma unroll
+            for (int i = 0; i < PL; i++)
+                if (i == (j >> 5)) q = pr[i];
+            p = __shfl_sync(0xffffffffu, q, j & 31);
+        }
+        if (lane == (bi & 31)) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            ids[(long long)n * k + j] = bi;
+            wts[(long long)n * k + j] = p;
+        }
+        wsum += p;
+    }
+    if (lane == 0 && gating == 2) {  // softmax over the chosen logits (best first: wts[0] is the max)
+        const float mx = wts[(long long)n * k];
+        wsum = 0.f;
+        for (int j = 0; j < k; j++) {
+            const float z = expf(wts[(long long)n * k + j] - mx);
+            wts[(long long)n * k + j] = z;
+            wsum += z;
+        }
+        const float inv = wsum;
+        wsum = 0.f;
+        for (int j = 0; j < k; j++) {
+            wts[(long long)n * k + j] = wts[(long long)n * k + j] / inv;
+            wsum += wts[(long long)n * k + j];
+        }
+    }
+    if (lane == 0) {
+        const float div = norm ? fmaxf(wsum, 6.103515625e-5f) : 1.f;
+        for (int j = 0; j < k; j++) {
+            float w = wts[(long long)n * k + j];
+            if (norm) w = w / div;
+            w = w * scale;
+            if (escale) w = w * escale[ids[(long long)n * k + j]];
+            wts[(long long)n * k + j] = w;
+        }
+    }
+}
+
 // Gate and up of each pair: Y[p, r] = act(dot(Wg[row], x[n])) * dot(Wu[row], x[n]) with
 // row = ids[p] * estride + r, n = p / k; act 0 silu, 1 tanh gelu. X [N, K], Y [N*k, F].
 // Grid: (N*k, ceil(F / MM_ROWS)); block 32*MM_ROWS.

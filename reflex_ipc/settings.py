@@ -113,6 +113,12 @@ TABLE = (
      "Mixture-of-experts layers of 32+ tokens as tensor-core GEMMs over the tokens grouped by "
      "expert, inputs rounded to float16 (0: one matvec per token and expert; an accuracy "
      "fallback and gpu-bigmodel's A/B)."),
+    ("REFLEX_MOE_SKIP", "flag", True, "cuda",
+     "The grouped MoE GEMMs leave out the multiplies of a tile's tokens past its expert's rows "
+     "(0: every tile multiplies all 64; the same bits either way, scripts/gpu/gpu-moetile's A/B)."),
+    ("REFLEX_MMA_WIDE", "flag", True, "cuda",
+     "The tensor-core GEMMs (dense and grouped MoE) read Q4_K / Q5_K / Q6_K weights with wide "
+     "loads (0: deq8's byte loads; the same bits either way, scripts/gpu/gpu-moetile's A/B)."),
     ("REFLEX_MLA_FLASH", "flag", True, "cuda",
      "Latent attention (deepseek2) of 128+ queries with keys and values decompressed per head "
      "and the flash kernel (0: the absorbed form, as decode runs it; an accuracy fallback and "
@@ -121,8 +127,8 @@ TABLE = (
      "Attention of 16+ queries on the tensor-core flash kernel, q and the softmax weights "
      "rounded to float16 (0: the float32 kernel; an accuracy fallback)."),
     ("REFLEX_MATVEC", ("new", "old"), "new", "cuda",
-     "One-token matvecs on kernels/matvec.cuh (`old`: the kernels before it; kept for "
-     "scripts/gpu/gpu-matvec --decode's A/B)."),
+     "One-token matvecs on kernels/matvec.cuh, and few-token MoE experts on kernels/moe_mv.cuh "
+     "(`old`: the kernels before them; kept for scripts/gpu/gpu-matvec --decode's and gpu-moedec's A/B)."),
     ("REFLEX_PROFILE", "flag", False, "cuda",
      "CUDA events around every launch inside a profiling window (scripts/gpu/gpu-breakdown's "
      "per-kernel times)."),

@@ -587,7 +587,8 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
             assert conv[1][0] * 256 * 4 >= n * 1024  # every float4 of x has a thread
             assert mma[1:3] == ((65, gy, S), (256, 1, 1))
             P = mma[3][-1]
-            assert mma[3][:-1] == (wq.ptr, xh, y.ptr, 1024, 4097, n, 4 * 144, acc) and y.shape == (n, 4097)
+            # acc | MMA_WIDE (4): a Q4_K tensor 16-byte aligned is read with DeqWide's wide loads
+            assert mma[3][:-1] == (wq.ptr, xh, y.ptr, 1024, 4097, n, 4 * 144, acc | 4) and y.shape == (n, 4097)
             assert xh not in (x.ptr, y.ptr)
             if S > 1:
                 red = launches[2]
@@ -595,6 +596,13 @@ def test_cuda_ops_prefill_takes_the_tensor_core_kernels(fake_ops):
                 assert red[1][0] * 256 >= min(n * 4097, 8 * 132 * 256)
             else:
                 assert P == 0
+    ops.mma_wide = False  # REFLEX_MMA_WIDE=0: deq8's loads, the mode as it was
+    ops.matmul(DeviceArray.empty(ops.pool, (512, 1024)), wq)
+    assert ops.rt.launches[-1][0] == "mma_q4_k" and ops.rt.launches[-1][3][7] == 0
+    ops.mma_wide = True
+    wq2 = DeviceWeight(0x10008, (4097, 1024), 12, "Q4_K", 4 * 144, "q2")  # 8-byte aligned only: no wide loads
+    ops.matmul(DeviceArray.empty(ops.pool, (512, 1024)), wq2)
+    assert ops.rt.launches[-1][3][7] == 0
     x = DeviceArray.empty(ops.pool, (MMA_MIN_N - 1, 1024))
     ops.matmul(x, wq)
     assert ops.rt.launches[-1][0] == "mm8_q4_k"

@@ -133,10 +133,20 @@ def load_x_rows(s, off, X, srow, k0, K, BK):
     assert (written.reshape(BN, LD)[:, :BK] == 1).all()
 
 
-def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out, bg=None, bu=None):
+def warp_ntn(nr, cw, skip):
+    """mma_moe_body's ntn: warp cw's 8-token tiles that hold rows of a group of nr (MOE_SKIP)."""
+    if not skip:
+        return 2
+    return min(2, max(0, int((nr - (cw >> 1) * WN + 7) / 8)))  # C's division truncates toward zero
+
+
+def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out, bg=None, bu=None, skip=False,
+                    macs=None):
     """mma_moe_body<T, len(Ws), gather> over its grid (ceil(M / BM), tmax): Ws are the whole
     expert tensors [E * es, K] (expert e's rows from e * es), out the H (gather) or Y array;
-    mode 2 (gpt-oss): swiglu_oai of the products plus the expert's biases bg, bu [E, M]."""
+    mode 2 (gpt-oss): swiglu_oai of the products plus the expert's biases bg, bu [E, M].
+    skip: flags' MOE_SKIP (warps multiply only their 8-token tiles that hold rows); macs, a
+    one-element list, counts the m16n8k16 MMAs issued."""
     NW = len(Ws)
     BK = C["MMA_BK"] if NW == 1 else C["MMA_BK_GLU"]
     TILE = BM * (BK + PAD)
@@ -173,8 +183,11 @@ def grouped_emulate(Ws, X, order, eoff, tiles, tmax, k, es, gather, mode, out, b
                     stage[(it + 1) & 1][:] = np.nan
                     fill(stage[(it + 1) & 1], (it + 1) * BK)
                 for cw in range(WARPS):
-                    for w in range(NW):
-                        tile(stage[it & 1], w * TILE, NW * TILE, cw, acc[cw][w], BK)
+                    ntn = warp_ntn(nr, cw, skip)
+                    for w in range(NW if ntn > 0 else 0):
+                        tile(stage[it & 1], w * TILE, NW * TILE, cw, acc[cw][w], BK, ntn)
+                        if macs is not None:
+                            macs[0] += 2 * ntn * (BK // 16)
             for cw in range(WARPS):
                 wr, wn = (cw & 1) * 32, (cw >> 1) * WN
                 for mt in range(2):
@@ -293,7 +306,7 @@ def test_moe_grouped_op_check_runs_on_the_numpy_oracle():
     from reflex_ipc.testing import opchecks
 
     class Ops(NumpyOps):
-        moe_mma, moe_mma_min_n, moe_mma_launches = True, 32, 0
+        moe_mma, moe_mma_min_n, moe_mma_launches, moe_skip, mma_wide = True, 32, 0, True, True
 
         def moe(self, x, *a, **kw):
             self.moe_mma_launches += x.shape[0] >= self.moe_mma_min_n
@@ -303,9 +316,113 @@ def test_moe_grouped_op_check_runs_on_the_numpy_oracle():
     assert len(rows) >= 2 * (len(opchecks.MOE_MMA_FORMATS) * 2 + 10)
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad
+    cases = " | ".join(r["case"] for r in rows)
+    for want in ("groups of 1..70 rows N=290", "E=128 k=8 N=600", "N=290 moe_skip=0: same bits",
+                 "N=290 mma_wide=0: same bits", "N=290 moe_skip=0 mma_wide=0: same bits",
+                 "gpt-oss-like F16/F16/F16 E=32 k=4 N=150 moe_skip=0"):
+        assert want in cases, want
+
     class Missed(Ops):  # a backend whose calls never take the path
         def moe(self, x, *a, **kw):
             return NumpyOps.moe(self, x, *a, **kw)
 
     rows = opchecks.check_moe_grouped(Missed(blas_threads=None), np.random.default_rng(0))
     assert not any(r["ok"] for r in rows if "same bits" not in r["case"])
+
+
+@pytest.mark.parametrize("sizes", [(1, 7, 16, 17, 33, 70), (8, 9, 24, 25, 40, 63, 64, 65)])
+def test_skip_writes_the_same_bits_with_fewer_mmas(sizes):
+    """flags' MOE_SKIP (REFLEX_MOE_SKIP): warps whose 8-token tiles lie past the
+    group's rows multiply nothing there; every row the kernels write is the same sum in the
+    same order, so H and Y are bit-identical to the plain tiles', from fewer MMAs (groups of
+    1..70 rows: partial, full and two-tile experts)."""
+    rng = np.random.default_rng(sum(sizes))
+    E, k = len(sizes), 2
+    lab = rng.permutation(np.repeat(np.arange(E), sizes))
+    if lab.size % k:
+        lab = np.append(lab, 0)
+    ids = lab.reshape(-1, k)
+    N, P = ids.shape[0], lab.size
+    K, F, D = 48, 24, 40
+    x = rng.standard_normal((N, K))
+    wg, wu = rng.standard_normal((E * F, K)) * 0.2, rng.standard_normal((E * F, K)) * 0.2
+    wd = rng.standard_normal((E * D, F)) * 0.2
+    order, eoff, tiles = group_emulate(ids, E, 2, BN)
+    tmax = P // BN + min(E, P)
+    out = {}
+    for skip in (False, True):
+        macs = [0]
+        H = np.full((P, F), np.nan)
+        grouped_emulate([wg, wu], x, order, eoff, tiles, tmax, k, F, True, 0, H, skip=skip, macs=macs)
+        Y = np.full((P, D), np.nan)
+        grouped_emulate([wd], H, order, eoff, tiles, tmax, k, D, False, 0, Y, skip=skip, macs=macs)
+        assert not np.isnan(H).any() and not np.isnan(Y).any()
+        out[skip] = H, Y, macs[0]
+    assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
+    # the MMAs: a group of n rows takes ceil(n / 8) of the 8 token tiles of each of its tiles
+    sz = np.bincount(lab, minlength=E)
+    full = sum(-(-int(n) // BN) * (BN // 8) for n in sz)
+    part = sum(-(-int(n) // 8) for n in sz)
+    # per 8 tokens: 2 warps along the rows x 2 row tiles of 16, per 16 columns, weight and row block
+    ks = lambda K_, bk: -(-K_ // C[bk]) * (C[bk] // 16)  # noqa: E731
+    per_tile8 = 4 * (2 * ks(K, "MMA_BK_GLU") * -(-F // BM) + ks(F, "MMA_BK") * -(-D // BM))
+    assert out[False][2] == full * per_tile8 and out[True][2] == part * per_tile8
+    # and equal to numpy: x's rows through each expert
+    g = np.einsum("pk,pfk->pf", x[np.arange(P) // k], wg.reshape(E, F, K)[lab])
+    u = np.einsum("pk,pfk->pf", x[np.arange(P) // k], wu.reshape(E, F, K)[lab])
+    h = act(g, 0) * u
+    np.testing.assert_allclose(out[True][0][np.argsort(order)], h, rtol=1e-9, atol=1e-12)
+
+
+def test_skip_and_wide_match_the_kernel_source():
+    """mma_moe_body's ntn (warp_ntn above) and the flags' values as cuda_ops passes them."""
+    src = open(f"{ROOT}/kernels/mma.cuh").read()
+    assert "const int ntn = (flags & MOE_SKIP) ? min(2, max(0, (nr - (cw >> 1) * MMA_WN + 7) / 8)) : 2;" in src
+    assert re.search(r"#define MOE_SKIP 1\b", src) and re.search(r"#define MOE_WIDE 2\b", src)
+    assert (cuda_ops.MOE_SKIP, cuda_ops.MOE_WIDE, cuda_ops.MMA_WIDE) == (1, 2, 4)
+    assert re.search(r"#define MMA_WIDE 4\b", src)
+    for nr in range(1, BN + 1):  # a warp multiplies exactly the 8-token tiles holding rows < nr
+        for cw in range(WARPS):
+            wn = (cw >> 1) * WN
+            assert warp_ntn(nr, cw, True) == sum(wn + 8 * nt < nr for nt in range(2))
+
+
+def test_bench_moe_tile_runs_on_the_numpy_oracle():
+    """opchecks.bench_moe_tile (scripts/gpu/gpu-moetile's timing) on the numpy backend dressed
+    with the switches and a fake event clock, at small shapes: every variant timed, restored
+    afterwards, same_bits true (numpy ignores the switches), a speedup reported."""
+    from reflex_ipc.testing import opchecks
+
+    class Ev:
+        t = [0.0]
+
+        def record(self, stream):
+            Ev.t[0] += 1.0
+            self.at = Ev.t[0]
+
+        def synchronize(self):
+            pass
+
+        def time_since(self, other):
+            return self.at - other.at
+
+    class Ops(NumpyOps):
+        moe_mma, moe_mma_min_n, moe_skip, mma_wide, wide_launches = False, 48, True, True, 0
+
+        class rt:
+            stream = None
+
+            class drv:
+                Event = Ev
+
+        def synchronize(self):
+            pass
+
+    ops = Ops(blas_threads=None)
+    rows = opchecks.bench_moe_tile(ops, np.random.default_rng(0), shapes=("tiny",), N=40, rounds=2, reps=2,
+                                   table={"tiny": (8, 2, 256, 256, "Q4_K", "Q6_K")}, dense=(("Q4_K", 96, 256),))
+    assert [r["case"] for r in rows] == ["moe tiny N=40", "matmul Q4_K 256->96 N=40"]
+    for r in rows:
+        assert r["same_bits"] and r["speedup"] > 0
+        assert {f"skip{a}_wide{b}_us" for a in (0, 1) for b in (0, 1)} <= set(r)
+    assert (ops.moe_skip, ops.mma_wide, ops.moe_mma, ops.moe_mma_min_n) == (True, True, False, 48)

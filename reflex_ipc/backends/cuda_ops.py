@@ -125,6 +125,9 @@ TOPK_SLICE = 4096
 TOPK_MAX = 1024
 MOE_ROUTE_THREADS = 256  # MOE_ROUTE_THREADS in moe.cuh
 MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB in all without opt-in)
+# routings of up to MOE_ROUTE_WARP_MAXE experts without groups take moe_route_warp_f32 (a warp per
+# token, MOE_ROUTE_WARP_TOKENS a block: no block barriers; the same ids), unless moe_route_warp is off
+MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS = 256, 4
 # mixtures of experts of MOE_MMA_MIN_N or more tokens (prefill) on tensor cores: moe_group_i32
 # sorts the (token, slot) pairs by expert on the device, mmaglu_moe_* / mma_moe_* (mma.cuh) run
 # each expert's gathered rows through its gate/up and down tiles, moe_wsum_f32 adds each token's
@@ -132,8 +135,39 @@ MOE_ROUTE_SHARED = 46 * 1024  # dynamic shared memory of moe_route_f32 (48 KiB i
 # per pair (moe_glu / moe_down); REFLEX_MOE_MMA=0 always does. A one-block grouping kernel of
 # MOE_GROUP_WARPS warps at most (fewer when E is large: its counts are [warps][E] ints).
 MOE_MMA_MIN_N = 48  # H200 crossover 41-45 tokens (bench/results/issue27-h200-6653985)
+# the grouped GEMMs' flags (mma.cuh): MOE_SKIP by REFLEX_MOE_SKIP, MOE_WIDE by REFLEX_MMA_WIDE (the
+# dense GEMMs: MMA_WIDE in their mode), only for the formats DeqWide reads, from tensors aligned
+# as it needs (_wide_ok)
+MOE_SKIP, MOE_WIDE, MMA_WIDE = 1, 2, 4
+WIDE_ALIGN = {Q4_K: 16, Q5_K: 16, Q6_K: 8}
 MOE_GROUP_WARPS = 32
 MOE_GROUP_SHARED = 46 * 1024
+# the per-pair form (decode, short prompts) with experts in matvec.cuh's formats (MV_KERNEL):
+# kernels/moe_mv.cuh's moe_mvglu{V}_* (gate/up of each pair on matvec.cuh's layout, variants
+# MOE_MV_GLU of MV_VARIANTS) and moe_mvdown_* (a block: MOE_MVD_R rows of one token for all k
+# pairs, a warp a pair, min(k, MOE_MVD_WARPS) warps, the weighted dots summed in slot order
+# through shared memory); REFLEX_MATVEC=old keeps moe.cuh's moe_glu / moe_down. Decode reads
+# ~14 + 10 MB a layer on the Qwen3-30B-A3B shape: registers capped so that 16 warps an SM stay
+# resident (gate/up's 768 blocks of 2 warps in one wave, down's 512 of 8 in two), each warp with
+# 4-8 rows' loads in flight (40-55 KB an SM), where moe_glu / moe_down had one row a warp.
+MOE_MV_GLU = ("c", "d", "e")
+MOE_MVD_R, MOE_MVD_WARPS = 4, 8  # MOE_MVD_R, MOE_MVD_WARPS in moe_mv.cuh
+MOE_MV_MAX_PAIRS = 65535  # grid y of moe_mvglu (pairs) and moe_mvdown (tokens)
+
+
+def moe_mv_pick(t):
+    """moe_mvglu's variant for experts of format t: as mvglu's (a warp over whole rows for the
+    short rows of K-block quants, two warps a row for Q8_0's), but d for Q5_K: its e / c spill
+    under moe_mv.cuh's register cap (16 warps an SM), d does not."""
+    return {"q5_k": "d", "q6_k": "d", "q8_0": "c"}.get(MV_KERNEL[t], "e")
+
+
+def moe_mv_grid(v, F, P):
+    """(grid, block) of moe_mvglu variant v for F rows of each of P pairs."""
+    R, W, G, _ = MV_VARIANTS[v]
+    return (-(-F // (R * G)), P, 1), (32 * W * G, 1, 1)
+
+
 HYB_ROWS = 4  # rows (warps) per block of delta_qkv_f32 / rms_norm_gate_f32 (kernels/hybrid.cuh)
 RECUR_WARPS = 4  # state rows (one warp each) per block of delta_net_f32 / ssm_scan_f32
 RECUR_MAX_COLS = 256  # 32 lanes x RECUR_MAX_PER_LANE (recurrent.cuh): the widest state row
@@ -211,6 +245,9 @@ class CudaOps:
     moe_mma = False  # prefill MoE on the grouped tensor-core GEMMs (set in __init__: sm_80+, REFLEX_MOE_MMA)
     moe_mma_min_n = MOE_MMA_MIN_N
     moe_mma_launches = 0  # moe calls that took the grouped GEMMs (opchecks asserts it)
+    moe_skip = True  # REFLEX_MOE_SKIP (MOE_SKIP); opchecks compares both
+    mma_wide = True  # REFLEX_MMA_WIDE (MOE_WIDE, MMA_WIDE); opchecks compares both
+    wide_launches = 0  # tensor-core launches that read their weights with DeqWide (gpu-moetile reports it)
     # the per-pair form's down projection as a warp per (pair, row) (moe_mm_*, x_div 1) and then
     # moe_wsum_f32, instead of moe_down_*'s warp per row walking a token's k experts in turn:
     # k times the warps for decode's one token, one more launch, the same bits. Off until the
@@ -222,6 +259,9 @@ class CudaOps:
     # one-token matvecs on matvec.cuh (REFLEX_MATVEC=new) and a forced variant (see MV_KERNEL)
     matvec = False
     mv_variant = None
+    moe_mv_variant = None  # forces moe_mvglu's variant (one of MOE_MV_GLU: opchecks, tests)
+    moe_route_warp = True  # moe_route_warp_f32 where it serves (see MOE_ROUTE_WARP_MAXE)
+    moe_mv_launches = 0  # moe_mvglu / moe_mvdown launches (opchecks asserts them)
 
     def __init__(self):
         from .. import settings
@@ -247,6 +287,8 @@ class CudaOps:
         self.moe_mma = s.moe_mma and tuple(self.rt.cc) >= (8, 0)
         self.moe_mma_min_n = MOE_MMA_MIN_N
         self.moe_mma_launches = 0
+        self.moe_skip = s.moe_skip
+        self.mma_wide = s.mma_wide
         self.mla_flash = s.mla_flash and tuple(self.rt.cc) >= (8, 0)
         self.mla_flash_min_n = MLA_FLASH_MIN_N
         self.mla_flash_launches = 0
@@ -256,6 +298,8 @@ class CudaOps:
         self.chunked = True
         self.matvec = s.matvec == "new"  # see MV_KERNEL
         self.mv_variant = None
+        self.moe_mv_variant = None
+        self.moe_mv_launches = 0
 
     def _k_after_upload(self, name):
         """Kernel lookup while weight uploads are in flight. An arena streaming from a cold file
@@ -543,11 +587,12 @@ class CudaOps:
         grid = (-(-M // MMA_BM), -(-N // MMA_BN), S)
         P = self.empty((S * nw * N * M,)) if S > 1 else None
         t, block, rb, p = MM_KERNEL[ws[0].ggml_type], (MMA_THREADS, 1, 1), ws[0].row_bytes, P.ptr if S > 1 else 0
+        kmode = mode | (MMA_WIDE if self._wide_ok(ws[0], *(w.ptr for w in ws)) else 0)
         if nw == 1:
-            self.k(f"mma_{t}")(grid, block, W=ws[0].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb, acc=mode, P=p)
+            self.k(f"mma_{t}")(grid, block, W=ws[0].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb, acc=kmode, P=p)
         else:
             self.k(f"mmaglu_{t}")(grid, block, Wg=ws[0].ptr, Wu=ws[1].ptr, X=xh.ptr, Y=out.ptr, K=K, M=M, N=N, rb=rb,
-                                  act=mode, P=p)
+                                  act=kmode, P=p)
         if S > 1:
             blocks = min(-(-(N * M) // EW_BLOCK), 8 * self._sm_count())
             self.k("mma_reduce")((blocks, 1, 1), (EW_BLOCK, 1, 1), P=P.ptr, Y=out.ptr, S=S, NW=nw, NM=N * M,
@@ -867,13 +912,21 @@ class CudaOps:
         the unit after them: gate/up of two formats, gpt-oss's biased swiglu_oai), then the down
         projections summed over a token's experts with their weights (moe_down, or with
         moe_down_split a warp per (pair, row) and moe_wsum_f32's slot-order sum: the same bits).
-        x [N * k / x_div, K]: row p / x_div is pair p's input."""
+        Experts in matvec.cuh's formats take moe_mv.cuh's moe_mvglu / moe_mvdown instead (see
+        MOE_MV_GLU). x [N * k / x_div, K]: row p / x_div is pair p's input."""
         N, D = out.shape
         k = ids.shape[1]
         K = x.shape[1]
         grid = (N * k, (F + MM_ROWS - 1) // MM_ROWS, 1)
         block = (32 * MM_ROWS, 1, 1)
-        if same and act != "swiglu_oai":
+        if same and act != "swiglu_oai" and self._moe_mv_ok(N * k, w_gate, (wg_ptr, wu_ptr), x):
+            h = self.empty((N * k, F))
+            v = self.moe_mv_variant or moe_mv_pick(w_gate.ggml_type)
+            kx(f"moe_mvglu{v}_{MV_KERNEL[w_gate.ggml_type]}")(
+                *moe_mv_grid(v, F, N * k), Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr, Y=h.ptr, K=K, F=F,
+                x_div=x_div, es=estride, rb=w_gate.row_bytes, act=0 if act == "silu" else 1)
+            self.moe_mv_launches += 1
+        elif same and act != "swiglu_oai":
             h = self.empty((N * k, F))
             kx(f"moe_glu_{MM_KERNEL[w_gate.ggml_type]}")(grid, block, Wg=wg_ptr, Wu=wu_ptr, X=x.ptr, ids=ids.ptr,
                                                          Y=h.ptr, K=K, F=F, k=x_div, es=estride, rb=w_gate.row_bytes,
@@ -898,9 +951,23 @@ class CudaOps:
                                                        rb=w_down.row_bytes)
             self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
             return
+        if self._moe_mv_ok(N, w_down, (w_down.ptr,), h):
+            kx(f"moe_mvdown_{MV_KERNEL[w_down.ggml_type]}")(
+                (-(-D // MOE_MVD_R), N, 1), (32 * min(k, MOE_MVD_WARPS), 1, 1), W=w_down.ptr, H=h.ptr, ids=ids.ptr,
+                wts=wts.ptr, Y=out.ptr, F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+            self.moe_mv_launches += 1
+            return
         kx(f"moe_down_{MM_KERNEL[w_down.ggml_type]}")(
             (N, (D + MM_ROWS - 1) // MM_ROWS, 1), block, W=w_down.ptr, H=h.ptr, ids=ids.ptr, wts=wts.ptr, Y=out.ptr,
             F=F, D=D, k=k, es=D, rb=w_down.row_bytes)
+
+    def _moe_mv_ok(self, rows, w, ptrs, x):
+        """Whether the per-pair form's expert weight w (expert blocks at ptrs) over x takes
+        moe_mv.cuh (`rows` pairs or tokens along the grid's y): REFLEX_MATVEC=new, a format of
+        matvec.cuh, the pointers and rows aligned for its loads, x 16-byte aligned."""
+        t = w.ggml_type
+        return (self.matvec and t in MV_KERNEL and 0 < rows <= MOE_MV_MAX_PAIRS and x.ptr % 16 == 0
+                and w.row_bytes % MV_ALIGN[t] == 0 and all(p % MV_ALIGN[t] == 0 for p in ptrs))
 
     def _moe_mma_takes(self, N, k, E, w_gate, w_down):
         """Whether a moe of N tokens (k experts each of E) runs as grouped tensor-core GEMMs:
@@ -911,6 +978,20 @@ class CudaOps:
         return (self.moe_mma and N >= self.moe_mma_min_n and w_gate.ggml_type in MMA_FORMATS
                 and w_down.ggml_type in MMA_FORMATS and P // MMA_BN + min(E, P) <= 65535
                 and 4 * (3 * E + 2) <= MOE_GROUP_SHARED)
+
+    def _wide_ok(self, w, *ptrs):
+        """Whether the tensor-core kernels read weight w (from ptrs) with DeqWide's wide loads:
+        mma_wide, a format DeqWide reads, and tensors that start aligned as it needs (Q4_K /
+        Q5_K blocks, 144 / 176 bytes, are then all 16-byte aligned; Q6_K's aligned words around
+        a run stay inside the tensor)."""
+        a = WIDE_ALIGN.get(w.ggml_type)
+        ok = bool(self.mma_wide and a and not any(p % a for p in ptrs))
+        self.wide_launches += ok
+        return ok
+
+    def _moe_flags(self, w, *ptrs):
+        """mma_moe / mmaglu_moe's flags for weight w read from ptrs: MOE_SKIP (moe_skip), MOE_WIDE."""
+        return (MOE_SKIP if self.moe_skip else 0) | (MOE_WIDE if self._wide_ok(w, *ptrs) else 0)
 
     def _moe_grouped(self, x, ids, wts, out, wg_ptr, wu_ptr, estride, w_gate, w_down, F, D, act, kx=None, *,
                      x_div=None, gate_bias=None, up_bias=None):
@@ -940,11 +1021,12 @@ class CudaOps:
         glu((-(-F // MMA_BM), tmax, 1), block,
             glu.head(Wg=wg_ptr, Wu=wu_ptr, X=xh.ptr, order=order.ptr, eoff=eoff.ptr, tiles=tiles.ptr, H=h.ptr,
                      bg=gate_bias.ptr if gate_bias is not None else 0, bu=up_bias.ptr if up_bias is not None else 0),
-            K=K, M=F, k=x_div, es=estride, rb=w_gate.row_bytes, act=act, alpha=OAI_ALPHA, limit=OAI_LIMIT)
+            K=K, M=F, k=x_div, es=estride, rb=w_gate.row_bytes, act=act, alpha=OAI_ALPHA, limit=OAI_LIMIT,
+            flags=self._moe_flags(w_gate, wg_ptr, wu_ptr))
         y = self.empty((P, D))
         kx(f"mma_moe_{MM_KERNEL[w_down.ggml_type]}")(
             (-(-D // MMA_BM), tmax, 1), block, W=w_down.ptr, X=h.ptr, order=order.ptr, eoff=eoff.ptr,
-            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes)
+            tiles=tiles.ptr, Y=y.ptr, K=F, M=D, es=D, rb=w_down.row_bytes, flags=self._moe_flags(w_down, w_down.ptr))
         self.k("moe_wsum_f32")(_ew_grid(N * D), (EW_BLOCK, 1, 1), Y=y.ptr, wts=wts.ptr, out=out.ptr, N=N, D=D, k=k)
         self.moe_mma_launches += 1
         return out
@@ -970,12 +1052,19 @@ class CudaOps:
             raise ReflexError("unsupported_architecture", f"moe: {E} experts in {G} groups exceed the "
                               "routing kernel's shared memory (REFLEX_CUDA_MOE=host routes on the host)")
         ids, wts = self.empty((N, k), "int32"), self.empty((N, k))
-        if N:
+        gid = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating]
+        if N and self.moe_route_warp and not G and E <= MOE_ROUTE_WARP_MAXE:
+            self.k("moe_route_warp_f32")((-(-N // MOE_ROUTE_WARP_TOKENS), 1, 1), (32 * MOE_ROUTE_WARP_TOKENS, 1, 1),
+                                         logits=logits.ptr,
+                                         bias=selection_bias.ptr if selection_bias is not None else 0,
+                                         escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
+                                         wts=wts.ptr, N=N, E=E, k=k, gating=gid, norm=1 if norm else 0,
+                                         scale=1.0 if scale in (0.0, 1.0) else float(scale))
+        elif N:
             self.k("moe_route_f32")((N, 1, 1), (MOE_ROUTE_THREADS, 1, 1), logits=logits.ptr,
                                     bias=selection_bias.ptr if selection_bias is not None else 0,
                                     escale=expert_scale.ptr if expert_scale is not None else 0, ids=ids.ptr,
-                                    wts=wts.ptr, E=E, k=k,
-                                    gating={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating],
+                                    wts=wts.ptr, E=E, k=k, gating=gid,
                                     norm=1 if norm else 0, scale=1.0 if scale in (0.0, 1.0) else float(scale), G=G,
                                     G_used=G_used, shared=shared)
         return ids, wts

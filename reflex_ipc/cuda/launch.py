@@ -240,8 +240,8 @@ def _mma_bf16(launch, pack, stream):  # 22 kernels
 
 
 def _mma_moe_bf16(launch, pack, stream):  # 22 kernels
-    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, shared=0):
-        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb), shared, stream)
+    def kernel(grid, block, *, W, X, order, eoff, tiles, Y, K, M, es, rb, flags, shared=0):
+        return launch(grid, block, pack(W, X, order, eoff, tiles, Y, K, M, es, rb, flags), shared, stream)
 
     return kernel
 
@@ -271,10 +271,10 @@ def _mmaglu_moe_bf16(launch, pack, stream):  # 22 kernels
     def head(*, Wg, Wu, X, order, eoff, tiles, H, bg, bu):
         return (Wg, Wu, X, order, eoff, tiles, H, bg, bu)
 
-    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, shared=0):
+    def kernel(grid, block, head, *, K, M, k, es, rb, act, alpha, limit, flags, shared=0):
         if len(head) != 9:
             raise TypeError("mmaglu_moe_bf16: the third argument must be kernel.head(...)")
-        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit), shared, stream)
+        return launch(grid, block, pack(*head, K, M, k, es, rb, act, alpha, limit, flags), shared, stream)
 
     kernel.head = head
     return kernel
@@ -321,7 +321,7 @@ def _mmsk1_bf16(launch, pack, stream):  # 23 kernels
     return kernel
 
 
-def _moe_down_bf16(launch, pack, stream):  # 23 kernels
+def _moe_down_bf16(launch, pack, stream):  # 27 kernels
     def kernel(grid, block, *, W, H, ids, wts, Y, F, D, k, es, rb, shared=0):
         return launch(grid, block, pack(W, H, ids, wts, Y, F, D, k, es, rb), shared, stream)
 
@@ -356,9 +356,23 @@ def _moe_mm_bf16(launch, pack, stream):  # 23 kernels
     return kernel
 
 
+def _moe_mvgluc_q4_k(launch, pack, stream):  # 12 kernels
+    def kernel(grid, block, *, Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act, shared=0):
+        return launch(grid, block, pack(Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act), shared, stream)
+
+    return kernel
+
+
 def _moe_route_f32(launch, pack, stream):
     def kernel(grid, block, *, logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used, shared=0):
         return launch(grid, block, pack(logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used), shared, stream)
+
+    return kernel
+
+
+def _moe_route_warp_f32(launch, pack, stream):
+    def kernel(grid, block, *, logits, bias, escale, ids, wts, N, E, k, gating, norm, scale, shared=0):
+        return launch(grid, block, pack(logits, bias, escale, ids, wts, N, E, k, gating, norm, scale), shared, stream)
 
     return kernel
 
@@ -751,28 +765,28 @@ KERNELS = {
     "mma_iq3_xxs": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_nl": ("QQQiiiqiQ", _mma_bf16),
     "mma_iq4_xs": ("QQQiiiqiQ", _mma_bf16),
-    "mma_moe_bf16": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_f16": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq1_m": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq1_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_xs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq2_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq3_s": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq3_xxs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq4_nl": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_iq4_xs": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_mxfp4": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_1": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q4_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_1": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q5_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q6_k": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_q8_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_tq1_0": ("QQQQQQiiqq", _mma_moe_bf16),
-    "mma_moe_tq2_0": ("QQQQQQiiqq", _mma_moe_bf16),
+    "mma_moe_bf16": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_f16": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq1_m": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq1_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_xs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq2_xxs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq3_s": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq3_xxs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq4_nl": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_iq4_xs": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_mxfp4": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_1": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q4_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_1": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q5_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q6_k": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_q8_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_tq1_0": ("QQQQQQiiqqi", _mma_moe_bf16),
+    "mma_moe_tq2_0": ("QQQQQQiiqqi", _mma_moe_bf16),
     "mma_mxfp4": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_0": ("QQQiiiqiQ", _mma_bf16),
     "mma_q4_1": ("QQQiiiqiQ", _mma_bf16),
@@ -797,28 +811,28 @@ KERNELS = {
     "mmaglu_iq3_xxs": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_nl": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_iq4_xs": ("QQQQiiiqiQ", _mmaglu_bf16),
-    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
-    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiff", _mmaglu_moe_bf16),
+    "mmaglu_moe_bf16": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_f16": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_m": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq1_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq2_xxs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_s": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq3_xxs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_nl": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_iq4_xs": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_mxfp4": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_1": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q4_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_1": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q5_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q6_k": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_q8_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq1_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
+    "mmaglu_moe_tq2_0": ("QQQQQQQQQiiiqqiffi", _mmaglu_moe_bf16),
     "mmaglu_mxfp4": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_0": ("QQQQiiiqiQ", _mmaglu_bf16),
     "mmaglu_q4_1": ("QQQQiiiqiQ", _mmaglu_bf16),
@@ -1177,7 +1191,24 @@ KERNELS = {
     "moe_mm_q8_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq1_0": ("QQQQiiiqq", _moe_mm_bf16),
     "moe_mm_tq2_0": ("QQQQiiiqq", _moe_mm_bf16),
+    "moe_mvdown_q4_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q5_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q6_k": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvdown_q8_0": ("QQQQQiiiqq", _moe_down_bf16),
+    "moe_mvgluc_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvgluc_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglud_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q4_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q5_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q6_k": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
+    "moe_mvglue_q8_0": ("QQQQQiiiqqi", _moe_mvgluc_q4_k),
     "moe_route_f32": ("QQQQQiiiifii", _moe_route_f32),
+    "moe_route_warp_f32": ("QQQQQiiiiif", _moe_route_warp_f32),
     "moe_swiglu_oai_f32": ("QQQQQQqiff", _moe_swiglu_oai_f32),
     "moe_weight_input_f32": ("QQQQqii", _moe_weight_input_f32),
     "moe_wsum_f32": ("QQQiii", _moe_wsum_f32),

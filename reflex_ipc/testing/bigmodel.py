@@ -10,7 +10,7 @@ recorded and the rest goes on), a table last:
 1. checks: the kernels of the prefill forms against float64 numpy on random inputs
    (opchecks.check_moe_grouped: the grouped tensor-core MoE GEMMs; check_mla_prefill: the
    decompressed latent attention; check_flash_attention: flash.cuh with the 192/128 heads
-   beside the others; check_moe, check_mla: the decode forms), and bench_moe's crossover
+   beside the others; check_moe, check_moe_mv, check_mla: the decode forms), and bench_moe's crossover
    sweep (grouped vs one matvec per pair at 8-512 tokens, Qwen3-30B-A3B and DeepSeek-V2-Lite
    layer shapes), on the backend of --device;
 2. engine: small qwen3moe, deepseek2, gpt-oss and llama4 GGUFs (synthetic.example_gguf, Q8_0;
@@ -83,7 +83,7 @@ def part_checks(device):
     ops = _ops(device)
     rows = []
     for fn in (opchecks.check_moe_grouped, opchecks.check_mla_prefill, opchecks.check_flash_attention,
-               opchecks.check_moe, opchecks.check_mla):
+               opchecks.check_moe, opchecks.check_moe_mv, opchecks.check_mla):
         try:
             rows += fn(ops, np.random.default_rng(27))
         except Exception as e:  # a crash is a failed check

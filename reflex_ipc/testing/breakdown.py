@@ -67,6 +67,8 @@ def _runner(path):
 
     device = settings.get().breakdown_device
     r = load_runner(path, device=device)
+    # the figures are of resident weights (a streamed MoE file would still be uploading)
+    getattr(r.ops, "wait_uploads", lambda: None)()
     prof = getattr(getattr(r.ops, "rt", None), "profiler", None)
     if prof is None:
         if device == "cuda":

@@ -66,8 +66,10 @@ def u32(s, idx):
     return s[idx], s[idx + 1]
 
 
-def tile(s, w_off, x_off, cw, acc, BK):
-    """mma_tile of warp cw: acc [2][2] of [32, 4] arrays, updated in place."""
+def tile(s, w_off, x_off, cw, acc, BK, ntn=2):
+    """mma_tile of warp cw for one weight (the kernel loads each X fragment once for its NW
+    weights: the same indices, each accumulator's MMAs in the same k order): acc [2][2] of
+    [32, 4] arrays, updated in place (ntn = 1: only acc[.][0], the first 8 tokens)."""
     LD = BK + PAD
     wr, wn = (cw & 1) * 32, (cw >> 1) * WN
     for kk in range(0, BK, 16):
@@ -77,12 +79,12 @@ def tile(s, w_off, x_off, cw, acc, BK):
             regs = [u32(s, p), u32(s, p + 8 * LD), u32(s, p + 8), u32(s, p + 8 * LD + 8)]
             a[mt] = np.stack([h for r in regs for h in r], axis=1)  # a0..a7
         b = {}
-        for nt in range(2):
+        for nt in range(ntn):
             p = x_off + (wn + nt * 8 + G) * LD + kk + 2 * T
             regs = [u32(s, p), u32(s, p + 8)]
             b[nt] = np.stack([h for r in regs for h in r], axis=1)  # b0..b3
         for mt in range(2):
-            for nt in range(2):
+            for nt in range(ntn):
                 acc[mt][nt] = warp_mma(a[mt], b[nt], acc[mt][nt])
 
 

@@ -8,11 +8,14 @@ import struct
 import numpy as np
 
 from reflex_ipc.backends.base import moe_route, swiglu_oai
+from reflex_ipc.backends.cuda_ops import (MOE_MVD_R, MOE_MVD_WARPS, MOE_ROUTE_WARP_MAXE, MOE_ROUTE_WARP_TOKENS,
+                                         MV_ALIGN, MV_KERNEL, MV_VARIANTS)
 from reflex_ipc.backends.numpy_ops import NumpyOps
 from reflex_ipc.cuda.arrays import DeviceWeight
 from reflex_ipc.cuda.core import KERNELS, Pool, make_kernel
 
 F32 = np.float32
+MV_TYPES = {v: k for k, v in MV_KERNEL.items()}  # "q4_k" -> Q4_K
 INT_MAX = 2 ** 31 - 1
 THREADS = 256  # MOE_ROUTE_THREADS
 MM_ROWS = 4
@@ -92,6 +95,76 @@ def kernel_route(lr, k, gating, norm, scale, bias=None, G=0, G_used=0, escale=No
     return np.array(ids, np.int32), w
 
 
+def kernel_route_warp(lr, k, gating, norm, scale, bias=None, escale=None):
+    """One warp of moe_route_warp_f32 for one token's logits lr [E <= 256], step by step: lane l
+    holds experts l + 32 i, each round every lane's best untaken (sel, index, prob) and an xor
+    butterfly over the lanes; softmax's max and sum by butterflies too."""
+    lr = np.asarray(lr, F32)
+    E, PL = lr.size, 8
+    idx = np.arange(32)[:, None] + 32 * np.arange(PL)[None, :]  # [lane, i]
+    valid = idx < E
+    pr = np.where(valid, np.pad(lr, (0, 32 * PL - E), constant_values=-np.inf)[idx], F32(-np.inf)).astype(F32)
+
+    def butterfly(vals, op):
+        vals = list(vals)
+        for o in (16, 8, 4, 2, 1):
+            vals = [op(vals[l], vals[l ^ o]) for l in range(32)]
+        assert all(v == vals[0] for v in vals) or all(np.isnan(v) for v in vals)
+        return vals[0]
+
+    if gating == 0:
+        m = butterfly([pr[l].max() for l in range(32)], lambda a, b: F32(max(a, b)))
+        z = np.where(valid, np.exp(pr - m), pr).astype(F32)
+        lane_s = [F32(0)] * 32
+        for l in range(32):
+            for i in range(PL):
+                if valid[l, i]:
+                    lane_s[l] = F32(lane_s[l] + z[l, i])
+        s = butterfly(lane_s, lambda a, b: F32(a + b))
+        pr = (z / s).astype(F32)
+    elif gating == 1:
+        with np.errstate(over="ignore"):
+            pr = (F32(1) / (F32(1) + np.exp(-pr))).astype(F32)
+    sel = pr.copy()
+    if bias is not None:
+        b = np.pad(np.asarray(bias, F32), (0, 32 * PL - E))[idx]
+        sel = np.where(valid, pr + b, pr).astype(F32)
+    taken = ~valid
+    ids, w = [], []
+    wsum = F32(0)
+    for j in range(k):
+        cands = []
+        for l in range(32):
+            v, bi, p = -np.inf, INT_MAX, F32(0)
+            for i in range(PL):
+                if not taken[l, i] and before(sel[l, i], idx[l, i], v, bi):
+                    v, bi, p = sel[l, i], int(idx[l, i]), pr[l, i]
+            cands.append((v, bi, p))
+        v, bi, p = butterfly(cands, lambda a, b: b if before(b[0], b[1], a[0], a[1]) else a)
+        if not 0 <= bi < E:
+            bi, p = j, pr[j % 32, j // 32]
+        taken[bi % 32, bi // 32] = True
+        ids.append(bi)
+        w.append(p)
+        wsum = F32(wsum + p)
+    w = np.array(w, F32)
+    if gating == 2:
+        z = np.exp(w - w[0]).astype(F32)
+        t = F32(0)
+        for v in z:
+            t = F32(t + v)
+        w = (z / t).astype(F32)
+        wsum = F32(0)
+        for v in w:
+            wsum = F32(wsum + v)
+    if norm:
+        w = (w / max(wsum, F32(6.103515625e-5))).astype(F32)
+    w = (w * F32(scale)).astype(F32)
+    if escale is not None:
+        w = (w * np.asarray(escale, F32)[ids]).astype(F32)
+    return np.array(ids, np.int32), w
+
+
 class MemRuntime:
     """Device memory is one numpy byte array (pointer = offset); host->device copies and
     memsets write it; the kernels moe uses run in numpy when launched."""
@@ -147,6 +220,27 @@ class MemRuntime:
         return DeviceWeight(p, a.shape, ggml_type, "F32" if ggml_type == 0 else "F16", a.shape[1] * a.itemsize,
                             "w", None)
 
+    def qweight(self, raw, ggml_type, shape, align=16):
+        """A quantized weight [rows, cols] from its raw GGUF bytes (rows of whole blocks) at a
+        pointer `align`-byte aligned and no more (as matvec.cuh's loads need it, and no luckier)."""
+        from reflex_ipc.quants import BY_ID
+
+        name, blk, bsize = BY_ID[ggml_type]
+        raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
+        assert raw.size == shape[0] * shape[1] // blk * bsize
+        p = self.drv.mem_alloc(raw.size + 256)
+        p += align if p % (2 * align) == 0 else 0  # aligned to `align`, not to 2 * align
+        self.drv.memcpy_htod_async(p, raw, None)
+        self.weights.append((p, p + raw.size))
+        return DeviceWeight(p, tuple(shape), ggml_type, name, shape[1] // blk * bsize, "w", None)
+
+    def qrows(self, ptr, rb, ggml_type, K, n=1):
+        """n rows of K weights of a quantized format from ptr (inside one weight tensor), dequantized."""
+        from reflex_ipc.quants import dequantize
+
+        assert any(a <= ptr and ptr + n * rb <= b for a, b in self.weights), "a read outside the weights"
+        return dequantize(self.mem[ptr:ptr + n * rb].copy(), ggml_type, n * K).reshape(n, K)
+
     def rows(self, ptr, rb, kind, K):
         """Row of K weights at ptr (inside one weight tensor)."""
         assert any(a <= ptr and ptr + rb <= b for a, b in self.weights), "a read outside the weights"
@@ -184,6 +278,16 @@ class MemRuntime:
             w = np.stack([self.rows(W + r * rb, rb, kind, K) for r in range(M)])
             y = self.f32(Y, M)
             y[:] = (y if acc else 0) + w @ self.f32(X, K)
+        elif name == "moe_route_warp_f32":  # a warp per token (tokens n < N of MOE_ROUTE_WARP_TOKENS a block)
+            logits, bias, escale, ids, wts, N, E, k, gating, norm, scale = args
+            assert block == (32 * MOE_ROUTE_WARP_TOKENS, 1, 1) and grid[0] == -(-N // MOE_ROUTE_WARP_TOKENS)
+            assert E <= MOE_ROUTE_WARP_MAXE
+            b = self.f32(bias, E).copy() if bias else None
+            es = self.f32(escale, E).copy() if escale else None
+            for n in range(N):
+                i, w = kernel_route_warp(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, es)
+                self.i32(ids + 4 * n * k, k)[:] = i
+                self.f32(wts + 4 * n * k, k)[:] = w
         elif name == "moe_route_f32":
             logits, bias, escale, ids, wts, E, k, gating, norm, scale, G, G_used = args
             assert block == (THREADS, 1, 1) and shared == 4 * (2 * E + G) + E + G
@@ -198,6 +302,36 @@ class MemRuntime:
                 i, w = kernel_route(self.f32(logits + 4 * n * E, E), k, gating, norm, scale, b, G, G_used, es)
                 self.i32(ids + 4 * n * k, k)[:] = i
                 self.f32(wts + 4 * n * k, k)[:] = w
+        elif name.startswith("moe_mvglu"):  # kernels/moe_mv.cuh; grid (row blocks, pairs)
+            v, fmt = name[len("moe_mvglu")], name[len("moe_mvglu") + 2:]
+            R, W, G, _ = MV_VARIANTS[v]
+            t = MV_TYPES[fmt]
+            Wg, Wu, X, ids, Y, K, F, x_div, es, rb, act = args
+            assert block == (32 * W * G, 1, 1) and grid[0] == -(-F // (R * G)) and grid[2] == 1
+            assert X % 16 == 0 and Wg % MV_ALIGN[t] == 0 and Wu % MV_ALIGN[t] == 0 and rb % MV_ALIGN[t] == 0
+            P = grid[1]
+            idv, y = self.i32(ids, P), self.f32(Y, P * F)
+            for p in range(P):
+                x = self.f32(X + 4 * (p // x_div) * K, K)
+                row = int(idv[p]) * es
+                g = (self.qrows(Wg + row * rb, rb, t, K, F) @ x).astype(F32)
+                u = (self.qrows(Wu + row * rb, rb, t, K, F) @ x).astype(F32)
+                a = g / (1 + np.exp(-g)) if act == 0 else NumpyOps().gelu(g)
+                y[p * F:(p + 1) * F] = a * u
+        elif name.startswith("moe_mvdown_"):  # kernels/moe_mv.cuh; grid (row blocks, tokens)
+            t = MV_TYPES[name[len("moe_mvdown_"):]]
+            W, H, ids, wts, Y, F, D, k, es, rb = args
+            assert grid[0] == -(-D // MOE_MVD_R) and grid[2] == 1 and block == (32 * min(k, MOE_MVD_WARPS), 1, 1)
+            assert H % 16 == 0 and W % MV_ALIGN[t] == 0 and rb % MV_ALIGN[t] == 0
+            N = grid[1]
+            idv, wv, y = self.i32(ids, N * k), self.f32(wts, N * k), self.f32(Y, N * D)
+            for n in range(N):
+                s = np.zeros(D, F32)
+                for j in range(k):  # slot order
+                    p = n * k + j
+                    w = self.qrows(W + int(idv[p]) * es * rb, rb, t, F, D)
+                    s = (s + wv[p] * (w @ self.f32(H + 4 * p * F, F)).astype(F32)).astype(F32)
+                y[n * D:(n + 1) * D] = s
         elif op == "moe_glu":
             Wg, Wu, X, ids, Y, K, F, k, es, rb, act = args
             assert grid[1] * MM_ROWS >= F > (grid[1] - 1) * MM_ROWS and block == (32 * MM_ROWS, 1, 1)
@@ -247,10 +381,11 @@ class MemRuntime:
         elif op in ("mmaglu_moe", "mma_moe"):  # (their tiling: tests/test_moe_grouped.py)
             glu = op == "mmaglu_moe"
             if glu:
-                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit = args
+                Wg, Wu, X, order, eoff, tiles, H, bg, bu, K, M, k, es, rb, act, alpha, limit, flags = args
             else:
-                Wg, X, order, eoff, tiles, H, K, M, es, rb = args
+                Wg, X, order, eoff, tiles, H, K, M, es, rb, flags = args
                 Wu, k, act = Wg, 1, 0
+            assert flags in (0, 1, 3)  # MOE_SKIP, MOE_SKIP | MOE_WIDE: the same bits (check_moe_grouped)
             assert block == (256, 1, 1) and grid[0] == -(-M // 64)
             nt = int(self.i32(tiles, 1)[0])
             assert nt <= grid[1]

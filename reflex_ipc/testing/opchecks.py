@@ -7,6 +7,7 @@ against a float64 reference. Outputs are poisoned (NaN) before each launch where
 op writes into a caller buffer, so unwritten elements fail.
 """
 
+import json
 import os
 import tempfile
 import time
@@ -200,6 +201,9 @@ def _check_matmul_prefill(ops, rng):
             out = ops.to_numpy(ops.matmul(ops.asarray(x), w))
             rows.append(row("matmul_prefill", f"{name} M={M} K={K} N={N}", out, x.astype(np.float64) @ ref.T,
                             mm_tol(ops, name, N)))
+            if N in (33, 500) and name in ("Q4_K", "Q5_K", "Q6_K"):  # REFLEX_MMA_WIDE each way: the same bits
+                rows += _tile_variants(ops, lambda: ops.to_numpy(ops.matmul(ops.asarray(x), w)), out,
+                                       f"{name} M={M} K={K} N={N}", "matmul_prefill", ("mma_wide",))
             if N in (33, 500) and M == 1000:
                 y0 = rng.standard_normal((N, M)).astype(np.float32)
                 y = ops.asarray(y0.copy())  # (the numpy backend's asarray keeps the array)
@@ -328,6 +332,9 @@ def check_matmul_glu(ops, rng):
                 # gated unit of f16-rounded products: about twice the matmul's error
                 tol = MM_TOL if mm_tol(ops, g_t, N) == mm_tol(ops, u_t, N) == MM_TOL else 2 * MMA_TOL
                 rows.append(row("matmul_glu", case, out, ref, tol))
+                if N == 70 and g_t == u_t and g_t in ("Q4_K", "Q5_K", "Q6_K"):  # REFLEX_MMA_WIDE each way
+                    rows += _tile_variants(ops, lambda: ops.to_numpy(ops.matmul_glu(X, wg, wu, act=act)), out, case,
+                                           "matmul_glu", ("mma_wide",))
                 if N in (1, 13, 70):
                     glu = ops.swiglu if act == "silu" else ops.geglu
                     unfused = ops.to_numpy(glu(ops.matmul(X, wg), ops.matmul(X, wu)))
@@ -1385,6 +1392,119 @@ def check_moe(ops, rng):
     return rows
 
 
+
+# (label, gate/up format (a pair: gate, up of two formats), down format, E, k, K, F, D, opts);
+# every MV format for gate/up and for down, k = 1, 4, 6, 8, 12, E = 8..128, K / F of 768, 2048 and
+# 2880 where the format allows, D % 4 != 0 (moe_mvdown's last row block part empty)
+MOE_MV_CASES = [
+    ("qwen3moe-like E=128 k=8", "Q4_K", "Q6_K", 128, 8, 256, 256, 256, {}),
+    ("qwen3-30b-a3b rows E=16 k=8", "Q4_K", "Q6_K", 16, 8, 2048, 768, 2048, {}),
+    ("q5_k E=8 k=4 D=770", "Q5_K", "Q5_K", 8, 4, 768, 768, 770, {}),
+    ("q6_k/q4_k E=8 k=1 no norm", "Q6_K", "Q4_K", 8, 1, 2048, 768, 2048, dict(norm=False)),
+    ("q8_0 K=2880 E=8 k=4", "Q8_0", "Q8_0", 8, 4, 2880, 768, 2880, {}),
+    ("q8_0 fused gelu F=2880 k=8 expert_scale", "Q8_0", "Q8_0", 8, 8, 768, 2880, 768,
+     dict(fused=True, act="gelu", escale=True)),
+    ("llama4-like weight_before k=1", "Q4_K", "Q4_K", 16, 1, 2048, 512, 2048,
+     dict(gating="sigmoid", norm=False, weight_before=True)),
+    ("dsv2-like sigmoid groups(8,3) k=6", "Q5_K", "Q8_0", 64, 6, 512, 512, 512,
+     dict(gating="sigmoid", groups=(8, 3), scale=2.5)),
+    ("gate/up of two formats", ("Q4_K", "Q8_0"), "Q6_K", 8, 4, 768, 768, 768, {}),
+    ("k=12 of 32: two chunks of moe_mvdown's 8 warps", "Q4_K", "Q6_K", 32, 12, 256, 256, 260, {}),
+    ("gpt-oss-like swiglu_oai biases k=4", "Q8_0", "Q8_0", 8, 4, 2880, 768, 2880,
+     dict(gating="softmax_weight", norm=False, act="swiglu_oai", biases=True)),
+]
+
+
+def check_moe_mv(ops, rng, cases=None):
+    """moe's decode form on matvec.cuh's layout (kernels/moe_mv.cuh: moe_mvglu{c,d,e}_* and
+    moe_mvdown_*, CUDA only) against NumpyOps.moe on the same dequantized weights: MOE_MV_CASES
+    at N = 1, 2, 3 with moe_mvglu's variants c, d, e in turn (every format x variant), each
+    call counted as taking the new kernels (moe_mv_launches: 2, or 1 when gate/up take moe_mm),
+    a repeated call giving the same bits, and one case captured in a graph and replayed.
+    cases: a subset of MOE_MV_CASES (tests on the numpy oracle)."""
+    if not hasattr(ops, "moe_mv_variant"):
+        return []
+    from reflex_ipc.backends.cuda_ops import MOE_MV_GLU
+    from reflex_ipc.backends.numpy_ops import NumpyOps
+
+    npo = NumpyOps()
+    rows = []
+    saved = ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n
+    try:
+        ops.matvec, ops.moe_mma_min_n = True, max(ops.moe_mma_min_n, 4)
+        for label, tgu, td, E, k, K, F, D, o in MOE_MV_CASES if cases is None else cases:
+            tg, tu = tgu if isinstance(tgu, tuple) else (tgu, tgu)
+            fused = o.get("fused", False)
+            spec = {"gate": (tg, E * F * (2 if fused else 1), K), "down": (td, E * D, F), "router": ("F32", E, K)}
+            if not fused:
+                spec["up"] = (tu, E * F, K)
+            W = _weights(ops, spec, rng)
+            ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+            gating, groups = o.get("gating", "softmax"), o.get("groups")
+            kw = dict(gating=gating, norm=o.get("norm", True), scale=o.get("scale", 1.0), act=o.get("act", "silu"),
+                      groups=groups, weight_before=o.get("weight_before", False))
+            escale = rng.uniform(0.5, 2.0, E).astype(np.float32) if o.get("escale") else None
+            extra = {}
+            if o.get("biases"):
+                extra = {"router_bias": rng.standard_normal(E) * 0.5, "gate_bias": rng.standard_normal((E, F)),
+                         "up_bias": rng.standard_normal((E, F)), "down_bias": rng.standard_normal((E, D)) * 0.1}
+                extra = {n: a.astype(np.float32) for n, a in extra.items()}
+            expect = 1 if (tg != tu or kw["act"] == "swiglu_oai") else 2
+            for N, v in zip((1, 2, 3), MOE_MV_GLU):
+                ops.moe_mv_variant = v
+                x, _ = _moe_inputs(rng, N, K, E, k, "softmax" if gating == "softmax_weight" else gating, None,
+                                   groups, router=ref["router"].astype(np.float64))
+                if extra:  # gpt-oss: the router's logits given (its bias moves the routing's margins)
+                    lg = (x.astype(np.float64) @ ref["router"].T.astype(np.float64)).astype(np.float32)
+                else:
+                    lg = None
+                want = npo.moe(x, ref["router"], ref["gate"], ref.get("up"), ref["down"], k, logits=lg,
+                               expert_scale=escale, **kw, **extra)
+                poison(ops, (N, D), (N * k, F))
+                dev = {n: ops.asarray(a) for n, a in extra.items()}
+
+                def call():
+                    return ops.to_numpy(ops.moe(ops.asarray(x), W["router"][0], W["gate"][0],
+                                                None if fused else W["up"][0], W["down"][0], k,
+                                                logits=None if lg is None else ops.asarray(lg),
+                                                expert_scale=None if escale is None else ops.asarray(escale),
+                                                **kw, **dev))
+
+                before = ops.moe_mv_launches
+                got = call()
+                took = ops.moe_mv_launches - before
+                r = row("moe_mv", f"{label} N={N} glu {v}", got, want, 1e-4)
+                r["ok"] = r["ok"] and took == expect
+                r["moe_mv_launches"] = took
+                rows.append(r)
+                rows.append({"op": "moe_mv", "case": f"{label} N={N} glu {v} repeated: same bits",
+                             "ok": bool(np.array_equal(call(), got))})
+        if hasattr(ops, "capture"):  # the decode shape captured once, replayed with new inputs
+            ops.moe_mv_variant = None
+            E, k, K, F, D = 16, 8, 2048, 768, 2048
+            W = _weights(ops, {"gate": ("Q4_K", E * F, K), "up": ("Q4_K", E * F, K), "down": ("Q6_K", E * D, F),
+                               "router": ("F32", E, K)}, rng)
+            ref = {key: v[1].astype(np.float32) for key, v in W.items()}
+            for N in (1, 3):
+                X = ops.empty((N, K))
+                before = ops.moe_mv_launches
+                graph, out = ops.capture(lambda: ops.moe(X, W["router"][0], W["gate"][0], W["up"][0],
+                                                         W["down"][0], k))
+                took = ops.moe_mv_launches - before
+                for rep in range(2):
+                    x = _moe_inputs(rng, N, K, E, k, "softmax", None, None,
+                                    router=ref["router"].astype(np.float64))[0]
+                    ops.write(X, x)
+                    graph.launch()
+                    want = npo.moe(x, ref["router"], ref["gate"], ref["up"], ref["down"], k)
+                    r = row("moe_mv", f"graph E={E} k={k} N={N} replay {rep}", ops.to_numpy(out), want, 1e-4)
+                    r["ok"] = r["ok"] and took == 2
+                    rows.append(r)
+                graph.close()
+    finally:
+        ops.matvec, ops.moe_mv_variant, ops.moe_mma_min_n = saved
+    return rows
+
 MOE_MMA_FORMATS = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -1394,9 +1514,11 @@ def check_moe_grouped(ops, rng):
     weights and the gated hidden rows rounded to f16): every tensor-core format at E=8 k=2; the
     Qwen3-30B-A3B and DeepSeek-V2-Lite layouts at reduced widths with N = 32..300; a skewed
     routing (one expert takes most tokens: several row tiles, and experts with no token); a
-    fused gate_up with gelu, logits and expert_scale; softmax/sigmoid, groups, norm off. Each
-    call must have taken the grouped path (moe_mma_launches), give the same bits when repeated,
-    and replay from a captured graph with new inputs."""
+    fused gate_up with gelu, logits and expert_scale; softmax/sigmoid, groups, norm off; the
+    Qwen3-30B-A3B layout at N = 600; routings that give expert groups of exactly 1..70 rows
+    (and empty experts). Each call must have taken the grouped path (moe_mma_launches), give
+    the same bits when repeated and with REFLEX_MOE_SKIP / REFLEX_MMA_WIDE each way (moe_skip,
+    mma_wide: the same sums in the same order), and replay from a captured graph with new inputs."""
     from reflex_ipc.backends.numpy_ops import NumpyOps
 
     if not getattr(ops, "moe_mma", False):
@@ -1417,6 +1539,11 @@ def check_moe_grouped(ops, rng):
          dict(logits=True, skew=True)),
         ("fused gate_up gelu logits expert_scale", 16, 2, ("Q4_0", None, "Q6_K"), 256, 512, 256, (n_min, 90),
          dict(act="gelu", logits=True, escale=True)),
+        ("qwen3moe-like E=128 k=8", 128, 8, ("Q4_K", "Q4_K", "Q6_K"), 256, 512, 256, (600,), {}),
+        ("groups of 1..70 rows", 24, 2, ("Q4_K", "Q4_K", "Q6_K"), 256, 512, 264, (MOE_GROUP_SIZES_N,),
+         dict(logits=True, sizes=True)),
+        ("groups of 1..70 rows", 24, 2, ("Q5_K", "Q5_K", "Q8_0"), 256, 256, 200, (MOE_GROUP_SIZES_N,),
+         dict(logits=True, sizes=True)),
     ]
     for label, E, k, (tg, tu, td), F, K, D, Ns, o in cases:
         F = F or _moe_width((tg, tu, td))
@@ -1437,6 +1564,8 @@ def check_moe_grouped(ops, rng):
         for N in Ns:
             x, lg = _moe_inputs(rng, N, K, E, k, gating, bias, groups,
                                 router=None if o.get("logits") else ref["router"].astype(np.float64), xs=xs)
+            if o.get("sizes"):  # expert e takes exactly MOE_GROUP_SIZES[e] of the N * k pairs
+                lg = _moe_sized_logits(rng, N, E, k)
             if o.get("skew"):  # 80% of the tokens rank expert 3 first by a wide margin
                 hot = rng.random(N) < 0.8
                 for _ in range(200):
@@ -1464,8 +1593,48 @@ def check_moe_grouped(ops, rng):
             again = ops.to_numpy(ops.moe(X, *args, **dkw))
             rows.append({"op": "moe_grouped", "case": f"{label} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
+            rows += _tile_variants(ops, lambda: ops.to_numpy(ops.moe(X, *args, **dkw)), got, f"{label} N={N}")
     rows += _check_moe_grouped_graph(ops, rng, npo)
     rows += _check_moe_grouped_archs(ops, rng, npo)
+    return rows
+
+
+# expert group sizes (pairs an expert takes) of check_moe_grouped's "groups of 1..70 rows":
+# one, a few, one short of / at / one past each 8- and 16-token warp tile, half and whole 64-row
+# tiles, two tiles; 5 of its 24 experts take none
+MOE_GROUP_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 70)
+MOE_GROUP_SIZES_N = sum(MOE_GROUP_SIZES) // 2  # tokens at k = 2
+
+
+def _moe_sized_logits(rng, N, E, k):
+    """Logits [N, E] whose top k (softmax, by wide margins) give expert e exactly
+    MOE_GROUP_SIZES[e] pairs (0 past them), each token's k experts distinct."""
+    lab = np.repeat(np.arange(len(MOE_GROUP_SIZES)), MOE_GROUP_SIZES)
+    assert lab.size == N * k and max(MOE_GROUP_SIZES) <= N
+    lab = lab.reshape(k, N)  # sorted: token n's slots lab[j, n] are distinct (no group exceeds N)
+    perm = rng.permutation(N)
+    lg = (rng.standard_normal((N, E)) * 0.5).astype(np.float32)
+    for j in range(k):
+        lg[perm, lab[j]] = 12.0 - 2.0 * j
+    return lg
+
+
+def _tile_variants(ops, run, got, name, op="moe_grouped", switches=("moe_skip", "mma_wide")):
+    """The same call with each of CudaOps' switches (moe_skip: REFLEX_MOE_SKIP, mma_wide:
+    REFLEX_MMA_WIDE) flipped alone and all together: the same bits as got."""
+    switches = [a for a in switches if hasattr(ops, a)]
+    rows = []
+    saved = {a: getattr(ops, a) for a in switches}
+    sets = [(a,) for a in switches] + ([tuple(switches)] if len(switches) > 1 else [])
+    try:
+        for flip in sets:
+            for a in switches:
+                setattr(ops, a, saved[a] != (a in flip))
+            what = " ".join(f"{a}={int(getattr(ops, a))}" for a in flip)
+            rows.append({"op": op, "case": f"{name} {what}: same bits", "ok": bool(np.array_equal(run(), got))})
+    finally:
+        for a, v in saved.items():
+            setattr(ops, a, v)
     return rows
 
 
@@ -1517,6 +1686,8 @@ def _check_moe_grouped_archs(ops, rng, npo):
             again = ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra))
             rows.append({"op": "moe_grouped", "case": f"{name} N={N} repeated: same bits",
                          "ok": bool(np.array_equal(again, got))})
+            rows += _tile_variants(ops, lambda: ops.to_numpy(ops.moe(X, *args, logits=LG, **kw, **extra)), got,
+                                   f"{name} N={N}")
         if hasattr(ops, "capture") and fmt[0] == "Q8_0" and 48 >= n_min:
             N = 48
             X, LG = ops.empty((N, K)), ops.empty((N, E))
@@ -1583,10 +1754,32 @@ def _check_moe_route(ops, rng):
         (8, 2, "softmax", False, None, True, 1.0, True), (128, 8, "softmax", False, None, True, 1.0, True),
         (128, 8, "sigmoid", False, (8, 4), True, 1.0, True), (64, 6, "softmax", False, (16, 3), False, 1.0, True),
         (32, 1, "sigmoid", False, None, False, 1.0, True),
+        # moe_route_warp_f32's edges (CUDA; up to 256 experts without groups): lanes of 8 experts
+        # and of none, past 256 experts the block kernel again, gpt-oss's softmax_weight
+        (256, 8, "softmax", False, None, True, 1.0, False), (200, 8, "sigmoid", True, None, True, 2.5, False),
+        (256, 8, "sigmoid", False, None, True, 1.0, True), (20, 16, "softmax", False, None, True, 1.0, True),
+        (300, 8, "softmax", False, None, True, 1.0, False), (32, 4, "softmax_weight", False, None, False, 1.0, True),
     ]
-    for E, k, gating, has_bias, groups, norm, scale, ties in cases:
+    warp0 = getattr(ops, "moe_route_warp", None)
+    try:
+        for warp in ((True, False) if warp0 is not None else (None,)):
+            if warp is not None:
+                ops.moe_route_warp = warp
+            for case in cases:
+                rows += _moe_route_rows(ops, rng, case, "" if warp is None else f" warp={warp}")
+    finally:
+        if warp0 is not None:
+            ops.moe_route_warp = warp0
+    return rows
+
+
+def _moe_route_rows(ops, rng, case, tag):
+    from reflex_ipc.backends.base import moe_route
+
+    rows = []
+    E, k, gating, has_bias, groups, norm, scale, ties = case
+    for N in (1, 17):
         bias = (rng.integers(0, 3, E) * 1.0).astype(np.float32) if has_bias else None
-        N = 17
         if ties:  # exact ties: every implementation computes equal values for equal logits
             lg = (rng.integers(0, 4, (N, E)) * 0.5).astype(np.float32)
         else:
@@ -1595,10 +1788,11 @@ def _check_moe_route(ops, rng):
         ids, wts = ops.moe_route(ops.asarray(lg), k, gating=gating, norm=norm, scale=scale,
                                  selection_bias=None if bias is None else ops.asarray(bias), groups=groups)
         got = ops.to_numpy(ids)
-        case = f"E={E} k={k} {gating} bias={has_bias} groups={groups} norm={norm} scale={scale} ties={ties}"
-        rows.append({"op": "moe_route", "case": case + " ids", "ok": bool(np.array_equal(got, top)),
+        name = (f"E={E} k={k} {gating} bias={has_bias} groups={groups} norm={norm} scale={scale} ties={ties} "
+                f"N={N}{tag}")
+        rows.append({"op": "moe_route", "case": name + " ids", "ok": bool(np.array_equal(got, top)),
                      "got": got[:2].tolist(), "ref": top[:2].tolist()})
-        rows.append(row("moe_route", case + " weights", ops.to_numpy(wts), w, 1e-6))
+        rows.append(row("moe_route", name + " weights", ops.to_numpy(wts), w, 1e-6))
     return rows
 
 
@@ -1840,6 +2034,17 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
         graph, _ = ops.capture(lambda: moe(X))
         res["device_N1_graph_us"] = timed(graph.launch, 200)[0]
         graph.close()
+        if hasattr(ops, "moe_mv_launches"):  # moe.cuh's generic per-pair kernels (matvec off) for A/B
+            mv0 = ops.matvec
+            try:
+                ref = ops.to_numpy(moe(X))
+                ops.matvec = False
+                res["generic_rel_err"] = float(rel_err(ops.to_numpy(moe(X)), ref)[0])
+                graph, _ = ops.capture(lambda: moe(X))
+                res["device_N1_graph_generic_us"] = timed(graph.launch, 200)[0]
+                graph.close()
+            finally:
+                ops.matvec = mv0
         if hasattr(ops, "moe_down_split"):  # the down projection a warp per (pair, row): same bits?
             split0 = ops.moe_down_split
             try:
@@ -1868,6 +2073,66 @@ def bench_moe(ops, rng, shapes=("qwen3-30b-a3b",), Ns=MOE_BENCH_N):
         finally:
             ops.moe_mma, ops.moe_mma_min_n = mma0, min0
         print(f"[bench] moe {shape}: " + ", ".join(f"{a}={b}" for a, b in res.items()), flush=True)
+    return out
+
+
+MOE_TILE_VARIANTS = ((True, True), (False, False), (True, False), (False, True))  # (moe_skip, mma_wide)
+MOE_TILE_DENSE = (("Q4_K", 4096, 2048), ("Q6_K", 2048, 4096))  # (type, M, K): Qwen3-30B-A3B's q and o
+
+
+def bench_moe_tile(ops, rng, shapes=("qwen3-30b-a3b", "deepseek-v2-lite"), N=512, rounds=3, reps=10,
+                   table=MOE_BENCH, dense=MOE_TILE_DENSE):
+    """The grouped MoE GEMMs (one MoE layer of each MOE_BENCH shape at N tokens, the prefill
+    form) and two dense tensor-core matmuls of the Qwen3-30B-A3B shape (Q4_K 2048 -> 4096, Q6_K
+    4096 -> 2048, N tokens) under each (moe_skip, mma_wide) of MOE_TILE_VARIANTS (REFLEX_MOE_SKIP,
+    REFLEX_MMA_WIDE): GPU us per call (CUDA events, `reps` calls), the variants alternated for
+    `rounds` rounds and the median kept; `same_bits`: every variant's output equals the first's;
+    `*_wide_launches`: the call's launches that took DeqWide (0 when the weights' format or
+    alignment does not allow it). Rows {case, variant: us, ..., same_bits, speedup (plain
+    over skip+wide)}."""
+    out = []
+    saved = {a: getattr(ops, a) for a in ("moe_skip", "mma_wide", "moe_mma", "moe_mma_min_n")}
+    tag = lambda v: f"skip{int(v[0])}_wide{int(v[1])}"  # noqa: E731
+    try:
+        ops.moe_mma, ops.moe_mma_min_n = True, 1
+        cases = []
+        for shape in shapes:
+            E, k, K, F, tgu, td = table[shape]
+            spec = {"router": ("F32", E, K), "gate": (tgu, E * F, K), "up": (tgu, E * F, K), "down": (td, E * K, F)}
+            tensors = {key: (random_weight(t, r, c, rng, ref=False)[0], TYPES[t][0], (r, c))
+                       for key, (t, r, c) in spec.items()}
+            W = {key: ops.load_weight(weights_gguf(tensors), key) for key in spec}
+            X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+            cases.append((f"moe {shape} N={N}", lambda W=W, X=X, k=k: ops.moe(X, W["router"], W["gate"], W["up"],
+                                                                               W["down"], k)))
+        for t, M, K in dense:
+            tensors = {"w": (random_weight(t, M, K, rng, ref=False)[0], TYPES[t][0], (M, K))}
+            w = ops.load_weight(weights_gguf(tensors), "w")
+            X = ops.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.5)
+            cases.append((f"matmul {t} {K}->{M} N={N}", lambda w=w, X=X: ops.matmul(X, w)))
+        for name, fn in cases:
+            res, times, first = {"case": name}, {}, None
+            same = True
+            for rnd in range(rounds):
+                for v in MOE_TILE_VARIANTS:
+                    ops.moe_skip, ops.mma_wide = v
+                    w0 = getattr(ops, "wide_launches", 0)
+                    y = ops.to_numpy(fn())  # warm, and the bits
+                    res[f"{tag(v)}_wide_launches"] = getattr(ops, "wide_launches", 0) - w0
+                    if first is None:
+                        first = y
+                    same = same and bool(np.array_equal(y, first))
+                    ops.synchronize()
+                    times.setdefault(tag(v), []).append(_event_ms(ops, lambda r: fn(), reps) * 1e3)
+            for key, ts in times.items():
+                res[f"{key}_us"] = round(sorted(ts)[len(ts) // 2], 1)
+            res["same_bits"] = same
+            res["speedup"] = round(res["skip0_wide0_us"] / res["skip1_wide1_us"], 3)
+            print(f"[bench] moe_tile {json.dumps(res)}", flush=True)
+            out.append(res)
+    finally:
+        for a, v in saved.items():
+            setattr(ops, a, v)
     return out
 
 
@@ -2467,7 +2732,7 @@ def run_all(ops, seed=0):
                check_attention_sinks_chunks, check_archops, check_sampling,
                check_matmul_n, check_matmul_glu, check_rms_norm_rope, check_mla, check_mla_prefill, check_recurrent,
                check_recurrent_chunked, check_hybrid_fused,
-               check_moe, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
+               check_moe, check_moe_mv, check_moe_grouped, check_rms_norm_matmul_n, check_rms_norm_matmul_glu,
                check_qk_rope_kv_store, check_residual_add,
                check_matvec, check_matmul_nt):
         try:

@@ -96,9 +96,11 @@ TABLE = (
     ("REFLEX_CUDA_UPLOAD_DIRECT", "flag", False, "cuda",
      "The `read` upload uses O_DIRECT, leaving the file out of the page cache (cold-cache "
      "measurements)."),
-    ("REFLEX_STATE_PINNED", "flag", False, "cuda",
-     "State imports go through one page-locked buffer instead of uploading from the file "
-     "mapping (slower on the H200; kept for bench/state_cold.py's comparison)."),
+    ("REFLEX_STATE_PINNED", "flag", None, "cuda",
+     "State imports (kv_import, the prefix store) go through one page-locked buffer instead of "
+     "pageable memory: 1 always, 0 never; unset: while a weight upload streams (MoE files, "
+     "files read from disk: its copies hold the copy engine, which pageable copies wait behind "
+     "piece by piece)."),
     ("REFLEX_CUDA_MOE", ("device", "host"), "device", "cuda",
      "Where mixture-of-experts layers are routed; `host` (logits to the host, no graph "
      "capture) is the fallback for routings beyond the routing kernel's shared memory."),

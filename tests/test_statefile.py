@@ -566,3 +566,42 @@ def test_failed_load_leaves_the_state(saved, tmp_path):
         assert all(np.array_equal(x[k], y[k]) for x, y in zip(before, after) for k in x)
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("setting, uploading, want", [(None, True, True), (None, False, False), (None, None, False),
+                                                      ("1", False, True), ("0", True, False)])
+def test_page_locked_read_while_weights_stream(saved, monkeypatch, setting, uploading, want):
+    """StateFile.load reads into page-locked memory while a weight upload streams (the
+    backend's uploading() true: pageable copies would wait behind its copies piece by piece),
+    or when REFLEX_STATE_PINNED=1; never with 0; a backend without uploading() (cpu, numpy)
+    reads into plain memory unless asked."""
+    import numpy as np
+
+    from reflex_ipc import settings
+
+    if setting is None:
+        monkeypatch.delenv("REFLEX_STATE_PINNED", raising=False)
+    else:
+        monkeypatch.setenv("REFLEX_STATE_PINNED", setting)
+    settings.reset()
+    locked = []
+
+    class Drv:
+        def pagelocked_empty(self, n, dtype):
+            locked.append(n)
+            return np.empty(n, dtype)
+
+    class Ops:
+        rt = type("Rt", (), {"drv": Drv()})()
+
+    if uploading is not None:
+        Ops.uploading = lambda self: uploading
+    path = saved[SYNTH["qwen3"]][0]
+    try:
+        with statefile.StateFile(path) as sf:
+            views, was_pinned, _ = sf.load(Ops())
+            plain = sf.load(Ops(), pinned=False)[0]
+        assert was_pinned is want and bool(locked) is want
+        assert all(np.array_equal(views[k], plain[k]) for k in plain)
+    finally:
+        settings.reset()

@@ -454,6 +454,12 @@ class CudaOps:
         for a in self._arenas.values():
             a.wait()
 
+    def uploading(self):
+        """Whether a weight arena still streams (the read upload in the forward pass's order:
+        MoE files, and files read from disk), its copies then holding the copy engine for
+        seconds (see statefile.StateFile.load)."""
+        return any(a.streaming() for a in self._arenas.values())
+
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
         return [a.report() for a in self._arenas.values()]

@@ -442,11 +442,22 @@ class StateFile:
         """Read and check (CRC) the arrays `restore` writes: slot arrays, and with seq the
         per-sequence ones. Returns what `restore(state, loaded=...)` takes. On a backend with
         page-locked host memory (CUDA) the data is read into one page-locked buffer when
-        `pinned` (default: $REFLEX_STATE_PINNED, off unless 1)."""
+        `pinned` (default: $REFLEX_STATE_PINNED; unset: while a weight upload streams).
+
+        Why while streaming: a copy from pageable memory goes through the driver's staging
+        buffers one piece at a time, each waiting for the copy engine, which the streaming
+        weight upload keeps queued; on the H200 a 2,329-token 30B-A3B state took as long to
+        import as the rest of the 19.9 GB upload (1.2-1.6 s, bench/results/prefix-*). From a
+        page-locked buffer every copy is queued at once. With the copy engine idle (or after a
+        short register upload: a 0.6B model's 1,000-token import took 412 ms from pageable
+        memory, 524 ms pinned) the page-locked allocation costs more than it saves."""
         if pinned is None:
             from .. import settings
 
             pinned = settings.get().state_pinned
+            if pinned is None:
+                uploading = getattr(ops, "uploading", None)
+                pinned = bool(uploading is not None and uploading())
         drv = getattr(getattr(ops, "rt", None), "drv", None)
         alloc = None
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):

@@ -167,7 +167,7 @@ def table(res):
     for key, c in res["cases"].items():
         model, case = key.split(":")
         for v in (*res.get("variants", VARIANTS), "llama-simple"):
-            s = c["summary"].get(v)
+            s = (c.get("summary") or {}).get(v)  # a case cut by the budget has none
             if not s:
                 continue
             w = (s.get("wall_ms") or {}).get("p50")

@@ -94,15 +94,15 @@ def _write_json(out_dir, info):
         json.dump(info, fh, indent=1, sort_keys=True)
 
 
-def _up_to_date(out_dir, archs):
+def _up_to_date(out_dir, archs, units=UNITS):
     """True when the fatbins exist, are newer than every source, and were built for `archs`."""
     try:
         with open(os.path.join(out_dir, BUILD_JSON)) as fh:
             info = json.load(fh)
-        t = min(os.path.getmtime(os.path.join(out_dir, fat)) for _, fat in UNITS)
+        t = min(os.path.getmtime(os.path.join(out_dir, fat)) for _, fat in units)
     except (OSError, ValueError):
         return False
-    newest = max(os.path.getmtime(os.path.join(HERE, s)) for s in sources())
+    newest = max(os.path.getmtime(os.path.join(HERE, s)) for s in sources() + [u for u, _ in units])
     return info.get("built") and info.get("archs") == archs and t >= newest
 
 
@@ -194,9 +194,11 @@ def check_abi():
         raise SystemExit(f"kernels: {e}") from None
 
 
-def build(out_dir, force=False, why="asked", keep_dir=None):
+def build(out_dir, force=False, why="asked", keep_dir=None, units=UNITS):
     """Build the fatbin into out_dir; returns its path, or None when nvcc is missing.
-    keep_dir: keep nvcc's intermediate files there (see nvcc_command)."""
+    keep_dir: keep nvcc's intermediate files there (see nvcc_command). units: (translation
+    unit, fatbin) pairs, UNITS unless a test builds units of its own (absolute paths; the
+    first one's fatbin is the path returned)."""
     os.makedirs(out_dir, exist_ok=True)
     nvcc = find_nvcc()
     if not nvcc:
@@ -205,8 +207,8 @@ def build(out_dir, force=False, why="asked", keep_dir=None):
         _not_built(out_dir, "nvcc was not found when the package was built")
         return None
     archs = wanted_archs(nvcc)
-    out = os.path.join(out_dir, FATBIN)
-    if not force and _up_to_date(out_dir, archs):
+    out = os.path.join(out_dir, units[0][1])
+    if not force and _up_to_date(out_dir, archs, units):
         _say(f"CUDA fatbin up to date for sm_{', sm_'.join(map(str, archs))} ({out})")
         return out
     _say(f"building the CUDA fatbin ({why}) with {nvcc} for sm_{', sm_'.join(map(str, archs))} "
@@ -217,17 +219,17 @@ def build(out_dir, force=False, why="asked", keep_dir=None):
     with tempfile.TemporaryDirectory() as tmp:
         if keep_dir:
             os.makedirs(keep_dir, exist_ok=True)
-        for unit, fat in UNITS:
+        for unit, fat in units:
             cmd = nvcc_command(nvcc, archs, os.path.join(tmp, fat), keep_dir, unit)
             _say(" ".join(cmd))
             subprocess.run(cmd, check=True)
-        for _, fat in UNITS:  # all or nothing
+        for _, fat in units:  # all or nothing
             shutil.move(os.path.join(tmp, fat), os.path.join(out_dir, fat))
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     _write_json(out_dir, {"built": True, "archs": archs, "ptx": archs[-1], "sources": sources(),
-                          "fatbins": [fat for _, fat in UNITS],
+                          "fatbins": [fat for _, fat in units],
                           "nvcc": version.strip().splitlines()[-1] if version.strip() else "unknown"})
-    sizes = ", ".join(f"{fat} {os.path.getsize(os.path.join(out_dir, fat)) / 1e6:.1f} MB" for _, fat in UNITS)
+    sizes = ", ".join(f"{fat} {os.path.getsize(os.path.join(out_dir, fat)) / 1e6:.1f} MB" for _, fat in units)
     _say(f"built {out_dir}: {sizes} in {time.monotonic() - t0:.0f} s")
     return out
 

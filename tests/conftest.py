@@ -17,6 +17,12 @@ import os
 
 import pytest
 
+# llama.cpp's GGML_ASSERT prints a backtrace by forking a child that waits on a pipe to attach
+# gdb; in the subprocesses that load files llama.cpp rejects (test_reliability) that fork was
+# seen to hang until the test's 900 s timeout (two children, each waiting on the other's pipe).
+# The message itself is printed before it; no backtrace is lost where gdb is not installed.
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
 SMOLLM2_INSTALL = "python -m reflex_ipc.defaultmodel (make demo does it)"
 LLAMA_CPP_INSTALL = "pip install llama-cpp-python==0.3.36 (or: pip install -e '.[test]')"
 

@@ -39,68 +39,98 @@ from reflex_ipc.testing.fake_cuda import FakeArena, RecordingRuntime  # noqa: E4
 
 
 # -- build.py ---------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def two_arch_build(shared_dir):
-    """One nvcc run for every test here that needs compiled kernels (once per session, shared
-    by the xdist workers): build.build for sm_90 and sm_75 (+ PTX 90), nvcc's intermediate
-    files kept in keep/ (the PTX the signature test reads)."""
-    def fill(d):
-        old = os.environ.get("REFLEX_CUDA_ARCHS")
-        os.environ["REFLEX_CUDA_ARCHS"] = "90,75"
-        try:
-            build.build(str(d), keep_dir=str(d / "keep"))
-        finally:
-            os.environ.pop("REFLEX_CUDA_ARCHS", None)
-            if old is not None:
-                os.environ["REFLEX_CUDA_ARCHS"] = old
+# The real units take minutes of nvcc a target on 2 cores (~85 CPU-s for sm_90 alone), so the
+# tests split what the old two-target build of them proved: build.py's two-target build
+# (SASS for each listed arch, PTX of the highest, one fatbin per unit, build.json, the
+# up-to-date rule) on two tiny test-only units, tests/cuda/*.cu (seconds); the real units
+# through nvcc's front end for the lowest and the highest base target, unoptimized
+# (-Xcicc -O0: every kernel parses, instantiates and lowers to PTX for both sides of any
+# __CUDA_ARCH__ branch, with the PTX parameter lists the signature test reads, identical
+# to the optimized ones), ~25 CPU-s. The optimized build of the real units for every target
+# (ptxas included) is `make wheel`'s in CI (REFLEX_BUILD_CUDA=1 where nvcc is present) and
+# any `python kernels/build.py`.
+TINY = tuple((os.path.join(ROOT, "tests", "cuda", unit), unit[:-3] + ".fatbin")
+             for unit in ("tiny_main.cu", "tiny_other.cu"))
+TINY_KERNELS = {"tiny_main.fatbin": "tiny_add_f32", "tiny_other.fatbin": "tiny_scale_f32"}
+PTX_ARCHS = (build.BASE_ARCHS[0], build.BASE_ARCHS[-1])  # 75, 90
 
-    return shared_dir("cuda-two-archs", fill)
+
+@pytest.fixture(scope="session")
+def real_units_ptx(shared_dir):
+    """The PTX of each real unit (kernels/all.cu, iq_all.cu) for sm_75 and sm_90, unoptimized:
+    <unit>.compute_<arch>.ptx, as build.py's keep_dir names it (once per session, shared by
+    the xdist workers; the two units of a target compile at once)."""
+    def fill(d):
+        build.check_abi()  # build.py's own first step
+        for arch in PTX_ARCHS:
+            procs = [(unit, subprocess.Popen(
+                [NVCC, "--ptx", *build.FLAGS, f"-arch=compute_{arch}", "-Xcicc", "-O0",
+                 "-o", str(d / f"{unit[:-3]}.compute_{arch}.ptx"), os.path.join(KDIR, unit)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) for unit, _ in build.UNITS]
+            for unit, p in procs:
+                out = p.communicate()[0]
+                assert p.returncode == 0, f"nvcc {unit} for compute_{arch}:\n{out[-6000:]}"
+
+    return shared_dir("cuda-real-ptx", fill)
 
 
 @needs_nvcc
-def test_build_two_archs_has_sass_and_ptx(two_arch_build, monkeypatch):
-    d = two_arch_build
-    out = str(d / build.FATBIN)
-    assert os.path.exists(out)
+def test_build_two_archs_has_sass_and_ptx(tmp_path, monkeypatch):
+    """build.build for sm_90 and sm_75 (+ PTX 90), on the two tiny units: each fatbin holds
+    exactly those images and only its own unit's kernel; build.json says what was built; a
+    second build finds it up to date; the keep folder has each unit's PTX."""
+    import shutil
+
+    d = tmp_path / "out"
+    units = []
+    for src, fat in TINY:  # copies: the test touches their times
+        shutil.copy(src, tmp_path)
+        units.append((str(tmp_path / os.path.basename(src)), fat))
+    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
+    out = build.build(str(d), keep_dir=str(d / "keep"), units=units)
+    assert out == str(d / "tiny_main.fatbin") and os.path.exists(out)
     info = json.load(open(d / "build.json"))
     assert info["built"] is True and info["archs"] == [75, 90] and info["ptx"] == 90
-    assert info["fatbins"] == [fat for _, fat in build.UNITS]
-    elf = {}
-    for _, fat in build.UNITS:  # the main fatbin and the IQ formats' one
+    assert info["fatbins"] == [fat for _, fat in TINY]
+    for _, fat in TINY:
         imgs = fatbin.read_images(str(d / fat))
         assert sorted((i["kind"], i["arch"]) for i in imgs) == [("ptx", 90), ("sm", 75), ("sm", 90)]
-        elf[fat] = open(d / fat, "rb").read()
-    # every kernel the backend may launch is in the machine code of its fatbin, and only there
-    for name in SIGNATURES:
-        home = MODULE_OF.get(name, build.FATBIN)
-        for fat, data in elf.items():
+        data = open(d / fat, "rb").read()
+        for home, name in TINY_KERNELS.items():
             assert (name.encode() + b"\0" in data) == (fat == home), (name, fat)
+    for unit, _ in TINY:
+        assert (d / "keep" / (os.path.basename(unit)[:-3] + ".compute_90.ptx")).exists()
     # up to date: a second build does not run nvcc
-    monkeypatch.setenv("REFLEX_CUDA_ARCHS", "90,75")
     monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
-    assert build.build(str(d)) == out
-    # one test reads the build (a second one, in another xdist worker, would wait for it)
-    _check_signatures(d)
+    assert build.build(str(d), units=units) == out
+    # a changed unit (newer than the fatbins) is built again
+    t = os.path.getmtime(out) + 10
+    os.utime(units[1][0], (t, t))
+    with pytest.raises(AssertionError, match="ran"):
+        build.build(str(d), units=units)
 
 
-def _check_signatures(two_arch_build):
+@needs_nvcc
+def test_real_units_compile_with_the_signatures(real_units_ptx):
     """Each packing format in SIGNATURES has the kernel's parameter types in order: the
-    PTX of the translation units lists them (.u64 pointers, .u32/.s32 ints, .f32); the
-    PTX is the shared build's (nvcc --keep). Each kernel is in the unit launch.MODULE_OF says."""
-    entries = {}
-    for unit, fat in build.UNITS:
-        text = (two_arch_build / "keep" / (unit[:-3] + ".compute_90.ptx")).read_text()
-        found = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
-        assert not set(found) & set(entries), "a kernel in two fatbins"
-        assert all(MODULE_OF.get(k, build.FATBIN) == fat for k in found), unit
-        entries.update(found)
+    PTX of the translation units lists them (.u64 pointers, .u32/.s32 ints, .f32), for the
+    lowest and the highest base target alike. Each kernel is in the unit launch.MODULE_OF says,
+    and in one unit only."""
     code = {"u64": "Q", "b64": "Q", "s64": "q", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
-    assert set(entries) == set(SIGNATURES), set(entries) ^ set(SIGNATURES)
-    for name, params in entries.items():
-        kinds = re.findall(r"\.param \.(\w+)", params)
-        got = "".join(code[k] for k in kinds)
-        want = SIGNATURES[name].replace("q", "Q")  # both are 8-byte integers
-        assert got.replace("q", "Q") == want, (name, got, SIGNATURES[name])
+    for arch in PTX_ARCHS:
+        entries = {}
+        for unit, fat in build.UNITS:
+            text = (real_units_ptx / f"{unit[:-3]}.compute_{arch}.ptx").read_text()
+            found = dict(re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", text))
+            assert not set(found) & set(entries), "a kernel in two fatbins"
+            assert all(MODULE_OF.get(k, build.FATBIN) == fat for k in found), unit
+            entries.update(found)
+        assert set(entries) == set(SIGNATURES), (arch, set(entries) ^ set(SIGNATURES))
+        for name, params in entries.items():
+            kinds = re.findall(r"\.param \.(\w+)", params)
+            got = "".join(code[k] for k in kinds)
+            want = SIGNATURES[name].replace("q", "Q")  # both are 8-byte integers
+            assert got.replace("q", "Q") == want, (arch, name, got, SIGNATURES[name])
 
 
 def test_default_archs_cover_the_issue_list():

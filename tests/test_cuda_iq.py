@@ -119,8 +119,9 @@ def test_the_gpu_check_runs(backend):
 
 def test_every_format_family_has_the_iq_kernels():
     """Each kernel family made per weight format (those named <family>_q8_0) has a kernel of
-    every IQ / TQ / MXFP4 format, in the IQ fatbin, except matvec.cuh's bandwidth matvecs (mv*:
-    four formats only, cuda_ops.MV_KERNEL): a path the backend takes for Q8_0 weights (the
+    every IQ / TQ / MXFP4 format, in the IQ fatbin, except matvec.cuh's bandwidth matvecs and the
+    MoE decode kernels on their layout (mv*, moe_mv*: four formats only, cuda_ops.MV_KERNEL;
+    the backend takes them only for those): a path the backend takes for Q8_0 weights (the
     grouped MoE GEMMs, attn_k_b's transpose for the MLA prefill, ...) cannot meet a missing
     kernel with IQ weights."""
     from reflex_ipc.backends.cuda_ops import IQ_KERNEL, MV_KERNEL
@@ -129,7 +130,7 @@ def test_every_format_family_has_the_iq_kernels():
 
     families = {n[:-len("_q8_0")] for n in KERNELS if n.endswith("_q8_0")}
     assert {"mma_moe", "mmaglu_moe", "mla_kb_t", "moe_glu", "mma", "get_rows"} <= families
-    mv = {f for f in families if f.startswith("mv")}
+    mv = {f for f in families if f.startswith(("mv", "moe_mv"))}
     assert mv
     assert set(MV_KERNEL.values()) == {"q4_k", "q5_k", "q6_k", "q8_0"}
     missing = [f"{f}_{s}" for f in sorted(families - mv) for s in IQ_KERNEL.values() if f"{f}_{s}" not in KERNELS]

@@ -677,8 +677,9 @@ def _vm_hwm(pid):
 
 def test_hostile_templates_over_stdio_bounded_and_cancellable(tmp_path):
     """Every hostile template through a real `reflex stdio` (the GGUF's own and as
-    `chat_template`): its kind, the server's peak RSS growing by less than 200 MiB over all
-    of them, a normal request after; SIGINT during a hung render answers `cancelled` at
+    `chat_template`): its kind, the server's peak RSS growing by less than 64 MiB over all
+    of them (a loop printing '' for the whole render budget held 138-200 MiB of empty pieces
+    before they were dropped), a normal request after; SIGINT during a hung render answers `cancelled` at
     once, SIGTERM during one ends the server (exit 0) within the budget."""
     from reflex_ipc import chat
 
@@ -695,7 +696,7 @@ def test_hostile_templates_over_stdio_bounded_and_cancellable(tmp_path):
             assert not res["ok"] and res["error"]["kind"] == kind, (name, res)
             assert time.monotonic() - t < chat.COMPILE_SECONDS + chat.RENDER_SECONDS + 3, name
         grown = (_vm_hwm(p.p.pid) - base) / 1024
-        assert grown < 200, f"peak RSS grew {grown:.0f} MiB"
+        assert grown < 64, f"peak RSS grew {grown:.0f} MiB"
         p.send({"id": 100, "op": "generate", "messages": msgs, "chat_template": "{{ messages[0].content }}",
                 "max_tokens": 2})
         _, res = p.response(timeout=60)

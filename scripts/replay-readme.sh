@@ -5,8 +5,8 @@
 #      line, each timed: the virtual environment, `make demo`, `make test`;
 #   3. checks: every command exited 0; nothing printed an ERROR/Traceback line; `pip check`
 #      is clean in the venv; the demo answered its question (7 days in a week);
-#      `make test` stayed within its budget: 18 minutes when pip's cache had no oracle wheel
-#      (it was built), 11 when it had one (REPLAY_TEST_BUDGET=SECONDS overrides), enforced
+#      `make test` stayed within its budget: 20 minutes when pip's cache had no oracle wheel
+#      (it was built), 13 when it had one (REPLAY_TEST_BUDGET=SECONDS overrides), enforced
 #      when the load average before it was below the core count, else only reported (a
 #      machine shared with other work is slower for reasons that are not the suite's); the
 #      docs' questions are answered right: tests/test_default_answers.py, inside make test;
@@ -70,10 +70,11 @@ answer=$(awk '/^== reflex generate/ {f=1; next} f && /^(== |\[)/ {exit} f' "$WOR
 echo "replay: the demo answered: $(echo $answer)"
 grep -qiwE "7|seven" <<<"$answer" || fail "make demo's answer does not say 7 days"
 if [ -n "${test_took:-}" ]; then
-  # 11 / 18 minutes: pytest -n 2 took 499 s at load ~2 (2,938 tests, none over 65 s since the
-  # two-target nvcc build and the aarch64 check were cut), plus ~35 s of client suites; the
-  # 8-minute target is still missed (by the suite's long tail, not one test)
-  budget=${REPLAY_TEST_BUDGET:-$([ $oracle_cached = 1 ] && echo 660 || echo 1080)}
+  # 13 / 20 minutes: pytest -n 2 took 499 s at load ~2 (2,938 tests, none over 65 s since the
+  # two-target nvcc build and the aarch64 check were cut), plus ~35 s of client suites;
+  # replays of 3,075 tests took 567, 595, 608 and 673 s at load 1-2.4 (660 s was too tight);
+  # the 8-minute target is still missed (by the suite's long tail, not one test)
+  budget=${REPLAY_TEST_BUDGET:-$([ $oracle_cached = 1 ] && echo 780 || echo 1200)}
   what="make test took ${test_took} s (budget ${budget} s, the oracle $([ $oracle_cached = 1 ] \
     && echo "from pip's cache" || echo "built"); load average before it ${test_load} on $(nproc) cores)"
   if [ "$test_took" -le "$budget" ]; then echo "replay: $what: within"

@@ -312,7 +312,7 @@ class CudaOps:
         fall in is on the device (_stream_guard), so the first layers run while later ones are
         read. Else (or once every stream is done) the first launch waits for the uploads (weights
         loaded earlier may be read by any kernel), then lookups go direct."""
-        if any(a.streaming() for a in self._arenas.values()):
+        if self.uploading():
             if self._guarded is None:
                 self._guarded = {}
             k = self._guarded.get(name)

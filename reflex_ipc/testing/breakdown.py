@@ -120,12 +120,17 @@ def part_warm(path, runs):
     return out
 
 
+def prefill_ids(n_vocab, n_tokens, salt):
+    """A synthetic prompt of n_tokens ids, a different one for each salt."""
+    return [(17 * i + 100 + 31 * salt) % n_vocab for i in range(n_tokens)]
+
+
 def part_prefill(path, runs, n_tokens=512):
     r, prof = _runner(path)
     n_vocab = r.model.hp.n_vocab
     walls = []
     for j in range(runs + 1):
-        ids = [(17 * i + 100 + 31 * j) % n_vocab for i in range(n_tokens)]
+        ids = prefill_ids(n_vocab, n_tokens, j)
         t0 = time.perf_counter()
         r.prompt_logits(ids)
         if j:

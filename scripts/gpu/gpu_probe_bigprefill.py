@@ -22,10 +22,7 @@ import sys
 import time
 
 from reflex_ipc.engine import load_runner
-
-
-def prefill_ids(n_vocab, n, salt):
-    return [(17 * i + 100 + 31 * salt) % n_vocab for i in range(n)]
+from reflex_ipc.testing.breakdown import prefill_ids
 
 
 def timed_prefill(r, ids):

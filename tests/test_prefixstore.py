@@ -113,6 +113,8 @@ def test_second_process_reads_the_store(model, store, hybrids):
     assert second["cached_tokens"] == len(ids) - 1
     assert second["timings"]["prefix_cache_tokens"] == len(ids) - 1
     assert second["timings"]["prefix_cache_import"] > 0
+    detail = second["timings"]["prefix_cache_import_detail"]  # the pipelined import (stateimport.py)
+    assert detail["files"] == n_seg and detail["bytes"] > 0 and detail["threads"] >= 1
     # system1 from the store scores as system1 from scratch
     a = run_system1(path, prefix_cache=False)
     b = run_system1(path)
@@ -278,6 +280,67 @@ def test_fuzz_corrupt_truncated_swapped(model, store, hybrids):
     for p in prompts:
         out, ids = run_generate(path, p)
         assert out["token_ids"] == refs[p] and out["cached_tokens"] == len(ids) - 1
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen35"])
+def test_pipelined_import_stops_at_a_segment_whose_data_fails(model, store, hybrids, monkeypatch):
+    """One array's bytes flipped inside the third of four or more segments (header intact): the
+    pipelined import, several threads and jobs of a few arrays, keeps the two before it,
+    deletes it, evaluates the rest; the recurrent model takes its per-sequence state from the
+    second segment. The answer is the answer from scratch."""
+    from reflex_ipc.runtime import stateimport
+    from reflex_ipc.runtime.statefile import StateFile
+
+    monkeypatch.setattr(stateimport, "CHUNK", 1 << 10)  # jobs of one or two arrays
+    monkeypatch.setattr(stateimport, "MAX_THREADS", 3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    path = {"llama": LLAMA, **hybrids}[model]
+    prompt = P.replace("lazy dog.", "lazy dog by the old mill.") + " dark woods"
+    ref, ids = run_generate(path, prompt, prefix_cache=False)
+    run_generate(path, prompt)
+    bounds = prefixstore.bounds_of(len(ids), BLOCK)
+    assert len(bounds) >= 4
+    by_start = {}
+    for f in files(store):
+        with StateFile(f) as sf:
+            by_start[sf.start] = (f, [e for kind, arrays in sf.layers for e in arrays if kind == "slot"])
+    victim, entries = by_start[bounds[1]]
+    e = entries[len(entries) // 2]
+    data = bytearray(open(victim, "rb").read())
+    data[e.offset + e.nbytes // 2] ^= 0x10
+    open(victim, "wb").write(data)
+    out, _ = run_generate(path, prompt)
+    assert out["token_ids"] == ref["token_ids"]
+    assert out["cached_tokens"] == bounds[1]
+    assert open(victim, "rb").read() != data  # deleted, then written again after the answer
+    detail = out["timings"]["prefix_cache_import_detail"]
+    assert detail["threads"] == 3 and detail["files"] == len(bounds)
+    again, _ = run_generate(path, prompt)  # rewritten after that answer: whole again
+    assert again["token_ids"] == ref["token_ids"] and again["cached_tokens"] == len(ids) - 1
+
+
+def test_pipelined_import_jobs_cover_every_array_once():
+    """stateimport.plan: each file's arrays in file order, whole, in jobs of about CHUNK bytes;
+    per-sequence arrays only where asked."""
+    from reflex_ipc.runtime import stateimport
+    from reflex_ipc.runtime.statefile import ArrayEntry
+
+    class F:
+        def __init__(self, sizes, seq):
+            off, self.layers = 4096, []
+            for i, n in enumerate(sizes):
+                e = ArrayEntry(f"a{i}", "float16", (n // 2,), None if seq[i] else 0, off, n, 0)
+                self.layers.append(("seq" if seq[i] else "slot", [e]))
+                off += (n + 63) // 64 * 64
+    a = F([3 << 20, 2 << 20, 9 << 20, 100], [False, False, False, True])
+    b = F([1 << 20] * 6, [False] * 6)
+    jobs = stateimport.plan([a, b], lambda j: j == 0)
+    seen = [(j, e.name) for j, ents, _, _ in jobs for e in ents]
+    assert seen == [(0, "a0"), (0, "a1"), (0, "a2"), (0, "a3")] + [(1, f"a{i}") for i in range(6)]
+    assert [len(ents) for _, ents, _, _ in jobs] == [1, 1, 1, 1, 4, 2]
+    for j, ents, off, n in jobs:
+        assert off == ents[0].offset and off + n == ents[-1].offset + ents[-1].nbytes
+    assert [e.name for j, ents, _, _ in stateimport.plan([a], lambda j: False) for e in ents] == ["a0", "a1", "a2"]
 
 
 WRITER = r"""

@@ -122,7 +122,8 @@ def test_cuda_prefix_store(tmp_path):
     from reflex_ipc.runtime import prefixstore
 
     old = {k: os.environ.get(k) for k in ("REFLEX_PREFIX_CACHE_DIR", "REFLEX_PREFIX_CACHE_BLOCK",
-                                          "REFLEX_PREFIX_CACHE_SHARE", "REFLEX_PREFIX_CACHE")}
+                                          "REFLEX_PREFIX_CACHE_SHARE", "REFLEX_PREFIX_CACHE",
+                                          "REFLEX_STATE_PINNED")}
     from reflex_ipc import settings
 
     os.environ.update(REFLEX_PREFIX_CACHE_DIR=str(tmp_path / "store"), REFLEX_PREFIX_CACHE_BLOCK="16")
@@ -148,6 +149,15 @@ def test_cuda_prefix_store(tmp_path):
             assert first["token_ids"] == ref["token_ids"] and first["timings"]["prefix_cache_tokens"] == 0, m
             assert second["timings"]["prefix_cache_tokens"] == n - 1, (m, second["timings"])
             assert second["token_ids"] == ref["token_ids"], (m, second["token_ids"], ref["token_ids"])
+            # the pipelined import through page-locked lanes as well as pageable ones
+            os.environ["REFLEX_STATE_PINNED"] = "1"
+            settings.reset()
+            pinned = run(m, "cuda")
+            os.environ.pop("REFLEX_STATE_PINNED")
+            settings.reset()
+            assert pinned["timings"]["prefix_cache_import_detail"]["pinned"] is True, m
+            assert second["timings"]["prefix_cache_import_detail"]["pinned"] is False, m
+            assert pinned["token_ids"] == ref["token_ids"] and pinned["timings"]["prefix_cache_tokens"] == n - 1, m
             files = sorted((tmp_path / "store").rglob("*.rxs"))
             with open(files[0], "r+b") as fh:  # a flipped bit in the first segment's data
                 fh.seek(-1, 2)

@@ -79,6 +79,42 @@ def test_wanted_jobs_jump_the_queue_and_wait_returns(tmp_path):
     assert bytes(dev) == data
 
 
+def test_hold_lets_later_jobs_wait_but_not_wanted_ones(tmp_path):
+    """hold(limit): the planned jobs before limit run, those after wait (the workers block,
+    they do not end) until release(); a job someone wants still runs while held; stop()
+    ends held workers too."""
+    import os
+
+    path = str(tmp_path / "w.bin")
+    n = 40 * 1000
+    data = random_file(path, n, seed=4)
+    q = JobQueue(_jobs(n, [1000] * 40))
+    q.hold(10)
+    dev = bytearray(n)
+    fd = os.open(path, os.O_RDONLY)
+    t = threading.Thread(target=run_jobs, args=(fd, q, lambda i: FakeLane(dev, 1000, []), 3))
+    t.start()
+    q.wait(list(range(10)))
+    time.sleep(0.1)
+    assert q.n_done == 10 and t.is_alive()  # held, not finished
+    ids = q.want([(30_000, 31_000)])
+    q.wait(ids)
+    time.sleep(0.05)
+    assert ids == [30] and q.n_done == 11 and dev[30_000:31_000] == data[30_000:31_000]
+    q.release()
+    t.join(10)
+    assert not t.is_alive() and q.complete() and bytes(dev) == data
+    q2 = JobQueue(_jobs(n, [1000] * 40))
+    q2.hold(0)
+    t2 = threading.Thread(target=run_jobs, args=(fd, q2, lambda i: FakeLane(bytearray(n), 1000, []), 2))
+    t2.start()
+    time.sleep(0.05)
+    q2.stop()
+    t2.join(10)
+    os.close(fd)
+    assert not t2.is_alive() and q2.n_done == 0
+
+
 def test_covering_finds_the_jobs_of_a_range():
     q = JobQueue([(0, 10, 100), (10, 5, 0), (15, 30, 20), (45, 1, 60)])  # dst: [100,110) [0,5) [20,50) [60,61)
     assert sorted(q.covering(0, 200)) == [0, 1, 2, 3]

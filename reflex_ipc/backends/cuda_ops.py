@@ -465,6 +465,24 @@ class CudaOps:
         seconds (see statefile.StateFile.load)."""
         return any(a.streaming() for a in self._arenas.values())
 
+    def hold_uploads(self):
+        """For a state import: the streaming uploads' experts nobody asked for wait until the
+        returned function is called (WeightArena.hold_experts)."""
+        held = [a for a in self._arenas.values() if a.hold_experts()]
+
+        def release():
+            for a in held:
+                a.release_experts()
+        release.held = bool(held)
+        return release
+
+    def staging_lane(self, nbytes, pinned):
+        """A StagingLane (cuda/staging.py) of nbytes for the calling thread: a host buffer
+        and a stream whose copies into this backend's arrays (DeviceArray.ptr) run in order."""
+        from ..cuda.staging import StagingLane
+
+        return StagingLane(self.rt, nbytes, pinned)
+
     def upload_stats(self):
         """How each weight arena was uploaded (mode, bytes, ms, GB/s)."""
         return [a.report() for a in self._arenas.values()]

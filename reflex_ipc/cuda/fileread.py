@@ -266,6 +266,7 @@ class JobQueue:
         self.cv = threading.Condition()
         self.error = None
         self.stopped = False  # stop(): no job is taken any more (the process is about to exit)
+        self.held = None  # hold(limit): planned jobs from index limit on wait (urgent ones run)
         self.n_done = 0
         self.bytes_done = 0
         self.bytes_urgent = 0  # bytes of the jobs someone waited for
@@ -276,17 +277,40 @@ class JobQueue:
         self._max_len = max((n for _, n, _ in self.jobs), default=0)
 
     def take(self):
-        """The next job's index (urgent ones first), marked taken; None when none is left."""
+        """The next job's index (urgent ones first), marked taken; None when none is left.
+        While held, a planned job at or past the hold's limit waits (the caller blocks) until
+        release() or an urgent job comes."""
         with self.cv:
-            if self.error is not None or self.stopped:
-                return None
-            for q in (self.urgent, self.order):
-                while q:
-                    i = q.popleft()
+            while True:
+                if self.error is not None or self.stopped:
+                    return None
+                while self.urgent:
+                    i = self.urgent.popleft()
                     if self.state[i] == 0:
                         self.state[i] = 1
                         return i
-            return None
+                order = self.order
+                while order and self.state[order[0]] != 0:
+                    order.popleft()
+                if not order:
+                    return None
+                if self.held is None or order[0] < self.held:
+                    i = order.popleft()
+                    self.state[i] = 1
+                    return i
+                self.cv.wait()
+
+    def hold(self, limit):
+        """Let the planned jobs from index `limit` on wait (jobs someone wants still run): a
+        state import reading its segments meanwhile gets the disk, memory and copy engine
+        instead of experts nobody asked for yet. release() ends it."""
+        with self.cv:
+            self.held = limit
+
+    def release(self):
+        with self.cv:
+            self.held = None
+            self.cv.notify_all()
 
     def done(self, i):
         with self.cv:
@@ -334,6 +358,8 @@ class JobQueue:
                 if self.state[i] == 0:
                     self.urgent.append(i)
                     self.bytes_urgent += self.jobs[i][1]
+            if self.held is not None and need:
+                self.cv.notify_all()  # a worker waiting on the hold takes them
         return need
 
     def wait(self, ids):

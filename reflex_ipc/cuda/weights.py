@@ -123,6 +123,7 @@ def stream_plan(f, start, chunk):
 
 class WeightArena:
     queue = None  # (set in __init__; class defaults for stand-ins in tests)
+    n_eager = 0  # streaming: the planned jobs before the experts (stream_plan)
     _decided = None
 
     def __init__(self, rt, gguf_file, mode=None):
@@ -292,6 +293,7 @@ class WeightArena:
             except (OSError, AttributeError):
                 pass
             jobs, n_eager = stream_plan(self.f, self.start, chunk)
+            self.n_eager = n_eager
             self.queue = fileread.JobQueue(jobs)
             _STREAMS.append(self)
             self._decided.set()
@@ -321,6 +323,19 @@ class WeightArena:
             self._decided.wait()
         q = self.queue
         return q is not None and q.error is None and not q.complete()
+
+    def hold_experts(self):
+        """While streaming: let the experts nobody asked for wait (JobQueue.hold) until
+        release_experts(); the tensors before them and what a kernel asks for still stream.
+        Returns whether it held anything."""
+        if not self.streaming():
+            return False
+        self.queue.hold(self.n_eager)
+        return True
+
+    def release_experts(self):
+        if self.queue is not None:
+            self.queue.release()
 
     def ensure(self, ranges):
         """Block until the device byte ranges [(lo, hi), ...] (absolute device addresses) of

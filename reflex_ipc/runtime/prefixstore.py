@@ -209,6 +209,7 @@ class Session:
         self.tokens = 0  # imported
         self.import_ms = 0.0
         self.files = 0
+        self.import_stats = None  # the last pipelined import's (runtime/stateimport.run)
         self.snaps = {}  # segment end -> per-sequence arrays [{name: numpy}] per layer (recurrent)
         self.want = ()  # segment ends to capture during this prefill
         self.ids = None
@@ -262,7 +263,10 @@ class Session:
                 avail = run
         if not avail or avail[-1][1] <= held:
             return held
+        from .. import phases
+
         t0 = time.perf_counter()
+        phases.mark("prefix_import")
         try:
             got = self._import(ids, avail, held)
         except Exception as e:  # noqa: BLE001  (a store problem is a miss, never a failure)
@@ -274,6 +278,7 @@ class Session:
             self.ex.forget()
             got = 0
         self.import_ms += (time.perf_counter() - t0) * 1e3
+        phases.mark("prefix_imported")
         if got > held:
             self.tokens += got - held
             return got
@@ -321,6 +326,10 @@ class Session:
                 if sf is None:
                     break
                 files.append(sf)
+            from . import stateimport
+
+            if files and stateimport.compatible(st, files):
+                return self._import_pipelined(ids, files, held)
             for j, sf in enumerate(files):
                 try:
                     sf.restore(st, seq=j == len(files) - 1, set_tokens=False)
@@ -353,6 +362,47 @@ class Session:
         finally:
             for sf in files:
                 sf.close()
+
+    def _import_pipelined(self, ids, files, held):
+        """_import's way when every array goes into the state as stored (runtime/stateimport.py:
+        several threads read, check and copy at once; a streaming weight upload holds back the
+        experts nobody asked for meanwhile)."""
+        from .statefile import pinned_default
+        from . import stateimport
+
+        st = self.ex.state
+        ops = st.ops
+        last = len(files) - 1
+        release = ops.hold_uploads() if hasattr(ops, "hold_uploads") else None
+        try:
+            whole, stats = stateimport.run(ops, st, files, lambda j: j == last, pinned=pinned_default(ops))
+            stats["held_experts"] = release is not None and release.held
+            if self.recurrent and 0 < whole <= last:  # the per-sequence state of the last whole one
+                again, _ = stateimport.run(ops, st, files[whole - 1:whole], lambda j: True, pinned=stats["pinned"])
+                if again != 1:
+                    whole = 0
+        finally:
+            if release is not None:
+                release()
+        self.import_stats = stats
+        for path, why in stats.get("refused", {}).items():
+            self._drop(path, why)
+        if whole == 0:
+            if self.recurrent:
+                self.ex.forget()
+                return 0
+            return held
+        done = files[:whole]
+        end = done[-1].start + done[-1].n_tokens
+        st.tokens = list(ids[:end])
+        now = time.time()
+        for sf in done:
+            try:
+                os.utime(sf.path, (now, now))  # least recently used goes first
+            except OSError:
+                pass
+        self.files += whole
+        return end
 
     def _drop(self, path, why):
         _warn(f"refused a saved segment ({why}); deleted, its tokens are evaluated again")
@@ -489,6 +539,10 @@ def end(runner, timings):
         s.finish()
         timings["prefix_cache_tokens"] = s.tokens
         timings["prefix_cache_import"] = round(s.import_ms, 3)
+        if s.import_stats is not None:
+            d = s.import_stats
+            timings["prefix_cache_import_detail"] = {
+                k: d[k] for k in ("files", "bytes", "threads", "pinned", "held_experts")}
 
 
 def session(runner, wanted=True):

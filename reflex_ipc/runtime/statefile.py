@@ -237,6 +237,18 @@ def write_state(path, *, digest, adapters_digest, arch, tokens, layers, start=0,
 
 
 # -- reading -----------------------------------------------------------------------------
+def pinned_default(ops) -> bool:
+    """Whether a state import on ops reads into page-locked memory: $REFLEX_STATE_PINNED, and
+    when it is unset, while a weight upload streams (see StateFile.load)."""
+    from .. import settings
+
+    pinned = settings.get().state_pinned
+    if pinned is None:
+        uploading = getattr(ops, "uploading", None)
+        pinned = bool(uploading is not None and uploading())
+    return bool(pinned)
+
+
 class ArrayEntry:
     __slots__ = ("name", "dtype", "shape", "slot_axis", "offset", "nbytes", "crc")
 
@@ -452,12 +464,7 @@ class StateFile:
         short register upload: a 0.6B model's 1,000-token import took 412 ms from pageable
         memory, 524 ms pinned) the page-locked allocation costs more than it saves."""
         if pinned is None:
-            from .. import settings
-
-            pinned = settings.get().state_pinned
-            if pinned is None:
-                uploading = getattr(ops, "uploading", None)
-                pinned = bool(uploading is not None and uploading())
+            pinned = pinned_default(ops)
         drv = getattr(getattr(ops, "rt", None), "drv", None)
         alloc = None
         if pinned and drv is not None and hasattr(drv, "pagelocked_empty"):

@@ -319,6 +319,21 @@ def test_pipelined_import_stops_at_a_segment_whose_data_fails(model, store, hybr
     assert again["token_ids"] == ref["token_ids"] and again["cached_tokens"] == len(ids) - 1
 
 
+def test_an_empty_store_costs_no_digest_before_the_answer(store):
+    """The machine's first request (no segments in the folder): nothing is looked up, so the
+    model digest (hashing the GGUF's metadata) waits until the write after the answer."""
+    r = load_runner(LLAMA, device="cpu", n_ctx=N_CTX)
+    try:
+        out = r.generate(P, max_tokens=4)
+        assert out["timings"]["prefix_cache_tokens"] == 0 and r._identity is None
+        prefixstore.flush()
+        assert r._identity is not None and files(store)
+    finally:
+        r.close()
+    second, _ = run_generate(LLAMA)
+    assert second["cached_tokens"] > 0 and second["token_ids"][:4] == out["token_ids"]
+
+
 def test_pipelined_import_jobs_cover_every_array_once():
     """stateimport.plan: each file's arrays in file order, whole, in jobs of about CHUNK bytes;
     per-sequence arrays only where asked."""

@@ -246,11 +246,12 @@ class Session:
         segments of ids when it holds more than `held` tokens (with load); returns how many
         leading ids the state now holds. Every failure is a miss."""
         n = len(ids)
-        segs = chain(self.ns, ids, bounds_of(n, self.block)) if n - 1 >= self.block // 2 else []
+        bounds = bounds_of(n, self.block) if n - 1 >= self.block // 2 else []
         self.ids = list(ids)
-        self.want = {b for _, b, _, _ in segs} if self.recurrent else ()
-        if not load or not segs or segs[-1][1] <= held:
+        self.want = set(bounds) if self.recurrent else ()
+        if not load or not bounds or bounds[-1] <= held or not self._holds_segments():
             return held
+        segs = chain(self.ns, ids, bounds)
         avail = []  # the longest run of saved segments from the start, of one source
         for i, (ns, d) in enumerate(self.sources):
             run = []
@@ -285,6 +286,16 @@ class Session:
         if got < held:  # the state was cleared
             return 0
         return held
+
+    def _holds_segments(self):
+        """Whether the store's folder holds any model's segments: an empty or missing folder
+        (a machine's first request) has nothing to find, and the model digest (hashing the
+        GGUF's metadata the first time) is then computed when writing, after the answer."""
+        try:
+            with os.scandir(self.root) as it:
+                return any(len(e.name) == 32 and e.is_dir() for e in it)
+        except OSError:
+            return False
 
     def _open(self, seg, ids):
         """A StateFile for segment seg checked against the model, its chain position and the
@@ -434,9 +445,9 @@ class Session:
         self.want = ()
         if not ids or len(ids) - 1 < self.block // 2:  # too short to be worth a file
             return
-        todo = chain(self.ns, ids, bounds_of(len(ids), self.block))  # write() skips the saved ones
+        todo = bounds_of(len(ids), self.block)  # write() names them and skips the saved ones
         if self.recurrent:  # only the ends whose recurrent state was captured
-            todo = [s for s in todo if s[1] in self.snaps]
+            todo = [b for b in todo if b in self.snaps]
         self.todo = todo
         if todo:
             PENDING.append(self)
@@ -444,11 +455,16 @@ class Session:
     def write(self):
         """Write the queued segments from the runner's state (unchanged since the request:
         this runs before the next one). Errors (a full disk...) end the writing quietly."""
-        todo, self.todo = [s for s in self.todo if not os.path.isfile(self.path(s[3]))], []
+        ends, self.todo = self.todo, []
         st = self.ex.state
-        if not todo or st is None:
+        if not ends or st is None:
             return 0
         ids = self.ids
+        bounds = bounds_of(len(ids), self.block)
+        segs = chain(self.ns, ids, bounds[:bounds.index(ends[-1]) + 1])  # (the chain is over every block)
+        todo = [s for s in segs if s[1] in set(ends) and not os.path.isfile(self.path(s[3]))]
+        if not todo:
+            return 0
         n_max = todo[-1][1]
         if list(st.tokens[:n_max]) != list(ids[:n_max]):
             n_ok = 0

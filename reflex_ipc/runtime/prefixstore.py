@@ -358,18 +358,7 @@ class Session:
                             return 0
                     break
                 done.append(sf)
-            if not done:
-                return held
-            end = done[-1].start + done[-1].n_tokens
-            st.tokens = list(ids[:end])
-            now = time.time()
-            for sf in done:
-                try:
-                    os.utime(sf.path, (now, now))  # least recently used goes first
-                except OSError:
-                    pass
-            self.files += len(done)
-            return end
+            return self._imported(ids, done) if done else held
         finally:
             for sf in files:
                 sf.close()
@@ -403,16 +392,19 @@ class Session:
                 self.ex.forget()
                 return 0
             return held
-        done = files[:whole]
+        return self._imported(ids, files[:whole])
+
+    def _imported(self, ids, done):
+        """The state holds the segments `done` (read whole): its tokens, their files' use."""
         end = done[-1].start + done[-1].n_tokens
-        st.tokens = list(ids[:end])
+        self.ex.state.tokens = list(ids[:end])
         now = time.time()
         for sf in done:
             try:
                 os.utime(sf.path, (now, now))  # least recently used goes first
             except OSError:
                 pass
-        self.files += whole
+        self.files += len(done)
         return end
 
     def _drop(self, path, why):

@@ -203,16 +203,15 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
             per[w] = {k: round(v, 4) if isinstance(v, float) else v for k, v in st.items()}
 
     t0 = time.perf_counter()
-    if threads == 1:
-        worker(0)
-    else:
-        ts = [threading.Thread(target=worker, args=(w,), name=f"reflex-import-{w}", daemon=True)
-              for w in range(1, threads)]
-        for t in ts:
-            t.start()
-        worker(0)
-        for t in ts:
-            t.join()
+    # every lane on a thread of its own, also the only one: a CUDA lane pushes the context
+    # on its thread and pops it when done, which the calling thread (holding it current
+    # already) must not do to itself
+    ts = [threading.Thread(target=worker, args=(w,), name=f"reflex-import-{w}", daemon=True)
+          for w in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
     whole = max(bad[0], 0)
     stats = {"files": len(files), "jobs": len(jobs), "bytes": total, "threads": threads,
              "pinned": bool(pinned and make is not None), "ms": round((time.perf_counter() - t0) * 1e3, 2),

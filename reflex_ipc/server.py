@@ -11,9 +11,17 @@ is on the cold path.
 
 Signals: SIGINT cancels the request in progress (the runner polls
 `should_cancel`); SIGTERM (and SIGHUP) lets it finish, then the loop ends.
-While the loop is blocked waiting for input (`busy` false), SIGTERM ends it at
-once. SIGIO (a writer opened a leased model file) cancels the request in progress
-and drops the model once it ends.
+While the loop is blocked waiting for the next client or request line
+(`waiting`), SIGTERM ends it at once: the handler raises `_Stop` there and
+nowhere else. Anywhere else (a request, the `--model` load, the imports after
+the first ready line) it only sets `stopping`, which the loop reads before it
+waits again: an exception raised by a signal handler lands at an arbitrary
+bytecode, and one that lands in a C extension's module init can be swallowed
+there and leave the module half set up (msgspec 0.23 ignores a failed
+`PyDateTime_IMPORT`: its next Decoder of a Struct read a NULL pointer, a
+SIGSEGV on SIGTERM right after a client closed). SIGIO (a writer opened a
+leased model file) cancels the request in progress and drops the model once it
+ends.
 """
 
 import math
@@ -36,7 +44,7 @@ MAX_RESULT_BYTES = 64 << 20  # one result line, newline included
 
 
 class _Stop(BaseException):
-    """SIGTERM while idle."""
+    """SIGTERM while the loop waits for a client or a request line."""
 
 
 def _json_str(s: str) -> str:
@@ -108,6 +116,7 @@ class Server:
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
         self.busy = False
+        self.waiting = False  # blocked on the next client or request line: SIGTERM raises _Stop
         self.cancel = False
         self.stopping = False
         self.stop_time = None
@@ -136,7 +145,7 @@ class Server:
         if not self.stopping:
             self.stop_time = time.monotonic()
         self.stopping = True
-        if not self.busy:
+        if self.waiting:
             raise _Stop()
 
     def _on_sigio(self, signum, frame):
@@ -172,6 +181,8 @@ class Server:
     def serve_conn(self, conn) -> None:
         """Ready line, then requests until EOF, a vanished client, or stop."""
         try:
+            if self.stopping:  # SIGTERM during the --model load
+                return
             conn.write(self.ready_line())
             if self.proto is None:
                 from . import protocol
@@ -179,8 +190,14 @@ class Server:
 
                 self.proto = protocol
                 self.ops = registry()
-            while not self.stopping:
-                line = conn.reader.readline()
+            while True:
+                self.waiting = True
+                try:
+                    if self.stopping:
+                        return
+                    line = conn.reader.readline()
+                finally:
+                    self.waiting = False
                 if line is None:
                     return
                 self.busy = True
@@ -354,11 +371,16 @@ def serve_uds(server: Server, path: str, mode: int, preload: bool) -> int:
     try:
         if preload:
             server.preload()
-        while not server.stopping:
+        while True:
+            server.waiting = True
             try:
+                if server.stopping:
+                    break
                 client, _ = sock.accept()
             except (ConnectionAbortedError, InterruptedError):
                 continue
+            finally:
+                server.waiting = False
             conn = SockConn(client, server.max_line_bytes, ctl=server, listen=sock)
             try:
                 server.serve_conn(conn)

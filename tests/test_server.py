@@ -289,6 +289,81 @@ def test_fake_subprocess_sigterm_idle_exits_at_once(fake):
     assert p.wait(10) == 0 and time.monotonic() - t < 5
 
 
+# A fake `reflex stdio` that sends itself SIGTERM from inside the first import of
+# `module` (the imports that follow the ready line: msgspec, and the datetime that
+# msgspec's C init imports), then says on stderr whether those imports completed.
+SIGTERM_IN_IMPORT = """
+import signal, sys
+from reflex_ipc.testing.fake_server import FakeRunner, fake_resolve
+from reflex_ipc import server
+
+class Hook:
+    fired = False
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} and not Hook.fired:
+            Hook.fired = True
+            signal.raise_signal(signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, Hook())
+srv = server.Server(loader=lambda p, d: FakeRunner(p, d), resolve=fake_resolve)
+if {uds!r}:
+    rc = server.serve_uds(srv, {uds!r}, 0o600, False)
+else:
+    rc = server.serve_stdio(srv, False)
+import typing, msgspec
+class S(msgspec.Struct):
+    a: typing.Any = None
+msgspec.json.Decoder(S)  # msgspec's init swallowed an exception: this read NULL (SIGSEGV)
+sys.stderr.write(f"fired={{Hook.fired}} protocol={{'reflex_ipc.protocol' in sys.modules}}\\n")
+sys.exit(rc)
+"""
+
+
+@pytest.mark.parametrize("transport", ["stdio", "uds"])
+@pytest.mark.parametrize("module", ["msgspec", "datetime"])
+def test_fake_subprocess_sigterm_during_an_import_lets_it_finish(module, transport, sockdir):
+    """SIGTERM that lands in an import (here: right after the first ready line) must not
+    raise into it: a C extension's init may swallow the exception and stay half set up
+    (msgspec's unchecked PyDateTime_IMPORT: `reflex uds` died of SIGSEGV when a client
+    connected, closed, and SIGTERM came). The import completes, then the loop ends, exit 0."""
+    uds = str(sockdir / "s") if transport == "uds" else None
+    p = Proc([sys.executable, "-c", SIGTERM_IN_IMPORT.format(module=module, uds=uds)],
+             ready=uds is None)
+    try:
+        if uds:
+            c = UdsClient(uds)
+            assert c.read() is None  # the server closes the connection unserved
+            c.close()
+        else:
+            assert p.read() is None  # no request served
+        assert p.wait() == 0, p.err()[-2000:]
+        assert "fired=True protocol=True" in p.err(), p.err()[-2000:]
+        assert not uds or not os.path.exists(uds)
+    finally:
+        p.close()
+
+
+def test_fake_subprocess_sigterm_during_the_model_load_lets_it_finish():
+    """SIGTERM during the --model load does not raise into the loader (it imports numpy,
+    the engine, ctypes libraries): the load finishes, then exit 0 without a ready line."""
+    code = ("import signal, sys\n"
+            "from reflex_ipc.testing.fake_server import FakeRunner, fake_resolve\n"
+            "from reflex_ipc import server\n"
+            "def load(p, d):\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "    sys.stderr.write('loaded\\n')\n"
+            "    return FakeRunner(p, d)\n"
+            "srv = server.Server(model='smollm2', loader=load, resolve=fake_resolve)\n"
+            "sys.exit(server.serve_stdio(srv, True))\n")
+    p = Proc([sys.executable, "-c", code], ready=False)
+    try:
+        assert p.read() is None  # no ready line
+        assert p.wait() == 0 and "loaded" in p.err(), p.err()[-2000:]
+    finally:
+        p.close()
+
+
 def test_fake_subprocess_eof_finishes_the_request(fake):
     p = fake(delay=0.01)
     p.send({"id": 1, "op": "generate", "prompt": "abc", "max_tokens": 30})

@@ -137,7 +137,8 @@ def main():
                    prompt_tokens=res.get("prompt_tokens"), cached_tokens=res.get("cached_tokens"),
                    prefix_cache_tokens=t.get("prefix_cache_tokens"),
                    prefix_cache_import_ms=t.get("prefix_cache_import"), prompt_eval_ms=t.get("prompt_eval"),
-                   import_detail=t.get("prefix_cache_import_detail"), phases=t.get("phases"),
+                   import_detail={k[len("prefix_cache_import_"):]: v for k, v in t.items()
+                                  if k.startswith("prefix_cache_import_")} or None, phases=t.get("phases"),
                    cuda=t.get("cuda"),
                    tokens=res.get("token_ids") or [c["logprob"] for c in res.get("candidates", [])])
         samples[name].append(rec)

@@ -64,7 +64,8 @@ def main():
             stateimport.compatible = compatible
         tm = out["timings"]
         return {"import_ms": tm.get("prefix_cache_import"), "tokens": tm.get("prefix_cache_tokens"),
-                "request_ms": round(wall, 2), "detail": tm.get("prefix_cache_import_detail"),
+                "request_ms": round(wall, 2),
+                "detail": {k[len("prefix_cache_import_"):]: v for k, v in tm.items() if k.startswith("prefix_cache_import_")},
                 "prompt_tokens": out["prompt_tokens"], "token_ids": out["token_ids"]}
 
     try:

@@ -155,8 +155,8 @@ def test_cuda_prefix_store(tmp_path):
             pinned = run(m, "cuda")
             os.environ.pop("REFLEX_STATE_PINNED")
             settings.reset()
-            assert pinned["timings"]["prefix_cache_import_detail"]["pinned"] is True, m
-            assert second["timings"]["prefix_cache_import_detail"]["pinned"] is False, m
+            assert pinned["timings"]["prefix_cache_import_pinned"] == 1, m
+            assert second["timings"]["prefix_cache_import_pinned"] == 0, m
             assert pinned["token_ids"] == ref["token_ids"] and pinned["timings"]["prefix_cache_tokens"] == n - 1, m
             files = sorted((tmp_path / "store").rglob("*.rxs"))
             with open(files[0], "r+b") as fh:  # a flipped bit in the first segment's data

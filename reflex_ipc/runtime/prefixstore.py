@@ -376,7 +376,7 @@ class Session:
         release = ops.hold_uploads() if hasattr(ops, "hold_uploads") else None
         try:
             whole, stats = stateimport.run(ops, st, files, lambda j: j == last, pinned=pinned_default(ops))
-            stats["held_experts"] = release is not None and release.held
+            stats["held"] = release is not None and release.held
             if self.recurrent and 0 < whole <= last:  # the per-sequence state of the last whole one
                 again, _ = stateimport.run(ops, st, files[whole - 1:whole], lambda j: True, pinned=stats["pinned"])
                 if again != 1:
@@ -547,10 +547,10 @@ def end(runner, timings):
         s.finish()
         timings["prefix_cache_tokens"] = s.tokens
         timings["prefix_cache_import"] = round(s.import_ms, 3)
-        if s.import_stats is not None:
+        if s.import_stats is not None:  # (timings hold numbers only)
             d = s.import_stats
-            timings["prefix_cache_import_detail"] = {
-                k: d[k] for k in ("files", "bytes", "threads", "pinned", "held_experts")}
+            for k in ("files", "bytes", "threads", "pinned", "held"):
+                timings[f"prefix_cache_import_{k}"] = int(d[k])
 
 
 def session(runner, wanted=True):

@@ -369,3 +369,49 @@ def test_auto_streams_moe_files_from_the_page_cache(tmp_path, monkeypatch):
             a.wait()
             assert a.stats["resident"] >= 0.9 and a.stats["mode"] == want, a.stats
             assert bool(a.stats.get("streaming")) == (want == "read")
+
+
+def test_hold_experts_on_a_streaming_arena(tmp_path, monkeypatch):
+    """WeightArena.hold_experts (a prefix-store import's hold, CudaOps.hold_uploads): the
+    tensors before the experts and an expert someone ensures still arrive; the other experts
+    wait until release_experts(), then the upload completes."""
+    import os
+
+    from reflex_ipc.cuda import weights
+    from reflex_ipc.gguffile import GGUFFile
+    from reflex_ipc.testing.synthetic import example_gguf
+
+    tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "synthetic-llama.gguf")
+    path = example_gguf("qwen3moe", str(tmp_path / "moe.gguf"), tokenizer=tok,
+                        keys={"block_count": 2, "expert_count": 16, "expert_feed_forward_length": 64})
+    gate = threading.Event()
+    lane = weights._PinnedLane
+
+    def gated(*a, **k):
+        gate.wait(10)  # the workers start once the hold is in place
+        return lane(*a, **k)
+    monkeypatch.setattr(weights, "_PinnedLane", gated)
+    monkeypatch.setenv("REFLEX_CUDA_STREAM", "1")
+    monkeypatch.setenv("REFLEX_CUDA_UPLOAD", "read")
+    monkeypatch.setenv("REFLEX_CUDA_UPLOAD_THREADS", "2")
+    with GGUFFile(path) as f:
+        rt = FakeRt()
+        a = weights.WeightArena(rt, f)
+        assert a.hold_experts()
+        gate.set()
+        q = a.queue
+        q.wait(list(range(a.n_eager)))
+        time.sleep(0.1)
+        assert q.n_done == a.n_eager and a.streaming() and len(q.jobs) > a.n_eager
+        t = next(t for t in f.tensors.values() if weights._is_expert(t))
+        per = t.nbytes // t.shape[2]
+        lo = a.ptr(t) + 5 * per  # expert 5 of the first expert tensor
+        a.ensure([(lo, lo + per)])
+        want = f.bytes_view(t.offset + 5 * per, per).tobytes()
+        assert bytes(rt.drv.dev[lo - rt.drv.BASE:lo - rt.drv.BASE + per]) == want
+        assert q.n_done == a.n_eager + 1
+        a.release_experts()
+        a.wait()
+        assert q.complete() and not a.streaming()
+        assert bytes(rt.drv.dev[:a.nbytes]) == f.bytes_view(a.start, a.nbytes).tobytes()
+        assert not a.hold_experts()  # nothing streams any more

@@ -16,6 +16,12 @@ two llama.cpp references:
    rounding of activations anywhere), which is what a float engine computes:
    - logits after the prompt within 1e-3 * max|logit|;
    - greedy 32 tokens identical, a divergence passing only at a top-2 gap < 0.5%.
+   The cpu backend is held there to llama.cpp's own distance from exact arithmetic: a
+   divergence passes at a gap < rounding_noise_top (as against 1.), or where our logits of
+   llama.cpp's best token and of ours (in its top 5) are each within rounding_noise_top of
+   llama.cpp's: a gap is the difference of two logits, so that distance flips gaps up to
+   twice it (seen on an AVX2-only host: synthetic-qwen3 code_unicode step 20, gap 2.03%,
+   our two logits 1.5% and 0.5% away, with llama.cpp's noise 2.0%).
 
 Every test runs on both CPU backends: `numpy` (the float32 oracle, held to all of the
 above) and `cpu` (the compiled kernels). The cpu backend rounds activations to int8 per
@@ -131,10 +137,18 @@ def greedy_output(name, i, device="numpy"):
     if (name, i, device) not in _GREEDY:
         g = GOLDEN[name]
         r = runner_for(name, device)
+        p = g["prompts"][i]
         backends = []  # the backend that computed each step's logits (reflex check records it too)
-        out = r.generate(g["prompts"][i]["text"], max_tokens=g["steps"], temperature=0.0,
-                         on_logits=lambda step, row: backends.append(r.ops.name))
+        logits = []  # per step, ours for the tokens of both references' top 5 there
+
+        def seen(step, row):
+            backends.append(r.ops.name)
+            toks = {int(t) for ref in (p["steps"], p["exact_steps"]) if step < len(ref)
+                    for t, _ in ref[step]["top5"]}
+            logits.append({t: float(row.reshape(-1)[t]) for t in toks})
+        out = r.generate(p["text"], max_tokens=g["steps"], temperature=0.0, on_logits=seen)
         out["step_backends"] = backends
+        out["step_logits"] = logits
         _GREEDY[name, i, device] = out
     return _GREEDY[name, i, device]
 
@@ -196,8 +210,11 @@ def test_greedy_exact(name, i, device):
     g = GOLDEN[name]
     p = g["prompts"][i]
     out = greedy_output(name, i, device)
-    tie = TIE_REL if device == "numpy" else tie_rel(p)
-    ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"], tie=tie)
+    if device == "numpy":
+        ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"], tie=TIE_REL)
+    else:  # held to llama.cpp's own distance from exact arithmetic: per logit, where a flip happens
+        ok, msg = greedy_verdict(p["exact_steps"], out["token_ids"], out["finish_reason"], g["eog_ids"],
+                                 tie=tie_rel(p), our_logits=out["step_logits"], noise=p["rounding_noise_top"])
     assert ok, msg
 
 
@@ -239,6 +256,17 @@ def test_greedy_rule():
     assert not greedy_verdict(steps, [10], "stop", [2])[0]
     assert not greedy_verdict(steps, [10, 11], "length", [2])[0]
     assert greedy_verdict([_step(10, 1.0), _step(11, 0.01, second=2)], [10], "stop", [2])[0]
+    # a divergence at a larger gap, explained by per-logit rounding within `noise`: passes only
+    # when our token is in llama.cpp's top 5 and our two logits are each that close to its
+    st = [_step(10, 1.0), _step(11, 0.4), _step(12, 1.0)]  # step 1: gap 4% of max|logit| 10
+    near = [{}, {11: 9.8, 12: 9.8}, {}]  # each 0.2 (2% of max|logit|) from llama.cpp's 10 / 9.6
+    assert not greedy_verdict(st, [10, 12, 0], "length", [2], tie=0.02)[0]
+    assert greedy_verdict(st, [10, 12, 0], "length", [2], tie=0.02, our_logits=near, noise=0.025)[0]
+    assert not greedy_verdict(st, [10, 12, 0], "length", [2], tie=0.02, our_logits=near, noise=0.015)[0]
+    far = [{}, {11: 9.5, 12: 9.9}, {}]  # llama.cpp's best moved by 0.5: beyond the noise
+    assert not greedy_verdict(st, [10, 12, 0], "length", [2], tie=0.02, our_logits=far, noise=0.025)[0]
+    assert not greedy_verdict(st, [10, 55, 0], "length", [2], tie=0.02,  # not in its top 5
+                              our_logits=[{}, {11: 9.8, 55: 9.9}, {}], noise=0.025)[0]
     # llama.cpp ended generation: we must stop there too
     ended = [_step(10, 1.0), _step(2, 1.0, eog=True), _step(5, 1.0)]
     assert greedy_verdict(ended, [10], "stop", [2])[0]

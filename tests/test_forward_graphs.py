@@ -1,7 +1,7 @@
 """The padding that lets captured forward graphs serve batches of other lengths
 (runtime/graphs.ForwardGraphs), checked where it can fail without a GPU: the padded
 batch it builds, run through the numpy backend, must give the unpadded batch's rows.
-(The capture and replay themselves run in tests/test_engine_cuda.py on a GPU.)"""
+(The capture and replay themselves are checked on a GPU: scripts/gpu/gpu_check_engine.py.)"""
 
 import numpy as np
 import pytest

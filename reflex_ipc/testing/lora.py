@@ -8,7 +8,7 @@ matrix NAME a pair NAME.lora_a (numpy [rank, n_in]) and NAME.lora_b (numpy [n_ou
 F32, random (seeded: the same arguments write the same bytes). The low-rank product is
 scaled to about half the base weight's spread so that it changes greedy
 continuations without swamping the model. Used by tests/test_lora.py,
-tests/test_statefile_cuda.py and scripts/fixtures/record_lora_goldens.py.
+scripts/gpu/gpu_check_state.py and scripts/fixtures/record_lora_goldens.py.
 """
 
 import argparse

@@ -42,7 +42,9 @@ mapfile -t CMDS < <(awk '/^## Set-up/ {s=1} s && /^```sh/ {b=1; next} b && /^```
 [ ${#CMDS[@]} -ge 3 ] || fail "README.md's set-up block has ${#CMDS[@]} commands"
 # the set-up block runs in one shell, so that its `. .venv/bin/activate` carries over
 oracle_cached=0
-python3 -m pip cache list 2>/dev/null | grep -q 'llama_cpp_python-0.3.36-' && oracle_cached=1
+# (the listings are read whole before grep: with pipefail, grep -q closing the pipe at its first
+# match fails the lister with SIGPIPE, and the pipeline with it, at random)
+grep -q 'llama_cpp_python-0.3.36-' <<<"$(python3 -m pip cache list 2>/dev/null)" && oracle_cached=1
 test_load=
 for c in "${CMDS[@]}"; do
   case $c in "make test"*) [ $DEMO_ONLY = 1 ] && { echo "replay: skipping '$c' (--demo-only)"; continue; }
@@ -91,7 +93,7 @@ if [ $WHEEL = 1 ]; then
   whl=$(ls dist/reflex_ipc-*.whl) || fail "no wheel in dist/"
   times+=("$(printf '%5d s  %s' $((SECONDS - start)) "make wheel")")
   if command -v nvcc >/dev/null 2>&1; then
-    python -m zipfile -l "$whl" | grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin' \
+    grep -q 'reflex_ipc/kernels/reflex_kernels.fatbin' <<<"$(python -m zipfile -l "$whl")" \
       || fail "the wheel has no fatbin although nvcc is present"
   fi
   start=$SECONDS

@@ -454,7 +454,8 @@ class Session:
         ids = self.ids
         bounds = bounds_of(len(ids), self.block)
         segs = chain(self.ns, ids, bounds[:bounds.index(ends[-1]) + 1])  # (the chain is over every block)
-        todo = [s for s in segs if s[1] in set(ends) and not os.path.isfile(self.path(s[3]))]
+        wanted = set(ends)
+        todo = [s for s in segs if s[1] in wanted and not os.path.isfile(self.path(s[3]))]
         if not todo:
             return 0
         n_max = todo[-1][1]

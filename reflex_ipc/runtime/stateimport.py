@@ -139,11 +139,9 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
     bad = [len(files)]  # the first file that failed
     why = {}
     errors = []
-    per = [None] * threads
     make = getattr(ops, "staging_lane", None)
 
-    def worker(w):
-        st = {"jobs": 0, "read_s": 0.0, "crc_s": 0.0, "copy_s": 0.0}
+    def worker():
         lane = None
         try:
             lane = make(size, pinned) if make is not None else _HostLane(ops, size)
@@ -159,7 +157,6 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
                     continue  # past a failed file: not used
                 sf = files[j]
                 lane.wait()
-                t0 = time.perf_counter()
                 try:
                     _pread_into(sf._fd, mv[:n], off, sf.path)
                 except ReflexError as e:
@@ -168,9 +165,7 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
                             bad[0] = j
                         why[j] = e.message
                     continue
-                t1 = time.perf_counter()
                 crcs = [zlib.crc32(mv[e.offset - off:e.offset - off + e.nbytes]) for e in ents]
-                t2 = time.perf_counter()
                 wrong = next((e for e, c in zip(ents, crcs) if c != e.crc), None)
                 if wrong is not None:
                     with lock:
@@ -183,11 +178,6 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
                     dst, start, cnt = dst_of[id(e)]
                     _put(ops, lane, e.offset - off, e, dst, start, cnt)
                 lane.fence()
-                t3 = time.perf_counter()
-                st["jobs"] += 1
-                st["read_s"] += t1 - t0
-                st["crc_s"] += t2 - t1
-                st["copy_s"] += t3 - t2
         except BaseException as e:  # noqa: BLE001 - raised by the calling thread
             errors.append(e)
             with lock:
@@ -200,14 +190,12 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
                     errors.append(e)
                     with lock:
                         bad[0] = -1
-            per[w] = {k: round(v, 4) if isinstance(v, float) else v for k, v in st.items()}
 
     t0 = time.perf_counter()
     # every lane on a thread of its own, also the only one: a CUDA lane pushes the context
     # on its thread and pops it when done, which the calling thread (holding it current
     # already) must not do to itself
-    ts = [threading.Thread(target=worker, args=(w,), name=f"reflex-import-{w}", daemon=True)
-          for w in range(threads)]
+    ts = [threading.Thread(target=worker, name=f"reflex-import-{w}", daemon=True) for w in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -215,7 +203,7 @@ def run(ops, state, files, seq_of, *, threads=None, pinned=False):
     whole = max(bad[0], 0)
     stats = {"files": len(files), "jobs": len(jobs), "bytes": total, "threads": threads,
              "pinned": bool(pinned and make is not None), "ms": round((time.perf_counter() - t0) * 1e3, 2),
-             "per_thread": per, "whole": whole}
+             "whole": whole}
     if why:
         stats["refused"] = {files[j].path: why[j] for j in sorted(why)}
     if errors:

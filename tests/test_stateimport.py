@@ -75,20 +75,30 @@ def _device(rt, n_layers):
     return dev
 
 
-@pytest.mark.parametrize("pinned", [True, False])
-def test_rows_land_in_the_state_layout(tmp_path, monkeypatch, pinned):
-    monkeypatch.setattr(stateimport, "CHUNK", 700)  # a job is one or two arrays
-    paths, full, n = _chain(tmp_path)
+def _import(paths, threads, pinned, cut=None):
+    """stateimport.run of the chain `paths` into a fresh fake-CUDA state of 4 layers (with
+    cut(): called once the files are parsed, before they are read). Returns (rt, whole, stats)."""
     rt = FakeRt()
 
     class State:
         layers = _state(rt, 4)
     files = [StateFile(p) for p in paths]
     try:
-        whole, stats = stateimport.run(FakeCudaOps(rt), State, files, lambda j: False, threads=3, pinned=pinned)
+        if cut is not None:
+            cut()
+        whole, stats = stateimport.run(FakeCudaOps(rt), State, files, lambda j: False, threads=threads,
+                                       pinned=pinned)
     finally:
         for f in files:
             f.close()
+    return rt, whole, stats
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_rows_land_in_the_state_layout(tmp_path, monkeypatch, pinned):
+    monkeypatch.setattr(stateimport, "CHUNK", 700)  # a job is one or two arrays
+    paths, full, n = _chain(tmp_path)
+    rt, whole, stats = _import(paths, 3, pinned)
     assert whole == 4 and stats["threads"] == 3 and stats["jobs"] > 8 and "refused" not in stats
     assert stats["pinned"] is pinned
     dev = _device(rt, 4)
@@ -108,16 +118,7 @@ def test_a_corrupt_segment_ends_the_chain(tmp_path, monkeypatch):
     data = bytearray(open(paths[2], "rb").read())
     data[e.offset + 3] ^= 0x40
     open(paths[2], "wb").write(data)
-    rt = FakeRt()
-
-    class State:
-        layers = _state(rt, 4)
-    files = [StateFile(p) for p in paths]
-    try:
-        whole, stats = stateimport.run(FakeCudaOps(rt), State, files, lambda j: False, threads=2, pinned=True)
-    finally:
-        for f in files:
-            f.close()
+    rt, whole, stats = _import(paths, 2, True)
     assert whole == 2 and list(stats["refused"]) == [paths[2]]
     assert "checksum" in stats["refused"][paths[2]]
     dev = _device(rt, 4)
@@ -131,16 +132,7 @@ def test_a_corrupt_segment_ends_the_chain(tmp_path, monkeypatch):
 
 def test_a_truncated_file_ends_the_chain_and_threads_finish(tmp_path):
     paths, full, n = _chain(tmp_path, seed=2)
-    files = [StateFile(p) for p in paths]  # parsed whole, then cut
-    os.truncate(paths[1], os.path.getsize(paths[1]) - 100)
-    rt = FakeRt()
-
-    class State:
-        layers = _state(rt, 4)
-    try:
-        whole, stats = stateimport.run(FakeCudaOps(rt), State, files, lambda j: False, threads=4, pinned=False)
-    finally:
-        for f in files:
-            f.close()
+    rt, whole, stats = _import(paths, 4, False,  # parsed whole, then cut
+                               cut=lambda: os.truncate(paths[1], os.path.getsize(paths[1]) - 100))
     assert whole == 1 and "truncated" in stats["refused"][paths[1]]
     assert np.array_equal(_device(rt, 4)[0, 0, :, :16], full[0]["k"][:, :16])

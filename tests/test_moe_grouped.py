@@ -426,3 +426,14 @@ def test_bench_moe_tile_runs_on_the_numpy_oracle():
         assert r["same_bits"] and r["speedup"] > 0
         assert {f"skip{a}_wide{b}_us" for a in (0, 1) for b in (0, 1)} <= set(r)
     assert (ops.moe_skip, ops.mma_wide, ops.moe_mma, ops.moe_mma_min_n) == (True, True, False, 48)
+
+
+def test_unique_ids_equals_np_unique():
+    from reflex_ipc.backends.base import unique_ids
+
+    rng = np.random.default_rng(0)
+    for shape in [(0,), (1,), (1, 8), (7, 8), (2330, 8), (3, 1)]:
+        a = rng.integers(0, 128, size=shape)
+        got = unique_ids(a)
+        assert got.dtype == a.dtype and np.array_equal(got, np.unique(a)), shape
+    assert unique_ids([5, 5, 5]).tolist() == [5]

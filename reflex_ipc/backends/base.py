@@ -332,6 +332,18 @@ def check_matmul_n(ws):
         raise ValueError(f"matmul_n: weights of different widths {[tuple(w.shape) for w in ws]}")
 
 
+def unique_ids(a):
+    """np.unique(a) for integer ids (sorted, distinct), without numpy.ma: numpy 2.x's plain
+    np.unique imports numpy.ma (~6 ms, more beside a streaming upload) the first time, on
+    the path of a cold MoE process's first token."""
+    import numpy as np
+
+    s = np.sort(np.asarray(a).reshape(-1))
+    if s.size < 2:
+        return s
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
 def moe_route(logits, n_used, gating="softmax", norm=True, scale=1.0, selection_bias=None, groups=None):
     """The routing of `moe` on the host: (top [N, n_used] expert ids best first, w [N, n_used]
     their float32 weights) from float32 router logits [N, E]. groups (G, G_used): the experts
@@ -423,7 +435,7 @@ def host_logprobs(logits, rows, targets, n=None):
     targets = np.asarray(targets, dtype=np.int64).reshape(-1)
     z = np.asarray(logits)[:, :n] if n is not None else np.asarray(logits)
     out = np.empty(len(rows))
-    for r in np.unique(rows):
+    for r in unique_ids(rows):
         zr = z[r].astype(np.float64)
         m = zr.max()
         lse = m + np.log(np.exp(zr - m).sum())

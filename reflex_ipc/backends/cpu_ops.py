@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, weight_shape
+from .base import check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, unique_ids, weight_shape
 from . import cpu_launch
 from .cpu_launch import ABI_VERSION, CMD_WIDTH, FLOAT_ARGS, MATMUL, OPS, SIGNATURES, Launchers, RxWeight
 
@@ -409,7 +409,7 @@ class CpuOps(Launchers):
         F, D = w_gate.shape[0] // E // (2 if w_up is None else 1), w_down.shape[0] // E
         top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
-        for e in np.unique(top):
+        for e in unique_ids(top):
             rows, slot = np.nonzero(top == e)
             h = np.ascontiguousarray(x[rows] * w[rows, slot][:, None] if weight_before else x[rows], dtype=_F32)
             if w_up is None:

@@ -16,7 +16,7 @@ from ..cuda.arrays import DeviceArray, DeviceWeight
 from ..cuda.weights import WeightArena
 from ..errors import ReflexError
 from .base import (OAI_ALPHA, OAI_LIMIT, check_glu, check_matmul_n, fusion_on, host_topk, moe_route,
-                   seq_group_table, swiglu_oai, weight_shape)
+                   seq_group_table, swiglu_oai, unique_ids, weight_shape)
 from ..ggml_types import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES, type_name
 
 MM_KERNEL = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
@@ -348,7 +348,7 @@ class CudaOps:
         arenas = {id(w.owner): w.owner for w, _, _ in parts if isinstance(w.owner, WeightArena)}
         if not arenas or not any(a.streaming() for a in arenas.values()):
             return self.k
-        experts = np.unique(self.to_numpy(ids))
+        experts = unique_ids(self.to_numpy(ids))
         for a in arenas.values():
             a.ensure([(w.ptr + int(e) * span * w.row_bytes, w.ptr + (int(e) * span + rows) * w.row_bytes)
                       for w, span, rows in parts if w.owner is a for e in experts])

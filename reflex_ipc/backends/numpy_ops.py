@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ReflexError
 from .base import (check_glu, check_matmul_n, host_logprobs, host_topk, matmul_result, moe_route, pos_temperature,
-                   seq_groups, swiglu_oai, weight_shape)
+                   seq_groups, swiglu_oai, unique_ids, weight_shape)
 
 _F32 = np.float32
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -261,7 +261,7 @@ class NumpyOps:
         top, w = moe_route(logits, n_used, gating, norm, scale, selection_bias, groups)
         out = np.zeros((x.shape[0], D), _F32)
         glu = {"silu": self.swiglu, "gelu": self.geglu, "swiglu_oai": swiglu_oai}[act]
-        for e in np.unique(top):
+        for e in unique_ids(top):
             rows, slot = np.nonzero(top == e)
             h = x[rows] * w[rows, slot][:, None] if weight_before else x[rows]
             if w_up is None:

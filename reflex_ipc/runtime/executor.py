@@ -146,6 +146,9 @@ class Executor:
         common prefix of the held tokens and ids (with reuse; at most len(ids) - 1, so that
         the last id is evaluated and gives logits), drop the rest, and make room for
         len(ids) + room tokens. Returns how many leading ids are held."""
+        from .. import phases
+
+        phases.mark("prefill_begin")  # the request's prompt tokenized
         n = len(ids)
         held = 0
         if self.state is not None:
@@ -153,6 +156,7 @@ class Executor:
             if not self.state.truncate(held):
                 held = 0
         self.reserve(n + room, n_seq)
+        phases.mark("state_reserved")
         if self.store is not None:  # the prefix store may hold more of ids (reads it with reuse)
             held = self.store.extend(ids, held, load=reuse)
         return held

@@ -415,3 +415,49 @@ def test_hold_experts_on_a_streaming_arena(tmp_path, monkeypatch):
         assert q.complete() and not a.streaming()
         assert bytes(rt.drv.dev[:a.nbytes]) == f.bytes_view(a.start, a.nbytes).tobytes()
         assert not a.hold_experts()  # nothing streams any more
+
+
+def test_switch_interval_is_short_while_blocks_run_and_restored_after_the_last():
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with fileread.switch_interval(0.0005):
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+            with fileread.switch_interval(0.001):  # a second upload: never longer, never restored early
+                assert sys.getswitchinterval() == pytest.approx(0.0005)
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        with fileread.switch_interval(0.01):  # never longer than it was
+            assert sys.getswitchinterval() == pytest.approx(0.005)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        with pytest.raises(RuntimeError):
+            with fileread.switch_interval(0.0005):
+                raise RuntimeError("the upload failed")
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_streaming_upload_runs_with_the_short_switch_interval(tmp_path, monkeypatch):
+    """REFLEX_CUDA_UPLOAD_SWITCH_US applies while the read upload's threads stream, and the
+    interval before comes back when they end."""
+    import sys
+
+    seen = []
+    real = fileread.run_jobs
+
+    def spy(*a, **k):
+        seen.append(sys.getswitchinterval())
+        return real(*a, **k)
+
+    monkeypatch.setattr(fileread, "run_jobs", spy)
+    before = sys.getswitchinterval()
+    path = tensor_model(tmp_path / "m.gguf", seed=6)
+    f, rt, a = fake_arena(path, "read", monkeypatch, REFLEX_CUDA_UPLOAD_CHUNK_MB="1", REFLEX_CUDA_UPLOAD_THREADS="2",
+                          REFLEX_CUDA_UPLOAD_SWITCH_US="250")
+    a.wait()
+    assert seen == [pytest.approx(min(before, 0.00025))]
+    assert sys.getswitchinterval() == before
+    f.close()

@@ -88,9 +88,6 @@ TABLE = (
      "Threads of the `register` upload (pieces of the mapping; unset: 4) or of `read` (unset: 8)."),
     ("REFLEX_CUDA_UPLOAD_CHUNK_MB", "count", 16, "cuda",
      "MiB per pread of the `read` upload."),
-    ("REFLEX_CUDA_UPLOAD_SWITCH_US", "count", 500, "cuda",
-     "Python's thread switch interval in microseconds while the `read` upload's threads stream "
-     "(the main thread gets the interpreter back sooner; 5000 is CPython's default)."),
     ("REFLEX_CUDA_STREAM", "flag", True, "cuda",
      "The `read` upload streams: reads in the forward pass's order, each kernel launched once "
      "the tensors it reads are on the device, a MoE layer's routed experts read first; `auto` "

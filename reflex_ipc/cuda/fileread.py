@@ -373,40 +373,6 @@ class JobQueue:
                 self.cv.wait()
 
 
-_SWITCH = {"users": 0, "saved": None}
-_SWITCH_LOCK = threading.Lock()
-
-
-class switch_interval:
-    """`with switch_interval(seconds):` CPython's thread switch interval at most `seconds`
-    while the block runs; the interval it replaced comes back when the last such block ends.
-    Upload threads take the interpreter for a moment between their reads and copies; the main
-    thread, which does the request's Python work (tokenizing, importing, launching), waits
-    for it back after each foreign call up to the interval (5 ms by default)."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __enter__(self):
-        import sys
-
-        with _SWITCH_LOCK:
-            if _SWITCH["users"] == 0:
-                _SWITCH["saved"] = sys.getswitchinterval()
-                sys.setswitchinterval(min(_SWITCH["saved"], self.seconds))
-            _SWITCH["users"] += 1
-        return self
-
-    def __exit__(self, *exc):
-        import sys
-
-        with _SWITCH_LOCK:
-            _SWITCH["users"] -= 1
-            if _SWITCH["users"] == 0:
-                sys.setswitchinterval(_SWITCH["saved"])
-        return False
-
-
 def run_jobs(fd, queue, make_lane, threads, pread=_pread):
     """Run a JobQueue on `threads` threads: each takes the next job, preads it into its lane's
     first buffer, queues the copy to the device (lane.copy(0, 0, n, dst_off)), waits for it

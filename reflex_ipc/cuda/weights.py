@@ -298,8 +298,7 @@ class WeightArena:
             _STREAMS.append(self)
             self._decided.set()
             threads = max(1, min(threads, len(jobs)))
-            with fileread.switch_interval(s.cuda_upload_switch_us / 1e6):
-                per = fileread.run_jobs(fd, self.queue, lambda i: _PinnedLane(self, chunk, 1), threads)
+            per = fileread.run_jobs(fd, self.queue, lambda i: _PinnedLane(self, chunk, 1), threads)
         finally:
             os.close(fd)
         t1 = time.perf_counter()

@@ -13,10 +13,14 @@ JOBS ?= auto
 # scikit-build-core builds the `llama` target and what it links (SKBUILD_BUILD_TARGETS).
 ORACLE := llama-cpp-python==0.3.36
 ORACLE_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/scripts/oracle.cmake
-# Exit status 1 when the installed oracle's ggml was compiled with its AMX kernels (a wheel
+# Exit status 0 when the installed oracle's ggml has no AMX kernels; 1 when it has them (a wheel
 # built before scripts/oracle.cmake turned them off, still in pip's cache): they crash on an
 # AMX machine, so that wheel is dropped from the cache and the oracle built again.
-ORACLE_HAS_AMX := $(PY) -c 'import glob, os, sys, importlib.util as u; d = os.path.dirname(u.find_spec("llama_cpp").origin);   sys.exit(any(b"AMX is not ready" in open(p, "rb").read() for p in glob.glob(os.path.join(d, "lib", "libggml-cpu.so*"))))'
+ORACLE_NO_AMX := $(PY) -c 'import glob, os, sys, importlib.util as u; d = os.path.dirname(u.find_spec("llama_cpp").origin); \
+  sys.exit(any(b"AMX is not ready" in open(p, "rb").read() for p in glob.glob(os.path.join(d, "lib", "libggml-cpu.so*"))))'
+# The oracle's install (pip's cached wheel, else a build from the sdist); more pip options may follow
+ORACLE_INSTALL := CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" SKBUILD_BUILD_TARGETS=llama bash scripts/progress "$(ORACLE)" \
+  $(PY) -m pip install -v --disable-pip-version-check $(ORACLE)
 export PY
 # Stamps in the environment's own folder: an install step runs again only in a new virtual
 # environment or when what it installs changed (`make test` after `make demo` skips the pip
@@ -51,18 +55,16 @@ demo: install
 oracle:
 	@bash scripts/setup-check python
 	@if $(PY) -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != "0.3.36")' 2>/dev/null \
-	    && $(ORACLE_HAS_AMX); then \
+	    && $(ORACLE_NO_AMX); then \
 	  echo "== the parity oracle $(ORACLE): installed"; \
 	else \
 	  echo "== the parity oracle $(ORACLE): from pip's cache, else built from its sdist (libllama and ggml only)"; \
-	  CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" SKBUILD_BUILD_TARGETS=llama bash scripts/progress "$(ORACLE)" \
-	    $(PY) -m pip install -v --disable-pip-version-check $(ORACLE) || exit 1; \
-	  if ! $(ORACLE_HAS_AMX); then \
+	  $(ORACLE_INSTALL) || exit 1; \
+	  if ! $(ORACLE_NO_AMX); then \
 	    echo "== the cached oracle wheel has ggml's AMX kernels (built before scripts/oracle.cmake dropped them): building it again"; \
 	    $(PY) -m pip cache remove -q --disable-pip-version-check llama_cpp_python >/dev/null; \
-	    CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" SKBUILD_BUILD_TARGETS=llama bash scripts/progress "$(ORACLE)" \
-	      $(PY) -m pip install -v --disable-pip-version-check --force-reinstall --no-deps $(ORACLE) || exit 1; \
-	    $(ORACLE_HAS_AMX) || { echo "the oracle still has ggml's AMX kernels"; exit 1; }; \
+	    $(ORACLE_INSTALL) --force-reinstall --no-deps || exit 1; \
+	    $(ORACLE_NO_AMX) || { echo "the oracle still has ggml's AMX kernels"; exit 1; }; \
 	  fi; \
 	fi
 
